@@ -1,0 +1,13 @@
+"""Attention harness: check and benchmark attention backends against an exact float64 reference."""
+
+from harness.api import check
+from harness.backends.base import Backend, Unsupported, all_backends, get_backends, load_backend_module, register
+from harness.case import AttentionCase, Inputs, make_inputs
+from harness import masks
+from harness.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
+from harness.reference import reference_attention
+from harness.results import load_results
+
+__all__ = ["AttentionCase", "Backend", "Causal", "CausalBottomRight", "Inputs", "KeyPadding", "SlidingWindow",
+           "Unsupported", "all_backends", "check", "get_backends", "load_backend_module", "load_results",
+           "make_inputs", "masks", "reference_attention", "register"]

@@ -1,0 +1,44 @@
+"""Python entry point: harness.check(backends, cases, device) -> DataFrame, the same verdicts as the suites."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from harness.backends.base import Backend, get_backends
+from harness.case import AttentionCase
+from harness.env import resolve_device
+from harness.matrices import build_matrix
+from harness.results import COLUMNS, ResultsWriter
+from harness.runner import execute, prepare_case
+
+
+def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable[AttentionCase] | str = "smoke",
+          device: str | None = None, *, results_path: str | Path | None = None, seed: int = 0,
+          run_id: str = "") -> pd.DataFrame:
+    """Check each backend on each case against the float64 reference; one row per (case, backend, phase).
+
+    `cases` is a list of AttentionCase or a matrix name; `backends` names, Backend objects or None for all.
+    With `results_path`, rows are also appended to that CSV as each case finishes.
+    """
+    dev = resolve_device(device)
+    case_list = build_matrix(cases) if isinstance(cases, str) else list(cases)
+    for c in case_list:
+        if not isinstance(c, AttentionCase):
+            raise ValueError(f"cases must be AttentionCase objects or a matrix name; got {c!r}")
+    if backends is None or isinstance(backends, str):
+        chosen = get_backends(backends)
+    else:
+        chosen = [b if isinstance(b, Backend) else get_backends([b])[0] for b in backends]
+    writer = ResultsWriter(results_path) if results_path else None
+    rows: list[dict] = []
+    for case in case_list:
+        prepared = prepare_case(case, dev, seed)
+        for backend in chosen:
+            result = execute(backend, prepared, run_id)
+            rows.extend(result.rows)
+            if writer:
+                writer.write(result.rows)
+    return pd.DataFrame(rows).reindex(columns=[c for c in COLUMNS if c != "schema_version"])

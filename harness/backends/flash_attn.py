@@ -1,0 +1,87 @@
+"""FlashAttention-2 `flash_attn_func` (varlen for key padding), layout (B, S, H, D), fp16/bf16 on sm80+."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.backends.base import Backend, Unsupported, register
+from harness.masks import Causal, CausalBottomRight, KeyPadding, MaskSpec, SlidingWindow
+
+
+def fa2_args(mask: MaskSpec | None, seq_q: int, seq_k: int) -> dict:
+    """Mask spec -> FA2 keywords {causal, window_size} (+ 'key_lengths' for the varlen path).
+
+    FA2 aligns causal and windows bottom-right; a top-left causal mask is the same only when seq_q == seq_k.
+    """
+    if mask is None:
+        return {"causal": False, "window_size": (-1, -1)}
+    if isinstance(mask, CausalBottomRight) or (isinstance(mask, Causal) and seq_q == seq_k):
+        return {"causal": True, "window_size": (-1, -1)}
+    if isinstance(mask, Causal):
+        raise Unsupported(f"FA2 causal is bottom-right aligned; top-left causal with seq_q={seq_q} != seq_k={seq_k} "
+                          "has no FA2 form")
+    if isinstance(mask, SlidingWindow):
+        return {"causal": False, "window_size": (mask.left, mask.right)}
+    if isinstance(mask, KeyPadding):
+        return {"causal": False, "window_size": (-1, -1), "key_lengths": mask.lengths}
+    raise Unsupported(f"FA2 has no form for mask {mask.id} (its varlen path aligns causal to each sequence's "
+                      "own length, which differs from a padded top-left causal mask)")
+
+
+def fa2_visible(seq_q: int, seq_k: int, *, causal: bool, window_size: tuple[int, int],
+                key_lengths: tuple[int, ...] | None = None) -> torch.Tensor:
+    """FA2's documented visibility, (B|1, 1, Sq, Sk) bool: query i sees keys in
+    [i + Sk - Sq - left, i + Sk - Sq + right] (-1 = unbounded; causal means right = 0), and j < length."""
+    left, right = window_size
+    if causal:
+        right = 0
+    i = torch.arange(seq_q).view(-1, 1)
+    j = torch.arange(seq_k).view(1, -1)
+    ok = torch.ones(seq_q, seq_k, dtype=torch.bool)
+    if left >= 0:
+        ok &= j >= i + seq_k - seq_q - left
+    if right >= 0:
+        ok &= j <= i + seq_k - seq_q + right
+    if key_lengths is None:
+        return ok.view(1, 1, seq_q, seq_k)
+    lengths = torch.tensor(key_lengths).view(-1, 1, 1, 1)
+    return ok.view(1, 1, seq_q, seq_k) & (j.view(1, 1, 1, -1) < lengths)
+
+
+@register
+class FlashAttn2(Backend):
+    name = "flash-attn"
+    layout = "bshd"
+    dtypes = (torch.float16, torch.bfloat16)
+    devices = ("cuda",)
+    max_head_dim = 256
+    package = "flash-attn"
+
+    def unavailable_reason(self, device):
+        try:
+            import flash_attn  # noqa: F401
+        except Exception as exc:
+            return f"flash_attn not importable ({type(exc).__name__}: {exc}); it builds from source with CUDA only"
+        if device.type != "cuda":
+            return f"flash-attn needs CUDA; device is {device.type}"
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 8:
+            return f"FlashAttention-2 needs sm80+; device is sm{major}{minor}"
+        return None
+
+    def forward(self, q, k, v, *, mask, scale):
+        from flash_attn import flash_attn_func, flash_attn_varlen_func
+
+        args = fa2_args(mask, q.shape[1], k.shape[1])
+        lengths = args.pop("key_lengths", None)
+        if lengths is None:
+            return flash_attn_func(q, k, v, softmax_scale=scale, **args)
+        b, sq, h, d = q.shape
+        # Varlen: queries all kept, keys packed per sequence to their valid length; cu_seqlens are int32.
+        lens = torch.tensor(lengths, device=q.device, dtype=torch.int32)
+        cu_k = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+        cu_q = torch.arange(0, (b + 1) * sq, sq, device=q.device, dtype=torch.int32)
+        keep = torch.arange(k.shape[1], device=q.device).view(1, -1) < lens.view(-1, 1).long()
+        out = flash_attn_varlen_func(q.reshape(b * sq, h, d), k[keep], v[keep], cu_q, cu_k, sq, max(lengths),
+                                     softmax_scale=scale, **args)
+        return out.reshape(b, sq, h, d)

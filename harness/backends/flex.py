@@ -1,0 +1,83 @@
+"""FlexAttention, compiled once per (shape, mask); the mask spec's own predicate is its mask_mod."""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+
+import torch
+
+from harness.backends.base import Backend, register
+from harness.masks import MaskSpec
+
+
+def flex_mask_mod(mask: MaskSpec, seq_q: int, seq_k: int):
+    """Mask spec -> flex mask_mod(b, h, q_idx, kv_idx) calling the spec's single definition `allows`."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return mask.allows(b, q_idx, kv_idx, seq_q, seq_k)
+
+    return mask_mod
+
+
+@lru_cache(maxsize=None)
+def _compiled_flex():
+    from torch._dynamo import config as dynamo_config
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # Every (shape, mask) is its own graph; the default recompile limit (8) would silently fall back to
+    # the unfused eager path after a few cases, so raise it.
+    for attr in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo_config, attr):
+            setattr(dynamo_config, attr, 1024)
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@register
+class Flex(Backend):
+    name = "flex"
+    layout = "bhsd"
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+
+    def __init__(self):
+        self._block_masks: dict = {}
+        self._compiled: set = set()
+        #: milliseconds spent in the first (compiling) call of each (shape, mask) key, for reporting
+        self.compile_ms: dict = {}
+
+    def unavailable_reason(self, device):
+        try:
+            import torch.nn.attention.flex_attention  # noqa: F401
+        except ImportError as exc:
+            return f"flex_attention not in this torch ({torch.__version__}): {exc}"
+        return None
+
+    def backward_unsupported_reason(self, device):
+        if device.type == "cpu":
+            return f"FlexAttention has no backward on CPU (torch {torch.__version__})"
+        return None
+
+    def block_mask(self, mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, device):
+        if mask is None:
+            return None
+        key = (mask, batch, seq_q, seq_k, str(device))
+        if key not in self._block_masks:
+            from torch.nn.attention.flex_attention import create_block_mask
+            b = batch if mask.per_batch else None
+            self._block_masks[key] = create_block_mask(flex_mask_mod(mask, seq_q, seq_k), b, None, seq_q, seq_k,
+                                                       device=str(device))
+        return self._block_masks[key]
+
+    def compile_key(self, q, k, mask):
+        return (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), mask, q.requires_grad)
+
+    def forward(self, q, k, v, *, mask, scale):
+        block_mask = self.block_mask(mask, q.shape[0], q.shape[2], k.shape[2], q.device)
+        key = self.compile_key(q, k, mask)
+        first = key not in self._compiled
+        start = time.perf_counter()
+        out = _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+        if first:
+            self._compiled.add(key)
+            self.compile_ms[key] = (time.perf_counter() - start) * 1e3
+        return out

@@ -1,0 +1,86 @@
+"""PyTorch scaled_dot_product_attention: its own dispatch ('sdpa') and each kernel pinned with sdpa_kernel."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from harness.backends.base import Backend, Unsupported, register
+from harness.masks import Causal, CausalBottomRight, MaskSpec
+
+
+def sdpa_mask_args(mask: MaskSpec | None, seq_q: int, seq_k: int, batch: int, device) -> dict:
+    """Mask spec -> SDPA keyword arguments.
+
+    Top-left causal maps to is_causal=True (SDPA's documented top-left alignment); bottom-right causal is
+    the same thing when seq_q == seq_k. Everything else becomes a dense bool mask (True = attend), which
+    the flash kernels on GPU refuse: that cost is the honest one for SDPA.
+    """
+    if mask is None:
+        return {}
+    if isinstance(mask, Causal) or (isinstance(mask, CausalBottomRight) and seq_q == seq_k):
+        return {"is_causal": True}
+    return {"attn_mask": mask.materialize(seq_q, seq_k, device, batch=batch)}
+
+
+class _Sdpa(Backend):
+    layout = "bhsd"
+    kernel: SDPBackend | None = None
+    cuda_only = False
+
+    def unavailable_reason(self, device):
+        if self.cuda_only and device.type != "cuda":
+            return f"{self.name}: the {self.kernel.name} kernel is CUDA-only; device is {device.type}"
+        return None
+
+    def forward(self, q, k, v, *, mask, scale):
+        kwargs = sdpa_mask_args(mask, q.shape[2], k.shape[2], q.shape[0], q.device)
+        gqa = k.shape[1] != q.shape[1]
+        if self.kernel is None:
+            return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa, **kwargs)
+        with warnings.catch_warnings(record=True) as caught, sdpa_kernel(self.kernel):
+            warnings.simplefilter("always")
+            try:
+                return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa, **kwargs)
+            except RuntimeError as exc:
+                if "No viable backend" not in str(exc) and "No available kernel" not in str(exc):
+                    raise
+                # torch explains why the pinned kernel refused in warnings; keep its words as the reason.
+                why = "; ".join(re.sub(r"\s+", " ", str(w.message)).strip() for w in caught) or str(exc)
+                raise Unsupported(f"{self.kernel.name} refused: {why[:400]}") from None
+
+
+@register
+class Sdpa(_Sdpa):
+    name = "sdpa"
+
+
+@register
+class SdpaMath(_Sdpa):
+    name = "sdpa-math"
+    kernel = SDPBackend.MATH
+
+
+@register
+class SdpaFlash(_Sdpa):
+    name = "sdpa-flash"
+    kernel = SDPBackend.FLASH_ATTENTION
+
+
+@register
+class SdpaEfficient(_Sdpa):
+    name = "sdpa-efficient"
+    kernel = SDPBackend.EFFICIENT_ATTENTION
+    cuda_only = True
+
+
+@register
+class SdpaCudnn(_Sdpa):
+    name = "sdpa-cudnn"
+    kernel = SDPBackend.CUDNN_ATTENTION
+    cuda_only = True
+    dtypes = (torch.float16, torch.bfloat16)

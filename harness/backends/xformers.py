@@ -1,0 +1,98 @@
+"""xformers memory_efficient_attention, layout (B, S, H, D); GQA as (B, S, G, H, D); records the op that ran."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.backends.base import Backend, Unsupported, register
+from harness.masks import Causal, CausalBottomRight, KeyPadding, MaskSpec, SlidingWindow, split_padding
+
+
+def _padding_bias(pad: KeyPadding, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
+    """Additive bias (0 / -inf) for key padding, shape (B, ..., Sq, Sk).
+
+    Allocated with the last dim rounded up to 8 and sliced, because xformers' kernels want the bias rows
+    aligned (it raises otherwise); the slice keeps the logical shape.
+    """
+    *lead, sq, sk = shape
+    storage = torch.zeros(*lead, sq, (sk + 7) // 8 * 8, dtype=dtype, device=device)
+    bias = storage[..., :sk]
+    keep = pad.materialize(sq, sk, device, batch=lead[0])                   # (B, 1, Sq, Sk)
+    keep = keep.reshape(lead[0], *([1] * (len(lead) - 1)), sq, sk)
+    bias.masked_fill_(~keep.expand(*lead, sq, sk), float("-inf"))
+    return bias
+
+
+def xformers_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.float32, device="cpu"):
+    """Mask spec -> xformers attn_bias: typed masks where xformers has one, a tensor bias for padding.
+
+    `shape` is the bias shape xformers expects: (B, H, Sq, Sk), or (B, G, H, Sq, Sk) for GQA inputs.
+    """
+    from xformers.ops.fmha import attn_bias as ab
+
+    structural, pad = split_padding(mask)
+    if structural is None:
+        typed = None
+    elif isinstance(structural, Causal):
+        typed = ab.LowerTriangularMask()
+    elif isinstance(structural, CausalBottomRight):
+        typed = ab.LowerTriangularFromBottomRightMask()
+    elif isinstance(structural, SlidingWindow) and structural.left >= 0 and structural.right >= 0:
+        typed = ab.LocalAttentionFromBottomRightMask(window_left=structural.left, window_right=structural.right)
+    else:
+        raise Unsupported(f"no xformers attn_bias for mask {structural.id}")
+    if pad is None:
+        return typed
+    bias = _padding_bias(pad, shape, dtype, device)
+    if typed is None:
+        return bias
+    if isinstance(typed, ab.LowerTriangularMask) and type(typed) is ab.LowerTriangularMask:
+        return ab.LowerTriangularMaskWithTensorBias(bias)
+    raise Unsupported(f"xformers has no typed mask for {structural.id} combined with a tensor bias")
+
+
+@register
+class Xformers(Backend):
+    name = "xformers"
+    layout = "bshd"
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    package = "xformers"
+
+    def __init__(self):
+        self._last_op = "xformers"
+
+    def unavailable_reason(self, device):
+        try:
+            import xformers.ops  # noqa: F401
+        except Exception as exc:
+            return f"xformers not importable: {type(exc).__name__}: {exc} (pip install 'attention-harness[xformers]')"
+        if device.type != "cuda":
+            return f"xformers kernels need CUDA; device is {device.type}"
+        return None
+
+    def last_op(self) -> str:
+        return self._last_op
+
+    def forward(self, q, k, v, *, mask, scale):
+        import xformers.ops as xops
+        from xformers.ops import fmha
+
+        b, sq, h, d = q.shape
+        sk, hkv = k.shape[1], k.shape[2]
+        if hkv != h:  # xformers GQA: (B, S, G, H/G, D) with K/V expanded (stride 0) over the group
+            g = h // hkv
+            q = q.reshape(b, sq, hkv, g, d)
+            k = k.unsqueeze(3).expand(b, sk, hkv, g, d)
+            v = v.unsqueeze(3).expand(b, sk, hkv, g, d)
+            shape = (b, hkv, g, sq, sk)
+        else:
+            shape = (b, h, sq, sk)
+        bias = xformers_bias(mask, shape, q.dtype, q.device)
+        inp = fmha.Inputs(query=q, key=k, value=v, attn_bias=bias, scale=scale)
+        try:
+            op = fmha.dispatch._dispatch_fw(inp, torch.is_grad_enabled() and q.requires_grad)
+            self._last_op = f"xformers:{op.NAME}"
+        except Exception as exc:  # xformers lists every op with its reasons here
+            raise Unsupported(f"no xformers op: {str(exc)[:400]}") from None
+        out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=scale)
+        return out.reshape(b, sq, h, d)

@@ -1,0 +1,83 @@
+"""The correctness rule: a backend may be as wrong as naive attention in the same dtype, times a factor, plus a floor.
+
+    err(backend) <= factor[quantity] * err(naive, same dtype) + floor[dtype] * max(1, max|ref|)
+
+err is the max absolute difference from the float64 reference. Why this rule:
+- Scaling by the same-precision naive error (FlashAttention-2's rule) makes the tolerance follow what the
+  dtype, shape and mask really cost, instead of one fixed atol that is loose for small cases and too tight
+  for long sequences or large gradients.
+- factor: 2 for the output (FA2 uses 2); 4 for dq/dk/dv, because a fused backward recomputes P from a
+  differently rounded logsumexp and accumulates dk/dv over all query rows in another order (FA2 uses 2-3,
+  PyTorch's own tests allow dk 16-25, dq up to 180 - we stay far stricter and measure the margin).
+- floor: about one unit of rounding of the dtype at magnitude 1 (fp16 eps 9.8e-4, bf16 eps 7.8e-3, fp32
+  1e-5 as in PyTorch's tests), scaled by the reference magnitude: it covers cases where naive happens to be
+  exact (seq 1, a single visible key) and the backend is off by one rounding.
+Any NaN/inf where the reference is finite fails regardless of size.
+
+naive itself cannot be judged by a rule built from its own error, so it is held to a fixed bound of
+`NAIVE_BOUND[dtype] * max(1, max|ref|)` - generous for honest rounding, far below any semantic bug.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+FACTORS = {"out": 2.0, "dq": 4.0, "dk": 4.0, "dv": 4.0}
+FLOORS = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+NAIVE_BOUND = {torch.float64: 1e-8, torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 2.5e-1}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One quantity's comparison: measured error, the tolerance applied, and whether it passed."""
+
+    quantity: str
+    err: float
+    tol: float
+    naive_err: float | None
+    nonfinite: bool
+
+    @property
+    def passed(self) -> bool:
+        return not self.nonfinite and self.err <= self.tol
+
+    @property
+    def ratio(self) -> float:
+        """err / tol: how close this is to failing (1.0 = on the line)."""
+        if self.nonfinite:
+            return math.inf
+        return self.err / self.tol if self.tol > 0 else (0.0 if self.err == 0 else math.inf)
+
+    def describe(self) -> str:
+        if self.nonfinite:
+            return f"{self.quantity} has NaN/inf where the reference is finite"
+        return f"{self.quantity} err {self.err:.3g} > tol {self.tol:.3g}"
+
+
+def max_abs_error(actual: torch.Tensor, ref: torch.Tensor) -> tuple[float, bool]:
+    """(max |actual - ref| over finite entries, whether actual has NaN/inf where ref is finite)."""
+    actual = actual.detach().to(device="cpu", dtype=torch.float64)
+    if actual.shape != ref.shape:
+        raise ValueError(f"output shape {tuple(actual.shape)} != reference shape {tuple(ref.shape)}")
+    bad = ~torch.isfinite(actual) & torch.isfinite(ref)
+    if actual.numel() == 0:
+        return 0.0, False
+    diff = (actual - ref).abs().masked_fill(bad, 0.0)
+    return float(diff.max()), bool(bad.any())
+
+
+def judge(quantity: str, actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
+          naive_err: float | None) -> Check:
+    """Compare one quantity; naive_err=None means this *is* the naive baseline (fixed bound)."""
+    if dtype not in FLOORS:
+        raise ValueError(f"no tolerance for dtype {dtype}; allowed: {', '.join(map(str, FLOORS))}")
+    err, nonfinite = max_abs_error(actual, ref)
+    magnitude = max(1.0, float(ref.abs().max())) if ref.numel() else 1.0
+    if naive_err is None:
+        tol = NAIVE_BOUND[dtype] * magnitude
+    else:
+        tol = FACTORS[quantity] * naive_err + FLOORS[dtype] * magnitude
+    return Check(quantity, err, tol, naive_err, nonfinite)
