@@ -26,6 +26,11 @@ class MaskSpec:
         """Elementwise predicate on broadcastable index tensors. True = query q_idx may attend k_idx."""
         raise NotImplementedError
 
+    def predicate(self, device: str | torch.device = "cpu"):
+        """`allows` with any tensors it needs already built on `device` (traced code such as flex's
+        mask_mod must not create tensors itself)."""
+        return self.allows
+
     @property
     def id(self) -> str:
         return self.kind
@@ -41,7 +46,7 @@ class MaskSpec:
         b = torch.arange(nb, device=device).view(nb, 1, 1, 1)
         q = torch.arange(start, stop, device=device).view(1, 1, -1, 1)
         k = torch.arange(seq_k, device=device).view(1, 1, 1, -1)
-        out = self.allows(b, q, k, seq_q, seq_k)
+        out = self.predicate(device)(b, q, k, seq_q, seq_k)
         return out.expand(nb, 1, stop - start, seq_k)
 
     def batch_size(self, batch: int | None) -> int:
@@ -137,9 +142,12 @@ class KeyPadding(MaskSpec):
     def lengths_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
         return torch.tensor(self.lengths, device=device, dtype=torch.int64)
 
+    def predicate(self, device="cpu"):
+        lengths = self.lengths_tensor(device)
+        return lambda b, q_idx, k_idx, seq_q, seq_k: k_idx < lengths[b]
+
     def allows(self, b, q_idx, k_idx, seq_q, seq_k):
-        lengths = self.lengths_tensor(k_idx.device)
-        return k_idx < lengths[b]
+        return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)
 
 
 @dataclass(frozen=True)
@@ -181,8 +189,12 @@ class And(MaskSpec):
     def batch_size(self, batch):
         return max(self.first.batch_size(batch), self.second.batch_size(batch))
 
+    def predicate(self, device="cpu"):
+        first, second = self.first.predicate(device), self.second.predicate(device)
+        return lambda *idx: first(*idx) & second(*idx)
+
     def allows(self, b, q_idx, k_idx, seq_q, seq_k):
-        return self.first.allows(b, q_idx, k_idx, seq_q, seq_k) & self.second.allows(b, q_idx, k_idx, seq_q, seq_k)
+        return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)
 
 
 def split_padding(mask: MaskSpec | None) -> tuple[MaskSpec | None, KeyPadding | None]:

@@ -11,11 +11,12 @@ from harness.backends.base import Backend, register
 from harness.masks import MaskSpec
 
 
-def flex_mask_mod(mask: MaskSpec, seq_q: int, seq_k: int):
-    """Mask spec -> flex mask_mod(b, h, q_idx, kv_idx) calling the spec's single definition `allows`."""
+def flex_mask_mod(mask: MaskSpec, seq_q: int, seq_k: int, device="cpu"):
+    """Mask spec -> flex mask_mod(b, h, q_idx, kv_idx) calling the spec's single definition of visibility."""
+    allows = mask.predicate(device)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return mask.allows(b, q_idx, kv_idx, seq_q, seq_k)
+        return allows(b, q_idx, kv_idx, seq_q, seq_k)
 
     return mask_mod
 
@@ -64,7 +65,7 @@ class Flex(Backend):
         if key not in self._block_masks:
             from torch.nn.attention.flex_attention import create_block_mask
             b = batch if mask.per_batch else None
-            self._block_masks[key] = create_block_mask(flex_mask_mod(mask, seq_q, seq_k), b, None, seq_q, seq_k,
+            self._block_masks[key] = create_block_mask(flex_mask_mod(mask, seq_q, seq_k, device), b, None, seq_q, seq_k,
                                                        device=str(device))
         return self._block_masks[key]
 

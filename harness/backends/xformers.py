@@ -37,8 +37,11 @@ def xformers_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.flo
         typed = ab.LowerTriangularMask()
     elif isinstance(structural, CausalBottomRight):
         typed = ab.LowerTriangularFromBottomRightMask()
-    elif isinstance(structural, SlidingWindow) and structural.left >= 0 and structural.right >= 0:
-        typed = ab.LocalAttentionFromBottomRightMask(window_left=structural.left, window_right=structural.right)
+    elif isinstance(structural, SlidingWindow):
+        # -1 (unbounded) becomes a window wider than any key offset in this shape
+        unbounded = shape[-2] + shape[-1]
+        left, right = (unbounded if w < 0 else w for w in (structural.left, structural.right))
+        typed = ab.LocalAttentionFromBottomRightMask(window_left=left, window_right=right)
     else:
         raise Unsupported(f"no xformers attn_bias for mask {structural.id}")
     if pad is None:

@@ -1,0 +1,51 @@
+"""Results storage: schema validation, rows survive interruption, stages fold into one row per key."""
+
+import pandas as pd
+import pytest
+
+from harness.results import COLUMNS, ResultsWriter, compact, load_results
+
+
+def row(**kw):
+    base = {"run_id": "r", "case_id": "c1", "backend": "naive", "phase": "fwd", "status": "pass"}
+    return base | kw
+
+
+def test_rows_are_on_disk_after_each_write(tmp_path):
+    path = tmp_path / "run" / "results.csv"
+    writer = ResultsWriter(path)
+    writer.write([row(out_err=0.1)])
+    # a reader that starts now (e.g. after the writer process was killed) sees the row
+    df = pd.read_csv(path)
+    assert list(df.columns) == list(COLUMNS) and len(df) == 1 and df.out_err[0] == 0.1
+
+
+def test_later_stage_fills_columns_of_the_same_key(tmp_path):
+    path = tmp_path / "results.csv"
+    writer = ResultsWriter(path)
+    writer.write([row(out_err=0.1), row(phase="bwd", dq_err=0.2)])
+    writer.write([row(latency_ms=1.5)])
+    df = load_results(tmp_path)
+    assert len(df) == 2
+    fwd = df[df.phase == "fwd"].iloc[0]
+    assert fwd.out_err == 0.1 and fwd.latency_ms == 1.5
+    compact(path)
+    assert len(pd.read_csv(path)) == 2
+
+
+@pytest.mark.parametrize("bad, match", [
+    (row(status="ok"), "status='ok'"),
+    (row(phase="forward"), "phase='forward'"),
+    (row(speed=3), "unknown result columns"),
+])
+def test_bad_rows_are_refused(tmp_path, bad, match):
+    with pytest.raises(ValueError, match=match):
+        ResultsWriter(tmp_path / "r.csv").write([bad])
+
+
+def test_load_errors_are_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no results file"):
+        load_results(tmp_path)
+    (tmp_path / "results.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not a harness results file"):
+        load_results(tmp_path)
