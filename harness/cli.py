@@ -1,4 +1,8 @@
-"""Command line: `python -m harness check ...` (more subcommands register themselves in SUBCOMMANDS)."""
+"""Command line: `python -m harness check ...`; other subcommands live in the modules of SUBCOMMAND_MODULES.
+
+Each of those modules defines `add_subcommand(subparsers)`, which adds its parser and sets `func`
+(a callable taking the parsed args and returning the exit code).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,11 @@ import argparse
 import sys
 from pathlib import Path
 
+import importlib
+
 from harness.matrices import MATRICES
+
+SUBCOMMAND_MODULES: list[str] = []
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -47,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", default=None, help="also write results/<run_id>/results.csv under this dir")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_check)
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).add_subcommand(sub)
     return parser
 
 

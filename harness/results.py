@@ -34,6 +34,9 @@ COLUMNS: tuple[str, ...] = (
     "device_name", "testbed_id", "torch_version", "backend_version", "git_sha", "timestamp", "schema_version",
 )
 
+#: raw timing samples, long format, one line per repetition: results/<run_id>/samples.csv
+SAMPLE_COLUMNS: tuple[str, ...] = ("run_id", "case_id", "backend", "phase", "sample", "latency_ms")
+
 STATUSES = ("pass", "fail", "unsupported", "unavailable", "error", "oom", "observed")
 PHASES = ("fwd", "bwd", "fwd+bwd")
 
@@ -64,6 +67,32 @@ class ResultsWriter:
                 writer.writerow({**row, "schema_version": SCHEMA_VERSION})
             f.flush()
             os.fsync(f.fileno())
+
+
+class SamplesWriter:
+    """Appends raw timing samples (one line per repetition) to the run's samples.csv."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            with self.path.open("w", newline="") as f:
+                csv.writer(f).writerow(SAMPLE_COLUMNS)
+
+    def write(self, run_id: str, case_id: str, backend: str, phase: str, samples_ms: Iterable[float]) -> None:
+        with self.path.open("a", newline="") as f:
+            writer = csv.writer(f)
+            for i, value in enumerate(samples_ms):
+                writer.writerow((run_id, case_id, backend, phase, i, repr(float(value))))
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def load_samples(run_dir: str | Path) -> pd.DataFrame:
+    """Raw timing samples of a run (empty frame with the columns when it has none)."""
+    path = Path(run_dir) / "samples.csv"
+    if not path.exists():
+        return pd.DataFrame(columns=list(SAMPLE_COLUMNS))
+    return pd.read_csv(path)
 
 
 def fold(df: pd.DataFrame) -> pd.DataFrame:
