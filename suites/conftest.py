@@ -12,6 +12,7 @@ from harness.env import resolve_device
 from harness.matrices import MATRICES, build_matrix
 from harness.results import compact
 from harness.session import RunSession
+from harness.sharding import parse_shard, select_shard
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
 
@@ -25,6 +26,7 @@ def pytest_addoption(parser):
     group.addoption("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     group.addoption("--results-dir", default="results", help="where run directories go (default: results)")
     group.addoption("--seed", type=int, default=0, help="input seed (default: 0)")
+    group.addoption("--shard", default=None, help="run only shard i of n of the cases, as 'i/n' (default: all)")
 
 
 def pytest_configure(config):
@@ -35,6 +37,8 @@ def pytest_configure(config):
             load_backend_module(module)
         config._harness_backends = get_backends(config.option.backends)
         config._harness_cases = build_matrix(config.option.matrix)
+        if config.option.shard:
+            config._harness_cases = select_shard(config._harness_cases, *parse_shard(config.option.shard))
         device = resolve_device(config.option.device)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
