@@ -36,6 +36,8 @@ def build_matrix(name: str) -> list[AttentionCase]:
             # single-token queries (decode), tiny and off-tile long sequences
             + _cases(["fp32"], [(1, 1), (1, 257), (17, 17), (1023, 1023)], ["causal-br"], [64])
             + _cases(["bf16"], [(1023, 1023)], ["none"], [64])
+            # sequence doubling, so memory growth (O(n^2) materialized vs O(n) fused) shows in one run
+            + _cases(["fp32"], [(512, 512), (1024, 1024), (2048, 2048)], ["none"], [64])
             # GQA / MQA
             + _cases(["fp32", "bf16"], [(127, 127)], ["causal"], [64], heads=((8, 2), (8, 1)))
         )

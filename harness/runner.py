@@ -68,7 +68,7 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0) -> Pr
     return prepared
 
 
-def _case_columns(case: AttentionCase, device: torch.device) -> dict:
+def case_columns(case: AttentionCase, device: torch.device) -> dict:
     return {"case_id": case.id, "batch": case.batch, "heads": case.heads, "kv_heads": case.kv_heads,
             "seq_q": case.seq_q, "seq_k": case.seq_k, "head_dim": case.head_dim, "dtype": dtype_name(case.dtype),
             "mask": case.mask_id, "scale": case.scale, "device": str(device)}
@@ -77,7 +77,7 @@ def _case_columns(case: AttentionCase, device: torch.device) -> dict:
 def _row(prepared: PreparedCase, backend: Backend, phase: str, status: str, reason: str = "",
          checks: list[Check] | None = None, run_id: str = "") -> dict:
     case, device = prepared.case, prepared.device
-    row = {"run_id": run_id, "backend": backend.name, "phase": phase, **_case_columns(case, device),
+    row = {"run_id": run_id, "backend": backend.name, "phase": phase, **case_columns(case, device),
            "status": status, "reason": reason, "backend_op": backend.last_op() if status in ("pass", "fail") else "",
            "device_name": device_name(device), "testbed_id": testbed_id(device),
            "torch_version": torch.__version__, "backend_version": backend.version(), "git_sha": git_state()[0],

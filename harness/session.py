@@ -12,8 +12,9 @@ import torch
 from harness.backends.base import Backend
 from harness.case import AttentionCase
 from harness.env import environment, new_run_id
-from harness.results import ResultsWriter
-from harness.runner import BackendResult, PreparedCase, prepare_case
+from harness.results import ResultsWriter, SamplesWriter
+from harness.runner import BackendResult, PreparedCase, execute, prepare_case
+from harness.timing import TimingConfig
 
 
 @dataclass
@@ -22,6 +23,10 @@ class RunSession:
     results_root: Path
     seed: int = 0
     run_id: str = field(default_factory=new_run_id)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    #: measured dense-matmul TFLOP/s per dtype name, filled by measure_peaks() when benchmarking
+    peaks: dict = field(default_factory=dict)
+    cpu_mem_budget: int | None = None
     #: (case id, backend name) -> the correctness result, so later stages time only what passed
     verdicts: dict = field(default_factory=dict)
     _prepared: OrderedDict = field(default_factory=OrderedDict)
@@ -30,6 +35,9 @@ class RunSession:
         self.run_dir = Path(self.results_root) / self.run_id
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.writer = ResultsWriter(self.run_dir / "results.csv")
+        self.samples = SamplesWriter(self.run_dir / "samples.csv")
+        #: (case id, backend, phase) -> perf row, for the end-of-run summary
+        self.perf_rows: dict = {}
         self.env = environment(self.device)
         self.env["run_id"] = self.run_id
         self.save_env()
@@ -49,3 +57,27 @@ class RunSession:
     def record(self, case: AttentionCase, backend: Backend, result: BackendResult) -> None:
         self.verdicts[(case.id, backend.name)] = result
         self.writer.write(result.rows)
+
+    def verdict(self, case: AttentionCase, backend: Backend) -> BackendResult:
+        """The correctness result of this session, computed (and recorded) now if the suite did not run it."""
+        key = (case.id, backend.name)
+        if key not in self.verdicts:
+            self.record(case, backend, execute(backend, self.prepared(case), self.run_id))
+        return self.verdicts[key]
+
+    def record_perf(self, result) -> None:
+        row = result.row
+        self.writer.write([row])
+        if result.measurement is not None:
+            self.samples.write(self.run_id, row["case_id"], row["backend"], row["phase"],
+                               result.measurement.samples_ms)
+        self.perf_rows[(row["case_id"], row["backend"], row["phase"])] = row
+
+    def measure_peaks(self, dtypes) -> None:
+        from harness.flops import measure_peaks
+        self.peaks = measure_peaks(self.device, dtypes)
+        self.env["matmul_peak_tflops"] = self.peaks
+        self.env["timing_mode"] = "cuda-graph" if self.timing.cuda_graph and self.device.type == "cuda" else (
+            "cuda-events" if self.device.type == "cuda" else "cpu-clock")
+        self.env["timing_config"] = vars(self.timing) if hasattr(self.timing, "__dict__") else str(self.timing)
+        self.save_env()

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.backends.base import get_backends, load_backend_module
 from harness.env import resolve_device
 from harness.matrices import MATRICES, build_matrix
+from harness.perf import PHASES
 from harness.results import compact
+from harness.timing import TimingConfig
 from harness.session import RunSession
 from harness.sharding import parse_shard, select_shard
 
@@ -26,6 +30,14 @@ def pytest_addoption(parser):
     group.addoption("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     group.addoption("--results-dir", default="results", help="where run directories go (default: results)")
     group.addoption("--seed", type=int, default=0, help="input seed (default: 0)")
+    group.addoption("--benchmark", action="store_true", dest="benchmark_enabled",
+                    help="also measure latency, peak memory and FLOP/s of every correct (case, backend, phase)")
+    group.addoption("--timing-budget-ms", type=float, default=100.0,
+                    help="time budget per measurement in ms; repetitions = budget / estimated latency (default: 100)")
+    group.addoption("--cuda-graph", action="store_true", help="GPU: time forward replays of a captured CUDA graph")
+    group.addoption("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice); recorded")
+    group.addoption("--cpu-mem-budget-gb", type=float, default=None,
+                    help="CPU: record a case as oom when its measured peak memory exceeds this many GiB")
     group.addoption("--shard", default=None, help="run only shard i of n of the cases, as 'i/n' (default: all)")
 
 
@@ -42,8 +54,20 @@ def pytest_configure(config):
         device = resolve_device(config.option.device)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if config.option.threads is not None:
+        if config.option.threads < 1:
+            raise pytest.UsageError(f"--threads {config.option.threads}: must be >= 1")
+        torch.set_num_threads(config.option.threads)  # fixed for the whole run, recorded in env and rows
     if getattr(config, "workerinput", None) is None and not config.option.collectonly:
-        config.stash[_SESSION_KEY] = RunSession(device, Path(config.option.results_dir), config.option.seed)
+        budget = config.option.cpu_mem_budget_gb
+        session = RunSession(device, Path(config.option.results_dir), config.option.seed,
+                             timing=TimingConfig(warmup_ms=config.option.timing_budget_ms / 4,
+                                                 budget_ms=config.option.timing_budget_ms,
+                                                 cuda_graph=config.option.cuda_graph),
+                             cpu_mem_budget=None if budget is None else int(budget * 2 ** 30))
+        if config.option.benchmark_enabled:
+            session.measure_peaks(sorted({c.dtype for c in config._harness_cases}, key=str))
+        config.stash[_SESSION_KEY] = session
     config._harness_device = device
 
 
@@ -52,7 +76,12 @@ def pytest_generate_tests(metafunc):
         config = metafunc.config
         # case-major order: the reference of a case is computed once and reused by every backend
         pairs = [(c, b) for c in config._harness_cases for b in config._harness_backends]
-        metafunc.parametrize(("case", "backend"), pairs, ids=[f"{b.name}-{c.id}" for c, b in pairs])
+        if "phase" in metafunc.fixturenames:
+            triples = [(c, b, p) for c, b in pairs for p in PHASES]
+            metafunc.parametrize(("case", "backend", "phase"), triples,
+                                 ids=[f"{b.name}-{c.id}-{p}" for c, b, p in triples])
+        else:
+            metafunc.parametrize(("case", "backend"), pairs, ids=[f"{b.name}-{c.id}" for c, b in pairs])
 
 
 @pytest.fixture(scope="session")
@@ -67,14 +96,36 @@ def pytest_terminal_summary(terminalreporter, config):
     session = config.stash.get(_SESSION_KEY, None)
     if session is None or not session.verdicts:
         return
+    tr = terminalreporter
+    tr.section("attention harness")
+    for line in summary_lines(session):
+        tr.write_line(line)
+    compact(session.writer.path)
+    tr.write_line(f"results: {session.writer.path}")
+
+
+def summary_lines(session: RunSession) -> list[str]:
+    """Per backend: cases by correctness status and, when timed, the median speedup over naive per phase."""
     counts: dict[str, Counter] = defaultdict(Counter)
     for (_, backend), result in session.verdicts.items():
         counts[backend][result.status] += 1
+    speedups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (case_id, backend, phase), row in session.perf_rows.items():
+        naive = session.perf_rows.get((case_id, "naive", phase), {})
+        if row.get("latency_ms") and naive.get("latency_ms"):
+            speedups[backend][phase].append(naive["latency_ms"] / row["latency_ms"])
     statuses = ["pass", "fail", "error", "oom", "unsupported", "unavailable"]
-    tr = terminalreporter
-    tr.section("attention harness")
-    tr.write_line(f"{'backend':<16}" + "".join(f"{s:>13}" for s in statuses))
+    header = f"{'backend':<16}" + "".join(f"{s:>12}" for s in statuses)
+    if session.perf_rows:
+        header += "".join(f"{'x naive ' + p:>18}" for p in PHASES)
+    lines = [header]
     for backend, c in counts.items():
-        tr.write_line(f"{backend:<16}" + "".join(f"{c.get(s, 0):>13}" for s in statuses))
-    compact(session.writer.path)
-    tr.write_line(f"results: {session.writer.path}")
+        line = f"{backend:<16}" + "".join(f"{c.get(s, 0):>12}" for s in statuses)
+        if session.perf_rows:
+            line += "".join(f"{_median(speedups[backend][p]):>18}" for p in PHASES)
+        lines.append(line)
+    return lines
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}" if values else "-"

@@ -78,6 +78,10 @@ class Backend:
         """The kernel that actually ran on the last call, where the backend can tell (else its name)."""
         return self.name
 
+    def compile_time_ms(self) -> float | None:
+        """Compile time (ms) of the graph the last call used, for backends that compile; None otherwise."""
+        return None
+
     def to_layout(self, x: torch.Tensor) -> torch.Tensor:
         """Canonical (B, H, S, D) -> this backend's layout; done before timing, never inside `forward`."""
         return x if self.layout == "bhsd" else x.transpose(1, 2)

@@ -45,6 +45,7 @@ class Flex(Backend):
         self._compiled: set = set()
         #: milliseconds spent in the first (compiling) call of each (shape, mask) key, for reporting
         self.compile_ms: dict = {}
+        self._last_key = None
 
     def unavailable_reason(self, device):
         try:
@@ -57,6 +58,20 @@ class Flex(Backend):
         if device.type == "cpu":
             return f"FlexAttention has no backward on CPU (torch {torch.__version__})"
         return None
+
+    def native_mask(self, q, k, v, *, mask, scale):
+        """Native probe (harness/semantics.py): a dense (B|1, H|1, Sq, Sk) mask in flex's own forms - a bool
+        one as a mask_mod looking it up, an additive one as a score_mod adding it."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        b, h, sq, _ = q.shape
+        dense = mask.expand(b, h, sq, k.shape[2]).contiguous()
+        if dense.dtype == torch.bool:
+            block_mask = create_block_mask(lambda b_, h_, q_, k_: dense[b_, h_, q_, k_], b, h, sq, k.shape[2],
+                                           device=str(q.device))
+            return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != h)
+        return _compiled_flex()(q, k, v, score_mod=lambda s, b_, h_, q_, k_: s + dense[b_, h_, q_, k_], scale=scale,
+                                enable_gqa=k.shape[1] != h)
 
     def block_mask(self, mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, device):
         if mask is None:
@@ -81,4 +96,8 @@ class Flex(Backend):
         if first:
             self._compiled.add(key)
             self.compile_ms[key] = (time.perf_counter() - start) * 1e3
+        self._last_key = key
         return out
+
+    def compile_time_ms(self):
+        return self.compile_ms.get(self._last_key)

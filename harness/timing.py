@@ -1,0 +1,151 @@
+"""How the harness times a call: CUDA events with L2 flush on GPU, a monotonic clock on CPU, budgets in ms.
+
+Each method choice carries a one-line why. The result is a `Measurement` that keeps every raw sample.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+#: IQR/median above this marks a measurement as noisy (torch.utils.benchmark warns at the same 10%)
+NOISE_THRESHOLD = 0.10
+#: bytes written before each GPU repetition: larger than any current GPU's L2 (H100/H200 have 50-60 MB)
+L2_FLUSH_BYTES = 256 * 2 ** 20
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Raw per-repetition latencies (ms) and the statistics derived from them."""
+
+    samples_ms: tuple[float, ...]
+    mode: str
+    threads: int
+    first_call_ms: float = float("nan")
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def n(self) -> int:
+        return len(self.samples_ms)
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.samples_ms))
+
+    @property
+    def iqr(self) -> float:
+        q1, q3 = np.percentile(self.samples_ms, [25, 75])
+        return float(q3 - q1)
+
+    @property
+    def min(self) -> float:
+        return float(np.min(self.samples_ms))
+
+    @property
+    def noisy(self) -> bool:
+        return self.iqr / self.median > NOISE_THRESHOLD if self.median > 0 else False
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """Time budgets (ms) turned into repetition counts per call, as triton's do_bench does."""
+
+    warmup_ms: float = 50.0
+    budget_ms: float = 200.0
+    min_reps: int = 5
+    max_reps: int = 500
+    cuda_graph: bool = False
+
+    def __post_init__(self):
+        if self.warmup_ms < 0 or self.budget_ms <= 0 or self.min_reps < 1 or self.max_reps < self.min_reps:
+            raise ValueError(f"timing config {self}: budgets must be > 0 and 1 <= min_reps <= max_reps")
+
+
+def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
+    estimate_ms = max(estimate_ms, 1e-3)
+    warmup = max(1, int(cfg.warmup_ms / estimate_ms))
+    reps = int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / estimate_ms)))
+    return warmup, reps
+
+
+def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[], None] | None = None,
+            config: TimingConfig = TimingConfig()) -> Measurement:
+    """Time `fn()` repeatedly; `setup()` runs before every repetition, outside the timed region."""
+    setup = setup or (lambda: None)
+    if device.type == "cuda":
+        return _measure_cuda(fn, setup, device, config)
+    return _measure_cpu(fn, setup, config)
+
+
+def _measure_cpu(fn, setup, cfg: TimingConfig) -> Measurement:
+    # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
+    def once() -> float:
+        setup()
+        start = time.perf_counter_ns()
+        fn()
+        return (time.perf_counter_ns() - start) / 1e6
+
+    first = once()  # may include compilation or lazy init: kept apart from the samples
+    estimate = min(once(), once())
+    warmup, reps = _reps(estimate, cfg)
+    for _ in range(warmup):
+        once()
+    samples = tuple(once() for _ in range(reps))
+    return Measurement(samples, "cpu-clock", torch.get_num_threads(), first)
+
+
+def _measure_cuda(fn, setup, device, cfg: TimingConfig) -> Measurement:
+    torch.cuda.synchronize(device)
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
+    start_first = time.perf_counter_ns()
+    setup()
+    fn()
+    torch.cuda.synchronize(device)
+    first = (time.perf_counter_ns() - start_first) / 1e6
+    target = fn
+    mode = "cuda-events"
+    if cfg.cuda_graph:
+        target, mode = _graphed(fn, setup, device), "cuda-graph"
+    # Estimate from 5 calls, as do_bench does, to size warmup and repetitions from the time budgets.
+    est_start, est_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    est_start.record()
+    for _ in range(5):
+        setup()
+        target()
+    est_end.record()
+    torch.cuda.synchronize(device)
+    warmup, reps = _reps(est_start.elapsed_time(est_end) / 5, cfg)
+    for _ in range(warmup):
+        setup()
+        target()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        setup()
+        flush.zero_()          # clear L2 so every repetition reads its inputs from HBM, like a real model step
+        starts[i].record()     # events bracket only the kernel work on the stream, not host launch jitter
+        target()
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    samples = tuple(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return Measurement(samples, mode, torch.get_num_threads(), first)
+
+
+def _graphed(fn, setup, device):
+    """Capture fn in a CUDA graph (removes launch overhead, as do_bench_cudagraph does)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):  # warm up on a side stream before capture, as CUDA graphs require
+        for _ in range(3):
+            setup()
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    setup()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay

@@ -1,0 +1,133 @@
+"""Timing, memory and FLOP building blocks, and the perf stage's gating and failure rows (CPU)."""
+
+import time
+
+import pytest
+import torch
+
+from harness import AttentionCase
+from harness.backends.base import Backend
+from harness.env import resolve_device
+from harness.flops import attention_flops, matmul_peak_tflops
+from harness.masks import Causal, CausalBottomRight, KeyPadding
+from harness.memory import peak_memory
+from harness.perf import measure_phase
+from harness.runner import execute, prepare_case
+from harness.backends.base import get_backends
+from harness.timing import Measurement, TimingConfig, measure
+
+CPU = resolve_device("cpu")
+FAST = TimingConfig(warmup_ms=5, budget_ms=20, min_reps=5)
+
+
+def test_measurement_statistics():
+    m = Measurement((1.0, 2.0, 3.0, 4.0, 100.0), "cpu-clock", 2)
+    assert (m.n, m.median, m.min) == (5, 3.0, 1.0)
+    assert m.iqr == pytest.approx(2.0) and m.noisy
+    assert not Measurement((1.0, 1.01, 1.02, 0.99), "cpu-clock", 2).noisy
+
+
+def test_setup_runs_outside_the_timed_region():
+    m = measure(lambda: None, device=CPU, setup=lambda: time.sleep(0.005), config=FAST)
+    assert m.median < 1.0 and m.n >= FAST.min_reps and len(m.samples_ms) == m.n
+
+
+def test_repetitions_follow_the_budget():
+    m = measure(lambda: time.sleep(0.002), device=CPU, config=TimingConfig(warmup_ms=0, budget_ms=40, min_reps=3))
+    assert 3 <= m.n <= 20  # ~40 ms / ~2 ms, never fewer than min_reps
+
+
+def test_bad_timing_config():
+    with pytest.raises(ValueError, match="budgets must be > 0"):
+        TimingConfig(budget_ms=0)
+
+
+def test_cpu_peak_memory_counts_temporaries_not_inputs():
+    existing = torch.ones(8 * 2 ** 20, dtype=torch.uint8)
+
+    def work():
+        tmp = torch.ones(32 * 2 ** 20, dtype=torch.uint8)  # 32 MiB, freed before returning
+        return int(tmp[0]) + int(existing[0])
+
+    peak, method = peak_memory(work, device=CPU)
+    assert method == "cpu-profiler-peak"
+    assert 32 * 2 ** 20 <= peak < 40 * 2 ** 20
+    assert peak_memory(lambda: existing[:16].clone(), device=CPU)[0] < 2 ** 20
+
+
+@pytest.mark.parametrize("mask, pairs", [
+    (None, 2 * 10 * 12),
+    (Causal(), 2 * sum(min(i + 1, 12) for i in range(10))),
+    (CausalBottomRight(), 2 * sum(min(i + 3, 12) for i in range(10))),
+    (KeyPadding((4, 12)), 10 * 4 + 10 * 12),
+])
+def test_flops_from_attended_pairs(mask, pairs):
+    case = AttentionCase(2, 3, 10, 16, "fp32", kv_heads=1, seq_k=12, mask=mask)
+    fwd = 4 * pairs * 3 * 16
+    assert attention_flops(case, "fwd") == fwd
+    assert attention_flops(case, "bwd") == int(2.5 * fwd)
+    assert attention_flops(case, "fwd+bwd") == int(3.5 * fwd)
+    with pytest.raises(ValueError, match="phase='both'"):
+        attention_flops(case, "both")
+
+
+def test_matmul_peak_is_measured():
+    tflops, m = matmul_peak_tflops(CPU, torch.float32, config=FAST)
+    assert tflops > 0 and m.n >= FAST.min_reps
+
+
+def _perf(backend_name, case, phase, **kw):
+    backend = get_backends([backend_name])[0] if isinstance(backend_name, str) else backend_name
+    prepared = prepare_case(case, CPU)
+    verdict = execute(backend, prepared)
+    return measure_phase(backend, prepared, phase, verdict, config=FAST, peaks={"fp32": 0.1}, **kw)
+
+
+@pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
+def test_perf_row_has_every_measured_column(phase):
+    res = _perf("sdpa-flash", AttentionCase(1, 2, 64, 32, "fp32", mask=Causal()), phase)
+    row = res.row
+    assert row["status"] == "pass" and res.measurement is not None
+    for col in ("latency_ms", "latency_iqr_ms", "latency_min_ms", "n_samples", "peak_mem_bytes", "flops", "tflops",
+                "pct_of_peak"):
+        assert row[col] == row[col] and row[col] is not None, col  # present and not NaN
+    assert row["latency_ms"] == pytest.approx(res.measurement.median)
+    assert row["mem_method"] == "cpu-profiler-peak" and row["timing_mode"] == "cpu-clock"
+    assert row["threads"] == torch.get_num_threads()
+
+
+def test_failed_backend_is_not_timed(broken):
+    res = _perf("broken-scale", AttentionCase(1, 2, 16, 32, "fp32"), "fwd")
+    assert res.measurement is None and res.row["status"] == "fail" and "not timed" in res.row["reason"]
+
+
+def test_oom_during_timing_is_a_row():
+    class Hungry(Backend):
+        name = "hungry"
+        calls = 0
+
+        def forward(self, q, k, v, *, mask, scale):
+            Hungry.calls += 1
+            if Hungry.calls > 1:  # passes correctness, then runs out of memory when timed
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    res = _perf(Hungry(), AttentionCase(1, 2, 16, 32, "fp32"), "fwd")
+    assert res.row["status"] == "oom" and "20.00 GiB" in res.row["reason"]
+
+
+def test_cpu_memory_budget_records_oom():
+    res = _perf("naive", AttentionCase(1, 2, 256, 32, "fp32"), "fwd", cpu_mem_budget=1024)
+    assert res.row["status"] == "oom" and "> CPU budget 1024" in res.row["reason"] and res.measurement is None
+
+
+def test_memory_growth_separates_materialized_from_fused():
+    """naive materializes (S x S) scores: ~4x memory per doubling; the fused CPU flash kernel at most ~2x
+    (its O(S) output plus fixed per-thread blocks, so measured 1.5-2.4x)."""
+    growth = {}
+    for name in ("naive", "sdpa-flash"):
+        peaks = [_perf(name, AttentionCase(1, 4, s, 64, "fp32"), "fwd").row["peak_mem_bytes"] for s in (1024, 2048)]
+        growth[name] = peaks[1] / peaks[0]
+    assert 3.3 < growth["naive"] < 4.5, growth
+    assert 1.3 < growth["sdpa-flash"] < 2.5, growth
+    assert growth["naive"] > 1.5 * growth["sdpa-flash"]
