@@ -54,6 +54,11 @@ class RunSession:
         self._prepared.move_to_end(case)
         return self._prepared[case]
 
+    def prepared_inputs(self, case: AttentionCase):
+        """Just the canonical inputs of a case (no reference): for checks that only time."""
+        from harness.case import make_inputs
+        return make_inputs(case, self.device, self.seed)
+
     def record(self, case: AttentionCase, backend: Backend, result: BackendResult) -> None:
         self.verdicts[(case.id, backend.name)] = result
         self.writer.write(result.rows)
