@@ -38,9 +38,23 @@ class RunSession:
         self.samples = SamplesWriter(self.run_dir / "samples.csv")
         #: (case id, backend, phase) -> perf row, for the end-of-run summary
         self.perf_rows: dict = {}
-        self.env = environment(self.device)
+        self.env = environment(self.device, timing_mode=self.timing_mode)
         self.env["run_id"] = self.run_id
         self.save_env()
+
+    @property
+    def timing_mode(self) -> str:
+        if self.device.type != "cuda":
+            return "cpu-clock"
+        return "cuda-graph" if self.timing.cuda_graph else "cuda-events"
+
+    def finish(self) -> None:
+        """Clocks/power/throttle state after the run (compare warns when they moved), then fold the CSV."""
+        from harness.env import snapshot_clocks
+        from harness.results import compact
+        self.env["clocks_end"] = snapshot_clocks(self.device)
+        self.save_env()
+        compact(self.writer.path)
 
     def save_env(self) -> None:
         (self.run_dir / "env.json").write_text(json.dumps(self.env, indent=2, default=str) + "\n")
@@ -82,7 +96,5 @@ class RunSession:
         from harness.flops import measure_peaks
         self.peaks = measure_peaks(self.device, dtypes)
         self.env["matmul_peak_tflops"] = self.peaks
-        self.env["timing_mode"] = "cuda-graph" if self.timing.cuda_graph and self.device.type == "cuda" else (
-            "cuda-events" if self.device.type == "cuda" else "cpu-clock")
         self.env["timing_config"] = vars(self.timing) if hasattr(self.timing, "__dict__") else str(self.timing)
         self.save_env()

@@ -56,7 +56,8 @@ class TimingConfig:
 
     warmup_ms: float = 50.0
     budget_ms: float = 200.0
-    min_reps: int = 5
+    #: 10: compare's rank test needs >= 10 samples a side to call anything (and a stall can fool 5)
+    min_reps: int = 10
     max_reps: int = 500
     cuda_graph: bool = False
 

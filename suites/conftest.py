@@ -13,7 +13,6 @@ from harness.backends.base import get_backends, load_backend_module
 from harness.env import resolve_device
 from harness.matrices import MATRICES, build_matrix
 from harness.perf import PHASES
-from harness.results import compact
 from harness.timing import TimingConfig
 from harness.session import RunSession
 from harness.sharding import parse_shard, select_shard
@@ -68,6 +67,9 @@ def pytest_configure(config):
         if config.option.benchmark_enabled:
             session.measure_peaks(sorted({c.dtype for c in config._harness_cases}, key=str))
         config.stash[_SESSION_KEY] = session
+        if config.getoption("benchmark_storage", None) == "file://./.benchmarks":
+            # pytest-benchmark's own --benchmark-compare must only compare like with like: one store per testbed
+            config.option.benchmark_storage = f"file://./.benchmarks/{session.env['testbed_id']}"
     config._harness_device = device
 
 
@@ -100,7 +102,7 @@ def pytest_terminal_summary(terminalreporter, config):
     tr.section("attention harness")
     for line in summary_lines(session):
         tr.write_line(line)
-    compact(session.writer.path)
+    session.finish()
     tr.write_line(f"results: {session.writer.path}")
 
 

@@ -1,0 +1,234 @@
+"""compare: timing verdicts from raw samples, correctness changes, testbed gate, CLI outputs and exit codes."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import mannwhitneyu
+
+from harness.cli import main
+from harness.compare import (ALPHA, CompareConfig, MismatchedTestbeds, compare_runs, has_regression, min_attainable_p,
+                             run_warnings)
+from regress_fixtures import key, lognormal, write_run
+
+ROOT = Path(__file__).resolve().parent.parent
+N_KEYS = 40
+
+
+def harness(capsys, *args):
+    """`python -m harness ARGS` in this process (the CLI path of test_cli, without a second torch import)."""
+    code = main(list(args))
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+
+def pair(tmp_path, new_samples=None, new_rows=None, base_rows=None, **new_env):
+    """A base run of N_KEYS keys and a new run from the same distribution unless overridden per key."""
+    keys = [key(i) for i in range(N_KEYS)]
+    base_s = {k: lognormal(seed=i) for i, k in enumerate(keys)}
+    new_s = {k: lognormal(seed=1000 + i) for i, k in enumerate(keys)}
+    new_s.update(new_samples or {})
+    base = write_run(tmp_path / "base", {k: (base_rows or {}).get(k, {}) for k in keys}, base_s)
+    new = write_run(tmp_path / "new", {k: (new_rows or {}).get(k, {}) for k in keys}, new_s, **new_env)
+    return base, new
+
+
+def row(df, k):
+    return df.set_index(["case_id", "backend", "phase"]).loc[k]
+
+
+def test_identical_distributions_no_regression(tmp_path):
+    df = compare_runs(*pair(tmp_path))
+    assert len(df) == N_KEYS
+    assert set(df.verdict) == {"unchanged"}, df.verdict.value_counts()
+    assert set(df.correctness) == {"same"}
+    assert not has_regression(df)
+    assert df.attrs["mode"] == "gate"
+
+
+def test_twenty_percent_slowdown_flagged_with_p_and_ratio(tmp_path):
+    slow, fast = key(3), key(7)
+    df = compare_runs(*pair(tmp_path, {slow: lognormal(seed=3003) * 1.2, fast: lognormal(seed=3007) * 0.8}))
+    r = row(df, slow)
+    assert r.verdict == "slower" and r.regression
+    assert r.p_value < ALPHA and r.ratio == pytest.approx(1.2, rel=0.03)
+    f = row(df, fast)
+    assert f.verdict == "faster" and not f.regression and f.ratio == pytest.approx(0.8, rel=0.03)
+    assert df.regression.sum() == 1 and has_regression(df)
+
+
+def test_small_shift_is_significant_but_below_min_effect(tmp_path):
+    k = key(5)
+    base = write_run(tmp_path / "b", {k: {}}, {k: lognormal(seed=5, n=400, sigma=0.01)})
+    new = write_run(tmp_path / "n", {k: {}}, {k: lognormal(seed=6, n=400, sigma=0.01) * 1.03})
+    r = row(compare_runs(base, new), k)
+    assert r.p_value < 1e-10  # the rank test alone would call a 3% shift a regression
+    assert r.verdict == "unchanged" and not r.regression
+    assert row(compare_runs(base, new, min_effect=0.02), k).verdict == "slower"  # threshold is configurable
+
+
+def test_absolute_floor(tmp_path):
+    k = key(1)
+    base = write_run(tmp_path / "b", {k: {}}, {k: lognormal(seed=1, median_ms=0.0004)})
+    new = write_run(tmp_path / "n", {k: {}}, {k: lognormal(seed=2, median_ms=0.0004) * 1.5})
+    assert row(compare_runs(base, new), k).verdict == "unchanged"  # 0.2 us: below the 1 us floor
+    assert row(compare_runs(base, new, abs_floor_ms=0.0001), k).verdict == "slower"
+
+
+def test_inconclusive_with_too_few_samples(tmp_path):
+    k = key(0)
+    base = write_run(tmp_path / "b", {k: {}}, {k: lognormal(seed=1, n=5)})
+    new = write_run(tmp_path / "n", {k: {}}, {k: lognormal(seed=2, n=5) * 2.0})
+    r = row(compare_runs(base, new), k)
+    assert r.verdict == "inconclusive" and not r.regression
+    assert "too few samples (5 vs 5;" in r.note and r.ratio > 1.8
+
+
+def test_inconclusive_below_min_samples_even_when_p_is_tiny(tmp_path):
+    # 8 samples against 400: exact p can be ~1e-15, but 8 back-to-back samples can sit in one transient
+    k = key(0)
+    base = write_run(tmp_path / "b", {k: {}}, {k: lognormal(seed=1, n=400)})
+    new = write_run(tmp_path / "n", {k: {}}, {k: lognormal(seed=2, n=8) * 3.0})
+    r = row(compare_runs(base, new), k)
+    assert r.verdict == "inconclusive" and r.p_value < 1e-6 and "need >= 10 per side" in r.note
+    assert row(compare_runs(base, new, min_samples=5), k).verdict == "slower"
+
+
+def test_inconclusive_when_noisy(tmp_path):
+    k = key(0)
+    base = write_run(tmp_path / "b", {k: {}}, {k: lognormal(seed=11, n=12, sigma=0.8)})
+    new = write_run(tmp_path / "n", {k: {}}, {k: lognormal(seed=12, n=12, sigma=0.8) * 1.3})
+    r = row(compare_runs(base, new), k)
+    assert r.verdict == "inconclusive" and r.p_value >= ALPHA and "too noisy" in r.note
+
+
+def test_no_samples_is_not_timed_and_one_sided_samples_inconclusive(tmp_path):
+    a, b = key(0), key(1)
+    base = write_run(tmp_path / "b", {a: {}, b: {}}, {b: lognormal(seed=1)})
+    new = write_run(tmp_path / "n", {a: {}, b: {}})
+    df = compare_runs(base, new)
+    assert row(df, a).verdict == "not-timed"
+    assert row(df, b).verdict == "inconclusive" and "only in the base run" in row(df, b).note
+
+
+def test_min_attainable_p_matches_scipy_exact():
+    for n in (5, 6, 7, 10):
+        exact = mannwhitneyu(np.arange(n) + 100.0, np.arange(n, dtype=float), method="exact").pvalue
+        assert min_attainable_p(n, n) == pytest.approx(exact)
+    assert min_attainable_p(6, 6) > ALPHA > min_attainable_p(7, 7)
+
+
+@pytest.mark.parametrize("base_extra, new_extra, expected, needle", [
+    ({}, {"status": "fail", "reason": "out: err 3e-2 > tol 1e-3", "err_ratio": 30.0}, "worse", "pass->fail"),
+    ({}, {"status": "error", "reason": "RuntimeError: boom"}, "worse", "pass->error: RuntimeError: boom"),
+    ({}, {"nonfinite": True}, "worse", "new non-finite values"),
+    ({"err_ratio": 0.1}, {"err_ratio": 0.5}, "worse", "err_ratio 0.1->0.5"),
+    ({"err_ratio": 0.1}, {"err_ratio": 0.2}, "same", ""),
+    ({}, {"status": "unavailable", "reason": "xformers not importable"}, "lost", "pass->unavailable"),
+    ({"status": "fail", "reason": "x"}, {}, "better", "fail->pass"),
+])
+def test_correctness_changes(tmp_path, base_extra, new_extra, expected, needle):
+    k = key(2)
+    df = compare_runs(*pair(tmp_path, new_rows={k: new_extra}, base_rows={k: base_extra}))
+    r = row(df, k)
+    assert r.correctness == expected and needle in r.note
+    assert r.regression == (expected in ("worse", "lost"))
+    assert df.regression.sum() == (expected in ("worse", "lost"))
+
+
+def test_rows_only_in_one_run_are_listed_not_gating(tmp_path):
+    a, b, c = key(0), key(1), key(2, phase="bwd")
+    base = write_run(tmp_path / "b", {a: {}, b: {}}, {a: lognormal(1), b: lognormal(2)})
+    new = write_run(tmp_path / "n", {a: {}, c: {}}, {a: lognormal(3), c: lognormal(4)})
+    df = compare_runs(base, new)
+    assert row(df, b).verdict == "base-only" and row(df, c).verdict == "new-only"
+    assert row(df, a).verdict == "unchanged" and not has_regression(df)
+
+
+def test_different_testbeds_refused_without_cross_device(tmp_path):
+    base, new = pair(tmp_path, {key(0): lognormal(seed=9) * 1.5}, testbed="tb-gpu-h100",
+                     device_name="NVIDIA H100 80GB HBM3")
+    refused = r"different testbeds.*'tb-cpu-a'.*'tb-gpu-h100'.*device_name.*--cross-device"
+    with pytest.raises(MismatchedTestbeds, match=refused):
+        compare_runs(base, new)
+    df = compare_runs(base, new, cross_device=True)
+    assert df.attrs["mode"] == "cross-device"
+    assert row(df, key(0)).verdict == "slower" and not has_regression(df)  # a report, not a gate
+
+
+def test_busy_or_throttled_runs_are_warned_about(tmp_path, capsys):
+    base, new = pair(tmp_path)
+    env = json.loads((new / "env.json").read_text())
+    env.update(cpu_count=2, clocks_start={"loadavg": [5.2, 4.0, 3.0]}, clocks_end={"throttle_reasons": "0x4"})
+    (new / "env.json").write_text(json.dumps(env))
+    quiet = {"cpu_count": 2, "clocks_start": {"loadavg": [1.5]}, "clocks_end": {"throttle_reasons": "0x1"}}
+    assert run_warnings(quiet) == []
+    df = compare_runs(base, new)
+    assert df.attrs["warnings"] == ["new run: start: load average 5.2 on 2 CPUs (other processes competed for them)",
+                                    "new run: end: GPU clock throttle reasons 0x4"]
+    res = harness(capsys, "compare", str(base), str(new))
+    assert res.returncode == 0 and "WARNING new run: start: load average 5.2" in res.stdout
+    assert "|ratio-1| of timed rows: median" in res.stdout  # the run-to-run noise, to choose --min-effect
+
+
+def test_bad_thresholds_are_errors():
+    with pytest.raises(ValueError, match="alpha=1.5"):
+        CompareConfig(alpha=1.5)
+    with pytest.raises(ValueError, match="min_effect=-0.1"):
+        CompareConfig(min_effect=-0.1)
+
+
+def test_cli_gate_exit_codes_and_outputs(tmp_path, capsys):
+    slow = key(4)
+    base, new = pair(tmp_path, {slow: lognormal(seed=4004) * 1.25})
+    out = tmp_path / "report"
+    res = harness(capsys, "compare", str(base), str(new), "--out", str(out))
+    assert res.returncode == 1, res.stdout + res.stderr
+    line = next(ln for ln in res.stdout.splitlines() if slow[0] in ln)
+    assert "slower" in line and "1.2" in line and "e-" in line  # verdict, ratio and a p-value on the row
+    assert "REGRESSION: 1 row(s)" in res.stdout
+    csv = pd.read_csv(out / "compare.csv")
+    assert len(csv) == N_KEYS and csv.regression.sum() == 1
+    assert "| slower |" in (out / "compare.md").read_text()
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    same_base, same_new = pair(tmp_path / "same")
+    res = harness(capsys, "compare", str(same_base), str(same_new))
+    assert res.returncode == 0 and "no regression" in res.stdout, res.stdout
+    assert (same_new / "compare-vs-base" / "compare.csv").exists()
+
+
+def test_cli_testbed_mismatch_is_an_error_unless_cross_device(tmp_path, capsys):
+    base, new = pair(tmp_path, {key(0): lognormal(seed=9) * 1.5}, testbed="tb-other")
+    res = harness(capsys, "compare", str(base), str(new))
+    assert res.returncode == 2 and "different testbeds" in res.stderr and "--cross-device" in res.stderr
+    res = harness(capsys, "compare", str(base), str(new), "--cross-device", "--out", str(tmp_path / "x"))
+    assert res.returncode == 0 and "not a regression gate" in res.stdout, res.stdout + res.stderr
+
+
+def test_real_runs_flag_a_backend_that_does_the_work_twice(tmp_path):
+    """Two real `pytest suites --benchmark` runs of one registered backend, the second doing its work twice."""
+    def run(name, **knobs):
+        # one thread: with two, a core taken by another process stalls OpenMP barriers for tens of ms
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **knobs}
+        res = subprocess.run([sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-q", "--benchmark",
+                              "--matrix", "smoke", "-k", "fp32", "--backend-module", "tests/slow_backends.py",
+                              "--backends", "sdpa-math-tunable", "--results-dir", str(tmp_path / name)],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        return next((tmp_path / name).iterdir())
+
+    base, twice = run("base"), run("twice", HARNESS_REPEAT="2")
+    df = compare_runs(base, twice)
+    assert len(df) == 4 * 3  # fp32 cases of smoke x fwd, bwd, fwd+bwd, all timed
+    assert not df.verdict.isin(["faster", "unchanged", "not-timed"]).any(), df[["case_id", "phase", "verdict", "ratio"]]
+    slower = df[df.verdict == "slower"]
+    assert len(slower) >= 9, df[["case_id", "phase", "verdict", "ratio", "note"]]  # the rest: inconclusive at worst
+    assert (slower.p_value < ALPHA).all() and (slower.ratio > 1.4).all()
+    assert has_regression(df)
