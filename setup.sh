@@ -17,6 +17,6 @@ if ! python -c "import torch" 2>/dev/null; then
     python -m pip install -q "torch==2.13.0"
   fi
 fi
-python -m pip install -q -e .
+python -m pip install -q -e ".[slurm]"   # submitit: the Slurm launcher, tested with its local executor
 python -m pip install -q --no-deps "xformers==0.0.35" || echo "setup.sh: xformers not installed; its backend will report itself unavailable"
 python -c "import torch, harness; print('setup.sh: torch', torch.__version__, '| cuda' if torch.cuda.is_available() else '| cpu only', '| backends:', ', '.join(harness.all_backends()))"
