@@ -129,9 +129,14 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "") -> Backe
     bwd_reason = backend.backward_unsupported_reason(device)
     naive_errors = prepared.naive_errors
     if backend.name == "naive" or naive_errors is None:
-        naive_for = lambda q: None if backend.name == "naive" else NAIVE_BOUND[case.dtype]  # noqa: E731
+        refs = dict(zip(("out", *GRADS), prepared.reference))
+
+        def naive_for(quantity):  # no usable baseline: the naive bound, at this quantity's magnitude, stands in
+            if backend.name == "naive":
+                return None
+            return NAIVE_BOUND[case.dtype] * max(1.0, float(refs[quantity].abs().max()))
     else:
-        naive_for = naive_errors.get
+        naive_for = naive_errors.get  # noqa: E731
     note = prepared.naive_note if backend.name != "naive" else ""
 
     q, k, v, d_out = backend_inputs(backend, prepared.inputs, requires_grad=bwd_reason is None)

@@ -310,7 +310,10 @@ def test_results_dir_is_used_when_it_measured_the_workload_here(tmp_path):
 # ---- one real run on CPU ----
 
 def test_end_to_end_tiny_cpu_workload():
-    df = recommend(1, 4, 128, 64, kv_heads=2, dtype="fp32", mask="causal", device="cpu",
+    # explicit backends: other tests register deliberately broken plugins in this same process
+    builtins = ["naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "xformers",
+                "flash-attn"]
+    df = recommend(1, 4, 128, 64, kv_heads=2, dtype="fp32", mask="causal", device="cpu", backends=builtins,
                    timing=TimingConfig(warmup_ms=5, budget_ms=40, min_reps=10), compile_backend="eager")
     t = by_backend(df)
     ranked = {"naive", "sdpa", "sdpa-math", "sdpa-flash", "flex"}

@@ -5,16 +5,21 @@ from __future__ import annotations
 import torch
 
 from harness.backends.base import Backend, Unsupported, register
-from harness.masks import Causal, CausalBottomRight, KeyPadding, MaskSpec, SlidingWindow
+from harness.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
 
 
 def fa2_args(mask: MaskSpec | None, seq_q: int, seq_k: int) -> dict:
-    """Mask spec -> FA2 keywords {causal, window_size} (+ 'key_lengths' for the varlen path).
+    """Mask spec -> FA2 keywords {causal, window_size} (+ 'key_lengths', or 'cu_seqlens_q'/'cu_seqlens_k' of
+    one batch element for Documents, for the varlen path).
 
     FA2 aligns causal and windows bottom-right; a top-left causal mask is the same only when seq_q == seq_k.
+    Documents map to varlen directly: FA2's varlen causal is bottom-right within each sequence, as is theirs.
     """
     if mask is None:
         return {"causal": False, "window_size": (-1, -1)}
+    if isinstance(mask, Documents):
+        return {"causal": mask.causal, "window_size": (-1, -1), "cu_seqlens_q": mask.starts("q"),
+                "cu_seqlens_k": mask.starts("k")}
     if isinstance(mask, CausalBottomRight) or (isinstance(mask, Causal) and seq_q == seq_k):
         return {"causal": True, "window_size": (-1, -1)}
     if isinstance(mask, Causal):
@@ -29,9 +34,18 @@ def fa2_args(mask: MaskSpec | None, seq_q: int, seq_k: int) -> dict:
 
 
 def fa2_visible(seq_q: int, seq_k: int, *, causal: bool, window_size: tuple[int, int],
-                key_lengths: tuple[int, ...] | None = None) -> torch.Tensor:
+                key_lengths: tuple[int, ...] | None = None, cu_seqlens_q: tuple[int, ...] | None = None,
+                cu_seqlens_k: tuple[int, ...] | None = None) -> torch.Tensor:
     """FA2's documented visibility, (B|1, 1, Sq, Sk) bool: query i sees keys in
-    [i + Sk - Sq - left, i + Sk - Sq + right] (-1 = unbounded; causal means right = 0), and j < length."""
+    [i + Sk - Sq - left, i + Sk - Sq + right] (-1 = unbounded; causal means right = 0), and j < length.
+    With cu_seqlens (varlen), sequence s is queries [cu_q[s], cu_q[s+1]) and keys [cu_k[s], cu_k[s+1]),
+    sees nothing outside itself, and the rule above applies inside it with its own lengths."""
+    if cu_seqlens_q is not None:
+        ok = torch.zeros(seq_q, seq_k, dtype=torch.bool)
+        spans = zip(cu_seqlens_q, cu_seqlens_q[1:], cu_seqlens_k, cu_seqlens_k[1:])
+        for q0, q1, k0, k1 in spans:
+            ok[q0:q1, k0:k1] = fa2_visible(q1 - q0, k1 - k0, causal=causal, window_size=window_size)[0, 0]
+        return ok.view(1, 1, seq_q, seq_k)
     left, right = window_size
     if causal:
         right = 0
@@ -69,14 +83,40 @@ class FlashAttn2(Backend):
             return f"FlashAttention-2 needs sm80+; device is sm{major}{minor}"
         return None
 
+    # Native probes (harness/semantics.py, harness/dropout.py): FA2's own arguments, no mask spec involved.
+    def native_causal(self, q, k, v, *, scale):
+        from flash_attn import flash_attn_func
+
+        return flash_attn_func(q, k, v, softmax_scale=scale, causal=True)
+
+    def native_mask(self, q, k, v, *, mask, scale):
+        raise Unsupported("flash_attn_func takes no mask tensor (only causal, window_size, alibi_slopes, softcap, "
+                          "varlen cu_seqlens)")
+
+    def native_dropout(self, q, k, v, *, p, scale):
+        from flash_attn import flash_attn_func
+
+        return flash_attn_func(q, k, v, dropout_p=p, softmax_scale=scale)
+
     def forward(self, q, k, v, *, mask, scale):
         from flash_attn import flash_attn_func, flash_attn_varlen_func
 
         args = fa2_args(mask, q.shape[1], k.shape[1])
         lengths = args.pop("key_lengths", None)
+        b, sq, h, d = q.shape
+        if "cu_seqlens_q" in args:  # Documents: every batch element's documents become varlen sequences
+            cu_q, cu_k = args.pop("cu_seqlens_q"), args.pop("cu_seqlens_k")
+            sk = k.shape[1]
+            starts_q = [i * sq + s for i in range(b) for s in cu_q[:-1]] + [b * sq]
+            starts_k = [i * sk + s for i in range(b) for s in cu_k[:-1]] + [b * sk]
+            as_int32 = dict(device=q.device, dtype=torch.int32)
+            out = flash_attn_varlen_func(q.reshape(b * sq, h, d), k.reshape(b * sk, *k.shape[2:]),
+                                         v.reshape(b * sk, *v.shape[2:]), torch.tensor(starts_q, **as_int32),
+                                         torch.tensor(starts_k, **as_int32), max(mask.q_lengths),
+                                         max(mask.k_lengths), softmax_scale=scale, **args)
+            return out.reshape(b, sq, h, d)
         if lengths is None:
             return flash_attn_func(q, k, v, softmax_scale=scale, **args)
-        b, sq, h, d = q.shape
         # Varlen: queries all kept, keys packed per sequence to their valid length; cu_seqlens are int32.
         lens = torch.tensor(lengths, device=q.device, dtype=torch.int32)
         cu_k = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))

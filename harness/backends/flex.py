@@ -89,6 +89,9 @@ class Flex(Backend):
 
     def forward(self, q, k, v, *, mask, scale):
         block_mask = self.block_mask(mask, q.shape[0], q.shape[2], k.shape[2], q.device)
+        if torch.compiler.is_compiling():  # inside a user's torch.compile: no host timing (a graph break)
+            from torch.nn.attention.flex_attention import flex_attention
+            return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
         key = self.compile_key(q, k, mask)
         first = key not in self._compiled
         start = time.perf_counter()

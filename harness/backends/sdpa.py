@@ -38,10 +38,26 @@ class _Sdpa(Backend):
         return None
 
     def forward(self, q, k, v, *, mask, scale):
-        kwargs = sdpa_mask_args(mask, q.shape[2], k.shape[2], q.shape[0], q.device)
+        return self._call(q, k, v, scale=scale, **sdpa_mask_args(mask, q.shape[2], k.shape[2], q.shape[0], q.device))
+
+    # Native probes (harness/semantics.py, harness/dropout.py): SDPA's own arguments, no mask spec involved,
+    # so the semantics suites observe what SDPA itself does with them.
+    def native_causal(self, q, k, v, *, scale):
+        return self._call(q, k, v, scale=scale, is_causal=True)
+
+    def native_mask(self, q, k, v, *, mask, scale):
+        return self._call(q, k, v, scale=scale, attn_mask=mask)
+
+    def native_dropout(self, q, k, v, *, p, scale):
+        return self._call(q, k, v, scale=scale, dropout_p=p)
+
+    def _call(self, q, k, v, *, scale, **kwargs):
         gqa = k.shape[1] != q.shape[1]
         if self.kernel is None:
             return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa, **kwargs)
+        if torch.compiler.is_compiling():  # under a user's torch.compile: no warnings capture (a graph break)
+            with sdpa_kernel(self.kernel):
+                return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa, **kwargs)
         with warnings.catch_warnings(record=True) as caught, sdpa_kernel(self.kernel):
             warnings.simplefilter("always")
             try:

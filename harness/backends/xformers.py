@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness.backends.base import Backend, Unsupported, register
-from harness.masks import Causal, CausalBottomRight, KeyPadding, MaskSpec, SlidingWindow, split_padding
+from harness.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow, split_padding
 
 
 def _padding_bias(pad: KeyPadding, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
@@ -27,9 +27,12 @@ def xformers_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.flo
     """Mask spec -> xformers attn_bias: typed masks where xformers has one, a tensor bias for padding.
 
     `shape` is the bias shape xformers expects: (B, H, Sq, Sk), or (B, G, H, Sq, Sk) for GQA inputs.
+    Documents become a BlockDiagonal mask over the batch packed into one sequence (see `documents_bias`).
     """
     from xformers.ops.fmha import attn_bias as ab
 
+    if isinstance(mask, Documents):
+        return documents_bias(mask, shape[0])
     structural, pad = split_padding(mask)
     if structural is None:
         typed = None
@@ -54,6 +57,26 @@ def xformers_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.flo
     raise Unsupported(f"xformers has no typed mask for {structural.id} combined with a tensor bias")
 
 
+def documents_bias(mask: Documents, batch: int):
+    """Documents -> xformers BlockDiagonal mask whose blocks are every batch element's documents in order.
+
+    Inputs then go in packed as (1, batch * seq, ...). Causal documents of equal query and key lengths use
+    BlockDiagonalCausalMask (top-left per block, the same there); unequal ones the FromBottomRight variant,
+    which refuses a document with fewer keys than queries.
+    """
+    from xformers.ops.fmha import attn_bias as ab
+
+    q_lens, k_lens = list(mask.q_lengths) * batch, list(mask.k_lengths) * batch
+    if not mask.causal:
+        return ab.BlockDiagonalMask.from_seqlens(q_lens, k_lens)
+    if mask.q_lengths == mask.k_lengths:
+        return ab.BlockDiagonalCausalMask.from_seqlens(q_lens, k_lens)
+    try:
+        return ab.BlockDiagonalCausalFromBottomRightMask.from_seqlens(q_lens, k_lens)
+    except ValueError as exc:  # xformers: "Expected num_keys >= num_queries" per block
+        raise Unsupported(f"xformers BlockDiagonalCausalFromBottomRightMask refuses {mask.id}: {exc}") from None
+
+
 @register
 class Xformers(Backend):
     name = "xformers"
@@ -76,6 +99,31 @@ class Xformers(Backend):
     def last_op(self) -> str:
         return self._last_op
 
+    # Native probes (harness/semantics.py, harness/dropout.py): xformers' own arguments, no mask spec involved.
+    def native_causal(self, q, k, v, *, scale):
+        """xformers has no causal flag; LowerTriangularMask is the mask its docs use for "causal"."""
+        import xformers.ops as xops
+        from xformers.ops.fmha import attn_bias as ab
+
+        return xops.memory_efficient_attention(q, k, v, attn_bias=ab.LowerTriangularMask(), scale=scale)
+
+    def native_mask(self, q, k, v, *, mask, scale):
+        """`mask` (B|1, H|1, Sq, Sk), bool or additive, passed as attn_bias; additive ones go in storage whose
+        rows are padded to a multiple of 8, as xformers requires, so only the kind of mask is under test."""
+        import xformers.ops as xops
+
+        b, sq, h, _ = q.shape
+        full = mask.expand(b, h, sq, k.shape[1])
+        if mask.dtype != torch.bool:
+            storage = torch.zeros(b, h, sq, (k.shape[1] + 7) // 8 * 8, dtype=q.dtype, device=q.device)
+            full = storage[..., :k.shape[1]].copy_(full)
+        return xops.memory_efficient_attention(q, k, v, attn_bias=full, scale=scale)
+
+    def native_dropout(self, q, k, v, *, p, scale):
+        import xformers.ops as xops
+
+        return xops.memory_efficient_attention(q, k, v, p=p, scale=scale)
+
     def forward(self, q, k, v, *, mask, scale):
         import xformers.ops as xops
         from xformers.ops import fmha
@@ -91,6 +139,8 @@ class Xformers(Backend):
         else:
             shape = (b, h, sq, sk)
         bias = xformers_bias(mask, shape, q.dtype, q.device)
+        if isinstance(mask, Documents):  # BlockDiagonal masks take the batch packed into one sequence
+            q, k, v = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v))
         inp = fmha.Inputs(query=q, key=k, value=v, attn_bias=bias, scale=scale)
         try:
             op = fmha.dispatch._dispatch_fw(inp, torch.is_grad_enabled() and q.requires_grad)
