@@ -14,7 +14,7 @@ import importlib
 
 from harness.matrices import MATRICES
 
-SUBCOMMAND_MODULES: list[str] = []
+SUBCOMMAND_MODULES: list[str] = ["harness.regress_cli", "harness.report_cli", "harness.recommend_cli"]
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -37,6 +37,8 @@ def pytest_addoption(parser):
     group.addoption("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice); recorded")
     group.addoption("--cpu-mem-budget-gb", type=float, default=None,
                     help="CPU: record a case as oom when its measured peak memory exceeds this many GiB")
+    group.addoption("--no-report", action="store_false", dest="report",
+                    help="skip the figures and report/report.html at the end of the run")
     group.addoption("--shard", default=None, help="run only shard i of n of the cases, as 'i/n' (default: all)")
 
 
@@ -104,6 +106,13 @@ def pytest_terminal_summary(terminalreporter, config):
         tr.write_line(line)
     session.finish()
     tr.write_line(f"results: {session.writer.path}")
+    if config.getoption("report", True):
+        try:  # figures and report are built from the stored files only; a drawing problem must not fail the run
+            from harness.report import build_report
+            tr.write_line(f"report:  {build_report(session.run_dir)}")
+        except Exception as exc:
+            tr.write_line(f"report:  not built ({type(exc).__name__}: {exc}); retry with "
+                          f"python -m harness report {session.run_dir}")
 
 
 def summary_lines(session: RunSession) -> list[str]:
