@@ -66,7 +66,8 @@ class _Sdpa(Backend):
                 if "No viable backend" not in str(exc) and "No available kernel" not in str(exc):
                     raise
                 # torch explains why the pinned kernel refused in warnings; keep its words as the reason.
-                why = "; ".join(re.sub(r"\s+", " ", str(w.message)).strip() for w in caught) or str(exc)
+                why = "; ".join(re.sub(r"\s+", " ", re.sub(r"\(Triggered internally at[^)]*\)", "", str(w.message))).strip()
+                                for w in caught) or str(exc)
                 raise Unsupported(f"{self.kernel.name} refused: {why[:400]}") from None
 
 
