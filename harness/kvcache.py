@@ -18,7 +18,7 @@ from harness.case import AttentionCase, Inputs, make_inputs
 from harness.masks import Causal, CausalBottomRight
 from harness.probe import prepare_with_inputs, probe_row, tag_rows
 from harness.runner import GRADS, execute
-from harness.verdict import NAIVE_BOUND, judge
+from harness.verdict import judge
 
 
 def _slice(inputs: Inputs, start: int, stop: int) -> Inputs:
@@ -77,11 +77,10 @@ def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: tor
             dk = dk + torch.nn.functional.pad(result.grads["dk"], pad)
             dv = dv + torch.nn.functional.pad(result.grads["dv"], pad)
     whole = prepare_with_inputs(full, device, inputs)                   # reference and naive errors of one pass
-    ref, naive = whole.reference, whole.naive_errors or {}
+    ref = whole.reference
 
     def check(name, actual, expected):
-        return judge(name, actual, expected, full.dtype,
-                     None if backend.name == "naive" else naive.get(name, NAIVE_BOUND[full.dtype]))
+        return judge(name, actual, expected, full.dtype, whole.naive_error(name, backend.name))
 
     tag = f"prefill:assembled{chunks}"
     fwd = check("out", torch.cat(outs, dim=2), ref.out)

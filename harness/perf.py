@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import torch
 
 from harness.backends.base import Backend
-from harness.case import AttentionCase, dtype_name
+from harness.case import dtype_name
 from harness.env import device_name, git_state, testbed_id
 from harness.flops import attention_flops
 from harness.memory import peak_memory

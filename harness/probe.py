@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.backends.base import Backend, all_backends
+from harness.backends.base import Backend
 from harness.case import AttentionCase, Inputs
-from harness.reference import reference_attention
-from harness.runner import GRADS, PreparedCase, _row, execute
+from harness.runner import PreparedCase, _row, prepare_case
 
 #: what `classify` can answer about a block of output or gradient values
 CLASSES = ("0", "NaN", "inf", "mean(V)", "garbage")
@@ -57,20 +56,8 @@ def probe_row(case: AttentionCase, backend: Backend, device: torch.device, *, ta
 
 def prepare_with_inputs(case: AttentionCase, device: torch.device, inputs: Inputs,
                         reference_inputs: Inputs | None = None) -> PreparedCase:
-    """`runner.prepare_case` for inputs we built ourselves (scaled, sliced, poisoned).
-
-    `reference_inputs` (default: `inputs`) feed the float64 reference and the naive baseline, so values that
-    must not matter (NaN in storage beyond the end) can be kept out of them.
-    """
-    clean = inputs if reference_inputs is None else reference_inputs
-    prepared = PreparedCase(case, device, clean, reference_attention(case, clean), None)
-    result = execute(all_backends()["naive"], prepared)
-    if result.status == "pass" and set(result.checks) == {"out", *GRADS}:
-        prepared.naive_errors = {q: c.err for q, c in result.checks.items()}
-    else:  # same fallback as runner.prepare_case: the naive bound stands in for the baseline
-        prepared.naive_note = f"naive baseline unusable ({result.status}: {result.reasons}); tolerance uses NAIVE_BOUND"
-    prepared.inputs = inputs
-    return prepared
+    """`runner.prepare_case` for inputs we built ourselves (scaled, sliced, poisoned)."""
+    return prepare_case(case, device, inputs=inputs, reference_inputs=reference_inputs)
 
 
 def classify(values: torch.Tensor, mean_v: torch.Tensor | None = None) -> str:

@@ -25,7 +25,7 @@ from harness.masks import Causal, CausalBottomRight, KeyPadding, MaskSpec
 from harness.probe import classify, exception_text, probe_dtype, probe_row
 from harness.reference import reference_attention
 from harness.runner import BackendResult, PreparedCase, backend_inputs, execute, prepare_case
-from harness.verdict import NAIVE_BOUND, Check, judge
+from harness.verdict import Check, judge
 
 #: batch element 0 sees no key at all (empty rows); element 1 sees keys 0-3 of 7 (partial rows)
 PADDING = KeyPadding((0, 4))
@@ -49,10 +49,7 @@ def semantics_case(dtype: torch.dtype) -> AttentionCase:
 
 
 def _naive_err(prepared: PreparedCase, backend: Backend, quantity: str) -> float | None:
-    # The same tolerance rule as runner.execute: naive is held to its fixed bound, others to naive's error.
-    if backend.name == "naive":
-        return None
-    return (prepared.naive_errors or {}).get(quantity, NAIVE_BOUND[prepared.case.dtype])
+    return prepared.naive_error(quantity, backend.name)
 
 
 def _empty_rows(case: AttentionCase) -> torch.Tensor:

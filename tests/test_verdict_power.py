@@ -77,3 +77,15 @@ def test_correct_builtins_pass_default_matrix():
         assert "fwd" in passed[name]
         assert ("bwd" in passed[name]) == (name != "flex")
     assert (df[df.status == "pass"].err_ratio <= 1).all()
+
+
+def test_baseline_stand_in_scales_with_the_reference():
+    """Without a usable naive baseline, the stand-in is NAIVE_BOUND at each quantity's magnitude; naive gets None."""
+    from harness.runner import prepare_case
+    from harness.verdict import NAIVE_BOUND
+    prepared = prepare_case(AttentionCase(1, 2, 32, 16, "bf16", mask=Causal()), torch.device("cpu"))
+    assert prepared.naive_error("dq", "naive") is None
+    assert prepared.naive_error("dq", "sdpa") == prepared.naive_errors["dq"]
+    prepared.naive_errors = None
+    magnitude = max(1.0, float(prepared.reference.dk.abs().max()))
+    assert prepared.naive_error("dk", "sdpa") == pytest.approx(NAIVE_BOUND[torch.bfloat16] * magnitude)
