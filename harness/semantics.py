@@ -132,8 +132,7 @@ def fully_masked_rows(backend: Backend, device: torch.device, seed: int) -> tupl
     else:
         bwd = next(r for r in result.rows if r["phase"] == "bwd")
         parts.append(f"grads={bwd['status']}")
-    reason = "; ".join(f"{r['phase']}: {r['reason']}" for r in result.rows if r.get("reason"))
-    return case, Answer("observed", " ".join(parts), reason, list(result.checks.values()))
+    return case, Answer("observed", " ".join(parts), result.reasons, list(result.checks.values()))
 
 
 def scale_honoured(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
