@@ -12,7 +12,7 @@ from harness.compare import ratio_spread
 #: rows worth showing first, in this order; "unchanged"/"not-timed" with "same" correctness are only counted
 _ORDER = {"slower": 0, "inconclusive": 2, "faster": 3, "base-only": 4, "new-only": 5, "unchanged": 6, "not-timed": 7}
 _SHOWN = ["case_id", "backend", "phase", "verdict", "correctness", "base_ms", "new_ms", "ratio", "p_value",
-          "n_base", "n_new", "note"]
+          "round_p", "n_base", "n_new", "note"]
 
 
 def header(df: pd.DataFrame) -> str:
@@ -23,7 +23,8 @@ def header(df: pd.DataFrame) -> str:
     else:
         title = f"regression gate on testbed {a.get('base_testbed')} ({a.get('base_device')})"
     rule = (f"slower/faster: >= {a.get('min_samples')} samples a side, Mann-Whitney U p < {a.get('alpha')}, "
-            f"median ratio beyond {1 + a.get('min_effect', 0):.3g}x and |change| >= {a.get('abs_floor_ms')} ms; "
+            f"median ratio beyond {1 + a.get('min_effect', 0):.3g}x, |change| >= {a.get('abs_floor_ms')} ms and, "
+            f"with >= 2 rounds a side, t-test on round medians p < {a.get('round_alpha')}; "
             f"correctness worse: pass->fail/error/oom, new NaN/inf, err_ratio +{a.get('err_growth')}")
     warn = "".join(f"\nWARNING {w}: timing verdicts may be noise" for w in a.get("warnings", []))
     return f"{title}\nbase: {a.get('base_dir')}\nnew:  {a.get('new_dir')}\n{rule}{warn}"
@@ -53,7 +54,8 @@ def _fmt(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("base_ms", "new_ms"):
         out[col] = out[col].map(lambda x: "" if pd.isna(x) else f"{x:.4g}")
     out["ratio"] = out["ratio"].map(lambda x: "" if pd.isna(x) else f"{x:.3f}")
-    out["p_value"] = out["p_value"].map(lambda x: "" if pd.isna(x) else f"{x:.2g}")
+    for col in ("p_value", "round_p"):
+        out[col] = out[col].map(lambda x: "" if pd.isna(x) else f"{x:.2g}")
     return out.fillna("")
 
 

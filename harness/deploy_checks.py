@@ -15,8 +15,8 @@ from harness.backends.base import Backend, Unsupported
 from harness.case import AttentionCase, Inputs, make_inputs
 from harness.env import REPO_ROOT
 from harness.masks import MASK_NAMES, parse_mask
-from harness.perf import phase_callables
-from harness.runner import GRADS, PreparedCase, backend_inputs
+from harness.perf import InputsOnly, phase_callables
+from harness.runner import GRADS, backend_inputs
 
 #: compile checks run on a shrunken copy of the workload (same dtype, head_dim, mask kind, GQA or not):
 #: graph breaks follow the code path, which these decide, not the sizes; a full-size inductor compile on CPU
@@ -128,9 +128,7 @@ def cuda_graph_check(backend: Backend, case: AttentionCase, device: torch.device
         return f"n/a ({device.type})"
     from harness.timing import _graphed  # the harness's own --cuda-graph capture, so "capturable" means that works
 
-    # phase_callables reads only the case and the inputs of a prepared case; no reference is needed to capture.
-    prepared = PreparedCase(case, device, inputs, None, None)  # type: ignore[arg-type]
-    setup, fn = phase_callables(backend, prepared, "fwd+bwd" if training else "fwd")
+    setup, fn = phase_callables(backend, InputsOnly(case, device, inputs), "fwd+bwd" if training else "fwd")
     setup = setup or (lambda: None)
     try:
         replay = _graphed(fn, setup, device)

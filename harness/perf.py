@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Protocol, Sequence
+
+import numpy as np
 
 import torch
 
 from harness.backends.base import Backend
-from harness.case import dtype_name
+from harness.case import AttentionCase, Inputs, dtype_name
 from harness.env import device_name, git_state, testbed_id
 from harness.flops import attention_flops
 from harness.memory import peak_memory
-from harness.runner import BackendResult, PreparedCase, _failure_status, _free, backend_inputs, case_columns
-from harness.timing import Measurement, TimingConfig, measure
+from harness.runner import BackendResult, _failure_status, _free, backend_inputs, case_columns
+from harness.timing import NOISE_THRESHOLD, Measurement, TimingConfig, measure
 
 PHASES = ("fwd", "bwd", "fwd+bwd")
 
@@ -21,7 +24,38 @@ PHASES = ("fwd", "bwd", "fwd+bwd")
 @dataclass
 class PerfResult:
     row: dict
+    #: this call's measurement (one round); the row's latency columns pool it with the earlier rounds
     measurement: Measurement | None
+
+
+class TimedCase(Protocol):
+    """What timing reads of a case: a PreparedCase, or InputsOnly when the reference is not needed."""
+
+    case: AttentionCase
+    device: torch.device
+    inputs: Inputs
+
+
+@dataclass(frozen=True)
+class InputsOnly:
+    """A case's inputs without its float64 reference: enough to time or capture a verified backend."""
+
+    case: AttentionCase
+    device: torch.device
+    inputs: Inputs
+
+
+def pooled_latency(rounds: Sequence[Sequence[float]]) -> dict:
+    """Latency columns from the samples of every round so far: pooled median/IQR/min, and round_spread, the
+    range of the round medians over the pooled median (how far the run's conditions moved this key)."""
+    pooled = np.concatenate([np.asarray(r, float) for r in rounds])
+    median = float(np.median(pooled))
+    q1, q3 = np.percentile(pooled, [25, 75])
+    medians = [float(np.median(r)) for r in rounds]
+    spread = (max(medians) - min(medians)) / median if median > 0 else float("nan")
+    return {"latency_ms": median, "latency_iqr_ms": float(q3 - q1), "latency_min_ms": float(pooled.min()),
+            "n_samples": int(pooled.size), "rounds": len(rounds), "round_spread": spread,
+            "noisy": bool(median > 0 and max((q3 - q1) / median, spread) > NOISE_THRESHOLD)}
 
 
 def phase_verdict(verdict: BackendResult, phase: str) -> tuple[str, str]:
@@ -34,7 +68,7 @@ def phase_verdict(verdict: BackendResult, phase: str) -> tuple[str, str]:
     return "pass", ""
 
 
-def phase_callables(backend: Backend, prepared: PreparedCase, phase: str):
+def phase_callables(backend: Backend, prepared: TimedCase, phase: str):
     """(setup, fn) for a phase. fwd: inference (no autograd); bwd: backward alone on a retained graph with the
     shared dO; fwd+bwd: one training step. Gradients are reset in setup, outside the timed region."""
     case = prepared.case
@@ -54,9 +88,15 @@ def phase_callables(backend: Backend, prepared: PreparedCase, phase: str):
     return reset, lambda: out.backward(d_out, retain_graph=True)
 
 
-def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict: BackendResult, *,
+def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: BackendResult, *,
                   config: TimingConfig, peaks: dict[str, float], run_id: str = "",
-                  cpu_mem_budget: int | None = None) -> PerfResult:
+                  cpu_mem_budget: int | None = None, prior_rounds: Sequence[Sequence[float]] = (),
+                  known_memory: tuple[int, str] | None = None) -> PerfResult:
+    """Time one phase (one round) of a verified backend and build its results row.
+
+    prior_rounds: samples of this key's earlier rounds in the run, pooled into the row's latency columns.
+    known_memory: (bytes, method) measured in an earlier round; peak memory is then not measured again.
+    """
     case, device = prepared.case, prepared.device
     status, reason = phase_verdict(verdict, phase)
     row = {"run_id": run_id, "backend": backend.name, "phase": phase, **case_columns(case, device),
@@ -72,23 +112,24 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     row["status"] = "pass"
     try:
         setup, fn = phase_callables(backend, prepared, phase)
-        mem_bytes, mem_method = peak_memory(fn, device=device, setup=setup)
+        mem_bytes, mem_method = known_memory or peak_memory(fn, device=device, setup=setup)
         if cpu_mem_budget is not None and device.type == "cpu" and mem_bytes > cpu_mem_budget:
             row.update(status="oom", reason=f"needed {mem_bytes} bytes above inputs > CPU budget {cpu_mem_budget}",
                        peak_mem_bytes=mem_bytes, mem_method=mem_method)
             return PerfResult(row, None)
-        m = measure(fn, device=device, setup=setup, config=config)
+        estimate = float(np.median(np.concatenate(prior_rounds))) if prior_rounds else None
+        m = measure(fn, device=device, setup=setup, config=config, estimate_ms=estimate)
     except Exception as exc:
         status, why = _failure_status(exc)
         _free(device)
         row.update(status=status, reason=f"during timing: {why}")
         return PerfResult(row, None)
+    latency = pooled_latency([*prior_rounds, m.samples_ms])
     flops = attention_flops(case, phase)
-    tflops = flops / (m.median * 1e-3) / 1e12 if m.median > 0 else float("nan")
+    tflops = flops / (latency["latency_ms"] * 1e-3) / 1e12 if latency["latency_ms"] > 0 else float("nan")
     peak = peaks.get(dtype_name(case.dtype))
     pct = 100.0 * tflops / peak if peak else float("nan")
-    row.update(latency_ms=m.median, latency_iqr_ms=m.iqr, latency_min_ms=m.min, n_samples=m.n,
-               timing_mode=m.mode, threads=m.threads, noisy=m.noisy, peak_mem_bytes=mem_bytes,
+    row.update(**latency, timing_mode=m.mode, threads=m.threads, peak_mem_bytes=mem_bytes,
                mem_method=mem_method, flops=flops, tflops=tflops, pct_of_peak=pct, suspicious=bool(pct > 100))
     compile_ms = backend.compile_time_ms()
     if compile_ms is not None:

@@ -29,7 +29,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     base, new = _resolve_run(args.base, args.results_dir), _resolve_run(args.new, args.results_dir)
     df = cmp.compare_runs(base, new, min_effect=args.min_effect, alpha=args.alpha, abs_floor_ms=args.abs_floor_ms,
-                          err_growth=args.err_growth, min_samples=args.min_samples,
+                          err_growth=args.err_growth, min_samples=args.min_samples, round_alpha=args.round_alpha,
                           cross_device=args.cross_device)
     out = Path(args.out) if args.out else new / f"compare-vs-{base.name}"
     files = write_report(df, out)
@@ -105,6 +105,8 @@ def add_subcommand(subparsers) -> None:
                    help="smallest median change (ms) that counts")
     p.add_argument("--err-growth", type=float, default=cmp.ERR_GROWTH, help="err_ratio increase flagged as worse")
     p.add_argument("--min-samples", type=int, default=cmp.MIN_SAMPLES, help="fewest samples per side for a verdict")
+    p.add_argument("--round-alpha", type=float, default=cmp.ROUND_ALPHA,
+                   help="significance level of the t-test on round medians (runs with >= 2 rounds a side)")
     p.add_argument("--cross-device", action="store_true",
                    help="allow runs from different testbeds: a cross-device report, not a gate (exit 0)")
     p.add_argument("--out", default=None, help="report directory (default: NEW/compare-vs-BASE)")

@@ -21,7 +21,7 @@ SEMANTICS_PREFIX = "semantics:"
 NOT_ANSWERED = ("unavailable", "unsupported")  # semantics cells of a backend that could not take the question
 NUMERIC = ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "err_ratio", "latency_ms", "latency_iqr_ms",
            "latency_min_ms", "n_samples", "threads", "peak_mem_bytes", "flops", "tflops", "pct_of_peak",
-           "compile_ms")
+           "compile_ms", "rounds", "round_spread")
 #: a line of a "vs sequence length" plot: cases that differ only in sequence length
 GROUP_KEYS = ("suite", "dtype", "head_dim", "mask_kind", "batch", "heads", "kv_heads", "seq_shape")
 

@@ -28,14 +28,16 @@ COLUMNS: tuple[str, ...] = (
     "naive_out_err", "naive_dq_err", "naive_dk_err", "naive_dv_err", "err_ratio", "nonfinite", "backend_op",
     "observed",
     # performance (filled by the benchmark stage)
-    "latency_ms", "latency_iqr_ms", "latency_min_ms", "n_samples", "timing_mode", "threads", "noisy",
+    "latency_ms", "latency_iqr_ms", "latency_min_ms", "n_samples", "rounds", "round_spread", "timing_mode", "threads",
+    "noisy",
     "peak_mem_bytes", "mem_method", "flops", "tflops", "pct_of_peak", "suspicious", "compile_ms",
     # provenance
     "device_name", "testbed_id", "torch_version", "backend_version", "git_sha", "timestamp", "schema_version",
 )
 
-#: raw timing samples, long format, one line per repetition: results/<run_id>/samples.csv
-SAMPLE_COLUMNS: tuple[str, ...] = ("run_id", "case_id", "backend", "phase", "sample", "latency_ms")
+#: raw timing samples, long format, one line per repetition: results/<run_id>/samples.csv. `round`: the
+#: measurement round (rounds of one key are spread over the run, so they see its changing conditions)
+SAMPLE_COLUMNS: tuple[str, ...] = ("run_id", "case_id", "backend", "phase", "round", "sample", "latency_ms")
 
 STATUSES = ("pass", "fail", "unsupported", "unavailable", "error", "oom", "observed")
 PHASES = ("fwd", "bwd", "fwd+bwd")
@@ -78,11 +80,12 @@ class SamplesWriter:
             with self.path.open("w", newline="") as f:
                 csv.writer(f).writerow(SAMPLE_COLUMNS)
 
-    def write(self, run_id: str, case_id: str, backend: str, phase: str, samples_ms: Iterable[float]) -> None:
+    def write(self, run_id: str, case_id: str, backend: str, phase: str, samples_ms: Iterable[float],
+              round_index: int = 0) -> None:
         with self.path.open("a", newline="") as f:
             writer = csv.writer(f)
             for i, value in enumerate(samples_ms):
-                writer.writerow((run_id, case_id, backend, phase, i, repr(float(value))))
+                writer.writerow((run_id, case_id, backend, phase, round_index, i, repr(float(value))))
             f.flush()
             os.fsync(f.fileno())
 
@@ -92,7 +95,10 @@ def load_samples(run_dir: str | Path) -> pd.DataFrame:
     path = Path(run_dir) / "samples.csv"
     if not path.exists():
         return pd.DataFrame(columns=list(SAMPLE_COLUMNS))
-    return pd.read_csv(path)
+    df = pd.read_csv(path)
+    if "round" not in df.columns:  # written before rounds existed: all samples are one round
+        df.insert(SAMPLE_COLUMNS.index("round"), "round", 0)
+    return df
 
 
 def fold(df: pd.DataFrame) -> pd.DataFrame:

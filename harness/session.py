@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from math import ceil
 from pathlib import Path
 
 import torch
 
 from harness.backends.base import Backend
-from harness.case import AttentionCase
+from harness.case import AttentionCase, make_inputs
 from harness.env import environment, new_run_id
 from harness.results import ResultsWriter, SamplesWriter
+from harness.perf import InputsOnly
 from harness.runner import BackendResult, PreparedCase, execute, prepare_case
 from harness.timing import TimingConfig
 
@@ -24,6 +26,9 @@ class RunSession:
     seed: int = 0
     run_id: str = field(default_factory=new_run_id)
     timing: TimingConfig = field(default_factory=TimingConfig)
+    #: measurement rounds per timed key, spread over the run (the suite orders them round-major), so a
+    #: key's samples see the run's changing conditions and compare can tell a transient from a regression
+    rounds: int = 1
     #: measured dense-matmul TFLOP/s per dtype name, filled by measure_peaks() when benchmarking
     peaks: dict = field(default_factory=dict)
     cpu_mem_budget: int | None = None
@@ -32,14 +37,20 @@ class RunSession:
     _prepared: OrderedDict = field(default_factory=OrderedDict)
 
     def __post_init__(self):
+        if self.rounds < 1:
+            raise ValueError(f"rounds={self.rounds!r}: must be >= 1")
         self.run_dir = Path(self.results_root) / self.run_id
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.writer = ResultsWriter(self.run_dir / "results.csv")
         self.samples = SamplesWriter(self.run_dir / "samples.csv")
         #: (case id, backend, phase) -> perf row, for the end-of-run summary
         self.perf_rows: dict = {}
+        #: (case id, backend, phase) -> the samples of each round measured so far
+        self.round_samples: dict = {}
+        self._inputs: OrderedDict = OrderedDict()
         self.env = environment(self.device, timing_mode=self.timing_mode)
         self.env["run_id"] = self.run_id
+        self.env["rounds"] = self.rounds
         self.save_env()
 
     @property
@@ -70,8 +81,26 @@ class RunSession:
 
     def prepared_inputs(self, case: AttentionCase):
         """Just the canonical inputs of a case (no reference): for checks that only time."""
-        from harness.case import make_inputs
         return make_inputs(case, self.device, self.seed)
+
+    def timing_inputs(self, case: AttentionCase) -> PreparedCase | InputsOnly:
+        """What timing a verified backend needs: the prepared case if still held, else its inputs alone (the
+        same seeded tensors), kept for the next few lookups; the reference is not recomputed to time."""
+        if case in self._prepared:
+            return self._prepared[case]
+        if case not in self._inputs:
+            self._inputs[case] = InputsOnly(case, self.device, make_inputs(case, self.device, self.seed))
+            while len(self._inputs) > 2:
+                self._inputs.popitem(last=False)
+        return self._inputs[case]
+
+    @property
+    def round_timing(self) -> TimingConfig:
+        """One round's share of the timing budget: all rounds together cost about what one round would."""
+        t, r = self.timing, self.rounds
+        min_reps = ceil(t.min_reps / r)
+        return replace(t, warmup_ms=t.warmup_ms / r, budget_ms=t.budget_ms / r, min_reps=min_reps,
+                       max_reps=max(min_reps, ceil(t.max_reps / r)))
 
     def record(self, case: AttentionCase, backend: Backend, result: BackendResult) -> None:
         self.verdicts[(case.id, backend.name)] = result
@@ -85,12 +114,15 @@ class RunSession:
         return self.verdicts[key]
 
     def record_perf(self, result) -> None:
+        """Append the row (latency pooled over the rounds so far) and this round's raw samples."""
         row = result.row
+        key = (row["case_id"], row["backend"], row["phase"])
         self.writer.write([row])
         if result.measurement is not None:
-            self.samples.write(self.run_id, row["case_id"], row["backend"], row["phase"],
-                               result.measurement.samples_ms)
-        self.perf_rows[(row["case_id"], row["backend"], row["phase"])] = row
+            rounds = self.round_samples.setdefault(key, [])
+            self.samples.write(self.run_id, *key, result.measurement.samples_ms, round_index=len(rounds))
+            rounds.append(result.measurement.samples_ms)
+        self.perf_rows[key] = row
 
     def measure_peaks(self, dtypes) -> None:
         from harness.flops import measure_peaks

@@ -74,15 +74,19 @@ def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
 
 
 def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[], None] | None = None,
-            config: TimingConfig = TimingConfig()) -> Measurement:
-    """Time `fn()` repeatedly; `setup()` runs before every repetition, outside the timed region."""
+            config: TimingConfig = TimingConfig(), estimate_ms: float | None = None) -> Measurement:
+    """Time `fn()` repeatedly; `setup()` runs before every repetition, outside the timed region.
+
+    estimate_ms: the latency already known (a later round of the same call): the first call and the estimate
+    are skipped, and only warmup (at least one call, for caches gone cold since) precedes the repetitions.
+    """
     setup = setup or (lambda: None)
     if device.type == "cuda":
-        return _measure_cuda(fn, setup, device, config)
-    return _measure_cpu(fn, setup, config)
+        return _measure_cuda(fn, setup, device, config, estimate_ms)
+    return _measure_cpu(fn, setup, config, estimate_ms)
 
 
-def _measure_cpu(fn, setup, cfg: TimingConfig) -> Measurement:
+def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None) -> Measurement:
     # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
     def once() -> float:
         setup()
@@ -90,8 +94,10 @@ def _measure_cpu(fn, setup, cfg: TimingConfig) -> Measurement:
         fn()
         return (time.perf_counter_ns() - start) / 1e6
 
-    first = once()  # may include compilation or lazy init: kept apart from the samples
-    estimate = min(once(), once())
+    first = float("nan")
+    if estimate is None:
+        first = once()  # may include compilation or lazy init: kept apart from the samples
+        estimate = min(once(), once())
     warmup, reps = _reps(estimate, cfg)
     for _ in range(warmup):
         once()
@@ -99,27 +105,31 @@ def _measure_cpu(fn, setup, cfg: TimingConfig) -> Measurement:
     return Measurement(samples, "cpu-clock", torch.get_num_threads(), first)
 
 
-def _measure_cuda(fn, setup, device, cfg: TimingConfig) -> Measurement:
+def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None = None) -> Measurement:
     torch.cuda.synchronize(device)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
-    start_first = time.perf_counter_ns()
-    setup()
-    fn()
-    torch.cuda.synchronize(device)
-    first = (time.perf_counter_ns() - start_first) / 1e6
+    first = float("nan")
+    if estimate is None:
+        start_first = time.perf_counter_ns()
+        setup()
+        fn()
+        torch.cuda.synchronize(device)
+        first = (time.perf_counter_ns() - start_first) / 1e6
     target = fn
     mode = "cuda-events"
     if cfg.cuda_graph:
         target, mode = _graphed(fn, setup, device), "cuda-graph"
-    # Estimate from 5 calls, as do_bench does, to size warmup and repetitions from the time budgets.
-    est_start, est_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    est_start.record()
-    for _ in range(5):
-        setup()
-        target()
-    est_end.record()
-    torch.cuda.synchronize(device)
-    warmup, reps = _reps(est_start.elapsed_time(est_end) / 5, cfg)
+    if estimate is None:
+        # Estimate from 5 calls, as do_bench does, to size warmup and repetitions from the time budgets.
+        est_start, est_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        est_start.record()
+        for _ in range(5):
+            setup()
+            target()
+        est_end.record()
+        torch.cuda.synchronize(device)
+        estimate = est_start.elapsed_time(est_end) / 5
+    warmup, reps = _reps(estimate, cfg)
     for _ in range(warmup):
         setup()
         target()

@@ -33,6 +33,10 @@ def pytest_addoption(parser):
                     help="also measure latency, peak memory and FLOP/s of every correct (case, backend, phase)")
     group.addoption("--timing-budget-ms", type=float, default=100.0,
                     help="time budget per measurement in ms; repetitions = budget / estimated latency (default: 100)")
+    group.addoption("--rounds", type=int, default=3,
+                    help="measurement rounds per timed (case, backend, phase), spread over the run, each with "
+                         "1/rounds of the budget; compare needs >= 2 to tell a transient from a regression "
+                         "(default: 3)")
     group.addoption("--cuda-graph", action="store_true", help="GPU: time forward replays of a captured CUDA graph")
     group.addoption("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice); recorded")
     group.addoption("--cpu-mem-budget-gb", type=float, default=None,
@@ -55,6 +59,8 @@ def pytest_configure(config):
         device = resolve_device(config.option.device)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if config.option.rounds < 1:
+        raise pytest.UsageError(f"--rounds {config.option.rounds}: must be >= 1")
     if config.option.threads is not None:
         if config.option.threads < 1:
             raise pytest.UsageError(f"--threads {config.option.threads}: must be >= 1")
@@ -65,7 +71,8 @@ def pytest_configure(config):
                              timing=TimingConfig(warmup_ms=config.option.timing_budget_ms / 4,
                                                  budget_ms=config.option.timing_budget_ms,
                                                  cuda_graph=config.option.cuda_graph),
-                             cpu_mem_budget=None if budget is None else int(budget * 2 ** 30))
+                             cpu_mem_budget=None if budget is None else int(budget * 2 ** 30),
+                             rounds=config.option.rounds)
         if config.option.benchmark_enabled:
             session.measure_peaks(sorted({c.dtype for c in config._harness_cases}, key=str))
         config.stash[_SESSION_KEY] = session
@@ -80,7 +87,17 @@ def pytest_generate_tests(metafunc):
         config = metafunc.config
         # case-major order: the reference of a case is computed once and reused by every backend
         pairs = [(c, b) for c in config._harness_cases for b in config._harness_backends]
-        if "phase" in metafunc.fixturenames:
+        if "phase" in metafunc.fixturenames and "perf_round" in metafunc.fixturenames:
+            # round-major: every key's first round, then every key's second... so the rounds of one key are
+            # minutes apart and a transient (another process, a clock dip) hits at most one of them
+            rounds = config.option.rounds
+            quads = [(c, b, p, r) for r in range(rounds) for c, b in pairs for p in PHASES]
+            metafunc.parametrize(("case", "backend", "phase", "perf_round"), quads,
+                                 # the last round keeps the plain id: it is the one pytest-benchmark records, so
+                                 # its stored names do not depend on --rounds
+                                 ids=[f"{b.name}-{c.id}-{p}" + (f"-round{r + 1}of{rounds}" if r < rounds - 1 else "")
+                                      for c, b, p, r in quads])
+        elif "phase" in metafunc.fixturenames:
             triples = [(c, b, p) for c, b in pairs for p in PHASES]
             metafunc.parametrize(("case", "backend", "phase"), triples,
                                  ids=[f"{b.name}-{c.id}-{p}" for c, b, p in triples])

@@ -1,4 +1,7 @@
-"""Latency, peak memory and FLOP/s of every (case, backend, phase) whose correctness passed; needs --benchmark."""
+"""Latency, peak memory and FLOP/s of every (case, backend, phase) whose correctness passed; needs --benchmark.
+
+Each key is timed in --rounds rounds spread over the run (round-major order); its row pools them all.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +12,35 @@ import torch
 from harness.perf import measure_phase, phase_callables
 
 
-def test_performance(case, backend, phase, run_session, benchmark, request):
+def test_performance(case, backend, phase, perf_round, run_session, request):
     if not request.config.getoption("benchmark_enabled"):
         pytest.skip("performance tests run only with --benchmark")
-    prepared = run_session.prepared(case)
+    key = (case.id, backend.name, phase)
+    earlier = run_session.round_samples.get(key, [])
+    if perf_round > 0 and not earlier:
+        row = run_session.perf_rows.get(key, {})
+        pytest.skip(f"not timed in round 1: {row.get('status', 'not run')}: {row.get('reason', '')}".rstrip(": "))
     verdict = run_session.verdict(case, backend)
-    result = measure_phase(backend, prepared, phase, verdict, config=run_session.timing, peaks=run_session.peaks,
-                           run_id=run_session.run_id, cpu_mem_budget=run_session.cpu_mem_budget)
+    prepared = run_session.timing_inputs(case)
+    known_memory = None
+    if earlier:  # memory does not change between rounds: measured once, in the first
+        first = run_session.perf_rows[key]
+        known_memory = (first["peak_mem_bytes"], first["mem_method"])
+    result = measure_phase(backend, prepared, phase, verdict, config=run_session.round_timing,
+                           peaks=run_session.peaks, run_id=run_session.run_id,
+                           cpu_mem_budget=run_session.cpu_mem_budget, prior_rounds=earlier, known_memory=known_memory)
     run_session.record_perf(result)
-    m = result.measurement
-    if m is None:
+    if result.measurement is None:
         pytest.skip(f"{result.row['status']}: {result.row.get('reason', '')}")
+    if perf_round < run_session.rounds - 1:
+        return
+    # Last round: pytest-benchmark's own table, JSON and --benchmark-compare get one entry per key, carrying our
+    # pooled numbers; its timing is a few synchronized calls of the same callable.
+    benchmark = request.getfixturevalue("benchmark")
     benchmark.extra_info.update({k: v for k, v in result.row.items() if k in (
-        "case_id", "backend", "phase", "latency_ms", "latency_iqr_ms", "latency_min_ms", "n_samples", "timing_mode",
-        "threads", "peak_mem_bytes", "mem_method", "tflops", "pct_of_peak", "suspicious", "compile_ms")})
-    # pytest-benchmark's own table, JSON and --benchmark-compare: a few synchronized rounds of the same call.
+        "case_id", "backend", "phase", "latency_ms", "latency_iqr_ms", "latency_min_ms", "n_samples", "rounds",
+        "round_spread", "timing_mode", "threads", "peak_mem_bytes", "mem_method", "tflops", "pct_of_peak",
+        "suspicious", "compile_ms")})
     setup, fn = phase_callables(backend, prepared, phase)
     device = prepared.device
 

@@ -40,7 +40,7 @@ def write_run(run_dir: Path, *, backends=("naive", "sdpa-flash", "flex", "xforme
                         verdict["status"] == "pass" else {}  # only what passed is timed
                     rows.append(base | {"backend": backend, "phase": phase, **verdict, **timing})
                     if timing:
-                        samples += [("synthetic", case_id, backend, phase, i, timing["latency_ms"] * (1 + i / 100))
+                        samples += [("synthetic", case_id, backend, phase, 0, i, timing["latency_ms"] * (1 + i / 100))
                                     for i in range(3)]
     if semantics:
         for question, answers in SEMANTICS.items():

@@ -1,7 +1,9 @@
 """Timing, memory and FLOP building blocks, and the perf stage's gating and failure rows (CPU)."""
 
+import json
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,9 +13,10 @@ from harness.env import resolve_device
 from harness.flops import attention_flops, matmul_peak_tflops
 from harness.masks import Causal, CausalBottomRight, KeyPadding
 from harness.memory import peak_memory
-from harness.perf import measure_phase
+from harness.perf import measure_phase, pooled_latency
 from harness.runner import execute, prepare_case
 from harness.backends.base import get_backends
+from harness.session import RunSession
 from harness.timing import Measurement, TimingConfig, measure
 
 CPU = resolve_device("cpu")
@@ -131,3 +134,45 @@ def test_memory_growth_separates_materialized_from_fused():
     assert 3.3 < growth["naive"] < 4.5, growth
     assert 1.3 < growth["sdpa-flash"] < 2.5, growth
     assert growth["naive"] > 1.5 * growth["sdpa-flash"]
+
+
+def test_pooled_latency_over_rounds():
+    cols = pooled_latency([(1.0, 1.0, 1.1), (1.2, 1.2, 1.3)])
+    assert cols["rounds"] == 2 and cols["n_samples"] == 6 and cols["latency_min_ms"] == 1.0
+    assert cols["latency_ms"] == pytest.approx(1.15)  # median of all six samples
+    assert cols["round_spread"] == pytest.approx((1.2 - 1.0) / 1.15)  # round medians 1.0 and 1.2
+    assert cols["noisy"]  # rounds 17% apart, though each round alone is tight
+    assert not pooled_latency([(1.0, 1.01), (1.0, 1.02)])["noisy"]
+
+
+def test_later_rounds_pool_samples_and_reuse_memory():
+    case = AttentionCase(1, 2, 64, 32, "fp32", mask=Causal())
+    first = _perf("sdpa-flash", case, "fwd")
+    second = _perf("sdpa-flash", case, "fwd", prior_rounds=[first.measurement.samples_ms],
+                   known_memory=(12345, "from round 1"))
+    row = second.row
+    assert row["rounds"] == 2 and row["n_samples"] == first.measurement.n + second.measurement.n
+    assert (row["peak_mem_bytes"], row["mem_method"]) == (12345, "from round 1")
+    pooled = sorted(first.measurement.samples_ms + second.measurement.samples_ms)
+    assert row["latency_ms"] == pytest.approx(float(np.median(pooled)))
+
+
+def test_round_timing_splits_the_budget(tmp_path):
+    session = RunSession(CPU, tmp_path, timing=TimingConfig(warmup_ms=20, budget_ms=90, min_reps=10, max_reps=500),
+                         rounds=3)
+    t = session.round_timing
+    assert (t.warmup_ms, t.budget_ms, t.min_reps, t.max_reps) == (pytest.approx(20 / 3), 30, 4, 167)
+    assert json.loads((session.run_dir / "env.json").read_text())["rounds"] == 3
+    assert RunSession(CPU, tmp_path / "a", rounds=1).round_timing == RunSession(CPU, tmp_path / "b").timing
+    with pytest.raises(ValueError, match="rounds=0"):
+        RunSession(CPU, tmp_path, rounds=0)
+
+
+def test_a_known_estimate_skips_the_first_call_and_the_estimate():
+    calls = []
+    cfg = TimingConfig(warmup_ms=0, budget_ms=1, min_reps=3, max_reps=3)
+    m = measure(lambda: calls.append(1), device=CPU, config=cfg, estimate_ms=1.0)
+    assert (m.n, len(calls)) == (3, 1 + 3)  # one warmup call, then the repetitions
+    assert m.first_call_ms != m.first_call_ms  # nan: there was no first call to report
+    calls.clear()
+    assert measure(lambda: calls.append(1), device=CPU, config=cfg).n == 3 and len(calls) == 1 + 2 + 1 + 3
