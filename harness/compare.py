@@ -139,13 +139,21 @@ def timing_verdict(base: np.ndarray, new: np.ndarray, cfg: CompareConfig = Compa
     if p >= cfg.alpha:
         return {**out, "verdict": "inconclusive",
                 "note": f"ratio {ratio:.3f} but p={p:.2g} >= {cfg.alpha:g}: too noisy, rerun with more samples"}
-    if np.isfinite(round_p) and round_p >= cfg.round_alpha:
-        fmt = lambda ms: "/".join(f"{m:.3g}" for m in ms)  # noqa: E731
-        return {**out, "verdict": "inconclusive",
-                "note": f"ratio {ratio:.3f} but not across rounds (round medians {fmt(base_medians)} -> "
-                        f"{fmt(new_medians)} ms, p={round_p:.2g} >= {cfg.round_alpha:g}): conditions changed "
-                        "during a run; rerun"}
-    note = "" if np.isfinite(round_p) else "one round in a run: a transient during it cannot be told apart"
+    fmt = "/".join
+    rounds_note = (f"round medians {fmt(f'{m:.3g}' for m in base_medians)} -> "
+                   f"{fmt(f'{m:.3g}' for m in new_medians)} ms")
+    if np.isfinite(round_p):
+        # the rounds must move the same way as the pooled median (the t-test is two-sided)
+        same_way = (np.mean(np.log(new_medians)) > np.mean(np.log(base_medians))) == (ratio > 1)
+        if round_p >= cfg.round_alpha or not same_way:
+            return {**out, "verdict": "inconclusive",
+                    "note": f"ratio {ratio:.3f} but not across rounds ({rounds_note}, p={round_p:.2g}"
+                            f"{'' if same_way else ', the other way'}): conditions changed during a run; rerun"}
+        note = ""
+    elif min(len(base_medians), len(new_medians)) < 2:
+        note = "one round in a run: a transient during it cannot be told apart"
+    else:
+        note = f"no round test: a round median is not positive ({rounds_note})"
     return {**out, "verdict": "slower" if ratio > 1 else "faster", "note": note}
 
 

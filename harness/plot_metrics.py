@@ -244,7 +244,7 @@ def _legend(fig: Figure, rows: pd.DataFrame, metric: Metric) -> None:
     handles = [Line2D([], [], color=backend_color(b), marker=backend_style(b)[1], label=b)
                for b in dict.fromkeys(rows.backend)]
     if metric.timing_flags and rows.noisy.any():
-        handles.append(Line2D([], [], ls="", marker="o", ms=11, mfc="none", mec="black", label="noisy (IQR/median high)"))
+        handles.append(Line2D([], [], ls="", marker="o", ms=11, mfc="none", mec="black", label="noisy (IQR/median or rounds)"))
     values = rows[metric.column].to_numpy(float)
     if np.isinf(values).any():
         handles.append(Line2D([], [], ls="", marker="$\\infty$", ms=11, color="red", label="infinite (top edge)"))

@@ -47,6 +47,9 @@ class RunSession:
         self.perf_rows: dict = {}
         #: (case id, backend, phase) -> the samples of each round measured so far
         self.round_samples: dict = {}
+        #: (case id, backend, phase) -> (peak bytes, method) of its first timed round: memory does not change
+        #: between rounds, so later rounds reuse it
+        self.round_memory: dict = {}
         self._inputs: OrderedDict = OrderedDict()
         self.env = environment(self.device, timing_mode=self.timing_mode)
         self.env["run_id"] = self.run_id
@@ -113,15 +116,21 @@ class RunSession:
             self.record(case, backend, execute(backend, self.prepared(case), self.run_id))
         return self.verdicts[key]
 
-    def record_perf(self, result) -> None:
-        """Append the row (latency pooled over the rounds so far) and this round's raw samples."""
+    def record_perf(self, result, round_index: int = 0) -> None:
+        """Append the row (latency pooled over the rounds so far) and this round's raw samples, labelled
+        with `round_index`. A key once flagged suspicious (faster than the matmul roofline) stays flagged,
+        with that round's reason: the results file folds rows, so a later row could not clear the reason."""
         row = result.row
         key = (row["case_id"], row["backend"], row["phase"])
+        before = self.perf_rows.get(key)
+        if before is not None and before.get("suspicious") and row.get("status") == "pass" \
+                and not row.get("suspicious"):
+            row.update(suspicious=True, reason=before.get("reason", ""))
         self.writer.write([row])
         if result.measurement is not None:
-            rounds = self.round_samples.setdefault(key, [])
-            self.samples.write(self.run_id, *key, result.measurement.samples_ms, round_index=len(rounds))
-            rounds.append(result.measurement.samples_ms)
+            self.samples.write(self.run_id, *key, result.measurement.samples_ms, round_index=round_index)
+            self.round_samples.setdefault(key, []).append(result.measurement.samples_ms)
+            self.round_memory.setdefault(key, (row["peak_mem_bytes"], row["mem_method"]))
         self.perf_rows[key] = row
 
     def measure_peaks(self, dtypes) -> None:

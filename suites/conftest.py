@@ -32,7 +32,8 @@ def pytest_addoption(parser):
     group.addoption("--benchmark", action="store_true", dest="benchmark_enabled",
                     help="also measure latency, peak memory and FLOP/s of every correct (case, backend, phase)")
     group.addoption("--timing-budget-ms", type=float, default=100.0,
-                    help="time budget per measurement in ms; repetitions = budget / estimated latency (default: 100)")
+                    help="time budget per timed key in ms, split over --rounds; repetitions = budget / estimated "
+                         "latency (default: 100)")
     group.addoption("--rounds", type=int, default=3,
                     help="measurement rounds per timed (case, backend, phase), spread over the run, each with "
                          "1/rounds of the budget; compare needs >= 2 to tell a transient from a regression "

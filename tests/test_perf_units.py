@@ -1,7 +1,10 @@
 """Timing, memory and FLOP building blocks, and the perf stage's gating and failure rows (CPU)."""
 
+import importlib.util
 import json
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from harness.memory import peak_memory
 from harness.perf import measure_phase, pooled_latency
 from harness.runner import execute, prepare_case
 from harness.backends.base import get_backends
+from harness.results import load_results, load_samples
 from harness.session import RunSession
 from harness.timing import Measurement, TimingConfig, measure
 
@@ -176,3 +180,91 @@ def test_a_known_estimate_skips_the_first_call_and_the_estimate():
     assert m.first_call_ms != m.first_call_ms  # nan: there was no first call to report
     calls.clear()
     assert measure(lambda: calls.append(1), device=CPU, config=cfg).n == 3 and len(calls) == 1 + 2 + 1 + 3
+
+
+def _suite_performance_test():
+    """suites/test_performance.py's test function, to drive its round logic directly."""
+    path = Path(__file__).resolve().parent.parent / "suites" / "test_performance.py"
+    spec = importlib.util.spec_from_file_location("suite_test_performance", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.test_performance
+
+
+class _FakeBenchmark:
+    def __init__(self):
+        self.extra_info, self.calls = {}, 0
+
+    def pedantic(self, fn, setup=None, rounds=1, iterations=1, warmup_rounds=0):
+        self.calls += 1
+
+
+def _run_rounds(tmp_path, backend, rounds=3, fail_in_round=None):
+    """Drive the suite's test through every round of one key, as pytest would (round-major)."""
+    test = _suite_performance_test()
+    session = RunSession(CPU, tmp_path, timing=FAST, rounds=rounds)
+    request = SimpleNamespace(config=SimpleNamespace(getoption=lambda name: True))
+    case, outcomes, bench = AttentionCase(1, 2, 32, 16, "fp32"), [], _FakeBenchmark()
+    for r in range(rounds):
+        backend.fail = r == fail_in_round
+        try:
+            test(case, backend, "fwd", r, session, bench, request)
+            outcomes.append("passed")
+        except pytest.skip.Exception as exc:
+            outcomes.append(f"skipped: {exc}")
+    session.finish()
+    return session, outcomes, bench
+
+
+class _Toggle(Backend):
+    """Correct SDPA that raises while `fail` is set: a failure in one measurement round only."""
+    name = "toggle"
+    fail = False
+
+    def forward(self, q, k, v, *, mask, scale):
+        if self.fail:
+            raise RuntimeError("transient failure")
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def test_rounds_pool_into_one_row_and_label_their_samples(tmp_path):
+    session, outcomes, bench = _run_rounds(tmp_path, _Toggle())
+    assert outcomes == ["passed"] * 3 and bench.calls == 1  # pytest-benchmark: the last round only
+    row = load_results(session.run_dir).set_index("phase").loc["fwd"]
+    samples = load_samples(session.run_dir)
+    assert row.status == "pass" and row.rounds == 3 and row.n_samples == len(samples)
+    assert sorted(samples["round"].unique()) == [0, 1, 2]
+    assert row.latency_ms == pytest.approx(float(np.median(samples.latency_ms)))
+    assert bench.extra_info["rounds"] == 3
+
+
+def test_a_failure_in_a_later_round_ends_the_key_with_its_reason(tmp_path):
+    session, outcomes, _ = _run_rounds(tmp_path, _Toggle(), fail_in_round=1)
+    assert outcomes[0] == "passed" and outcomes[1].startswith("skipped: error")
+    assert outcomes[2] == "skipped: not timed after an earlier round (error)"
+    row = load_results(session.run_dir).set_index("phase").loc["fwd"]
+    assert row.status == "error" and row.reason.startswith("round 2 of 3: during timing: RuntimeError")
+    assert row.rounds == 1 and set(load_samples(session.run_dir)["round"]) == {0}  # round 1 kept, labelled
+
+
+def test_a_later_round_run_alone_is_timed(tmp_path):
+    """Running one item by its plain id (the last round) must measure, not skip for want of round 1."""
+    test = _suite_performance_test()
+    session = RunSession(CPU, tmp_path, timing=FAST, rounds=3)
+    request = SimpleNamespace(config=SimpleNamespace(getoption=lambda name: True))
+    bench = _FakeBenchmark()
+    test(AttentionCase(1, 2, 32, 16, "fp32"), _Toggle(), "fwd", 2, session, bench, request)
+    assert bench.calls == 1 and session.perf_rows[("fp32-b1-h2-s32-d16-none", "toggle", "fwd")]["rounds"] == 1
+
+
+def test_a_key_once_suspicious_stays_suspicious_with_its_reason(tmp_path):
+    """Rows fold (later non-empty values win), so a later round could not clear the reason: keep both."""
+    from harness.perf import PerfResult
+    session = RunSession(CPU, tmp_path)
+    base = {"case_id": "fp32-b1-h2-s32-d16-none", "backend": "x", "phase": "fwd", "status": "pass",
+            "peak_mem_bytes": 1, "mem_method": "m"}
+    session.record_perf(PerfResult({**base, "suspicious": True, "reason": "suspicious: 9 TFLOP/s"},
+                                   Measurement((1.0,), "cpu-clock", 1)))
+    session.record_perf(PerfResult({**base, "suspicious": False}, Measurement((2.0,), "cpu-clock", 1)), round_index=1)
+    row = load_results(session.run_dir).iloc[0]
+    assert bool(row.suspicious) and row.reason == "suspicious: 9 TFLOP/s"
