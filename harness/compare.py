@@ -28,11 +28,11 @@ ALPHA = 0.002
 #: run-to-run noise. On this project's 2-core VM one case's keys all ran 30-40% slower for seconds in one
 #: of two identical runs while each key's samples agreed within 2-5%: the rank test on samples calls that
 #: significant, this test does not unless every round moved. Measured there (3 rounds, 4 degrees of
-#: freedom, |t| > 7.2 needed): 0 of 378 keys slower or faster over three pairs of identical runs (the rank
-#: test and effect size alone: 66 of 252), while a 2.2x slowdown was called slower in 91-94% of keys and
-#: inconclusive, never unchanged, in the rest. 0.01 caught more (99% at 2.2x, 84% at 1.3x) but flagged 3
-#: of 378 identical keys: a whole process can run a key 5-7% slower in every round, which no round inside
-#: it can reveal (pyperf and asv run rounds in separate processes for that reason).
+#: freedom, |t| > 7.2 needed): 1 of 756 keys slower over three pairs of identical runs read both ways (the
+#: rank test and effect size alone: 66 of 252), while a 2.2x slowdown was called slower in 91-94% of keys
+#: and inconclusive, never unchanged, in the rest. 0.01 caught more (99% at 2.2x, 84% at 1.3x) but flagged
+#: 3 of 378 identical keys. The one left: a whole process can run a key 5-11% slower in every round, which
+#: no round inside it can reveal (pyperf and asv run rounds in separate processes for that reason).
 ROUND_ALPHA = ALPHA
 #: Smallest ratio of medians that counts (asv uses 10%, Perfherder 2%). Keep it above the testbed's
 #: run-to-run noise, which the report prints (|ratio-1| of timed rows; compare two runs of the same
