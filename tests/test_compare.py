@@ -232,13 +232,22 @@ def real_base(tmp_path_factory) -> Path:
 
 def test_real_runs_of_unchanged_code_report_no_regression(real_base, tmp_path):
     """Two real runs of the same code and settings, one after the other: every timed key unchanged or, when
-    the machine's conditions moved during a run, inconclusive; never slower, so the gate passes."""
-    df = compare_runs(real_base, real_run(tmp_path / "same"))
+    the machine's conditions moved during a run, inconclusive; the gate passes.
+
+    At the default 5% effect, a whole process can still run one key 5-11% slower in every round on a shared
+    CPU VM (README, "Regressions"; seen on 1 of 756 keys over three full A/A pairs): rounds inside one run
+    cannot reveal that, so the gate is asserted at the 15% effect the README gives for such machines, and the
+    default gate may flag at most one key, by less than that."""
+    new = real_run(tmp_path / "same")
+    df = compare_runs(real_base, new, min_effect=0.15)
     timed = df[df.verdict != "not-timed"]
     assert len(timed) == 2 * 4 * 3 and (timed.rounds_base == 3).all() and (timed.rounds_new == 3).all()
     assert not has_regression(df), df[df.regression][["case_id", "backend", "phase", "ratio", "p_value", "round_p"]]
     assert set(timed.verdict) <= {"unchanged", "inconclusive", "faster"}, timed.verdict.value_counts()
     assert (timed.verdict == "unchanged").mean() >= 0.5, df[["case_id", "backend", "phase", "verdict", "note"]]
+    default = compare_runs(real_base, new)
+    slower = default[default.verdict == "slower"]
+    assert len(slower) <= 1 and (slower.ratio < 1.15).all(), slower[["case_id", "backend", "phase", "ratio"]]
 
 
 def test_real_runs_flag_a_backend_that_does_the_work_twice(real_base, tmp_path):
