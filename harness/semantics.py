@@ -93,10 +93,13 @@ def _prepared(case: AttentionCase, device: torch.device, seed: int) -> PreparedC
     return _cached(("prepared", case, str(device), seed), lambda: prepare_case(case, device, seed))
 
 
-def _spec_run(backend: Backend, device: torch.device, seed: int) -> tuple[PreparedCase, BackendResult]:
-    """The semantics case through the backend's own mask translation, forward and backward."""
+def _spec_run(backend: Backend, device: torch.device,
+              seed: int) -> tuple[PreparedCase, BackendResult, Answer | None]:
+    """The semantics case through the backend's own mask translation, forward and backward, and the answer
+    to give instead when that run produced no output (see _result_failure)."""
     prepared = _prepared(semantics_case(probe_dtype(backend, device)), device, seed)
-    return prepared, _cached(("spec", backend, str(device), seed), lambda: execute(backend, prepared))
+    result = _cached(("spec", backend, str(device), seed), lambda: execute(backend, prepared))
+    return prepared, result, _result_failure(result)
 
 
 def _skip(backend: Backend, case: AttentionCase, device: torch.device) -> Answer | None:
@@ -118,9 +121,8 @@ def _result_failure(result: BackendResult) -> Answer | None:
 
 def fully_masked_rows(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
     """Rows whose every key is masked: output 0 / NaN / mean(V) / garbage / error, and the gradients."""
-    prepared, result = _spec_run(backend, device, seed)
+    prepared, result, failed = _spec_run(backend, device, seed)
     case = prepared.case
-    failed = _result_failure(result)
     if failed:
         return case, failed
     empty = _empty_rows(case)
@@ -137,9 +139,8 @@ def fully_masked_rows(backend: Backend, device: torch.device, seed: int) -> tupl
 
 def scale_honoured(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
     """Is a non-default `scale` used (versus silently 1/sqrt(head_dim))? Judged on rows that see keys."""
-    prepared, result = _spec_run(backend, device, seed)
+    prepared, result, failed = _spec_run(backend, device, seed)
     case = prepared.case
-    failed = _result_failure(result)
     if failed:
         return case, failed
     check = _judge_visible(result.out, prepared.reference.out, prepared, backend)
@@ -153,9 +154,8 @@ def scale_honoured(backend: Backend, device: torch.device, seed: int) -> tuple[A
 
 def nan_in_masked_kv(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
     """NaN written into K or V at keys the mask hides: does it reach rows that see other keys?"""
-    prepared, result = _spec_run(backend, device, seed)
+    prepared, result, failed = _spec_run(backend, device, seed)
     case = prepared.case
-    failed = _result_failure(result)
     if failed:
         return case, failed
     hidden = ~case.key_mask(device).any(2, keepdim=True).transpose(-1, -2)    # (B, 1, Sk, 1): keys nobody sees
