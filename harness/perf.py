@@ -49,14 +49,12 @@ class InputsOnly:
 def pooled_latency(rounds: Sequence[Sequence[float]]) -> dict:
     """Latency columns from the samples of every round so far: pooled median/IQR/min, and round_spread, the
     range of the round medians over the pooled median (how far the run's conditions moved this key)."""
-    pooled = np.concatenate([np.asarray(r, float) for r in rounds])
-    median = float(np.median(pooled))
-    q1, q3 = np.percentile(pooled, [25, 75])
+    pooled = Measurement(tuple(float(x) for r in rounds for x in r), mode="pooled", threads=0)
     medians = [float(np.median(r)) for r in rounds]
-    spread = (max(medians) - min(medians)) / median if median > 0 else float("nan")
-    return {"latency_ms": median, "latency_iqr_ms": float(q3 - q1), "latency_min_ms": float(pooled.min()),
-            "n_samples": int(pooled.size), "rounds": len(rounds), "round_spread": spread,
-            "noisy": bool(median > 0 and max((q3 - q1) / median, spread) > NOISE_THRESHOLD)}
+    spread = (max(medians) - min(medians)) / pooled.median if pooled.median > 0 else float("nan")
+    return {"latency_ms": pooled.median, "latency_iqr_ms": pooled.iqr, "latency_min_ms": pooled.min,
+            "n_samples": pooled.n, "rounds": len(rounds), "round_spread": spread,
+            "noisy": pooled.noisy or spread > NOISE_THRESHOLD}
 
 
 def phase_verdict(verdict: BackendResult, phase: str) -> tuple[str, str]:

@@ -82,13 +82,10 @@ class RunSession:
         self._prepared.move_to_end(case)
         return self._prepared[case]
 
-    def prepared_inputs(self, case: AttentionCase):
-        """Just the canonical inputs of a case (no reference): for checks that only time."""
-        return make_inputs(case, self.device, self.seed)
-
     def timing_inputs(self, case: AttentionCase) -> PreparedCase | InputsOnly:
-        """What timing a verified backend needs: the prepared case if still held, else its inputs alone (the
-        same seeded tensors), kept for the next few lookups; the reference is not recomputed to time."""
+        """What timing needs (a verified backend, or a check that only times): the prepared case if still
+        held, else its inputs alone (the same seeded tensors), kept for the next few lookups; the reference
+        is not recomputed to time."""
         if case in self._prepared:
             return self._prepared[case]
         if case not in self._inputs:

@@ -19,7 +19,7 @@ def test_timing_fidelity(request, run_session, benchmark):
     seq = 4096 if device.type == "cuda" else 1024
     case = AttentionCase(2, 8, seq, 128 if device.type == "cuda" else 64, dtype, mask=Causal())
     backend = get_backends(["sdpa"])[0]
-    q, k, v, _ = backend_inputs(backend, run_session.prepared_inputs(case), requires_grad=False)
+    q, k, v, _ = backend_inputs(backend, run_session.timing_inputs(case).inputs, requires_grad=False)
 
     def call():
         return backend.forward(q, k, v, mask=case.mask, scale=case.scale)
