@@ -305,3 +305,13 @@ def test_round_alpha_is_configurable_and_validated(tmp_path):
     assert row(compare_runs(base, new, round_alpha=0.05), k).verdict == "slower"
     with pytest.raises(ValueError, match="round_alpha=1.5"):
         CompareConfig(round_alpha=1.5)
+
+
+def test_cli_passes_round_alpha(tmp_path, capsys):
+    k = key(0)
+    base = write_run(tmp_path / "b", {k: {}}, {k: rounds(1)})
+    new = write_run(tmp_path / "n", {k: {}}, {k: rounds(2, (1.1, 1.3, 1.2))})
+    out = str(tmp_path / "out")
+    assert harness(capsys, "compare", str(base), str(new), "--out", out).returncode == 0  # inconclusive
+    res = harness(capsys, "compare", str(base), str(new), "--out", out, "--round-alpha", "0.05")
+    assert res.returncode == 1 and "round medians p < 0.05" in res.stdout, res.stdout

@@ -43,3 +43,20 @@ def test_bad_option_is_a_usage_error(tmp_path):
     res = run_suites(tmp_path, "--backends", "sdpa,warp-attn")
     assert res.returncode == 4
     assert "unknown backend 'warp-attn'" in res.stderr
+
+
+def test_performance_items_run_round_major_and_the_last_round_keeps_the_plain_id(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "pytest", "suites/test_performance.py", "-p", "no:cacheprovider",
+                          "--collect-only", "-q", "--matrix", "smoke", "--backends", "naive", "--rounds", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:]
+    ids = [line.split("[", 1)[1].rstrip("]") for line in res.stdout.splitlines() if "::test_performance[" in line]
+    keys = len(ids) // 2
+    assert keys == 8 * 3 and len(ids) == 2 * keys  # smoke cases x phases, twice
+    assert all(i.endswith("-round1of2") for i in ids[:keys])  # every key's first round before any second one
+    assert ids[keys:] == [i.removesuffix("-round1of2") for i in ids[:keys]]  # same order, plain ids
+
+
+def test_bad_rounds_is_a_usage_error(tmp_path):
+    res = run_suites(tmp_path, "--matrix", "smoke", "--rounds", "0")
+    assert res.returncode == 4 and "--rounds 0: must be >= 1" in res.stderr
