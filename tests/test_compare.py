@@ -238,12 +238,15 @@ def test_real_runs_of_unchanged_code_report_no_regression(real_base, tmp_path):
     CPU VM (README, "Regressions"; seen on 1 of 756 keys over three full A/A pairs): rounds inside one run
     cannot reveal that, so the gate is asserted at the 15% effect the README gives for such machines, and the
     default gate may flag at most one key, by less than that."""
-    new = real_run(tmp_path / "same")
-    df = compare_runs(real_base, new, min_effect=0.15)
-    timed = df[df.verdict != "not-timed"]
-    assert len(timed) == 2 * 4 * 3 and (timed.rounds_base == 3).all() and (timed.rounds_new == 3).all()
-    assert not has_regression(df), df[df.regression][["case_id", "backend", "phase", "ratio", "p_value", "round_p"]]
-    assert set(timed.verdict) <= {"unchanged", "inconclusive", "faster"}, timed.verdict.value_counts()
+    for attempt in range(2):  # a rerun when a slow spell left most keys inconclusive, as their note says
+        new = real_run(tmp_path / f"same{attempt}")
+        df = compare_runs(real_base, new, min_effect=0.15)
+        timed = df[df.verdict != "not-timed"]
+        assert len(timed) == 2 * 4 * 3 and (timed.rounds_base == 3).all() and (timed.rounds_new == 3).all()
+        assert not has_regression(df), df[df.regression][["case_id", "backend", "phase", "ratio", "round_p"]]
+        assert set(timed.verdict) <= {"unchanged", "inconclusive", "faster"}, timed.verdict.value_counts()
+        if (timed.verdict == "unchanged").mean() >= 0.5:
+            break
     assert (timed.verdict == "unchanged").mean() >= 0.5, df[["case_id", "backend", "phase", "verdict", "note"]]
     default = compare_runs(real_base, new)
     slower = default[default.verdict == "slower"]
@@ -251,9 +254,20 @@ def test_real_runs_of_unchanged_code_report_no_regression(real_base, tmp_path):
 
 
 def test_real_runs_flag_a_backend_that_does_the_work_twice(real_base, tmp_path):
-    """The same two runs, the second with one registered backend doing its work twice."""
-    df = compare_runs(real_base, real_run(tmp_path / "twice", HARNESS_REPEAT="2"))
-    tunable = df[df.backend == "sdpa-math-tunable"]
+    """The same two runs, the second with one registered backend doing its work twice.
+
+    These runs are short (rounds of one key ~2 s apart), so a few seconds of a shared VM running at half
+    speed can double one round of many keys in either run: those keys come out inconclusive, whose note says
+    to rerun. The test does what the note says, once, with a fresh base too (seen once in about a dozen
+    CI-like runs: 11 of 12 keys inconclusive, round medians like 0.113/0.218/0.113 ms against 0.222)."""
+    base = real_base
+    for attempt in range(2):
+        df = compare_runs(base, real_run(tmp_path / f"twice{attempt}", HARNESS_REPEAT="2"))
+        tunable = df[df.backend == "sdpa-math-tunable"]
+        if (tunable.verdict == "slower").sum() >= 9 and tunable.verdict.isin(["slower", "inconclusive"]).all():
+            break
+        if attempt == 0:
+            base = real_run(tmp_path / "base-rerun")
     assert len(tunable) == 4 * 3  # fp32 cases of smoke x fwd, bwd, fwd+bwd, all timed
     assert not tunable.verdict.isin(["faster", "unchanged", "not-timed"]).any(), \
         tunable[["case_id", "phase", "verdict", "ratio"]]
