@@ -1,12 +1,13 @@
 """Attention harness: check and benchmark attention backends against an exact float64 reference."""
 
 from harness.api import check
-from harness.backends.base import Backend, Unsupported, all_backends, get_backends, load_backend_module, register
-from harness.case import AttentionCase, Inputs, make_inputs
+from harness.backends.base import Backend, Unsupported
+from harness.backends.registry import all_backends, get_backends, load_backend_module, register
+from harness.oracle.reference import reference_attention
 from harness import masks
-from harness.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
-from harness.reference import reference_attention
-from harness.results import load_results
+from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
+from harness.store.load import load_results
 
 __all__ = ["AttentionCase", "Backend", "Causal", "CausalBottomRight", "Inputs", "KeyPadding", "SlidingWindow",
            "Unsupported", "all_backends", "check", "get_backends", "load_backend_module", "load_results",

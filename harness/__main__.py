@@ -2,6 +2,6 @@
 
 import sys
 
-from harness.cli import main
+from harness.cli.main import main
 
 sys.exit(main())

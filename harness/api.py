@@ -7,12 +7,14 @@ from typing import Iterable
 
 import pandas as pd
 
-from harness.backends.base import Backend, get_backends
-from harness.case import AttentionCase
-from harness.env import resolve_device
-from harness.matrices import build_matrix
-from harness.results import COLUMNS, ResultsWriter
-from harness.runner import execute, prepare_case
+from harness.backends.base import Backend
+from harness.backends.registry import get_backends
+from harness.execution.device import resolve_device
+from harness.execution.runner import execute, prepare_case
+from harness.spec.case import AttentionCase
+from harness.spec.matrices import build_matrix
+from harness.store.schema import COLUMNS, Row
+from harness.store.writer import ResultsWriter
 
 
 def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable[AttentionCase] | str = "smoke",
@@ -33,7 +35,7 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
     else:
         chosen = [b if isinstance(b, Backend) else get_backends([b])[0] for b in backends]
     writer = ResultsWriter(results_path) if results_path else None
-    rows: list[dict] = []
+    rows: list[Row] = []
     for case in case_list:
         prepared = prepare_case(case, dev, seed)
         for backend in chosen:
@@ -41,4 +43,4 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
             rows.extend(result.rows)
             if writer:
                 writer.write(result.rows)
-    return pd.DataFrame(rows).reindex(columns=[c for c in COLUMNS if c != "schema_version"])
+    return pd.DataFrame([r.as_dict() for r in rows]).reindex(columns=[c for c in COLUMNS if c != "schema_version"])

@@ -1,19 +1,18 @@
-"""The Backend contract and the registry every built-in and user kernel goes through."""
+"""The Backend contract: capabilities declared as data, an optional `prepare` done once per case, one call."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from harness.case import AttentionCase, dtype_name
-from harness.masks import MaskSpec
+from harness.spec.case import AttentionCase, dtype_name
+from harness.spec.masks import MaskSpec
 
 LAYOUTS = ("bhsd", "bshd")
+#: the library calls a backend may offer beyond `forward`, for probes of the library's own conventions
+NATIVE_PROBES = ("causal", "mask", "dropout")
 
 
 class Unsupported(Exception):
@@ -26,7 +25,8 @@ class Backend:
     Subclasses set `name` and `layout` and implement `forward(q, k, v, *, mask, scale)` where q is
     (batch, heads, seq_q, head_dim) for layout 'bhsd' or (batch, seq_q, heads, head_dim) for 'bshd',
     k/v likewise with kv_heads and seq_k, and `mask` is a harness mask spec or None. The output has
-    q's layout. Capabilities are declared as data; `not_supported_reasons` derives the reasons.
+    q's layout. What a backend can run is declared as data (the class attributes below); `can_run` derives
+    the reasons from it, and `not_supported_reasons` may add case-specific ones.
     """
 
     name: ClassVar[str] = ""
@@ -37,11 +37,17 @@ class Backend:
     devices: ClassVar[tuple[str, ...] | None] = None
     max_head_dim: ClassVar[int | None] = None
     supports_backward: ClassVar[bool] = True
+    #: device types that have a backward (None = every device the forward runs on)
+    backward_devices: ClassVar[tuple[str, ...] | None] = None
     supports_gqa: ClassVar[bool] = True
+    #: the library calls offered for probes (subset of NATIVE_PROBES): native_causal, native_mask, native_dropout
+    native_probes: ClassVar[frozenset[str]] = frozenset()
+    #: a deterministic backward: True (declared), a string saying whose documentation claims it, or None
+    deterministic: ClassVar[bool | str | None] = None
+    #: compiles every new shape (seconds each): suites give it fewer cases in the default matrix
+    compiles_per_shape: ClassVar[bool] = False
     #: the distribution whose version is recorded (None = torch)
     package: ClassVar[str | None] = None
-    #: deterministic backward, when the backend claims it
-    deterministic: ClassVar[bool | None] = None
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why this backend cannot run at all here (library missing, wrong device, GPU arch); None if it can."""
@@ -50,7 +56,7 @@ class Backend:
         return None
 
     def not_supported_reasons(self, case: AttentionCase) -> list[str]:
-        """Every reason this backend cannot run `case` (empty list = supported)."""
+        """Every reason this backend cannot run `case`'s forward (empty list = supported). Override to add more."""
         reasons = []
         if self.dtypes is not None and case.dtype not in self.dtypes:
             allowed = ", ".join(dtype_name(d) for d in self.dtypes)
@@ -61,8 +67,24 @@ class Backend:
             reasons.append(f"GQA/MQA (kv_heads={case.kv_heads} != heads={case.heads}) not supported")
         return reasons
 
-    def backward_unsupported_reason(self, device: torch.device) -> str | None:
-        return None if self.supports_backward else f"{self.name} has no backward"
+    def backward_reasons(self, device: torch.device) -> list[str]:
+        """Why there is no backward here, from the capability data (empty = there is one)."""
+        if not self.supports_backward:
+            return [f"{self.name} has no backward"]
+        if self.backward_devices is not None and device.type not in self.backward_devices:
+            return [f"{self.name} has no backward on {device.type} (torch {torch.__version__})"]
+        return []
+
+    def can_run(self, case: AttentionCase, device: torch.device, *, backward: bool = False,
+                dropout: bool = False) -> list[str]:
+        """Every reason this backend cannot run `case` on `device` (empty = it can): the case's forward, plus its
+        backward and dropout when asked. Availability on the device is `unavailable_reason`'s question."""
+        reasons = list(self.not_supported_reasons(case))
+        if backward:
+            reasons += self.backward_reasons(device)
+        if dropout and "dropout" not in self.native_probes:
+            reasons.append(f"{self.name} has no dropout (no native_dropout probe)")
+        return reasons
 
     def version(self) -> str:
         dist = self.package
@@ -89,63 +111,52 @@ class Backend:
     def from_layout(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.layout == "bhsd" else x.transpose(1, 2)
 
+    def prepare(self, case: AttentionCase, device: torch.device) -> Any:
+        """Everything the call needs that depends only on (case, device) - native masks, biases, lengths, the op
+        to run - built once, outside any timing. Its result is passed to `forward` as `prepared=`; the default
+        (None) passes nothing, so a backend without `prepare` is called exactly as `forward(q, k, v, mask, scale)`."""
+        return None
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: MaskSpec | None,
                 scale: float) -> torch.Tensor:
         raise NotImplementedError
 
+    # Library calls for the semantics and dropout probes, in this backend's layout; offered ones are listed in
+    # `native_probes` and overridden next to the backend's mask translation.
+    def native_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
+        """The library's own causal switch (no mask spec)."""
+        raise NotImplementedError(f"{self.name} declares no native causal probe")
 
-_REGISTRY: dict[str, Backend] = {}
+    def native_mask(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+        """A dense (B|1, H|1, Sq, Sk) mask tensor, bool (True = attend) or additive, in the library's own form."""
+        raise NotImplementedError(f"{self.name} declares no native mask probe")
 
+    def native_dropout(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, p: float,
+                       scale: float) -> torch.Tensor:
+        """The library's own dropout at probability p."""
+        raise NotImplementedError(f"{self.name} declares no native dropout probe")
 
-def register(cls: type[Backend]) -> type[Backend]:
-    """Class decorator: validate and add a backend to the registry (a later one of the same name replaces it)."""
-    if not isinstance(cls, type) or not issubclass(cls, Backend):
-        raise TypeError(f"register({cls!r}): expects a harness.Backend subclass")
-    if not cls.name or not isinstance(cls.name, str):
-        raise ValueError(f"backend class {cls.__name__} needs a non-empty string `name`")
-    if cls.layout not in LAYOUTS:
-        raise ValueError(f"backend {cls.name!r}: layout={cls.layout!r}; allowed: {', '.join(LAYOUTS)}")
-    _REGISTRY[cls.name] = cls()
-    return cls
-
-
-def _load_builtins() -> None:
-    import harness.backends  # noqa: F401  (imports every built-in module, which register themselves)
-
-
-def all_backends() -> dict[str, Backend]:
-    _load_builtins()
-    return dict(_REGISTRY)
+    def mask_form(self, case: AttentionCase, device: torch.device) -> "MaskForm":
+        """How this backend's own translation passes `case`'s mask to its kernel (deployment checks)."""
+        return MaskForm("unknown", float("nan"), f"{self.name} does not describe its mask translation")
 
 
-def get_backends(names: list[str] | str | None = None) -> list[Backend]:
-    """Backends by name ('a,b' or a list); None/'all' = every registered one. Unknown names are a ValueError."""
-    registry = all_backends()
-    if names is None or names == "all" or names == ["all"]:
-        return list(registry.values())
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in names if n not in registry]
-    if unknown:
-        raise ValueError(f"unknown backend {', '.join(map(repr, unknown))}; allowed: {', '.join(registry)}")
-    return [registry[n] for n in names]
+@dataclass(frozen=True)
+class MaskForm:
+    """How a mask reaches a kernel: 'native' (flags, typed masks, block masks), 'dense' (a materialized tensor of
+    `dense_bytes`), 'none', or 'unsupported'/'unknown', with a short note."""
 
+    path: str
+    dense_bytes: float
+    note: str
 
-def load_backend_module(spec: str) -> Any:
-    """Import a user module (a dotted name or a .py path) so its @register decorators run."""
-    try:
-        if spec.endswith(".py") or "/" in spec or Path(spec).exists():
-            path = Path(spec)
-            if not path.is_file():
-                raise ValueError(f"--backend-module {spec!r}: no such file")
-            mod_name = f"harness_user_{path.stem}"
-            loader = importlib.util.spec_from_file_location(mod_name, path)
-            module = importlib.util.module_from_spec(loader)
-            sys.modules[mod_name] = module
-            loader.loader.exec_module(module)
-            return module
-        return importlib.import_module(spec)
-    except ValueError:
-        raise
-    except Exception as exc:  # the user's import error, reduced to one line that names the module
-        raise ValueError(f"--backend-module {spec!r} failed to import: {type(exc).__name__}: {exc}") from exc
+    def as_columns(self) -> dict:
+        return {"mask_path": self.path, "dense_mask_bytes": self.dense_bytes, "mask_note": self.note}
+
+    @staticmethod
+    def dense(t: torch.Tensor, what: str) -> "MaskForm":
+        """A materialized mask tensor, counted at its full logical shape or its storage when larger (xformers pads
+        rows to 8): an expanded view costs its full size as soon as a kernel makes it contiguous."""
+        size = max(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+        return MaskForm("dense", size, f"{what} {str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}")

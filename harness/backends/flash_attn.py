@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.backends.base import Backend, Unsupported, register
-from harness.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
+from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.backends.registry import register
+from harness.spec.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
 
 
 def fa2_args(mask: MaskSpec | None, seq_q: int, seq_k: int) -> dict:
@@ -70,6 +71,7 @@ class FlashAttn2(Backend):
     devices = ("cuda",)
     max_head_dim = 256
     package = "flash-attn"
+    native_probes = frozenset({"causal", "mask", "dropout"})
 
     def unavailable_reason(self, device):
         try:
@@ -83,7 +85,7 @@ class FlashAttn2(Backend):
             return f"FlashAttention-2 needs sm80+; device is sm{major}{minor}"
         return None
 
-    # Native probes (harness/semantics.py, harness/dropout.py): FA2's own arguments, no mask spec involved.
+    # Native probes (harness/probes/semantics.py, dropout.py): FA2's own arguments, no mask spec involved.
     def native_causal(self, q, k, v, *, scale):
         from flash_attn import flash_attn_func
 
@@ -97,6 +99,12 @@ class FlashAttn2(Backend):
         from flash_attn import flash_attn_func
 
         return flash_attn_func(q, k, v, dropout_p=p, softmax_scale=scale)
+
+    def mask_form(self, case, device):
+        args = fa2_args(case.mask, case.seq_q, case.seq_k)
+        shown = {k: v for k, v in args.items() if k in ("causal", "window_size")}
+        varlen = " + varlen" if any(k in args for k in ("key_lengths", "cu_seqlens_q")) else ""
+        return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in shown.items()) + varlen)
 
     def forward(self, q, k, v, *, mask, scale):
         from flash_attn import flash_attn_func, flash_attn_varlen_func

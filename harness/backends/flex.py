@@ -7,8 +7,9 @@ from functools import lru_cache
 
 import torch
 
-from harness.backends.base import Backend, register
-from harness.masks import MaskSpec
+from harness.backends.base import Backend, MaskForm
+from harness.backends.registry import register
+from harness.spec.masks import MaskSpec
 
 
 def flex_mask_mod(mask: MaskSpec, seq_q: int, seq_k: int, device="cpu"):
@@ -39,6 +40,10 @@ class Flex(Backend):
     name = "flex"
     layout = "bhsd"
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    native_probes = frozenset({"mask"})
+    compiles_per_shape = True
+    #: FlexAttention has no backward on CPU
+    backward_devices = ("cuda",)
 
     def __init__(self):
         self._block_masks: dict = {}
@@ -54,13 +59,8 @@ class Flex(Backend):
             return f"flex_attention not in this torch ({torch.__version__}): {exc}"
         return None
 
-    def backward_unsupported_reason(self, device):
-        if device.type == "cpu":
-            return f"FlexAttention has no backward on CPU (torch {torch.__version__})"
-        return None
-
     def native_mask(self, q, k, v, *, mask, scale):
-        """Native probe (harness/semantics.py): a dense (B|1, H|1, Sq, Sk) mask in flex's own forms - a bool
+        """Native probe (harness/probes/semantics.py): a dense (B|1, H|1, Sq, Sk) mask in flex's own forms - a bool
         one as a mask_mod looking it up, an additive one as a score_mod adding it."""
         from torch.nn.attention.flex_attention import create_block_mask
 
@@ -72,6 +72,10 @@ class Flex(Backend):
             return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != h)
         return _compiled_flex()(q, k, v, score_mod=lambda s, b_, h_, q_, k_: s + dense[b_, h_, q_, k_], scale=scale,
                                 enable_gqa=k.shape[1] != h)
+
+    def mask_form(self, case, device):
+        flex_mask_mod(case.mask, case.seq_q, case.seq_k, device)  # the spec's predicate as a mask_mod: block-sparse
+        return MaskForm("native", 0, "mask_mod -> BlockMask")
 
     def block_mask(self, mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, device):
         if mask is None:

@@ -1,31 +1,23 @@
-"""Eager attention with materialized scores in the input dtype: the same-precision baseline of the verdict."""
+"""Eager attention with materialized scores in the input dtype: the oracle's same-precision baseline, as a backend."""
 
 from __future__ import annotations
 
 import torch
 
-from harness.backends.base import Backend, register
-from harness.masks import MaskSpec
+from harness.backends.base import Backend, MaskForm
+from harness.backends.registry import register
+from harness.oracle.baseline import naive_attention
+from harness.spec.masks import MaskSpec
 
 
 @register
 class Naive(Backend):
     name = "naive"
     layout = "bhsd"
+    deterministic = "eager matmul/softmax with a fixed reduction order"
 
     def forward(self, q, k, v, *, mask: MaskSpec | None, scale: float) -> torch.Tensor:
-        b, h, sq, d = q.shape
-        hkv, sk = k.shape[1], k.shape[2]
-        if hkv != h:  # GQA: query head i uses kv head i // (h // hkv)
-            k = k.repeat_interleave(h // hkv, dim=1)
-            v = v.repeat_interleave(h // hkv, dim=1)
-        scores = (q @ k.transpose(-1, -2)) * scale                    # (B, H, Sq, Sk), input dtype
-        if mask is None:
-            return torch.softmax(scores, dim=-1) @ v
-        allowed = mask.materialize(sq, sk, q.device, batch=b)        # (B|1, 1, Sq, Sk)
-        visible = allowed.any(-1, keepdim=True)
-        # Rows with no visible key: fill with 0 instead of -inf so softmax and its gradient stay finite,
-        # then zero them, matching the reference's "output 0, gradient 0".
-        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~visible, 0.0)
-        probs = torch.softmax(scores, dim=-1).masked_fill(~visible, 0.0)
-        return probs @ v
+        return naive_attention(q, k, v, mask, scale)
+
+    def mask_form(self, case, device):
+        return MaskForm.dense(case.key_mask(device), "materialized mask")  # the spec, materialized in forward

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness.backends.base import Backend, Unsupported, register
-from harness.masks import Causal, CausalBottomRight, MaskSpec
+from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.backends.registry import register
+from harness.spec.masks import Causal, CausalBottomRight, MaskSpec
 
 
 def sdpa_mask_args(mask: MaskSpec | None, seq_q: int, seq_k: int, batch: int, device) -> dict:
@@ -29,6 +30,7 @@ def sdpa_mask_args(mask: MaskSpec | None, seq_q: int, seq_k: int, batch: int, de
 
 class _Sdpa(Backend):
     layout = "bhsd"
+    native_probes = frozenset({"causal", "mask", "dropout"})
     kernel: SDPBackend | None = None
     cuda_only = False
 
@@ -40,7 +42,13 @@ class _Sdpa(Backend):
     def forward(self, q, k, v, *, mask, scale):
         return self._call(q, k, v, scale=scale, **sdpa_mask_args(mask, q.shape[2], k.shape[2], q.shape[0], q.device))
 
-    # Native probes (harness/semantics.py, harness/dropout.py): SDPA's own arguments, no mask spec involved,
+    def mask_form(self, case, device):
+        args = sdpa_mask_args(case.mask, case.seq_q, case.seq_k, case.batch, device)
+        if "attn_mask" in args:
+            return MaskForm.dense(args["attn_mask"], "attn_mask")
+        return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in args.items()))
+
+    # Native probes (harness/probes/semantics.py, dropout.py): SDPA's own arguments, no mask spec involved,
     # so the semantics suites observe what SDPA itself does with them.
     def native_causal(self, q, k, v, *, scale):
         return self._call(q, k, v, scale=scale, is_causal=True)
@@ -80,6 +88,7 @@ class Sdpa(_Sdpa):
 class SdpaMath(_Sdpa):
     name = "sdpa-math"
     kernel = SDPBackend.MATH
+    deterministic = "PyTorch: the math backend's backward is deterministic (composite of deterministic ops)"
 
 
 @register

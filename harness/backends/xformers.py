@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.backends.base import Backend, Unsupported, register
-from harness.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow, split_padding
+from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.backends.registry import register
+from harness.spec.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow, split_padding
 
 
 def _padding_bias(pad: KeyPadding, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
@@ -83,6 +84,7 @@ class Xformers(Backend):
     layout = "bshd"
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
     package = "xformers"
+    native_probes = frozenset({"causal", "mask", "dropout"})
 
     def __init__(self):
         self._last_op = "xformers"
@@ -99,7 +101,7 @@ class Xformers(Backend):
     def last_op(self) -> str:
         return self._last_op
 
-    # Native probes (harness/semantics.py, harness/dropout.py): xformers' own arguments, no mask spec involved.
+    # Native probes (harness/probes/semantics.py, dropout.py): xformers' own arguments, no mask spec involved.
     def native_causal(self, q, k, v, *, scale):
         """xformers has no causal flag; LowerTriangularMask is the mask its docs use for "causal"."""
         import xformers.ops as xops
@@ -123,6 +125,19 @@ class Xformers(Backend):
         import xformers.ops as xops
 
         return xops.memory_efficient_attention(q, k, v, p=p, scale=scale)
+
+    def mask_form(self, case, device):
+        group = case.heads // case.kv_heads
+        shape = ((case.batch, case.kv_heads, group, case.seq_q, case.seq_k) if group > 1
+                 else (case.batch, case.heads, case.seq_q, case.seq_k))  # the bias shapes forward builds
+        bias = xformers_bias(case.mask, shape, case.dtype, device)
+        if isinstance(bias, torch.Tensor):
+            return MaskForm.dense(bias, "tensor attn_bias")
+        tensors = [t for t in vars(bias).values() if isinstance(t, torch.Tensor)] if hasattr(bias, "__dict__") else []
+        if tensors:  # a typed mask carrying a tensor bias (causal + padding): the tensor part is dense
+            dense = sum(MaskForm.dense(t, "").dense_bytes for t in tensors)
+            return MaskForm("dense", dense, f"{type(bias).__name__} with a tensor bias {tuple(tensors[0].shape)}")
+        return MaskForm("native", 0, type(bias).__name__)
 
     def forward(self, q, k, v, *, mask, scale):
         import xformers.ops as xops

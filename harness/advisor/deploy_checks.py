@@ -1,0 +1,192 @@
+"""Deployment checks of one backend on one workload: fullgraph compile, CUDA-graph capture, determinism, mask path."""
+
+from __future__ import annotations
+
+import linecache
+import math
+import re
+import sysconfig
+import warnings
+from pathlib import Path
+
+import torch
+
+from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.execution.benchmark import InputsOnly, phase_callables
+from harness.execution.call import BoundCall, backend_inputs
+from harness.execution.outcome import exception_text
+from harness.measure.cuda_graph import graphed
+from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.spec.masks import MASK_NAMES, parse_mask
+from harness.store.environment import REPO_ROOT
+from harness.store.schema import GRADS
+
+#: compile checks run on a shrunken copy of the workload (same dtype, head_dim, mask kind, GQA or not):
+#: graph breaks follow the code path, which these decide, not the sizes; a full-size inductor compile on CPU
+#: would cost far more than the measurement itself.
+CHECK_SEQ = 128
+CHECK_COLUMNS = ("compiles", "graph_breaks", "compile_note", "cuda_graph", "deterministic", "determinism_note",
+                 "mask_path", "dense_mask_bytes", "mask_note")
+
+
+def check_case(case: AttentionCase) -> AttentionCase:
+    """The small case compile checks use: batch <= 2, kv heads <= 2 with groups of <= 2, seq <= CHECK_SEQ.
+
+    A mask that parse_mask cannot rebuild for the new shape (e.g. documents) keeps the full case.
+    """
+    if case.mask is not None and case.mask_kind not in MASK_NAMES:
+        return case
+    batch, kv_heads = min(case.batch, 2), min(case.kv_heads, 2)
+    heads = kv_heads * min(case.heads // case.kv_heads, 2)
+    seq_q, seq_k = min(case.seq_q, CHECK_SEQ), min(case.seq_k, CHECK_SEQ)
+    return AttentionCase(batch, heads, seq_q, case.head_dim, case.dtype, kv_heads=kv_heads, seq_k=seq_k,
+                         mask=parse_mask(case.mask_kind, batch=batch, seq_k=seq_k),
+                         scale=None if case.default_scale else case.scale)
+
+
+def _is_library(filename: str) -> bool:
+    """True for the stdlib's and installed packages' files (torch's included): not where a user's break is."""
+    paths = sysconfig.get_paths()
+    return filename.startswith((paths["stdlib"], paths["purelib"], paths["platlib"])) or "site-packages" in filename
+
+
+def _frame(stack) -> object | None:
+    """The deepest frame of `stack` outside the stdlib and installed packages (the line that broke the graph)."""
+    frames = list(stack or [])
+    ours = [f for f in frames if not _is_library(f.filename)]
+    return (ours or frames or [None])[-1]
+
+
+def _where(frame) -> str:
+    """'harness/backends/flex.py:94 `start = time.perf_counter()`' for a traceback frame."""
+    path = Path(frame.filename)
+    short = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else path.name
+    code = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
+    return f"{short}:{frame.lineno}" + (f" `{code[:80]}`" if code else "")
+
+
+def _break_summary(message: str, frame) -> str:
+    # Dynamo's first line is generic ("Attempted to call function marked as skipped"); the first sentence of its
+    # Explanation line says why.
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    why = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Explanation:")),
+               lines[0] if lines else "")
+    why = re.split(r"(?<=[.`])\s+(?=[A-Z])", why)[0][:140]
+    return (f"{_where(frame)}: " if frame is not None else "") + why
+
+
+def compile_check(backend: Backend, case: AttentionCase, device: torch.device, *, training: bool,
+                  compile_backend: str = "inductor") -> dict:
+    """{compiles: yes/no/error, graph_breaks, compile_note} for backend.forward under torch.compile(fullgraph=True).
+
+    With `training` the backward of the compiled call runs too. 'no' is a graph break (dynamo's Unsupported): the
+    count is torch._dynamo.explain's, at least 1 (explain undercounts once an inner compiled call is cached), or
+    NaN when dynamo captured no graph at all (the whole call runs eagerly); the note names the line that broke.
+    'error' is any other failure (e.g. the compiler backend's), with its message.
+    """
+    small = check_case(case)
+    q, k, v, d_out = backend_inputs(backend, make_inputs(small, device), requires_grad=training)
+    bound = BoundCall(backend, small, device)  # prepare runs before compiling: only the call is compiled
+
+    def call(q, k, v):
+        return bound(q, k, v)
+
+    # A fresh dynamo cache per check: `call` is one code object for every backend, so an earlier backend's
+    # guards and the recompile limit would otherwise decide this one.
+    torch._dynamo.reset()
+    with warnings.catch_warnings():  # dynamo warns about the very breaks this check reports
+        warnings.simplefilter("ignore")
+        return _compile_and_explain(call, (q, k, v), d_out if training else None, compile_backend, small.id)
+
+
+def _compile_and_explain(call, args: tuple, d_out: torch.Tensor | None, compile_backend: str, where: str) -> dict:
+    """compile_check without its setup: fullgraph first, explain only when that refused."""
+    try:
+        out = torch.compile(call, fullgraph=True, backend=compile_backend)(*args)
+        if d_out is not None:
+            out.backward(d_out)
+        return {"compiles": "yes", "graph_breaks": 0, "compile_note": f"{compile_backend}, on {where}"}
+    except torch._dynamo.exc.Unsupported as exc:
+        note = _break_summary(str(exc), _frame(getattr(exc, "real_stack", None)))
+    except Exception as exc:  # not a graph break: the compiler (or the compiled call) failed
+        torch._dynamo.reset()
+        return {"compiles": "error", "graph_breaks": math.nan, "compile_note": exception_text(exc, 200)}
+    try:
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(call)(*args)
+        count, graphs = explained.graph_break_count, explained.graph_count
+    except Exception:  # explain itself failed; the fullgraph refusal above still stands
+        count, graphs = 1, 1
+    finally:
+        torch._dynamo.reset()
+    if count < 0 or graphs == 0:
+        return {"compiles": "no", "graph_breaks": math.nan, "compile_note": f"no graph captured (runs eagerly): {note}"}
+    return {"compiles": "no", "graph_breaks": max(count, 1), "compile_note": note}
+
+
+def cuda_graph_check(backend: Backend, case: AttentionCase, device: torch.device, inputs: Inputs, *,
+                     training: bool) -> str:
+    """'yes' when the timed phase captures into a CUDA graph and replays; 'n/a (cpu)' off the GPU."""
+    if device.type != "cuda":
+        return f"n/a ({device.type})"
+    # the harness's own --cuda-graph capture, so "capturable" means that works
+    setup, fn = phase_callables(backend, InputsOnly(case, device, inputs), "fwd+bwd" if training else "fwd")
+    setup = setup or (lambda: None)
+    try:
+        replay = graphed(fn, setup, device)
+        setup()
+        replay()
+        torch.cuda.synchronize(device)
+        return "yes"
+    except Exception as exc:
+        return f"no: {exception_text(exc, 160)}"
+
+
+def determinism_check(backend: Backend, case: AttentionCase, device: torch.device, inputs: Inputs, *,
+                      training: bool) -> tuple[str, str]:
+    """('yes' | 'no' | 'error', note): the timed phase run twice on identical inputs, results compared bitwise.
+
+    Training compares the output and dq/dk/dv of forward+backward; inference the forward output.
+    """
+    runs = []
+    try:
+        call = BoundCall(backend, case, device)
+        for _ in range(2):
+            q, k, v, d_out = backend_inputs(backend, inputs, requires_grad=training)
+            out = call(q, k, v)
+            result = {"out": out.detach()}
+            if training:
+                out.backward(d_out)
+                result.update({name: t.grad for name, t in zip(GRADS, (q, k, v))})
+            runs.append(result)
+    except Exception as exc:
+        return "error", exception_text(exc, 160)
+    compared = "out, dq, dk, dv" if training else "out"
+    differ = [f"{name} (max |diff| {float((runs[1][name].double() - first.double()).abs().max()):.3g})"
+              for name, first in runs[0].items() if not torch.equal(first, runs[1][name])]
+    if differ:
+        return "no", "differs over 2 runs: " + ", ".join(differ)
+    return "yes", f"{compared} bitwise equal over 2 runs"
+
+
+def mask_path(backend: Backend, case: AttentionCase, device: torch.device) -> dict:
+    """{mask_path: native/dense/none/unsupported/unknown, dense_mask_bytes, mask_note}, read off the form the
+    backend module's own translation gives for the case's mask (Backend.mask_form; never re-derived here)."""
+    if case.mask is None:
+        return MaskForm("none", 0, "no mask").as_columns()
+    try:
+        return backend.mask_form(case, device).as_columns()
+    except Unsupported as exc:
+        return MaskForm("unsupported", math.nan, str(exc)[:160]).as_columns()
+    except Exception as exc:  # e.g. xformers not importable: its translation cannot be asked
+        return MaskForm("unknown", math.nan, f"translation failed: {exception_text(exc, 120)}").as_columns()
+
+
+def deployment_checks(backend: Backend, case: AttentionCase, device: torch.device, *, training: bool, seed: int = 0,
+                      compile_backend: str = "inductor") -> dict:
+    """Every check column for a verified backend: compile (small shape), CUDA graph and determinism (workload shape)."""
+    inputs = make_inputs(case, device, seed)
+    deterministic, note = determinism_check(backend, case, device, inputs, training=training)
+    return {**compile_check(backend, case, device, training=training, compile_backend=compile_backend),
+            "cuda_graph": cuda_graph_check(backend, case, device, inputs, training=training),
+            "deterministic": deterministic, "determinism_note": note, **mask_path(backend, case, device)}

@@ -1,0 +1,113 @@
+"""What is known of each backend on a workload: measured now (verdict first, then timing) or taken from a run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from harness.backends.base import Backend
+from harness.compare.runs import run_testbed
+from harness.execution.benchmark import measure_phase
+from harness.execution.runner import execute, prepare_case
+from harness.measure.timing import TimingConfig
+from harness.spec.case import AttentionCase
+from harness.store.environment import testbed_id
+from harness.store.load import load_results, load_samples
+from harness.store.schema import Row
+
+#: At least 15 repetitions per backend: compare's alpha (0.002) needs >= 7 samples per side before any difference
+#: can be significant at all, and twice that before a noisy CPU's differences can be; with fewer every pair would
+#: be "inconclusive", i.e. tied.
+TIMING = TimingConfig(warmup_ms=50.0, budget_ms=500.0, min_reps=15)
+
+
+@dataclass
+class Evidence:
+    """What is known of one backend on one workload: its verdict, and its samples when it passed and was timed."""
+
+    backend: str
+    status: str
+    reason: str = ""
+    err_ratio: float = math.nan
+    samples_ms: tuple[float, ...] = ()
+    peak_mem_bytes: float = math.nan
+    package: str | None = None
+    checks: dict = field(default_factory=dict)
+    source: str = "measured now"
+
+    @property
+    def eligible(self) -> bool:
+        """Only a backend verified correct on the workload and timed on it can be recommended."""
+        return self.status == "pass" and len(self.samples_ms) > 0
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.samples_ms)) if self.samples_ms else math.nan
+
+
+def _phase_status(rows: list[Row], training: bool) -> tuple[str, str, float]:
+    """(status, reason, err_ratio) over the phases the workload uses: fwd, plus bwd when training."""
+    by_phase = {r.phase: r for r in rows}
+    phases = ("fwd", "bwd") if training else ("fwd",)
+    errs = [math.nan if by_phase[p].err_ratio is None else float(by_phase[p].err_ratio) for p in phases]
+    err = max((e for e in errs if math.isfinite(e)), default=math.nan)
+    same = len({(by_phase[p].status, by_phase[p].reason or "") for p in phases}) == 1
+    for p in phases:
+        if by_phase[p].status != "pass":
+            reason = by_phase[p].reason or ""
+            return by_phase[p].status, reason if same else f"{p}: {reason}", err
+    return "pass", "", err
+
+
+def measure_now(case: AttentionCase, backends: list[Backend], device: torch.device, *, training: bool,
+                seed: int = 0, timing: TimingConfig = TIMING) -> dict[str, Evidence]:
+    """Correctness first (execute against the float64 reference), then timing and memory of the verified only."""
+    prepared = prepare_case(case, device, seed)
+    phase = "fwd+bwd" if training else "fwd"
+    out = {}
+    for backend in backends:
+        verdict = execute(backend, prepared)
+        status, reason, err = _phase_status(verdict.rows, training)
+        e = Evidence(backend.name, status, reason, err, package=backend.package)
+        if status == "pass":
+            perf = measure_phase(backend, prepared, phase, verdict, config=timing, peaks={})
+            if perf.measurement is None:  # oom or an error while timing
+                e.status, e.reason = perf.row.status, perf.row.reason or ""
+            else:
+                e.samples_ms, e.peak_mem_bytes = perf.measurement.samples_ms, float(perf.row.peak_mem_bytes)
+        out[backend.name] = e
+    return out
+
+
+def evidence_from_run(run_dir: str | Path, case: AttentionCase, phase: str, backends: list[Backend],
+                      device: torch.device) -> tuple[dict[str, Evidence], str]:
+    """Evidence a run directory holds for (case id, phase), from this machine's testbed only, and a note on what
+    was used. A backend the run verified but did not time is left out (it is measured now)."""
+    run_dir = Path(run_dir)
+    results = load_results(run_dir)
+    rows = results[(results.case_id == case.id) & (results.phase == phase)]
+    if rows.empty:
+        return {}, f"{run_dir}: {case.id} [{phase}] was not measured there; measured now"
+    theirs, ours = run_testbed(run_dir, results), testbed_id(device)
+    if theirs != ours:
+        return {}, f"{run_dir}: testbed {theirs} is not this machine's ({ours}); measured now"
+    samples = load_samples(run_dir)
+    samples = samples[(samples.case_id == case.id) & (samples.phase == phase)]
+    by_backend = {name: tuple(g.latency_ms.astype(float)) for name, g in samples.groupby("backend")}
+    out = {}
+    for backend in backends:
+        match = rows[rows.backend == backend.name]
+        if match.empty or (match.iloc[0].status == "pass" and not by_backend.get(backend.name)):
+            continue
+        r = match.iloc[0]
+        out[backend.name] = Evidence(backend.name, str(r.status), "" if pd.isna(r.reason) else str(r.reason),
+                                     float(r.err_ratio) if pd.notna(r.err_ratio) else math.nan,
+                                     by_backend.get(backend.name, ()),
+                                     float(r.peak_mem_bytes) if pd.notna(r.peak_mem_bytes) else math.nan,
+                                     package=backend.package, source=f"run {run_dir.name}")
+    return out, f"{run_dir}: used for {', '.join(out) or 'no backend'}"

@@ -1,0 +1,67 @@
+"""`recommend`: verify, time and rank every backend on a workload, with deployment checks, on this machine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from harness.advisor.deploy_checks import check_case, deployment_checks, mask_path
+from harness.advisor.evidence import TIMING, evidence_from_run, measure_now
+from harness.advisor.ranking import Overall, Recommendation, overall, rank_backends
+from harness.advisor.workload import Workload
+from harness.backends.registry import get_backends
+from harness.execution.device import resolve_device
+from harness.measure.stats import CompareConfig
+from harness.measure.timing import TimingConfig
+from harness.store.environment import device_name
+
+
+def recommend_workload(workload: Workload, *, backends: str | list[str] | None = None, device: str | None = None,
+                       results: str | Path | None = None, seed: int = 0, timing: TimingConfig = TIMING,
+                       checks: bool = True, compile_backend: str = "inductor",
+                       cfg: CompareConfig = CompareConfig()) -> Recommendation:
+    """The ranked backends of one workload (see rank_backends), with the workload, device and notes."""
+    dev = resolve_device(device)
+    chosen = get_backends(backends)
+    case = workload.case()
+    evidence, notes = {}, []
+    if results is not None:
+        found, note = evidence_from_run(results, case, workload.phase, chosen, dev)
+        evidence.update(found)
+        notes.append(note)
+    missing = [b for b in chosen if b.name not in evidence]
+    if missing:
+        evidence.update(measure_now(case, missing, dev, training=workload.training, seed=seed, timing=timing))
+    for backend in chosen:
+        e = evidence[backend.name]
+        if checks and e.eligible:  # checks run only for what could be recommended; the mask path is static
+            e.checks = deployment_checks(backend, case, dev, training=workload.training, seed=seed,
+                                         compile_backend=compile_backend)
+        else:
+            e.checks = mask_path(backend, case, dev)
+    ranked = rank_backends([evidence[b.name] for b in chosen], cfg)
+    ranked.table["case_id"], ranked.table["phase"] = case.id, workload.phase
+    return replace(ranked, workload=workload.label, case_id=case.id, phase=workload.phase, device=str(dev),
+                   device_name=device_name(dev), threads=torch.get_num_threads(), notes=notes,
+                   check_case=check_case(case).id if checks else None)
+
+
+def recommend(batch: int, heads: int, seq: int, head_dim: int, *, kv_heads: int | None = None,
+              seq_k: int | None = None, dtype: str = "bf16", mask: str = "causal", training: bool = False,
+              results: str | Path | None = None, backends: str | list[str] | None = None, device: str | None = None,
+              seed: int = 0, timing: TimingConfig = TIMING, checks: bool = True,
+              compile_backend: str = "inductor") -> Recommendation:
+    """Ranked backends for one shape on this machine: q (batch, heads, seq, head_dim), k/v (batch, kv_heads,
+    seq_k, head_dim). `.table` has one row per backend; `.winner` and `.explanation` say which and why."""
+    workload = Workload(batch, heads, seq, head_dim, kv_heads=kv_heads, seq_k=seq_k, dtype=dtype, mask=mask,
+                        training=training)
+    return recommend_workload(workload, backends=backends, device=device, results=results, seed=seed, timing=timing,
+                              checks=checks, compile_backend=compile_backend)
+
+
+def recommend_many(workloads: list[Workload], **kwargs) -> tuple[dict[str, Recommendation], Overall]:
+    """One recommendation per workload (by label) and the overall one (see `overall`)."""
+    recommendations = {w.label: recommend_workload(w, **kwargs) for w in workloads}
+    return recommendations, overall(recommendations)

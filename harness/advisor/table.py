@@ -1,0 +1,94 @@
+"""The advisor's terminal presentation: the ranked table, the winner and why, ties, exclusions, check notes."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from harness.advisor.ranking import Overall, Recommendation
+
+
+def _bytes(n: float) -> str:
+    if not isinstance(n, (int, float)) or not math.isfinite(n):
+        return "-"
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def _compiles(row: pd.Series) -> str:
+    value = row.get("compiles")
+    if not isinstance(value, str):
+        return "-"
+    breaks = row.get("graph_breaks")
+    if value == "no":
+        return "no (eager)" if pd.isna(breaks) else f"no ({int(breaks)} break{'s' if breaks != 1 else ''})"
+    return value
+
+
+def _mask(row: pd.Series) -> str:
+    path = row.get("mask_path")
+    if path == "dense":
+        return f"dense {_bytes(row.get('dense_mask_bytes'))}"
+    return path if isinstance(path, str) else "-"
+
+
+def _vs_anchor(row: pd.Series) -> str:
+    """How the row compared with the fastest of its tie group, which decided the tie."""
+    if row.timing_verdict == "anchor":
+        return "(fastest)"
+    return f"{row.timing_verdict} p={_num(row.p_value, '.2g')}"
+
+
+def _num(value: float, fmt: str, suffix: str = "") -> str:
+    return format(value, fmt) + suffix if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+
+def format_table(rec: Recommendation) -> str:
+    """The ranked backends, the winner and why, the ties, every exclusion with its reason, and the check notes."""
+    df = rec.table
+    kind = "training (fwd+bwd)" if rec.phase == "fwd+bwd" else "inference (fwd)"
+    shape = rec.case_id if rec.workload == rec.case_id else f"{rec.workload} ({rec.case_id})"
+    threads = f"{rec.threads} thread" + ("s" if rec.threads != 1 else "")
+    lines = [f"workload {shape}: {kind} on {rec.device} ({rec.device_name}, {threads})"]
+    lines += [f"  note: {n}" for n in rec.notes]
+    ranked = df[df["rank"].notna()]
+    if len(ranked):
+        show = pd.DataFrame({
+            "rank": ranked["rank"].astype(int), "tie": ranked.tie_group.astype(int), "backend": ranked.backend,
+            "err_ratio": ranked.err_ratio.map(lambda v: _num(v, ".3g")),
+            "latency_ms": ranked.latency_ms.map(lambda v: _num(v, ".4g")),
+            "iqr_ms": ranked.iqr_ms.map(lambda v: _num(v, ".2g")),
+            "vs_fastest": ranked.vs_fastest.map(lambda v: _num(v, ".2f", "x")),
+            "vs_group_fastest": ranked.apply(_vs_anchor, axis=1),
+            "peak_mem": ranked.peak_mem_bytes.map(_bytes),
+            "fullgraph": ranked.apply(_compiles, axis=1),
+            "cuda_graph": ranked.get("cuda_graph", pd.Series("-", index=ranked.index)).fillna("-"),
+            "determ": ranked.get("deterministic", pd.Series("-", index=ranked.index)).fillna("-"),
+            "mask": ranked.apply(_mask, axis=1), "deps": ranked.deps})
+        lines.append(show.to_string(index=False))
+    lines.append(f"winner: {rec.explanation}")
+    ties = [f"{{{', '.join(g.backend)}}}" for _, g in ranked.groupby("tie_group") if len(g) > 1]
+    lines.append("tied within noise (same tie group): " + ("; ".join(ties) if ties else "none"))
+    excluded = df[df["rank"].isna()]
+    if len(excluded):
+        lines.append("excluded:")
+        width = max(len(b) for b in excluded.backend)
+        lines += [f"  {r.backend:<{width}}  {r.status:<11}  {r.reason}" for r in excluded.itertuples()]
+    notes = [(r.backend, r.compile_note) for r in ranked.itertuples()
+             if getattr(r, "compiles", "yes") != "yes" and isinstance(getattr(r, "compile_note", None), str)]
+    if notes:
+        lines.append(f"fullgraph notes (checked on {rec.check_case}):")
+        lines += [f"  {name}: {note}" for name, note in notes]
+    return "\n".join(lines)
+
+
+def format_overall(result: Overall) -> str:
+    """The per-backend summary over every workload of a file, and the overall pick with its reason."""
+    df = result.table
+    show = df.assign(overall_rank=df.overall_rank.map(lambda v: "-" if pd.isna(v) else str(int(v))),
+                     geomean_rank=df.geomean_rank.map(lambda v: _num(v, ".2f")),
+                     geomean_vs_fastest=df.geomean_vs_fastest.map(lambda v: _num(v, ".2f", "x")))
+    return "overall:\n" + show.to_string(index=False) + f"\noverall winner: {result.explanation}"

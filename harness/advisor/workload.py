@@ -1,0 +1,124 @@
+"""A deployment workload: the attention shape(s) to advise on, from flags or a TOML/YAML file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from harness.spec.case import AttentionCase
+from harness.spec.masks import MASK_NAMES, parse_mask
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One shape to advise on: q (batch, heads, seq_q, head_dim), k/v (batch, kv_heads, seq_k, head_dim).
+
+    `mask` is a parse_mask name (padding lengths derive from the shape); `training` times forward+backward.
+    """
+
+    batch: int
+    heads: int
+    seq_q: int
+    head_dim: int
+    kv_heads: int | None = None
+    seq_k: int | None = None
+    dtype: str = "bf16"
+    mask: str = "causal"
+    training: bool = False
+    name: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.training, bool):
+            raise ValueError(f"training={self.training!r}: must be true or false")
+        self.case()  # every other check (ints, dtype, mask, heads % kv_heads) is the case spec's own
+
+    def case(self) -> AttentionCase:
+        shape = AttentionCase(self.batch, self.heads, self.seq_q, self.head_dim, self.dtype, kv_heads=self.kv_heads,
+                              seq_k=self.seq_k)
+        if not isinstance(self.mask, str):
+            raise ValueError(f"unknown mask {self.mask!r}; allowed: {', '.join(MASK_NAMES)}")
+        return replace(shape, mask=parse_mask(self.mask, batch=shape.batch, seq_k=shape.seq_k))
+
+    @property
+    def phase(self) -> str:
+        return "fwd+bwd" if self.training else "fwd"
+
+    @property
+    def label(self) -> str:
+        return self.name or self.case().id
+
+
+WORKLOAD_KEYS = ("name", "batch", "heads", "kv_heads", "seq", "seq_q", "seq_k", "head_dim", "dtype", "mask",
+                 "training")
+FILE_KEYS = ("defaults", "shape")
+
+
+def _shape_keys(entry: object, where: str) -> dict:
+    """A table's keys with '-' read as '_' and `seq` expanded to seq_q = seq_k."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: expected a table of {', '.join(WORKLOAD_KEYS)}; got {entry!r}")
+    out = {str(k).replace("-", "_"): v for k, v in entry.items()}
+    unknown = sorted(set(out) - set(WORKLOAD_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+                         f"allowed: {', '.join(WORKLOAD_KEYS)}")
+    if "seq" in out:
+        if "seq_q" in out or "seq_k" in out:
+            raise ValueError(f"{where}: give seq, or seq_q/seq_k, not both")
+        out["seq_q"] = out["seq_k"] = out.pop("seq")
+    return out
+
+
+def workloads_from_mapping(data: object, where: str = "workload", *, training: bool | None = None) -> list[Workload]:
+    """{defaults?: {...}, shape: [{...}, ...]} -> workloads; `training` is a default under the file's own."""
+    if not isinstance(data, dict) or set(data) - set(FILE_KEYS):
+        extra = sorted(set(data) - set(FILE_KEYS)) if isinstance(data, dict) else data
+        raise ValueError(f"{where}: unexpected top level {extra!r}; allowed keys: {', '.join(FILE_KEYS)}")
+    shapes = data.get("shape")
+    if not isinstance(shapes, list) or not shapes:
+        raise ValueError(f"{where}: needs a non-empty list 'shape' ([[shape]] tables in TOML); got {shapes!r}")
+    defaults = {**({} if training is None else {"training": training}),
+                **_shape_keys(data.get("defaults", {}), f"{where} [defaults]")}
+    workloads = []
+    for i, entry in enumerate(shapes, 1):
+        spot = f"{where} shape {i}"
+        keys = {**defaults, **_shape_keys(entry, spot)}
+        missing = [k for k in ("batch", "heads", "seq_q", "head_dim") if k not in keys]
+        if missing:
+            raise ValueError(f"{spot}: missing {', '.join(missing)} (seq may stand for seq_q and seq_k)")
+        try:
+            workloads.append(Workload(**{k: keys[k] for k in keys if k != "name"}, name=str(keys.get("name", ""))))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{spot}: {exc}") from None
+    labels = [w.label for w in workloads]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"{where}: shape names must be unique; got {labels}")
+    return workloads
+
+
+def load_workloads(path: str | Path, *, training: bool | None = None) -> list[Workload]:
+    """Workloads from a .toml file (tomllib) or .yaml/.yml (PyYAML's safe_load, when installed)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"workload file {path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        import tomllib
+
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"workload file {path}: not valid TOML: {exc}") from None
+    elif suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ValueError(f"workload file {path}: reading YAML needs PyYAML (pip install pyyaml); "
+                             "or write it as .toml") from None
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ValueError(f"workload file {path}: not valid YAML: {exc}") from None
+    else:
+        raise ValueError(f"workload file {path}: suffix {suffix!r}; allowed: .toml, .yaml, .yml")
+    return workloads_from_mapping(data, str(path), training=training)

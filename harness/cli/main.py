@@ -1,0 +1,46 @@
+"""`python -m harness <command>`: the parser built from one module per command, and one-line errors for bad input.
+
+Each command module defines `add_subcommand(subparsers)`, which adds its parser and sets `func` (a callable
+taking the parsed args and returning the exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMAND_MODULES: list[str] = ["harness.cli.check", "harness.cli.history", "harness.cli.compare", "harness.cli.run",
+                              "harness.cli.report", "harness.cli.recommend"]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the flag, the value and what is allowed, without the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="python -m harness", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_subcommand(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a bad option (already printed in one line)
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as exc:  # bad input: one line naming the value, exit 2
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

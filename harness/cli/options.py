@@ -1,0 +1,124 @@
+"""Every command-line option, defined once and fed to both front ends: argparse (`python -m harness ...`) and
+pytest's addoption (`pytest suites ...`), so a flag means the same everywhere and is validated the same way.
+
+A front end takes the options it needs by name and may give one a different default with a reason
+(`check` defaults to the smoke matrix; the suites to the default one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from harness.measure import stats
+from harness.spec.matrices import MATRICES
+
+
+def _validator(kind: type, ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
+    """argparse's `type` for a number that must satisfy `ok`; argparse prefixes the flag, so the one-line error
+    reads 'argument --rounds: must be an integer >= 1; got 0'."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}; got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}; got {text}")
+        return value
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+positive_int = _validator(int, lambda v: v >= 1, "an integer >= 1")
+seed = _validator(int, lambda v: v >= 0, "an integer >= 0")
+#: NaN, inf, zero and negatives are refused
+positive_float = _validator(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+nonnegative_float = _validator(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+probability = _validator(float, lambda v: 0 < v < 1, "between 0 and 1 (exclusive), e.g. 0.002")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One flag: its argparse keywords (which pytest's addoption takes too)."""
+
+    flag: str
+    help: str
+    kwargs: dict = field(default_factory=dict)
+    #: argparse's `type`: a validator that refuses bad values in one line (positive_int, ...)
+    parse: Callable[[str], Any] | None = None
+
+    def keywords(self, **overrides: Any) -> dict:
+        kwargs = {**self.kwargs, **overrides}
+        if self.parse is not None:
+            kwargs["type"] = self.parse
+        default = kwargs.get("default")
+        shown = "" if default in (None, False, []) or kwargs.get("action") else f" (default: {default})"
+        return {**kwargs, "help": self.help + shown}
+
+
+_OPTIONS = [
+    Option("--backends", "comma-separated backend names, or 'all'", {"default": "all"}),
+    Option("--backend-module", "module name or .py path registering extra backends (repeatable)",
+           {"action": "append", "default": []}),
+    Option("--matrix", f"case matrix: {', '.join(MATRICES)}", {"default": "default"}),
+    Option("--device", "cpu, cuda, cuda:N or auto", {"default": "auto"}),
+    Option("--results-dir", "where run directories go", {"default": "results"}),
+    Option("--seed", "input seed", {"default": 0}, seed),
+    Option("--threads", "CPU threads for torch (default: torch's choice); recorded", {}, positive_int),
+    Option("--timing-budget-ms", "time budget per timed key in ms, split over --rounds; repetitions = budget / "
+                                 "estimated latency", {"default": 100.0}, positive_float),
+    Option("--rounds", "measurement rounds per timed (case, backend, phase), spread over the run, each with "
+                       "1/rounds of the budget; compare needs >= 2 to tell a transient from a regression",
+           {"default": 3}, positive_int),
+    Option("--benchmark", "also measure latency, peak memory and FLOP/s of every correct (case, backend, phase)",
+           {"action": "store_true", "dest": "benchmark_enabled"}),
+    Option("--cuda-graph", "GPU: time forward replays of a captured CUDA graph", {"action": "store_true"}),
+    Option("--cpu-mem-budget-gb", "CPU: record a case as oom when its measured peak memory exceeds this many GiB",
+           {}, positive_float),
+    Option("--no-report", "skip the figures and report/report.html at the end of the run",
+           {"action": "store_false", "dest": "report"}),
+    Option("--shard", "run only shard i of n of the cases, as 'i/n' (default: all)"),
+    # compare's thresholds (harness/measure/stats.py says why each default)
+    Option("--min-effect", "smallest median ratio change that counts", {"default": stats.MIN_EFFECT},
+           nonnegative_float),
+    Option("--alpha", "Mann-Whitney U significance level", {"default": stats.ALPHA}, probability),
+    Option("--abs-floor-ms", "smallest median change (ms) that counts", {"default": stats.ABS_FLOOR_MS},
+           nonnegative_float),
+    Option("--err-growth", "err_ratio increase flagged as worse", {"default": stats.ERR_GROWTH}, nonnegative_float),
+    Option("--min-samples", "fewest samples per side for a verdict", {"default": stats.MIN_SAMPLES}, positive_int),
+    Option("--round-alpha", "significance level of the t-test on round medians (runs with >= 2 rounds a side)",
+           {"default": stats.ROUND_ALPHA}, probability),
+]
+OPTIONS: dict[str, Option] = {o.flag.lstrip("-").replace("-", "_"): o for o in _OPTIONS}
+
+
+def _pick(names: tuple[str, ...]) -> list[Option]:
+    unknown = [n for n in names if n not in OPTIONS]
+    if unknown:
+        raise KeyError(f"no option {unknown}; defined: {', '.join(OPTIONS)}")
+    return [OPTIONS[n] for n in names]
+
+
+def add_to_argparse(parser, *names: str, defaults: dict | None = None) -> None:
+    """Add the named options to an argparse parser or group; `defaults` overrides some defaults by name."""
+    for option, name in zip(_pick(names), names):
+        extra = {"default": defaults[name]} if defaults and name in defaults else {}
+        parser.add_argument(option.flag, **option.keywords(**extra))
+
+
+def add_to_pytest(group, *names: str, defaults: dict | None = None) -> None:
+    """Add the named options to a pytest option group (pytest's addoption takes argparse's keywords)."""
+    for option, name in zip(_pick(names), names):
+        extra = {"default": defaults[name]} if defaults and name in defaults else {}
+        group.addoption(option.flag, **option.keywords(**extra))
+
+
+def compare_config(args: argparse.Namespace):
+    """The CompareConfig the compare thresholds on the command line describe."""
+    return stats.CompareConfig(min_effect=args.min_effect, alpha=args.alpha, abs_floor_ms=args.abs_floor_ms,
+                               err_growth=args.err_growth, min_samples=args.min_samples, round_alpha=args.round_alpha)
+
+
+COMPARE_THRESHOLDS = ("min_effect", "alpha", "abs_floor_ms", "err_growth", "min_samples", "round_alpha")

@@ -1,0 +1,90 @@
+"""`python -m harness recommend`: the deployment advisor's command (its presentation is advisor/table.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from harness.cli.options import add_to_argparse, positive_int
+from harness.spec.masks import MASK_NAMES
+
+SHAPE_FLAGS = ("batch", "heads", "kv_heads", "seq", "seq_k", "head_dim")
+
+
+def _recommend(args: argparse.Namespace) -> int:
+    import torch
+
+    from harness.advisor.evidence import TIMING
+    from harness.advisor.recommend import recommend_many
+    from harness.advisor.table import format_overall, format_table
+    from harness.advisor.workload import Workload, load_workloads
+    from harness.backends.registry import load_backend_module
+    from harness.measure.timing import TimingConfig
+
+    for module in args.backend_module:
+        load_backend_module(module)
+    if args.threads is not None:  # CPU latency depends on it; recorded in each table's header
+        torch.set_num_threads(args.threads)
+    given = [f"--{f.replace('_', '-')}" for f in SHAPE_FLAGS if getattr(args, f) is not None]
+    if args.workload:
+        if given:
+            raise ValueError(f"--workload {args.workload} describes the shapes; drop {', '.join(given)}")
+        workloads = load_workloads(args.workload, training=True if args.training else None)
+    else:
+        need = [f"--{f.replace('_', '-')}" for f in ("batch", "heads", "seq", "head_dim") if getattr(args, f) is None]
+        if need:
+            raise ValueError(f"recommend needs --workload FILE, or the shape: missing {', '.join(need)}")
+        workloads = [Workload(args.batch, args.heads, args.seq, args.head_dim, kv_heads=args.kv_heads,
+                              seq_k=args.seq_k, dtype=args.dtype, mask=args.mask, training=args.training)]
+    timing = TIMING if args.timing_budget_ms is None else TimingConfig(
+        warmup_ms=TIMING.warmup_ms, budget_ms=args.timing_budget_ms, min_reps=TIMING.min_reps)
+    picks, total = recommend_many(workloads, backends=args.backends, device=args.device, results=args.results,
+                                  seed=args.seed, timing=timing, checks=args.checks,
+                                  compile_backend=args.compile_backend)
+    print("\n\n".join(format_table(r) for r in picks.values()))
+    if len(picks) > 1:
+        print("\n" + format_overall(total))
+    if args.csv:
+        frames = [r.table.assign(workload=label) for label, r in picks.items()]
+        pd.concat(frames, ignore_index=True).to_csv(args.csv, index=False)
+        print(f"table: {args.csv}")
+    winner = total.winner if len(picks) > 1 else next(iter(picks.values())).winner
+    return 0 if winner else 1
+
+
+def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
+    """Add `recommend`: exit 0 with a winner, 1 when no backend is verified and timed, 2 on bad input."""
+    p = subparsers.add_parser(
+        "recommend",
+        help="rank backends for a workload on this machine: correctness, latency with ties, memory, deployment checks",
+        description="Verifies every backend on the workload against the float64 reference, times the verified ones "
+                    "(fwd, or fwd+bwd with --training), ranks them with ties judged by compare's statistics, and "
+                    "runs deployment checks (fullgraph compile on a small shape, CUDA-graph capture, determinism, "
+                    "mask path).")
+    shape = p.add_argument_group("workload (or --workload FILE)")
+    shape.add_argument("--batch", type=positive_int)
+    shape.add_argument("--heads", type=positive_int, help="query heads")
+    shape.add_argument("--kv-heads", type=positive_int,
+                       help="key/value heads (GQA when fewer than --heads; default: --heads)")
+    shape.add_argument("--seq", type=positive_int, help="query length (and key length unless --seq-k)")
+    shape.add_argument("--seq-k", type=positive_int, help="key length (default: --seq)")
+    shape.add_argument("--head-dim", type=positive_int)
+    shape.add_argument("--dtype", default="bf16", help="fp32, fp16, bf16 or fp64 (default: bf16)")
+    shape.add_argument("--mask", default="causal", help=f"one of {', '.join(MASK_NAMES)} (default: causal)")
+    shape.add_argument("--training", action="store_true", help="time forward+backward (default: forward only)")
+    shape.add_argument("--workload", type=Path, default=None,
+                       help="a .toml (or .yaml with PyYAML) file: [defaults] and [[shape]] tables; one recommendation "
+                            "per shape and an overall one")
+    p.add_argument("--results", type=Path, default=None,
+                   help="a run dir to take the workload's verdicts and samples from when it was measured there on "
+                        "this testbed; otherwise they are measured now")
+    # the advisor times each backend once, with a larger budget than a suite's per-round share (evidence.TIMING)
+    add_to_argparse(p, "backends", "backend_module", "device", "seed", "threads", "timing_budget_ms",
+                    defaults={"timing_budget_ms": None})
+    p.add_argument("--checks", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the deployment checks (--no-checks: correctness and timing only)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the fullgraph check")
+    p.add_argument("--csv", type=Path, default=None, help="also write the table(s) to this CSV")
+    p.set_defaults(func=_recommend)

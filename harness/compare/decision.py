@@ -1,0 +1,40 @@
+"""The decision for one key present in two runs: how its timing moved, and whether its correctness got worse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harness.measure.stats import CompareConfig
+from harness.store.schema import BAD, NOT_RUN
+
+CORRECTNESS = ("same", "worse", "lost", "better", "")
+
+
+def truthy(value) -> bool:
+    """A CSV boolean ('True', True, numpy bool) as bool."""
+    return value is True or (isinstance(value, (str, np.bool_, bool)) and str(value).lower() == "true")
+
+
+def correctness_change(base: pd.Series, new: pd.Series, cfg: CompareConfig = CompareConfig()) -> tuple[str, str]:
+    """('worse' | 'lost' | 'better' | 'same', why) for one key present in both runs."""
+    b, n = base.get("status"), new.get("status")
+    notes, worse = [], False
+    if n in BAD and b not in BAD:
+        worse = True
+        notes.append(f"{b}->{n}: {new.get('reason', '')}".rstrip(": "))
+    if truthy(new.get("nonfinite")) and not truthy(base.get("nonfinite")):
+        worse = True
+        notes.append("new non-finite values (NaN/inf)")
+    b_ratio, n_ratio = pd.to_numeric(base.get("err_ratio"), errors="coerce"), pd.to_numeric(new.get("err_ratio"),
+                                                                                                 errors="coerce")
+    if np.isfinite(b_ratio) and np.isfinite(n_ratio) and n_ratio - b_ratio >= cfg.err_growth:
+        worse = True
+        notes.append(f"err_ratio {b_ratio:.3g}->{n_ratio:.3g} (+{n_ratio - b_ratio:.2f} of the tolerance)")
+    if worse:
+        return "worse", "; ".join(notes)
+    if b == "pass" and n in NOT_RUN:
+        return "lost", f"pass->{n}: {new.get('reason', '')}".rstrip(": ")
+    if b in BAD and n == "pass":
+        return "better", f"{b}->pass"
+    return "same", ""

@@ -1,0 +1,91 @@
+"""Every run under a results directory (results.csv + env.json of each) as one DataFrame, and a per-run summary."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from harness.store.load import load_results
+from harness.store.run_dir import is_run_dir, read_env
+from harness.store.schema import BAD
+
+#: env.json fields added to every row (a row's own non-empty value wins where the schema has the column)
+ENV_FIELDS = ("testbed_id", "host", "device_type", "device_name", "cpu_model", "torch", "torch_git", "cuda",
+              "driver", "triton", "xformers", "flash_attn", "git_sha", "git_dirty", "timing_mode", "started")
+
+
+def run_dirs(results_dir: str | Path) -> list[Path]:
+    """Run directories directly under `results_dir` (or `results_dir` itself when it is one), oldest name first.
+
+    Only direct children: a launcher keeps its per-shard runs under <run>/shards/, and those rows are
+    already in the merged run.
+    """
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"results directory {str(root)!r} does not exist")
+    if is_run_dir(root):
+        return [root]
+    return sorted(p for p in root.iterdir() if is_run_dir(p))
+
+
+def load_run(run_dir: str | Path) -> pd.DataFrame:
+    """One run's rows with its env.json fields and `run_dir` added."""
+    run_dir = Path(run_dir)
+    df = load_results(run_dir)
+    env = read_env(run_dir)
+    df["run_id"] = df["run_id"].fillna(env.get("run_id", run_dir.name)) if "run_id" in df else run_dir.name
+    for name in ENV_FIELDS:
+        value = env.get(name)
+        if name in df.columns:
+            df[name] = df[name].where(df[name].notna(), value)
+        else:
+            df[name] = value
+    df["run_dir"] = str(run_dir)
+    return df
+
+
+def load_history(results_dir: str | Path = "results") -> pd.DataFrame:
+    """All runs under `results_dir` in one frame, one row per (run, case, backend, phase).
+
+    A directory whose files cannot be read is skipped with a warning naming it, so one broken run
+    does not hide the others.
+    """
+    frames = []
+    for run_dir in run_dirs(results_dir):
+        try:
+            frames.append(load_run(run_dir))
+        except (OSError, ValueError, pd.errors.ParserError) as exc:
+            warnings.warn(f"skipping run {run_dir}: {exc}", stacklevel=2)
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=["run_id", "run_dir", *ENV_FIELDS])
+    return pd.concat(frames, ignore_index=True)
+
+
+def summarize(history: pd.DataFrame) -> pd.DataFrame:
+    """One line per run: when, where, what, how many rows and verdicts, and how many rows carry timings."""
+    if history.empty:
+        return pd.DataFrame(columns=["run_id", "started", "host", "testbed_id", "device_name", "torch", "git_sha",
+                                     "rows", "cases", "backends", "pass", "fail", "timed"])
+    timed = history["latency_ms"].notna() if "latency_ms" in history else pd.Series(False, index=history.index)
+    g = history.assign(_pass=history.status.eq("pass"), _fail=history.status.isin(BAD),
+                       _timed=timed).groupby("run_dir", sort=False)
+    out = pd.DataFrame({
+        "run_id": g.run_id.first(), "started": g.started.first(), "host": g.host.first(),
+        "testbed_id": g.testbed_id.first(), "device_name": g.device_name.first(), "torch": g.torch.first(),
+        "git_sha": g.git_sha.first().astype(str).str[:8], "rows": g.size(), "cases": g.case_id.nunique(),
+        "backends": g.backend.nunique(), "pass": g._pass.sum(), "fail": g._fail.sum(), "timed": g._timed.sum(),
+    }).reset_index(drop=True)
+    return out.sort_values("started", na_position="first").reset_index(drop=True)
+
+
+def history_text(history: pd.DataFrame) -> str:
+    """The summary table and one line of totals, for the terminal."""
+    runs = summarize(history)
+    if runs.empty:
+        return "no runs"
+    totals = (f"{len(runs)} runs, {runs.testbed_id.nunique()} testbeds, {runs.host.nunique()} hosts, "
+              f"{len(history)} rows, from {runs.started.min()} to {runs.started.max()}")
+    return runs.to_string(index=False) + "\n" + totals

@@ -1,0 +1,134 @@
+"""Presentation of a compare: terminal table, compare.csv, compare.md and a PNG of per-case latency ratios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.compare.runs import Comparison, ratio_spread
+
+#: rows worth showing first, in this order; "unchanged"/"not-timed" with "same" correctness are only counted
+_ORDER = {"slower": 0, "inconclusive": 2, "faster": 3, "base-only": 4, "new-only": 5, "unchanged": 6, "not-timed": 7}
+_SHOWN = ["case_id", "backend", "phase", "verdict", "correctness", "base_ms", "new_ms", "ratio", "p_value",
+          "round_p", "n_base", "n_new", "note"]
+
+
+def header(cmp: Comparison) -> str:
+    cfg, base, new = cmp.config, cmp.base, cmp.new
+    if cmp.mode == "cross-device":
+        title = (f"cross-device comparison (not a regression gate): base {base.device_name} "
+                 f"[{base.testbed}] vs new {new.device_name} [{new.testbed}]")
+    else:
+        title = f"regression gate on testbed {base.testbed} ({base.device_name})"
+    rule = (f"slower/faster: >= {cfg.min_samples} samples a side, Mann-Whitney U p < {cfg.alpha}, "
+            f"median ratio beyond {1 + cfg.min_effect:.3g}x, |change| >= {cfg.abs_floor_ms} ms and, "
+            f"with >= 2 rounds a side, t-test on round medians p < {cfg.round_alpha}; "
+            f"correctness worse: pass->fail/error/oom, new NaN/inf, err_ratio +{cfg.err_growth}")
+    warn = "".join(f"\nWARNING {w}: timing verdicts may be noise" for w in cmp.warnings)
+    return f"{title}\nbase: {base.run_dir}\nnew:  {new.run_dir}\n{rule}{warn}"
+
+
+def notable(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows that are not plainly unchanged, regressions first."""
+    keep = df[(~df.verdict.isin(["unchanged", "not-timed"])) | (~df.correctness.isin(["same", ""]))]
+    rank = keep.verdict.map(_ORDER).fillna(9) - 10 * keep.regression.astype(int)
+    return keep.assign(_rank=rank).sort_values(["_rank", "ratio"], ascending=[True, False]).drop(columns="_rank")
+
+
+def summary(cmp: Comparison) -> str:
+    df = cmp.rows
+    counts = df.verdict.value_counts()
+    timing = ", ".join(f"{v} {counts[v]}" for v in _ORDER if v in counts)
+    corr = df.correctness.value_counts()
+    correctness = ", ".join(f"{v} {corr[v]}" for v in ("worse", "lost", "better") if v in corr) or "no changes"
+    gate = (f"REGRESSION: {int(df.regression.sum())} row(s)" if df.regression.any() else
+            "no regression" if cmp.mode == "gate" else "cross-device report: no gate")
+    spread = ratio_spread(cmp)
+    noise = (f"; |ratio-1| of timed rows: median {spread[0]:.1%}, 90th pct {spread[1]:.1%}" if spread else "")
+    return f"{len(df)} rows; timing: {timing}{noise}; correctness: {correctness}; {gate}"
+
+
+def _fmt(df: pd.DataFrame) -> pd.DataFrame:
+    out = df[_SHOWN].copy()
+    for col in ("base_ms", "new_ms"):
+        out[col] = out[col].map(lambda x: "" if pd.isna(x) else f"{x:.4g}")
+    out["ratio"] = out["ratio"].map(lambda x: "" if pd.isna(x) else f"{x:.3f}")
+    for col in ("p_value", "round_p"):
+        out[col] = out[col].map(lambda x: "" if pd.isna(x) else f"{x:.2g}")
+    return out.fillna("")
+
+
+def terminal_table(cmp: Comparison, limit: int = 60) -> str:
+    rows = notable(cmp.rows)
+    lines = [header(cmp), ""]
+    if rows.empty:
+        lines.append("every row unchanged")
+    else:
+        lines.append(_fmt(rows.head(limit)).to_string(index=False, max_colwidth=70))
+        if len(rows) > limit:
+            lines.append(f"... {len(rows) - limit} more notable rows in compare.csv")
+    return "\n".join([*lines, "", summary(cmp)])
+
+
+def markdown(cmp: Comparison) -> str:
+    """All notable rows as a Markdown table (pandas' to_markdown needs tabulate; this does not)."""
+    rows = _fmt(notable(cmp.rows))
+    head = "| " + " | ".join(rows.columns) + " |\n|" + "---|" * len(rows.columns) + "\n"
+    cells = (" | ".join(str(v).replace("|", "\\|") for v in r) for r in rows.itertuples(index=False))
+    body = "".join(f"| {line} |\n" for line in cells)
+    text = "# " + header(cmp).replace("\n", "\n\n") + "\n\n" + summary(cmp) + "\n\n"
+    return text + (head + body if len(rows) else "Every row unchanged.\n")
+
+
+def plot_ratios(cmp: Comparison, path: str | Path) -> Path | None:
+    """Horizontal dot plot of new/base median latency per (case, backend, phase), log scale; None if nothing timed."""
+    df = cmp.rows
+    timed = df[np.isfinite(df.ratio.astype(float))].sort_values("ratio")
+    if timed.empty:
+        return None
+    import matplotlib.ticker
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    colors = {"slower": "tab:red", "faster": "tab:green", "unchanged": "tab:gray", "inconclusive": "tab:orange"}
+    labels = [f"{r.backend} {r.case_id} [{r.phase}]" for r in timed.itertuples()]
+    fig = Figure(figsize=(9, max(2.5, 0.22 * len(timed) + 1.2)), layout="tight")
+    FigureCanvasAgg(fig)  # Agg canvas, no pyplot: no global state, works headless and in threads
+    ax = fig.add_subplot()
+    y = np.arange(len(timed))
+    ax.scatter(timed.ratio, y, c=[colors.get(v, "black") for v in timed.verdict], s=18, zorder=3)
+    ax.axvline(1.0, color="black", lw=0.8)
+    effect = 1 + cmp.config.min_effect
+    for x in (effect, 1 / effect):
+        ax.axvline(x, color="gray", lw=0.6, ls="--")
+    ax.set_xscale("log")
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in (0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1, 1.05, 1.1, 1.25, 1.5, 2, 3, 4) if lo <= t <= hi]
+    ax.set_xticks(ticks, [f"{t:g}x" for t in ticks])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_yticks(y, labels, fontsize=6)
+    ax.set_xlabel("new / base median latency (log scale; dashed: minimum effect)")
+    for verdict, color in colors.items():
+        ax.scatter([], [], c=color, s=18, label=verdict)
+    ax.legend(fontsize=7, loc="best")
+    devices = f"cross-device: {cmp.new.device_name} vs {cmp.base.device_name}, " \
+        if cmp.mode == "cross-device" else ""
+    ax.set_title(f"{devices}latency ratio per (case, backend, phase)", fontsize=8)
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def write_report(cmp: Comparison, out_dir: str | Path) -> dict[str, Path]:
+    """compare.csv (every row), compare.md (notable rows) and compare.png (ratios) under out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"csv": out_dir / "compare.csv", "md": out_dir / "compare.md"}
+    cmp.rows.to_csv(files["csv"], index=False)
+    files["md"].write_text(markdown(cmp))
+    png = plot_ratios(cmp, out_dir / "compare.png")
+    if png:
+        files["png"] = png
+    return files

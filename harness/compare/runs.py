@@ -1,0 +1,153 @@
+"""Comparing two runs key by key: the testbed check, one decision per (case, backend, phase), and the gate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.compare.decision import correctness_change
+from harness.measure.stats import CompareConfig, timing_verdict
+from harness.store.load import load_results, load_samples
+from harness.store.run_dir import read_env
+from harness.store.schema import KEY
+
+#: a run that started or ended with a 1-minute load average above this many times the CPU count shared its
+#: machine with other work; its timings are flagged as unreliable in the report
+BUSY_LOAD_PER_CPU = 1.0
+VERDICTS = ("slower", "faster", "unchanged", "inconclusive", "not-timed", "base-only", "new-only")
+COMPARE_COLUMNS = (*KEY, "verdict", "correctness", "regression", "base_ms", "new_ms", "ratio", "p_value", "round_p",
+                   "n_base", "n_new", "rounds_base", "rounds_new", "status_base", "status_new", "err_ratio_base",
+                   "err_ratio_new", "note")
+
+
+class MismatchedTestbeds(ValueError):
+    """The two runs come from different testbeds, so their timings are no regression gate."""
+
+
+@dataclass(frozen=True)
+class RunSide:
+    """One side of a comparison: its run directory, testbed and device."""
+
+    run_dir: Path
+    testbed: str | None
+    device_name: str | None
+
+
+@dataclass
+class Comparison:
+    """Two runs compared key by key: `rows` (COMPARE_COLUMNS), the thresholds used, and what may make it unreliable.
+
+    mode: 'gate' (same testbed: a regression fails it) or 'cross-device' (a report, never a gate).
+    """
+
+    rows: pd.DataFrame
+    mode: str
+    base: RunSide
+    new: RunSide
+    config: CompareConfig
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def regression(self) -> bool:
+        """True when any key regressed (never in a cross-device report)."""
+        return bool(self.rows["regression"].any())
+
+
+def run_testbed(run_dir: Path, results: pd.DataFrame) -> str | None:
+    """The testbed id of a run: env.json's, else the one its rows carry (several joined by '+')."""
+    env_id = read_env(run_dir).get("testbed_id")
+    if env_id:
+        return str(env_id)
+    ids = sorted(set(results.get("testbed_id", pd.Series(dtype=str)).dropna().astype(str)))
+    return "+".join(ids) or None
+
+
+def _mismatch_message(base_dir: Path, new_dir: Path, base_id, new_id) -> str:
+    base_env, new_env = read_env(base_dir), read_env(new_dir)
+    fields = ("device_name", "compute_capability", "sm_count", "memory_bytes", "cpu_model", "threads",
+              "tf32_matmul", "tf32_cudnn", "device_type")
+    diffs = [f"{f}: {base_env.get(f)!r} vs {new_env.get(f)!r}" for f in fields if base_env.get(f) != new_env.get(f)]
+    return (f"runs are from different testbeds (base {base_id!r}, new {new_id!r})"
+            + (f"; differing: {'; '.join(diffs)}" if diffs else "")
+            + ". Timings across testbeds are no regression gate; pass --cross-device (cross_device=True) "
+              "for a cross-device comparison report")
+
+
+def samples_by_key(run_dir: Path) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+    """key -> (latencies in ms, their round labels)."""
+    samples = load_samples(run_dir)
+    if samples.empty:
+        return {}
+    return {key: (g["latency_ms"].to_numpy(float), g["round"].to_numpy(int))
+            for key, g in samples.groupby(list(KEY), sort=False)}
+
+
+def compare_runs(base_dir: str | Path, new_dir: str | Path, config: CompareConfig = CompareConfig(), *,
+                 cross_device: bool = False) -> Comparison:
+    """One row per (case_id, backend, phase) of either run, with the timing verdict, the correctness change
+    and `regression` (True: slower, or correctness worse/lost; always False in a cross-device report).
+
+    Raises MismatchedTestbeds when the testbeds differ and not `cross_device`.
+    """
+    base_dir, new_dir = Path(base_dir), Path(new_dir)
+    base, new = load_results(base_dir), load_results(new_dir)
+    base_id, new_id = run_testbed(base_dir, base), run_testbed(new_dir, new)
+    same_testbed = base_id is not None and base_id == new_id
+    if not same_testbed and not cross_device:
+        raise MismatchedTestbeds(_mismatch_message(base_dir, new_dir, base_id, new_id))
+    mode = "gate" if same_testbed else "cross-device"
+
+    base_samples, new_samples = samples_by_key(base_dir), samples_by_key(new_dir)
+    merged = base.merge(new, on=list(KEY), how="outer", suffixes=("_base", "_new"), indicator=True, sort=False)
+    rows = []
+    for _, row in merged.iterrows():
+        key = tuple(row[k] for k in KEY)
+        b = pd.Series({c[:-5]: row[c] for c in merged.columns if c.endswith("_base")})
+        n = pd.Series({c[:-4]: row[c] for c in merged.columns if c.endswith("_new")})
+        out = {**dict(zip(KEY, key)), "status_base": b.get("status"), "status_new": n.get("status"),
+               "err_ratio_base": b.get("err_ratio"), "err_ratio_new": n.get("err_ratio")}
+        if row["_merge"] != "both":
+            only = "base-only" if row["_merge"] == "left_only" else "new-only"
+            out.update(n_base=0, n_new=0, verdict=only, correctness="", note=f"row only in the {only[:-5]} run")
+        else:
+            (b_ms, b_rounds), (n_ms, n_rounds) = (base_samples.get(key, ([], [])), new_samples.get(key, ([], [])))
+            timing = timing_verdict(b_ms, n_ms, config, base_rounds=b_rounds, new_rounds=n_rounds)
+            correctness, why = correctness_change(b, n, config)
+            out.update(timing.columns(), verdict=timing.verdict, correctness=correctness,
+                       note="; ".join(filter(None, [why, timing.note])))
+        rows.append(out)
+    df = pd.DataFrame(rows).reindex(columns=list(COMPARE_COLUMNS))
+    df["regression"] = (mode == "gate") & ((df.verdict == "slower") | df.correctness.isin(["worse", "lost"]))
+    base_env, new_env = read_env(base_dir), read_env(new_dir)
+    return Comparison(df, mode, RunSide(base_dir, base_id, base_env.get("device_name")),
+                      RunSide(new_dir, new_id, new_env.get("device_name")), config,
+                      [f"{name} run: {w}" for name, env in (("base", base_env), ("new", new_env))
+                       for w in run_warnings(env)])
+
+
+def run_warnings(env: dict) -> list[str]:
+    """Why a run's timings may not reflect its testbed: a busy host, or a GPU throttled, at start or end."""
+    out = []
+    cpus = env.get("cpu_count") or 1
+    for when in ("clocks_start", "clocks_end"):
+        snap = env.get(when) or {}
+        load = (snap.get("loadavg") or [None])[0]
+        if load is not None and load > BUSY_LOAD_PER_CPU * cpus:
+            out.append(f"{when[7:]}: load average {load:.1f} on {cpus} CPUs (other processes competed for them)")
+        reasons = snap.get("throttle_reasons")
+        # 0x0 none, 0x1 GPU idle: anything else (power cap, thermal, sync boost...) lowered the clocks
+        if reasons not in (None, "", "0x0", "0x1", "0x0000000000000000", "0x0000000000000001", "Not Active"):
+            out.append(f"{when[7:]}: GPU clock throttle reasons {reasons}")
+    return out
+
+
+def ratio_spread(comparison: Comparison) -> tuple[float, float] | None:
+    """(50th, 90th) percentile of |ratio - 1| over rows timed in both runs. Compare two runs of the same code
+    (an A/A pair) to see the testbed's run-to-run noise, and keep min_effect above it."""
+    df, least = comparison.rows, comparison.config.min_samples
+    ratios = df["ratio"].astype(float)
+    dev = (ratios[np.isfinite(ratios) & (df.n_base >= least) & (df.n_new >= least)] - 1).abs()
+    return None if dev.empty else (float(dev.quantile(0.5)), float(dev.quantile(0.9)))

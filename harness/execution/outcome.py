@@ -1,0 +1,63 @@
+"""What a backend's run on a case came to: its rows, checks and outputs, and how an exception becomes a status."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.backends.base import Unsupported
+from harness.oracle.verdict import Check
+from harness.store.schema import Row, worst_status
+
+
+def exception_text(exc: BaseException, limit: int = 400) -> str:
+    """'Type: first line' of an exception (Unsupported: its message alone) - the one way failures are worded."""
+    text = str(exc).strip().splitlines()[0][:limit] if str(exc).strip() else ""
+    return text if isinstance(exc, Unsupported) else f"{type(exc).__name__}: {text}"
+
+
+def failure_status(exc: BaseException) -> tuple[str, str]:
+    """(status, reason) of a backend call that raised: unsupported, oom (with the size attempted) or error."""
+    if isinstance(exc, Unsupported):
+        return "unsupported", str(exc)
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return "oom", f"out of memory: {str(exc).splitlines()[0][:300]}"
+    return "error", exception_text(exc)
+
+
+def free(device: torch.device) -> None:
+    """Return what a failed call left behind to the allocator, so the next case starts clean."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class BackendResult:
+    """What one backend produced on one case (canonical layout) and the rows describing it."""
+
+    rows: list[Row]
+    checks: dict[str, Check] = field(default_factory=dict)
+    out: torch.Tensor | None = None
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        """Worst status over the phases: fail/error/oom beat pass; unsupported alone is unsupported."""
+        return worst_status(r.status for r in self.rows)
+
+    @property
+    def reasons(self) -> str:
+        reasons = {r.reason for r in self.rows if r.reason}
+        if len(reasons) == 1 and len(self.rows) > 1 and all(r.reason for r in self.rows):
+            return reasons.pop()
+        return "; ".join(f"{r.phase}: {r.reason}" for r in self.rows if r.reason)
+
+    def row(self, phase: str) -> Row:
+        return next(r for r in self.rows if r.phase == phase)
+
+    def released(self) -> "BackendResult":
+        """The same verdict without the output and gradient tensors (kept for later stages of a run)."""
+        return BackendResult(self.rows, self.checks)

@@ -1,0 +1,145 @@
+"""A run: its id and directory, the results writers, the environment, and what earlier stages found."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from harness.backends.base import Backend
+from harness.execution.benchmark import InputsOnly, PerfResult, measure_phase
+from harness.execution.cache import LRU
+from harness.execution.outcome import BackendResult
+from harness.execution.runner import execute, prepare_case
+from harness.measure.timing import Measurement, TimingConfig
+from harness.oracle.prepared import PreparedCase
+from harness.spec.case import AttentionCase, make_inputs
+from harness.store.environment import environment, new_run_id
+from harness.store.load import compact
+from harness.store.run_dir import RESULTS, SAMPLES, write_env
+from harness.store.schema import Row, TimingKey
+from harness.store.writer import ResultsWriter, SamplesWriter
+
+
+@dataclass
+class RunSession:
+    device: torch.device
+    results_root: Path
+    seed: int = 0
+    run_id: str = field(default_factory=new_run_id)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    #: measurement rounds per timed key, spread over the run (the suite orders them round-major), so a
+    #: key's samples see the run's changing conditions and compare can tell a transient from a regression
+    rounds: int = 1
+    #: measured dense-matmul TFLOP/s per dtype name, filled by measure_peaks() when benchmarking
+    peaks: dict = field(default_factory=dict)
+    cpu_mem_budget: int | None = None
+
+    def __post_init__(self):
+        if self.rounds < 1:
+            raise ValueError(f"rounds={self.rounds!r}: must be >= 1")
+        self.run_dir = Path(self.results_root) / self.run_id
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = ResultsWriter(self.run_dir / RESULTS)
+        self.samples = SamplesWriter(self.run_dir / SAMPLES)
+        #: (case id, backend name) -> the correctness verdict (rows and checks; the tensors are dropped once
+        #: judged), so later stages time only what passed
+        self.verdicts: dict[tuple[str, str], BackendResult] = {}
+        #: timing key -> the latest perf row, for the end-of-run summary
+        self.perf_rows: dict[TimingKey, Row] = {}
+        #: timing key -> its rounds measured so far, pooled
+        self.timings: dict[TimingKey, Measurement] = {}
+        #: timing key -> (peak bytes, method) of its first timed round: memory does not change between rounds
+        self.round_memory: dict[TimingKey, tuple[int, str]] = {}
+        # tests run case-major: two cases are enough and bound memory
+        self._prepared: LRU = LRU(2)
+        self._inputs: LRU = LRU(2)
+        self.env = environment(self.device, timing_mode=self.timing_mode)
+        self.env["run_id"] = self.run_id
+        self.env["rounds"] = self.rounds
+        self.save_env()
+
+    @property
+    def timing_mode(self) -> str:
+        if self.device.type != "cuda":
+            return "cpu-clock"
+        return "cuda-graph" if self.timing.cuda_graph else "cuda-events"
+
+    def finish(self) -> None:
+        """Clocks/power/throttle state after the run (compare warns when they moved), then fold the CSV."""
+        from harness.store.environment import snapshot_clocks
+        self.env["clocks_end"] = snapshot_clocks(self.device)
+        self.save_env()
+        compact(self.writer.path)
+
+    def save_env(self) -> None:
+        write_env(self.run_dir, self.env)
+
+    def prepared(self, case: AttentionCase) -> PreparedCase:
+        """Inputs, reference and naive errors for `case`, computed once and kept for the next few lookups."""
+        return self._prepared.get(case, lambda: prepare_case(case, self.device, self.seed))
+
+    def timing_inputs(self, case: AttentionCase) -> PreparedCase | InputsOnly:
+        """What timing needs (a verified backend, or a check that only times): the prepared case if still
+        held, else its inputs alone (the same seeded tensors), kept for the next few lookups; the reference
+        is not recomputed to time."""
+        if case in self._prepared:
+            return self._prepared.get(case)
+        return self._inputs.get(case, lambda: InputsOnly(case, self.device, make_inputs(case, self.device, self.seed)))
+
+    @property
+    def round_timing(self) -> TimingConfig:
+        """One round's share of the timing budget: all rounds together cost about what one round would."""
+        return self.timing.share(self.rounds)
+
+    def record(self, case: AttentionCase, backend: Backend, result: BackendResult) -> None:
+        self.verdicts[(case.id, backend.name)] = result.released()
+        self.writer.write(result.rows)
+
+    def verdict(self, case: AttentionCase, backend: Backend) -> BackendResult:
+        """The correctness result of this session, computed (and recorded) now if the suite did not run it."""
+        key = (case.id, backend.name)
+        if key not in self.verdicts:
+            self.record(case, backend, execute(backend, self.prepared(case), self.run_id))
+        return self.verdicts[key]
+
+    def benchmark_round(self, case: AttentionCase, backend: Backend, phase: str, round_index: int) -> PerfResult | None:
+        """Time one round of one key with the rounds before it pooled in, and record it. None when an earlier
+        round of this key already ended it (its row says why)."""
+        key = TimingKey(case.id, backend.name, phase)
+        before = self.perf_rows.get(key)  # None: no earlier round of this key ran (e.g. this item run alone)
+        if before is not None and before.status != "pass":
+            return None
+        result = measure_phase(backend, self.timing_inputs(case), phase, self.verdict(case, backend),
+                               config=self.round_timing, peaks=self.peaks, run_id=self.run_id,
+                               cpu_mem_budget=self.cpu_mem_budget, prior=self.timings.get(key),
+                               known_memory=self.round_memory.get(key))
+        if result.measurement is None and before is not None:
+            result.row = result.row.with_(reason=f"round {round_index + 1} of {self.rounds}: {result.row.reason}; "
+                                                 "the latency columns pool the rounds timed before it")
+        self.record_perf(result, round_index)
+        return result
+
+    def record_perf(self, result: PerfResult, round_index: int = 0) -> None:
+        """Append the row (latency pooled over the rounds so far) and this round's raw samples, labelled
+        with `round_index`. A key once flagged suspicious (faster than the matmul roofline) stays flagged,
+        with that round's reason: the results file folds rows, so a later row could not clear the reason."""
+        row = result.row
+        key = row.key
+        before = self.perf_rows.get(key)
+        if before is not None and before.suspicious and row.status == "pass" and not row.suspicious:
+            row = row.with_(suspicious=True, reason=before.reason)
+        self.writer.write([row])
+        if result.measurement is not None:
+            self.samples.write(self.run_id, *key, result.measurement.samples_ms, round_index=round_index)
+            self.timings[key] = result.pooled
+            self.round_memory.setdefault(key, (row.peak_mem_bytes, row.mem_method))
+        self.perf_rows[key] = row
+
+    def measure_peaks(self, dtypes) -> None:
+        from harness.measure.roofline import measure_peaks
+        self.peaks = measure_peaks(self.device, dtypes)
+        self.env["matmul_peak_tflops"] = self.peaks
+        self.env["timing_config"] = vars(self.timing)
+        self.save_env()

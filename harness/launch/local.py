@@ -1,0 +1,130 @@
+"""Run `pytest suites` as one process per GPU (or per CPU shard) on a shard of the cases each, then merge.
+
+pytest-benchmark disables itself under pytest-xdist, so parallelism over devices is one plain pytest
+process per device, each on a deterministic shard (`--shard i/N`), each writing its own run dir under
+<run_dir>/shards/; the merge then checks that no row is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from harness.store.environment import new_run_id
+from harness.launch.merge import merge_shards, shard_root, write_exit_status
+
+#: options the launcher sets per shard; a user value would make shards overlap or collide
+OWNED = ("--shard", "--results-dir", "--device")
+
+
+def check_pytest_args(args: Sequence[str]) -> list[str]:
+    """The pytest arguments to pass on (a leading '--' dropped); the launcher's own options are refused."""
+    args = list(args)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    for arg in args:
+        if arg.split("=", 1)[0] in OWNED:
+            raise ValueError(f"pytest argument {arg!r}: the launcher sets {', '.join(OWNED)} for each shard; "
+                             "use --gpus / --cpu-shards / --results-dir of `python -m harness run` instead")
+    return args
+
+
+def parse_gpus(spec: str, available: int) -> list[int]:
+    """'all' or '0,2' -> GPU indices (as torch numbers them); a bad or absent index is a ValueError."""
+    if available == 0:
+        raise ValueError(f"--gpus {spec!r}: no CUDA device is visible to torch on this machine; "
+                         "use --cpu-shards N to run the shards on CPU")
+    if spec.strip() == "all":
+        return list(range(available))
+    try:
+        gpus = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--gpus {spec!r}: expected 'all' or comma-separated indices, e.g. 0,1") from None
+    bad = [g for g in gpus if not 0 <= g < available]
+    if not gpus or bad or len(set(gpus)) != len(gpus):
+        raise ValueError(f"--gpus {spec!r}: allowed: 'all' or distinct indices in 0..{available - 1}")
+    return gpus
+
+
+def shard_command(index: int, count: int, pytest_args: Sequence[str], results_root: Path, *,
+                  device: str | None = None, suites: str = "suites") -> list[str]:
+    """The pytest command line of shard `index` of `count`."""
+    # -p no:cacheprovider: N processes writing one .pytest_cache at once would race for nothing.
+    cmd = [sys.executable, "-m", "pytest", suites, "-p", "no:cacheprovider", *pytest_args,
+           "--shard", f"{index}/{count}", "--results-dir", str(results_root)]
+    return cmd + (["--device", device] if device else [])
+
+
+def shard_threads(count: int) -> str:
+    """CPU threads per shard: the host's cores split between the shards, so they do not oversubscribe."""
+    return os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // count))
+
+
+@dataclass
+class LaunchResult:
+    run_dir: Path
+    returncodes: list[int]
+    results: pd.DataFrame
+
+    @property
+    def exit_code(self) -> int:
+        """1 when any shard had failing tests, else 0 (as a single pytest run would exit)."""
+        return 1 if 1 in self.returncodes else 0
+
+
+def run_local(pytest_args: Sequence[str], devices: Sequence[str], *, results_dir: str | Path = "results",
+              suites: str = "suites", cuda_visible: Sequence[str | None] | None = None,
+              quiet: bool = False) -> LaunchResult:
+    """One pytest process per entry of `devices` ('cpu' or 'cuda:0'), all at once; merged into one run dir.
+
+    `cuda_visible[i]` (when given) is shard i's CUDA_VISIBLE_DEVICES: each process then sees only its
+    GPU, as cuda:0, so no library opens a context on another process's GPU.
+    """
+    pytest_args = check_pytest_args(pytest_args)
+    count = len(devices)
+    if count < 1:
+        raise ValueError("run_local: no devices given")
+    run_dir = Path(results_dir) / new_run_id()
+    procs, logs = [], []
+    try:
+        for i, device in enumerate(devices):
+            root = shard_root(run_dir, i, count)
+            root.mkdir(parents=True)
+            env = {**os.environ, "OMP_NUM_THREADS": shard_threads(count)}
+            if cuda_visible is not None and cuda_visible[i] is not None:
+                env["CUDA_VISIBLE_DEVICES"] = cuda_visible[i]
+            logs.append(root.with_suffix(".log"))
+            with logs[-1].open("w") as log:
+                procs.append(subprocess.Popen(shard_command(i, count, pytest_args, root, device=device,
+                                                            suites=suites), stdout=log, stderr=subprocess.STDOUT,
+                                              env=env))
+            if not quiet:
+                print(f"shard {i}/{count} on {device}: pid {procs[-1].pid}, log {logs[-1]}", flush=True)
+        returncodes = []
+        for i, proc in enumerate(procs):
+            returncodes.append(proc.wait())
+            write_exit_status(shard_root(run_dir, i, count), returncodes[-1])
+            if not quiet:
+                print(f"shard {i}/{count} exited {returncodes[-1]}", flush=True)
+    except BaseException:
+        for proc in procs:  # only the processes started here; an interrupted launcher leaves no orphans
+            if proc.poll() is None:
+                proc.terminate()
+        raise
+    return LaunchResult(run_dir, returncodes, merge_shards(run_dir, count))
+
+
+def gpu_devices(spec: str) -> tuple[list[str], list[str]]:
+    """(devices, CUDA_VISIBLE_DEVICES per shard) for --gpus, honouring a CUDA_VISIBLE_DEVICES already set."""
+    import torch
+
+    gpus = parse_gpus(spec, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [x.strip() for x in parent.split(",")] if parent else [str(g) for g in range(max(gpus) + 1)]
+    return ["cuda:0"] * len(gpus), [visible[g] for g in gpus]

@@ -1,0 +1,204 @@
+"""How the harness times a call: CUDA events with L2 flush on GPU, a monotonic clock on CPU, budgets in ms.
+
+Each method choice carries a one-line why. The result is a `Measurement` that keeps every raw sample.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+#: IQR/median above this marks a measurement as noisy (torch.utils.benchmark warns at the same 10%)
+NOISE_THRESHOLD = 0.10
+#: bytes written before each GPU repetition: larger than any current GPU's L2 (H100/H200 have 50-60 MB)
+L2_FLUSH_BYTES = 256 * 2 ** 20
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Raw per-repetition latencies (ms), the round each was taken in, and the statistics derived from them.
+
+    A key is timed in rounds spread over a run; `merge` pools them, and `round_spread` says how far the run's
+    changing conditions moved the key (range of the round medians over the pooled median).
+    """
+
+    samples_ms: tuple[float, ...]
+    mode: str
+    threads: int
+    first_call_ms: float = float("nan")
+    #: the round of each sample (empty: all one round)
+    round_of: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.round_of and len(self.round_of) != len(self.samples_ms):
+            raise ValueError(f"round_of has {len(self.round_of)} labels for {len(self.samples_ms)} samples")
+
+    @classmethod
+    def merge(cls, parts: Sequence["Measurement"]) -> "Measurement":
+        """The rounds of `parts`, in order, pooled into one measurement (each part's rounds renumbered after the
+        previous part's); mode, threads and the first call are the first part's."""
+        if not parts:
+            raise ValueError("Measurement.merge: no measurements given")
+        samples, labels, offset = [], [], 0
+        for part in parts:
+            rounds = part.rounds_index()
+            samples += part.samples_ms
+            labels += [offset + r for r in rounds]
+            offset += (max(rounds) + 1) if rounds else 0
+        first = parts[0]
+        return cls(tuple(samples), first.mode, first.threads, first.first_call_ms, tuple(labels))
+
+    def rounds_index(self) -> list[int]:
+        return list(self.round_of) if self.round_of else [0] * len(self.samples_ms)
+
+    @property
+    def n(self) -> int:
+        return len(self.samples_ms)
+
+    @property
+    def rounds(self) -> int:
+        return len(set(self.rounds_index()))
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.samples_ms))
+
+    @property
+    def iqr(self) -> float:
+        q1, q3 = np.percentile(self.samples_ms, [25, 75])
+        return float(q3 - q1)
+
+    @property
+    def min(self) -> float:
+        return float(np.min(self.samples_ms))
+
+    def round_medians(self) -> list[float]:
+        samples, labels = np.asarray(self.samples_ms, float), np.asarray(self.rounds_index())
+        return [float(np.median(samples[labels == r])) for r in sorted(set(labels.tolist()))]
+
+    @property
+    def round_spread(self) -> float:
+        medians = self.round_medians()
+        return (max(medians) - min(medians)) / self.median if self.median > 0 else float("nan")
+
+    @property
+    def noisy(self) -> bool:
+        if self.median <= 0:
+            return False
+        return self.iqr / self.median > NOISE_THRESHOLD or self.round_spread > NOISE_THRESHOLD
+
+    def latency_columns(self) -> dict:
+        """The results columns this measurement fills."""
+        return {"latency_ms": self.median, "latency_iqr_ms": self.iqr, "latency_min_ms": self.min,
+                "n_samples": self.n, "rounds": self.rounds, "round_spread": self.round_spread, "noisy": self.noisy,
+                "timing_mode": self.mode, "threads": self.threads}
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """Time budgets (ms) turned into repetition counts per call, as triton's do_bench does."""
+
+    warmup_ms: float = 50.0
+    budget_ms: float = 200.0
+    #: 10: compare's rank test needs >= 10 samples a side to call anything (and a stall can fool 5)
+    min_reps: int = 10
+    max_reps: int = 500
+    cuda_graph: bool = False
+
+    def __post_init__(self):
+        if not (self.warmup_ms >= 0 and self.budget_ms > 0 and math.isfinite(self.warmup_ms)
+                and math.isfinite(self.budget_ms) and 1 <= self.min_reps <= self.max_reps):
+            raise ValueError(f"timing config {self}: budgets must be finite and > 0 and 1 <= min_reps <= max_reps")
+
+    def share(self, rounds: int) -> "TimingConfig":
+        """One round's share of this budget when a key is timed in `rounds` rounds: together about one round's cost."""
+        min_reps = math.ceil(self.min_reps / rounds)
+        return TimingConfig(self.warmup_ms / rounds, self.budget_ms / rounds, min_reps,
+                            max(min_reps, math.ceil(self.max_reps / rounds)), self.cuda_graph)
+
+
+def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
+    estimate_ms = max(estimate_ms, 1e-3)
+    warmup = max(1, int(cfg.warmup_ms / estimate_ms))
+    reps = int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / estimate_ms)))
+    return warmup, reps
+
+
+def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[], None] | None = None,
+            config: TimingConfig = TimingConfig(), estimate_ms: float | None = None) -> Measurement:
+    """Time `fn()` repeatedly; `setup()` runs before every repetition, outside the timed region.
+
+    estimate_ms: the latency already known (a later round of the same call): the first call and the estimate
+    are skipped, and only warmup (at least one call, for caches gone cold since) precedes the repetitions.
+    """
+    setup = setup or (lambda: None)
+    if device.type == "cuda":
+        return _measure_cuda(fn, setup, device, config, estimate_ms)
+    return _measure_cpu(fn, setup, config, estimate_ms)
+
+
+def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None) -> Measurement:
+    # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
+    def once() -> float:
+        setup()
+        start = time.perf_counter_ns()
+        fn()
+        return (time.perf_counter_ns() - start) / 1e6
+
+    first = float("nan")
+    if estimate is None:
+        first = once()  # may include compilation or lazy init: kept apart from the samples
+        estimate = min(once(), once())
+    warmup, reps = _reps(estimate, cfg)
+    for _ in range(warmup):
+        once()
+    samples = tuple(once() for _ in range(reps))
+    return Measurement(samples, "cpu-clock", torch.get_num_threads(), first)
+
+
+def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None = None) -> Measurement:
+    from harness.measure.cuda_graph import graphed
+
+    torch.cuda.synchronize(device)
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
+    first = float("nan")
+    if estimate is None:
+        start_first = time.perf_counter_ns()
+        setup()
+        fn()
+        torch.cuda.synchronize(device)
+        first = (time.perf_counter_ns() - start_first) / 1e6
+    target = fn
+    mode = "cuda-events"
+    if cfg.cuda_graph:
+        target, mode = graphed(fn, setup, device), "cuda-graph"
+    if estimate is None:
+        # Estimate from 5 calls, as do_bench does, to size warmup and repetitions from the time budgets.
+        est_start, est_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        est_start.record()
+        for _ in range(5):
+            setup()
+            target()
+        est_end.record()
+        torch.cuda.synchronize(device)
+        estimate = est_start.elapsed_time(est_end) / 5
+    warmup, reps = _reps(estimate, cfg)
+    for _ in range(warmup):
+        setup()
+        target()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        setup()
+        flush.zero_()          # clear L2 so every repetition reads its inputs from HBM, like a real model step
+        starts[i].record()     # events bracket only the kernel work on the stream, not host launch jitter
+        target()
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    samples = tuple(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return Measurement(samples, mode, torch.get_num_threads(), first)

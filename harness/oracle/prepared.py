@@ -1,0 +1,40 @@
+"""A case made ready to judge: its inputs, the float64 reference and the naive baseline's errors, once per case."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.oracle.reference import Reference
+from harness.oracle.verdict import NAIVE_BOUND
+from harness.spec.case import AttentionCase, Inputs
+
+#: the backend whose errors are the baseline: judged against a fixed bound instead (verdict.NAIVE_BOUND)
+BASELINE_BACKEND = "naive"
+
+
+@dataclass
+class PreparedCase:
+    """Inputs (on the device), the float64 reference and the naive errors, computed once per case."""
+
+    case: AttentionCase
+    device: torch.device
+    inputs: Inputs
+    reference: Reference
+    naive_errors: dict[str, float] | None
+    naive_note: str = ""
+
+    def naive_error(self, quantity: str, backend_name: str) -> float | None:
+        """The baseline error a backend's tolerance is built from (verdict.judge): None for naive itself (held
+        to its fixed bound); without a usable baseline, the naive bound at this quantity's magnitude."""
+        if backend_name == BASELINE_BACKEND:
+            return None
+        if self.naive_errors is not None and quantity in self.naive_errors:
+            return self.naive_errors[quantity]
+        ref = self.reference.get(quantity)
+        return NAIVE_BOUND[self.case.dtype] * max(1.0, float(ref.abs().max()))
+
+    def note_for(self, backend_name: str) -> str:
+        """What every verdict of `backend_name` on this case must mention about its baseline ('' when usable)."""
+        return self.naive_note if backend_name != BASELINE_BACKEND else ""

@@ -1,0 +1,115 @@
+"""Dropout through a backend's native_dropout probe: judged statistically, its RNG stream only recorded.
+
+With V = identity (head_dim = seq_k) the output row *is* the dropped, rescaled attention row, so the kept
+pattern is visible without any hook into the kernel. Checks (pass/fail):
+- kept fraction within Z binomial standard deviations of 1 - p;
+- every kept weight equals P / (1 - p) (inverted dropout), dropped ones are exactly 0;
+- unbiased: the mean row sum over repeats is 1 within Z standard errors;
+- backward uses the forward's mask: dV == P_dropped^T @ dO.
+The mask a seed produces differs across libraries (different RNG streams); that is recorded, never failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+from harness.backends.base import Backend
+from harness.execution.call import backend_inputs
+from harness.execution.outcome import exception_text
+from harness.oracle.reference import reference_attention
+from harness.probes.common import probe_dtype, probe_row, refused
+from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.store.schema import Row
+
+P = 0.25
+REPEATS = 8
+#: standard deviations allowed: a correct backend fails a check with probability ~6e-7
+Z = 5.0
+#: relative tolerance of a kept weight against P / (1 - p), about 10 units of rounding of the dtype
+RTOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 8e-2, torch.float64: 1e-10}
+#: weights below this are left out of the kept-fraction count: in fp16/bf16 they may round to 0 when kept
+_MIN_WEIGHT = 1e-3
+
+
+def dropout_case(dtype: torch.dtype) -> AttentionCase:
+    """(2, 4, 32x32, head_dim 32): head_dim = seq_k so V can be the identity."""
+    return AttentionCase(2, 4, 32, 32, dtype)
+
+
+def _identity_inputs(case: AttentionCase, device: torch.device, seed: int) -> Inputs:
+    q, k, _, d_out = make_inputs(case, device, seed)
+    eye = torch.eye(case.seq_k, dtype=case.dtype, device=device)
+    return Inputs(q, k, eye.expand(case.batch, case.kv_heads, case.seq_k, case.head_dim).contiguous(), d_out)
+
+
+def _run(backend: Backend, inputs: Inputs, case: AttentionCase, seed: int, grad: bool):
+    """One seeded native_dropout call in canonical layout: (out, dV or None). The global RNG is restored after."""
+    devices = [inputs.q.device] if inputs.q.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        q, k, v, d_out = backend_inputs(backend, inputs, grad)
+        out = backend.native_dropout(q, k, v, p=P, scale=case.scale)
+        if not grad:
+            return backend.from_layout(out.detach()), None
+        out.backward(d_out)
+        return backend.from_layout(out.detach()), backend.from_layout(v.grad)
+
+
+def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "") -> list[Row]:
+    """Rows 'dropout:<case id>' fwd (statistics; RNG recorded in `observed`) and bwd (dV uses the forward mask)."""
+    case = dropout_case(probe_dtype(backend, device))
+
+    def rows(fwd: tuple[str, str, str], bwd: tuple[str, str, str] | None = None) -> list[Row]:
+        bwd = bwd or fwd
+        return [probe_row(case, backend, device, tag="dropout", phase=phase, status=s, observed=obs, reason=why,
+                          run_id=run_id) for phase, (s, obs, why) in (("fwd", fwd), ("bwd", bwd))]
+
+    gate = refused(backend, case, device, dropout=True)
+    if gate:
+        return rows((gate[0], "", gate[1]))
+    inputs = _identity_inputs(case, device, seed)
+    probs = reference_attention(case, inputs, grads=False).out          # V = I: the undropped attention weights
+    try:
+        outs = [_run(backend, inputs, case, seed + r, grad=False)[0].to("cpu", torch.float64) for r in range(REPEATS)]
+        again = _run(backend, inputs, case, seed, grad=False)[0].to("cpu", torch.float64)
+    except Exception as exc:  # a library that refuses dropout here (e.g. a kernel without it) says so
+        return rows(("unsupported", "refused", exception_text(exc)))
+
+    counted = probs > _MIN_WEIGHT
+    kept = torch.stack([o != 0 for o in outs])
+    n = int(counted.sum()) * REPEATS
+    frac = float(kept[:, counted].sum()) / n
+    bound = Z * math.sqrt(P * (1 - P) / n)
+    expected = probs / (1 - P)
+    rel = max(float(torch.where(o != 0, (o - expected).abs() / expected.clamp_min(1e-30), 0.0).max()) for o in outs)
+    sums = torch.stack([o.sum(-1) for o in outs]).flatten()
+    sum_bound = Z * float(sums.std()) / math.sqrt(sums.numel())
+    failures = []
+    if abs(frac - (1 - P)) > bound:
+        failures.append(f"kept fraction {frac:.4f} outside {1 - P} +- {bound:.4f}")
+    if rel > RTOL[case.dtype]:
+        failures.append(f"kept weights differ from P/(1-p) by {rel:.3g} (relative) > {RTOL[case.dtype]:g}")
+    if abs(float(sums.mean()) - 1) > sum_bound:
+        failures.append(f"biased: mean row sum {float(sums.mean()):.4f} outside 1 +- {sum_bound:.4f}")
+    digest = hashlib.sha1(kept[0].numpy().tobytes()).hexdigest()[:12]
+    observed = (f"kept {frac:.4f} (1-p={1 - P}, bound {bound:.4f}); mean row sum {float(sums.mean()):.4f}; "
+                f"seed {seed} mask sha1 {digest}; same seed repeats: {'yes' if torch.equal(again, outs[0]) else 'no'}")
+    fwd = ("fail" if failures else "pass", observed, "; ".join(failures))
+
+    no_backward = backend.backward_reasons(device)
+    if no_backward:
+        return rows(fwd, ("unsupported", "", "; ".join(no_backward)))
+    try:
+        out, dv = _run(backend, inputs, case, seed, grad=True)
+    except Exception as exc:
+        return rows(fwd, ("error", "", exception_text(exc)))
+    out64, dv64 = out.to("cpu", torch.float64), dv.to("cpu", torch.float64)
+    expected_dv = out64.transpose(-1, -2) @ inputs.d_out.to("cpu", torch.float64)   # P_dropped^T dO
+    err = float((dv64 - expected_dv).abs().max())
+    tol = RTOL[case.dtype] * 10 * max(1.0, float(expected_dv.abs().max()))
+    bwd = ("pass" if err <= tol else "fail", f"max|dV - P_dropped^T dO| = {err:.3g} (tol {tol:.3g})",
+           "" if err <= tol else "backward does not use the forward's dropout mask")
+    return rows(fwd, bwd)

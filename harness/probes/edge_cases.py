@@ -1,0 +1,207 @@
+"""Edge cases that must be correct: each is a case plus how its inputs reach the backend, judged like any case.
+
+Arrangements (the values never change, only how the backend receives them, so the reference is the case's):
+- plain:       contiguous, as in the correctness suite;
+- noncontig:   q/k/v are transposed views of (B, S, H, D)-ordered storage for 'bhsd' backends (and the
+               reverse for 'bshd'), and the upstream gradient dO arrives non-contiguous too;
+- fused-qkv:   q/k/v are slices of one (..., 3 * head_dim) buffer, as a fused QKV projection leaves them;
+- expanded-kv: an MQA case whose single K/V head reaches the backend expanded (stride 0) to every head;
+- nan-tail:    K/V storage runs past seq_k and holds NaN there: an out-of-bounds read shows as NaN.
+Magnitudes scale q/k/v before the run (randn x3, x10, fp16 near overflow); the reference uses the same values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from harness.backends.base import Backend
+from harness.execution.cache import LRU
+from harness.execution.runner import execute, prepare_case
+from harness.probes.common import tag_rows
+from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.spec.masks import MaskSpec, parse_mask
+from harness.store.schema import Row
+
+ARRANGEMENTS = ("plain", "noncontig", "fused-qkv", "expanded-kv", "nan-tail")
+TIERS = ("default", "full")
+#: extra NaN-filled positions past the end of K/V storage in 'nan-tail' (more than a typical 16-key tile edge)
+NAN_TAIL = 37
+
+
+@dataclass(frozen=True)
+class EdgeCase:
+    """A named edge case: the case, how its inputs are arranged, how they are scaled, and its tier."""
+
+    name: str
+    case: AttentionCase
+    arrange: str = "plain"
+    #: multipliers of q, k, v (randn x 3 is xformers' peaky-softmax input)
+    magnitude: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    #: 'default' runs in the default matrix, 'full' only in --matrix full
+    tier: str = "default"
+    #: also run in the default matrix for backends that compile every new shape (flex: seconds each)
+    compiled_default: bool = False
+    #: (backend name, why) for documented limitations: the suite expects those to fail (strict xfail)
+    known_failures: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        if self.arrange not in ARRANGEMENTS:
+            raise ValueError(f"EdgeCase.arrange={self.arrange!r}; allowed: {', '.join(ARRANGEMENTS)}")
+        if self.tier not in TIERS:
+            raise ValueError(f"EdgeCase.tier={self.tier!r}; allowed: {', '.join(TIERS)}")
+        if self.arrange == "expanded-kv" and self.case.kv_heads != 1:
+            raise ValueError(f"expanded-kv needs an MQA case (kv_heads=1); got kv_heads={self.case.kv_heads}")
+        same_shape = self.case.seq_q == self.case.seq_k and self.case.kv_heads == self.case.heads
+        if self.arrange == "fused-qkv" and not same_shape:
+            raise ValueError(f"fused-qkv needs q, k, v of one shape; got {self.case.id}")
+
+    @property
+    def tag(self) -> str:
+        return f"edge:{self.name}"
+
+    @property
+    def id(self) -> str:
+        return f"{self.tag}:{self.case.id}"
+
+
+class _NonContiguousGrad(torch.autograd.Function):
+    """Identity whose backward hands the gradient on as a non-contiguous view: dO reaches the backend strided."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _relaid(grad)
+
+
+def _relaid(t: torch.Tensor) -> torch.Tensor:
+    """Same values and shape, storage ordered with dims 1 and 2 swapped: non-contiguous, last dim still dense."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@dataclass(frozen=True)
+class Arranged:
+    """How the leaf tensors reach the backend (an execution.call.Arrangement): views of them, so gradients flow
+    back to the leaves, and the upstream gradient made non-contiguous for 'noncontig'."""
+
+    arrange: str
+
+    def __post_init__(self):
+        if self.arrange not in ARRANGEMENTS:
+            raise ValueError(f"arrange={self.arrange!r}; allowed: {', '.join(ARRANGEMENTS)}")
+
+    def inputs(self, q, k, v, layout: str):
+        seq_dim = 2 if layout == "bhsd" else 1
+        head_dim = 3 - seq_dim
+        if self.arrange == "noncontig":
+            q, k, v = _relaid(q), _relaid(k), _relaid(v)
+        elif self.arrange == "fused-qkv":
+            d = q.shape[-1]
+            packed = torch.cat([q, k, v], dim=-1)                         # (..., 3 * head_dim), as a QKV projection
+            q, k, v = packed[..., :d], packed[..., d:2 * d], packed[..., 2 * d:]
+        elif self.arrange == "expanded-kv":
+            heads = q.shape[head_dim]
+            k, v = (t.expand(*[heads if i == head_dim else n for i, n in enumerate(t.shape)]) for t in (k, v))
+        elif self.arrange == "nan-tail":
+            def padded(t):
+                tail = list(t.shape)
+                tail[seq_dim] = NAN_TAIL
+                nan = torch.full(tail, float("nan"), dtype=t.dtype, device=t.device)
+                return torch.cat([t, nan], dim=seq_dim).narrow(seq_dim, 0, t.shape[seq_dim])
+            k, v = padded(k), padded(v)
+        return q, k, v
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        return _NonContiguousGrad.apply(out) if self.arrange == "noncontig" and out.requires_grad else out
+
+
+def edge_inputs(edge: EdgeCase, device: torch.device, seed: int = 0) -> Inputs:
+    """The case's usual inputs, q/k/v multiplied by edge.magnitude (in float32, then cast: no double rounding)."""
+    case = edge.case
+    base = make_inputs(case, "cpu", seed)
+    if edge.magnitude == (1.0, 1.0, 1.0):
+        return Inputs(*(t.to(device) for t in base))
+    # make_inputs draws in float32 before casting, so the float32 draw of the same seed is the unrounded value
+    exact = make_inputs(replace(case, dtype=torch.float32), "cpu", seed)
+    scaled = [(t * m).to(case.dtype) for t, m in zip(exact[:3], edge.magnitude)]
+    return Inputs(*(t.to(device) for t in (*scaled, base.d_out)))
+
+
+# The reference and naive baseline of the last two edge cases: the suite runs them case-major, backend by backend.
+_PREPARED = LRU(2)
+
+
+def _prepared(edge: EdgeCase, device: torch.device, seed: int):
+    return _PREPARED.get((edge, str(device), seed),
+                         lambda: prepare_case(edge.case, device, inputs=edge_inputs(edge, device, seed)))
+
+
+def run_edge(edge: EdgeCase, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "") -> list[Row]:
+    """Forward and backward of `backend` on the edge case, judged against the float64 reference: rows 'edge:...'."""
+    arrangement = None if edge.arrange == "plain" else Arranged(edge.arrange)
+    return tag_rows(execute(backend, _prepared(edge, device, seed), run_id, arrangement=arrangement).rows, edge.tag)
+
+
+def _case(dtype: str, seq_q: int, head_dim: int = 64, mask: str | MaskSpec = "none", *, batch: int = 2,
+          heads: int = 4, kv_heads: int | None = None, seq_k: int | None = None) -> AttentionCase:
+    seq_k = seq_q if seq_k is None else seq_k
+    spec = parse_mask(mask, batch=batch, seq_k=seq_k) if isinstance(mask, str) else mask
+    return AttentionCase(batch, heads, seq_q, head_dim, dtype, kv_heads=kv_heads, seq_k=seq_k, mask=spec)
+
+
+_NAIVE_QK = "naive computes q @ k^T in the input dtype before scaling (by design), so fp16 scores overflow"
+_NAIVE_DP = "naive's autograd keeps dO @ V^T in the input dtype (by design), so the fp16 backward overflows"
+
+
+def edge_cases(tier: str = "default") -> list[EdgeCase]:
+    """The edge cases of a tier ('full' includes 'default'). The default tier only adds what the default
+    correctness matrix lacks (seq 2 and 1025, head dims 160-224, strided and scaled inputs, cross-attention)."""
+    if tier not in TIERS:
+        raise ValueError(f"tier={tier!r}; allowed: {', '.join(TIERS)}")
+    cases = [
+        EdgeCase("seq", _case("fp32", 2, mask="causal")),
+        EdgeCase("seq", _case("fp32", 1025, mask="causal", batch=1, heads=2)),
+        *(EdgeCase("head-dim", _case("bf16", 129, d, "causal")) for d in (160, 192, 224)),
+        EdgeCase("gqa-cross-keypad", _case("fp32", 17, mask="keypad", kv_heads=2, heads=8, seq_k=33)),
+        EdgeCase("mqa-cross-keypad", _case("bf16", 17, mask="keypad", kv_heads=1, heads=8, seq_k=33)),
+        EdgeCase("cross-keypad", _case("fp32", 17, mask="keypad", seq_k=129)),
+        EdgeCase("noncontig", _case("fp32", 33, mask="causal-br", seq_k=47), "noncontig", compiled_default=True),
+        EdgeCase("fused-qkv", _case("bf16", 65, mask="causal"), "fused-qkv"),
+        EdgeCase("expanded-kv", _case("fp32", 33, mask="causal", kv_heads=1), "expanded-kv"),
+        EdgeCase("nan-tail", _case("fp32", 33, mask="keypad", seq_k=40), "nan-tail"),
+        EdgeCase("randn3", _case("bf16", 129, mask="causal"), magnitude=(3.0, 3.0, 3.0)),
+        EdgeCase("randn10", _case("fp32", 129), magnitude=(10.0, 10.0, 10.0)),
+        # fp16 near overflow, with every true result well inside fp16's range (|x| <= 65504):
+        # scaled scores of +-150, where exp() overflows fp16 unless the row max is subtracted first;
+        EdgeCase("fp16-large-scores", _case("fp16", 64, mask="causal"), magnitude=(6.0, 6.0, 1.0)),
+        # unscaled q.k up to ~1e5, past 65504, while scale * q.k stays finite;
+        EdgeCase("fp16-qk-overflow", _case("fp16", 64, mask="causal"), magnitude=(48.0, 48.0, 1.0),
+                 known_failures=(("naive", _NAIVE_QK),)),
+        # |V| ~ 1e4, outputs and gradients ~1.4e4, and dO @ V^T past 65504 inside the backward.
+        EdgeCase("fp16-large-v", _case("fp16", 64, mask="causal"), magnitude=(1.0, 1.0, 4000.0),
+                 known_failures=(("naive", _NAIVE_DP),)),
+    ]
+    if tier == "full":
+        seqs = (1, 2, 17, 113, 127, 129, 1023, 1025)
+        cases += [EdgeCase("seq", _case(dt, s, mask=m, batch=1, heads=2), tier="full")
+                  for dt in ("fp32", "bf16") for s in seqs for m in ("none", "causal")]
+        cases += [EdgeCase("head-dim", _case(dt, 113, d, "causal"), tier="full")
+                  for dt in ("fp32", "fp16", "bf16") for d in (40, 59, 80, 96, 111, 160, 192, 224, 256)]
+        cases += [EdgeCase("gqa", _case(dt, 127, mask=m, heads=8, kv_heads=kv, seq_k=203), tier="full")
+                  for dt in ("fp32", "bf16") for kv in (1, 2, 8) for m in ("causal-br", "keypad")]
+        cases += [EdgeCase(arr, _case(dt, 129, mask="causal", kv_heads=1 if arr == "expanded-kv" else None), arr,
+                           tier="full")
+                  for dt in ("fp16", "bf16") for arr in ("noncontig", "fused-qkv", "expanded-kv")]
+        cases += [EdgeCase("nan-tail", _case(dt, 113, mask=m, seq_k=203), "nan-tail", tier="full")
+                  for dt in ("fp16", "bf16") for m in ("keypad", "causal-br")]
+        # randn x 10 in bf16 is left out: scores of magnitude ~300 round by 2 in bf16, so the same-precision
+        # naive baseline exceeds its own fixed bound and the case could not be judged
+        cases += [EdgeCase(f"randn{m:g}", _case(dt, 257, mask="causal"), magnitude=(m, m, m), tier="full")
+                  for dt, m in (("fp32", 3.0), ("fp16", 3.0), ("bf16", 3.0), ("fp32", 10.0), ("fp16", 10.0))]
+        cases += [EdgeCase("cross-keypad", _case(dt, sq, mask="keypad", seq_k=sk), tier="full")
+                  for dt in ("fp16", "bf16") for sq, sk in ((1, 239), (239, 1023), (1023, 17))]
+    return list(dict.fromkeys(cases))

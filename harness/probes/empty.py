@@ -1,0 +1,153 @@
+"""Empty tensors (batch 0, seq_q 0, seq_k 0) per backend, probed in a child process: a crash is a result too.
+
+An empty problem has no AttentionCase (the spec requires sizes >= 1), so the probe builds the tensors itself.
+Verdict: the output has q's shape and is finite (rows with no key are 0, as everywhere in the harness);
+gradients have their inputs' shapes and are finite. A clean exception means 'unsupported'; a process that
+dies (a signal, as compiled FlexAttention on CPU does with seq 0) is an 'error' - the caller cannot catch it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from harness.backends.base import Backend
+from harness.backends.registry import get_backends, load_backend_module
+from harness.execution.outcome import exception_text
+from harness.probes.common import probe_dtype, probe_row
+from harness.spec.case import AttentionCase, dtype_name
+from harness.store.schema import Row
+
+#: name -> (batch, heads, seq_q, seq_k, head_dim)
+SHAPES: dict[str, tuple[int, int, int, int, int]] = {
+    "batch0": (0, 2, 5, 7, 16),
+    "seq_q0": (2, 2, 0, 7, 16),
+    "seq_k0": (2, 2, 5, 0, 16),
+}
+
+#: (backend, device type, shape) -> why that probe is expected to fail: the suite marks these strict xfail,
+#: so the CSV keeps the error and a fixed version shows up as an unexpected pass
+KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
+    ("flex", "cpu", "seq_q0"): "compiled flex_attention kills the process with SIGFPE on CPU for seq_q=0 "
+                               "(seen with torch 2.13; eager flex returns the empty output)",
+    ("flex", "cpu", "seq_k0"): "compiled flex_attention kills the process with SIGFPE on CPU for seq_k=0 "
+                               "(seen with torch 2.13; eager flex raises IndexError)",
+}
+
+
+def probe(backend: Backend, shape: str, device: torch.device) -> dict:
+    """Run forward and backward on one empty shape in this process: {'status', 'observed', 'reason'}."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown empty shape {shape!r}; allowed: {', '.join(SHAPES)}")
+    b, h, sq, sk, d = SHAPES[shape]
+    dtype = probe_dtype(backend, device)
+    reason = backend.unavailable_reason(device)
+    if reason:
+        return {"status": "unavailable", "observed": "", "reason": reason}
+    gen = torch.Generator().manual_seed(0)
+    canon = [torch.randn(s, generator=gen).to(device, dtype) for s in ((b, h, sq, d), (b, h, sk, d), (b, h, sk, d))]
+    grad = not backend.backward_reasons(device)
+    q, k, v = (backend.to_layout(t).contiguous().requires_grad_(grad) for t in canon)
+    try:
+        out = backend.forward(q, k, v, mask=None, scale=d ** -0.5)
+        out_c = backend.from_layout(out.detach())
+        if grad:
+            out.backward(torch.ones_like(out))
+    except Exception as exc:  # refusing an empty problem cleanly is allowed
+        return {"status": "unsupported", "observed": "refused", "reason": exception_text(exc)}
+    problems = []
+    if tuple(out_c.shape) != (b, h, sq, d):
+        problems.append(f"output shape {tuple(out_c.shape)} != {(b, h, sq, d)}")
+    elif not bool(torch.isfinite(out_c).all()):
+        problems.append("output has NaN/inf (rows with no key should be 0)")
+    elif sk == 0 and bool((out_c != 0).any()):
+        problems.append("output rows with no key are not 0")
+    for name, t in zip("qkv", (q, k, v)) if grad else ():
+        g = t.grad
+        if g is not None and (g.shape != t.shape or not bool(torch.isfinite(g).all())):
+            problems.append(f"d{name} has shape {tuple(g.shape)} or NaN/inf")
+    observed = f"out {tuple(out_c.shape)}" + ("" if grad else "; no backward")
+    return {"status": "fail" if problems else "pass", "observed": observed, "reason": "; ".join(problems)}
+
+
+def probe_all(backends: list[Backend], device: torch.device, backend_modules: list[str] = ()) -> dict:
+    """{(backend name, shape): outcome} for every shape: unavailable backends answered here, the rest isolated."""
+    results = {(b.name, s): {"status": "unavailable", "observed": "", "reason": b.unavailable_reason(device)}
+               for b in backends if b.unavailable_reason(device) for s in SHAPES}
+    return {**results, **run_isolated([(b.name, s) for b in backends for s in SHAPES if (b.name, s) not in results],
+                                      device, backend_modules)}
+
+
+def run_isolated(pairs: list[tuple[str, str]], device: torch.device, backend_modules: list[str] = (),
+                 timeout: float = 600.0) -> dict[tuple[str, str], dict]:
+    """Probe each (backend, shape) in a child process, restarting it after a crash; the crashing pair is an error."""
+    todo, results = list(pairs), {}
+    # a .py plugin path given relative to where the user stands must still resolve in the child
+    modules = [str(Path(m).resolve()) if m.endswith(".py") or "/" in m else m for m in backend_modules]
+    while todo:
+        cmd = [sys.executable, "-m", "harness.probes.empty", "--device", str(device)]
+        for module in modules:
+            cmd += ["--backend-module", module]
+        cmd += [f"{b}:{s}" for b, s in todo]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        started = None
+        for line in proc.stdout.splitlines():
+            if line.startswith("START "):
+                started = tuple(line[6:].split(":", 1))
+            elif line.startswith("RESULT "):
+                record = json.loads(line[7:])
+                results[(record.pop("backend"), record.pop("shape"))] = record
+                started = None
+        todo = [p for p in todo if p not in results]
+        if proc.returncode == 0 or started is None:
+            for pair in todo:  # the child ended without saying why: report its exit and last words
+                results[pair] = {"status": "error", "observed": "",
+                                 "reason": f"probe process exited {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+            break
+        how = (f"signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+               else f"exit status {proc.returncode}")
+        results[started] = {"status": "error", "observed": "crash",
+                            "reason": f"the process died ({how}) instead of raising an exception"}
+        todo.remove(started)
+    return results
+
+
+def empty_row(backend: Backend, shape: str, outcome: dict, device: torch.device, run_id: str = "") -> Row:
+    """CSV row 'edge:empty-<shape>:<dtype>-b..-h..-s..x..-d16' for one outcome of `run_isolated`."""
+    b, h, sq, sk, d = SHAPES[shape]
+    dtype = probe_dtype(backend, device)
+    stand_in = AttentionCase(max(b, 1), h, max(sq, 1), d, dtype, seq_k=max(sk, 1))
+    # the stand-in case only carries the other columns; the real sizes include the zero
+    return probe_row(stand_in, backend, device, tag="", phase="fwd+bwd", status=outcome["status"],
+                     observed=outcome.get("observed", ""), reason=outcome.get("reason", ""), run_id=run_id,
+                     batch=b, seq_q=sq, seq_k=sk,
+                     case_id=f"edge:empty-{shape}:{dtype_name(dtype)}-b{b}-h{h}-s{sq}x{sk}-d{d}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Child entry point: `python -m harness.probes.empty --device cpu backend:shape ...`, one JSON line per probe."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m harness.probes.empty")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend-module", action="append", default=[])
+    parser.add_argument("pairs", nargs="+", help="backend:shape")
+    args = parser.parse_args(argv)
+    for module in args.backend_module:
+        load_backend_module(module)
+    device = torch.device(args.device)
+    for pair in args.pairs:
+        name, shape = pair.split(":", 1)
+        print(f"START {name}:{shape}", flush=True)
+        record = probe(get_backends([name])[0], shape, device)
+        print("RESULT " + json.dumps({"backend": name, "shape": shape, **record}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

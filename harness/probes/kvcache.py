@@ -1,0 +1,95 @@
+"""Decode and chunked prefill against a KV cache, per backend, judged against one full causal pass.
+
+- decode: the last query alone over every cached key (CausalBottomRight, which is what a cache means) must
+  equal the last row of full causal attention - the float64 reference of that query - forward and backward.
+- chunked prefill: the sequence's queries in pieces, each over the keys cached so far (bottom-right causal):
+  each chunk is judged like any case, then the pieces together (outputs stacked, dQ stacked, dK/dV summed
+  over chunks) are judged against the float64 reference of the one full pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from harness.backends.base import Backend
+from harness.execution.runner import execute, prepare_case
+from harness.oracle.verdict import judge
+from harness.probes.common import probe_row, tag_rows
+from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.spec.masks import Causal, CausalBottomRight
+from harness.store.schema import GRADS, Row
+
+
+def _slice(inputs: Inputs, start: int, stop: int) -> Inputs:
+    """Queries (and their upstream gradient) start:stop, keys and values 0:stop - the cache at that point."""
+    q, k, v, d_out = inputs
+    return Inputs(q[:, :, start:stop], k[:, :, :stop], v[:, :, :stop], d_out[:, :, start:stop])
+
+
+def _piece(full: AttentionCase, start: int, stop: int) -> AttentionCase:
+    return replace(full, seq_q=stop - start, seq_k=stop, mask=CausalBottomRight())
+
+
+def _full(case: AttentionCase) -> AttentionCase:
+    if case.seq_q != case.seq_k or case.mask != Causal():
+        raise ValueError(f"KV-cache checks take a square causal case; got {case.id}")
+    return case
+
+
+def decode_rows(backend: Backend, case: AttentionCase, device: torch.device, *, seed: int = 0,
+                run_id: str = "") -> list[Row]:
+    """Rows 'decode:<decode case id>' (fwd, bwd): the last query of `case` over its whole cache."""
+    full = _full(case)
+    inputs = make_inputs(full, device, seed)
+    piece = _piece(full, full.seq_q - 1, full.seq_q)
+    prepared = prepare_case(piece, device, inputs=_slice(inputs, full.seq_q - 1, full.seq_q))
+    return tag_rows(execute(backend, prepared, run_id).rows, "decode")
+
+
+def chunk_bounds(seq: int, chunks: int) -> list[tuple[int, int]]:
+    """`chunks` contiguous pieces covering 0..seq, sizes as equal as possible (the first ones larger)."""
+    if not 1 <= chunks <= seq:
+        raise ValueError(f"chunks={chunks}: must be between 1 and seq={seq}")
+    edges = [round(i * seq / chunks) for i in range(chunks + 1)]
+    return list(zip(edges, edges[1:]))
+
+
+def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: torch.device, *, seed: int = 0,
+                 run_id: str = "") -> list[Row]:
+    """Rows 'prefill:chunk<i>of<n>:<piece id>' per chunk, and 'prefill:assembled<n>:<case id>' (fwd, bwd)."""
+    full = _full(case)
+    inputs = make_inputs(full, device, seed)
+    rows: list[Row] = []
+    outs, dq, dk, dv = [], [], 0, 0
+    have_grads = True
+    for i, (start, stop) in enumerate(chunk_bounds(full.seq_q, chunks)):
+        prepared = prepare_case(_piece(full, start, stop), device, inputs=_slice(inputs, start, stop))
+        result = execute(backend, prepared, run_id)
+        rows += tag_rows(result.rows, f"prefill:chunk{i + 1}of{chunks}")
+        if result.out is None:
+            return rows                                                 # the chunk rows already say why
+        outs.append(result.out)
+        have_grads = have_grads and set(result.grads) == set(GRADS)
+        if have_grads:
+            pad = (0, 0, 0, full.seq_k - stop)                          # this chunk's cache is keys 0:stop
+            dq.append(result.grads["dq"])
+            dk = dk + torch.nn.functional.pad(result.grads["dk"], pad)
+            dv = dv + torch.nn.functional.pad(result.grads["dv"], pad)
+    whole = prepare_case(full, device, inputs=inputs)                   # reference and naive errors of one pass
+    ref = whole.reference
+
+    def check(name, actual, expected):
+        return judge(name, actual, expected, full.dtype, whole.naive_error(name, backend.name))
+
+    tag = f"prefill:assembled{chunks}"
+    fwd = check("out", torch.cat(outs, dim=2), ref.out)
+    rows.append(probe_row(full, backend, device, tag=tag, phase="fwd", status="pass" if fwd.passed else "fail",
+                          reason="" if fwd.passed else fwd.describe(), checks=[fwd], run_id=run_id))
+    if have_grads:
+        grads = [check("dq", torch.cat(dq, dim=2), ref.dq), check("dk", dk, ref.dk), check("dv", dv, ref.dv)]
+        bad = [c.describe() for c in grads if not c.passed]
+        rows.append(probe_row(full, backend, device, tag=tag, phase="bwd", status="fail" if bad else "pass",
+                              reason="; ".join(bad), checks=grads, run_id=run_id))
+    return rows

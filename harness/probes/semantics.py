@@ -1,0 +1,299 @@
+"""Semantics questions: where backends follow different conventions, record what each one does (status 'observed').
+
+Each question runs a small probe per backend and answers with a short value for the CSV `observed` column
+('top-left', 'out=0 dq=0 dk,dv=ok', ...). Questions about a library's own arguments use the native probes a
+backend declares in `native_probes` (the Backend contract), written next to its mask translation, in the
+backend's layout. A backend without the probe gets an 'unsupported' row saying so; a probe that raises is
+itself an answer ('refused', with the library's message as the reason), since refusing is a behaviour users
+need to know about.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+
+from harness.backends.base import Backend
+from harness.execution.cache import LRU
+from harness.execution.call import BoundCall, backend_inputs
+from harness.execution.outcome import BackendResult, exception_text
+from harness.execution.runner import execute, prepare_case
+from harness.oracle.prepared import PreparedCase
+from harness.oracle.reference import reference_attention
+from harness.oracle.verdict import Check, judge
+from harness.probes.common import classify, probe_dtype, probe_row, refused
+from harness.spec.case import AttentionCase, Inputs
+from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, MaskSpec
+from harness.store.schema import Row
+
+#: batch element 0 sees no key at all (empty rows); element 1 sees keys 0-3 of 7 (partial rows)
+PADDING = KeyPadding((0, 4))
+#: not 1/sqrt(16) = 0.25, so a backend that ignores `scale` shows
+SCALE = 0.3
+
+
+@dataclass
+class Answer:
+    """A question's answer for one backend: status observed/unsupported/unavailable, the value, why."""
+
+    status: str
+    observed: str = ""
+    reason: str = ""
+    checks: list[Check] = field(default_factory=list)
+
+
+def semantics_case(dtype: torch.dtype) -> AttentionCase:
+    """The shared probe case: (2, 2, 5x7, 16), PADDING, SCALE."""
+    return AttentionCase(2, 2, 5, 16, dtype, seq_k=7, mask=PADDING, scale=SCALE)
+
+
+def _naive_err(prepared: PreparedCase, backend: Backend, quantity: str) -> float | None:
+    return prepared.naive_error(quantity, backend.name)
+
+
+def _empty_rows(case: AttentionCase) -> torch.Tensor:
+    """(B, H, Sq) bool: query rows that see no key."""
+    return ~case.key_mask().any(-1).expand(case.batch, case.heads, case.seq_q)
+
+
+def _mean_v(case: AttentionCase, inputs: Inputs) -> torch.Tensor:
+    """(B, H, Sq, D): each row's uniform average of V over every key, what a finite mask value gives an empty row."""
+    v = inputs.v.to("cpu", torch.float64).repeat_interleave(case.heads // case.kv_heads, dim=1)
+    return v.mean(2, keepdim=True).expand(case.batch, case.heads, case.seq_q, case.head_dim)
+
+
+def _visible(x: torch.Tensor, case: AttentionCase) -> torch.Tensor:
+    """x (B, H, Sq, D) with the empty rows zeroed, so checks judge only rows that see keys."""
+    return x.detach().to("cpu", torch.float64).masked_fill(_empty_rows(case)[..., None], 0.0)
+
+
+def _judge_visible(out: torch.Tensor, ref: torch.Tensor, prepared: PreparedCase, backend: Backend) -> Check:
+    case = prepared.case
+    return judge("out", _visible(out, case), _visible(ref, case), case.dtype, _naive_err(prepared, backend, "out"))
+
+
+def _state(check: Check) -> str:
+    return "NaN" if check.nonfinite else ("ok" if check.passed else f"wrong(err {check.err:.2g})")
+
+
+# Probe runs shared by several questions, kept for the few backends asked in a row (small tensors only).
+_CACHE = LRU(8)
+
+
+def _cached(key: tuple, make: Callable):
+    return _CACHE.get(key, make)
+
+
+def _prepared(case: AttentionCase, device: torch.device, seed: int) -> PreparedCase:
+    return _cached(("prepared", case, str(device), seed), lambda: prepare_case(case, device, seed))
+
+
+def _spec_run(backend: Backend, device: torch.device,
+              seed: int) -> tuple[PreparedCase, BackendResult, Answer | None]:
+    """The semantics case through the backend's own mask translation, forward and backward, and the answer
+    to give instead when that run produced no output (see _result_failure)."""
+    prepared = _prepared(semantics_case(probe_dtype(backend, device)), device, seed)
+    result = _cached(("spec", backend, str(device), seed), lambda: execute(backend, prepared))
+    return prepared, result, _result_failure(result)
+
+
+def _skip(backend: Backend, case: AttentionCase, device: torch.device) -> Answer | None:
+    gate = refused(backend, case, device)
+    return Answer(gate[0], "", gate[1]) if gate else None
+
+
+def _result_failure(result: BackendResult) -> Answer | None:
+    """A run that did not produce an output: unsupported/unavailable stay so; an exception is the answer."""
+    if result.out is not None:
+        return None
+    if result.status in ("unsupported", "unavailable"):
+        return Answer(result.status, "", result.reasons)
+    return Answer("observed", "error", result.reasons)
+
+
+def fully_masked_rows(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+    """Rows whose every key is masked: output 0 / NaN / mean(V) / garbage / error, and the gradients."""
+    prepared, result, failed = _spec_run(backend, device, seed)
+    case = prepared.case
+    if failed:
+        return case, failed
+    empty = _empty_rows(case)
+    parts = [f"out={classify(result.out.cpu()[empty], _mean_v(case, prepared.inputs)[empty])}"]
+    if "dq" in result.grads:
+        parts.append(f"dq={classify(result.grads['dq'].cpu()[empty])}")
+        dk, dv = _state(result.checks["dk"]), _state(result.checks["dv"])
+        parts.append(f"dk,dv={dk}" if dk == dv else f"dk={dk} dv={dv}")
+    else:
+        parts.append(f"grads={result.row('bwd').status}")
+    return case, Answer("observed", " ".join(parts), result.reasons, list(result.checks.values()))
+
+
+def scale_honoured(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+    """Is a non-default `scale` used (versus silently 1/sqrt(head_dim))? Judged on rows that see keys."""
+    prepared, result, failed = _spec_run(backend, device, seed)
+    case = prepared.case
+    if failed:
+        return case, failed
+    check = _judge_visible(result.out, prepared.reference.out, prepared, backend)
+    if check.passed:
+        return case, Answer("observed", "honoured", checks=[check])
+    default = reference_attention(replace(case, scale=None), prepared.inputs, grads=False).out
+    if _judge_visible(result.out, default, prepared, backend).passed:
+        return case, Answer("observed", "ignored (used 1/sqrt(head_dim))", checks=[check])
+    return case, Answer("observed", f"wrong (err {check.err:.3g})", checks=[check])
+
+
+def nan_in_masked_kv(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+    """NaN written into K or V at keys the mask hides: does it reach rows that see other keys?"""
+    prepared, result, failed = _spec_run(backend, device, seed)
+    case = prepared.case
+    if failed:
+        return case, failed
+    hidden = ~case.key_mask(device).any(2, keepdim=True).transpose(-1, -2)    # (B, 1, Sk, 1): keys nobody sees
+    q, k, v, d_out = prepared.inputs
+    parts = []
+    for name, poisoned in (("K", Inputs(q, k.masked_fill(hidden, float("nan")), v, d_out)),
+                           ("V", Inputs(q, k, v.masked_fill(hidden, float("nan")), d_out))):
+        try:
+            with torch.no_grad():
+                out = BoundCall(backend, case, device)(*backend_inputs(backend, poisoned, False)[:3])
+            leaks = bool(_visible(backend.from_layout(out), case).isnan().any())
+            parts.append(f"{name}={'leaks' if leaks else 'contained'}")
+        except Exception as exc:  # an exception is this backend's answer to the poisoned input
+            parts.append(f"{name}=error ({exception_text(exc)})")
+    return case, Answer("observed", " ".join(parts))
+
+
+def _native(backend: Backend, probe: str, case: AttentionCase, device: torch.device) -> Answer | None:
+    skip = _skip(backend, case, device)
+    if skip:
+        return skip
+    if probe not in backend.native_probes:
+        return Answer("unsupported", "", f"{backend.name} has no native_{probe} probe: it takes mask specs only")
+    return None
+
+
+def _which(backend: Backend, case: AttentionCase, device: torch.device, seed: int,
+           candidates: dict[str, MaskSpec | None]) -> Answer:
+    """Call native_causal on `case` and name the candidate mask whose reference it matches."""
+    skip = _native(backend, "causal", case, device)
+    if skip:
+        return skip
+    prepared = {name: _prepared(replace(case, mask=m), device, seed) for name, m in candidates.items()}
+    inputs = next(iter(prepared.values())).inputs                       # same seed and shapes: same inputs
+    try:
+        with torch.no_grad():
+            out = backend.native_causal(*backend_inputs(backend, inputs, False)[:3], scale=case.scale)
+    except Exception as exc:
+        return Answer("observed", "refused", exception_text(exc))
+    out = backend.from_layout(out)
+    checks = {name: judge("out", out, p.reference.out, case.dtype, _naive_err(p, backend, "out"))
+              for name, p in prepared.items()}
+    for name, check in checks.items():
+        if check.passed:
+            return Answer("observed", name, checks=[check])
+    errs = ", ".join(f"{name} {c.err:.3g}" for name, c in checks.items())
+    return Answer("observed", "neither", f"err vs {errs}", list(checks.values()))
+
+
+def causal_non_square(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+    """The library's causal flag with seq_q=5 < seq_k=9: top-left, bottom-right, or refused."""
+    case = AttentionCase(2, 2, 5, 16, probe_dtype(backend, device), seq_k=9)
+    return case, _which(backend, case, device, seed, {"top-left": Causal(), "bottom-right": CausalBottomRight()})
+
+
+def decode_causal(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+    """Causal flag on a decode step (seq_q=1 over 9 keys): does the query see every key (causal off, FA2)?"""
+    case = AttentionCase(2, 2, 1, 16, probe_dtype(backend, device), seq_k=9)
+    return case, _which(backend, case, device, seed, {"sees all keys (causal off)": None,
+                                                      "sees key 0 only (top-left)": Causal()})
+
+
+def _mask_runs(backend: Backend, device: torch.device, seed: int) -> dict[str, torch.Tensor | Exception]:
+    """native_mask with the semantics case's mask as bool, additive -inf and additive finfo.min tensors."""
+    case = semantics_case(probe_dtype(backend, device))
+    prepared = _prepared(case, device, seed)
+    dense = case.key_mask(device)                                       # (B, 1, Sq, Sk)
+    zeros = torch.zeros(dense.shape, dtype=case.dtype, device=device)
+    forms = {"bool": dense, "additive": zeros.masked_fill(~dense, float("-inf")),
+             "finfo.min": zeros.masked_fill(~dense, torch.finfo(case.dtype).min)}
+    outs: dict[str, torch.Tensor | Exception] = {}
+    q, k, v, _ = backend_inputs(backend, prepared.inputs, False)
+    for name, mask in forms.items():
+        try:
+            with torch.no_grad():
+                outs[name] = backend.from_layout(backend.native_mask(q, k, v, mask=mask, scale=case.scale))
+        except Exception as exc:  # refusing a mask kind is an answer
+            outs[name] = exc
+    return outs
+
+
+def mask_kinds(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+    """Does the library take a bool mask (True = attend) and an additive one, with the right result?"""
+    case = semantics_case(probe_dtype(backend, device))
+    skip = _native(backend, "mask", case, device)
+    if skip:
+        return case, skip
+    prepared = _prepared(case, device, seed)
+    outs = _cached(("mask", backend, str(device), seed), lambda: _mask_runs(backend, device, seed))
+    parts, reasons, checks = [], [], []
+    for name in ("bool", "additive"):
+        out = outs[name]
+        if isinstance(out, Exception):
+            parts.append(f"{name}=refused")
+            reasons.append(f"{name}: {exception_text(out)}")
+            continue
+        checks.append(_judge_visible(out, prepared.reference.out, prepared, backend))
+        parts.append(f"{name}={_state(checks[-1])}")
+    return case, Answer("observed", " ".join(parts), "; ".join(reasons), checks)
+
+
+def finite_negative_mask(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+    """Masking with finfo(dtype).min instead of -inf: rows that see keys, and rows masked entirely."""
+    case = semantics_case(probe_dtype(backend, device))
+    skip = _native(backend, "mask", case, device)
+    if skip:
+        return case, skip
+    prepared = _prepared(case, device, seed)
+    out = _cached(("mask", backend, str(device), seed), lambda: _mask_runs(backend, device, seed))["finfo.min"]
+    if isinstance(out, Exception):
+        return case, Answer("observed", "refused", exception_text(out))
+    check = _judge_visible(out, prepared.reference.out, prepared, backend)
+    empty = _empty_rows(case)
+    full = classify(out.cpu()[empty], _mean_v(case, prepared.inputs)[empty])
+    return case, Answer("observed", f"partial rows={_state(check)} masked rows={full}", checks=[check])
+
+
+#: question name -> (phase of its row, probe)
+QUESTIONS: dict[str, tuple[str, Callable]] = {
+    "fully-masked-rows": ("fwd+bwd", fully_masked_rows),
+    "causal-non-square": ("fwd", causal_non_square),
+    "decode-causal": ("fwd", decode_causal),
+    "finite-negative-mask": ("fwd", finite_negative_mask),
+    "mask-kinds": ("fwd", mask_kinds),
+    "scale": ("fwd", scale_honoured),
+    "nan-in-masked-kv": ("fwd", nan_in_masked_kv),
+}
+
+
+def ask(question: str, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "") -> Row:
+    """Answer one question for one backend as a CSV row (case_id 'semantics:<question>:<case id>')."""
+    if question not in QUESTIONS:
+        raise ValueError(f"unknown semantics question {question!r}; allowed: {', '.join(QUESTIONS)}")
+    phase, probe = QUESTIONS[question]
+    case = semantics_case(probe_dtype(backend, device))
+    skip = _skip(backend, case, device)
+    if skip is None:
+        case, answer = probe(backend, device, seed)
+    else:
+        answer = skip
+    return probe_row(case, backend, device, tag=f"semantics:{question}", phase=phase, status=answer.status,
+                     observed=answer.observed, reason=answer.reason, checks=answer.checks, run_id=run_id)
+
+
+def describe(row: Row) -> str:
+    """One line for logs: 'sdpa-math fully-masked-rows (fp32): out=0 dq=0 dk,dv=ok'."""
+    question = row.case_id.split(":")[1]
+    return f"{row.backend} {question} ({row.dtype}): {row.observed or row.status} {row.reason}".strip()

@@ -1,0 +1,189 @@
+"""What a stored run says: shape groups, the support matrix, semantics table, winners, headline, failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harness.report.data import GROUP_KEYS, SEMANTICS_PREFIX, Run, mask_kind
+from harness.store.schema import BAD, NOT_RUN, PHASES, VERDICT_PHASES
+
+
+def shape_groups(df: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
+    """Case rows split into the groups whose members differ only in sequence length, in a stable order."""
+    cases = df[~df.is_semantics] if "is_semantics" in df else df
+    if cases.empty:
+        return []
+    keyed = cases.assign(**{k: cases[k].fillna(-1) if cases[k].dtype.kind == "f" else cases[k].fillna("n/a")
+                            for k in GROUP_KEYS})
+    return [(key, g) for key, g in keyed.groupby(list(GROUP_KEYS), sort=True, dropna=False)]
+
+
+def split_series(df: pd.DataFrame) -> tuple[list[tuple[tuple, pd.DataFrame]], pd.DataFrame]:
+    """(shape groups measured at two or more lengths, the rows of every other case): lines vs dots.
+
+    A length of 0 (empty-tensor probes) has no place on a log axis: such rows are always dots.
+    """
+    series, singles = [], []
+    for key, g in shape_groups(df):
+        positive = g.seq_k > 0
+        if g.seq_k[positive].nunique() >= 2:
+            series.append((key, g[positive]))
+            singles.append(g[~positive])
+        else:
+            singles.append(g)
+    return series, pd.concat(singles) if singles else df.iloc[0:0]
+
+
+def case_label(row: pd.Series) -> str:
+    """Short axis label of a case: 'bf16 d64 causal s1x257', with 'h8kv2' when heads are grouped."""
+    seq = f"{row['seq_q']:g}" if row["seq_q"] == row["seq_k"] else f"{row['seq_q']:g}x{row['seq_k']:g}"
+    heads = f" h{row['heads']:g}kv{row['kv_heads']:g}" if row["kv_heads"] != row["heads"] else ""
+    suite = f"{row['suite']}: " if row["suite"] else ""
+    return f"{suite}{row['dtype']} d{row['head_dim']:g} {row['mask_kind']} s{seq}{heads}"
+
+
+def group_label(key: tuple) -> str:
+    """'bf16 · d64 · causal' and a second line 'b2 h8 kv2 · seq_q = seq_k' (suite first when tagged)."""
+    suite, dtype, head_dim, kind, batch, heads, kv_heads, shape = key
+    heads_txt = f"h{heads:g}" + (f" kv{kv_heads:g}" if kv_heads != heads else "")
+    return f"{suite + ': ' if suite else ''}{dtype} · d{head_dim:g} · {kind}\nb{batch:g} {heads_txt} · {shape}"
+
+
+def case_group(row: pd.Series) -> str:
+    """Column of the support matrix a case row belongs to: its suite (if tagged), dtype and mask family."""
+    dtype = row["dtype"]  # not row.dtype: that is the Series' own dtype
+    return f"{row['suite'] + ': ' if row['suite'] else ''}{dtype if isinstance(dtype, str) else '?'} · {row['mask_kind']}"
+
+
+def support_counts(run: Run) -> pd.DataFrame:
+    """backend x case group -> {status: number of (case, phase) rows}, verdict phases only."""
+    rows = run.verdicts
+    if rows.empty:
+        return pd.DataFrame()
+    rows = rows.assign(group=rows.apply(case_group, axis=1))
+    counts = rows.groupby(["backend", "group", "status"], sort=False).size()
+    table = pd.DataFrame(index=list(dict.fromkeys(rows.backend)), columns=sorted(set(rows.group)), dtype=object)
+    for (backend, group, status), n in counts.items():
+        cell = table.at[backend, group]
+        table.at[backend, group] = {**(cell if isinstance(cell, dict) else {}), status: int(n)}
+    return table.map(lambda c: c if isinstance(c, dict) else {})
+
+
+def semantics_table(run: Run) -> pd.DataFrame:
+    """Question (case id without the prefix, plus the phase where a question has several) x backend -> observed."""
+    sem = run.semantics
+    if sem.empty:
+        return pd.DataFrame()
+    question = sem.case_id.astype(str).str.removeprefix(SEMANTICS_PREFIX)
+    several = sem.groupby(question.values).phase.transform("nunique").values > 1
+    question = question.where(~several, question + " [" + sem.phase + "]")
+    # a question a backend could not answer (a row with another status) says so: "unavailable: <reason>"
+    not_observed = sem.status + ": " + sem.reason.astype(object).fillna("").astype(str)
+    value = sem.observed.where(sem.observed.notna(), not_observed.str.rstrip(": ")).astype(str)
+    table = pd.DataFrame({"question": question.values, "backend": sem.backend.values, "value": value.values})
+    return table.pivot_table(index="question", columns="backend", values="value", aggfunc="first", sort=False)\
+        .reindex(columns=[b for b in run.backends if b in set(sem.backend)]).fillna("")  # run's backend order
+
+
+def answered(value: object) -> bool:
+    """Whether a semantics cell holds an observation, not 'unavailable: ...' / 'unsupported: ...' / empty."""
+    return bool(str(value)) and not str(value).startswith(NOT_RUN)
+
+
+def short_cell(value: object) -> str:
+    """A semantics cell for display: the observation, or just the status of a backend that gave none."""
+    return str(value) if answered(value) else str(value).split(":")[0]
+
+
+def correct_cases(run: Run) -> pd.DataFrame:
+    """(case_id, backend) -> whether fwd and bwd verdicts passed (NaN phase verdict = not run)."""
+    rows = run.verdicts[run.verdicts.phase.isin(VERDICT_PHASES)]
+    wide = rows.pivot_table(index=["case_id", "backend"], columns="phase", values="status", aggfunc="first")
+    return wide.reindex(columns=list(VERDICT_PHASES)).eq("pass")
+
+
+def timed_correct(run: Run) -> pd.DataFrame:
+    """Timed rows whose correctness holds for that phase (fwd+bwd needs both); the only ones worth ranking."""
+    cases = run.cases[run.cases.suite == ""]  # the benchmark times the matrix; a tagged probe is not a contender
+    rows = cases[np.isfinite(cases.latency_ms) & ~cases.status.isin(BAD)]
+    if rows.empty:
+        return rows
+    ok = correct_cases(run)
+    def passed(r) -> bool:
+        verdict = ok.loc[(r.case_id, r.backend)] if (r.case_id, r.backend) in ok.index else None
+        if verdict is None:
+            return False
+        return bool(verdict["fwd"] and verdict["bwd"]) if r.phase == "fwd+bwd" else bool(verdict.get(r.phase))
+    return rows[rows.apply(passed, axis=1)]
+
+
+def winners(run: Run) -> pd.DataFrame:
+    """Fastest correct backend per shape group (dtype, head_dim, mask, batch, heads, seq_q, seq_k, phase)."""
+    rows = timed_correct(run)
+    if rows.empty:
+        return pd.DataFrame()
+    keys = ["dtype", "head_dim", "mask", "batch", "heads", "kv_heads", "seq_q", "seq_k", "phase"]
+    out = []
+    for key, g in rows.groupby(keys, sort=False, dropna=False):
+        g = g.sort_values("latency_ms")
+        best = g.iloc[0]
+        second = g.iloc[1] if len(g) > 1 else None
+        out.append({**dict(zip(keys, key)), "winner": best.backend, "latency_ms": best.latency_ms,
+                    "suspicious": bool(best.suspicious), "noisy": bool(best.noisy),
+                    "runner_up": "" if second is None else second.backend,
+                    "margin": np.nan if second is None else second.latency_ms / best.latency_ms,
+                    "speedup": best.speedup, "candidates": len(g)})
+    order = {p: i for i, p in enumerate(PHASES)}
+    table = pd.DataFrame(out)
+    table["mask_kind"] = table["mask"].map(mask_kind)  # sort window/keypad ids by family, then by length
+    table = table.sort_values(["dtype", "mask_kind", "head_dim", "batch", "heads", "kv_heads", "seq_k", "seq_q",
+                               "phase"], key=lambda s: s.map(order) if s.name == "phase" else s)
+    return table.drop(columns="mask_kind").reset_index(drop=True)
+
+
+def headline(run: Run) -> pd.DataFrame:
+    """Per backend: cases passed / failed / not run, median speedup per phase, median peak memory, wins."""
+    per_case = run.verdicts.groupby(["backend", "case_id"], sort=False).status.agg(set)
+    wins = winners(run).winner.value_counts() if run.has_perf else pd.Series(dtype=int)
+    out = []
+    for backend in run.backends:
+        if backend not in per_case.index.get_level_values(0):
+            continue
+        statuses = per_case.loc[backend]
+        bad = statuses.map(lambda s: bool(s & set(BAD)))
+        passed = statuses.map(lambda s: "pass" in s) & ~bad
+        rows = run.cases[run.cases.backend == backend]
+        partial = passed & statuses.map(lambda s: bool(s & {"unsupported", "unavailable"}))
+        entry = {"backend": backend, "cases": len(statuses), "passed": int(passed.sum()),
+                 "of which partly run": int(partial.sum()), "failed": int(bad.sum()),
+                 "not run": int((~passed & ~bad).sum())}
+        if run.has_perf:
+            for phase in PHASES:
+                speedups = rows.loc[rows.phase == phase, "speedup"].dropna()
+                if run.has_baseline and np.isfinite(run.df.loc[run.df.phase == phase, "speedup"]).any():
+                    entry[f"median speedup {phase}"] = speedups.median() if len(speedups) else np.nan
+            entry["median peak MiB"] = rows.peak_mem_mib.median()
+            if run.has_baseline:
+                entry["median memory vs baseline"] = rows.mem_vs_base.median()
+            entry["wins"] = int(wins.get(backend, 0))
+        out.append(entry)
+    return pd.DataFrame(out)
+
+
+def failures(run: Run) -> pd.DataFrame:
+    """Rows that failed, errored or ran out of memory, with the figures that say why."""
+    cols = ["backend", "case_id", "phase", "status", "err_ratio", "reason"]
+    rows = run.cases[run.cases.status.isin(BAD)]
+    # a fwd+bwd row that was not timed because fwd or bwd failed repeats that failure; list it once
+    repeat = (rows.phase == "fwd+bwd") & rows.reason.fillna("").astype(str).str.startswith("not timed:")
+    return rows.loc[~repeat, cols].reset_index(drop=True)
+
+
+def not_run(run: Run) -> pd.DataFrame:
+    """Distinct reasons a backend did not run (unsupported / unavailable), with how many rows each covers."""
+    rows = pd.concat([run.verdicts, run.semantics])
+    rows = rows[rows.status.isin(NOT_RUN)]
+    if rows.empty:  # (main-matrix fwd+bwd rows only repeat these reasons as "not timed: ...")
+        return pd.DataFrame(columns=["backend", "status", "reason", "rows"])
+    return rows.groupby(["backend", "status", rows.reason.fillna("")], sort=False).size().reset_index(name="rows")

@@ -1,0 +1,203 @@
+"""A stored run loaded for plots and reports: filtered rows with the columns they group by, speedups, the env."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.spec.case import dtype_name, parse_dtype
+from harness.store.load import load_results, load_samples
+from harness.store.run_dir import read_env
+from harness.store.schema import COLUMNS, KEY, VERDICT_PHASES
+
+SEMANTICS_PREFIX = "semantics:"
+NUMERIC = ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "err_ratio", "latency_ms", "latency_iqr_ms",
+           "latency_min_ms", "n_samples", "threads", "peak_mem_bytes", "flops", "tflops", "pct_of_peak",
+           "compile_ms", "rounds", "round_spread")
+#: a line of a "vs sequence length" plot: cases that differ only in sequence length
+GROUP_KEYS = ("suite", "dtype", "head_dim", "mask_kind", "batch", "heads", "kv_heads", "seq_shape")
+
+
+@dataclass
+class Run:
+    """A run's stored results (filtered, with derived columns) and its environment."""
+
+    run_dir: Path
+    df: pd.DataFrame
+    env: dict
+    baseline: str
+    filters: dict = field(default_factory=dict)
+
+    @property
+    def cases(self) -> pd.DataFrame:
+        """Rows of real attention cases (semantics observations excluded)."""
+        return self.df[~self.df.is_semantics]
+
+    @property
+    def semantics(self) -> pd.DataFrame:
+        return self.df[self.df.is_semantics]
+
+    @property
+    def verdicts(self) -> pd.DataFrame:
+        """Case rows carrying a correctness verdict: fwd and bwd, and any phase of a tagged suite (edge:, ...)."""
+        cases = self.cases
+        return cases[cases.phase.isin(VERDICT_PHASES) | (cases.suite != "")]
+
+    @property
+    def backends(self) -> list[str]:
+        return list(dict.fromkeys(self.df.backend))
+
+    @property
+    def has_perf(self) -> bool:
+        return bool(np.isfinite(self.df.latency_ms).any())
+
+    @property
+    def has_baseline(self) -> bool:
+        return bool(np.isfinite(self.df.speedup).any())
+
+
+def mask_kind(mask_id: object) -> str:
+    """'window50-0' -> 'window', 'causal+keypad101_152' -> 'causal+keypad', 'docs-causal3_2x4_1' -> 'docs-causal':
+    the mask family, not its sizes."""
+    if not isinstance(mask_id, str) or not mask_id:
+        return "none" if mask_id is None or (isinstance(mask_id, float) and math.isnan(mask_id)) else str(mask_id)
+    # ids append shape-derived sizes to the family name; dropping them lets one family span sequence lengths
+    return "+".join(re.sub(r"-?\d.*$", "", part) or part for part in mask_id.split("+"))
+
+
+def seq_shape(seq_q: float, seq_k: float) -> str:
+    """Which sequence-length family a case belongs to, so x = seq_k determines seq_q along a line."""
+    if not (np.isfinite(seq_q) and np.isfinite(seq_k)):
+        return "n/a"
+    if seq_q == seq_k:
+        return "seq_q = seq_k"
+    if seq_q == 1:
+        return "decode (seq_q = 1)"
+    if seq_k == 0:  # empty-tensor probes
+        return "seq_k = 0"
+    return f"seq_q/seq_k = {seq_q / seq_k:.2g}"
+
+
+def truthy(series: pd.Series) -> pd.Series:
+    """CSV booleans ('True', 1, true) as bool; empty is False."""
+    return series.map(lambda v: str(v).strip().lower() in ("true", "1", "1.0", "yes"))
+
+
+def peak_tflops(env: dict, dtype: str) -> float | None:
+    """The run's measured dense-matmul peak for `dtype` (TFLOP/s), from env.json, or None."""
+    peaks = env.get("matmul_peak_tflops") or {}
+    aliases = {"fp32": ("float32", "torch.float32"), "fp16": ("float16", "half", "torch.float16"),
+               "bf16": ("bfloat16", "torch.bfloat16"), "fp64": ("float64", "torch.float64")}
+    for key in (dtype, *aliases.get(dtype, ())):
+        value = peaks.get(key)
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value)
+    return None
+
+
+def load_run(run_dir: str | Path, *, baseline: str = "naive", backends: list[str] | None = None,
+             dtype: str | None = None, mask: str | None = None, strict_baseline: bool = False) -> Run:
+    """Read results.csv, samples.csv and env.json of `run_dir`, apply the filters, add derived columns.
+
+    Filters name values present in the run; anything else is a ValueError naming it. The baseline's rows are
+    kept under a backend filter because every speedup is measured against them.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run directory at {run_dir}")
+    df = _read(run_dir)
+    present = list(dict.fromkeys(df.backend))
+    if strict_baseline and baseline not in present:
+        raise ValueError(f"baseline {baseline!r} is not in this run; present: {', '.join(present)}")
+    df, filters = _filter(df, baseline, backends, dtype, mask)
+    run = Run(run_dir, df.reset_index(drop=True), read_env(run_dir), baseline, filters)
+    _derive_perf(run)
+    run.df = run.df.merge(_quartiles(run_dir), on=list(KEY), how="left")
+    return run
+
+
+def _read(run_dir: Path) -> pd.DataFrame:
+    """The folded results with every schema column, numbers as floats, and the columns plots group by."""
+    df = load_results(run_dir)
+    df = df.reindex(columns=list(dict.fromkeys([*COLUMNS, *df.columns])))
+    for col in NUMERIC:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    df["status"] = df.status.fillna("").astype(str)
+    df["phase"] = df.phase.fillna("").astype(str)
+    df["is_semantics"] = (df.status == "observed") | df.case_id.astype(str).str.startswith(SEMANTICS_PREFIX)
+    df["mask_kind"] = df["mask"].map(mask_kind)
+    # 'edge:empty-b0:fp32-...' -> 'edge': rows of a tagged suite never share a line or a winner with the matrix
+    df["suite"] = df.case_id.astype(str).map(lambda c: c.split(":", 1)[0] if ":" in c else "")
+    df["seq_shape"] = [seq_shape(q, k) for q, k in zip(df.seq_q, df.seq_k)]
+    df["noisy"], df["suspicious"] = truthy(df.noisy), truthy(df.suspicious)
+    return df
+
+
+def _filter(df: pd.DataFrame, baseline: str, backends: list[str] | None, dtype: str | None,
+            mask: str | None) -> tuple[pd.DataFrame, dict]:
+    """Rows kept by the filters (dtype and mask apply to attention cases, not semantics rows), and a summary."""
+    filters: dict = {}
+    if backends:
+        present = list(dict.fromkeys(df.backend))
+        unknown = [b for b in backends if b not in present]
+        if unknown:
+            raise ValueError(f"backend {unknown[0]!r} is not in this run; present: {', '.join(present)}")
+        df = df[df.backend.isin([*backends, baseline])]
+        filters["backends"] = ",".join(backends)
+    if dtype:
+        cases = ~df.is_semantics
+        wanted = _dtype_key(dtype)
+        dtypes = sorted(df.loc[cases, "dtype"].dropna().astype(str).unique())
+        if wanted not in dtypes:
+            raise ValueError(f"dtype {dtype!r} is not in this run; present: {', '.join(dtypes)}")
+        df = df[~cases | (df.dtype == wanted)]
+        filters["dtype"] = wanted
+    if mask:
+        cases = ~df.is_semantics
+        kinds = sorted(set(df.loc[cases, "mask_kind"]) | set(df.loc[cases, "mask"].dropna().astype(str)))
+        if mask not in kinds:
+            raise ValueError(f"mask {mask!r} is not in this run; present: {', '.join(kinds)}")
+        df = df[~cases | (df.mask_kind == mask) | (df["mask"] == mask)]
+        filters["mask"] = mask
+    return df, filters
+
+
+def _quartiles(run_dir: Path) -> pd.DataFrame:
+    """25th and 75th percentile of each key's raw timing samples (the IQR's ends, which the CSV does not keep)."""
+    samples = load_samples(run_dir)
+    if samples.empty:
+        return pd.DataFrame({**{k: pd.Series(dtype=object) for k in KEY},
+                             "latency_q1_ms": pd.Series(dtype=float), "latency_q3_ms": pd.Series(dtype=float)})
+    samples = samples.assign(latency_ms=pd.to_numeric(samples.latency_ms, errors="coerce"))
+    q = samples.groupby(list(KEY)).latency_ms.quantile([0.25, 0.75]).unstack()  # linear, as np.percentile
+    return q.set_axis(["latency_q1_ms", "latency_q3_ms"], axis=1).reset_index()
+
+
+def _dtype_key(name: str) -> str:
+    """Canonical short dtype name ('bfloat16' -> 'bf16'), or the name itself when it is none."""
+    try:
+        return dtype_name(parse_dtype(name))
+    except ValueError:
+        return name
+
+
+def _derive_perf(run: Run) -> None:
+    """Speedup and memory relative to the baseline (same case and phase); TFLOP/s and % of peak when absent."""
+    df = run.df
+    base = df[(df.backend == run.baseline) & ~df.is_semantics][["case_id", "phase", "latency_ms", "peak_mem_bytes"]]
+    base = base.rename(columns={"latency_ms": "base_latency_ms", "peak_mem_bytes": "base_peak_mem_bytes"})
+    df = df.merge(base, on=["case_id", "phase"], how="left")
+    df["speedup"] = df.base_latency_ms / df.latency_ms
+    df["mem_vs_base"] = df.peak_mem_bytes / df.base_peak_mem_bytes
+    df["peak_mem_mib"] = df.peak_mem_bytes / 2**20
+    # the benchmark stage fills tflops/pct_of_peak; derive them only from stored figures when it did not
+    derived = df.flops / (df.latency_ms * 1e-3) / 1e12
+    df["tflops"] = df.tflops.where(np.isfinite(df.tflops), derived)
+    peaks = df.dtype.map(lambda d: peak_tflops(run.env, str(d)) or np.nan).astype(float)
+    df["pct_of_peak"] = df.pct_of_peak.where(np.isfinite(df.pct_of_peak), 100 * df.tflops / peaks)
+    run.df = df

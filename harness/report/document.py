@@ -1,0 +1,312 @@
+"""The run report: environment, headline per backend, winners, every figure and the semantics table (MD + HTML)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.report.plots import plot_run
+from harness.report.analysis import (answered, failures, headline, not_run, semantics_table, short_cell,
+                                     winners)
+from harness.report.data import Run, load_run, peak_tflops
+
+FAILURE_LINKS = 5  # per backend in the headline; the rest are one click away in the failures section
+
+CAPTIONS = {
+    "latency": "Median latency per backend and phase. Case families measured at several lengths are drawn "
+               "against the key length (one panel per family); other cases side by side, one column each. "
+               "Bars span the 25th-75th percentile of the raw samples; rings mark noisy timings.",
+    "speedup": "Latency of the baseline divided by each backend's, on the same case and phase (above 1: faster "
+               "than the baseline).",
+    "memory": "Peak memory allocated above the inputs, log-log: a backend parallel to the ∝ n² guide "
+              "materializes the score matrix, one parallel to ∝ n does not.",
+    "tflops": "Achieved TFLOP/s (attended pairs only) against the dense-matmul peak measured on this device at "
+              "the start of the run (dashed; right axis: % of it); red crosses are faster than that peak and "
+              "not to be trusted.",
+    "err_ratio": "Worst error over out, dq, dk, dv divided by its tolerance: how close each backend is to failing "
+                 "(above 1: failed). An infinite ratio (NaN/inf output) sits on the top edge, an exact 0 on the "
+                 "bottom edge of a log axis.",
+    "support": "Which backend ran, passed or failed on which case groups (counts of case × phase verdicts).",
+    "semantics": "How each backend behaves where conventions differ (orange: differs from the others).",
+}
+TITLES = {"latency": "Latency", "speedup": "Speedup", "memory": "Peak memory", "tflops": "Throughput",
+          "err_ratio": "Error-to-tolerance ratio", "support": "Support and correctness matrix",
+          "semantics": "Semantics"}
+
+
+# --- a tiny document model, rendered twice -----------------------------------------------------------------
+
+
+@dataclass
+class Heading:
+    level: int
+    text: str
+    anchor: str = ""
+
+
+@dataclass
+class Para:
+    text: str  # plain text; [label](#anchor) links are the only markup
+
+
+@dataclass
+class Table:
+    frame: pd.DataFrame
+    anchors: list[str] | None = None  # one per row: a target other sections link to
+
+
+@dataclass
+class Image:
+    path: Path
+    caption: str  # alt text; what the figure shows goes in a Para before it
+
+
+def slug(*parts: object) -> str:
+    """An HTML/Markdown anchor id from a row key, e.g. ('sdpa', 'fp32-b2-...-causal', 'fwd+bwd')."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", "-".join(str(p) for p in parts)).strip("-").lower()
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, (float, np.floating)):
+        if math.isnan(value):
+            return "—"
+        if value.is_integer() and abs(value) < 1e9:  # counts and lengths stored as floats by the CSV reader
+            return str(int(value))
+        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.3e}"
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else ""
+    return str(value)
+
+
+_LINK = re.compile(r"\[([^\]]+)\]\((#[^)]+)\)")
+
+
+def to_markdown(blocks: list, base: Path) -> str:
+    out = []
+    for block in blocks:
+        if isinstance(block, Heading):
+            anchor = f'<a id="{block.anchor}"></a>' if block.anchor else ""
+            out.append(f"{'#' * block.level} {block.text}{anchor}\n")
+        elif isinstance(block, Para):
+            out.append(block.text + "\n")
+        elif isinstance(block, Image):
+            rel = block.path.relative_to(base).as_posix()
+            out.append(f"![{block.caption}]({rel})\n")
+        elif isinstance(block, Table):
+            out.append(_markdown_table(block) + "\n")
+    return "\n".join(out)
+
+
+def _markdown_table(table: Table) -> str:
+    def cell(v: object) -> str:
+        return _fmt(v).replace("|", "\\|").replace("\n", " ")
+    lines = ["| " + " | ".join(cell(c) for c in table.frame.columns) + " |",
+             "|" + "---|" * len(table.frame.columns)]
+    for i, row in enumerate(table.frame.itertuples(index=False)):
+        cells = [cell(v) for v in row]
+        if table.anchors:
+            cells[0] = f'<a id="{table.anchors[i]}"></a>{cells[0]}'
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1400px;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px}
+th{background:#f3f3f3;position:sticky;top:0}tr:target{background:#fff3b0}img{max-width:100%;border:1px solid #eee}
+figure{margin:0 0 1.5em}"""
+
+
+def to_html(blocks: list, title: str) -> str:
+    """A single self-contained page: figures are inlined as base64 PNGs."""
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+           f"<style>{_CSS}</style></head><body>"]
+    for block in blocks:
+        if isinstance(block, Heading):
+            anchor = f' id="{block.anchor}"' if block.anchor else ""
+            out.append(f"<h{block.level}{anchor}>{html.escape(block.text)}</h{block.level}>")
+        elif isinstance(block, Para):
+            out.append(f"<p>{_html_text(block.text)}</p>")
+        elif isinstance(block, Image):
+            data = base64.b64encode(block.path.read_bytes()).decode()
+            out.append(f"<figure><img alt='{html.escape(block.caption)}' src='data:image/png;base64,{data}'>"
+                       "</figure>")
+        elif isinstance(block, Table):
+            out.append(_html_table(block))
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def _html_text(text: str) -> str:
+    escaped = html.escape(text, quote=False)
+    return _LINK.sub(lambda m: f'<a href="{html.escape(m[2])}">{m[1]}</a>', escaped)
+
+
+def _html_table(table: Table) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.frame.columns)
+    rows = []
+    for i, row in enumerate(table.frame.itertuples(index=False)):
+        anchor = f' id="{table.anchors[i]}"' if table.anchors else ""
+        rows.append(f"<tr{anchor}>" + "".join(f"<td>{_html_text(_fmt(v))}</td>" for v in row) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+# --- the report's content -------------------------------------------------------------------------------
+
+
+def environment_table(run: Run) -> pd.DataFrame:
+    """Where and with what the run happened, as (item, value) rows."""
+    env, df = run.env, run.df
+    timing = env.get("timing_mode") or ", ".join(sorted(df.timing_mode.dropna().astype(str).unique())) or None
+    dtypes = sorted(run.cases.dtype.dropna().astype(str).unique())
+    peaks = {d: peak_tflops(env, d) for d in dtypes}
+    items = {
+        "run": env.get("run_id") or run.run_dir.name,
+        "device": f"{env.get('device_name', '?')} ({env.get('device_type', '?')})",
+        "cpu": env.get("cpu_model"), "threads": env.get("threads"),
+        "compute capability": env.get("compute_capability"), "driver": env.get("driver"),
+        "torch": env.get("torch"), "cuda": env.get("cuda"), "cudnn": env.get("cudnn"), "triton": env.get("triton"),
+        "xformers": env.get("xformers"), "flash-attn": env.get("flash_attn"), "python": env.get("python"),
+        "git": f"{str(env.get('git_sha', '?'))[:12]}{' (dirty)' if env.get('git_dirty') else ''}",
+        "started": env.get("started"), "testbed": env.get("testbed_id"),
+        "timing mode": timing or "— (correctness-only run)",
+        "measured matmul peak": ", ".join(f"{d} {p:.3g} TFLOP/s" for d, p in peaks.items() if p) or "—",
+    }
+    return pd.DataFrame([(k, v) for k, v in items.items() if v not in (None, "")], columns=["item", "value"])
+
+
+def _headline_table(run: Run, fails: pd.DataFrame) -> pd.DataFrame:
+    table = headline(run)
+    if table.empty:
+        return table
+    links = []
+    for backend in table.backend:
+        mine = fails[fails.backend == backend]
+        shown = [f"[{r.case_id} {r.phase}](#{slug(r.backend, r.case_id, r.phase)})" for r in mine.head(FAILURE_LINKS).itertuples()]
+        if len(mine) > FAILURE_LINKS:
+            shown.append(f"[+{len(mine) - FAILURE_LINKS} more](#failures)")
+        links.append(", ".join(shown))
+    table.insert(table.columns.get_loc("not run") + 1, "failed rows", links)
+    return table.rename(columns=lambda c: c.replace("speedup", f"speedup vs {run.baseline}")
+                        .replace("baseline", run.baseline))
+
+
+def _winners_table(run: Run) -> pd.DataFrame:
+    """One row per shape, one column per phase: 'winner latency (next: runner-up ×margin)'."""
+    table = winners(run)
+    if table.empty:
+        return table
+    def cell(r) -> str:
+        flags = "".join(f" ({flag})" for flag in ("suspicious", "noisy") if getattr(r, flag))
+        text = f"{r.winner}{flags} {_fmt(r.latency_ms)} ms"
+        return text + (f" (next: {r.runner_up} ×{r.margin:.2f})" if r.runner_up else " (only one)")
+    table = table.assign(cell=[cell(r) for r in table.itertuples()])
+    shape = ["dtype", "head_dim", "mask", "batch", "heads", "kv_heads", "seq_q", "seq_k"]
+    wide = table.pivot_table(index=shape, columns="phase", values="cell", aggfunc="first", sort=False)
+    wide = wide.reindex(columns=[p for p in ("fwd", "bwd", "fwd+bwd") if p in wide.columns]).reset_index()
+    if (wide.kv_heads == wide.heads).all():
+        wide = wide.drop(columns=["kv_heads"])
+    wide.columns.name = None
+    return wide.rename(columns={p: f"{p} winner" for p in ("fwd", "bwd", "fwd+bwd")})
+
+
+def report_blocks(run: Run, figures: dict[str, list[Path]]) -> list:
+    """The report as a list of blocks: what to say, independent of the format."""
+    fails = failures(run)
+    sections = [("Environment", [Table(environment_table(run))]),
+                ("Headline per backend", _headline_section(run, fails))]
+    if run.has_perf:
+        sections.append(("Winner per shape group", _winners_section(run)))
+    sections += [("Figures", _figures_section(figures)), ("Semantics", _semantics_section(run, figures)),
+                 (f"Failures ({len(fails)})", [Table(fails, [slug(r.backend, r.case_id, r.phase)
+                                                             for r in fails.itertuples()])] if len(fails) else
+                  [Para("None: every verdict that ran passed.")])]
+    skipped = not_run(run)
+    if not skipped.empty:
+        sections.append(("Not run, and why", [Table(skipped)]))
+    anchors = [slug(name.split(" (")[0]) for name, _ in sections]
+    blocks: list = [Heading(1, f"Attention harness run {run.env.get('run_id') or run.run_dir.name}"),
+                    Para(_summary(run)),
+                    Para(" · ".join(f"[{name}](#{a})" for (name, _), a in zip(sections, anchors)))]
+    for (name, body), anchor in zip(sections, anchors):
+        blocks += [Heading(2, name, anchor), *body]
+    return blocks
+
+
+def _summary(run: Run) -> str:
+    filters = ", ".join(f"{k} = {v}" for k, v in run.filters.items())
+    return (f"{run.cases.case_id.nunique()} cases × {len(run.backends)} backends on "
+            f"{run.env.get('device_name', 'an unrecorded device')}, built from the stored results only"
+            + (f" (filtered: {filters})" if filters else "") + ". "
+            + ("Benchmark run: latency, memory and throughput included." if run.has_perf
+               else "Correctness-only run: no latency columns, so no performance figures."))
+
+
+def _headline_section(run: Run, fails: pd.DataFrame) -> list:
+    head = _headline_table(run, fails)
+    if head.empty:
+        return [Para("No attention cases in this run.")]
+    legend = ("cases: distinct cases run; passed: every verdict that ran passed (partly run: some phase was "
+              "unsupported or unavailable); failed: any fail, error or oom; not run: unsupported or unavailable "
+              "(reasons below)")
+    if run.has_perf:
+        legend += (f"; speedups and memory are medians over cases relative to {run.baseline}; wins: shape groups "
+                   "where the backend was the fastest correct one")
+    return [Para(legend + "."), Table(head)]
+
+
+def _winners_section(run: Run) -> list:
+    blocks = [Para("Fastest backend whose verdicts passed for that phase (fwd+bwd needs both); 'next' is the "
+                   "runner-up and how many times slower it was."), Table(_winners_table(run))]
+    if not run.has_baseline:
+        blocks.append(Para(f"Baseline {run.baseline!r} has no timings in this run: no speedups."))
+    return blocks
+
+
+def _figures_section(figures: dict[str, list[Path]]) -> list:
+    blocks: list = []
+    for kind, paths in figures.items():
+        if kind != "semantics" and paths:
+            blocks += [Heading(3, TITLES.get(kind, kind)), Para(CAPTIONS.get(kind, ""))]
+            blocks += [Image(p, f"{TITLES.get(kind, kind)}: {p.stem}") for p in paths]
+    missing = [TITLES.get(k, k) for k, p in figures.items() if not p and k != "semantics"]
+    if missing:
+        blocks.append(Para("Not drawn (no data in this run): " + ", ".join(missing) + "."))
+    return blocks
+
+
+def _semantics_section(run: Run, figures: dict[str, list[Path]]) -> list:
+    table = semantics_table(run)
+    if table.empty:
+        return [Para("No semantics observations in this run.")]
+    has_answer = table.apply(lambda row: any(answered(v) for v in row), axis=1)
+    blocks = [Para(CAPTIONS["semantics"] + " A backend that could not take a question shows its status; the "
+                   "reasons are under 'Not run, and why'."), Table(table[has_answer].map(short_cell).reset_index())]
+    if not has_answer.all():
+        blocks.append(Para("No backend could answer on this device: " + ", ".join(table.index[~has_answer]) + "."))
+    return blocks + [Image(p, "semantics table") for p in figures.get("semantics", [])]
+
+
+def build_report(run_dir: str | Path, baseline: str = "naive", out_dir: str | Path | None = None, *,
+                 backends: list[str] | None = None, dtype: str | None = None, mask: str | None = None,
+                 strict_baseline: bool = False) -> Path:
+    """Render every figure and the report of a stored run; returns the path of report.html (report.md beside it).
+
+    Reads results.csv, samples.csv and env.json only; nothing is re-run. Figures go to <out_dir>/figures/.
+    """
+    run = load_run(run_dir, baseline=baseline, backends=backends, dtype=dtype, mask=mask,
+                   strict_baseline=strict_baseline)
+    out = Path(out_dir) if out_dir else run.run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    figures = plot_run(run, out)
+    blocks = report_blocks(run, figures)
+    (out / "report.md").write_text(to_markdown(blocks, out))
+    path = out / "report.html"
+    path.write_text(to_html(blocks, blocks[0].text))
+    return path

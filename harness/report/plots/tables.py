@@ -1,0 +1,122 @@
+"""Categorical figures: the support / correctness matrix and the semantics table."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+
+from harness.report.plots.style import backend_color, new_figure
+from harness.report.analysis import answered, semantics_table, short_cell, support_counts
+from harness.report.data import Run
+
+# worst first: the colour of a cell is that of the worst status in it
+_STATUS_COLOURS = {"fail": "#d62728", "error": "#8b0000", "oom": "#ff7f0e", "pass": "#2ca02c",
+                   "unsupported": "#c7c7c7", "unavailable": "#f0f0f0"}
+_SHORT = {"pass": "pass", "fail": "fail", "error": "error", "oom": "oom", "unsupported": "unsup", "unavailable": "unavail"}
+
+
+def _cell_colour(counts: dict) -> str:
+    if not counts:
+        return "white"
+    for status in ("error", "fail", "oom"):
+        if counts.get(status):
+            return _STATUS_COLOURS[status]
+    if counts.get("pass"):
+        # pass on some phases, not run on others (e.g. no backward): a lighter green says "partial"
+        return "#98df8a" if set(counts) - {"pass"} else _STATUS_COLOURS["pass"]
+    return _STATUS_COLOURS["unsupported" if counts.get("unsupported") else "unavailable"]
+
+
+def support_figure(run: Run) -> list[tuple[str, Figure]]:
+    """Backends x case groups; each cell: counts of (case, phase) verdict rows by status, coloured by the worst.
+
+    Backends are columns when there are more case groups than backends (a real run has dozens of groups),
+    so the figure grows downwards and stays readable at page width.
+    """
+    table = support_counts(run)
+    if table.empty:
+        return []
+    backends_across = table.shape[1] > table.shape[0]
+    grid = table.T if backends_across else table
+    n_rows, n_cols = grid.shape
+    fig = new_figure(max(8.0, (1.1 if backends_across else 1.25) * n_cols + 3.0), 0.5 * n_rows + 2.4)
+    ax = fig.add_subplot()
+    for i, row_key in enumerate(grid.index):
+        for j, col_key in enumerate(grid.columns):
+            counts = grid.at[row_key, col_key]
+            colour = _cell_colour(counts)
+            ax.add_patch(_rect(j, i, colour))
+            text = "\n".join(f"{n} {_SHORT.get(s, s)}" for s, n in sorted(counts.items(), key=_status_order))
+            dark = colour in ("#d62728", "#8b0000", "#2ca02c")
+            ax.text(j, i, text or "—", ha="center", va="center", fontsize=7.5, color="white" if dark else "black")
+    ax.set_xlim(-0.5, n_cols - 0.5)
+    ax.set_ylim(n_rows - 0.5, -0.5)
+    ax.set_xticks(range(n_cols), [str(c).replace(" · ", "\n") for c in grid.columns], fontsize=8)
+    ax.set_yticks(range(n_rows), grid.index, fontsize=8.5)
+    if backends_across:
+        ax.xaxis.tick_top()
+    axis = ax.xaxis if backends_across else ax.yaxis
+    for tick, backend in zip(axis.get_major_ticks(), grid.columns if backends_across else grid.index):
+        for label in (tick.label1, tick.label2):  # top ticks draw label2
+            label.set_color(backend_color(str(backend)))
+    ax.tick_params(length=0)
+    groups = "case group (suite: dtype · mask family)"
+    ax.set_ylabel(groups) if backends_across else ax.set_xlabel(groups)
+    ax.set_title("Support and correctness: verdict rows per status ((case, phase) rows, fwd and bwd)", fontsize=11)
+    legend = [Patch(color=c, label=s) for s, c in _STATUS_COLOURS.items()]
+    legend.insert(4, Patch(color="#98df8a", label="pass + not run"))
+    fig.legend(handles=legend, loc="outside lower center", ncol=4, fontsize=8)
+    return [("support", fig)]
+
+
+def _status_order(item: tuple[str, int]) -> int:
+    order = list(_STATUS_COLOURS)
+    return order.index(item[0]) if item[0] in order else len(order)
+
+
+def _rect(x: float, y: float, colour: str) -> Rectangle:
+    return Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=colour, edgecolor="white", lw=2)
+
+
+def semantics_figure(run: Run) -> list[tuple[str, Figure]]:
+    """The observed behaviour per question x backend; a cell differing from its row's majority is highlighted."""
+    table = semantics_table(run)
+    if table.empty:
+        return []
+    # a question no backend could answer here (e.g. GPU-only probes on a CPU run) is a row of greys: the
+    # report's table keeps it, the figure shows what was observed
+    table = table[table.apply(lambda row: any(answered(v) for v in row), axis=1)]
+    if table.empty:
+        return []
+    wrap = 22
+    cells = [[textwrap.fill(short_cell(v), wrap) or "—" for v in row] for row in table.to_numpy()]
+    questions = [textwrap.fill(q, 34) for q in table.index]
+    lines = [max(c.count("\n") for c in row + [q]) + 1 for row, q in zip(cells, questions)]
+    fig = new_figure(2.9 + 1.75 * table.shape[1], 0.9 + 0.2 * sum(lines) + 0.12 * len(lines))
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    colours = [_row_colours(list(row)) for row in table.to_numpy()]
+    tab = ax.table(cellText=cells, rowLabels=questions, colLabels=list(table.columns), cellColours=colours,
+                   loc="upper center", cellLoc="center")
+    tab.auto_set_font_size(False)
+    tab.set_fontsize(7.5)
+    total = sum(lines) + 1.5
+    for (r, c), cell in tab.get_celld().items():
+        cell.set_height((lines[r - 1] if r > 0 else 1.5) / total)
+        if r == 0 and c >= 0:
+            cell.get_text().set_color(backend_color(str(table.columns[c])))
+            cell.get_text().set_fontweight("bold")
+    ax.set_title("Semantics: what each backend does (orange: differs from most backends; grey: did not run)",
+                 fontsize=11)
+    return [("semantics", fig)]
+
+
+def _row_colours(values: list[str]) -> list[str]:
+    """Grey where the backend did not run; orange where its answer is not the most common answer in the row."""
+    not_run = [not answered(v) for v in values]
+    answers = pd.Series([v for v, skip in zip(values, not_run) if not skip])
+    majority = answers.value_counts().index[0] if len(answers) else None
+    return ["#eeeeee" if skip else "#ffe0b3" if v != majority else "white" for v, skip in zip(values, not_run)]

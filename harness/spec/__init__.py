@@ -1,0 +1,1 @@
+"""What is tested: the case spec, mask specs and named case matrices."""

@@ -1,0 +1,133 @@
+"""The case spec: one frozen, validated description of an attention problem, and its inputs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from harness.spec.masks import MaskSpec
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp64": torch.float64,
+}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def parse_dtype(value: str | torch.dtype) -> torch.dtype:
+    """'bf16' / 'bfloat16' / torch.bfloat16 -> torch.bfloat16; anything else is a ValueError."""
+    if isinstance(value, torch.dtype):
+        if value not in _DTYPE_NAMES:
+            raise ValueError(f"dtype {value}: allowed {', '.join(DTYPES)}")
+        return value
+    aliases = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float64": "fp64",
+               "float": "fp32", "double": "fp64"}
+    key = aliases.get(str(value), str(value))
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {value!r}; allowed: {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES[dtype]
+
+
+def _positive_int(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r}: must be an int >= 1")
+    return value
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """One attention problem. Tensors are described in the canonical layout (batch, heads, seq, head_dim).
+
+    q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim).
+    kv_heads < heads is grouped-query attention (MQA when 1): query head h uses kv head h // (heads // kv_heads).
+    """
+
+    batch: int
+    heads: int
+    seq_q: int
+    head_dim: int
+    dtype: torch.dtype
+    kv_heads: int | None = field(default=None, kw_only=True)
+    seq_k: int | None = field(default=None, kw_only=True)
+    mask: MaskSpec | None = field(default=None, kw_only=True)
+    scale: float | None = field(default=None, kw_only=True)
+
+    def __post_init__(self):
+        for name in ("batch", "heads", "seq_q", "head_dim"):
+            _positive_int(name, getattr(self, name))
+        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
+        kv_heads = self.heads if self.kv_heads is None else _positive_int("kv_heads", self.kv_heads)
+        if self.heads % kv_heads:
+            raise ValueError(f"heads={self.heads} is not a multiple of kv_heads={kv_heads}")
+        object.__setattr__(self, "kv_heads", kv_heads)
+        object.__setattr__(self, "seq_k", self.seq_q if self.seq_k is None else _positive_int("seq_k", self.seq_k))
+        if self.mask is not None:
+            if not isinstance(self.mask, MaskSpec):
+                raise ValueError(f"mask={self.mask!r}: must be a harness.masks spec or None")
+            self.mask.validate_for(self.batch, self.seq_q, self.seq_k)
+        scale = 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
+        if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"scale={self.scale!r}: must be a finite float > 0")
+        object.__setattr__(self, "scale", float(scale))
+
+    @property
+    def default_scale(self) -> bool:
+        return math.isclose(self.scale, 1.0 / math.sqrt(self.head_dim), rel_tol=1e-12)
+
+    @property
+    def mask_id(self) -> str:
+        return "none" if self.mask is None else self.mask.id
+
+    @property
+    def mask_kind(self) -> str:
+        return "none" if self.mask is None else self.mask.kind
+
+    @property
+    def id(self) -> str:
+        """Stable readable id, e.g. 'bf16-b2-h8-s1024-d128-causal' or 'fp32-b1-h8kv2-s113x203-d64-none'."""
+        heads = f"h{self.heads}" + (f"kv{self.kv_heads}" if self.kv_heads != self.heads else "")
+        seq = f"s{self.seq_q}" + (f"x{self.seq_k}" if self.seq_k != self.seq_q else "")
+        parts = [dtype_name(self.dtype), f"b{self.batch}", heads, seq, f"d{self.head_dim}", self.mask_id]
+        if not self.default_scale:
+            parts.append(f"scale{self.scale:g}")
+        return "-".join(parts)
+
+    def key_mask(self, device: str | torch.device = "cpu", rows: tuple[int, int] | None = None) -> torch.Tensor | None:
+        """Dense bool mask (B or 1, 1, rows, seq_k) for this case, or None when nothing is masked."""
+        if self.mask is None:
+            return None
+        return self.mask.materialize(self.seq_q, self.seq_k, device, batch=self.batch, rows=rows)
+
+
+class Inputs(NamedTuple):
+    """Canonical-layout inputs shared by every backend: q/k/v and the upstream gradient d_out."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    d_out: torch.Tensor
+
+
+def make_inputs(case: AttentionCase, device: str | torch.device = "cpu", seed: int = 0) -> Inputs:
+    """Deterministic torch.randn inputs from `seed`, generated in float32 on CPU then cast and moved.
+
+    Generating on CPU in float32 makes the values identical on every device and dtype for one seed.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [
+        (case.batch, case.heads, case.seq_q, case.head_dim),
+        (case.batch, case.kv_heads, case.seq_k, case.head_dim),
+        (case.batch, case.kv_heads, case.seq_k, case.head_dim),
+        (case.batch, case.heads, case.seq_q, case.head_dim),
+    ]
+    tensors = [torch.randn(s, generator=gen, dtype=torch.float32).to(device=device, dtype=case.dtype) for s in shapes]
+    return Inputs(*tensors)

@@ -1,0 +1,68 @@
+"""The mask contract: a small frozen object that says which (query, key) pairs may attend, and materializes itself.
+
+Convention everywhere: a boolean mask where True means "this query may attend this key".
+Every mask is defined once, by `allows(b, q_idx, k_idx, seq_q, seq_k)` written in plain torch ops on
+index tensors; `materialize()` evaluates it on a grid, and backends that take a predicate (flex) call it
+directly, so the semantics are never re-derived anywhere else.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class MaskSpec:
+    """Base class; subclasses are frozen dataclasses."""
+
+    #: short name used in case ids, CSV and plots
+    kind: str = "mask"
+    #: True when the mask differs per batch element (materialize then has a batch dim)
+    per_batch: bool = False
+
+    def allows(self, b: torch.Tensor, q_idx: torch.Tensor, k_idx: torch.Tensor, seq_q: int, seq_k: int) -> torch.Tensor:
+        """Elementwise predicate on broadcastable index tensors. True = query q_idx may attend k_idx."""
+        raise NotImplementedError
+
+    def predicate(self, device: str | torch.device = "cpu"):
+        """`allows` with any tensors it needs already built on `device` (traced code such as flex's
+        mask_mod must not create tensors itself)."""
+        return self.allows
+
+    @property
+    def id(self) -> str:
+        return self.kind
+
+    def validate_for(self, batch: int, seq_q: int, seq_k: int) -> None:
+        """Raise ValueError when this mask cannot apply to a case of this shape."""
+
+    def materialize(self, seq_q: int, seq_k: int, device: str | torch.device = "cpu", *, batch: int | None = None,
+                    rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """Dense bool mask of shape (B or 1, 1, seq_q, seq_k); `rows=(start, stop)` gives only those query rows."""
+        start, stop = rows if rows is not None else (0, seq_q)
+        nb = self.batch_size(batch)
+        b = torch.arange(nb, device=device).view(nb, 1, 1, 1)
+        q = torch.arange(start, stop, device=device).view(1, 1, -1, 1)
+        k = torch.arange(seq_k, device=device).view(1, 1, 1, -1)
+        out = self.predicate(device)(b, q, k, seq_q, seq_k)
+        return out.expand(nb, 1, stop - start, seq_k)
+
+    def batch_size(self, batch: int | None) -> int:
+        return 1
+
+    def __and__(self, other: "MaskSpec") -> "MaskSpec":
+        from harness.spec.masks.compose import And  # compose builds on this module
+
+        return And(self, other)
+
+
+
+
+def count_attended_pairs(mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, block: int = 1024) -> int:
+    """Exact number of (batch, query, key) pairs attended, for FLOP counts; chunked so memory stays small."""
+    if mask is None:
+        return batch * seq_q * seq_k
+    total = 0
+    for start in range(0, seq_q, block):
+        rows = mask.materialize(seq_q, seq_k, batch=batch, rows=(start, min(seq_q, start + block)))
+        total += int(rows.sum()) * (batch if rows.shape[0] == 1 else 1)
+    return total

@@ -1,0 +1,90 @@
+"""Packed documents: a block-diagonal mask, optionally causal within each document (varlen attention)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from harness.spec.masks.base import MaskSpec
+
+
+@dataclass(frozen=True)
+class Documents(MaskSpec):
+    """Packed documents (block-diagonal), the same packing in every batch element.
+
+    Document d holds queries [q_start[d], q_end[d]) and keys [k_start[d], k_end[d]), laid out back to back
+    from `q_lengths` and `k_lengths` (default: equal to q_lengths). Query i sees key j only when both lie
+    in the same document; with causal=True also j <= i + (k_end[d] - q_end[d]), i.e. causal aligned
+    bottom-right within each document (FA2 varlen; plain causal when a document has as many queries as
+    keys). Zero-length documents are allowed; a document with queries but no keys gives empty rows.
+    """
+
+    q_lengths: tuple[int, ...]
+    k_lengths: tuple[int, ...] | None = None
+    causal: bool = False
+
+    kind = "docs"
+
+    def __post_init__(self):
+        for name in ("q_lengths", "k_lengths"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            lengths = tuple(value) if isinstance(value, Sequence) else value
+            if not isinstance(lengths, tuple) or not lengths or any(
+                    not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in lengths):
+                raise ValueError(f"Documents.{name}={value!r}: must be a non-empty sequence of ints >= 0")
+            object.__setattr__(self, name, lengths)
+        if self.k_lengths is None:
+            object.__setattr__(self, "k_lengths", self.q_lengths)
+        if len(self.k_lengths) != len(self.q_lengths):
+            raise ValueError(f"Documents: q_lengths={self.q_lengths!r} and k_lengths={self.k_lengths!r} "
+                             "must list the same number of documents")
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"Documents.causal={self.causal!r}: must be True or False")
+
+    @property
+    def id(self) -> str:
+        docs = "_".join(str(n) for n in self.q_lengths)
+        if self.k_lengths != self.q_lengths:
+            docs += "x" + "_".join(str(n) for n in self.k_lengths)
+        return ("docs-causal" if self.causal else "docs") + docs
+
+    def validate_for(self, batch, seq_q, seq_k):
+        if sum(self.q_lengths) != seq_q or sum(self.k_lengths) != seq_k:
+            raise ValueError(f"Documents q_lengths={self.q_lengths!r} / k_lengths={self.k_lengths!r} sum to "
+                             f"{sum(self.q_lengths)} / {sum(self.k_lengths)}; the case has seq_q={seq_q}, "
+                             f"seq_k={seq_k}")
+
+    def starts(self, which: str) -> tuple[int, ...]:
+        """Offsets (0, end of doc 0, ...) of 'q' or 'k' documents: FA2's cu_seqlens for one batch element."""
+        if which not in ("q", "k"):
+            raise ValueError(f"which={which!r}; allowed: q, k")
+        out = [0]
+        for n in (self.q_lengths if which == "q" else self.k_lengths):
+            out.append(out[-1] + n)
+        return tuple(out)
+
+    def predicate(self, device="cpu"):
+        # Per-position lookup tables, built once: the document of each query and key, and each query's
+        # bottom-right causal shift k_end[d] - q_end[d]. Indexing them is traceable inside flex's mask_mod.
+        docs = torch.arange(len(self.q_lengths), device=device)
+        q_len = torch.tensor(self.q_lengths, device=device)
+        q_doc = torch.repeat_interleave(docs, q_len)
+        k_doc = torch.repeat_interleave(docs, torch.tensor(self.k_lengths, device=device))
+        ends = torch.tensor(self.starts("k")[1:], device=device) - torch.tensor(self.starts("q")[1:], device=device)
+        shift = torch.repeat_interleave(ends, q_len)
+        n_q, n_k, causal = len(q_doc), len(k_doc), self.causal
+
+        def allows(b, q_idx, k_idx, seq_q, seq_k):
+            if (seq_q, seq_k) != (n_q, n_k):
+                raise ValueError(f"Documents cover {n_q} queries x {n_k} keys; asked for {seq_q} x {seq_k}")
+            same = q_doc[q_idx] == k_doc[k_idx]
+            return same & (k_idx <= q_idx + shift[q_idx]) if causal else same
+
+        return allows
+
+    def allows(self, b, q_idx, k_idx, seq_q, seq_k):
+        return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)

@@ -1,0 +1,137 @@
+"""The results schema, defined once: the `Row` type (its fields are the CSV columns), key, statuses and phases."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Iterable, NamedTuple
+
+SCHEMA_VERSION = 1
+
+#: a result is one (case, backend, phase)
+KEY = ("case_id", "backend", "phase")
+
+#: every status a row can have, and what they mean:
+#: pass/fail - judged against the reference; error - raised or died; oom - out of memory;
+#: unsupported - the backend cannot take this case; unavailable - it cannot run here at all;
+#: observed - a semantics answer, recorded rather than judged
+STATUSES = ("pass", "fail", "unsupported", "unavailable", "error", "oom", "observed")
+#: worst first: the status of a (case, backend) made of several phase rows is the first one present
+STATUS_ORDER = ("error", "oom", "fail", "pass", "unsupported", "unavailable", "observed")
+#: the backend ran and got it wrong, or died trying
+BAD = ("fail", "error", "oom")
+#: the backend did not run the case, with a reason
+NOT_RUN = ("unsupported", "unavailable")
+#: fwd = inference call; bwd = the backward alone; fwd+bwd = one training step (timing only)
+PHASES = ("fwd", "bwd", "fwd+bwd")
+#: phases that carry a correctness verdict
+VERDICT_PHASES = ("fwd", "bwd")
+#: the quantities judged against the reference
+QUANTITIES = ("out", "dq", "dk", "dv")
+GRADS = ("dq", "dk", "dv")
+
+
+def worst_status(statuses: Iterable[str]) -> str:
+    """The status that sums up several rows: error/oom/fail beat pass; unsupported alone stays unsupported."""
+    present = set(statuses)
+    for status in STATUS_ORDER:
+        if status in present:
+            return status
+    raise ValueError(f"no known status among {sorted(present)}; allowed: {', '.join(STATUSES)}")
+
+
+class TimingKey(NamedTuple):
+    """What a timing is about: one (case, backend, phase)."""
+
+    case_id: str
+    backend: str
+    phase: str
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of results.csv. Empty (None) fields are written as empty cells; a later row with the same key
+    fills in more columns (the benchmark stage after correctness), and loading folds them into one."""
+
+    run_id: str
+    case_id: str
+    backend: str
+    phase: str
+    # the case
+    batch: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    seq_q: int | None = None
+    seq_k: int | None = None
+    head_dim: int | None = None
+    dtype: str | None = None
+    mask: str | None = None
+    scale: float | None = None
+    device: str | None = None
+    # correctness
+    status: str | None = None
+    reason: str | None = None
+    out_err: float | None = None
+    out_tol: float | None = None
+    dq_err: float | None = None
+    dq_tol: float | None = None
+    dk_err: float | None = None
+    dk_tol: float | None = None
+    dv_err: float | None = None
+    dv_tol: float | None = None
+    naive_out_err: float | None = None
+    naive_dq_err: float | None = None
+    naive_dk_err: float | None = None
+    naive_dv_err: float | None = None
+    err_ratio: float | None = None
+    nonfinite: bool | None = None
+    backend_op: str | None = None
+    observed: str | None = None
+    # performance (filled by the benchmark stage)
+    latency_ms: float | None = None
+    latency_iqr_ms: float | None = None
+    latency_min_ms: float | None = None
+    n_samples: int | None = None
+    rounds: int | None = None
+    round_spread: float | None = None
+    timing_mode: str | None = None
+    threads: int | None = None
+    noisy: bool | None = None
+    peak_mem_bytes: int | None = None
+    mem_method: str | None = None
+    flops: int | None = None
+    tflops: float | None = None
+    pct_of_peak: float | None = None
+    suspicious: bool | None = None
+    compile_ms: float | None = None
+    # provenance
+    device_name: str | None = None
+    testbed_id: str | None = None
+    torch_version: str | None = None
+    backend_version: str | None = None
+    git_sha: str | None = None
+    timestamp: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self):
+        if self.status is not None and self.status not in STATUSES:
+            raise ValueError(f"status={self.status!r}; allowed: {', '.join(STATUSES)}")
+        if self.phase not in PHASES:
+            raise ValueError(f"phase={self.phase!r}; allowed: {', '.join(PHASES)}")
+
+    @property
+    def key(self) -> TimingKey:
+        return TimingKey(self.case_id, self.backend, self.phase)
+
+    def with_(self, **changes) -> "Row":
+        """A copy with some columns changed (validated again)."""
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Row))
+
+#: raw timing samples, long format, one line per repetition: results/<run_id>/samples.csv. `round`: the
+#: measurement round (rounds of one key are spread over the run, so they see its changing conditions)
+SAMPLE_COLUMNS: tuple[str, ...] = ("run_id", "case_id", "backend", "phase", "round", "sample", "latency_ms")

@@ -1,0 +1,146 @@
+"""The pytest plugin behind `pytest suites`: options, parametrization, stage order, the run session, the summary.
+
+suites/conftest.py loads it with `pytest_plugins = ["harness.suite.plugin"]`. Items run in stage order:
+correctness, then probes, then the benchmark (which times only what correctness passed).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.backends.registry import get_backends, load_backend_module
+from harness.cli.options import add_to_pytest
+from harness.execution.device import resolve_device
+from harness.execution.session import RunSession
+from harness.launch.sharding import parse_shard, select_shard
+from harness.measure.timing import TimingConfig
+from harness.spec.matrices import build_matrix
+from harness.store.schema import PHASES
+
+_SESSION_KEY = pytest.StashKey[RunSession]()
+#: suites/<stage>/test_*.py run in this order
+STAGES = ("correctness", "probes", "benchmark")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("attention harness")
+    add_to_pytest(group, "backends", "backend_module", "matrix", "device", "results_dir", "seed", "benchmark",
+                  "timing_budget_ms", "rounds", "cuda_graph", "threads", "cpu_mem_budget_gb", "no_report", "shard")
+
+
+def pytest_configure(config):
+    try:
+        for module in config.option.backend_module:
+            load_backend_module(module)
+        config._harness_backends = get_backends(config.option.backends)
+        config._harness_cases = build_matrix(config.option.matrix)
+        if config.option.shard:
+            config._harness_cases = select_shard(config._harness_cases, *parse_shard(config.option.shard))
+        device = resolve_device(config.option.device)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if config.option.threads is not None:
+        torch.set_num_threads(config.option.threads)  # fixed for the whole run, recorded in env and rows
+    if getattr(config, "workerinput", None) is None and not config.option.collectonly:
+        budget = config.option.cpu_mem_budget_gb
+        session = RunSession(device, Path(config.option.results_dir), config.option.seed,
+                             timing=TimingConfig(warmup_ms=config.option.timing_budget_ms / 4,
+                                                 budget_ms=config.option.timing_budget_ms,
+                                                 cuda_graph=config.option.cuda_graph),
+                             cpu_mem_budget=None if budget is None else int(budget * 2 ** 30),
+                             rounds=config.option.rounds)
+        if config.option.benchmark_enabled:
+            session.measure_peaks(sorted({c.dtype for c in config._harness_cases}, key=str))
+        config.stash[_SESSION_KEY] = session
+        if config.getoption("benchmark_storage", None) == "file://./.benchmarks":
+            # pytest-benchmark's own --benchmark-compare must only compare like with like: one store per testbed
+            config.option.benchmark_storage = f"file://./.benchmarks/{session.env['testbed_id']}"
+    config._harness_device = device
+
+
+def _stage(item) -> int:
+    parts = Path(str(item.path)).parts
+    return next((i for i, stage in enumerate(STAGES) if stage in parts), len(STAGES))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Correctness first, then probes, then the benchmark; the order inside a stage is kept (stable sort)."""
+    items.sort(key=_stage)
+
+
+def pytest_generate_tests(metafunc):
+    if "case" in metafunc.fixturenames and "backend" in metafunc.fixturenames:
+        config = metafunc.config
+        # case-major order: the reference of a case is computed once and reused by every backend
+        pairs = [(c, b) for c in config._harness_cases for b in config._harness_backends]
+        if "phase" in metafunc.fixturenames and "perf_round" in metafunc.fixturenames:
+            # round-major: every key's first round, then every key's second... so the rounds of one key are
+            # minutes apart and a transient (another process, a clock dip) hits at most one of them
+            rounds = config.option.rounds
+            quads = [(c, b, p, r) for r in range(rounds) for c, b in pairs for p in PHASES]
+            metafunc.parametrize(("case", "backend", "phase", "perf_round"), quads,
+                                 # the last round keeps the plain id: it is the one pytest-benchmark records, so
+                                 # its stored names do not depend on --rounds
+                                 ids=[f"{b.name}-{c.id}-{p}" + (f"-round{r + 1}of{rounds}" if r < rounds - 1 else "")
+                                      for c, b, p, r in quads])
+        else:
+            metafunc.parametrize(("case", "backend"), pairs, ids=[f"{b.name}-{c.id}" for c, b in pairs])
+
+
+@pytest.fixture(scope="session")
+def run_session(request) -> RunSession:
+    session = request.config.stash.get(_SESSION_KEY, None)
+    if session is None:
+        pytest.skip("no run session (collect-only or xdist worker)")
+    return session
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    session = config.stash.get(_SESSION_KEY, None)
+    if session is None or not session.verdicts:
+        return
+    tr = terminalreporter
+    tr.section("attention harness")
+    for line in summary_lines(session):
+        tr.write_line(line)
+    session.finish()
+    tr.write_line(f"results: {session.writer.path}")
+    if config.getoption("report", True):
+        try:  # figures and report are built from the stored files only; a drawing problem must not fail the run
+            from harness.report.document import build_report
+            tr.write_line(f"report:  {build_report(session.run_dir)}")
+        except Exception as exc:
+            tr.write_line(f"report:  not built ({type(exc).__name__}: {exc}); retry with "
+                          f"python -m harness report {session.run_dir}")
+
+
+def summary_lines(session: RunSession) -> list[str]:
+    """Per backend: cases by correctness status and, when timed, the median speedup over naive per phase."""
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for (_, backend), result in session.verdicts.items():
+        counts[backend][result.status] += 1
+    speedups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (case_id, backend, phase), row in session.perf_rows.items():
+        naive = session.perf_rows.get((case_id, "naive", phase))
+        if row.latency_ms and naive is not None and naive.latency_ms:
+            speedups[backend][phase].append(naive.latency_ms / row.latency_ms)
+    statuses = ["pass", "fail", "error", "oom", "unsupported", "unavailable"]
+    header = f"{'backend':<16}" + "".join(f"{s:>12}" for s in statuses)
+    if session.perf_rows:
+        header += "".join(f"{'x naive ' + p:>18}" for p in PHASES)
+    lines = [header]
+    for backend, c in counts.items():
+        line = f"{backend:<16}" + "".join(f"{c.get(s, 0):>12}" for s in statuses)
+        if session.perf_rows:
+            line += "".join(f"{_median(speedups[backend][p]):>18}" for p in PHASES)
+        lines.append(line)
+    return lines
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}" if values else "-"

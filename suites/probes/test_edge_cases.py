@@ -1,0 +1,45 @@
+"""Edge cases that must be correct (off-tile sizes, head dims, GQA, strided/expanded/NaN-padded inputs,
+large magnitudes, fp16 near overflow, cross-attention with padding, empty tensors), judged like any case."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.probes.edge_cases import edge_cases, run_edge
+from harness.probes.empty import KNOWN_FAILURES, SHAPES, empty_row, probe_all
+from harness.suite.probes import conclude, parametrize, tier
+
+
+def pytest_generate_tests(metafunc):
+    config = metafunc.config
+    level = tier(config) or "default"
+    backends = config._harness_backends
+    if "edge" in metafunc.fixturenames:
+        pairs = [(e, b) for e in edge_cases(level) for b in backends
+                 if level == "full" or e.compiled_default or not b.compiles_per_shape]
+        parametrize(metafunc, ("edge", "backend"), pairs, [f"{b.name}-{e.id}" for e, b in pairs])
+    if "empty_shape" in metafunc.fixturenames:
+        pairs = [(s, b) for b in backends for s in SHAPES]
+        parametrize(metafunc, ("empty_shape", "backend"), pairs, [f"{b.name}-{s}" for s, b in pairs])
+
+
+def test_edge_case(edge, backend, run_session):
+    rows = run_edge(edge, backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id)
+    run_session.writer.write(rows)
+    conclude(rows, dict(edge.known_failures).get(backend.name))
+
+
+@pytest.fixture(scope="module")
+def empty_outcomes(request, run_session):
+    """Every (backend, empty shape) probed once, in child processes (a crash must not end the run)."""
+    config = request.config
+    # compile-per-shape backends last: a crash costs a restart, and their compiles are the slow part
+    order = sorted(config._harness_backends, key=lambda b: b.compiles_per_shape)
+    return probe_all(order, run_session.device, config.option.backend_module)
+
+
+def test_empty_tensors(empty_shape, backend, run_session, empty_outcomes):
+    device = run_session.device
+    row = empty_row(backend, empty_shape, empty_outcomes[(backend.name, empty_shape)], device, run_session.run_id)
+    run_session.writer.write([row])
+    conclude([row], KNOWN_FAILURES.get((backend.name, device.type, empty_shape)))

@@ -1,0 +1,60 @@
+"""`python -m harness check` exit codes and bad-input errors, run as a user would (a subprocess)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+BROKEN = str(ROOT / "tests" / "fixtures" / "broken_backends.py")
+
+
+def harness(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_check_passes_for_correct_backends(tmp_path):
+    res = harness("check", "--backends", "naive,sdpa-math,sdpa-efficient", "--matrix", "smoke", "--device", "cpu",
+                  "--results-dir", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    csv = next(tmp_path.glob("*/results.csv"))
+    df = pd.read_csv(csv)
+    assert set(df.status) == {"pass", "unavailable"}  # efficient is CUDA-only: skipped with a reason, exit 0
+    assert df[df.status == "unavailable"].reason.str.contains("CUDA-only").all()
+
+
+def test_check_fails_for_a_broken_plugin():
+    res = harness("check", "--backend-module", BROKEN, "--backends", "broken-scale", "--matrix", "smoke")
+    assert res.returncode == 1
+    assert "FAIL broken-scale" in res.stdout
+
+
+def test_unknown_names_are_one_line_errors():
+    for args, needle in [
+        (["--backends", "nope"], "unknown backend 'nope'; allowed: naive"),
+        (["--matrix", "huge"], "unknown matrix 'huge'; allowed: smoke, default, full"),
+        (["--device", "tpu"], "device 'tpu'"),
+        (["--backend-module", "no_such_module_xyz"], "--backend-module 'no_such_module_xyz' failed to import"),
+        (["--backend-module", "missing/file.py"], "no such file"),
+    ]:
+        res = harness("check", *args)
+        assert res.returncode == 2, (args, res.stderr)
+        errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and needle in errors[0], res.stderr
+
+
+def test_plugin_that_raises_becomes_an_error_row(tmp_path):
+    plugin = tmp_path / "raising.py"
+    plugin.write_text(
+        "from harness import Backend, register\n"
+        "@register\n"
+        "class Raising(Backend):\n"
+        "    name = 'raising'\n"
+        "    def forward(self, q, k, v, *, mask, scale):\n"
+        "        raise RuntimeError('kernel exploded')\n")
+    res = harness("check", "--backend-module", str(plugin), "--backends", "raising,naive", "--matrix", "smoke")
+    assert res.returncode == 1
+    assert "ERROR raising" in res.stdout and "RuntimeError: kernel exploded" in res.stdout
+    assert "naive" in res.stdout  # the sweep went on

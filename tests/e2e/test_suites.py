@@ -1,0 +1,62 @@
+"""`pytest suites` end to end: readable ids, skips with reasons, the CSV with its columns, bad options."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from harness.store.schema import COLUMNS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_suites(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-ra",
+                           "--results-dir", str(tmp_path), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_smoke_run_writes_csv_and_skips_with_reasons(tmp_path):
+    res = run_suites(tmp_path, "--matrix", "smoke", "--backends", "naive,sdpa-flash,xformers,flash-attn", "-v")
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "test_correctness[sdpa-flash-bf16-b2-h4-s64-d32-causal] PASSED" in res.stdout
+    assert "xformers kernels need CUDA" in res.stdout and "flash_attn not importable" in res.stdout
+    run_dir = next(tmp_path.iterdir())
+    df = pd.read_csv(run_dir / "results.csv")
+    assert list(df.columns) == list(COLUMNS)
+    assert len(df) == 8 * 4 * 2  # cases x backends x phases, one row each
+    assert set(df[df.backend.isin(["naive", "sdpa-flash"])].status) == {"pass"}
+    assert set(df[df.backend.isin(["xformers", "flash-attn"])].status) == {"unavailable"}
+    assert (run_dir / "env.json").exists()
+    assert df.out_err.notna().sum() == 16 and df.dq_err.notna().sum() == 16
+
+
+def test_plugin_checked_like_builtins(tmp_path):
+    res = run_suites(tmp_path, "--matrix", "smoke", "--backend-module", "tests/fixtures/broken_backends.py",
+                     "--backends", "broken-scale")
+    assert res.returncode == 1
+    assert "FAILED suites/correctness/test_correctness.py::test_correctness[broken-scale-fp32-b2-h4-s64-d32-none]" in res.stdout
+
+
+def test_bad_option_is_a_usage_error(tmp_path):
+    res = run_suites(tmp_path, "--backends", "sdpa,warp-attn")
+    assert res.returncode == 4
+    assert "unknown backend 'warp-attn'" in res.stderr
+
+
+def test_performance_items_run_round_major_and_the_last_round_keeps_the_plain_id(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "pytest", "suites/benchmark/test_performance.py", "-p", "no:cacheprovider",
+                          "--collect-only", "-q", "--matrix", "smoke", "--backends", "naive", "--rounds", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:]
+    ids = [line.split("[", 1)[1].rstrip("]") for line in res.stdout.splitlines() if "::test_performance[" in line]
+    keys = len(ids) // 2
+    assert keys == 8 * 3 and len(ids) == 2 * keys  # smoke cases x phases, twice
+    assert all(i.endswith("-round1of2") for i in ids[:keys])  # every key's first round before any second one
+    assert ids[keys:] == [i.removesuffix("-round1of2") for i in ids[:keys]]  # same order, plain ids
+
+
+def test_bad_rounds_is_a_usage_error(tmp_path):
+    res = run_suites(tmp_path, "--matrix", "smoke", "--rounds", "0")
+    assert res.returncode == 4 and "argument --rounds: must be an integer >= 1; got 0" in res.stderr

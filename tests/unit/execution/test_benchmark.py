@@ -1,0 +1,193 @@
+"""The benchmark stage: timing gated by correctness, its rows, failure rows, and rounds pooled over a run (CPU)."""
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from harness import AttentionCase
+from harness.backends.base import Backend
+from harness.backends.registry import get_backends
+from harness.execution.benchmark import PerfResult, measure_phase
+from harness.execution.device import resolve_device
+from harness.execution.runner import execute, prepare_case
+from harness.execution.session import RunSession
+from harness.measure.timing import Measurement, TimingConfig
+from harness.spec.masks import Causal
+from harness.store.load import load_results, load_samples
+from harness.store.schema import Row
+
+CPU = resolve_device("cpu")
+FAST = TimingConfig(warmup_ms=5, budget_ms=20, min_reps=5)
+
+
+def _perf(backend_name, case, phase, **kw):
+    backend = get_backends([backend_name])[0] if isinstance(backend_name, str) else backend_name
+    prepared = prepare_case(case, CPU)
+    verdict = execute(backend, prepared)
+    return measure_phase(backend, prepared, phase, verdict, config=FAST, peaks={"fp32": 0.1}, **kw)
+
+
+@pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
+def test_perf_row_has_every_measured_column(phase):
+    res = _perf("sdpa-flash", AttentionCase(1, 2, 64, 32, "fp32", mask=Causal()), phase)
+    row = res.row
+    assert row.status == "pass" and res.measurement is not None
+    for col in ("latency_ms", "latency_iqr_ms", "latency_min_ms", "n_samples", "peak_mem_bytes", "flops", "tflops",
+                "pct_of_peak"):
+        value = getattr(row, col)
+        assert value == value and value is not None, col  # present and not NaN
+    assert row.latency_ms == pytest.approx(res.measurement.median)
+    assert row.mem_method == "cpu-profiler-peak" and row.timing_mode == "cpu-clock"
+    assert row.threads == torch.get_num_threads()
+
+
+def test_failed_backend_is_not_timed(broken):
+    res = _perf("broken-scale", AttentionCase(1, 2, 16, 32, "fp32"), "fwd")
+    assert res.measurement is None and res.row.status == "fail" and "not timed" in res.row.reason
+
+
+def test_oom_during_timing_is_a_row():
+    class Hungry(Backend):
+        name = "hungry"
+        calls = 0
+
+        def forward(self, q, k, v, *, mask, scale):
+            Hungry.calls += 1
+            if Hungry.calls > 1:  # passes correctness, then runs out of memory when timed
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    res = _perf(Hungry(), AttentionCase(1, 2, 16, 32, "fp32"), "fwd")
+    assert res.row.status == "oom" and "20.00 GiB" in res.row.reason
+
+
+def test_cpu_memory_budget_records_oom():
+    res = _perf("naive", AttentionCase(1, 2, 256, 32, "fp32"), "fwd", cpu_mem_budget=1024)
+    assert res.row.status == "oom" and "> CPU budget 1024" in res.row.reason and res.measurement is None
+
+
+def test_memory_growth_separates_materialized_from_fused():
+    """naive materializes (S x S) scores: ~4x memory per doubling; the fused CPU flash kernel at most ~2x
+    (its O(S) output plus fixed per-thread blocks, so measured 1.5-2.4x)."""
+    growth = {}
+    for name in ("naive", "sdpa-flash"):
+        peaks = [_perf(name, AttentionCase(1, 4, s, 64, "fp32"), "fwd").row.peak_mem_bytes for s in (1024, 2048)]
+        growth[name] = peaks[1] / peaks[0]
+    assert 3.3 < growth["naive"] < 4.5, growth
+    assert 1.3 < growth["sdpa-flash"] < 2.5, growth
+    assert growth["naive"] > 1.5 * growth["sdpa-flash"]
+
+
+def test_later_rounds_pool_samples_and_reuse_memory():
+    case = AttentionCase(1, 2, 64, 32, "fp32", mask=Causal())
+    first = _perf("sdpa-flash", case, "fwd")
+    second = _perf("sdpa-flash", case, "fwd", prior=first.measurement, known_memory=(12345, "from round 1"))
+    row = second.row
+    assert row.rounds == 2 and row.n_samples == first.measurement.n + second.measurement.n
+    assert (row.peak_mem_bytes, row.mem_method) == (12345, "from round 1")
+    pooled = sorted(first.measurement.samples_ms + second.measurement.samples_ms)
+    assert row.latency_ms == pytest.approx(float(np.median(pooled)))
+
+
+def test_round_timing_splits_the_budget(tmp_path):
+    session = RunSession(CPU, tmp_path, timing=TimingConfig(warmup_ms=20, budget_ms=90, min_reps=10, max_reps=500),
+                         rounds=3)
+    t = session.round_timing
+    assert (t.warmup_ms, t.budget_ms, t.min_reps, t.max_reps) == (pytest.approx(20 / 3), 30, 4, 167)
+    assert json.loads((session.run_dir / "env.json").read_text())["rounds"] == 3
+    assert RunSession(CPU, tmp_path / "a", rounds=1).round_timing == RunSession(CPU, tmp_path / "b").timing
+    with pytest.raises(ValueError, match="rounds=0"):
+        RunSession(CPU, tmp_path, rounds=0)
+
+
+def _suite_performance_test():
+    """suites/benchmark/test_performance.py's test function, to drive its round logic directly."""
+    path = Path(__file__).resolve().parents[3] / "suites" / "benchmark" / "test_performance.py"
+    spec = importlib.util.spec_from_file_location("suite_test_performance", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.test_performance
+
+
+class _FakeBenchmark:
+    def __init__(self):
+        self.extra_info, self.calls = {}, 0
+
+    def pedantic(self, fn, setup=None, rounds=1, iterations=1, warmup_rounds=0):
+        self.calls += 1
+
+
+def _run_rounds(tmp_path, backend, rounds=3, fail_in_round=None):
+    """Drive the suite's test through every round of one key, as pytest would (round-major)."""
+    test = _suite_performance_test()
+    session = RunSession(CPU, tmp_path, timing=FAST, rounds=rounds)
+    request = SimpleNamespace(config=SimpleNamespace(getoption=lambda name: True))
+    case, outcomes, bench = AttentionCase(1, 2, 32, 16, "fp32"), [], _FakeBenchmark()
+    for r in range(rounds):
+        backend.fail = r == fail_in_round
+        try:
+            test(case, backend, "fwd", r, session, bench, request)
+            outcomes.append("passed")
+        except pytest.skip.Exception as exc:
+            outcomes.append(f"skipped: {exc}")
+    session.finish()
+    return session, outcomes, bench
+
+
+class _Toggle(Backend):
+    """Correct SDPA that raises while `fail` is set: a failure in one measurement round only."""
+    name = "toggle"
+    fail = False
+
+    def forward(self, q, k, v, *, mask, scale):
+        if self.fail:
+            raise RuntimeError("transient failure")
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def test_rounds_pool_into_one_row_and_label_their_samples(tmp_path):
+    session, outcomes, bench = _run_rounds(tmp_path, _Toggle())
+    assert outcomes == ["passed"] * 3 and bench.calls == 1  # pytest-benchmark: the last round only
+    row = load_results(session.run_dir).set_index("phase").loc["fwd"]
+    samples = load_samples(session.run_dir)
+    assert row.status == "pass" and row.rounds == 3 and row.n_samples == len(samples)
+    assert sorted(samples["round"].unique()) == [0, 1, 2]
+    assert row.latency_ms == pytest.approx(float(np.median(samples.latency_ms)))
+    assert bench.extra_info["rounds"] == 3
+
+
+def test_a_failure_in_a_later_round_ends_the_key_with_its_reason(tmp_path):
+    session, outcomes, _ = _run_rounds(tmp_path, _Toggle(), fail_in_round=1)
+    assert outcomes[0] == "passed" and outcomes[1].startswith("skipped: error")
+    assert outcomes[2] == "skipped: not timed after an earlier round"
+    row = load_results(session.run_dir).set_index("phase").loc["fwd"]
+    assert row.status == "error" and row.reason.startswith("round 2 of 3: during timing: RuntimeError")
+    assert row.rounds == 1 and set(load_samples(session.run_dir)["round"]) == {0}  # round 1 kept, labelled
+
+
+def test_a_later_round_run_alone_is_timed(tmp_path):
+    """Running one item by its plain id (the last round) must measure, not skip for want of round 1."""
+    test = _suite_performance_test()
+    session = RunSession(CPU, tmp_path, timing=FAST, rounds=3)
+    request = SimpleNamespace(config=SimpleNamespace(getoption=lambda name: True))
+    bench = _FakeBenchmark()
+    test(AttentionCase(1, 2, 32, 16, "fp32"), _Toggle(), "fwd", 2, session, bench, request)
+    assert bench.calls == 1 and session.perf_rows[("fp32-b1-h2-s32-d16-none", "toggle", "fwd")].rounds == 1
+
+
+def test_a_key_once_suspicious_stays_suspicious_with_its_reason(tmp_path):
+    """Rows fold (later non-empty values win), so a later round could not clear the reason: keep both."""
+    session = RunSession(CPU, tmp_path)
+    base = Row(run_id="", case_id="fp32-b1-h2-s32-d16-none", backend="x", phase="fwd", status="pass",
+               peak_mem_bytes=1, mem_method="m")
+    first, second = Measurement((1.0,), "cpu-clock", 1), Measurement((2.0,), "cpu-clock", 1)
+    session.record_perf(PerfResult(base.with_(suspicious=True, reason="suspicious: 9 TFLOP/s"), first, first))
+    session.record_perf(PerfResult(base.with_(suspicious=False), second, Measurement.merge([first, second])),
+                        round_index=1)
+    row = load_results(session.run_dir).iloc[0]
+    assert bool(row.suspicious) and row.reason == "suspicious: 9 TFLOP/s"

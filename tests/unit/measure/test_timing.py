@@ -1,0 +1,98 @@
+"""Timing, memory, FLOP and roofline building blocks (CPU)."""
+
+import time
+
+import pytest
+import torch
+
+from harness import AttentionCase
+from harness.execution.device import resolve_device
+from harness.measure.flops import attention_flops
+from harness.measure.memory import peak_memory
+from harness.measure.roofline import matmul_peak_tflops
+from harness.measure.timing import Measurement, TimingConfig, measure
+from harness.spec.masks import Causal, CausalBottomRight, KeyPadding
+
+CPU = resolve_device("cpu")
+FAST = TimingConfig(warmup_ms=5, budget_ms=20, min_reps=5)
+
+
+def test_measurement_statistics():
+    m = Measurement((1.0, 2.0, 3.0, 4.0, 100.0), "cpu-clock", 2)
+    assert (m.n, m.median, m.min) == (5, 3.0, 1.0)
+    assert m.iqr == pytest.approx(2.0) and m.noisy
+    assert not Measurement((1.0, 1.01, 1.02, 0.99), "cpu-clock", 2).noisy
+
+
+def test_setup_runs_outside_the_timed_region():
+    m = measure(lambda: None, device=CPU, setup=lambda: time.sleep(0.005), config=FAST)
+    assert m.median < 1.0 and m.n >= FAST.min_reps and len(m.samples_ms) == m.n
+
+
+def test_repetitions_follow_the_budget():
+    m = measure(lambda: time.sleep(0.002), device=CPU, config=TimingConfig(warmup_ms=0, budget_ms=40, min_reps=3))
+    assert 3 <= m.n <= 20  # ~40 ms / ~2 ms, never fewer than min_reps
+
+
+def test_bad_timing_config():
+    with pytest.raises(ValueError, match="budgets must be finite and > 0"):
+        TimingConfig(budget_ms=0)
+    with pytest.raises(ValueError, match="budgets must be finite"):
+        TimingConfig(budget_ms=float("nan"))
+
+
+def test_cpu_peak_memory_counts_temporaries_not_inputs():
+    existing = torch.ones(8 * 2 ** 20, dtype=torch.uint8)
+
+    def work():
+        tmp = torch.ones(32 * 2 ** 20, dtype=torch.uint8)  # 32 MiB, freed before returning
+        return int(tmp[0]) + int(existing[0])
+
+    peak, method = peak_memory(work, device=CPU)
+    assert method == "cpu-profiler-peak"
+    assert 32 * 2 ** 20 <= peak < 40 * 2 ** 20
+    assert peak_memory(lambda: existing[:16].clone(), device=CPU)[0] < 2 ** 20
+
+
+@pytest.mark.parametrize("mask, pairs", [
+    (None, 2 * 10 * 12),
+    (Causal(), 2 * sum(min(i + 1, 12) for i in range(10))),
+    (CausalBottomRight(), 2 * sum(min(i + 3, 12) for i in range(10))),
+    (KeyPadding((4, 12)), 10 * 4 + 10 * 12),
+])
+def test_flops_from_attended_pairs(mask, pairs):
+    case = AttentionCase(2, 3, 10, 16, "fp32", kv_heads=1, seq_k=12, mask=mask)
+    fwd = 4 * pairs * 3 * 16
+    assert attention_flops(case, "fwd") == fwd
+    assert attention_flops(case, "bwd") == int(2.5 * fwd)
+    assert attention_flops(case, "fwd+bwd") == int(3.5 * fwd)
+    with pytest.raises(ValueError, match="phase='both'"):
+        attention_flops(case, "both")
+
+
+def test_matmul_peak_is_measured():
+    tflops, m = matmul_peak_tflops(CPU, torch.float32, config=FAST)
+    assert tflops > 0 and m.n >= FAST.min_reps
+
+
+def test_merged_rounds_pool_their_samples():
+    m = Measurement.merge([Measurement((1.0, 1.0, 1.1), "cpu-clock", 1), Measurement((1.2, 1.2, 1.3), "cpu-clock", 1)])
+    cols = m.latency_columns()
+    assert cols["rounds"] == 2 and cols["n_samples"] == 6 and cols["latency_min_ms"] == 1.0
+    assert cols["latency_ms"] == pytest.approx(1.15)  # median of all six samples
+    assert cols["round_spread"] == pytest.approx((1.2 - 1.0) / 1.15)  # round medians 1.0 and 1.2
+    assert cols["noisy"]  # rounds 17% apart, though each round alone is tight
+    assert not Measurement.merge([Measurement((1.0, 1.01), "cpu-clock", 1),
+                                  Measurement((1.0, 1.02), "cpu-clock", 1)]).noisy
+    again = Measurement.merge([m, Measurement((2.0,), "cpu-clock", 1)])  # a merged one keeps its rounds apart
+    assert again.rounds == 3 and again.round_medians() == [1.0, 1.2, 2.0]
+
+
+def test_a_known_estimate_skips_the_first_call_and_the_estimate():
+    calls = []
+    cfg = TimingConfig(warmup_ms=0, budget_ms=1, min_reps=3, max_reps=3)
+    m = measure(lambda: calls.append(1), device=CPU, config=cfg, estimate_ms=1.0)
+    assert (m.n, len(calls)) == (3, 1 + 3)  # one warmup call, then the repetitions
+    assert m.first_call_ms != m.first_call_ms  # nan: there was no first call to report
+    calls.clear()
+    assert measure(lambda: calls.append(1), device=CPU, config=cfg).n == 3 and len(calls) == 1 + 2 + 1 + 3

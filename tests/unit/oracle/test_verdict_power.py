@@ -1,0 +1,91 @@
+"""The verdict must catch planted bugs and must pass every correct built-in over the default matrix."""
+
+import pytest
+import torch
+
+import harness
+from harness import AttentionCase
+from harness.spec.masks import Causal, KeyPadding
+from harness.oracle.verdict import judge
+
+# Cases where each planted bug is visible: causal, non-square, GQA, fp32 and bf16.
+PROBE_CASES = [
+    AttentionCase(2, 8, 64, 64, "fp32", kv_heads=2, mask=Causal()),
+    AttentionCase(2, 4, 33, 64, "fp32", seq_k=65, mask=Causal()),
+    AttentionCase(2, 8, 48, 32, "bf16", kv_heads=4, mask=Causal() & KeyPadding((30, 48))),
+]
+
+# Every broken backend must fail on at least these cases (the ones where its bug changes the answer).
+EXPECTED = {
+    "broken-scale": PROBE_CASES,
+    "broken-mask-after-softmax": PROBE_CASES,
+    "broken-reshape": PROBE_CASES,
+    "broken-causal-diagonal": PROBE_CASES,
+    "broken-causal-alignment": [PROBE_CASES[1]],
+    "broken-gqa-mapping": [PROBE_CASES[0], PROBE_CASES[2]],
+    "broken-bf16-everywhere": PROBE_CASES[:2],
+    "broken-drops-last-key": [PROBE_CASES[0], PROBE_CASES[2]],  # top-left causal Sq<Sk never sees the last key
+    "broken-noise-2pct": PROBE_CASES,
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_planted_bug_is_caught(broken, name):
+    df = harness.check([name], EXPECTED[name], "cpu")
+    fwd = df[df.phase == "fwd"]
+    assert list(fwd.status) == ["fail"] * len(EXPECTED[name]), fwd[["case_id", "status", "out_err", "out_tol"]]
+    assert (fwd.out_err > fwd.out_tol).all()
+
+
+def test_gradient_only_bug_is_caught_in_backward(broken):
+    df = harness.check(["broken-dq"], PROBE_CASES[:2], "cpu").set_index("phase")
+    assert set(df.loc["fwd"].status) == {"pass"}
+    bwd = df.loc["bwd"]
+    assert set(bwd.status) == {"fail"} and (bwd.dq_err > bwd.dq_tol).all() and (bwd.dk_err <= bwd.dk_tol).all()
+
+
+def test_bf16_everywhere_passes_in_bf16(broken):
+    """The rule is relative to the dtype: computing bf16 inputs in bf16 is not a bug."""
+    df = harness.check(["broken-bf16-everywhere"], [AttentionCase(2, 4, 64, 64, "bf16", mask=Causal())], "cpu")
+    assert set(df[df.phase == "fwd"].status) == {"pass"}
+
+
+def test_nan_is_a_failure_whatever_its_size():
+    ref = torch.zeros(2, 3, dtype=torch.float64)
+    out = torch.zeros(2, 3)
+    out[1, 2] = float("nan")
+    check = judge("out", out, ref, torch.float32, naive_err=1.0)
+    assert not check.passed and check.nonfinite and "NaN" in check.describe()
+
+
+def test_tolerance_is_recorded_and_follows_naive():
+    ref = torch.ones(4, dtype=torch.float64)
+    check = judge("dq", torch.ones(4) * 1.001, ref, torch.float16, naive_err=0.01)
+    assert check.tol == pytest.approx(4 * 0.01 + 1e-3) and check.passed
+
+
+CPU_BACKENDS = ["naive", "sdpa", "sdpa-math", "sdpa-flash", "flex"]
+
+
+def test_correct_builtins_pass_default_matrix():
+    df = harness.check(CPU_BACKENDS, "default", "cpu")
+    bad = df[~df.status.isin(["pass", "unsupported"])]
+    assert bad.empty, bad[["backend", "case_id", "phase", "status", "reason"]].to_string()
+    # every backend really ran: each has passes in both phases except flex, which has no CPU backward
+    passed = df[df.status == "pass"].groupby("backend").phase.unique()
+    for name in CPU_BACKENDS:
+        assert "fwd" in passed[name]
+        assert ("bwd" in passed[name]) == (name != "flex")
+    assert (df[df.status == "pass"].err_ratio <= 1).all()
+
+
+def test_baseline_stand_in_scales_with_the_reference():
+    """Without a usable naive baseline, the stand-in is NAIVE_BOUND at each quantity's magnitude; naive gets None."""
+    from harness.execution.runner import prepare_case
+    from harness.oracle.verdict import NAIVE_BOUND
+    prepared = prepare_case(AttentionCase(1, 2, 32, 16, "bf16", mask=Causal()), torch.device("cpu"))
+    assert prepared.naive_error("dq", "naive") is None
+    assert prepared.naive_error("dq", "sdpa") == prepared.naive_errors["dq"]
+    prepared.naive_errors = None
+    magnitude = max(1.0, float(prepared.reference.dk.abs().max()))
+    assert prepared.naive_error("dk", "sdpa") == pytest.approx(NAIVE_BOUND[torch.bfloat16] * magnitude)

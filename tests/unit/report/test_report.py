@@ -1,0 +1,121 @@
+"""The run report from a synthetic run: sections, links that resolve, winners, filters, CLI errors."""
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from harness.cli.main import main
+from harness.report.document import build_report
+from harness.report.analysis import headline, winners
+from harness.report.data import load_run
+from tests.fixtures.synthetic_run import write_run
+
+SMALL = dict(seqs=(128, 256), dtypes=("fp32",), masks=("none", "causal"))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return write_run(tmp_path_factory.mktemp("run"), **SMALL)
+
+
+@pytest.fixture(scope="module")
+def report(run_dir):
+    return build_report(run_dir)
+
+
+class _Ids(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids, self.hrefs, self.images = set(), [], 0
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.ids.add(attrs.get("id"))
+        if tag == "a" and attrs.get("href", "").startswith("#"):
+            self.hrefs.append(attrs["href"][1:])
+        if tag == "img" and attrs.get("src", "").startswith("data:image/png;base64,"):
+            self.images += 1
+
+
+def test_html_is_self_contained_and_its_links_resolve(report, run_dir):
+    assert report == run_dir / "report.html"
+    page = _Ids()
+    page.feed(report.read_text())
+    assert page.images == len(list((run_dir / "figures").glob("*.png"))) >= 7
+    assert page.hrefs and set(page.hrefs) <= page.ids  # every failure link lands on its row
+    assert "src='figures/" not in report.read_text()
+
+
+def test_markdown_has_every_section_and_figure(report, run_dir):
+    md = (run_dir / "report.md").read_text()
+    for section in ("## Environment", "## Headline per backend", "## Winner per shape group", "## Figures",
+                    "## Semantics", "## Failures (2)", "## Not run, and why"):
+        assert section in md, section
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert images and all((run_dir / p).is_file() for p in images)
+    assert {p.split("/")[1].split("-")[0].removesuffix(".png") for p in images} == {
+        "latency", "speedup", "memory", "tflops", "err_ratio", "support", "semantics"}
+    anchors = set(re.findall(r'<a id="([^"]+)"></a>', md))
+    assert set(re.findall(r"\]\(#([^)]+)\)", md)) <= anchors
+    assert "cpu-monotonic" in md and "fp32 1 TFLOP/s" in md  # timing mode and measured peak
+    assert "| fully-masked-row:out | nan | 0 | 0 | 0 |" in md  # the semantics table, 'nan' as observed
+
+
+def test_headline_and_winners(run_dir):
+    run = load_run(run_dir)
+    head = headline(run).set_index("backend")
+    assert head.loc["naive", "passed"] == 4 and head.loc["sdpa-flash", "failed"] == 1
+    assert head.loc["flex", "of which partly run"] == 3 and head.loc["xformers", "not run"] == 4
+    assert head.loc["sdpa-flash", "median speedup fwd"] > 1 and head.loc["naive", "median speedup fwd"] == 1
+    win = winners(run)
+    failed = win[(win.seq_k == 256) & (win["mask"] == "causal") & (win.phase != "fwd")]
+    assert set(failed.winner) == {"naive"}  # sdpa-flash is faster but failed bwd there: it cannot win
+    assert set(win[win["mask"] == "none"].winner) == {"sdpa-flash"}
+    assert win[win.suspicious].shape[0] == 1
+
+
+def test_correctness_only_and_single_backend_reports(tmp_path):
+    only = build_report(write_run(tmp_path / "c", perf=False, **SMALL))
+    md = only.with_suffix(".md").read_text()
+    assert "Correctness-only run" in md and "Winner per shape group" not in md
+    assert "Not drawn (no data in this run): Latency, Speedup, Peak memory, Throughput" in md
+    single = build_report(write_run(tmp_path / "s", backends=("sdpa-flash",), seqs=(128, 256), dtypes=("fp32",),
+                                    masks=("none",), semantics=False))
+    md = single.with_suffix(".md").read_text()
+    assert "figures/latency.png" in md and "No semantics observations" in md
+
+
+def test_filters_keep_the_baseline_and_name_bad_values(run_dir, tmp_path):
+    run = load_run(run_dir, backends=["flex"], dtype="float32", mask="causal")
+    assert set(run.df.backend) == {"flex", "naive"} and set(run.cases["mask"]) == {"causal"}
+    assert run.df.speedup.notna().any()
+    for kwargs, needle in [({"backends": ["nope"]}, "backend 'nope'"), ({"dtype": "bf16"}, "dtype 'bf16'"),
+                           ({"mask": "keypad"}, "mask 'keypad'"),
+                           ({"baseline": "sdpa", "strict_baseline": True}, "baseline 'sdpa'")]:
+        with pytest.raises(ValueError, match=needle):
+            load_run(run_dir, **kwargs)
+    with pytest.raises(FileNotFoundError, match="no run directory"):
+        load_run(tmp_path / "missing")
+    window = load_run(write_run(tmp_path / "w", backends=("naive",), seqs=(128, 256), dtypes=("fp32",),
+                                masks=("window",), perf=False), mask="window")
+    assert set(window.cases["mask"]) == {"window32-0", "window64-0"}  # a family spans its sized ids
+
+
+def test_cli_plot_report_and_errors(run_dir, tmp_path, capsys):
+    tiny = write_run(tmp_path / "tiny", backends=("naive", "sdpa-flash", "flex"), seqs=(128,), dtypes=("fp32",),
+                     masks=("none",), semantics=False, perf=False)  # few figures: the CLI is under test here
+    out = tmp_path / "out"
+    assert main(["plot", str(tiny), "--backends", "sdpa-flash", "--mask", "none", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed and all(p.endswith(".png") and p.startswith(str(out)) for p in printed)
+    assert main(["report", str(tiny), "--baseline", "naive", "--dtype", "fp32", "--out", str(out)]) == 0
+    assert (out / "report.html").is_file() and (out / "report.md").is_file()
+    capsys.readouterr()
+    for args, needle in [(["--backends", "naive,nope"], "backend 'nope' is not in this run"),
+                         (["--baseline", "flash-attn"], "baseline 'flash-attn' is not in this run")]:
+        assert main(["report", str(run_dir), *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0]
+    assert main(["plot", str(tmp_path / "nowhere")]) == 2
+    assert "no run directory" in capsys.readouterr().err
