@@ -4,4 +4,5 @@ import sys
 
 from harness.cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":  # a spawned worker imports this module as __mp_main__: it must not run the CLI again
+    sys.exit(main())

@@ -10,6 +10,7 @@ import pandas as pd
 from harness.backends.base import Backend
 from harness.backends.registry import get_backends
 from harness.execution.device import resolve_device
+from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.runner import execute, prepare_case
 from harness.spec.case import AttentionCase
 from harness.spec.matrices import build_matrix
@@ -19,11 +20,14 @@ from harness.store.writer import ResultsWriter
 
 def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable[AttentionCase] | str = "smoke",
           device: str | None = None, *, results_path: str | Path | None = None, seed: int = 0,
-          run_id: str = "") -> pd.DataFrame:
+          run_id: str = "", isolate: bool = False, call_timeout_s: float | None = None) -> pd.DataFrame:
     """Check each backend on each case against the float64 reference; one row per (case, backend, phase).
 
     `cases` is a list of AttentionCase or a matrix name; `backends` names, Backend objects or None for all.
-    With `results_path`, rows are also appended to that CSV as each case finishes.
+    With `results_path`, rows are also appended to that CSV as each case finishes. With `isolate`, every backend
+    runs in a supervised worker process (a crash or a call over `call_timeout_s` becomes an error row); its
+    backends must then be registered from an importable module, and a script needs the usual
+    `if __name__ == "__main__":` guard of multiprocessing.
     """
     dev = resolve_device(device)
     case_list = build_matrix(cases) if isinstance(cases, str) else list(cases)
@@ -35,12 +39,23 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
     else:
         chosen = [b if isinstance(b, Backend) else get_backends([b])[0] for b in backends]
     writer = ResultsWriter(results_path) if results_path else None
+    executor: Executor = IN_PROCESS
+    if isolate:
+        from harness.execution.isolation import DEFAULT_TIMEOUT_S, IsolatedExecutor
+
+        executor = IsolatedExecutor(dev, timeout_s=call_timeout_s or DEFAULT_TIMEOUT_S,
+                                    log_dir=str(Path(results_path).parent / "workers") if results_path else None)
     rows: list[Row] = []
-    for case in case_list:
-        prepared = prepare_case(case, dev, seed)
-        for backend in chosen:
-            result = execute(backend, prepared, run_id)
-            rows.extend(result.rows)
-            if writer:
-                writer.write(result.rows)
+    try:
+        for case in case_list:
+            prepared = prepare_case(case, dev, seed)
+            for backend in chosen:
+                result = execute(backend, prepared, run_id, executor=executor)
+                rows.extend(result.rows)
+                if writer:
+                    writer.write(result.rows)
+                if executor.interrupted:
+                    raise KeyboardInterrupt(f"{executor.interrupted}; the rows so far are written")
+    finally:
+        executor.close()
     return pd.DataFrame([r.as_dict() for r in rows]).reindex(columns=[c for c in COLUMNS if c != "schema_version"])

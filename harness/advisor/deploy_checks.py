@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from harness.backends.base import Backend, MaskForm, Unsupported
-from harness.execution.benchmark import InputsOnly, phase_callables
 from harness.execution.call import BoundCall, backend_inputs
+from harness.execution.timed import phase_callables
 from harness.execution.outcome import exception_text
 from harness.measure.cuda_graph import graphed
 from harness.spec.case import AttentionCase, Inputs, make_inputs
@@ -130,7 +130,7 @@ def cuda_graph_check(backend: Backend, case: AttentionCase, device: torch.device
     if device.type != "cuda":
         return f"n/a ({device.type})"
     # the harness's own --cuda-graph capture, so "capturable" means that works
-    setup, fn = phase_callables(backend, InputsOnly(case, device, inputs), "fwd+bwd" if training else "fwd")
+    setup, fn = phase_callables(backend, case, inputs, device, "fwd+bwd" if training else "fwd")
     setup = setup or (lambda: None)
     try:
         replay = graphed(fn, setup, device)
@@ -169,7 +169,7 @@ def determinism_check(backend: Backend, case: AttentionCase, device: torch.devic
     return "yes", f"{compared} bitwise equal over 2 runs"
 
 
-def mask_path(backend: Backend, case: AttentionCase, device: torch.device) -> dict:
+def mask_path(backend: Backend, device: torch.device, case: AttentionCase) -> dict:
     """{mask_path: native/dense/none/unsupported/unknown, dense_mask_bytes, mask_note}, read off the form the
     backend module's own translation gives for the case's mask (Backend.mask_form; never re-derived here)."""
     if case.mask is None:
@@ -182,11 +182,11 @@ def mask_path(backend: Backend, case: AttentionCase, device: torch.device) -> di
         return MaskForm("unknown", math.nan, f"translation failed: {exception_text(exc, 120)}").as_columns()
 
 
-def deployment_checks(backend: Backend, case: AttentionCase, device: torch.device, *, training: bool, seed: int = 0,
+def deployment_checks(backend: Backend, device: torch.device, case: AttentionCase, training: bool, seed: int = 0,
                       compile_backend: str = "inductor") -> dict:
     """Every check column for a verified backend: compile (small shape), CUDA graph and determinism (workload shape)."""
     inputs = make_inputs(case, device, seed)
     deterministic, note = determinism_check(backend, case, device, inputs, training=training)
     return {**compile_check(backend, case, device, training=training, compile_backend=compile_backend),
             "cuda_graph": cuda_graph_check(backend, case, device, inputs, training=training),
-            "deterministic": deterministic, "determinism_note": note, **mask_path(backend, case, device)}
+            "deterministic": deterministic, "determinism_note": note, **mask_path(backend, device, case)}

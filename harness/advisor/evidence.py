@@ -13,6 +13,7 @@ import torch
 from harness.backends.base import Backend
 from harness.compare.runs import run_testbed
 from harness.execution.benchmark import measure_phase
+from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.runner import execute, prepare_case
 from harness.measure.timing import TimingConfig
 from harness.spec.case import AttentionCase
@@ -65,17 +66,17 @@ def _phase_status(rows: list[Row], training: bool) -> tuple[str, str, float]:
 
 
 def measure_now(case: AttentionCase, backends: list[Backend], device: torch.device, *, training: bool,
-                seed: int = 0, timing: TimingConfig = TIMING) -> dict[str, Evidence]:
+                seed: int = 0, timing: TimingConfig = TIMING, executor: Executor = IN_PROCESS) -> dict[str, Evidence]:
     """Correctness first (execute against the float64 reference), then timing and memory of the verified only."""
     prepared = prepare_case(case, device, seed)
     phase = "fwd+bwd" if training else "fwd"
     out = {}
     for backend in backends:
-        verdict = execute(backend, prepared)
+        verdict = execute(backend, prepared, executor=executor)
         status, reason, err = _phase_status(verdict.rows, training)
         e = Evidence(backend.name, status, reason, err, package=backend.package)
         if status == "pass":
-            perf = measure_phase(backend, prepared, phase, verdict, config=timing, peaks={})
+            perf = measure_phase(backend, prepared, phase, verdict, config=timing, peaks={}, executor=executor)
             if perf.measurement is None:  # oom or an error while timing
                 e.status, e.reason = perf.row.status, perf.row.reason or ""
             else:

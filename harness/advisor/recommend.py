@@ -12,6 +12,7 @@ from harness.advisor.evidence import TIMING, evidence_from_run, measure_now
 from harness.advisor.ranking import Overall, Recommendation, overall, rank_backends
 from harness.advisor.workload import Workload
 from harness.backends.registry import get_backends
+from harness.execution.executor import IN_PROCESS, CallFailed, Executor
 from harness.execution.device import resolve_device
 from harness.measure.stats import CompareConfig
 from harness.measure.timing import TimingConfig
@@ -21,9 +22,11 @@ from harness.store.environment import device_name
 def recommend_workload(workload: Workload, *, backends: str | list[str] | None = None, device: str | None = None,
                        results: str | Path | None = None, seed: int = 0, timing: TimingConfig = TIMING,
                        checks: bool = True, compile_backend: str = "inductor",
-                       cfg: CompareConfig = CompareConfig()) -> Recommendation:
-    """The ranked backends of one workload (see rank_backends), with the workload, device and notes."""
+                       cfg: CompareConfig = CompareConfig(), executor: Executor | None = None) -> Recommendation:
+    """The ranked backends of one workload (see rank_backends), with the workload, device and notes. Backend calls
+    run through `executor` (default: this process; the CLI isolates them in worker processes)."""
     dev = resolve_device(device)
+    executor = executor or IN_PROCESS
     chosen = get_backends(backends)
     case = workload.case()
     evidence, notes = {}, []
@@ -33,14 +36,18 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
         notes.append(note)
     missing = [b for b in chosen if b.name not in evidence]
     if missing:
-        evidence.update(measure_now(case, missing, dev, training=workload.training, seed=seed, timing=timing))
+        evidence.update(measure_now(case, missing, dev, training=workload.training, seed=seed, timing=timing,
+                                    executor=executor))
     for backend in chosen:
         e = evidence[backend.name]
-        if checks and e.eligible:  # checks run only for what could be recommended; the mask path is static
-            e.checks = deployment_checks(backend, case, dev, training=workload.training, seed=seed,
-                                         compile_backend=compile_backend)
-        else:
-            e.checks = mask_path(backend, case, dev)
+        # checks run only for what could be recommended; the mask path (the backend's own translation) for all
+        task = (deployment_checks, case, workload.training, seed, compile_backend) if checks and e.eligible \
+            else (mask_path, case)
+        try:
+            e.checks = executor.run(backend, task[0], dev, *task[1:])
+        except CallFailed as exc:  # the checks killed or hung the backend's worker: that is what they found
+            e.checks = {"compiles": "error", "compile_note": exc.failure.reason, "cuda_graph": "error",
+                        "deterministic": "error", "determinism_note": exc.failure.reason}
     ranked = rank_backends([evidence[b.name] for b in chosen], cfg)
     ranked.table["case_id"], ranked.table["phase"] = case.id, workload.phase
     return replace(ranked, workload=workload.label, case_id=case.id, phase=workload.phase, device=str(dev),

@@ -35,11 +35,19 @@ def _mask(row: pd.Series) -> str:
     return path if isinstance(path, str) else "-"
 
 
+def _text(rows: pd.DataFrame, column: str) -> pd.Series:
+    """A check column as text, '-' where it was not run."""
+    if column not in rows:
+        return pd.Series("-", index=rows.index)
+    return rows[column].astype(object).where(rows[column].notna(), "-")
+
+
 def _vs_anchor(row: pd.Series) -> str:
-    """How the row compared with the fastest of its tie group, which decided the tie."""
+    """How the row compared with the fastest of its tie group (which decided the tie): the anchor names itself as
+    that, and only group 1's anchor is the fastest overall."""
     if row.timing_verdict == "anchor":
-        return "(fastest)"
-    return f"{row.timing_verdict} p={_num(row.p_value, '.2g')}"
+        return "fastest overall" if row.tie_group == 1 else f"fastest of tie group {int(row.tie_group)}"
+    return f"vs {row.anchor}: {row.timing_verdict} p={_num(row.p_value, '.2g')}"
 
 
 def _num(value: float, fmt: str, suffix: str = "") -> str:
@@ -62,11 +70,11 @@ def format_table(rec: Recommendation) -> str:
             "latency_ms": ranked.latency_ms.map(lambda v: _num(v, ".4g")),
             "iqr_ms": ranked.iqr_ms.map(lambda v: _num(v, ".2g")),
             "vs_fastest": ranked.vs_fastest.map(lambda v: _num(v, ".2f", "x")),
-            "vs_group_fastest": ranked.apply(_vs_anchor, axis=1),
+            "vs_tie_group": ranked.apply(_vs_anchor, axis=1),
             "peak_mem": ranked.peak_mem_bytes.map(_bytes),
             "fullgraph": ranked.apply(_compiles, axis=1),
-            "cuda_graph": ranked.get("cuda_graph", pd.Series("-", index=ranked.index)).fillna("-"),
-            "determ": ranked.get("deterministic", pd.Series("-", index=ranked.index)).fillna("-"),
+            "cuda_graph": _text(ranked, "cuda_graph"),
+            "determ": _text(ranked, "deterministic"),
             "mask": ranked.apply(_mask, axis=1), "deps": ranked.deps})
         lines.append(show.to_string(index=False))
     lines.append(f"winner: {rec.explanation}")

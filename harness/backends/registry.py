@@ -11,18 +11,43 @@ from typing import Any
 from harness.backends.base import LAYOUTS, Backend
 
 _REGISTRY: dict[str, Backend] = {}
+#: plugin modules loaded so far (absolute .py paths or dotted names), so worker processes can load them too
+_LOADED: list[str] = []
 
 
-def register(cls: type[Backend]) -> type[Backend]:
-    """Class decorator: validate and add a backend to the registry (a later one of the same name replaces it)."""
+def register(cls: type[Backend] | None = None, *, replace: bool = False):
+    """Class decorator (`@register`, or `@register(replace=True)`): validate and add a backend to the registry.
+
+    A name already taken by another class is an error - a plugin would otherwise silently take the place of a
+    built-in (and replacing naive would move every tolerance) - unless the plugin says replace=True. The same
+    class registered again (its module imported twice) just replaces itself.
+    """
+    if cls is None:
+        return lambda c: register(c, replace=replace)
     if not isinstance(cls, type) or not issubclass(cls, Backend):
         raise TypeError(f"register({cls!r}): expects a harness.Backend subclass")
     if not cls.name or not isinstance(cls.name, str):
         raise ValueError(f"backend class {cls.__name__} needs a non-empty string `name`")
     if cls.layout not in LAYOUTS:
         raise ValueError(f"backend {cls.name!r}: layout={cls.layout!r}; allowed: {', '.join(LAYOUTS)}")
+    current = _REGISTRY.get(cls.name)
+    if current is not None and not replace and _identity(type(current)) != _identity(cls):
+        owner = type(current)
+        what = ("a built-in backend" if owner.__module__.startswith("harness.backends.")
+                else f"{owner.__module__}.{owner.__qualname__}")
+        raise ValueError(f"backend name {cls.name!r} is taken by {what}; give {cls.__qualname__} another name, or "
+                         "register it with @register(replace=True) to replace that one")
     _REGISTRY[cls.name] = cls()
     return cls
+
+
+def _identity(cls: type) -> tuple[str, str]:
+    return cls.__module__, cls.__qualname__
+
+
+def _remember(spec: str) -> None:
+    if spec not in _LOADED:
+        _LOADED.append(spec)
 
 
 def _load_builtins() -> None:
@@ -41,10 +66,17 @@ def get_backends(names: list[str] | str | None = None) -> list[Backend]:
         return list(registry.values())
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"no backend named; give one or more of: {', '.join(registry)} (or 'all')")
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ValueError(f"unknown backend {', '.join(map(repr, unknown))}; allowed: {', '.join(registry)}")
     return [registry[n] for n in names]
+
+
+def loaded_modules() -> tuple[str, ...]:
+    """The plugin modules loaded in this process, in order (a worker process loads the same)."""
+    return tuple(_LOADED)
 
 
 def load_backend_module(spec: str) -> Any:
@@ -59,8 +91,11 @@ def load_backend_module(spec: str) -> Any:
             module = importlib.util.module_from_spec(loader)
             sys.modules[mod_name] = module
             loader.loader.exec_module(module)
+            _remember(str(path.resolve()))  # absolute: a worker may start elsewhere
             return module
-        return importlib.import_module(spec)
+        module = importlib.import_module(spec)
+        _remember(spec)
+        return module
     except ValueError:
         raise
     except Exception as exc:  # the user's import error, reduced to one line that names the module

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from harness.cli.options import add_to_argparse
+from harness.cli.options import add_to_argparse, timeouts
 
 
 def _check(args: argparse.Namespace) -> int:
     from harness.api import check
     from harness.backends.registry import load_backend_module
     from harness.store.environment import new_run_id
-    from harness.store.run_dir import RESULTS
+    from harness.store.run_dir import RESULTS, results_root
     from harness.store.schema import worst_status
 
     for module in args.backend_module:
         load_backend_module(module)
     run_id = new_run_id()
-    path = Path(args.results_dir) / run_id / RESULTS if args.results_dir else None
-    df = check(args.backends, args.matrix, args.device, results_path=path, seed=args.seed, run_id=run_id)
+    path = results_root(args.results_dir) / run_id / RESULTS if args.results_dir else None
+    default, overrides = timeouts(args.call_timeout_s)
+    if overrides:
+        raise ValueError("check takes one --call-timeout-s SECONDS for every call (no CASE_PATTERN=SECONDS)")
+    df = check(args.backends, args.matrix, args.device, results_path=path, seed=args.seed, run_id=run_id,
+               isolate=args.isolate, call_timeout_s=default)
     per_case = df.groupby(["backend", "case_id"]).status.agg(worst_status)
     summary = per_case.groupby(level=0).value_counts().unstack(fill_value=0)
     print(summary.to_string())
@@ -34,6 +37,6 @@ def _check(args: argparse.Namespace) -> int:
 def add_subcommand(subparsers) -> None:
     p = subparsers.add_parser("check", help="check backends for correctness; exit 1 when any case fails")
     # check answers "is it correct?" quickly: the smoke matrix by default, and a CSV only when asked
-    add_to_argparse(p, "backends", "backend_module", "matrix", "device", "results_dir", "seed",
-                    defaults={"matrix": "smoke", "results_dir": None})
+    add_to_argparse(p, "backends", "backend_module", "matrix", "device", "results_dir", "seed", "no_isolate",
+                    "call_timeout_s", defaults={"matrix": "smoke", "results_dir": None})
     p.set_defaults(func=_check)

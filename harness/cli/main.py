@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:  # bad input: one line naming the value, exit 2
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a backend that raised it: what finished is written
+        print(f"interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -39,6 +39,15 @@ nonnegative_float = _validator(float, lambda v: math.isfinite(v) and v >= 0, "a 
 probability = _validator(float, lambda v: 0 < v < 1, "between 0 and 1 (exclusive), e.g. 0.002")
 
 
+def call_timeout(text: str) -> tuple[str, float]:
+    """'SECONDS' (every call) or 'CASE_ID_PATTERN=SECONDS' (cases whose id matches the fnmatch pattern)."""
+    pattern, _, seconds = text.rpartition("=")
+    return pattern or "*", positive_float(seconds)
+
+
+call_timeout.__name__ = "SECONDS or CASE_PATTERN=SECONDS"
+
+
 @dataclass(frozen=True)
 class Option:
     """One flag: its argparse keywords (which pytest's addoption takes too)."""
@@ -80,6 +89,12 @@ _OPTIONS = [
     Option("--no-report", "skip the figures and report/report.html at the end of the run",
            {"action": "store_false", "dest": "report"}),
     Option("--shard", "run only shard i of n of the cases, as 'i/n' (default: all)"),
+    Option("--no-isolate", "run backends in this process instead of supervised worker processes (debugging; a "
+                           "crash or hang of a backend then ends the run)", {"action": "store_false", "dest": "isolate"}),
+    Option("--call-timeout-s", "seconds one backend call may run before its worker is killed and the call is an "
+                               "error row (default: 300); CASE_PATTERN=SECONDS for cases whose id matches "
+                               "(fnmatch), e.g. 'bf16-b4-*=900'; repeatable", {"action": "append", "default": []},
+           call_timeout),
     # compare's thresholds (harness/measure/stats.py says why each default)
     Option("--min-effect", "smallest median ratio change that counts", {"default": stats.MIN_EFFECT},
            nonnegative_float),
@@ -122,3 +137,11 @@ def compare_config(args: argparse.Namespace):
 
 
 COMPARE_THRESHOLDS = ("min_effect", "alpha", "abs_floor_ms", "err_growth", "min_samples", "round_alpha")
+
+
+def timeouts(args_or_option: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """(default seconds, (pattern, seconds) overrides) from the --call-timeout-s values, last one winning."""
+    from harness.execution.isolation import DEFAULT_TIMEOUT_S
+
+    default = next((s for p, s in reversed(args_or_option) if p == "*"), DEFAULT_TIMEOUT_S)
+    return default, tuple((p, s) for p, s in reversed(args_or_option) if p != "*")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 
-from harness.cli.options import add_to_argparse, positive_int
+from harness.cli.options import add_to_argparse, positive_int, timeouts
 from harness.spec.masks import MASK_NAMES
 
 SHAPE_FLAGS = ("batch", "heads", "kv_heads", "seq", "seq_k", "head_dim")
@@ -21,6 +22,8 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.advisor.table import format_overall, format_table
     from harness.advisor.workload import Workload, load_workloads
     from harness.backends.registry import load_backend_module
+    from harness.execution.device import resolve_device
+    from harness.execution.isolation import IsolatedExecutor
     from harness.measure.timing import TimingConfig
 
     for module in args.backend_module:
@@ -40,9 +43,18 @@ def _recommend(args: argparse.Namespace) -> int:
                               seq_k=args.seq_k, dtype=args.dtype, mask=args.mask, training=args.training)]
     timing = TIMING if args.timing_budget_ms is None else TimingConfig(
         warmup_ms=TIMING.warmup_ms, budget_ms=args.timing_budget_ms, min_reps=TIMING.min_reps)
-    picks, total = recommend_many(workloads, backends=args.backends, device=args.device, results=args.results,
-                                  seed=args.seed, timing=timing, checks=args.checks,
-                                  compile_backend=args.compile_backend)
+    executor = None
+    if args.isolate:  # every backend call in a supervised worker: a crash or hang is a row, not the end
+        default, overrides = timeouts(args.call_timeout_s)
+        executor = IsolatedExecutor(resolve_device(args.device), timeout_s=default, timeouts=overrides,
+                                    log_dir=str(Path(tempfile.gettempdir()) / "harness-recommend-workers"))
+    try:
+        picks, total = recommend_many(workloads, backends=args.backends, device=args.device, results=args.results,
+                                      seed=args.seed, timing=timing, checks=args.checks,
+                                      compile_backend=args.compile_backend, executor=executor)
+    finally:
+        if executor is not None:
+            executor.close()
     print("\n\n".join(format_table(r) for r in picks.values()))
     if len(picks) > 1:
         print("\n" + format_overall(total))
@@ -81,8 +93,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
                    help="a run dir to take the workload's verdicts and samples from when it was measured there on "
                         "this testbed; otherwise they are measured now")
     # the advisor times each backend once, with a larger budget than a suite's per-round share (evidence.TIMING)
-    add_to_argparse(p, "backends", "backend_module", "device", "seed", "threads", "timing_budget_ms",
-                    defaults={"timing_budget_ms": None})
+    add_to_argparse(p, "backends", "backend_module", "device", "seed", "threads", "timing_budget_ms", "no_isolate",
+                    "call_timeout_s", defaults={"timing_budget_ms": None})
     p.add_argument("--checks", action=argparse.BooleanOptionalAction, default=True,
                    help="run the deployment checks (--no-checks: correctness and timing only)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the fullgraph check")

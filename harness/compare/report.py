@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import numpy as np
@@ -76,9 +77,11 @@ def markdown(cmp: Comparison) -> str:
     """All notable rows as a Markdown table (pandas' to_markdown needs tabulate; this does not)."""
     rows = _fmt(notable(cmp.rows))
     head = "| " + " | ".join(rows.columns) + " |\n|" + "---|" * len(rows.columns) + "\n"
-    cells = (" | ".join(str(v).replace("|", "\\|") for v in r) for r in rows.itertuples(index=False))
+    # cells come from data (backend names, reasons): escaped, so no raw HTML reaches a rendered page
+    cells = (" | ".join(html.escape(str(v), quote=False).replace("|", "\\|") for v in r)
+             for r in rows.itertuples(index=False))
     body = "".join(f"| {line} |\n" for line in cells)
-    text = "# " + header(cmp).replace("\n", "\n\n") + "\n\n" + summary(cmp) + "\n\n"
+    text = "# " + html.escape(header(cmp), quote=False).replace("\n", "\n\n") + "\n\n" + summary(cmp) + "\n\n"
     return text + (head + body if len(rows) else "Every row unchanged.\n")
 
 

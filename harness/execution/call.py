@@ -1,13 +1,25 @@
-"""A backend bound to one case: its `prepare` done once (untimed), then the call that alone is timed."""
+"""One backend call, described as data so it can run here or in a worker process, and what it returned.
+
+`run_call` is the only place a backend's forward (or native probe) and backward are invoked for correctness: it
+prepares the backend once (untimed), checks the output against the contract (a tensor of the input's dtype,
+device, layout and shape), and turns every exception - SystemExit and KeyboardInterrupt included - into a
+`Failure` with a status and one line of text. Tensors come back in the canonical layout, on the CPU.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from harness.backends.base import Backend
-from harness.spec.case import AttentionCase, Inputs
+from harness.execution.outcome import Failure
+from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.store.schema import GRADS
+
+ENTRIES = ("forward", "native_causal", "native_mask", "native_dropout")
 
 
 class Arrangement(Protocol):
@@ -39,3 +51,169 @@ def backend_inputs(backend: Backend, inputs: Inputs, requires_grad: bool) -> tup
     """Fresh copies of q, k, v, d_out in the backend's native layout (contiguous), outside any timing."""
     q, k, v, d_out = (backend.to_layout(t).detach().clone(memory_format=torch.contiguous_format) for t in inputs)
     return q.requires_grad_(requires_grad), k.requires_grad_(requires_grad), v.requires_grad_(requires_grad), d_out
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of a backend on `case`, as data (it may run in a worker process).
+
+    seed/inputs: with a seed, the inputs are make_inputs(case, device, seed) - given here to save drawing them
+    again in this process, and dropped when the call crosses to a worker, which draws them itself; with
+    seed=None, `inputs` are the call's own (scaled, poisoned, sliced) and travel with it. entry: 'forward' (the mask spec through the backend's own translation) or one of its native
+    probes. backward: also run the backward with the inputs' d_out. mask (native_mask) and p (native_dropout) are
+    the probe's arguments; rng_seed seeds torch's RNG for the call alone (dropout).
+    """
+
+    case: AttentionCase
+    seed: int | None = 0
+    inputs: Inputs | None = None
+    entry: str = "forward"
+    backward: bool = False
+    arrangement: Arrangement | None = None
+    mask: torch.Tensor | None = None
+    p: float = 0.0
+    rng_seed: int | None = None
+
+    def __post_init__(self):
+        if self.entry not in ENTRIES:
+            raise ValueError(f"entry={self.entry!r}; allowed: {', '.join(ENTRIES)}")
+        if self.seed is None and self.inputs is None:
+            raise ValueError("a Call needs a seed to draw its inputs from, or the inputs themselves")
+
+    def to_cpu(self) -> "Call":
+        """The call as it crosses to a worker: seeded inputs dropped (the worker draws them), its own inputs and
+        mask on the CPU (the worker moves them to its device)."""
+        from dataclasses import replace
+
+        inputs = None if self.inputs is None or self.seed is not None else Inputs(*(t.detach().cpu()
+                                                                                      for t in self.inputs))
+        mask = None if self.mask is None else self.mask.cpu()
+        return replace(self, inputs=inputs, mask=mask)
+
+
+@dataclass
+class CallResult:
+    """What a call returned, canonical layout, on the CPU: the output and gradients, or why there is none."""
+
+    out: torch.Tensor | None = None
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    failure: Failure | None = None
+    backward_failure: Failure | None = None
+    #: the kernel that ran (Backend.last_op after the forward) and the compile time of its graph, if it compiles
+    op: str = ""
+    compile_ms: float | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        return any(f is not None and f.interrupted for f in (self.failure, self.backward_failure))
+
+
+# Inputs a worker (or this process) generated last, by (case, seed, device): a call and the timing rounds of the
+# same case reuse them instead of drawing them again.
+_INPUTS: dict = {}
+
+
+def call_inputs(call: Call, device: torch.device) -> Inputs:
+    """The call's inputs on `device`: given ones moved there, or the seeded ones drawn (kept for the next call)."""
+    if call.inputs is not None:
+        return Inputs(*(t.to(device) for t in call.inputs))
+    key = (call.case, call.seed, str(device))
+    if key not in _INPUTS:
+        _INPUTS.clear()  # one case at a time: inputs of a large case are large
+        _INPUTS[key] = make_inputs(call.case, device, call.seed)
+    return _INPUTS[key]
+
+
+def device_scope(device: torch.device):
+    """Make `device` the current CUDA device for the duration (events, streams and graphs follow the current
+    device, not the tensors'), a no-op on the CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor) -> Failure | None:
+    """Why `out` breaks the Backend contract (a tensor of q's dtype, device and strided layout, shaped like q with
+    v's head dim), or None. A non-tensor is an error; a tensor of the wrong kind is a wrong answer (fail)."""
+    if not isinstance(out, torch.Tensor):
+        return Failure("error", f"forward returned {type(out).__name__}, not a tensor")
+    expected = (*q.shape[:-1], v.shape[-1])
+    problems = []
+    if out.dtype != q.dtype:
+        problems.append(f"output dtype {str(out.dtype).removeprefix('torch.')}, expected "
+                        f"{str(q.dtype).removeprefix('torch.')} (the input dtype)")
+    if out.device != q.device:
+        problems.append(f"output on {out.device}, expected {q.device} (the inputs' device)")
+    if out.layout != torch.strided:
+        problems.append(f"output layout {out.layout}, expected torch.strided")
+    if tuple(out.shape) != tuple(expected):
+        problems.append(f"output shape {tuple(out.shape)}, expected {tuple(expected)}")
+    return Failure("fail", "; ".join(problems)) if problems else None
+
+
+def _grad_violation(name: str, grad: torch.Tensor, leaf: torch.Tensor) -> str | None:
+    if grad.dtype != leaf.dtype or tuple(grad.shape) != tuple(leaf.shape) or grad.device != leaf.device:
+        return (f"{name} is {str(grad.dtype).removeprefix('torch.')} {tuple(grad.shape)} on {grad.device}, expected "
+                f"{str(leaf.dtype).removeprefix('torch.')} {tuple(leaf.shape)} on {leaf.device}")
+    return None
+
+
+def _entry(backend: Backend, call: Call, device: torch.device):
+    """The callable (q, k, v) -> out for the call's entry, prepared."""
+    scale = call.case.scale
+    if call.entry == "forward":
+        return BoundCall(backend, call.case, device, call.arrangement)
+    if call.entry == "native_causal":
+        return lambda q, k, v: backend.native_causal(q, k, v, scale=scale)
+    if call.entry == "native_mask":
+        mask = call.mask.to(device)
+        return lambda q, k, v: backend.native_mask(q, k, v, mask=mask, scale=scale)
+    return lambda q, k, v: backend.native_dropout(q, k, v, p=call.p, scale=scale)
+
+
+def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
+    """Run the call on `device` and return its outputs (CPU, canonical layout) or its failure; never raises for
+    anything the backend does."""
+    with device_scope(device), _seeded(call.rng_seed, device):
+        result = CallResult()
+        try:
+            q, k, v, d_out = backend_inputs(backend, call_inputs(call, device), requires_grad=call.backward)
+            fn = _entry(backend, call, device)
+            grad_mode = contextlib.nullcontext() if call.backward else torch.no_grad()
+            with grad_mode:
+                out = fn(q, k, v)
+        except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt from a backend become rows
+            result.failure = Failure.of(exc)
+            return result
+        result.op, result.compile_ms = backend.last_op(), backend.compile_time_ms()
+        result.failure = contract_violation(out, q, v)
+        if result.failure is not None:
+            return result
+        result.out = backend.from_layout(out.detach()).cpu()
+        if not call.backward:
+            return result
+        try:
+            out.backward(d_out)
+        except BaseException as exc:  # noqa: B036
+            result.backward_failure = Failure.of(exc)
+            return result
+        problems = []
+        for name, leaf in zip(GRADS, (q, k, v)):
+            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+            problem = _grad_violation(name, grad, leaf)
+            if problem:
+                problems.append(problem)
+            else:
+                result.grads[name] = backend.from_layout(grad).cpu()
+        if problems:
+            result.backward_failure = Failure("fail", "; ".join(problems))
+        return result
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device):
+    """torch's RNG seeded for the call alone (restored after), when a seed is given."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield

@@ -1,4 +1,4 @@
-"""What a backend's run on a case came to: its rows, checks and outputs, and how an exception becomes a status."""
+"""What a backend's run on a case came to: how an exception becomes a status and one line, its rows and checks."""
 
 from __future__ import annotations
 
@@ -12,12 +12,6 @@ from harness.oracle.verdict import Check
 from harness.store.schema import Row, worst_status
 
 
-def exception_text(exc: BaseException, limit: int = 400) -> str:
-    """'Type: first line' of an exception (Unsupported: its message alone) - the one way failures are worded."""
-    text = str(exc).strip().splitlines()[0][:limit] if str(exc).strip() else ""
-    return text if isinstance(exc, Unsupported) else f"{type(exc).__name__}: {text}"
-
-
 def failure_status(exc: BaseException) -> tuple[str, str]:
     """(status, reason) of a backend call that raised: unsupported, oom (with the size attempted) or error."""
     if isinstance(exc, Unsupported):
@@ -25,6 +19,30 @@ def failure_status(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
         return "oom", f"out of memory: {str(exc).splitlines()[0][:300]}"
     return "error", exception_text(exc)
+
+
+def exception_text(exc: BaseException, limit: int = 400) -> str:
+    """'Type: first line' of an exception (Unsupported: its message alone) - the one way failures are worded."""
+    text = str(exc).strip().splitlines()[0][:limit] if str(exc).strip() else ""
+    return text if isinstance(exc, Unsupported) else f"{type(exc).__name__}: {text}"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a call gave no usable answer: a status (error, oom, unsupported, fail) and one line of text."""
+
+    status: str
+    reason: str
+    #: the call raised KeyboardInterrupt: its row is written, then the run stops
+    interrupted: bool = False
+
+    @staticmethod
+    def of(exc: BaseException) -> "Failure":
+        if isinstance(exc, KeyboardInterrupt):
+            return Failure("error", "KeyboardInterrupt inside the backend call", interrupted=True)
+        if isinstance(exc, SystemExit):  # a backend must not end the run: it is an error of this call
+            return Failure("error", f"SystemExit({exc.code!r}) raised inside the backend call")
+        return Failure(*failure_status(exc))
 
 
 def free(device: torch.device) -> None:

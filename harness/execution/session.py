@@ -10,6 +10,7 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.benchmark import InputsOnly, PerfResult, measure_phase
 from harness.execution.cache import LRU
+from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.outcome import BackendResult
 from harness.execution.runner import execute, prepare_case
 from harness.measure.timing import Measurement, TimingConfig
@@ -35,6 +36,8 @@ class RunSession:
     #: measured dense-matmul TFLOP/s per dtype name, filled by measure_peaks() when benchmarking
     peaks: dict = field(default_factory=dict)
     cpu_mem_budget: int | None = None
+    #: where backend calls run: this process, or supervised workers (execution.isolation)
+    executor: Executor = IN_PROCESS
 
     def __post_init__(self):
         if self.rounds < 1:
@@ -55,6 +58,7 @@ class RunSession:
         # tests run case-major: two cases are enough and bound memory
         self._prepared: LRU = LRU(2)
         self._inputs: LRU = LRU(2)
+        self._crash_safe: Executor | None = None
         self.env = environment(self.device, timing_mode=self.timing_mode)
         self.env["run_id"] = self.run_id
         self.env["rounds"] = self.rounds
@@ -66,10 +70,25 @@ class RunSession:
             return "cpu-clock"
         return "cuda-graph" if self.timing.cuda_graph else "cuda-events"
 
+    def crash_safe_executor(self) -> Executor:
+        """The executor for probes designed to crash a backend (empty tensors): the run's own when it isolates,
+        else workers kept for them alone, so that --no-isolate still survives them."""
+        if self.executor.isolated:
+            return self.executor
+        if self._crash_safe is None:
+            from harness.execution.isolation import IsolatedExecutor
+            self._crash_safe = IsolatedExecutor(self.device, log_dir=str(self.run_dir / "workers"))
+        return self._crash_safe
+
     def finish(self) -> None:
-        """Clocks/power/throttle state after the run (compare warns when they moved), then fold the CSV."""
+        """Stop the workers; clocks/power/throttle state after the run (compare warns when they moved), the
+        workers restarted after a crash or timeout; then fold the CSV."""
         from harness.store.environment import snapshot_clocks
+        self.executor.close()
+        if self._crash_safe is not None:
+            self._crash_safe.close()
         self.env["clocks_end"] = snapshot_clocks(self.device)
+        self.env["worker_restarts"] = self.executor.worker_restarts()
         self.save_env()
         compact(self.writer.path)
 
@@ -82,18 +101,28 @@ class RunSession:
 
     def timing_inputs(self, case: AttentionCase) -> PreparedCase | InputsOnly:
         """What timing needs (a verified backend, or a check that only times): the prepared case if still
-        held, else its inputs alone (the same seeded tensors), kept for the next few lookups; the reference
-        is not recomputed to time."""
+        held, else its inputs alone (the same seeded tensors; drawn by the worker when isolated), kept for the
+        next few lookups; the reference is not recomputed to time."""
         if case in self._prepared:
             return self._prepared.get(case)
-        return self._inputs.get(case, lambda: InputsOnly(case, self.device, make_inputs(case, self.device, self.seed)))
+        if self.executor.isolated:
+            return InputsOnly(case, self.device, None, self.seed)
+        return self._inputs.get(case, lambda: InputsOnly(case, self.device, make_inputs(case, self.device, self.seed),
+                                                         self.seed))
 
     @property
     def round_timing(self) -> TimingConfig:
         """One round's share of the timing budget: all rounds together cost about what one round would."""
         return self.timing.share(self.rounds)
 
+    def check(self, case: AttentionCase, backend: Backend) -> BackendResult:
+        """Run `backend` on `case` against the reference and record its verdict rows."""
+        result = execute(backend, self.prepared(case), self.run_id, executor=self.executor)
+        self.record(case, backend, result)
+        return result
+
     def record(self, case: AttentionCase, backend: Backend, result: BackendResult) -> None:
+        """Write the rows and keep the verdict (without its tensors, which may be large on a GPU)."""
         self.verdicts[(case.id, backend.name)] = result.released()
         self.writer.write(result.rows)
 
@@ -101,7 +130,7 @@ class RunSession:
         """The correctness result of this session, computed (and recorded) now if the suite did not run it."""
         key = (case.id, backend.name)
         if key not in self.verdicts:
-            self.record(case, backend, execute(backend, self.prepared(case), self.run_id))
+            self.check(case, backend)
         return self.verdicts[key]
 
     def benchmark_round(self, case: AttentionCase, backend: Backend, phase: str, round_index: int) -> PerfResult | None:
@@ -109,27 +138,28 @@ class RunSession:
         round of this key already ended it (its row says why)."""
         key = TimingKey(case.id, backend.name, phase)
         before = self.perf_rows.get(key)  # None: no earlier round of this key ran (e.g. this item run alone)
-        if before is not None and before.status != "pass":
+        if before is not None and before.timing_status != "timed":
             return None
         result = measure_phase(backend, self.timing_inputs(case), phase, self.verdict(case, backend),
                                config=self.round_timing, peaks=self.peaks, run_id=self.run_id,
                                cpu_mem_budget=self.cpu_mem_budget, prior=self.timings.get(key),
-                               known_memory=self.round_memory.get(key))
+                               known_memory=self.round_memory.get(key), executor=self.executor)
         if result.measurement is None and before is not None:
-            result.row = result.row.with_(reason=f"round {round_index + 1} of {self.rounds}: {result.row.reason}; "
-                                                 "the latency columns pool the rounds timed before it")
+            result.row = result.row.with_(timing_reason=f"round {round_index + 1} of {self.rounds}: "
+                                                        f"{result.row.timing_reason}; the latency columns pool the "
+                                                        "rounds timed before it")
         self.record_perf(result, round_index)
         return result
 
     def record_perf(self, result: PerfResult, round_index: int = 0) -> None:
         """Append the row (latency pooled over the rounds so far) and this round's raw samples, labelled
         with `round_index`. A key once flagged suspicious (faster than the matmul roofline) stays flagged,
-        with that round's reason: the results file folds rows, so a later row could not clear the reason."""
+        with that round's timing reason: the results file folds rows, so a later row could not clear it."""
         row = result.row
         key = row.key
         before = self.perf_rows.get(key)
-        if before is not None and before.suspicious and row.status == "pass" and not row.suspicious:
-            row = row.with_(suspicious=True, reason=before.reason)
+        if before is not None and before.suspicious and row.timing_status == "timed" and not row.suspicious:
+            row = row.with_(suspicious=True, timing_reason=before.timing_reason)
         self.writer.write([row])
         if result.measurement is not None:
             self.samples.write(self.run_id, *key, result.measurement.samples_ms, round_index=round_index)

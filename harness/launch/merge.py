@@ -10,7 +10,7 @@ import pandas as pd
 
 from harness.store.load import load_results, load_samples
 from harness.store.run_dir import RESULTS, SAMPLES, is_run_dir, read_env, write_env
-from harness.store.schema import COLUMNS, KEY, SAMPLE_COLUMNS
+from harness.store.schema import COLUMNS, KEY, SAMPLE_COLUMNS, SCHEMA_VERSION
 
 SHARDS_DIR = "shards"
 #: pytest exit codes of a shard that ran to its end: all passed, some tests failed, no case fell in the shard
@@ -111,7 +111,10 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path, *,
     testbed_id = "+".join(testbeds)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    merged = pd.concat([r.reindex(columns=list(COLUMNS)) for r in results], ignore_index=True).assign(run_id=run_id)
+    # an older shard gains the columns it lacks (every schema change so far only added columns): the merged file
+    # is one schema, the current one
+    merged = pd.concat([r.reindex(columns=list(COLUMNS)) for r in results], ignore_index=True).assign(
+        run_id=run_id, schema_version=SCHEMA_VERSION)
     merged_samples = pd.concat([s.reindex(columns=list(SAMPLE_COLUMNS)) for s in samples], ignore_index=True)
     merged_samples["run_id"] = run_id
     write_env(out_dir, _merge_env(envs, shard_dirs, [len(r) for r in results], run_id, testbed_id))

@@ -1,28 +1,114 @@
-"""Timing fidelity: one kernel timed by the harness and by an independent timer in the same run; the ratio is recorded."""
+"""Timing fidelity: the harness's timer against an independent one on the same call, interleaved in blocks.
+
+One shot of each timer compares two moments of a shared machine, not two timers: here the timers alternate in
+blocks (ABBA order, so a slow drift hits both alike), each block gives a ratio of medians, and the figure is the
+median of the block ratios with their spread. A spread wider than the tolerance means the machine was too
+noisy during the study to tell the timers apart, and the result says so instead of reporting a number as if
+it were the harness's error.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from harness.measure.timing import Measurement, TimingConfig, measure
 
+#: |ratio - 1| the harness's timer is meant to stay within
+TOLERANCE = 0.03
 
-def independent_median_ms(fn: Callable[[], object], device: torch.device, budget_s: float = 0.5) -> tuple[float, str]:
-    """Median latency (ms) from a timer the harness does not own: triton's do_bench on GPU, torch's Timer on CPU."""
+
+def independent_samples_ms(fn: Callable[[], object], device: torch.device, calls: int,
+                           budget_ms: float) -> tuple[list[float], str]:
+    """Latencies (ms) from a timer the harness does not own: on the CPU torch.utils.benchmark.Timer, one call per
+    sample (so it alternates with the harness call by call); on a GPU one triton do_bench median per block."""
     if device.type == "cuda":
         from triton.testing import do_bench
-        return float(do_bench(fn, warmup=25, rep=int(budget_s * 1e3), return_mode="median")), "triton.do_bench"
+        return [float(do_bench(fn, warmup=max(1, int(budget_ms / 4)), rep=max(1, int(budget_ms)),
+                               return_mode="median"))], "triton.do_bench"
     from torch.utils.benchmark import Timer
     timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=budget_s).median * 1e3, "torch.utils.benchmark.Timer"
+    return [timer.timeit(number=1).median * 1e3 for _ in range(calls)], "torch.utils.benchmark.Timer"
 
 
-def fidelity(fn: Callable[[], object], device: torch.device,
-             config: TimingConfig = TimingConfig(warmup_ms=100, budget_ms=500)) -> dict:
-    """{harness_ms, independent_ms, ratio, independent} for `fn` on `device` (ratio = harness / independent)."""
-    ours: Measurement = measure(fn, device=device, config=config)
-    theirs, name = independent_median_ms(fn, device)
-    return {"harness_ms": ours.median, "independent_ms": theirs, "ratio": ours.median / theirs,
-            "independent": name, "harness_mode": ours.mode, "n_samples": ours.n}
+@dataclass(frozen=True)
+class Fidelity:
+    """Harness / independent timer over interleaved blocks: `blocks` holds each block's (harness, independent)
+    samples; the figure is the ratio of the pooled medians, its uncertainty a bootstrap over blocks."""
+
+    blocks: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...]
+    harness: Measurement
+    independent: str
+    tolerance: float = TOLERANCE
+
+    @property
+    def independent_ms(self) -> float:
+        return float(np.median([x for _, theirs in self.blocks for x in theirs]))
+
+    @property
+    def ratio(self) -> float:
+        """Median of every harness sample over the median of every independent one."""
+        return self.harness.median / self.independent_ms
+
+    @property
+    def spread(self) -> float:
+        """Half-width of the 90% bootstrap interval of the ratio, resampling whole blocks (seeded)."""
+        rng = np.random.default_rng(0)
+        n = len(self.blocks)
+        ratios = []
+        for _ in range(400):
+            pick = rng.integers(0, n, n)
+            ours = np.concatenate([self.blocks[i][0] for i in pick])
+            theirs = np.concatenate([self.blocks[i][1] for i in pick])
+            ratios.append(np.median(ours) / np.median(theirs))
+        lo, hi = np.percentile(ratios, [5, 95])
+        return float(hi - lo) / 2
+
+    @property
+    def noisy(self) -> bool:
+        """The ratio is uncertain by more than the tolerance: the machine, not the timers, decides the figure."""
+        return self.spread > self.tolerance
+
+    @property
+    def within(self) -> bool:
+        return abs(self.ratio - 1) <= self.tolerance
+
+    def describe(self) -> str:
+        verdict = ("too noisy to tell" if self.noisy else
+                   f"{'within' if self.within else 'OUTSIDE'} +-{self.tolerance:.0%}")
+        return (f"harness/{self.independent} = {self.ratio:.3f} (+-{self.spread:.1%}, {len(self.blocks)} "
+                f"interleaved blocks): {verdict}")
+
+    def columns(self) -> dict:
+        return {"ratio": self.ratio, "spread": self.spread, "blocks": len(self.blocks), "noisy": self.noisy,
+                "harness_ms": self.harness.median, "independent_ms": self.independent_ms,
+                "independent": self.independent, "harness_mode": self.harness.mode, "n_samples": self.harness.n}
+
+
+def fidelity(fn: Callable[[], object], device: torch.device, *, blocks: int = 20, calls: int = 10,
+             block_ms: float = 50.0, tolerance: float = TOLERANCE) -> Fidelity:
+    """Time `fn` with the harness and the independent timer in `blocks` alternating blocks (ABBA order): on the
+    CPU `calls` calls each, on a GPU `block_ms` of repetitions each."""
+    if blocks < 2 or calls < 1 or not math.isfinite(block_ms) or block_ms <= 0:
+        raise ValueError(f"blocks={blocks!r}, calls={calls!r}, block_ms={block_ms!r}: need >= 2 blocks of >= 1 call "
+                         "and a finite budget > 0")
+    first = measure(fn, device=device, config=TimingConfig(warmup_ms=block_ms, budget_ms=block_ms))  # warm both up
+    estimate = first.median
+    exact = TimingConfig(warmup_ms=0.0, budget_ms=block_ms, min_reps=calls, max_reps=calls)
+    per_block = TimingConfig(warmup_ms=0.0, budget_ms=block_ms) if device.type == "cuda" else exact
+    parts, pairs, name = [], [], ""
+    for block in range(blocks):
+        order = ("harness", "independent") if block % 4 in (0, 3) else ("independent", "harness")  # ABBA
+        got: dict = {}
+        for who in order:
+            if who == "harness":
+                got[who] = measure(fn, device=device, config=per_block, estimate_ms=estimate)
+            else:
+                got[who], name = independent_samples_ms(fn, device, calls, block_ms)
+        parts.append(got["harness"])
+        pairs.append((tuple(got["harness"].samples_ms), tuple(got["independent"])))
+    return Fidelity(tuple(pairs), Measurement.merge(parts), name, tolerance)

@@ -24,6 +24,10 @@ class PreparedCase:
     reference: Reference
     naive_errors: dict[str, float] | None
     naive_note: str = ""
+    #: the inputs are make_inputs(case, device, seed) (a worker can draw them itself); None: given inputs
+    seed: int | None = None
+    #: how the baseline was computed (oracle.baseline: dense or chunked), or why the fixed bound stands in
+    baseline: str = ""
 
     def naive_error(self, quantity: str, backend_name: str) -> float | None:
         """The baseline error a backend's tolerance is built from (verdict.judge): None for naive itself (held

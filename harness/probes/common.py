@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness.backends.base import Backend
+from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.runner import refusal
 from harness.oracle.verdict import Check
 from harness.spec.case import AttentionCase
@@ -39,10 +40,10 @@ def probe_row(case: AttentionCase, backend: Backend, device: torch.device, *, ta
                     backend_op=backend.last_op() if status in ("pass", "fail") else "", **columns)
 
 
-def refused(backend: Backend, case: AttentionCase, device: torch.device, *, backward: bool = False,
-            dropout: bool = False) -> tuple[str, str] | None:
+def refused(backend: Backend, case: AttentionCase, device: torch.device, executor: Executor = IN_PROCESS, *,
+            backward: bool = False, dropout: bool = False) -> tuple[str, str] | None:
     """(status, reason) when the probe cannot run here: unavailable, or unsupported by the capability data."""
-    gate = refusal(backend, case, device)
+    gate = refusal(backend, case, device, executor)
     if gate:
         return gate
     reasons = backend.can_run(case, device, backward=backward, dropout=dropout)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import BoundCall, backend_inputs
-from harness.execution.outcome import exception_text
+from harness.execution.call import Call
+from harness.execution.executor import IN_PROCESS, Executor
 from harness.probes.common import probe_dtype, probe_row, refused
-from harness.spec.case import AttentionCase, make_inputs
+from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal
 from harness.store.schema import GRADS, Row
 
@@ -33,7 +33,8 @@ def determinism_case(dtype: torch.dtype, device: torch.device) -> AttentionCase:
     return AttentionCase(2, 4, 1024 if device.type == "cuda" else 129, 64, dtype, mask=Causal())
 
 
-def check_determinism(backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "") -> Row:
+def check_determinism(backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
+                      executor: Executor = IN_PROCESS) -> Row:
     """One 'determinism:<case id>' bwd row: pass/fail where claimed, observed otherwise."""
     case = determinism_case(probe_dtype(backend, device), device)
 
@@ -41,20 +42,16 @@ def check_determinism(backend: Backend, device: torch.device, *, seed: int = 0, 
         return probe_row(case, backend, device, tag="determinism", phase="bwd", status=status, observed=observed,
                          reason=reason, run_id=run_id)
 
-    gate = refused(backend, case, device, backward=True)
+    gate = refused(backend, case, device, executor, backward=True)
     if gate:
         return row(gate[0], "", gate[1])
-    inputs = make_inputs(case, device, seed)
     runs = []
-    try:
-        call = BoundCall(backend, case, device)
-        for _ in range(REPEATS):
-            q, k, v, d_out = backend_inputs(backend, inputs, True)
-            out = call(q, k, v)
-            out.backward(d_out)
-            runs.append({"out": out.detach(), **{n: t.grad for n, t in zip(GRADS, (q, k, v))}})
-    except Exception as exc:
-        return row("error", "", exception_text(exc))
+    for _ in range(REPEATS):  # the same seeded inputs each time (a worker draws them once and keeps them)
+        answer = executor.call(backend, Call(case, seed, backward=True), device)
+        failure = answer.failure or answer.backward_failure
+        if failure is not None:
+            return row("error", "", failure.reason)
+        runs.append({"out": answer.out, **answer.grads})
     differ = []
     for name in ("out", *GRADS):
         worst = max(float((r[name].double() - runs[0][name].double()).abs().max()) for r in runs[1:])

@@ -17,8 +17,8 @@ import math
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import backend_inputs
-from harness.execution.outcome import exception_text
+from harness.execution.call import Call
+from harness.execution.executor import IN_PROCESS, Executor
 from harness.oracle.reference import reference_attention
 from harness.probes.common import probe_dtype, probe_row, refused
 from harness.spec.case import AttentionCase, Inputs, make_inputs
@@ -45,20 +45,23 @@ def _identity_inputs(case: AttentionCase, device: torch.device, seed: int) -> In
     return Inputs(q, k, eye.expand(case.batch, case.kv_heads, case.seq_k, case.head_dim).contiguous(), d_out)
 
 
-def _run(backend: Backend, inputs: Inputs, case: AttentionCase, seed: int, grad: bool):
-    """One seeded native_dropout call in canonical layout: (out, dV or None). The global RNG is restored after."""
-    devices = [inputs.q.device] if inputs.q.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        q, k, v, d_out = backend_inputs(backend, inputs, grad)
-        out = backend.native_dropout(q, k, v, p=P, scale=case.scale)
-        if not grad:
-            return backend.from_layout(out.detach()), None
-        out.backward(d_out)
-        return backend.from_layout(out.detach()), backend.from_layout(v.grad)
+class _Refused(Exception):
+    """A dropout call gave no output; the message is the backend's reason."""
 
 
-def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "") -> list[Row]:
+def _run(executor: Executor, backend: Backend, device: torch.device, inputs: Inputs, case: AttentionCase, seed: int,
+         grad: bool):
+    """One seeded native_dropout call, canonical layout, CPU: (out, dV or None); the global RNG is left alone."""
+    answer = executor.call(backend, Call(case, None, inputs, entry="native_dropout", p=P, backward=grad,
+                                         rng_seed=seed), device)
+    failure = answer.failure or answer.backward_failure
+    if failure is not None:
+        raise _Refused(failure.reason)
+    return answer.out, answer.grads.get("dv")
+
+
+def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
+                  executor: Executor = IN_PROCESS) -> list[Row]:
     """Rows 'dropout:<case id>' fwd (statistics; RNG recorded in `observed`) and bwd (dV uses the forward mask)."""
     case = dropout_case(probe_dtype(backend, device))
 
@@ -67,16 +70,16 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
         return [probe_row(case, backend, device, tag="dropout", phase=phase, status=s, observed=obs, reason=why,
                           run_id=run_id) for phase, (s, obs, why) in (("fwd", fwd), ("bwd", bwd))]
 
-    gate = refused(backend, case, device, dropout=True)
+    gate = refused(backend, case, device, executor, dropout=True)
     if gate:
         return rows((gate[0], "", gate[1]))
     inputs = _identity_inputs(case, device, seed)
     probs = reference_attention(case, inputs, grads=False).out          # V = I: the undropped attention weights
     try:
-        outs = [_run(backend, inputs, case, seed + r, grad=False)[0].to("cpu", torch.float64) for r in range(REPEATS)]
-        again = _run(backend, inputs, case, seed, grad=False)[0].to("cpu", torch.float64)
-    except Exception as exc:  # a library that refuses dropout here (e.g. a kernel without it) says so
-        return rows(("unsupported", "refused", exception_text(exc)))
+        outs = [_run(executor, backend, device, inputs, case, seed + r, grad=False)[0].double() for r in range(REPEATS)]
+        again = _run(executor, backend, device, inputs, case, seed, grad=False)[0].double()
+    except _Refused as exc:  # a library that refuses dropout here (e.g. a kernel without it) says so
+        return rows(("unsupported", "refused", str(exc)))
 
     counted = probs > _MIN_WEIGHT
     kept = torch.stack([o != 0 for o in outs])
@@ -103,9 +106,9 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
     if no_backward:
         return rows(fwd, ("unsupported", "", "; ".join(no_backward)))
     try:
-        out, dv = _run(backend, inputs, case, seed, grad=True)
-    except Exception as exc:
-        return rows(fwd, ("error", "", exception_text(exc)))
+        out, dv = _run(executor, backend, device, inputs, case, seed, grad=True)
+    except _Refused as exc:
+        return rows(fwd, ("error", "", str(exc)))
     out64, dv64 = out.to("cpu", torch.float64), dv.to("cpu", torch.float64)
     expected_dv = out64.transpose(-1, -2) @ inputs.d_out.to("cpu", torch.float64)   # P_dropped^T dO
     err = float((dv64 - expected_dv).abs().max())

@@ -18,6 +18,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.cache import LRU
+from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.runner import execute, prepare_case
 from harness.probes.common import tag_rows
 from harness.spec.case import AttentionCase, Inputs, make_inputs
@@ -140,10 +141,12 @@ def _prepared(edge: EdgeCase, device: torch.device, seed: int):
                          lambda: prepare_case(edge.case, device, inputs=edge_inputs(edge, device, seed)))
 
 
-def run_edge(edge: EdgeCase, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "") -> list[Row]:
+def run_edge(edge: EdgeCase, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
+             executor: Executor = IN_PROCESS) -> list[Row]:
     """Forward and backward of `backend` on the edge case, judged against the float64 reference: rows 'edge:...'."""
     arrangement = None if edge.arrange == "plain" else Arranged(edge.arrange)
-    return tag_rows(execute(backend, _prepared(edge, device, seed), run_id, arrangement=arrangement).rows, edge.tag)
+    prepared = _prepared(edge, device, seed)
+    return tag_rows(execute(backend, prepared, run_id, arrangement=arrangement, executor=executor).rows, edge.tag)
 
 
 def _case(dtype: str, seq_q: int, head_dim: int = 64, mask: str | MaskSpec = "none", *, batch: int = 2,

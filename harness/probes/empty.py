@@ -1,23 +1,17 @@
-"""Empty tensors (batch 0, seq_q 0, seq_k 0) per backend, probed in a child process: a crash is a result too.
+"""Empty tensors (batch 0, seq_q 0, seq_k 0) per backend, probed in the backend's worker: a crash is a result too.
 
 An empty problem has no AttentionCase (the spec requires sizes >= 1), so the probe builds the tensors itself.
 Verdict: the output has q's shape and is finite (rows with no key are 0, as everywhere in the harness);
 gradients have their inputs' shapes and are finite. A clean exception means 'unsupported'; a process that
-dies (a signal, as compiled FlexAttention on CPU does with seq 0) is an 'error' - the caller cannot catch it.
+dies (a signal, as compiled FlexAttention on CPU does with seq 0) is an 'error' - the worker is replaced.
 """
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
 import torch
 
 from harness.backends.base import Backend
-from harness.backends.registry import get_backends, load_backend_module
+from harness.execution.executor import CallFailed, Executor
 from harness.execution.outcome import exception_text
 from harness.probes.common import probe_dtype, probe_row
 from harness.spec.case import AttentionCase, dtype_name
@@ -40,8 +34,8 @@ KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
 }
 
 
-def probe(backend: Backend, shape: str, device: torch.device) -> dict:
-    """Run forward and backward on one empty shape in this process: {'status', 'observed', 'reason'}."""
+def probe(backend: Backend, device: torch.device, shape: str) -> dict:
+    """Run forward and backward on one empty shape where called: {'status', 'observed', 'reason'}."""
     if shape not in SHAPES:
         raise ValueError(f"unknown empty shape {shape!r}; allowed: {', '.join(SHAPES)}")
     b, h, sq, sk, d = SHAPES[shape]
@@ -75,50 +69,26 @@ def probe(backend: Backend, shape: str, device: torch.device) -> dict:
     return {"status": "fail" if problems else "pass", "observed": observed, "reason": "; ".join(problems)}
 
 
-def probe_all(backends: list[Backend], device: torch.device, backend_modules: list[str] = ()) -> dict:
-    """{(backend name, shape): outcome} for every shape: unavailable backends answered here, the rest isolated."""
-    results = {(b.name, s): {"status": "unavailable", "observed": "", "reason": b.unavailable_reason(device)}
-               for b in backends if b.unavailable_reason(device) for s in SHAPES}
-    return {**results, **run_isolated([(b.name, s) for b in backends for s in SHAPES if (b.name, s) not in results],
-                                      device, backend_modules)}
-
-
-def run_isolated(pairs: list[tuple[str, str]], device: torch.device, backend_modules: list[str] = (),
-                 timeout: float = 600.0) -> dict[tuple[str, str], dict]:
-    """Probe each (backend, shape) in a child process, restarting it after a crash; the crashing pair is an error."""
-    todo, results = list(pairs), {}
-    # a .py plugin path given relative to where the user stands must still resolve in the child
-    modules = [str(Path(m).resolve()) if m.endswith(".py") or "/" in m else m for m in backend_modules]
-    while todo:
-        cmd = [sys.executable, "-m", "harness.probes.empty", "--device", str(device)]
-        for module in modules:
-            cmd += ["--backend-module", module]
-        cmd += [f"{b}:{s}" for b, s in todo]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        started = None
-        for line in proc.stdout.splitlines():
-            if line.startswith("START "):
-                started = tuple(line[6:].split(":", 1))
-            elif line.startswith("RESULT "):
-                record = json.loads(line[7:])
-                results[(record.pop("backend"), record.pop("shape"))] = record
-                started = None
-        todo = [p for p in todo if p not in results]
-        if proc.returncode == 0 or started is None:
-            for pair in todo:  # the child ended without saying why: report its exit and last words
-                results[pair] = {"status": "error", "observed": "",
-                                 "reason": f"probe process exited {proc.returncode}: {proc.stderr.strip()[-300:]}"}
-            break
-        how = (f"signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
-               else f"exit status {proc.returncode}")
-        results[started] = {"status": "error", "observed": "crash",
-                            "reason": f"the process died ({how}) instead of raising an exception"}
-        todo.remove(started)
+def probe_all(backends: list[Backend], device: torch.device, executor: Executor) -> dict:
+    """{(backend name, shape): outcome} for every shape, each probed through `executor` - an isolated one, since
+    a backend that dies on an empty problem must only end its worker."""
+    results = {}
+    for backend in backends:
+        reason = executor.unavailable_reason(backend, device)
+        for shape in SHAPES:
+            if reason:
+                results[(backend.name, shape)] = {"status": "unavailable", "observed": "", "reason": reason}
+                continue
+            try:
+                results[(backend.name, shape)] = executor.run(backend, probe, device, shape)
+            except CallFailed as exc:
+                results[(backend.name, shape)] = {"status": "error", "observed": "crash",
+                                                  "reason": f"{exc.failure.reason} (instead of raising an exception)"}
     return results
 
 
 def empty_row(backend: Backend, shape: str, outcome: dict, device: torch.device, run_id: str = "") -> Row:
-    """CSV row 'edge:empty-<shape>:<dtype>-b..-h..-s..x..-d16' for one outcome of `run_isolated`."""
+    """CSV row 'edge:empty-<shape>:<dtype>-b..-h..-s..x..-d16' for one outcome of `probe_all`."""
     b, h, sq, sk, d = SHAPES[shape]
     dtype = probe_dtype(backend, device)
     stand_in = AttentionCase(max(b, 1), h, max(sq, 1), d, dtype, seq_k=max(sk, 1))
@@ -127,27 +97,3 @@ def empty_row(backend: Backend, shape: str, outcome: dict, device: torch.device,
                      observed=outcome.get("observed", ""), reason=outcome.get("reason", ""), run_id=run_id,
                      batch=b, seq_q=sq, seq_k=sk,
                      case_id=f"edge:empty-{shape}:{dtype_name(dtype)}-b{b}-h{h}-s{sq}x{sk}-d{d}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Child entry point: `python -m harness.probes.empty --device cpu backend:shape ...`, one JSON line per probe."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m harness.probes.empty")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--backend-module", action="append", default=[])
-    parser.add_argument("pairs", nargs="+", help="backend:shape")
-    args = parser.parse_args(argv)
-    for module in args.backend_module:
-        load_backend_module(module)
-    device = torch.device(args.device)
-    for pair in args.pairs:
-        name, shape = pair.split(":", 1)
-        print(f"START {name}:{shape}", flush=True)
-        record = probe(get_backends([name])[0], shape, device)
-        print("RESULT " + json.dumps({"backend": name, "shape": shape, **record}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 
 from harness.backends.base import Backend
+from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.runner import execute, prepare_case
 from harness.oracle.verdict import judge
 from harness.probes.common import probe_row, tag_rows
@@ -39,13 +40,13 @@ def _full(case: AttentionCase) -> AttentionCase:
 
 
 def decode_rows(backend: Backend, case: AttentionCase, device: torch.device, *, seed: int = 0,
-                run_id: str = "") -> list[Row]:
+                run_id: str = "", executor: Executor = IN_PROCESS) -> list[Row]:
     """Rows 'decode:<decode case id>' (fwd, bwd): the last query of `case` over its whole cache."""
     full = _full(case)
     inputs = make_inputs(full, device, seed)
     piece = _piece(full, full.seq_q - 1, full.seq_q)
     prepared = prepare_case(piece, device, inputs=_slice(inputs, full.seq_q - 1, full.seq_q))
-    return tag_rows(execute(backend, prepared, run_id).rows, "decode")
+    return tag_rows(execute(backend, prepared, run_id, executor=executor).rows, "decode")
 
 
 def chunk_bounds(seq: int, chunks: int) -> list[tuple[int, int]]:
@@ -57,7 +58,7 @@ def chunk_bounds(seq: int, chunks: int) -> list[tuple[int, int]]:
 
 
 def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: torch.device, *, seed: int = 0,
-                 run_id: str = "") -> list[Row]:
+                 run_id: str = "", executor: Executor = IN_PROCESS) -> list[Row]:
     """Rows 'prefill:chunk<i>of<n>:<piece id>' per chunk, and 'prefill:assembled<n>:<case id>' (fwd, bwd)."""
     full = _full(case)
     inputs = make_inputs(full, device, seed)
@@ -66,7 +67,7 @@ def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: tor
     have_grads = True
     for i, (start, stop) in enumerate(chunk_bounds(full.seq_q, chunks)):
         prepared = prepare_case(_piece(full, start, stop), device, inputs=_slice(inputs, start, stop))
-        result = execute(backend, prepared, run_id)
+        result = execute(backend, prepared, run_id, executor=executor)
         rows += tag_rows(result.rows, f"prefill:chunk{i + 1}of{chunks}")
         if result.out is None:
             return rows                                                 # the chunk rows already say why

@@ -17,8 +17,9 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.cache import LRU
-from harness.execution.call import BoundCall, backend_inputs
-from harness.execution.outcome import BackendResult, exception_text
+from harness.execution.call import Call
+from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.outcome import BackendResult
 from harness.execution.runner import execute, prepare_case
 from harness.oracle.prepared import PreparedCase
 from harness.oracle.reference import reference_attention
@@ -32,6 +33,23 @@ from harness.store.schema import Row
 PADDING = KeyPadding((0, 4))
 #: not 1/sqrt(16) = 0.25, so a backend that ignores `scale` shows
 SCALE = 0.3
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Who is asked (backend), where (device), with which inputs (seed), and where its calls run (executor)."""
+
+    backend: Backend
+    device: torch.device
+    seed: int = 0
+    executor: Executor = IN_PROCESS
+
+    def call(self, case: AttentionCase, inputs: Inputs, **call) -> tuple[torch.Tensor | None, str]:
+        """(output in canonical layout, or None; why not) of one call on given inputs, without gradients."""
+        answer = self.executor.call(self.backend, Call(case, None, inputs, **call), self.device)
+        if answer.failure is not None:
+            return None, answer.failure.reason
+        return answer.out, ""
 
 
 @dataclass
@@ -90,17 +108,18 @@ def _prepared(case: AttentionCase, device: torch.device, seed: int) -> PreparedC
     return _cached(("prepared", case, str(device), seed), lambda: prepare_case(case, device, seed))
 
 
-def _spec_run(backend: Backend, device: torch.device,
-              seed: int) -> tuple[PreparedCase, BackendResult, Answer | None]:
+def _spec_run(probe: Probe) -> tuple[PreparedCase, BackendResult, Answer | None]:
     """The semantics case through the backend's own mask translation, forward and backward, and the answer
     to give instead when that run produced no output (see _result_failure)."""
+    backend, device, seed = probe.backend, probe.device, probe.seed
     prepared = _prepared(semantics_case(probe_dtype(backend, device)), device, seed)
-    result = _cached(("spec", backend, str(device), seed), lambda: execute(backend, prepared))
+    result = _cached(("spec", backend, str(device), seed),
+                     lambda: execute(backend, prepared, executor=probe.executor))
     return prepared, result, _result_failure(result)
 
 
-def _skip(backend: Backend, case: AttentionCase, device: torch.device) -> Answer | None:
-    gate = refused(backend, case, device)
+def _skip(probe: Probe, case: AttentionCase) -> Answer | None:
+    gate = refused(probe.backend, case, probe.device, probe.executor)
     return Answer(gate[0], "", gate[1]) if gate else None
 
 
@@ -113,9 +132,9 @@ def _result_failure(result: BackendResult) -> Answer | None:
     return Answer("observed", "error", result.reasons)
 
 
-def fully_masked_rows(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+def fully_masked_rows(probe: Probe) -> tuple[AttentionCase, Answer]:
     """Rows whose every key is masked: output 0 / NaN / mean(V) / garbage / error, and the gradients."""
-    prepared, result, failed = _spec_run(backend, device, seed)
+    prepared, result, failed = _spec_run(probe)
     case = prepared.case
     if failed:
         return case, failed
@@ -130,66 +149,60 @@ def fully_masked_rows(backend: Backend, device: torch.device, seed: int) -> tupl
     return case, Answer("observed", " ".join(parts), result.reasons, list(result.checks.values()))
 
 
-def scale_honoured(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+def scale_honoured(probe: Probe) -> tuple[AttentionCase, Answer]:
     """Is a non-default `scale` used (versus silently 1/sqrt(head_dim))? Judged on rows that see keys."""
-    prepared, result, failed = _spec_run(backend, device, seed)
+    prepared, result, failed = _spec_run(probe)
     case = prepared.case
     if failed:
         return case, failed
-    check = _judge_visible(result.out, prepared.reference.out, prepared, backend)
+    check = _judge_visible(result.out, prepared.reference.out, prepared, probe.backend)
     if check.passed:
         return case, Answer("observed", "honoured", checks=[check])
     default = reference_attention(replace(case, scale=None), prepared.inputs, grads=False).out
-    if _judge_visible(result.out, default, prepared, backend).passed:
+    if _judge_visible(result.out, default, prepared, probe.backend).passed:
         return case, Answer("observed", "ignored (used 1/sqrt(head_dim))", checks=[check])
     return case, Answer("observed", f"wrong (err {check.err:.3g})", checks=[check])
 
 
-def nan_in_masked_kv(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+def nan_in_masked_kv(probe: Probe) -> tuple[AttentionCase, Answer]:
     """NaN written into K or V at keys the mask hides: does it reach rows that see other keys?"""
-    prepared, result, failed = _spec_run(backend, device, seed)
+    prepared, result, failed = _spec_run(probe)
     case = prepared.case
     if failed:
         return case, failed
-    hidden = ~case.key_mask(device).any(2, keepdim=True).transpose(-1, -2)    # (B, 1, Sk, 1): keys nobody sees
+    hidden = ~case.key_mask(probe.device).any(2, keepdim=True).transpose(-1, -2)  # (B, 1, Sk, 1): keys nobody sees
     q, k, v, d_out = prepared.inputs
     parts = []
     for name, poisoned in (("K", Inputs(q, k.masked_fill(hidden, float("nan")), v, d_out)),
                            ("V", Inputs(q, k, v.masked_fill(hidden, float("nan")), d_out))):
-        try:
-            with torch.no_grad():
-                out = BoundCall(backend, case, device)(*backend_inputs(backend, poisoned, False)[:3])
-            leaks = bool(_visible(backend.from_layout(out), case).isnan().any())
-            parts.append(f"{name}={'leaks' if leaks else 'contained'}")
-        except Exception as exc:  # an exception is this backend's answer to the poisoned input
-            parts.append(f"{name}=error ({exception_text(exc)})")
+        out, why = probe.call(case, poisoned)
+        if out is None:  # an exception is this backend's answer to the poisoned input
+            parts.append(f"{name}=error ({why})")
+        else:
+            parts.append(f"{name}={'leaks' if bool(_visible(out, case).isnan().any()) else 'contained'}")
     return case, Answer("observed", " ".join(parts))
 
 
-def _native(backend: Backend, probe: str, case: AttentionCase, device: torch.device) -> Answer | None:
-    skip = _skip(backend, case, device)
+def _native(probe: Probe, native: str, case: AttentionCase) -> Answer | None:
+    skip = _skip(probe, case)
     if skip:
         return skip
-    if probe not in backend.native_probes:
-        return Answer("unsupported", "", f"{backend.name} has no native_{probe} probe: it takes mask specs only")
+    if native not in probe.backend.native_probes:
+        return Answer("unsupported", "", f"{probe.backend.name} has no native_{native} probe: it takes mask specs only")
     return None
 
 
-def _which(backend: Backend, case: AttentionCase, device: torch.device, seed: int,
-           candidates: dict[str, MaskSpec | None]) -> Answer:
+def _which(probe: Probe, case: AttentionCase, candidates: dict[str, MaskSpec | None]) -> Answer:
     """Call native_causal on `case` and name the candidate mask whose reference it matches."""
-    skip = _native(backend, "causal", case, device)
+    skip = _native(probe, "causal", case)
     if skip:
         return skip
-    prepared = {name: _prepared(replace(case, mask=m), device, seed) for name, m in candidates.items()}
+    prepared = {name: _prepared(replace(case, mask=m), probe.device, probe.seed) for name, m in candidates.items()}
     inputs = next(iter(prepared.values())).inputs                       # same seed and shapes: same inputs
-    try:
-        with torch.no_grad():
-            out = backend.native_causal(*backend_inputs(backend, inputs, False)[:3], scale=case.scale)
-    except Exception as exc:
-        return Answer("observed", "refused", exception_text(exc))
-    out = backend.from_layout(out)
-    checks = {name: judge("out", out, p.reference.out, case.dtype, _naive_err(p, backend, "out"))
+    out, why = probe.call(case, inputs, entry="native_causal")
+    if out is None:
+        return Answer("observed", "refused", why)
+    checks = {name: judge("out", out, p.reference.out, case.dtype, _naive_err(p, probe.backend, "out"))
               for name, p in prepared.items()}
     for name, check in checks.items():
         if check.passed:
@@ -198,71 +211,67 @@ def _which(backend: Backend, case: AttentionCase, device: torch.device, seed: in
     return Answer("observed", "neither", f"err vs {errs}", list(checks.values()))
 
 
-def causal_non_square(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+def causal_non_square(probe: Probe) -> tuple[AttentionCase, Answer]:
     """The library's causal flag with seq_q=5 < seq_k=9: top-left, bottom-right, or refused."""
-    case = AttentionCase(2, 2, 5, 16, probe_dtype(backend, device), seq_k=9)
-    return case, _which(backend, case, device, seed, {"top-left": Causal(), "bottom-right": CausalBottomRight()})
+    case = AttentionCase(2, 2, 5, 16, probe_dtype(probe.backend, probe.device), seq_k=9)
+    return case, _which(probe, case, {"top-left": Causal(), "bottom-right": CausalBottomRight()})
 
 
-def decode_causal(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+def decode_causal(probe: Probe) -> tuple[AttentionCase, Answer]:
     """Causal flag on a decode step (seq_q=1 over 9 keys): does the query see every key (causal off, FA2)?"""
-    case = AttentionCase(2, 2, 1, 16, probe_dtype(backend, device), seq_k=9)
-    return case, _which(backend, case, device, seed, {"sees all keys (causal off)": None,
-                                                      "sees key 0 only (top-left)": Causal()})
+    case = AttentionCase(2, 2, 1, 16, probe_dtype(probe.backend, probe.device), seq_k=9)
+    return case, _which(probe, case, {"sees all keys (causal off)": None, "sees key 0 only (top-left)": Causal()})
 
 
-def _mask_runs(backend: Backend, device: torch.device, seed: int) -> dict[str, torch.Tensor | Exception]:
-    """native_mask with the semantics case's mask as bool, additive -inf and additive finfo.min tensors."""
-    case = semantics_case(probe_dtype(backend, device))
-    prepared = _prepared(case, device, seed)
-    dense = case.key_mask(device)                                       # (B, 1, Sq, Sk)
-    zeros = torch.zeros(dense.shape, dtype=case.dtype, device=device)
+def _mask_runs(probe: Probe) -> dict[str, tuple[torch.Tensor | None, str]]:
+    """native_mask with the semantics case's mask as bool, additive -inf and additive finfo.min tensors:
+    {form: (output or None, why not)} - refusing a mask kind is an answer."""
+    case = semantics_case(probe_dtype(probe.backend, probe.device))
+    prepared = _prepared(case, probe.device, probe.seed)
+    dense = case.key_mask(probe.device)                                 # (B, 1, Sq, Sk)
+    zeros = torch.zeros(dense.shape, dtype=case.dtype, device=probe.device)
     forms = {"bool": dense, "additive": zeros.masked_fill(~dense, float("-inf")),
              "finfo.min": zeros.masked_fill(~dense, torch.finfo(case.dtype).min)}
-    outs: dict[str, torch.Tensor | Exception] = {}
-    q, k, v, _ = backend_inputs(backend, prepared.inputs, False)
-    for name, mask in forms.items():
-        try:
-            with torch.no_grad():
-                outs[name] = backend.from_layout(backend.native_mask(q, k, v, mask=mask, scale=case.scale))
-        except Exception as exc:  # refusing a mask kind is an answer
-            outs[name] = exc
-    return outs
+    return {name: probe.call(case, prepared.inputs, entry="native_mask", mask=mask) for name, mask in forms.items()}
 
 
-def mask_kinds(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+def _mask_outputs(probe: Probe) -> dict[str, tuple[torch.Tensor | None, str]]:
+    return _cached(("mask", probe.backend, str(probe.device), probe.seed), lambda: _mask_runs(probe))
+
+
+def mask_kinds(probe: Probe) -> tuple[AttentionCase, Answer]:
     """Does the library take a bool mask (True = attend) and an additive one, with the right result?"""
-    case = semantics_case(probe_dtype(backend, device))
-    skip = _native(backend, "mask", case, device)
+    case = semantics_case(probe_dtype(probe.backend, probe.device))
+    skip = _native(probe, "mask", case)
     if skip:
         return case, skip
-    prepared = _prepared(case, device, seed)
-    outs = _cached(("mask", backend, str(device), seed), lambda: _mask_runs(backend, device, seed))
+    prepared = _prepared(case, probe.device, probe.seed)
+    outs = _mask_outputs(probe)
     parts, reasons, checks = [], [], []
     for name in ("bool", "additive"):
-        out = outs[name]
-        if isinstance(out, Exception):
+        out, why = outs[name]
+        if out is None:
             parts.append(f"{name}=refused")
-            reasons.append(f"{name}: {exception_text(out)}")
+            reasons.append(f"{name}: {why}")
             continue
-        checks.append(_judge_visible(out, prepared.reference.out, prepared, backend))
+        checks.append(_judge_visible(out, prepared.reference.out, prepared, probe.backend))
         parts.append(f"{name}={_state(checks[-1])}")
     return case, Answer("observed", " ".join(parts), "; ".join(reasons), checks)
 
 
-def finite_negative_mask(backend: Backend, device: torch.device, seed: int) -> tuple[AttentionCase, Answer]:
+def finite_negative_mask(probe: Probe) -> tuple[AttentionCase, Answer]:
     """Masking with finfo(dtype).min instead of -inf: rows that see keys, and rows masked entirely."""
-    case = semantics_case(probe_dtype(backend, device))
-    skip = _native(backend, "mask", case, device)
+    case = semantics_case(probe_dtype(probe.backend, probe.device))
+    skip = _native(probe, "mask", case)
     if skip:
         return case, skip
-    prepared = _prepared(case, device, seed)
-    out = _cached(("mask", backend, str(device), seed), lambda: _mask_runs(backend, device, seed))["finfo.min"]
-    if isinstance(out, Exception):
-        return case, Answer("observed", "refused", exception_text(out))
-    check = _judge_visible(out, prepared.reference.out, prepared, backend)
+    prepared = _prepared(case, probe.device, probe.seed)
+    out, why = _mask_outputs(probe)["finfo.min"]
+    if out is None:
+        return case, Answer("observed", "refused", why)
+    check = _judge_visible(out, prepared.reference.out, prepared, probe.backend)
     empty = _empty_rows(case)
-    full = classify(out.cpu()[empty], _mean_v(case, prepared.inputs)[empty])
+    full = classify(out[empty], _mean_v(case, prepared.inputs)[empty])
     return case, Answer("observed", f"partial rows={_state(check)} masked rows={full}", checks=[check])
 
 
@@ -278,17 +287,18 @@ QUESTIONS: dict[str, tuple[str, Callable]] = {
 }
 
 
-def ask(question: str, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "") -> Row:
-    """Answer one question for one backend as a CSV row (case_id 'semantics:<question>:<case id>')."""
+def ask(question: str, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
+        executor: Executor = IN_PROCESS) -> Row:
+    """Answer one question for one backend as a CSV row (case_id 'semantics:<question>:<case id>'); its calls
+    run through `executor` (this process, or the backend's worker)."""
     if question not in QUESTIONS:
         raise ValueError(f"unknown semantics question {question!r}; allowed: {', '.join(QUESTIONS)}")
-    phase, probe = QUESTIONS[question]
+    phase, question_fn = QUESTIONS[question]
+    probe = Probe(backend, device, seed, executor)
     case = semantics_case(probe_dtype(backend, device))
-    skip = _skip(backend, case, device)
-    if skip is None:
-        case, answer = probe(backend, device, seed)
-    else:
-        answer = skip
+    answer = _skip(probe, case)
+    if answer is None:
+        case, answer = question_fn(probe)
     return probe_row(case, backend, device, tag=f"semantics:{question}", phase=phase, status=answer.status,
                      observed=answer.observed, reason=answer.reason, checks=answer.checks, run_id=run_id)
 

@@ -88,17 +88,22 @@ def _fmt(value: object) -> str:
 _LINK = re.compile(r"\[([^\]]+)\]\((#[^)]+)\)")
 
 
+def md_text(text: str) -> str:
+    """Text taken from data (backend names, reasons, ids) made inert in Markdown: no raw HTML gets through."""
+    return html.escape(str(text), quote=False)
+
+
 def to_markdown(blocks: list, base: Path) -> str:
     out = []
     for block in blocks:
         if isinstance(block, Heading):
             anchor = f'<a id="{block.anchor}"></a>' if block.anchor else ""
-            out.append(f"{'#' * block.level} {block.text}{anchor}\n")
+            out.append(f"{'#' * block.level} {md_text(block.text)}{anchor}\n")
         elif isinstance(block, Para):
-            out.append(block.text + "\n")
+            out.append(md_text(block.text) + "\n")
         elif isinstance(block, Image):
             rel = block.path.relative_to(base).as_posix()
-            out.append(f"![{block.caption}]({rel})\n")
+            out.append(f"![{md_text(block.caption)}]({rel})\n")
         elif isinstance(block, Table):
             out.append(_markdown_table(block) + "\n")
     return "\n".join(out)
@@ -106,7 +111,7 @@ def to_markdown(blocks: list, base: Path) -> str:
 
 def _markdown_table(table: Table) -> str:
     def cell(v: object) -> str:
-        return _fmt(v).replace("|", "\\|").replace("\n", " ")
+        return md_text(_fmt(v)).replace("|", "\\|").replace("\n", " ")
     lines = ["| " + " | ".join(cell(c) for c in table.frame.columns) + " |",
              "|" + "---|" * len(table.frame.columns)]
     for i, row in enumerate(table.frame.itertuples(index=False)):

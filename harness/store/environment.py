@@ -199,6 +199,17 @@ def _cpu_clocks() -> dict:
     return {"cpu_mhz": mhz or None, "loadavg": load}
 
 
+def available_memory() -> int:
+    """Bytes of host memory available now (MemAvailable), or 8 GiB where /proc/meminfo cannot tell."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 8 * 2 ** 30
+
+
 def new_run_id() -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{socket.gethostname()[:16]}-{os.getpid()}"

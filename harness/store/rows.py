@@ -41,7 +41,8 @@ def provenance(device: torch.device) -> dict:
 
 
 def make_row(*, run_id: str, case: AttentionCase, backend: str, backend_version: str, phase: str, device: torch.device,
-             status: str | None, reason: str = "", checks: Sequence[Check] = (), tag: str = "", **columns) -> Row:
+             status: str | None, reason: str | None = "", checks: Sequence[Check] = (), tag: str = "",
+             **columns) -> Row:
     """A results row about `case` run by `backend` on `device`.
 
     `tag` prefixes the case id ('semantics:fully-masked-rows' -> 'semantics:fully-masked-rows:<case id>'), which

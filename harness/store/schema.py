@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Iterable, NamedTuple
 
-SCHEMA_VERSION = 1
+#: 2: timing_status and timing_reason added (a timing failure no longer overwrites the correctness status);
+#: baseline (how the naive baseline was computed)
+SCHEMA_VERSION = 2
 
 #: a result is one (case, backend, phase)
 KEY = ("case_id", "backend", "phase")
@@ -25,6 +27,9 @@ NOT_RUN = ("unsupported", "unavailable")
 PHASES = ("fwd", "bwd", "fwd+bwd")
 #: phases that carry a correctness verdict
 VERDICT_PHASES = ("fwd", "bwd")
+#: how the benchmark stage ended for a key, apart from its correctness: timed; not-timed (its correctness did not
+#: pass); unsupported, error or oom while timing
+TIMING_STATUSES = ("timed", "not-timed", "unsupported", "error", "oom")
 #: the quantities judged against the reference
 QUANTITIES = ("out", "dq", "dk", "dv")
 GRADS = ("dq", "dk", "dv")
@@ -82,11 +87,15 @@ class Row:
     naive_dq_err: float | None = None
     naive_dk_err: float | None = None
     naive_dv_err: float | None = None
+    #: how the naive baseline of the tolerance was computed: dense, chunked (rows a chunk), or the fixed bound
+    baseline: str | None = None
     err_ratio: float | None = None
     nonfinite: bool | None = None
     backend_op: str | None = None
     observed: str | None = None
     # performance (filled by the benchmark stage)
+    timing_status: str | None = None
+    timing_reason: str | None = None
     latency_ms: float | None = None
     latency_iqr_ms: float | None = None
     latency_min_ms: float | None = None
@@ -115,6 +124,8 @@ class Row:
     def __post_init__(self):
         if self.status is not None and self.status not in STATUSES:
             raise ValueError(f"status={self.status!r}; allowed: {', '.join(STATUSES)}")
+        if self.timing_status is not None and self.timing_status not in TIMING_STATUSES:
+            raise ValueError(f"timing_status={self.timing_status!r}; allowed: {', '.join(TIMING_STATUSES)}")
         if self.phase not in PHASES:
             raise ValueError(f"phase={self.phase!r}; allowed: {', '.join(PHASES)}")
 

@@ -14,12 +14,14 @@ import pytest
 import torch
 
 from harness.backends.registry import get_backends, load_backend_module
-from harness.cli.options import add_to_pytest
+from harness.cli.options import add_to_pytest, timeouts
 from harness.execution.device import resolve_device
+from harness.execution.isolation import IsolatedExecutor
 from harness.execution.session import RunSession
 from harness.launch.sharding import parse_shard, select_shard
 from harness.measure.timing import TimingConfig
 from harness.spec.matrices import build_matrix
+from harness.store.run_dir import results_root
 from harness.store.schema import PHASES
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
@@ -30,7 +32,8 @@ STAGES = ("correctness", "probes", "benchmark")
 def pytest_addoption(parser):
     group = parser.getgroup("attention harness")
     add_to_pytest(group, "backends", "backend_module", "matrix", "device", "results_dir", "seed", "benchmark",
-                  "timing_budget_ms", "rounds", "cuda_graph", "threads", "cpu_mem_budget_gb", "no_report", "shard")
+                  "timing_budget_ms", "rounds", "cuda_graph", "threads", "cpu_mem_budget_gb", "no_report", "shard",
+                  "no_isolate", "call_timeout_s")
 
 
 def pytest_configure(config):
@@ -42,6 +45,7 @@ def pytest_configure(config):
         if config.option.shard:
             config._harness_cases = select_shard(config._harness_cases, *parse_shard(config.option.shard))
         device = resolve_device(config.option.device)
+        results_root(config.option.results_dir)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     if config.option.threads is not None:
@@ -56,11 +60,29 @@ def pytest_configure(config):
                              rounds=config.option.rounds)
         if config.option.benchmark_enabled:
             session.measure_peaks(sorted({c.dtype for c in config._harness_cases}, key=str))
+        if config.option.isolate:
+            default, overrides = timeouts(config.option.call_timeout_s)
+            session.executor = IsolatedExecutor(device, timeout_s=default, timeouts=overrides,
+                                                log_dir=str(session.run_dir / "workers"))
         config.stash[_SESSION_KEY] = session
         if config.getoption("benchmark_storage", None) == "file://./.benchmarks":
             # pytest-benchmark's own --benchmark-compare must only compare like with like: one store per testbed
             config.option.benchmark_storage = f"file://./.benchmarks/{session.env['testbed_id']}"
+        _readable_benchmark_table(config)
     config._harness_device = device
+
+
+def _readable_benchmark_table(config) -> None:
+    """pytest-benchmark's table, where the user left its defaults: one group per (phase, case), backends side by
+    side, and the columns the harness measures (pass --benchmark-quiet to drop the table; the run's report has
+    everything)."""
+    option = config.option
+    if not hasattr(option, "benchmark_columns"):  # pytest-benchmark not loaded (-p no:benchmark)
+        return
+    if option.benchmark_columns is None:  # pytest-benchmark resolves None to its long default list
+        option.benchmark_columns = ["median", "iqr", "min", "max", "rounds"]
+    if option.benchmark_time_unit is None:
+        option.benchmark_time_unit = "ms"
 
 
 def _stage(item) -> int:
@@ -90,6 +112,14 @@ def pytest_generate_tests(metafunc):
                                       for c, b, p, r in quads])
         else:
             metafunc.parametrize(("case", "backend"), pairs, ids=[f"{b.name}-{c.id}" for c, b in pairs])
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """A backend that raised KeyboardInterrupt inside a call has its row written; the run stops after this test,
+    as after a Ctrl-C, with the summary and every finished row kept."""
+    session = item.config.stash.get(_SESSION_KEY, None)
+    if session is not None and session.executor.interrupted:
+        item.session.shouldstop = session.executor.interrupted
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,8 @@ Each key is timed in --rounds rounds spread over the run (round-major order); it
 from __future__ import annotations
 
 import pytest
-import torch
 
-from harness.execution.benchmark import phase_callables
+from harness.suite.benchmark_fixture import record_samples
 
 #: the pooled figures of a key that pytest-benchmark's JSON carries in extra_info
 EXTRA_INFO = ("case_id", "backend", "phase", "latency_ms", "latency_iqr_ms", "latency_min_ms", "n_samples", "rounds",
@@ -26,19 +25,13 @@ def test_performance(case, backend, phase, perf_round, run_session, benchmark, r
     if result is None:  # the reason is in that round's skip and row; repeating it would multiply the skip summary
         pytest.skip("not timed after an earlier round")
     if result.measurement is None:
-        pytest.skip(f"{result.row.status}: {result.row.reason}")
+        why = f"{result.row.timing_status}: {result.row.timing_reason}"
+        if result.row.timing_status == "error":  # the backend passed correctness, then failed while timed
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
     if perf_round < run_session.rounds - 1:
         return
-    # Last round: pytest-benchmark's own table, JSON and --benchmark-compare get one entry per key, carrying our
-    # pooled numbers; its timing is a few synchronized calls of the same callable.
-    benchmark.extra_info.update({k: getattr(result.row, k) for k in EXTRA_INFO})
-    prepared = run_session.timing_inputs(case)
-    setup, fn = phase_callables(backend, prepared, phase)
-    device = prepared.device
-
-    def synced():
-        fn()
-        if device.type == "cuda":  # pytest-benchmark uses the host clock: wait for the kernels it launched
-            torch.cuda.synchronize(device)
-
-    benchmark.pedantic(synced, setup=setup, rounds=2, iterations=1, warmup_rounds=0)
+    # Last round: pytest-benchmark's table, JSON and --benchmark-compare get one entry per key whose statistics are
+    # those of every sample of every round, the same the harness's row and `compare` use.
+    record_samples(benchmark, result.pooled.samples_ms, group=f"{phase} {case.id}",
+                   extra_info={k: getattr(result.row, k) for k in EXTRA_INFO})

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.execution.runner import execute
 
 
 def test_correctness(case, backend, run_session):
-    result = execute(backend, run_session.prepared(case), run_session.run_id)
-    run_session.record(case, backend, result)
+    result = run_session.check(case, backend)
     status = result.status
     if status in ("unavailable", "unsupported", "oom"):
         pytest.skip(f"{status}: {result.reasons}")

@@ -31,13 +31,14 @@ def pytest_generate_tests(metafunc):
 
 
 def test_decode_step(kv_case, chunks, backend, run_session):
-    rows = decode_rows(backend, kv_case, run_session.device, seed=run_session.seed, run_id=run_session.run_id)
+    rows = decode_rows(backend, kv_case, run_session.device, seed=run_session.seed, run_id=run_session.run_id,
+                       executor=run_session.executor)
     run_session.writer.write(rows)
     conclude(rows)
 
 
 def test_chunked_prefill(kv_case, chunks, backend, run_session):
     rows = prefill_rows(backend, kv_case, chunks, run_session.device, seed=run_session.seed,
-                        run_id=run_session.run_id)
+                        run_id=run_session.run_id, executor=run_session.executor)
     run_session.writer.write(rows)
     conclude(rows)

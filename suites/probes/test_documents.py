@@ -35,6 +35,7 @@ def pytest_generate_tests(metafunc):
 
 
 def test_documents(doc_case, backend, run_session):
-    rows = tag_rows(execute(backend, run_session.prepared(doc_case), run_session.run_id).rows, "docs")
+    result = execute(backend, run_session.prepared(doc_case), run_session.run_id, executor=run_session.executor)
+    rows = tag_rows(result.rows, "docs")
     run_session.writer.write(rows)
     conclude(rows)

@@ -14,12 +14,14 @@ def pytest_generate_tests(metafunc):
 
 
 def test_dropout(backend, run_session):
-    rows = check_dropout(backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id)
+    rows = check_dropout(backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id,
+                         executor=run_session.executor)
     run_session.writer.write(rows)
     conclude(rows)
 
 
 def test_determinism(backend, run_session):
-    row = check_determinism(backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id)
+    row = check_determinism(backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id,
+                            executor=run_session.executor)
     run_session.writer.write([row])
     conclude([row])

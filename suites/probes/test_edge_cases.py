@@ -24,18 +24,17 @@ def pytest_generate_tests(metafunc):
 
 
 def test_edge_case(edge, backend, run_session):
-    rows = run_edge(edge, backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id)
+    rows = run_edge(edge, backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id,
+                    executor=run_session.executor)
     run_session.writer.write(rows)
     conclude(rows, dict(edge.known_failures).get(backend.name))
 
 
 @pytest.fixture(scope="module")
 def empty_outcomes(request, run_session):
-    """Every (backend, empty shape) probed once, in child processes (a crash must not end the run)."""
-    config = request.config
-    # compile-per-shape backends last: a crash costs a restart, and their compiles are the slow part
-    order = sorted(config._harness_backends, key=lambda b: b.compiles_per_shape)
-    return probe_all(order, run_session.device, config.option.backend_module)
+    """Every (backend, empty shape) probed once, in worker processes even with --no-isolate (a crash must not
+    end the run)."""
+    return probe_all(request.config._harness_backends, run_session.device, run_session.crash_safe_executor())
 
 
 def test_empty_tensors(empty_shape, backend, run_session, empty_outcomes):

@@ -229,22 +229,22 @@ def _case(mask: str, batch: int = 2, seq: int = 64) -> AttentionCase:
 def test_mask_path_comes_from_each_backends_translation():
     b = {x.name: x for x in get_backends(None)}
     causal, pad = _case("causal"), _case("keypad")
-    assert mask_path(b["sdpa"], causal, CPU)["mask_path"] == "native"  # is_causal=True
-    assert mask_path(b["flash-attn"], causal, CPU)["mask_path"] == "native"
-    assert mask_path(b["flex"], pad, CPU)["mask_path"] == "native"
-    dense = mask_path(b["sdpa"], pad, CPU)
+    assert mask_path(b["sdpa"], CPU, causal)["mask_path"] == "native"  # is_causal=True
+    assert mask_path(b["flash-attn"], CPU, causal)["mask_path"] == "native"
+    assert mask_path(b["flex"], CPU, pad)["mask_path"] == "native"
+    dense = mask_path(b["sdpa"], CPU, pad)
     assert dense["mask_path"] == "dense" and dense["dense_mask_bytes"] == 2 * 64 * 64  # bool (B, 1, Sq, Sk)
-    naive = mask_path(b["naive"], causal, CPU)
+    naive = mask_path(b["naive"], CPU, causal)
     assert naive["mask_path"] == "dense" and naive["dense_mask_bytes"] == 64 * 64
-    assert mask_path(b["flash-attn"], _case("causal+keypad"), CPU)["mask_path"] == "unsupported"
-    assert mask_path(b["sdpa"], _case("none"), CPU)["mask_path"] == "none"
+    assert mask_path(b["flash-attn"], CPU, _case("causal+keypad"))["mask_path"] == "unsupported"
+    assert mask_path(b["sdpa"], CPU, _case("none"))["mask_path"] == "none"
 
 
 def test_mask_path_xformers_typed_is_native_tensor_bias_is_dense():
     pytest.importorskip("xformers.ops.fmha.attn_bias")
     xf = get_backends("xformers")[0]
-    assert mask_path(xf, _case("causal"), CPU)["mask_path"] == "native"
-    dense = mask_path(xf, _case("keypad"), CPU)  # float bias (B, G, H/G, Sq, Sk), rows padded to 8
+    assert mask_path(xf, CPU, _case("causal"))["mask_path"] == "native"
+    dense = mask_path(xf, CPU, _case("keypad"))  # float bias (B, G, H/G, Sq, Sk), rows padded to 8
     assert dense["mask_path"] == "dense" and dense["dense_mask_bytes"] == 2 * 2 * 2 * 64 * 64 * 4
 
 

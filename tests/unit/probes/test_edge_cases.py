@@ -7,9 +7,11 @@ import torch
 
 from harness import AttentionCase, make_inputs
 from harness.backends import get_backends
+from harness.backends.base import Backend
 from harness.backends.naive import Naive
 from harness.probes.edge_cases import NAN_TAIL, Arranged, EdgeCase, edge_cases, edge_inputs, run_edge
-from harness.probes.empty import SHAPES, empty_row, probe, run_isolated
+from harness.execution.isolation import IsolatedExecutor
+from harness.probes.empty import SHAPES, empty_row, probe, probe_all
 from harness.spec.masks import Causal, KeyPadding
 from harness.store.writer import ResultsWriter
 
@@ -124,24 +126,30 @@ def test_invalid_edge_cases_name_the_value(make, match):
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_empty_tensors_in_process(shape):
-    assert probe(get_backends("sdpa-math")[0], shape, CPU)["status"] == "pass"
+    assert probe(get_backends("sdpa-math")[0], CPU, shape)["status"] == "pass"
 
 
 def test_refusing_an_empty_problem_is_unsupported():
     class Refuses(Naive):
         def forward(self, q, k, v, *, mask, scale):
             raise ValueError("empty input")
-    outcome = probe(Refuses(), "batch0", CPU)
+    outcome = probe(Refuses(), CPU, "batch0")
     assert outcome["status"] == "unsupported" and "empty input" in outcome["reason"]
 
 
-def test_crash_in_child_is_an_error_and_the_other_probes_still_run(tmp_path):
-    pairs = [("crash-on-empty-seq", "batch0"), ("crash-on-empty-seq", "seq_q0"), ("naive", "seq_k0")]
-    out = run_isolated(pairs, CPU, [CRASH_MODULE])
+def test_crash_in_a_worker_is_an_error_and_the_other_probes_still_run(tmp_path):
+    # the crashing backend is registered only in the worker (it loads the plugin module); here a stand-in names it
+    stand_in = type("CrashStandIn", (Backend,), {"name": "crash-on-empty-seq"})()
+    executor = IsolatedExecutor(CPU, modules=(CRASH_MODULE,), log_dir=str(tmp_path / "workers"))
+    try:
+        out = probe_all([stand_in, Naive()], CPU, executor)
+    finally:
+        executor.close()
     assert out[("crash-on-empty-seq", "batch0")]["status"] == "pass"
     crash = out[("crash-on-empty-seq", "seq_q0")]
     assert crash["status"] == "error" and "signal SIGSEGV" in crash["reason"]
-    assert out[("naive", "seq_k0")]["status"] == "pass"                # answered by the restarted child
+    assert out[("crash-on-empty-seq", "seq_k0")]["status"] == "error"  # the restarted worker crashes again
+    assert out[("naive", "seq_k0")]["status"] == "pass"
     row = empty_row(Naive(), "seq_k0", out[("naive", "seq_k0")], CPU)
     assert (row.batch, row.seq_q, row.seq_k) == (2, 5, 0) and row.case_id.startswith("edge:empty-seq_k0:")
     ResultsWriter(tmp_path / "r.csv").write([row])                      # the schema accepts it

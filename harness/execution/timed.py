@@ -1,0 +1,95 @@
+"""One timing round of one phase, described as data so it runs where the backend runs (here or in its worker):
+peak memory, the repetitions, the compile time. Timing stays next to the kernel, so isolation costs no latency."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.backends.base import Backend
+from harness.execution.call import BoundCall, Call, backend_inputs, call_inputs, device_scope
+from harness.execution.outcome import Failure, free
+from harness.measure.memory import peak_memory
+from harness.measure.timing import Measurement, TimingConfig, measure
+
+
+@dataclass(frozen=True)
+class TimingCall:
+    """Time `phase` of the call's case: estimate_ms from earlier rounds (None: estimate now); known_memory (bytes,
+    method) from an earlier round (None: measure it); over cpu_mem_budget bytes of peak memory on the CPU is oom."""
+
+    call: Call
+    phase: str
+    config: TimingConfig
+    estimate_ms: float | None = None
+    known_memory: tuple[int, str] | None = None
+    cpu_mem_budget: int | None = None
+
+
+@dataclass
+class TimingResult:
+    measurement: Measurement | None = None
+    peak_mem_bytes: int | None = None
+    mem_method: str | None = None
+    failure: Failure | None = None
+    compile_ms: float | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        return self.failure is not None and self.failure.interrupted
+
+
+def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str):
+    """(setup, fn) for a phase. fwd: inference (no autograd); bwd: backward alone on a retained graph with the
+    shared dO; fwd+bwd: one training step. Gradients are reset in setup, outside the timed region; the backend's
+    `prepare` runs here, once, outside it too."""
+    call = BoundCall(backend, case, device)
+    q, k, v, d_out = backend_inputs(backend, inputs, requires_grad=phase != "fwd")
+
+    def forward():
+        return call(q, k, v)
+
+    def reset():
+        q.grad = k.grad = v.grad = None
+
+    if phase == "fwd":
+        return None, forward
+    if phase == "fwd+bwd":
+        return reset, lambda: forward().backward(d_out)
+    out = forward()  # built once; retain_graph lets every repetition run the same backward alone
+    return reset, lambda: out.backward(d_out, retain_graph=True)
+
+
+def run_timing(backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
+    """Measure one round; every failure (raised, oom, over the CPU budget) comes back as a Failure."""
+    result = TimingResult()
+    with device_scope(device):
+        try:
+            inputs = call_inputs(timing.call, device)
+            setup, fn = phase_callables(backend, timing.call.case, inputs, device, timing.phase)
+            mem_bytes, mem_method = timing.known_memory or peak_memory(fn, device=device, setup=setup)
+            result.peak_mem_bytes, result.mem_method = mem_bytes, mem_method
+            budget = timing.cpu_mem_budget
+            if budget is not None and device.type == "cpu" and mem_bytes > budget:
+                result.failure = Failure("oom", f"needed {mem_bytes} bytes above inputs > CPU budget {budget}")
+                return result
+            result.measurement = measure(fn, device=device, setup=setup, config=timing.config,
+                                         estimate_ms=timing.estimate_ms)
+            result.compile_ms = backend.compile_time_ms()
+        except BaseException as exc:  # noqa: B036 - a backend's SystemExit or KeyboardInterrupt is this round's row
+            failure = Failure.of(exc)
+            result.failure = Failure(failure.status, f"during timing: {failure.reason}", failure.interrupted)
+            free(device)
+    return result
+
+
+def fidelity_of(backend: Backend, device: torch.device, case, seed: int):
+    """The forward of `backend` on `case` timed by the harness and by an independent timer, interleaved
+    (measure.fidelity); runs where the backend runs, like every timing."""
+    from harness.measure.fidelity import fidelity
+
+    call = BoundCall(backend, case, device)
+    q, k, v, _ = backend_inputs(backend, call_inputs(Call(case, seed), device), requires_grad=False)
+    with device_scope(device), torch.no_grad():
+        return fidelity(lambda: call(q, k, v), device)

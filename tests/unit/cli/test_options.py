@@ -1,0 +1,46 @@
+"""Options are defined once and validated in one line naming the value, for the CLI and pytest alike."""
+
+import argparse
+
+import pytest
+
+from harness.cli.main import main
+from harness.cli.options import OPTIONS, add_to_argparse, call_timeout, timeouts
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--timing-budget-ms", "nan", "must be a finite number > 0; got nan"),
+    ("--timing-budget-ms", "0", "must be a finite number > 0; got 0"),
+    ("--timing-budget-ms", "-5", "must be a finite number > 0; got -5"),
+    ("--cpu-mem-budget-gb", "-1", "must be a finite number > 0; got -1"),
+    ("--cpu-mem-budget-gb", "inf", "must be a finite number > 0; got inf"),
+    ("--rounds", "0", "must be an integer >= 1; got 0"),
+    ("--rounds", "two", "must be an integer >= 1; got 'two'"),
+    ("--threads", "-2", "must be an integer >= 1; got -2"),
+    ("--seed", "-1", "must be an integer >= 0; got -1"),
+    ("--call-timeout-s", "0", "must be a finite number > 0; got 0"),
+    ("--call-timeout-s", "bf16-*=nan", "must be a finite number > 0; got nan"),
+])
+def test_bad_numbers_are_refused_in_one_line(flag, value, message, capsys):
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_to_argparse(parser, *(name for name, o in OPTIONS.items() if o.flag == flag))
+    with pytest.raises(argparse.ArgumentError, match=f"argument {flag}: {message}"):
+        parser.parse_args([flag, value])
+
+
+def test_the_cli_prints_one_line_and_exits_2(capsys):
+    assert main(["compare", "a", "b", "--alpha", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["python -m harness compare: error: argument --alpha: must be between 0 and 1 (exclusive), e.g. "
+                   "0.002; got 2"]
+
+
+def test_call_timeouts_default_and_per_case():
+    assert timeouts([]) == (300.0, ())
+    assert timeouts([call_timeout("30"), call_timeout("bf16-*=900"), call_timeout("60")]) == (60.0,
+                                                                                            (("bf16-*", 900.0),))
+
+
+def test_every_option_is_defined_once():
+    flags = [o.flag for o in OPTIONS.values()]
+    assert len(flags) == len(set(flags))

@@ -1,0 +1,76 @@
+"""A backend call as data: every outcome of the backend is a CallResult (never an exception), the output contract
+is checked, and calls cross to a worker with seeded inputs dropped and tensors intact."""
+
+import pickle
+
+import pytest
+import torch
+
+from harness.backends.base import Backend
+from harness.execution.call import Call, _grad_violation, contract_violation, run_call
+from harness.execution.isolation import INLINE_BYTES, _Pickler
+from harness.spec.case import AttentionCase, make_inputs
+from harness.spec.masks import Causal
+
+CPU = torch.device("cpu")
+CASE = AttentionCase(2, 4, 16, 8, "fp32", mask=Causal())
+
+
+class Returns(Backend):
+    name = "returns"
+
+    def __init__(self, make=None, exc=None):
+        self.make, self.exc = make, exc
+
+    def forward(self, q, k, v, *, mask, scale):
+        if self.exc is not None:
+            raise self.exc
+        return self.make(q)
+
+
+@pytest.mark.parametrize("backend, status, text", [
+    (Returns(exc=SystemExit(3)), "error", "SystemExit(3) raised inside the backend call"),
+    (Returns(exc=KeyboardInterrupt()), "error", "KeyboardInterrupt inside the backend call"),
+    (Returns(exc=torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")), "oom", "out of memory"),
+    (Returns(make=lambda q: None), "error", "forward returned NoneType, not a tensor"),
+    (Returns(make=lambda q: [q]), "error", "forward returned list, not a tensor"),
+    (Returns(make=lambda q: q.double()), "fail", "output dtype float64, expected float32 (the input dtype)"),
+    (Returns(make=lambda q: q[:, :, :3]), "fail", "output shape (2, 4, 3, 8), expected (2, 4, 16, 8)"),
+    (Returns(make=lambda q: q.to_sparse()), "fail", "output layout torch.sparse_coo, expected torch.strided"),
+])
+def test_every_outcome_is_a_result(backend, status, text):
+    result = run_call(backend, Call(CASE, 0, backward=True), CPU)
+    assert result.out is None and result.failure.status == status and text in result.failure.reason
+    assert result.interrupted == isinstance(backend.exc, KeyboardInterrupt)
+
+
+def test_a_gradient_of_another_kind_than_its_input_is_named():
+    leaf = torch.randn(2, 3)
+    assert _grad_violation("dq", leaf.double(), leaf) == "dq is float64 (2, 3) on cpu, expected float32 (2, 3) on cpu"
+    assert _grad_violation("dk", leaf.clone(), leaf) is None
+
+
+def test_contract_accepts_a_right_answer():
+    q = torch.randn(2, 4, 16, 8)
+    assert contract_violation(q.clone(), q, q) is None
+
+
+def test_seeded_inputs_do_not_travel_given_ones_do():
+    inputs = make_inputs(CASE)
+    assert Call(CASE, 0, inputs).to_cpu().inputs is None  # the worker draws them from the seed
+    own = Call(CASE, None, inputs).to_cpu()
+    assert torch.equal(own.inputs.q, inputs.q)
+    with pytest.raises(ValueError, match="needs a seed"):
+        Call(CASE, None)
+
+
+@pytest.mark.parametrize("tensor", [torch.randn(3, 5), torch.randn(4).to(torch.bfloat16), torch.empty(0, 3),
+                                    torch.randn(6, 4)[:, 1], torch.arange(10, dtype=torch.int64)])
+def test_tensors_cross_the_pipe_intact(tensor):
+    back = pickle.loads(_Pickler.dumps({"t": tensor}))["t"]
+    assert back.dtype == tensor.dtype and torch.equal(back, tensor)
+
+
+def test_large_tensors_go_through_shared_memory():
+    big = torch.zeros(INLINE_BYTES // 4 + 1)
+    assert len(_Pickler.dumps(big)) < 10_000  # a handle to shared memory, not the bytes
