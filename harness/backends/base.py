@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -17,6 +19,11 @@ NATIVE_PROBES = ("causal", "mask", "dropout")
 
 class Unsupported(Exception):
     """Raised by a backend during a call when it discovers it cannot run a case; becomes 'unsupported'."""
+
+
+class BackwardUnsupported(Unsupported):
+    """Raised by a backend called with gradients required when its forward would run but it has no backward for
+    the case: the forward is then run and judged alone, and the backward recorded unsupported with this reason."""
 
 
 class Backend:
@@ -100,6 +107,17 @@ class Backend:
         """The kernel that actually ran on the last call, where the backend can tell (else its name)."""
         return self.name
 
+    def last_backward_op(self) -> str:
+        """The kernel of the last call's backward, where it differs from the forward's (else last_op)."""
+        return self.last_op()
+
+    def case_of(self, q: torch.Tensor, k: torch.Tensor, mask: MaskSpec | None, scale: float) -> AttentionCase:
+        """The case that tensors in this backend's layout describe: for `prepare` when forward is called without
+        `prepared` (a user calling the backend directly)."""
+        q, k = self.from_layout(q), self.from_layout(k)
+        b, h, sq, d = q.shape
+        return AttentionCase(b, h, sq, d, q.dtype, kv_heads=k.shape[1], seq_k=k.shape[2], mask=mask, scale=scale)
+
     def compile_time_ms(self) -> float | None:
         """Compile time (ms) of the graph the last call used, for backends that compile; None otherwise."""
         return None
@@ -116,6 +134,17 @@ class Backend:
         to run - built once, outside any timing. Its result is passed to `forward` as `prepared=`; the default
         (None) passes nothing, so a backend without `prepare` is called exactly as `forward(q, k, v, mask, scale)`."""
         return None
+
+    def prepared_kwargs(self, case: AttentionCase, device: torch.device) -> dict[str, Any]:
+        """The keyword arguments `forward` gets besides mask and scale: {'prepared': prepare(...)} when this
+        backend prepares state and its forward takes it. A subclass that overrides `forward` without a `prepared`
+        parameter (a user wrapping a built-in backend) is called the plain way, and its parent's prepare is
+        skipped rather than built for nothing."""
+        params = inspect.signature(type(self).forward).parameters
+        if "prepared" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return {}
+        state = self.prepare(case, device)
+        return {} if state is None else {"prepared": state}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: MaskSpec | None,
                 scale: float) -> torch.Tensor:

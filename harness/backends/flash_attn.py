@@ -106,30 +106,50 @@ class FlashAttn2(Backend):
         varlen = " + varlen" if any(k in args for k in ("key_lengths", "cu_seqlens_q")) else ""
         return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in shown.items()) + varlen)
 
-    def forward(self, q, k, v, *, mask, scale):
+    def prepare(self, case, device) -> dict:
+        """FA2's keywords for the mask, and for its varlen path the int32 cu_seqlens and the flat indices of the kept
+        keys, all on the device: the call does no host work and no host-device traffic (a boolean-mask gather
+        would synchronize)."""
+        return fa2_plan(case, device)
+
+    def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None):
         from flash_attn import flash_attn_func, flash_attn_varlen_func
 
-        args = fa2_args(mask, q.shape[1], k.shape[1])
-        lengths = args.pop("key_lengths", None)
+        plan = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
         b, sq, h, d = q.shape
-        if "cu_seqlens_q" in args:  # Documents: every batch element's documents become varlen sequences
-            cu_q, cu_k = args.pop("cu_seqlens_q"), args.pop("cu_seqlens_k")
-            sk = k.shape[1]
-            starts_q = [i * sq + s for i in range(b) for s in cu_q[:-1]] + [b * sq]
-            starts_k = [i * sk + s for i in range(b) for s in cu_k[:-1]] + [b * sk]
-            as_int32 = dict(device=q.device, dtype=torch.int32)
-            out = flash_attn_varlen_func(q.reshape(b * sq, h, d), k.reshape(b * sk, *k.shape[2:]),
-                                         v.reshape(b * sk, *v.shape[2:]), torch.tensor(starts_q, **as_int32),
-                                         torch.tensor(starts_k, **as_int32), max(mask.q_lengths),
-                                         max(mask.k_lengths), softmax_scale=scale, **args)
-            return out.reshape(b, sq, h, d)
-        if lengths is None:
-            return flash_attn_func(q, k, v, softmax_scale=scale, **args)
-        # Varlen: queries all kept, keys packed per sequence to their valid length; cu_seqlens are int32.
-        lens = torch.tensor(lengths, device=q.device, dtype=torch.int32)
-        cu_k = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
-        cu_q = torch.arange(0, (b + 1) * sq, sq, device=q.device, dtype=torch.int32)
-        keep = torch.arange(k.shape[1], device=q.device).view(1, -1) < lens.view(-1, 1).long()
-        out = flash_attn_varlen_func(q.reshape(b * sq, h, d), k[keep], v[keep], cu_q, cu_k, sq, max(lengths),
-                                     softmax_scale=scale, **args)
+        sk = k.shape[1]
+        if plan["mode"] == "dense":
+            return flash_attn_func(q, k, v, softmax_scale=scale, **plan["args"])
+        q_flat = q.reshape(b * sq, h, d)
+        k_flat, v_flat = k.reshape(b * sk, *k.shape[2:]), v.reshape(b * sk, *v.shape[2:])
+        if plan["keep"] is not None:  # key padding: only each sequence's valid keys, packed
+            k_flat, v_flat = k_flat.index_select(0, plan["keep"]), v_flat.index_select(0, plan["keep"])
+        out = flash_attn_varlen_func(q_flat, k_flat, v_flat, plan["cu_q"], plan["cu_k"], plan["max_q"],
+                                     plan["max_k"], softmax_scale=scale, **plan["args"])
         return out.reshape(b, sq, h, d)
+
+
+def fa2_plan(case, device) -> dict:
+    """Everything flash_attn needs for `case` besides q, k and v (see FlashAttn2.prepare): mode 'dense' or
+    'varlen'; for varlen cu_q/cu_k (int32, (batch + 1) or (documents x batch + 1)), max_q/max_k and `keep` (int64
+    indices of the kept keys in the flattened (B * Sk) keys, or None)."""
+    args = fa2_args(case.mask, case.seq_q, case.seq_k)
+    b, sq, sk = case.batch, case.seq_q, case.seq_k
+    as_int32 = dict(device=device, dtype=torch.int32)
+    if "cu_seqlens_q" in args:  # Documents: every batch element's documents become varlen sequences
+        cu_q, cu_k = args.pop("cu_seqlens_q"), args.pop("cu_seqlens_k")
+        starts_q = [i * sq + s for i in range(b) for s in cu_q[:-1]] + [b * sq]
+        starts_k = [i * sk + s for i in range(b) for s in cu_k[:-1]] + [b * sk]
+        return {"mode": "varlen", "args": args, "cu_q": torch.tensor(starts_q, **as_int32),
+                "cu_k": torch.tensor(starts_k, **as_int32), "max_q": max(case.mask.q_lengths),
+                "max_k": max(case.mask.k_lengths), "keep": None}
+    lengths = args.pop("key_lengths", None)
+    if lengths is None:
+        return {"mode": "dense", "args": args}
+    # Varlen: queries all kept, keys packed per sequence to their valid length; cu_seqlens are int32.
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    position = torch.arange(sk)
+    keep = (torch.arange(b).view(-1, 1) * sk + position)[position < lens.view(-1, 1)]  # row-major: sequence order
+    cu_k = torch.nn.functional.pad(lens.cumsum(0), (1, 0))
+    return {"mode": "varlen", "args": args, "cu_q": torch.arange(0, (b + 1) * sq, sq, **as_int32),
+            "cu_k": cu_k.to(**as_int32), "max_q": sq, "max_k": max(lengths), "keep": keep.to(device)}

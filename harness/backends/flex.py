@@ -22,16 +22,24 @@ def flex_mask_mod(mask: MaskSpec, seq_q: int, seq_k: int, device="cpu"):
     return mask_mod
 
 
+#: compiled graphs allowed per code object: every (shape, mask) is its own graph, ~880 in the full GPU matrix
+RECOMPILE_LIMIT = 100_000
+
+
 @lru_cache(maxsize=None)
 def _compiled_flex():
     from torch._dynamo import config as dynamo_config
     from torch.nn.attention.flex_attention import flex_attention
 
-    # Every (shape, mask) is its own graph; the default recompile limit (8) would silently fall back to
-    # the unfused eager path after a few cases, so raise it.
-    for attr in ("recompile_limit", "cache_size_limit"):
+    # Past either limit dynamo runs the function eagerly, unfused and materializing scores, after one log line
+    # (torch 2.13: recompile_limit 8 per code object, accumulated_recompile_limit 256 over all of its graphs).
+    # Raise both, and make hitting one anyway an error instead of a silent fallback.
+    for attr in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
         if hasattr(dynamo_config, attr):
-            setattr(dynamo_config, attr, 1024)
+            setattr(dynamo_config, attr, RECOMPILE_LIMIT)
+    if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
+        dynamo_config.fail_on_recompile_limit_hit = True
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -91,8 +99,13 @@ class Flex(Backend):
     def compile_key(self, q, k, mask):
         return (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), mask, q.requires_grad)
 
-    def forward(self, q, k, v, *, mask, scale):
-        block_mask = self.block_mask(mask, q.shape[0], q.shape[2], k.shape[2], q.device)
+    def prepare(self, case, device) -> dict:
+        """The BlockMask of the case's mask on the device (built once per (mask, shape, device)); None: no mask."""
+        return {"block_mask": self.block_mask(case.mask, case.batch, case.seq_q, case.seq_k, device)}
+
+    def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None):
+        prepared = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
+        block_mask = prepared["block_mask"]
         if torch.compiler.is_compiling():  # inside a user's torch.compile: no host timing (a graph break)
             from torch.nn.attention.flex_attention import flex_attention
             return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])

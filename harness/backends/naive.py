@@ -6,7 +6,7 @@ import torch
 
 from harness.backends.base import Backend, MaskForm
 from harness.backends.registry import register
-from harness.oracle.baseline import naive_attention
+from harness.oracle.baseline import naive_attention, naive_rows
 from harness.spec.masks import MaskSpec
 
 
@@ -16,8 +16,14 @@ class Naive(Backend):
     layout = "bhsd"
     deterministic = "eager matmul/softmax with a fixed reduction order"
 
-    def forward(self, q, k, v, *, mask: MaskSpec | None, scale: float) -> torch.Tensor:
-        return naive_attention(q, k, v, mask, scale)
+    def prepare(self, case, device) -> dict:
+        """The dense bool mask (B|1, 1, Sq, Sk) on the device, built once: the call only attends."""
+        return {"allowed": case.key_mask(device)}
+
+    def forward(self, q, k, v, *, mask: MaskSpec | None, scale: float, prepared: dict | None = None) -> torch.Tensor:
+        if prepared is None:  # called directly: build the mask from the tensors' own sizes
+            return naive_attention(q, k, v, mask, scale)
+        return naive_rows(q, k, v, prepared["allowed"], scale)
 
     def mask_form(self, case, device):
-        return MaskForm.dense(case.key_mask(device), "materialized mask")  # the spec, materialized in forward
+        return MaskForm.dense(case.key_mask(device), "materialized mask")  # what prepare builds

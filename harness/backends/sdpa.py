@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +12,17 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.backends.base import Backend, MaskForm, Unsupported
 from harness.backends.registry import register
+from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, MaskSpec
+
+#: messages of SDPA refusing a pinned kernel, and of cuDNN failing to build a plan for a shape it was offered
+#: (cudnn frontend graph or execution-plan errors raised at run time): both mean "this kernel cannot run this case"
+_REFUSALS = ("No viable backend", "No available kernel")
+_CUDNN_PLAN_ERRORS = ("cuDNN Frontend error", "No execution plans support the graph", "No valid execution plans",
+                      "CUDNN_STATUS_", "mha_graph->execute")
+#: SDPBackend value -> the short name recorded as the kernel that ran ('sdpa:cudnn', ...)
+_KERNEL_NAMES = {SDPBackend.MATH: "math", SDPBackend.FLASH_ATTENTION: "flash",
+                 SDPBackend.EFFICIENT_ATTENTION: "efficient", SDPBackend.CUDNN_ATTENTION: "cudnn"}
 
 
 def sdpa_mask_args(mask: MaskSpec | None, seq_q: int, seq_k: int, batch: int, device) -> dict:
@@ -28,19 +39,56 @@ def sdpa_mask_args(mask: MaskSpec | None, seq_q: int, seq_k: int, batch: int, de
     return {"attn_mask": mask.materialize(seq_q, seq_k, device, batch=batch)}
 
 
+def _clean(text: str) -> str:
+    """A torch warning without its source location, on one line."""
+    return re.sub(r"\s+", " ", re.sub(r"\(Triggered internally at[^)]*\)", "", text)).strip()
+
+
+@dataclass
+class SdpaPlan:
+    """What a call needs, built once: the mask arguments on the device and the kernel that will run."""
+
+    kwargs: dict
+    op: str
+    extra: dict = field(default_factory=dict)
+
+
 class _Sdpa(Backend):
     layout = "bhsd"
     native_probes = frozenset({"causal", "mask", "dropout"})
     kernel: SDPBackend | None = None
     cuda_only = False
 
+    def __init__(self):
+        self._last_op = self.name
+
     def unavailable_reason(self, device):
         if self.cuda_only and device.type != "cuda":
             return f"{self.name}: the {self.kernel.name} kernel is CUDA-only; device is {device.type}"
         return None
 
-    def forward(self, q, k, v, *, mask, scale):
-        return self._call(q, k, v, scale=scale, **sdpa_mask_args(mask, q.shape[2], k.shape[2], q.shape[0], q.device))
+    def prepare(self, case: AttentionCase, device: torch.device) -> SdpaPlan:
+        """The mask arguments on the device, and which kernel runs: SDPA's own choice (torch._fused_sdp_choice, which
+        prefers cuDNN on sm90 with a recent cuDNN) or the pinned one, refused here with torch's reasons on CUDA."""
+        kwargs = sdpa_mask_args(case.mask, case.seq_q, case.seq_k, case.batch, device)
+        gqa = case.kv_heads != case.heads
+        if self.kernel is None:
+            q, k, v = _shaped(case, device)
+            choice = SDPBackend(torch._fused_sdp_choice(q, k, v, kwargs.get("attn_mask"), 0.0,
+                                                        kwargs.get("is_causal", False), scale=case.scale,
+                                                        enable_gqa=gqa))
+            return SdpaPlan(kwargs, f"sdpa:{_KERNEL_NAMES.get(choice, choice.name.lower())}")
+        if device.type == "cuda":  # torch's checks are compiled out on CPU: there the call says why it refuses
+            _refused_why(self.kernel, *_shaped(case, device), kwargs, gqa)
+        return SdpaPlan(kwargs, f"sdpa:{_KERNEL_NAMES[self.kernel]}")
+
+    def last_op(self) -> str:
+        return self._last_op
+
+    def forward(self, q, k, v, *, mask, scale, prepared: SdpaPlan | None = None):
+        plan = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
+        self._last_op = plan.op
+        return self._call(q, k, v, scale=scale, **plan.kwargs)
 
     def mask_form(self, case, device):
         args = sdpa_mask_args(case.mask, case.seq_q, case.seq_k, case.batch, device)
@@ -62,21 +110,58 @@ class _Sdpa(Backend):
     def _call(self, q, k, v, *, scale, **kwargs):
         gqa = k.shape[1] != q.shape[1]
         if self.kernel is None:
-            return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa, **kwargs)
+            return _cudnn_refusals(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa,
+                                                                          **kwargs))
         if torch.compiler.is_compiling():  # under a user's torch.compile: no warnings capture (a graph break)
             with sdpa_kernel(self.kernel):
                 return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa, **kwargs)
         with warnings.catch_warnings(record=True) as caught, sdpa_kernel(self.kernel):
-            warnings.simplefilter("always")
+            warnings.simplefilter("always")  # the second identical refusal must be heard too
             try:
-                return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa, **kwargs)
+                return _cudnn_refusals(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa,
+                                                                              **kwargs))
             except RuntimeError as exc:
-                if "No viable backend" not in str(exc) and "No available kernel" not in str(exc):
+                if not any(m in str(exc) for m in _REFUSALS):
                     raise
                 # torch explains why the pinned kernel refused in warnings; keep its words as the reason.
-                why = "; ".join(re.sub(r"\s+", " ", re.sub(r"\(Triggered internally at[^)]*\)", "", str(w.message))).strip()
-                                for w in caught) or str(exc)
+                why = "; ".join(_clean(str(w.message)) for w in caught) or str(exc)
                 raise Unsupported(f"{self.kernel.name} refused: {why[:400]}") from None
+
+
+def _shaped(case: AttentionCase, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Uninitialized q, k, v of the case's shapes: what torch's kernel checks look at (shapes, dtypes, strides)."""
+    q = torch.empty(case.batch, case.heads, case.seq_q, case.head_dim, dtype=case.dtype, device=device)
+    k = torch.empty(case.batch, case.kv_heads, case.seq_k, case.head_dim, dtype=case.dtype, device=device)
+    return q, k, torch.empty_like(k)
+
+
+def _refused_why(kernel: SDPBackend, q, k, v, kwargs: dict, gqa: bool) -> None:
+    """Raise Unsupported with torch's reasons when the pinned CUDA kernel cannot take these inputs. torch's
+    can_use_* checks give them on every call (debug=True), where a refused call warns some of them only once."""
+    checks = {SDPBackend.FLASH_ATTENTION: torch.backends.cuda.can_use_flash_attention,
+              SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.can_use_efficient_attention,
+              SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.can_use_cudnn_attention}
+    if kernel not in checks:
+        return
+    params = torch.backends.cuda.SDPAParams(q, k, v, kwargs.get("attn_mask"), 0.0, kwargs.get("is_causal", False),
+                                            gqa)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ok = checks[kernel](params, True)
+    if not ok:
+        why = "; ".join(_clean(str(w.message)) for w in caught) or "torch's checks refused these inputs"
+        raise Unsupported(f"{kernel.name} refused: {why[:400]}")
+
+
+def _cudnn_refusals(call):
+    """Run `call`; a cuDNN plan that cannot be built for this shape is the kernel refusing it, not an error."""
+    try:
+        return call()
+    except RuntimeError as exc:
+        text = str(exc)
+        if any(m in text for m in _CUDNN_PLAN_ERRORS):
+            raise Unsupported(f"cuDNN refused: {_clean(text.splitlines()[0])[:400]}") from None
+        raise
 
 
 @register

@@ -1,16 +1,67 @@
-"""xformers memory_efficient_attention, layout (B, S, H, D); GQA as (B, S, G, H, D); records the op that ran."""
+"""xformers memory_efficient_attention, layout (B, S, H, D); records the ops that ran, forward and backward.
+
+`prepare` builds the attn_bias once on the device and asks xformers' own dispatcher (xformers 0.0.35,
+ops/fmha/dispatch.py) which forward and backward ops will run, so the timed call passes `op=(fw, bw)` and does
+no dispatch, no bias building and no host-device copy. Two forms, because xformers chooses the backward op
+inside the forward call and no backward op takes every form the forward does:
+- inference: GQA as 5-D (B, S, G, H, D) with K/V expanded (stride 0) - forward-only in xformers;
+- training: GQA with K/V expanded to every head in 4-D (autograd sums dK/dV back over the group), since fa3B,
+  fa2B and cutlassB all have SUPPORTS_BMGHK=False.
+Key padding (alone or with causal, window or bottom-right causal) is an additive tensor bias of the whole mask:
+LowerTriangularMaskWithTensorBias is accepted by cutlassF only, and no backward op takes the padded-keys masks.
+"""
 
 from __future__ import annotations
 
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
-from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Unsupported
 from harness.backends.registry import register
-from harness.spec.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow, split_padding
+from harness.spec.case import AttentionCase
+from harness.spec.masks import Causal, CausalBottomRight, Documents, MaskSpec, SlidingWindow, split_padding
+
+#: what xformers 0.0.35's wheel was built for (its cpp_lib.json): another torch cannot load its extension
+BUILT_FOR = "torch 2.10 + CUDA 12.8"
 
 
-def _padding_bias(pad: KeyPadding, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
-    """Additive bias (0 / -inf) for key padding, shape (B, ..., Sq, Sk).
+def _import_xformers():
+    """Import xformers with its load-failure warning (logged and warned) kept off the terminal: the failure is
+    this backend's unavailable reason instead."""
+    logger = logging.getLogger("xformers")
+    disabled, logger.disabled = logger.disabled, True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import xformers
+            import xformers.ops  # noqa: F401
+    finally:
+        logger.disabled = disabled
+    return xformers
+
+
+def load_problem() -> str | None:
+    """Why xformers cannot run here, from its own load state, or None when its C++/CUDA extension loaded."""
+    try:
+        xformers = _import_xformers()
+    except Exception as exc:
+        return f"xformers not importable: {type(exc).__name__}: {exc} (pip install 'attention-harness[xformers]')"
+    if getattr(xformers, "_has_cpp_library", True):
+        return None
+    from xformers import _cpp_lib
+
+    failure = str(_cpp_lib._cpp_library_load_exception or "unknown reason").strip().splitlines()
+    return (f"xformers {xformers.__version__} could not load its C++/CUDA extension ({' '.join(failure)[:300]}); "
+            f"its wheel is built for {BUILT_FOR}: install the xformers built for this torch {torch.__version__} "
+            "(or the torch it was built for)")
+
+
+def _padding_bias(mask: MaskSpec, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
+    """Additive bias (0 where `mask` allows, -inf elsewhere), shape (B, ..., Sq, Sk), of the whole mask.
 
     Allocated with the last dim rounded up to 8 and sliced, because xformers' kernels want the bias rows
     aligned (it raises otherwise); the slice keeps the logical shape.
@@ -18,64 +69,148 @@ def _padding_bias(pad: KeyPadding, shape: tuple[int, ...], dtype, device) -> tor
     *lead, sq, sk = shape
     storage = torch.zeros(*lead, sq, (sk + 7) // 8 * 8, dtype=dtype, device=device)
     bias = storage[..., :sk]
-    keep = pad.materialize(sq, sk, device, batch=lead[0])                   # (B, 1, Sq, Sk)
-    keep = keep.reshape(lead[0], *([1] * (len(lead) - 1)), sq, sk)
+    keep = mask.materialize(sq, sk, device, batch=lead[0])                  # (B|1, 1, Sq, Sk)
+    keep = keep.reshape(keep.shape[0], *([1] * (len(lead) - 1)), sq, sk)
     bias.masked_fill_(~keep.expand(*lead, sq, sk), float("-inf"))
     return bias
 
 
 def xformers_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.float32, device="cpu"):
-    """Mask spec -> xformers attn_bias: typed masks where xformers has one, a tensor bias for padding.
+    """Mask spec -> xformers attn_bias: typed masks where xformers has one, a tensor bias of the whole mask when
+    key padding is part of it (see the module docstring).
 
-    `shape` is the bias shape xformers expects: (B, H, Sq, Sk), or (B, G, H, Sq, Sk) for GQA inputs.
+    `shape` is the bias shape xformers expects: (B, H, Sq, Sk), or (B, G, H, Sq, Sk) for 5-D GQA inputs.
     Documents become a BlockDiagonal mask over the batch packed into one sequence (see `documents_bias`).
     """
     from xformers.ops.fmha import attn_bias as ab
 
     if isinstance(mask, Documents):
-        return documents_bias(mask, shape[0])
+        return documents_bias(mask, shape[0], device)
     structural, pad = split_padding(mask)
+    if pad is not None:
+        if structural is not None and not isinstance(structural, (Causal, CausalBottomRight, SlidingWindow)):
+            raise Unsupported(f"no xformers attn_bias for mask {structural.id}")
+        return _padding_bias(mask, shape, dtype, device)
     if structural is None:
-        typed = None
-    elif isinstance(structural, Causal):
-        typed = ab.LowerTriangularMask()
-    elif isinstance(structural, CausalBottomRight):
-        typed = ab.LowerTriangularFromBottomRightMask()
-    elif isinstance(structural, SlidingWindow):
+        return None
+    if isinstance(structural, Causal):
+        return ab.LowerTriangularMask()
+    if isinstance(structural, CausalBottomRight):
+        return ab.LowerTriangularFromBottomRightMask()
+    if isinstance(structural, SlidingWindow):
         # -1 (unbounded) becomes a window wider than any key offset in this shape
         unbounded = shape[-2] + shape[-1]
         left, right = (unbounded if w < 0 else w for w in (structural.left, structural.right))
-        typed = ab.LocalAttentionFromBottomRightMask(window_left=left, window_right=right)
-    else:
-        raise Unsupported(f"no xformers attn_bias for mask {structural.id}")
-    if pad is None:
-        return typed
-    bias = _padding_bias(pad, shape, dtype, device)
-    if typed is None:
-        return bias
-    if isinstance(typed, ab.LowerTriangularMask) and type(typed) is ab.LowerTriangularMask:
-        return ab.LowerTriangularMaskWithTensorBias(bias)
-    raise Unsupported(f"xformers has no typed mask for {structural.id} combined with a tensor bias")
+        return ab.LocalAttentionFromBottomRightMask(window_left=left, window_right=right)
+    raise Unsupported(f"no xformers attn_bias for mask {structural.id}")
 
 
-def documents_bias(mask: Documents, batch: int):
+def documents_bias(mask: Documents, batch: int, device="cpu"):
     """Documents -> xformers BlockDiagonal mask whose blocks are every batch element's documents in order.
 
     Inputs then go in packed as (1, batch * seq, ...). Causal documents of equal query and key lengths use
     BlockDiagonalCausalMask (top-left per block, the same there); unequal ones the FromBottomRight variant,
-    which refuses a document with fewer keys than queries.
+    which refuses a document with fewer keys than queries. The offsets live on `device` (from_seqlens defaults
+    to "cuda", which is cuda:0, whatever device the run uses).
     """
     from xformers.ops.fmha import attn_bias as ab
 
     q_lens, k_lens = list(mask.q_lengths) * batch, list(mask.k_lengths) * batch
+    device = torch.device(device)
     if not mask.causal:
-        return ab.BlockDiagonalMask.from_seqlens(q_lens, k_lens)
+        return ab.BlockDiagonalMask.from_seqlens(q_lens, k_lens, device=device)
     if mask.q_lengths == mask.k_lengths:
-        return ab.BlockDiagonalCausalMask.from_seqlens(q_lens, k_lens)
+        return ab.BlockDiagonalCausalMask.from_seqlens(q_lens, k_lens, device=device)
     try:
-        return ab.BlockDiagonalCausalFromBottomRightMask.from_seqlens(q_lens, k_lens)
+        return ab.BlockDiagonalCausalFromBottomRightMask.from_seqlens(q_lens, k_lens, device=device)
     except ValueError as exc:  # xformers: "Expected num_keys >= num_queries" per block
         raise Unsupported(f"xformers BlockDiagonalCausalFromBottomRightMask refuses {mask.id}: {exc}") from None
+
+
+@dataclass
+class Form:
+    """One way of calling xformers on a case: the bias, the ops its dispatcher chose, how q/k/v are shaped."""
+
+    bias: object
+    fw: type | None
+    bw: type | None
+    gqa: str          # "none", "5d" (forward only) or "expand" (K/V repeated to every head)
+    packed: bool      # Documents: the batch packed into one sequence
+
+    @property
+    def op(self) -> tuple:
+        return self.fw, self.bw
+
+
+@dataclass
+class Plan:
+    """Both forms of a case; `backward_refused` says why there is no training form."""
+
+    inference: Form
+    training: Form | None
+    backward_refused: str = ""
+
+
+def _op_name(op) -> str:
+    if op is None:
+        return "none"
+    name = op.NAME
+    if name.startswith("fa2"):  # which flash implementation runs underneath (xformers/ops/fmha/flash.py)
+        from xformers.ops.fmha import flash
+        source = "torch's bundled flash" if getattr(flash, "_USE_PT_FLASH_ATTN", False) else "the flash_attn package"
+        name += f" ({source})"
+    return f"xformers:{name}"
+
+
+def _first_lines(exc: Exception, n: int = 6) -> str:
+    return " | ".join(line.strip() for line in str(exc).strip().splitlines()[:n] if line.strip())
+
+
+def xformers_plan(case: AttentionCase, device: torch.device,
+                  tensor: Callable[..., torch.Tensor] = torch.empty) -> Plan:
+    """Choose the ops of both forms with xformers' own dispatcher. `tensor(shape, dtype, device)` makes the
+    stand-in q/k/v the dispatcher inspects (shapes, dtype, strides, device); tests pass fakes that look like CUDA.
+    Raises Unsupported when no forward op takes the case."""
+    from xformers.ops import fmha
+
+    b, h, hkv, sq, sk, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
+    g = h // hkv
+    packed = isinstance(case.mask, Documents)
+
+    def form(gqa: str, needs_grad: bool) -> Form:
+        q = tensor((b, sq, h, d), dtype=case.dtype, device=device)
+        k = tensor((b, sk, hkv, d), dtype=case.dtype, device=device)
+        v = tensor((b, sk, hkv, d), dtype=case.dtype, device=device)
+        if gqa == "5d":
+            q = q.reshape(b, sq, hkv, g, d)
+            k, v = (t.unsqueeze(3).expand(b, sk, hkv, g, d) for t in (k, v))
+            shape = (b, hkv, g, sq, sk)
+        else:
+            if gqa == "expand":
+                k, v = (t.repeat_interleave(g, dim=2) for t in (k, v))
+            shape = (b, h, sq, sk)
+        bias = xformers_bias(case.mask, shape, case.dtype, device)
+        if packed:
+            q, k, v = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v))
+        inp = fmha.Inputs(query=q, key=k, value=v, attn_bias=bias, scale=case.scale)
+        try:
+            fw = fmha.dispatch._dispatch_fw(inp, needs_grad)
+        except NotImplementedError as exc:
+            raise Unsupported(f"no xformers forward op: {_first_lines(exc)[:600]}") from None
+        bw = None
+        if needs_grad:
+            varlen = isinstance(bias, fmha.attn_bias.VARLEN_BIASES) and bias.q_seqinfo.seqstart.shape[0] > 2
+            try:
+                bw = fmha.dispatch._dispatch_bw(inp, varlen_lse_packed=fw.VARLEN_LSE_PACKED if varlen else None)
+            except NotImplementedError as exc:
+                raise BackwardUnsupported(f"no xformers backward op: {_first_lines(exc)[:600]}") from None
+        return Form(bias, fw, bw, gqa, packed)
+
+    inference = form("5d" if g > 1 else "none", needs_grad=False)
+    try:
+        return Plan(inference, form("expand" if g > 1 else "none", needs_grad=True))
+    except BackwardUnsupported as exc:
+        return Plan(inference, None, str(exc))
 
 
 @register
@@ -87,19 +222,33 @@ class Xformers(Backend):
     native_probes = frozenset({"causal", "mask", "dropout"})
 
     def __init__(self):
-        self._last_op = "xformers"
+        self._last_op = self._last_backward_op = "xformers"
 
     def unavailable_reason(self, device):
-        try:
-            import xformers.ops  # noqa: F401
-        except Exception as exc:
-            return f"xformers not importable: {type(exc).__name__}: {exc} (pip install 'attention-harness[xformers]')"
+        problem = load_problem()
+        if problem and "not importable" in problem:
+            return problem
         if device.type != "cuda":
             return f"xformers kernels need CUDA; device is {device.type}"
-        return None
+        return problem
 
     def last_op(self) -> str:
         return self._last_op
+
+    def last_backward_op(self) -> str:
+        return self._last_backward_op
+
+    def prepare(self, case: AttentionCase, device: torch.device) -> Plan:
+        return xformers_plan(case, device)
+
+    def mask_form(self, case, device):
+        group = case.heads // case.kv_heads
+        shape = ((case.batch, case.kv_heads, group, case.seq_q, case.seq_k) if group > 1
+                 else (case.batch, case.heads, case.seq_q, case.seq_k))  # the inference form's bias shape
+        bias = xformers_bias(case.mask, shape, case.dtype, device)
+        if isinstance(bias, torch.Tensor):
+            return MaskForm.dense(bias, "tensor attn_bias")
+        return MaskForm("native", 0, type(bias).__name__)
 
     # Native probes (harness/probes/semantics.py, dropout.py): xformers' own arguments, no mask spec involved.
     def native_causal(self, q, k, v, *, scale):
@@ -126,41 +275,26 @@ class Xformers(Backend):
 
         return xops.memory_efficient_attention(q, k, v, p=p, scale=scale)
 
-    def mask_form(self, case, device):
-        group = case.heads // case.kv_heads
-        shape = ((case.batch, case.kv_heads, group, case.seq_q, case.seq_k) if group > 1
-                 else (case.batch, case.heads, case.seq_q, case.seq_k))  # the bias shapes forward builds
-        bias = xformers_bias(case.mask, shape, case.dtype, device)
-        if isinstance(bias, torch.Tensor):
-            return MaskForm.dense(bias, "tensor attn_bias")
-        tensors = [t for t in vars(bias).values() if isinstance(t, torch.Tensor)] if hasattr(bias, "__dict__") else []
-        if tensors:  # a typed mask carrying a tensor bias (causal + padding): the tensor part is dense
-            dense = sum(MaskForm.dense(t, "").dense_bytes for t in tensors)
-            return MaskForm("dense", dense, f"{type(bias).__name__} with a tensor bias {tuple(tensors[0].shape)}")
-        return MaskForm("native", 0, type(bias).__name__)
-
-    def forward(self, q, k, v, *, mask, scale):
+    def forward(self, q, k, v, *, mask, scale, prepared: Plan | None = None):
         import xformers.ops as xops
-        from xformers.ops import fmha
 
+        plan = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if training and plan.training is None:
+            raise BackwardUnsupported(plan.backward_refused)
+        form = plan.training if training else plan.inference
         b, sq, h, d = q.shape
         sk, hkv = k.shape[1], k.shape[2]
-        if hkv != h:  # xformers GQA: (B, S, G, H/G, D) with K/V expanded (stride 0) over the group
+        if form.gqa == "5d":  # (B, S, G, H/G, D), K/V expanded (stride 0) over the group
             g = h // hkv
             q = q.reshape(b, sq, hkv, g, d)
-            k = k.unsqueeze(3).expand(b, sk, hkv, g, d)
-            v = v.unsqueeze(3).expand(b, sk, hkv, g, d)
-            shape = (b, hkv, g, sq, sk)
-        else:
-            shape = (b, h, sq, sk)
-        bias = xformers_bias(mask, shape, q.dtype, q.device)
-        if isinstance(mask, Documents):  # BlockDiagonal masks take the batch packed into one sequence
+            k, v = (t.unsqueeze(3).expand(b, sk, hkv, g, d) for t in (k, v))
+        elif form.gqa == "expand":  # every head its own K/V: autograd sums dK/dV back over the group
+            k, v = (t.repeat_interleave(h // hkv, dim=2) for t in (k, v))
+        if form.packed:  # BlockDiagonal masks take the batch packed into one sequence
             q, k, v = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v))
-        inp = fmha.Inputs(query=q, key=k, value=v, attn_bias=bias, scale=scale)
-        try:
-            op = fmha.dispatch._dispatch_fw(inp, torch.is_grad_enabled() and q.requires_grad)
-            self._last_op = f"xformers:{op.NAME}"
-        except Exception as exc:  # xformers lists every op with its reasons here
-            raise Unsupported(f"no xformers op: {str(exc)[:400]}") from None
-        out = xops.memory_efficient_attention(q, k, v, attn_bias=bias, scale=scale)
+        self._last_op = _op_name(form.fw) + (" (GQA as 5-D, forward only)" if form.gqa == "5d" else
+                                             " (GQA with K/V expanded to every head)" if form.gqa == "expand" else "")
+        self._last_backward_op = _op_name(form.bw)
+        out = xops.memory_efficient_attention(q, k, v, attn_bias=form.bias, scale=scale, op=form.op)
         return out.reshape(b, sq, h, d)

@@ -37,8 +37,7 @@ class BoundCall:
     def __init__(self, backend: Backend, case: AttentionCase, device: torch.device,
                  arrangement: Arrangement | None = None):
         self.backend, self.case, self.arrangement = backend, case, arrangement
-        state = backend.prepare(case, device)
-        self._kwargs = {} if state is None else {"prepared": state}
+        self._kwargs = backend.prepared_kwargs(case, device)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.arrangement is not None:
@@ -99,8 +98,10 @@ class CallResult:
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     failure: Failure | None = None
     backward_failure: Failure | None = None
-    #: the kernel that ran (Backend.last_op after the forward) and the compile time of its graph, if it compiles
+    #: the kernels that ran (Backend.last_op after the forward, last_backward_op after the backward) and the
+    #: compile time of the graph, for backends that compile
     op: str = ""
+    backward_op: str = ""
     compile_ms: float | None = None
 
     @property
@@ -195,6 +196,7 @@ def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
         except BaseException as exc:  # noqa: B036
             result.backward_failure = Failure.of(exc)
             return result
+        result.backward_op = backend.last_backward_op()
         problems = []
         for name, leaf in zip(GRADS, (q, k, v)):
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)

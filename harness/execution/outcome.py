@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.backends.base import Unsupported
+from harness.backends.base import BackwardUnsupported, Unsupported
 from harness.oracle.verdict import Check
 from harness.store.schema import Row, worst_status
 
@@ -35,9 +35,13 @@ class Failure:
     reason: str
     #: the call raised KeyboardInterrupt: its row is written, then the run stops
     interrupted: bool = False
+    #: only the backward is unsupported (BackwardUnsupported): the forward can run alone
+    backward_only: bool = False
 
     @staticmethod
     def of(exc: BaseException) -> "Failure":
+        if isinstance(exc, BackwardUnsupported):
+            return Failure("unsupported", str(exc), backward_only=True)
         if isinstance(exc, KeyboardInterrupt):
             return Failure("error", "KeyboardInterrupt inside the backend call", interrupted=True)
         if isinstance(exc, SystemExit):  # a backend must not end the run: it is an error of this call

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from harness.backends.base import Backend
@@ -92,6 +94,9 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
     bwd_reason = "; ".join(backend.backward_reasons(device))
     call = Call(case, prepared.seed, prepared.inputs, backward=not bwd_reason, arrangement=arrangement)
     answer = executor.call(backend, call, device)
+    if answer.failure is not None and answer.failure.backward_only:  # the forward runs; only its backward cannot
+        bwd_reason = answer.failure.reason
+        answer = executor.call(backend, replace(call, backward=False), device)
     if answer.failure is not None:  # raised, died, timed out, or broke the output contract
         free(device)
         return both(answer.failure.status, answer.failure.reason, answer.op)
@@ -101,7 +106,7 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
     elif answer.backward_failure is not None:
         free(device)
         result.rows.append(verdict_row(prepared, backend, "bwd", answer.backward_failure.status,
-                                       answer.backward_failure.reason, run_id=run_id, op=answer.op))
+                                       answer.backward_failure.reason, run_id=run_id, op=answer.backward_op))
     else:
         result.rows.append(_judged_backward(backend, prepared, answer, result, run_id))
     return result
@@ -130,4 +135,4 @@ def _judged_backward(backend: Backend, prepared: PreparedCase, answer: CallResul
     failed = [c.describe() for c in checks if not c.passed]
     return verdict_row(prepared, backend, "bwd", "fail" if failed else "pass",
                        "; ".join(filter(None, failed + [prepared.note_for(backend.name)])), checks, run_id,
-                       op=answer.op)
+                       op=answer.backward_op)

@@ -47,8 +47,11 @@ def probe(backend: Backend, device: torch.device, shape: str) -> dict:
     canon = [torch.randn(s, generator=gen).to(device, dtype) for s in ((b, h, sq, d), (b, h, sk, d), (b, h, sk, d))]
     grad = not backend.backward_reasons(device)
     q, k, v = (backend.to_layout(t).contiguous().requires_grad_(grad) for t in canon)
+    # No AttentionCase describes an empty problem, so the backend's prepared state (its plan for an unmasked call,
+    # which depends on no size) comes from the nearest non-empty case; the kernel itself sees the empty tensors.
+    stand_in = AttentionCase(max(b, 1), h, max(sq, 1), d, dtype, seq_k=max(sk, 1))
     try:
-        out = backend.forward(q, k, v, mask=None, scale=d ** -0.5)
+        out = backend.forward(q, k, v, mask=None, scale=d ** -0.5, **backend.prepared_kwargs(stand_in, device))
         out_c = backend.from_layout(out.detach())
         if grad:
             out.backward(torch.ones_like(out))

@@ -62,11 +62,7 @@ def test_xformers_attn_bias_materializes_to_canonical(mask, sq, sk):
     if not _fits(mask, sk):
         pytest.skip("padding lengths exceed seq_k")
     shape = (2, 3, sq, sk)
-    try:
-        bias = xformers_bias(mask, shape)
-    except Unsupported:
-        assert isinstance(mask, type(CausalBottomRight() & KeyPadding((1, 3))))
-        return
+    bias = xformers_bias(mask, shape)  # every mask here has an xformers form (padding: a tensor bias of the whole)
     if bias is None:
         allowed = torch.ones(shape, dtype=torch.bool)
     elif isinstance(bias, torch.Tensor):
@@ -80,7 +76,8 @@ def test_xformers_gqa_bias_shape():
     pytest.importorskip("xformers.ops.fmha.attn_bias")
     from harness.backends.xformers import xformers_bias
     bias = xformers_bias(Causal() & KeyPadding((2, 4)), (2, 2, 3, 5, 4))
-    dense = torch.isfinite(bias.materialize((2, 2, 3, 5, 4), dtype=torch.float32))
+    assert isinstance(bias, torch.Tensor) and bias.stride(-2) % 8 == 0  # rows padded to 8, as xformers wants
+    dense = torch.isfinite(bias)
     assert torch.equal(dense, (Causal() & KeyPadding((2, 4))).materialize(5, 4, batch=2).view(2, 1, 1, 5, 4)
                        .expand(2, 2, 3, 5, 4))
 

@@ -74,3 +74,20 @@ def test_tensors_cross_the_pipe_intact(tensor):
 def test_large_tensors_go_through_shared_memory():
     big = torch.zeros(INLINE_BYTES // 4 + 1)
     assert len(_Pickler.dumps(big)) < 10_000  # a handle to shared memory, not the bytes
+
+
+def test_a_sticky_cuda_error_ends_the_worker_after_its_reply(monkeypatch):
+    """A device-side assert or an illegal address poisons the CUDA context for every later call in the process:
+    the worker checks after each task and exits (status 3), and the supervisor starts a fresh one."""
+    from harness.execution import isolation
+
+    def broken(device=None):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", broken)
+    assert isolation._cuda_broken(torch.device("cuda", 0)) is True
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    assert isolation._cuda_broken(torch.device("cuda", 0)) is False
+    assert isolation._cuda_broken(CPU) is False
+    process = type("P", (), {"exitcode": 3})()
+    assert "sticky CUDA error" in isolation._death(process)

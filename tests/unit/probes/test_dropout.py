@@ -68,9 +68,9 @@ class Jittery(Naive):
 
     name = "jittery"
 
-    def forward(self, q, k, v, *, mask, scale):
+    def forward(self, q, k, v, **call):
         q.register_hook(lambda g: g + 1e-7 * torch.randn_like(g))
-        return super().forward(q, k, v, mask=mask, scale=scale)
+        return super().forward(q, k, v, **call)  # mask, scale and naive's prepared state
 
 
 def test_determinism_judged_where_claimed_recorded_elsewhere():

@@ -1,0 +1,42 @@
+"""Flex must not fall back to unfused eager attention after ~128 shapes without anyone knowing.
+
+torch 2.13 dynamo (torch/_dynamo/config.py 121-147): recompile_limit 8 per code object and
+accumulated_recompile_limit 256 over all its graphs; past either, convert_frame.py (1986-2040) logs one line and
+runs the function eagerly, unless fail_on_recompile_limit_hit raises instead."""
+
+import torch
+
+from harness.backends import flex
+
+
+def test_compiled_flex_raises_both_limits_and_fails_loudly_if_hit():
+    flex._compiled_flex()
+    config = torch._dynamo.config
+    assert config.recompile_limit >= 100_000 and config.accumulated_recompile_limit >= 100_000
+    assert config.fail_on_recompile_limit_hit is True
+
+
+def test_hitting_a_limit_is_an_error_not_a_silent_eager_run():
+    """With the flag set, dynamo raises where it would have run the function eagerly."""
+    config = torch._dynamo.config
+    before = (config.recompile_limit, config.accumulated_recompile_limit, config.fail_on_recompile_limit_hit)
+    calls = []
+
+    @torch.compile(backend="eager", dynamic=False)
+    def f(x):
+        calls.append(1)
+        return x * 2
+
+    try:
+        config.recompile_limit, config.fail_on_recompile_limit_hit = 1, True
+        torch._dynamo.reset()
+        f(torch.ones(2))
+        raised = None
+        try:
+            f(torch.ones(3))  # a second shape: a second graph, over the limit of one
+        except Exception as exc:
+            raised = exc
+        assert raised is not None and "recompile" in str(raised).lower()
+    finally:
+        config.recompile_limit, config.accumulated_recompile_limit, config.fail_on_recompile_limit_hit = before
+        torch._dynamo.reset()
