@@ -130,10 +130,10 @@ def cuda_graph_check(backend: Backend, case: AttentionCase, device: torch.device
     if device.type != "cuda":
         return f"n/a ({device.type})"
     # the harness's own --cuda-graph capture, so "capturable" means that works
-    setup, fn = phase_callables(backend, case, inputs, device, "fwd+bwd" if training else "fwd")
-    setup = setup or (lambda: None)
+    phase = phase_callables(backend, case, inputs, device, "fwd+bwd" if training else "fwd")
+    setup = phase.setup or (lambda: None)
     try:
-        replay = graphed(fn, setup, device)
+        replay = graphed(phase.fn, setup, device, phase.build)
         setup()
         replay()
         torch.cuda.synchronize(device)

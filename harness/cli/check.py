@@ -12,7 +12,7 @@ def _check(args: argparse.Namespace) -> int:
     from harness.backends.registry import load_backend_module
     from harness.store.environment import new_run_id
     from harness.store.run_dir import RESULTS, results_root
-    from harness.store.schema import worst_status
+    from harness.store.schema import NOT_RUN, worst_status
 
     for module in args.backend_module:
         load_backend_module(module)
@@ -29,6 +29,12 @@ def _check(args: argparse.Namespace) -> int:
     bad = df[df.status.isin(["fail", "error"])]
     for row in bad.itertuples():
         print(f"{row.status.upper()} {row.backend} {row.case_id} [{row.phase}]: {row.reason}")
+    not_run = df[df.status.isin(NOT_RUN)].drop_duplicates(["backend", "status", "reason"])
+    if len(not_run):  # what did not load or run here, and why: e.g. `check --backends xformers,flash-attn`
+        width = max(map(len, not_run.backend))
+        print("not run:")
+        for row in not_run.itertuples():
+            print(f"  {row.backend:<{width}}  {row.status:<11}  {row.reason}")
     if path:
         print(f"results: {path}")
     return 1 if len(bad) else 0

@@ -10,8 +10,8 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES: list[str] = ["harness.cli.check", "harness.cli.history", "harness.cli.compare", "harness.cli.run",
-                              "harness.cli.report", "harness.cli.recommend"]
+COMMAND_MODULES: list[str] = ["harness.cli.check", "harness.cli.backends", "harness.cli.history",
+                              "harness.cli.compare", "harness.cli.run", "harness.cli.report", "harness.cli.recommend"]
 
 
 class Parser(argparse.ArgumentParser):

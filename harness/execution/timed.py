@@ -4,6 +4,7 @@ peak memory, the repetitions, the compile time. Timing stays next to the kernel,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -40,10 +41,19 @@ class TimingResult:
         return self.failure is not None and self.failure.interrupted
 
 
-def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str):
-    """(setup, fn) for a phase. fwd: inference (no autograd); bwd: backward alone on a retained graph with the
-    shared dO; fwd+bwd: one training step. Gradients are reset in setup, outside the timed region; the backend's
-    `prepare` runs here, once, outside it too."""
+@dataclass
+class Phase:
+    """What timing a phase runs: `setup` before every repetition (outside the timed region), `fn` the timed call,
+    and `build`, run once before any of it - on the capture stream when timed as a CUDA graph."""
+
+    setup: Callable[[], None] | None
+    fn: Callable[[], object]
+    build: Callable[[], None] | None = None
+
+
+def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
+    """The Phase of fwd (inference, no autograd), bwd (the backward alone, on a retained graph, with the shared
+    dO) or fwd+bwd (one training step). Gradients are reset in setup; the backend's `prepare` runs here, once."""
     call = BoundCall(backend, case, device)
     q, k, v, d_out = backend_inputs(backend, inputs, requires_grad=phase != "fwd")
 
@@ -54,11 +64,16 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         q.grad = k.grad = v.grad = None
 
     if phase == "fwd":
-        return None, forward
+        return Phase(None, forward)
     if phase == "fwd+bwd":
-        return reset, lambda: forward().backward(d_out)
-    out = forward()  # built once; retain_graph lets every repetition run the same backward alone
-    return reset, lambda: out.backward(d_out, retain_graph=True)
+        return Phase(reset, lambda: forward().backward(d_out))
+    built: list = []
+
+    def build():  # the forward, made once; retain_graph lets every repetition run the same backward alone
+        if not built:
+            built.append(forward())
+
+    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build)
 
 
 def run_timing(backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
@@ -67,15 +82,23 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device) -> Ti
     with device_scope(device):
         try:
             inputs = call_inputs(timing.call, device)
-            setup, fn = phase_callables(backend, timing.call.case, inputs, device, timing.phase)
-            mem_bytes, mem_method = timing.known_memory or peak_memory(fn, device=device, setup=setup)
+            case, phase = timing.call.case, timing.phase
+            if timing.known_memory is not None:
+                mem_bytes, mem_method = timing.known_memory
+            else:
+                probe = phase_callables(backend, case, inputs, device, phase)
+                if probe.build is not None:
+                    probe.build()
+                mem_bytes, mem_method = peak_memory(probe.fn, device=device, setup=probe.setup)
+                del probe
             result.peak_mem_bytes, result.mem_method = mem_bytes, mem_method
             budget = timing.cpu_mem_budget
             if budget is not None and device.type == "cpu" and mem_bytes > budget:
                 result.failure = Failure("oom", f"needed {mem_bytes} bytes above inputs > CPU budget {budget}")
                 return result
-            result.measurement = measure(fn, device=device, setup=setup, config=timing.config,
-                                         estimate_ms=timing.estimate_ms)
+            timed = phase_callables(backend, case, inputs, device, phase)
+            result.measurement = measure(timed.fn, device=device, setup=timed.setup, config=timing.config,
+                                         estimate_ms=timing.estimate_ms, build=timed.build)
             result.compile_ms = backend.compile_time_ms()
         except BaseException as exc:  # noqa: B036 - a backend's SystemExit or KeyboardInterrupt is this round's row
             failure = Failure.of(exc)

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from harness.store.environment import new_run_id
+from harness.store.environment import new_run_id, smi_devices
 from harness.launch.merge import merge_shards, shard_root, write_exit_status
 
 #: options the launcher sets per shard; a user value would make shards overlap or collide
@@ -120,11 +120,18 @@ def run_local(pytest_args: Sequence[str], devices: Sequence[str], *, results_dir
     return LaunchResult(run_dir, returncodes, merge_shards(run_dir, count))
 
 
-def gpu_devices(spec: str) -> tuple[list[str], list[str]]:
-    """(devices, CUDA_VISIBLE_DEVICES per shard) for --gpus, honouring a CUDA_VISIBLE_DEVICES already set."""
+def gpu_devices(spec: str, listing: str | None = None) -> tuple[list[str], list[str]]:
+    """(devices, CUDA_VISIBLE_DEVICES per shard) for --gpus, honouring a CUDA_VISIBLE_DEVICES already set.
+
+    Under MIG a process sees one instance (torch's device_count() is 1), so with no CUDA_VISIBLE_DEVICES set the
+    shards are the MIG instances nvidia-smi lists, each given to its process by UUID."""
     import torch
 
-    gpus = parse_gpus(spec, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    migs = [uuid for _, uuid in smi_devices(listing) if uuid.startswith("MIG-")] if not parent else []
+    if migs:
+        picked = parse_gpus(spec, len(migs))
+        return ["cuda:0"] * len(picked), [migs[i] for i in picked]
+    gpus = parse_gpus(spec, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     visible = [x.strip() for x in parent.split(",")] if parent else [str(g) for g in range(max(gpus) + 1)]
     return ["cuda:0"] * len(gpus), [visible[g] for g in gpus]

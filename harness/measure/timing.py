@@ -130,15 +130,19 @@ def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
 
 
 def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[], None] | None = None,
-            config: TimingConfig = TimingConfig(), estimate_ms: float | None = None) -> Measurement:
+            config: TimingConfig = TimingConfig(), estimate_ms: float | None = None,
+            build: Callable[[], None] | None = None) -> Measurement:
     """Time `fn()` repeatedly; `setup()` runs before every repetition, outside the timed region.
 
     estimate_ms: the latency already known (a later round of the same call): the first call and the estimate
     are skipped, and only warmup (at least one call, for caches gone cold since) precedes the repetitions.
+    build: what `fn` needs made first (a backward's forward); with a CUDA graph it runs on the capture stream.
     """
     setup = setup or (lambda: None)
     if device.type == "cuda":
-        return _measure_cuda(fn, setup, device, config, estimate_ms)
+        return _measure_cuda(fn, setup, device, config, estimate_ms, build)
+    if build is not None:
+        build()
     return _measure_cpu(fn, setup, config, estimate_ms)
 
 
@@ -161,44 +165,48 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None) ->
     return Measurement(samples, "cpu-clock", torch.get_num_threads(), first)
 
 
-def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None = None) -> Measurement:
+def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None = None,
+                  build=None) -> Measurement:
     from harness.measure.cuda_graph import graphed
 
-    torch.cuda.synchronize(device)
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
-    first = float("nan")
-    if estimate is None:
-        start_first = time.perf_counter_ns()
-        setup()
-        fn()
+    with torch.cuda.device(device):  # events record on the current device's stream: make it the run's device
+        stream = torch.cuda.current_stream(device)
+        target = fn
+        mode = "cuda-events"
+        if cfg.cuda_graph:
+            target, mode = graphed(fn, setup, device, build), "cuda-graph"
+        elif build is not None:
+            build()
         torch.cuda.synchronize(device)
-        first = (time.perf_counter_ns() - start_first) / 1e6
-    target = fn
-    mode = "cuda-events"
-    if cfg.cuda_graph:
-        target, mode = graphed(fn, setup, device), "cuda-graph"
-    if estimate is None:
-        # Estimate from 5 calls, as do_bench does, to size warmup and repetitions from the time budgets.
-        est_start, est_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        est_start.record()
-        for _ in range(5):
+        flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
+        first = float("nan")
+        if estimate is None:
+            start_first = time.perf_counter_ns()
             setup()
             target()
-        est_end.record()
+            torch.cuda.synchronize(device)
+            first = (time.perf_counter_ns() - start_first) / 1e6
+            # Estimate from 5 calls, as do_bench does, to size warmup and repetitions from the time budgets.
+            est_start, est_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            est_start.record(stream)
+            for _ in range(5):
+                setup()
+                target()
+            est_end.record(stream)
+            torch.cuda.synchronize(device)
+            estimate = est_start.elapsed_time(est_end) / 5
+        warmup, reps = _reps(estimate, cfg)
+        for _ in range(warmup):
+            setup()
+            target()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            setup()            # host work (gradient reset) and the flush stay outside the events
+            flush.zero_()      # clear L2 so every repetition reads its inputs from HBM, like a real model step
+            starts[i].record(stream)  # events bracket the call's kernels on this device's current stream
+            target()
+            ends[i].record(stream)
         torch.cuda.synchronize(device)
-        estimate = est_start.elapsed_time(est_end) / 5
-    warmup, reps = _reps(estimate, cfg)
-    for _ in range(warmup):
-        setup()
-        target()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        setup()
-        flush.zero_()          # clear L2 so every repetition reads its inputs from HBM, like a real model step
-        starts[i].record()     # events bracket only the kernel work on the stream, not host launch jitter
-        target()
-        ends[i].record()
-    torch.cuda.synchronize(device)
     samples = tuple(s.elapsed_time(e) for s, e in zip(starts, ends))
     return Measurement(samples, mode, torch.get_num_threads(), first)

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 from datetime import datetime, timezone
@@ -54,11 +55,40 @@ def package_version(dist: str) -> str | None:
         return None
 
 
+def _setting(read) -> object:
+    try:
+        return read()
+    except Exception as exc:  # e.g. a legacy TF32 getter after the new fp32_precision API was used
+        return f"unreadable ({type(exc).__name__})"
+
+
+def tf32_settings() -> dict:
+    """Whether fp32 matmuls and convolutions may use TF32, as torch reports it (the fp32_precision API where this
+    torch has it; reading the legacy flags raises once it was used) and the environment overrides that decide
+    it underneath: NVIDIA_TF32_OVERRIDE (read by cuBLAS/cuDNN) and TORCH_ALLOW_TF32_CUBLAS_OVERRIDE (torch, at
+    startup)."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    if hasattr(matmul, "fp32_precision"):
+        settings = {"matmul": _setting(lambda: matmul.fp32_precision), "cudnn": _setting(lambda: cudnn.fp32_precision),
+                    "default": _setting(lambda: torch.backends.fp32_precision)}
+        settings["matmul"] = settings["matmul"] if settings["matmul"] != "none" else _setting(
+            lambda: bool(matmul.allow_tf32))
+        settings["cudnn"] = settings["cudnn"] if settings["cudnn"] != "none" else _setting(
+            lambda: bool(cudnn.allow_tf32))
+    else:
+        settings = {"matmul": _setting(lambda: bool(matmul.allow_tf32)),
+                    "cudnn": _setting(lambda: bool(cudnn.allow_tf32))}
+    settings["float32_matmul_precision"] = _setting(torch.get_float32_matmul_precision)
+    for var in ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"):
+        settings[var] = os.environ.get(var)
+    return settings
+
+
 def hardware_fingerprint(device: torch.device) -> dict:
     """Fields that define a testbed: hardware and settings, deliberately not software versions."""
+    tf32 = tf32_settings()
     info = {"device_type": device.type, "device_name": device_name(device), "cpu_model": cpu_model(),
-            "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
-            "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32)}
+            "tf32_matmul": tf32["matmul"], "tf32_cudnn": tf32["cudnn"]}
     if device.type == "cpu":
         # CPU kernels scale with the thread count; GPU kernels do not, so a multi-GPU launcher that splits the
         # host's threads between its processes still compares with a single-GPU run.
@@ -100,7 +130,7 @@ def environment(device: torch.device, timing_mode: str | None = None) -> dict:
                          "cudnn": torch.backends.cuda.cudnn_sdp_enabled()},
         "git_sha": sha,
         "git_dirty": dirty,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "tf32": tf32_settings(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if device.type == "cuda":
@@ -120,14 +150,36 @@ def _nvidia_smi(field: str, gpu: str | None = None) -> str | None:
         return None
 
 
-def _gpu_uuid(device: torch.device) -> str | None:
-    """'GPU-…' UUID of a torch device: NVML and nvidia-smi number GPUs physically, torch after
-    CUDA_VISIBLE_DEVICES, so the UUID is the only name both agree on."""
+#: one line of `nvidia-smi -L`: a GPU ("GPU 0: NVIDIA H100 ... (UUID: GPU-...)") or a MIG instance under it
+#: ("  MIG 3g.40gb Device 0: (UUID: MIG-...)")
+_SMI_DEVICE = re.compile(r"^\s*(GPU \d+|MIG [^:]*?Device\s+\d+):.*\(UUID: ((?:GPU|MIG)-[0-9a-fA-F-]+)\)")
+
+
+def smi_devices(listing: str | None = None) -> list[tuple[str, str]]:
+    """[(label, UUID)] of every GPU and MIG instance `nvidia-smi -L` lists (its output may be given)."""
+    if listing is None:
+        try:
+            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10,
+                                     check=True).stdout
+        except Exception:
+            return []
+    return [(m[1], m[2]) for m in map(_SMI_DEVICE.match, listing.splitlines()) if m]
+
+
+def _gpu_uuid(device: torch.device, listing: str | None = None) -> str | None:
+    """The NVML/nvidia-smi name ('GPU-…' or, under MIG, 'MIG-…') of a torch device: NVML and nvidia-smi number
+    GPUs physically, torch after CUDA_VISIBLE_DEVICES, so the UUID is the only name both agree on. torch gives
+    it without its prefix; the prefix is the one nvidia-smi lists for that UUID (a MIG instance is no 'GPU-')."""
     try:
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        raw = str(torch.cuda.get_device_properties(device).uuid)
     except Exception:
         return None
-    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+    if raw.startswith(("GPU-", "MIG-")):
+        return raw
+    for _, uuid in smi_devices(listing):
+        if uuid.split("-", 1)[1] == raw:
+            return uuid
+    return f"GPU-{raw}"
 
 
 def _nvml_driver() -> str | None:
