@@ -48,7 +48,9 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, in
     seeded = inputs is None
     inputs = make_inputs(case, device, seed) if seeded else inputs
     clean = inputs if reference_inputs is None else reference_inputs
-    prepared = PreparedCase(case, device, inputs, reference_attention(case, clean), None,
+    # The reference runs where the inputs are (FP64 on the GPU: seconds where the CPU takes hours) and is kept on
+    # the CPU, where every output is judged.
+    prepared = PreparedCase(case, device, inputs, reference_attention(case, clean).to("cpu"), None,
                             seed=seed if seeded else None)
     try:
         naive = baseline(case, clean, prepared.reference, baseline_budget(device) if budget_bytes is None

@@ -1,8 +1,12 @@
-"""The oracle: float64 attention on CPU with hand-written gradients, chunked over query blocks.
+"""The oracle: float64 attention with hand-written gradients, chunked over query blocks, on the case's device.
 
-Memory is O(block x seq_k) for the scores instead of O(seq_q x seq_k), so the reference handles
-sequence lengths that no dense implementation can. A query row that sees no key is defined as
-output 0 and gradient 0 (FlashAttention-2's and SDPA's convention since torch 2.5).
+On a GPU it runs there (FP64 tensor cores: seconds where the CPU takes hours); on the CPU, on the CPU: the same
+code either way. Memory is O(block x seq_k) for the scores instead of O(seq_q x seq_k), the block chosen from a
+memory budget, so the reference handles sequence lengths no dense implementation can. Every matmul is one
+batched GEMM over (batch x kv heads) with the query heads of a group stacked as rows, the scale folded into the
+GEMM, the softmax done in place in one reused buffer, and dK/dV accumulated in place (baddbmm_): the elementwise
+passes a block costs stay few next to its six GEMMs. A query row that sees no key is defined as output 0 and
+gradient 0 (FlashAttention-2's and SDPA's convention since torch 2.5).
 """
 
 from __future__ import annotations
@@ -13,12 +17,27 @@ import torch
 
 from harness.spec.case import AttentionCase, Inputs
 
-# Score-block budget in elements (x 8 bytes in float64): ~64 MiB per temporary, about five live at once.
-_BLOCK_ELEMENTS = 1 << 23
+#: bytes of score-sized float64 buffers a block may hold (two: the probabilities and their gradient) on the CPU
+DEFAULT_BUDGET_BYTES = 256 * 2 ** 20
+#: the most rows a block takes on the CPU: larger blocks no longer speed the GEMMs up and spill the caches
+#: (256 measured best of 128/256/384/512 at S = 1024 and 2048, D = 128; benchmarks/reference_throughput.py)
+CPU_MAX_BLOCK = 256
+#: on a GPU, the block buffers may take this share of the free memory (up to GPU_MAX_BUDGET_BYTES): large blocks
+#: keep the FP64 GEMMs big enough to fill the device
+GPU_FREE_SHARE, GPU_MAX_BUDGET_BYTES = 1 / 8, 8 * 2 ** 30
+
+
+def reference_budget(device: str | torch.device) -> int:
+    """Bytes the reference's score-sized block buffers may take on `device`."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(max(DEFAULT_BUDGET_BYTES, min(GPU_MAX_BUDGET_BYTES, free * GPU_FREE_SHARE)))
+    return DEFAULT_BUDGET_BYTES
 
 
 class Reference(NamedTuple):
-    """float64 CPU tensors in the canonical layout: out/dq like q, dk/dv like k/v."""
+    """float64 tensors in the canonical layout: out/dq like q, dk/dv like k/v."""
 
     out: torch.Tensor
     dq: torch.Tensor | None
@@ -31,53 +50,98 @@ class Reference(NamedTuple):
             raise ValueError(f"quantity={quantity!r}; allowed: {', '.join(self._fields)}")
         return getattr(self, quantity)
 
+    def to(self, device: str | torch.device) -> "Reference":
+        return Reference(*(None if t is None else t.to(device) for t in self))
+
+
+def reference_flops(case: AttentionCase, grads: bool = True) -> int:
+    """The GEMM work the reference does, dense whatever the mask: QK^T and PV forward; dP, dQ, dK, dV backward."""
+    per_gemm = 2 * case.batch * case.heads * case.seq_q * case.seq_k * case.head_dim
+    return per_gemm * (6 if grads else 2)
+
+
+def block_rows(case: AttentionCase, budget_bytes: int | None = None, device: str | torch.device = "cpu",
+               grads: bool = True) -> int:
+    """Query rows per block: as many as the budget allows for the score-sized buffers (one, or two with
+    gradients), capped on the CPU where bigger blocks only spill the caches."""
+    budget_bytes = reference_budget(device) if budget_bytes is None else budget_bytes
+    buffers = 2 if grads else 1
+    per_row = buffers * case.batch * case.heads * case.seq_k * 8
+    rows = max(1, min(case.seq_q, int(budget_bytes // per_row)))
+    return min(rows, CPU_MAX_BLOCK) if torch.device(device).type == "cpu" else rows
+
 
 def default_block(case: AttentionCase) -> int:
-    return max(1, _BLOCK_ELEMENTS // (case.batch * case.heads * case.seq_k))
+    return block_rows(case)
 
 
-def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = True,
-                        block: int | None = None) -> Reference:
-    """Exact attention of `inputs` for `case` in float64 on CPU; gradients use inputs.d_out as upstream."""
-    block = block or default_block(case)
+def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = True, block: int | None = None,
+                        device: str | torch.device | None = None,
+                        budget_bytes: int | None = None) -> Reference:
+    """Exact attention of `inputs` for `case` in float64 on `device` (default: the inputs' own); gradients use
+    inputs.d_out as upstream. Blocks of `block` query rows (default: as many as `budget_bytes` allows, default
+    reference_budget(device)). The result stays on that device."""
+    device = torch.device(device) if device is not None else inputs.q.device
+    block = block or block_rows(case, budget_bytes, device, grads)
     if block < 1:
         raise ValueError(f"block={block}: must be >= 1")
     b, h, hkv, sq, sk, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
-    g = h // hkv
-    cast = dict(dtype=torch.float64, device="cpu")
-    # Query head h uses kv head h // g, so view queries as (B, Hkv, g, Sq, D) and broadcast K/V over g.
-    q = inputs.q.to(**cast).reshape(b, hkv, g, sq, d)
-    k = inputs.k.to(**cast).reshape(b, hkv, 1, sk, d)
-    v = inputs.v.to(**cast).reshape(b, hkv, 1, sk, d)
-    d_out = inputs.d_out.to(**cast).reshape(b, hkv, g, sq, d) if grads else None
+    g, bh = h // hkv, b * hkv
+    cast = dict(dtype=torch.float64, device=device)
+    # Query head h uses kv head h // g: view queries as (B * Hkv, g, Sq, D) and let each GEMM take the g heads of
+    # a group as extra rows against their one K/V.
+    q = inputs.q.to(**cast).reshape(bh, g, sq, d)
+    k = inputs.k.to(**cast).reshape(bh, sk, d)
+    v = inputs.v.to(**cast).reshape(bh, sk, d)
+    # Contiguous K^T and V^T as GEMM left operands: MKL's float64 GEMM runs 1.2-2x faster with both operands in
+    # this orientation than with a transposed view of the (Sk, D) tensors (benchmarks/reference_throughput.py).
+    k_t, v_t = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()   # (BHkv, D, Sk)
+    d_out = inputs.d_out.to(**cast).reshape(bh, g, sq, d) if grads else None
 
-    out = torch.empty_like(q)
-    dq = torch.empty_like(q) if grads else None
-    dk = torch.zeros(b, hkv, sk, d, **cast) if grads else None
-    dv = torch.zeros(b, hkv, sk, d, **cast) if grads else None
-    k_t = k.transpose(-1, -2)
+    out = torch.empty(bh, g, sq, d, **cast)
+    dq = torch.empty(bh, g, sq, d, **cast) if grads else None
+    # dK and dV are accumulated transposed, (D, Sk): the block's Q^T dS and dO^T P in that orientation run at
+    # the GEMM's full rate, where dS^T Q into (Sk, D) runs at half of it.
+    dk_t = torch.zeros(bh, d, sk, **cast) if grads else None
+    dv_t = torch.zeros(bh, d, sk, **cast) if grads else None
+    probs_buffer = torch.empty(bh, g * block * sk, **cast)
+    d_probs_buffer = torch.empty(bh, g * block * sk, **cast) if grads else None
     for start in range(0, sq, block):
         stop = min(sq, start + block)
-        q_blk = q[..., start:stop, :]                                  # (B, Hkv, g, n, D)
-        scores = (q_blk @ k_t) * case.scale                            # (B, Hkv, g, n, Sk)
-        mask = case.key_mask("cpu", rows=(start, stop))
+        n = stop - start
+        q_blk = q[:, :, start:stop].reshape(bh, g * n, d)                    # (BHkv, g*n, D): a copy, contiguous
+        probs = probs_buffer[:, :g * n * sk].view(bh, g * n, sk)
+        torch.baddbmm(probs, q_blk, k.transpose(1, 2), beta=0.0, alpha=case.scale, out=probs)  # scaled scores
+        mask = case.key_mask(device, rows=(start, stop))                     # (B|1, 1, n, Sk)
         if mask is not None:
-            mask = mask.reshape(mask.shape[0], 1, 1, stop - start, sk)
-            scores = scores.masked_fill(~mask, float("-inf"))
-        row_max = scores.amax(-1, keepdim=True)
-        visible = torch.isfinite(row_max)                              # False for rows with no key
-        probs = torch.exp(scores - torch.where(visible, row_max, 0.0))
-        probs = torch.where(visible, probs / probs.sum(-1, keepdim=True).clamp_min(1e-300), 0.0)
-        o_blk = probs @ v
-        out[..., start:stop, :] = o_blk
+            view, hidden = probs.view(b, hkv, g, n, sk), ~mask.reshape(mask.shape[0], 1, 1, n, sk)
+            view.masked_fill_(hidden, float("-inf"))
+        row_max = probs.amax(-1, keepdim=True)
+        row_max.masked_fill_(row_max == float("-inf"), 0.0)                  # rows with no key: all masked below
+        probs.sub_(row_max)
+        if mask is not None:
+            # exp of -inf (or of anything that underflows) takes a slow path, 2-5x the normal one: exp the
+            # masked scores as -700 (a normal 1e-304), then set them to exactly 0
+            probs.clamp_min_(-700.0).exp_()
+            view.masked_fill_(hidden, 0.0)  # (legit scores < -700 below the max keep 1e-304: below any ulp)
+        else:
+            probs.exp_()
+        probs.div_(probs.sum(-1, keepdim=True).clamp_min_(1e-300))           # empty rows stay 0 / tiny = 0
+        o_blk = torch.bmm(v_t, probs.transpose(1, 2)).transpose(1, 2)        # O = (V^T P^T)^T, (BHkv, g*n, D)
+        out[:, :, start:stop] = o_blk.reshape(bh, g, n, d)
         if not grads:
             continue
-        do_blk = d_out[..., start:stop, :]
-        d_probs = do_blk @ v.transpose(-1, -2)
-        delta = (do_blk * o_blk).sum(-1, keepdim=True)                # rowsum(dO * O) = rowsum(P * dP)
-        d_scores = probs * (d_probs - delta) * case.scale
-        dq[..., start:stop, :] = d_scores @ k
-        dk += (d_scores.transpose(-1, -2) @ q_blk).sum(2)              # sum over the g query heads of a group
-        dv += (probs.transpose(-1, -2) @ do_blk).sum(2)
-    reshape_q = (b, h, sq, d)
-    return Reference(out.reshape(reshape_q), dq.reshape(reshape_q) if grads else None, dk, dv)
+        do_blk = d_out[:, :, start:stop].reshape(bh, g * n, d)
+        d_probs = d_probs_buffer[:, :g * n * sk].view(bh, g * n, sk)
+        torch.bmm(do_blk, v_t, out=d_probs)                                  # dP = dO V^T
+        delta = (do_blk * o_blk).sum(-1, keepdim=True)                       # rowsum(dO * O) = rowsum(P * dP)
+        d_probs.sub_(delta).mul_(probs)                                      # dS / scale = P * (dP - delta)
+        dq_t = torch.bmm(k_t, d_probs.transpose(1, 2))                       # dQ^T = K^T dS^T, (BHkv, D, g*n)
+        dq[:, :, start:stop] = dq_t.transpose(1, 2).mul_(case.scale).reshape(bh, g, n, d)
+        dk_t.baddbmm_(q_blk.transpose(1, 2), d_probs, alpha=case.scale)     # summed over the group's heads too
+        dv_t.baddbmm_(do_blk.transpose(1, 2), probs)
+    dk = dk_t.transpose(1, 2) if grads else None
+    dv = dv_t.transpose(1, 2) if grads else None
+    shape_q, shape_kv = (b, h, sq, d), (b, hkv, sk, d)
+    return Reference(out.reshape(shape_q), dq.reshape(shape_q) if grads else None,
+                     dk.reshape(shape_kv) if grads else None, dv.reshape(shape_kv) if grads else None)

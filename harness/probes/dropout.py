@@ -74,7 +74,7 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
     if gate:
         return rows((gate[0], "", gate[1]))
     inputs = _identity_inputs(case, device, seed)
-    probs = reference_attention(case, inputs, grads=False).out          # V = I: the undropped attention weights
+    probs = reference_attention(case, inputs, grads=False).out.cpu()    # V = I: the undropped attention weights
     try:
         outs = [_run(executor, backend, device, inputs, case, seed + r, grad=False)[0].double() for r in range(REPEATS)]
         again = _run(executor, backend, device, inputs, case, seed, grad=False)[0].double()

@@ -158,7 +158,7 @@ def scale_honoured(probe: Probe) -> tuple[AttentionCase, Answer]:
     check = _judge_visible(result.out, prepared.reference.out, prepared, probe.backend)
     if check.passed:
         return case, Answer("observed", "honoured", checks=[check])
-    default = reference_attention(replace(case, scale=None), prepared.inputs, grads=False).out
+    default = reference_attention(replace(case, scale=None), prepared.inputs, grads=False).out.cpu()
     if _judge_visible(result.out, default, prepared, probe.backend).passed:
         return case, Answer("observed", "ignored (used 1/sqrt(head_dim))", checks=[check])
     return case, Answer("observed", f"wrong (err {check.err:.3g})", checks=[check])

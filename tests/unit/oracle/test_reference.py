@@ -92,7 +92,27 @@ def test_rows_without_keys_are_zero_with_zero_gradient():
 
 
 def test_long_sequence_memory_is_blocked():
-    from harness.oracle.reference import default_block
+    from harness.oracle.reference import DEFAULT_BUDGET_BYTES, default_block
     case = AttentionCase(1, 1, 32768, 128, "fp64")
-    # one score block of float64 stays <= 64 MiB, so the reference never holds seq_q x seq_k
-    assert default_block(case) * case.seq_k * 8 <= 64 * 2 ** 20
+    # the two score-sized float64 buffers of a block stay in the budget: never seq_q x seq_k
+    assert 2 * default_block(case) * case.seq_k * 8 <= DEFAULT_BUDGET_BYTES < case.seq_q * case.seq_k * 8
+
+
+@pytest.mark.parametrize("mask", [None, Causal(), KeyPadding((9, 5))], ids=["none", "causal", "keypad"])
+def test_device_path_is_the_cpu_path(mask):
+    """The reference runs on the inputs' device or the one named, with the block a GPU budget picks (no CPU cap):
+    the same code as the CPU path, so on CPU the two agree to float64 rounding. On the meta device every op stays
+    on the named device (nothing is pinned to the CPU inside): shapes and dtype come out, no data."""
+    from harness.oracle.reference import CPU_MAX_BLOCK, block_rows
+    case = AttentionCase(2, 4, 9, 16, "bf16", kv_heads=2, mask=mask)
+    inputs = make_inputs(case, "cpu", seed=1)
+    cpu = reference_attention(case, inputs)
+    gpu_block = block_rows(case, budget_bytes=2 ** 30, device="cuda")
+    named = reference_attention(case, inputs, device="cpu", block=gpu_block)
+    for a, b in zip(cpu, named):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+    big = AttentionCase(1, 1, 4096, 128, "fp32")
+    assert block_rows(big, budget_bytes=2 ** 30, device="cuda") == 4096 > CPU_MAX_BLOCK == block_rows(big, 2 ** 30)
+    meta = reference_attention(case, inputs, device="meta")
+    assert [(t.device.type, t.dtype, t.shape) for t in meta] == [("meta", torch.float64, t.shape) for t in cpu]
+    assert [t.device.type for t in named.to("meta")] == ["meta"] * 4
