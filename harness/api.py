@@ -13,7 +13,7 @@ from harness.execution.device import resolve_device
 from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.runner import execute, prepare_case
 from harness.spec.case import AttentionCase
-from harness.spec.matrices import build_matrix
+from harness.spec.matrices import build_matrix, resolve_matrix
 from harness.store.schema import COLUMNS, Row
 from harness.store.writer import ResultsWriter
 
@@ -30,7 +30,7 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
     `if __name__ == "__main__":` guard of multiprocessing.
     """
     dev = resolve_device(device)
-    case_list = build_matrix(cases) if isinstance(cases, str) else list(cases)
+    case_list = build_matrix(resolve_matrix(cases, dev.type)) if isinstance(cases, str) else list(cases)
     for c in case_list:
         if not isinstance(c, AttentionCase):
             raise ValueError(f"cases must be AttentionCase objects or a matrix name; got {c!r}")

@@ -40,7 +40,7 @@ def check_case(case: AttentionCase) -> AttentionCase:
     heads = kv_heads * min(case.heads // case.kv_heads, 2)
     seq_q, seq_k = min(case.seq_q, CHECK_SEQ), min(case.seq_k, CHECK_SEQ)
     return AttentionCase(batch, heads, seq_q, case.head_dim, case.dtype, kv_heads=kv_heads, seq_k=seq_k,
-                         mask=parse_mask(case.mask_kind, batch=batch, seq_k=seq_k),
+                         mask=parse_mask(case.mask_kind, batch=batch, seq_k=seq_k, seq_q=seq_q),
                          scale=None if case.default_scale else case.scale)
 
 

@@ -36,8 +36,8 @@ class Workload:
         shape = AttentionCase(self.batch, self.heads, self.seq_q, self.head_dim, self.dtype, kv_heads=self.kv_heads,
                               seq_k=self.seq_k)
         if not isinstance(self.mask, str):
-            raise ValueError(f"unknown mask {self.mask!r}; allowed: {', '.join(MASK_NAMES)}")
-        return replace(shape, mask=parse_mask(self.mask, batch=shape.batch, seq_k=shape.seq_k))
+            raise ValueError(f"unknown mask {self.mask!r}; allowed: {', '.join(MASK_NAMES)}, or windowN")
+        return replace(shape, mask=parse_mask(self.mask, batch=shape.batch, seq_k=shape.seq_k, seq_q=shape.seq_q))
 
     @property
     def phase(self) -> str:

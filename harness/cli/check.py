@@ -10,6 +10,9 @@ from harness.cli.options import add_to_argparse, timeouts
 def _check(args: argparse.Namespace) -> int:
     from harness.api import check
     from harness.backends.registry import load_backend_module
+    from harness.execution.cost import check_cost
+    from harness.execution.device import resolve_device
+    from harness.spec.matrices import build_matrix, resolve_matrix
     from harness.store.environment import new_run_id
     from harness.store.run_dir import RESULTS, results_root
     from harness.store.schema import NOT_RUN, worst_status
@@ -21,7 +24,10 @@ def _check(args: argparse.Namespace) -> int:
     default, overrides = timeouts(args.call_timeout_s)
     if overrides:
         raise ValueError("check takes one --call-timeout-s SECONDS for every call (no CASE_PATTERN=SECONDS)")
-    df = check(args.backends, args.matrix, args.device, results_path=path, seed=args.seed, run_id=run_id,
+    device = resolve_device(args.device)
+    cases = build_matrix(resolve_matrix(args.matrix, device.type))
+    check_cost(cases, device, allow=args.allow_expensive)
+    df = check(args.backends, cases, args.device, results_path=path, seed=args.seed, run_id=run_id,
                isolate=args.isolate, call_timeout_s=default)
     per_case = df.groupby(["backend", "case_id"]).status.agg(worst_status)
     summary = per_case.groupby(level=0).value_counts().unstack(fill_value=0)
@@ -44,5 +50,5 @@ def add_subcommand(subparsers) -> None:
     p = subparsers.add_parser("check", help="check backends for correctness; exit 1 when any case fails")
     # check answers "is it correct?" quickly: the smoke matrix by default, and a CSV only when asked
     add_to_argparse(p, "backends", "backend_module", "matrix", "device", "results_dir", "seed", "no_isolate",
-                    "call_timeout_s", defaults={"matrix": "smoke", "results_dir": None})
+                    "call_timeout_s", "allow_expensive", defaults={"matrix": "smoke", "results_dir": None})
     p.set_defaults(func=_check)

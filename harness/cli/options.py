@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from harness.measure import stats
-from harness.spec.matrices import MATRICES
+from harness.spec.matrices import AUTO, MATRICES
+from harness.spec.presets import PRESETS
 
 
 def _validator(kind: type, ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
@@ -71,7 +72,14 @@ _OPTIONS = [
     Option("--backends", "comma-separated backend names, or 'all'", {"default": "all"}),
     Option("--backend-module", "module name or .py path registering extra backends (repeatable)",
            {"action": "append", "default": []}),
-    Option("--matrix", f"case matrix: {', '.join(MATRICES)}", {"default": "default"}),
+    Option("--matrix", f"case matrix: {AUTO} (gpu on a CUDA device, default elsewhere), {', '.join(MATRICES)}",
+           {"default": AUTO}),
+    Option("--preset", f"cases from a model's attention shape instead of a matrix: {', '.join(PRESETS)}"),
+    Option("--hf-config", "cases from a local transformers config.json (num_attention_heads, num_key_value_heads, "
+                          "head_dim or hidden_size, sliding_window) instead of a matrix; nothing is downloaded"),
+    Option("--allow-expensive", "run even when the float64 reference and the baseline are estimated to take over "
+                                "an hour, or a case to need more memory than the device has",
+           {"action": "store_true"}),
     Option("--device", "cpu, cuda, cuda:N or auto", {"default": "auto"}),
     Option("--results-dir", "where run directories go", {"default": "results"}),
     Option("--seed", "input seed", {"default": 0}, seed),

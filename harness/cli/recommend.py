@@ -24,23 +24,43 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.backends.registry import load_backend_module
     from harness.execution.device import resolve_device
     from harness.execution.isolation import IsolatedExecutor
+    from harness.execution.cost import check_cost
     from harness.measure.timing import TimingConfig
+    from harness.spec.presets import model_shape
 
     for module in args.backend_module:
         load_backend_module(module)
     if args.threads is not None:  # CPU latency depends on it; recorded in each table's header
         torch.set_num_threads(args.threads)
     given = [f"--{f.replace('_', '-')}" for f in SHAPE_FLAGS if getattr(args, f) is not None]
+    model = model_shape(args.preset, args.hf_config)
     if args.workload:
-        if given:
-            raise ValueError(f"--workload {args.workload} describes the shapes; drop {', '.join(given)}")
+        if given or model:
+            extra = given + (["--preset/--hf-config"] if model else [])
+            raise ValueError(f"--workload {args.workload} describes the shapes; drop {', '.join(extra)}")
         workloads = load_workloads(args.workload, training=True if args.training else None)
+    elif model is not None:
+        # the model gives heads, kv heads, head dim and mask; the deployment gives batch and sequence
+        taken = [f for f in ("--heads", "--kv-heads", "--head-dim") if getattr(args, f[2:].replace("-", "_"))]
+        if taken or args.mask is not None:
+            raise ValueError(f"{model.name} sets heads, kv heads, head dim and mask; drop "
+                             f"{', '.join(taken + (['--mask'] if args.mask is not None else []))}")
+        need = [f for f in ("--batch", "--seq") if getattr(args, f[2:]) is None]
+        if need:
+            raise ValueError(f"--preset/--hf-config needs the deployment's {' and '.join(need)}")
+        case = model.case(args.batch, args.seq_k or args.seq, args.dtype, seq_q=args.seq)
+        workloads = [Workload(case.batch, case.heads, case.seq_q, case.head_dim, kv_heads=case.kv_heads,
+                              seq_k=case.seq_k, dtype=args.dtype, mask=model.mask_for(case.seq_q, case.seq_k),
+                              training=args.training, name=f"{model.name} b{args.batch} s{args.seq}")]
     else:
         need = [f"--{f.replace('_', '-')}" for f in ("batch", "heads", "seq", "head_dim") if getattr(args, f) is None]
         if need:
             raise ValueError(f"recommend needs --workload FILE, or the shape: missing {', '.join(need)}")
         workloads = [Workload(args.batch, args.heads, args.seq, args.head_dim, kv_heads=args.kv_heads,
-                              seq_k=args.seq_k, dtype=args.dtype, mask=args.mask, training=args.training)]
+                              seq_k=args.seq_k, dtype=args.dtype, mask=args.mask or "causal", training=args.training)]
+    # what the advisor's own reference and baseline will cost here, before anything runs
+    cost = check_cost([w.case() for w in workloads], resolve_device(args.device), allow=args.allow_expensive)
+    print(cost.summary())
     timing = TIMING if args.timing_budget_ms is None else TimingConfig(
         warmup_ms=TIMING.warmup_ms, budget_ms=args.timing_budget_ms, min_reps=TIMING.min_reps)
     executor = None
@@ -84,7 +104,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     shape.add_argument("--seq-k", type=positive_int, help="key length (default: --seq)")
     shape.add_argument("--head-dim", type=positive_int)
     shape.add_argument("--dtype", default="bf16", help="fp32, fp16, bf16 or fp64 (default: bf16)")
-    shape.add_argument("--mask", default="causal", help=f"one of {', '.join(MASK_NAMES)} (default: causal)")
+    shape.add_argument("--mask", default=None, help=f"one of {', '.join(MASK_NAMES)}, or windowN (default: causal)")
     shape.add_argument("--training", action="store_true", help="time forward+backward (default: forward only)")
     shape.add_argument("--workload", type=Path, default=None,
                        help="a .toml (or .yaml with PyYAML) file: [defaults] and [[shape]] tables; one recommendation "
@@ -93,8 +113,9 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
                    help="a run dir to take the workload's verdicts and samples from when it was measured there on "
                         "this testbed; otherwise they are measured now")
     # the advisor times each backend once, with a larger budget than a suite's per-round share (evidence.TIMING)
+    add_to_argparse(shape, "preset", "hf_config")
     add_to_argparse(p, "backends", "backend_module", "device", "seed", "threads", "timing_budget_ms", "no_isolate",
-                    "call_timeout_s", defaults={"timing_budget_ms": None})
+                    "call_timeout_s", "allow_expensive", defaults={"timing_budget_ms": None})
     p.add_argument("--checks", action=argparse.BooleanOptionalAction, default=True,
                    help="run the deployment checks (--no-checks: correctness and timing only)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the fullgraph check")

@@ -1,21 +1,78 @@
-"""Named case matrices: smoke (seconds), default (a few minutes on 2 CPU cores), full (long)."""
+"""Named case matrices: for a CPU (smoke, default, full) and for a GPU (gpu-smoke, gpu, gpu-full), plus 'auto'.
+
+The CPU matrices are sized for 2 cores (batch 2, 4 heads, sequences up to 2048). The GPU ones are modelled on
+what the field benchmarks (FlashAttention's and xformers' benchmark scripts, torch's transformer benchmarks):
+bf16 and fp16, ~16k tokens per batch, sequences 512-16k (32k/64k in gpu-full), head dims 64/128/256 with
+H*D = 2048, GQA 32/8 and MQA, the masks deployments use, decode over long KV caches - and a correctness slice
+that keeps the CPU matrices' odd sizes and edges.
+"""
 
 from __future__ import annotations
 
 from itertools import product
 
 from harness.spec.case import AttentionCase, parse_dtype
-from harness.spec.masks import MASK_NAMES, parse_mask
+from harness.spec.masks import parse_mask
 
-MATRICES = ("smoke", "default", "full")
+MATRICES = ("smoke", "default", "full", "gpu-smoke", "gpu", "gpu-full")
+#: --matrix auto: the GPU matrix on a CUDA device, the CPU default elsewhere
+AUTO = "auto"
+#: the masks the CPU matrices ask every question with (fixed: newer names must not grow the CPU matrices)
+CPU_MASKS = ("none", "causal", "causal-br", "window", "keypad", "causal+keypad")
+#: tokens per batch in the GPU matrices: batch = TOKENS // seq, as FlashAttention's benchmarks do
+TOKENS = 16384
+
+
+def resolve_matrix(name: str, device_type: str) -> str:
+    """'auto' -> 'gpu' on CUDA, 'default' elsewhere; a named matrix is kept (and checked)."""
+    if name == AUTO:
+        return "gpu" if device_type == "cuda" else "default"
+    if name not in MATRICES:
+        raise ValueError(f"unknown matrix {name!r}; allowed: {AUTO}, {', '.join(MATRICES)}")
+    return name
 
 
 def _cases(dtypes, shapes, masks, head_dims, heads=((4, 4),), batch=2) -> list[AttentionCase]:
     out = []
     for dtype, (sq, sk), mask, d, (h, hkv) in product(dtypes, shapes, masks, head_dims, heads):
         out.append(AttentionCase(batch, h, sq, d, parse_dtype(dtype), kv_heads=hkv, seq_k=sk,
-                                 mask=parse_mask(mask, batch=batch, seq_k=sk)))
+                                 mask=parse_mask(mask, batch=batch, seq_k=sk, seq_q=sq)))
     return out
+
+
+def _tokens(dtypes, seqs, masks, shapes) -> list[AttentionCase]:
+    """Square cases at TOKENS tokens per batch: seq in `seqs`, (heads, kv_heads, head_dim) in `shapes`."""
+    out = []
+    for dtype, seq, mask, (h, hkv, d) in product(dtypes, seqs, masks, shapes):
+        out += _cases([dtype], [(seq, seq)], [mask], [d], heads=((h, hkv),), batch=max(1, TOKENS // seq))
+    return out
+
+
+def decode_batch(kv_len: int, cached_tokens: int = 262144, most: int = 16) -> int:
+    """Sequences one decode step batches: up to `most`, with at most `cached_tokens` cached keys in all - the
+    float64 reference holds six KV-sized tensors (128k keys x 8 heads x 128 x 8 B x 6 = 6 GiB per sequence)."""
+    return max(1, min(most, cached_tokens // kv_len))
+
+
+def _decode(kv_lengths, cached_tokens: int = 262144) -> list[AttentionCase]:
+    """One new token over a KV cache (GQA 32/8, d128, as Llama-3-8B decodes): every cached key is visible."""
+    return [c for n in kv_lengths
+            for c in _cases(["bf16"], [(1, n)], ["none"], [128], heads=((32, 8),), batch=decode_batch(n, cached_tokens))]
+
+
+#: (heads, kv_heads, head_dim) with H*D = 2048, and the GQA/MQA groupings
+MHA_64, MHA_128, MHA_256 = (32, 32, 64), (16, 16, 128), (8, 8, 256)
+GQA_32_8, MQA = (32, 8, 64), (16, 1, 128)
+GPU_MASKS = ("window", "docs-causal", "keypad", "causal+keypad")
+
+
+def _gpu_correctness_slice() -> list[AttentionCase]:
+    """The CPU default matrix's odd sizes and edges in GPU dtypes: non-square shapes with every mask, odd head
+    dims, decode and tiny sequences, GQA/MQA - where kernels refuse or break, at sizes that cost nothing."""
+    return (_cases(["bf16"], [(113, 203), (203, 113)], CPU_MASKS + ("docs-causal",), [64])
+            + _cases(["fp16"], [(129, 129)], ["causal"], [40, 59, 80, 111, 256])
+            + _cases(["bf16"], [(1, 1), (1, 257), (17, 17), (1023, 1023)], ["causal-br"], [64])
+            + _cases(["bf16", "fp16"], [(127, 127)], ["causal"], [64], heads=((8, 2), (8, 1))))
 
 
 def build_matrix(name: str) -> list[AttentionCase]:
@@ -27,8 +84,8 @@ def build_matrix(name: str) -> list[AttentionCase]:
         # question is asked once, in the dtype where it is most telling, rather than in every dtype.
         cases = (
             # every mask on both non-square shapes (fp32) and on a square one (bf16)
-            _cases(["fp32"], [(113, 203), (203, 113)], MASK_NAMES, [64])
-            + _cases(["bf16"], [(128, 128)], MASK_NAMES, [64])
+            _cases(["fp32"], [(113, 203), (203, 113)], CPU_MASKS, [64])
+            + _cases(["bf16"], [(128, 128)], CPU_MASKS, [64])
             + _cases(["fp16"], [(128, 128)], ["none", "causal"], [64])
             # head dims, odd ones included
             + _cases(["bf16"], [(129, 129)], ["causal"], [32, 40, 59, 80, 96, 111, 128, 256])
@@ -44,15 +101,42 @@ def build_matrix(name: str) -> list[AttentionCase]:
     elif name == "full":
         cases = (
             build_matrix("default")
-            + _cases(["fp32", "fp16", "bf16"], [(128, 128), (113, 203), (203, 113)], MASK_NAMES, [64])
+            + _cases(["fp32", "fp16", "bf16"], [(128, 128), (113, 203), (203, 113)], CPU_MASKS, [64])
             + _cases(["fp32", "bf16"], [(129, 129)], ["none", "causal"], [32, 40, 59, 80, 96, 111, 128, 256])
             + _cases(["fp32", "fp16", "bf16"], [(1, 239), (239, 1), (2, 2), (1025, 1025), (1023, 1024)],
-                     MASK_NAMES, [64, 128])
+                     CPU_MASKS, [64, 128])
             + _cases(["fp16", "bf16"], [(2048, 2048), (4096, 4096)], ["none", "causal"], [64, 128])
             + _cases(["fp32", "fp16", "bf16"], [(257, 257)], ["none", "causal", "window"],
                      [40, 59, 80, 96, 111, 160, 192, 224, 256])
-            + _cases(["fp16", "bf16"], [(511, 1023)], MASK_NAMES, [128], heads=((8, 8), (8, 2), (8, 1)))
+            + _cases(["fp16", "bf16"], [(511, 1023)], CPU_MASKS, [128], heads=((8, 8), (8, 2), (8, 1)))
         )
+    elif name == "gpu-smoke":
+        # a minute or two on an H100: the main paths once each, and a little of the correctness slice
+        cases = (_tokens(["bf16"], [1024, 4096], ["none", "causal"], [MHA_128])
+                 + _tokens(["fp16"], [4096], ["causal"], [MHA_128])
+                 + _tokens(["bf16"], [4096], ["causal"], [GQA_32_8])
+                 + _tokens(["bf16"], [4096], ["docs-causal"], [MHA_128])
+                 + _decode([8192])
+                 + _cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64])
+                 + _cases(["fp16"], [(129, 129)], ["causal"], [80]))
+    elif name == "gpu":
+        cases = (_tokens(["bf16"], [512, 1024, 2048, 4096, 8192, 16384], ["none", "causal"], [MHA_64, MHA_128])
+                 + _tokens(["fp16"], [1024, 4096, 16384], ["none", "causal"], [MHA_128])
+                 + _tokens(["bf16"], [1024, 4096, 16384], ["causal"], [MHA_256])
+                 + _tokens(["bf16"], [2048, 8192], ["causal"], [GQA_32_8, MQA])
+                 + _tokens(["bf16"], [4096, 16384], GPU_MASKS, [MHA_128])
+                 + _decode([1024, 4096, 16384, 65536, 131072])
+                 + _gpu_correctness_slice())
+    elif name == "gpu-full":
+        cases = (build_matrix("gpu")
+                 + _tokens(["bf16", "fp16"], [32768, 65536], ["none", "causal"], [MHA_128, MHA_64])
+                 + _tokens(["fp16"], [512, 2048, 8192], ["none", "causal"], [MHA_64, MHA_128])
+                 + _tokens(["bf16", "fp16"], [512, 2048, 8192, 32768], ["causal"], [MHA_256])
+                 + _tokens(["bf16", "fp16"], [1024, 4096, 16384, 32768], ["causal"], [GQA_32_8, MQA])
+                 + _tokens(["bf16", "fp16"], [1024, 8192, 32768], GPU_MASKS + ("docs",), [MHA_128, GQA_32_8])
+                 + _decode([1024, 4096, 16384, 65536, 131072], cached_tokens=524288)
+                 + _cases(["fp16"], [(1, 239), (239, 1), (2, 2), (1025, 1025), (1023, 1024)], CPU_MASKS, [64, 128])
+                 + _cases(["bf16"], [(257, 257)], ["none", "causal", "window"], [40, 59, 80, 96, 111, 160, 192, 256]))
     else:
         raise ValueError(f"unknown matrix {name!r}; allowed: {', '.join(MATRICES)}")
     return list(dict.fromkeys(cases))

@@ -20,7 +20,9 @@ from harness.execution.isolation import IsolatedExecutor
 from harness.execution.session import RunSession
 from harness.launch.sharding import parse_shard, select_shard
 from harness.measure.timing import TimingConfig
-from harness.spec.matrices import build_matrix
+from harness.execution.cost import check_cost
+from harness.spec.matrices import AUTO, build_matrix, resolve_matrix
+from harness.spec.presets import model_shape
 from harness.store.run_dir import results_root
 from harness.store.schema import PHASES
 
@@ -31,7 +33,8 @@ STAGES = ("correctness", "probes", "benchmark")
 
 def pytest_addoption(parser):
     group = parser.getgroup("attention harness")
-    add_to_pytest(group, "backends", "backend_module", "matrix", "device", "results_dir", "seed", "benchmark",
+    add_to_pytest(group, "backends", "backend_module", "matrix", "preset", "hf_config", "allow_expensive", "device",
+                  "results_dir", "seed", "benchmark",
                   "timing_budget_ms", "rounds", "cuda_graph", "threads", "cpu_mem_budget_gb", "no_report", "shard",
                   "no_isolate", "call_timeout_s")
 
@@ -41,12 +44,15 @@ def pytest_configure(config):
         for module in config.option.backend_module:
             load_backend_module(module)
         config._harness_backends = get_backends(config.option.backends)
-        config._harness_cases = build_matrix(config.option.matrix)
+        device = resolve_device(config.option.device)
+        config._harness_matrix, config._harness_cases = suite_cases(config.option, device)
         if config.option.shard:
             config._harness_cases = select_shard(config._harness_cases, *parse_shard(config.option.shard))
-        device = resolve_device(config.option.device)
         results_root(config.option.results_dir)
-    except ValueError as exc:
+        config._harness_cost = None
+        if getattr(config, "workerinput", None) is None and not config.option.collectonly:
+            config._harness_cost = check_cost(config._harness_cases, device, allow=config.option.allow_expensive)
+    except (ValueError, FileNotFoundError) as exc:
         raise pytest.UsageError(str(exc)) from None
     if config.option.threads is not None:
         torch.set_num_threads(config.option.threads)  # fixed for the whole run, recorded in env and rows
@@ -70,6 +76,27 @@ def pytest_configure(config):
             config.option.benchmark_storage = f"file://./.benchmarks/{session.env['testbed_id']}"
         _readable_benchmark_table(config)
     config._harness_device = device
+
+
+def suite_cases(option, device) -> tuple[str, list]:
+    """(what the cases are, the cases): a model preset or HF config when given (not with an explicit
+    --matrix), else the named matrix ('auto': gpu on CUDA, default elsewhere)."""
+    shape = model_shape(option.preset, option.hf_config)
+    if shape is not None:
+        if option.matrix != AUTO:
+            raise ValueError(f"--matrix {option.matrix} and --preset/--hf-config both choose the cases; give one")
+        return f"model {shape.name}", shape.cases()
+    matrix = resolve_matrix(option.matrix, device.type)
+    return matrix, build_matrix(matrix)
+
+
+def pytest_report_header(config):
+    """What the run will cost the harness itself, estimated before it starts (execution/cost.py)."""
+    cost = getattr(config, "_harness_cost", None)
+    lines = [f"attention harness: {config._harness_matrix} on {config._harness_device}"]
+    if cost is not None:
+        lines.append("attention harness: " + cost.summary())
+    return lines
 
 
 def _readable_benchmark_table(config) -> None:

@@ -9,13 +9,14 @@ from harness.store.schema import Row
 
 
 def tier(config) -> str | None:
-    """'default' or 'full' when these suites run in this session; None when they do not (smoke matrix, or a
+    """'default' or 'full' when these suites run in this session; None when they do not (a smoke matrix, or a
     shard other than 0: they have no cases to shard, so shard 0 alone runs them)."""
-    if config.option.matrix == "smoke":
+    matrix = config._harness_matrix
+    if matrix in ("smoke", "gpu-smoke"):
         return None
     if config.option.shard and parse_shard(config.option.shard)[0] != 0:
         return None
-    return "full" if config.option.matrix == "full" else "default"
+    return "full" if matrix in ("full", "gpu-full") else "default"
 
 
 def parametrize(metafunc, names: tuple[str, ...], values: list[tuple], ids: list[str]) -> None:

@@ -34,7 +34,7 @@ def test_check_fails_for_a_broken_plugin():
 def test_unknown_names_are_one_line_errors():
     for args, needle in [
         (["--backends", "nope"], "unknown backend 'nope'; allowed: naive"),
-        (["--matrix", "huge"], "unknown matrix 'huge'; allowed: smoke, default, full"),
+        (["--matrix", "huge"], "unknown matrix 'huge'; allowed: auto, smoke, default, full"),
         (["--device", "tpu"], "device 'tpu'"),
         (["--backend-module", "no_such_module_xyz"], "--backend-module 'no_such_module_xyz' failed to import"),
         (["--backend-module", "missing/file.py"], "no such file"),
@@ -58,3 +58,25 @@ def test_plugin_that_raises_becomes_an_error_row(tmp_path):
     assert res.returncode == 1
     assert "ERROR raising" in res.stdout and "RuntimeError: kernel exploded" in res.stdout
     assert "naive" in res.stdout  # the sweep went on
+
+
+def test_recommend_a_model_preset_states_its_cost_or_runs():
+    # Llama-3-8B at 8k x 4 training: on this CPU the bf16 baseline alone is hours - refused with the figures
+    res = harness("recommend", "--preset", "llama-3-8b", "--seq", "8192", "--batch", "4", "--training",
+                  "--device", "cpu")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "bf16-b4-h32kv8-s8192-d128-causal" in res.stderr and "--allow-expensive" in res.stderr
+    assert " h on cpu (reference ~" in res.stderr
+    # a preset whose cost is small runs end to end; the preset fixes heads, kv heads, head dim and mask
+    res = harness("recommend", "--preset", "vit-l", "--seq", "197", "--batch", "2", "--dtype", "fp32",
+                  "--backends", "naive,sdpa-math", "--no-checks", "--device", "cpu")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "fp32-b2-h16-s197-d64-none" in res.stdout and "winner:" in res.stdout
+    res = harness("recommend", "--preset", "vit-l", "--seq", "197", "--batch", "2", "--heads", "8")
+    assert res.returncode == 2 and "vit-l sets heads, kv heads, head dim and mask; drop --heads" in res.stderr
+
+
+def test_suites_refuse_an_expensive_preset_before_running():
+    res = subprocess.run([sys.executable, "-m", "pytest", "suites", "--preset", "llama-3-8b", "-p", "no:cacheprovider",
+                          "-q"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 4 and "--allow-expensive" in res.stderr and "Traceback" not in res.stderr

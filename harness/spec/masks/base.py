@@ -49,6 +49,12 @@ class MaskSpec:
     def batch_size(self, batch: int | None) -> int:
         return 1
 
+    def key_ranges(self, seq_q: int, seq_k: int, batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where every query row's visible keys form one interval: (lo, hi) int64 tensors of shape (B|1, seq_q),
+        row i seeing keys lo <= j < hi (hi <= lo: none). None where a mask's rows are not intervals. A shortcut
+        for counting at long sequences (O(seq_q), not O(seq_q x seq_k)); tests hold it equal to `allows`."""
+        return None
+
     def __and__(self, other: "MaskSpec") -> "MaskSpec":
         from harness.spec.masks.compose import And  # compose builds on this module
 
@@ -58,9 +64,14 @@ class MaskSpec:
 
 
 def count_attended_pairs(mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, block: int = 1024) -> int:
-    """Exact number of (batch, query, key) pairs attended, for FLOP counts; chunked so memory stays small."""
+    """Exact number of (batch, query, key) pairs attended, for FLOP counts: from the rows' key intervals where
+    the mask has them, else from the materialized mask in chunks so memory stays small."""
     if mask is None:
         return batch * seq_q * seq_k
+    ranges = mask.key_ranges(seq_q, seq_k, batch)
+    if ranges is not None:
+        lo, hi = ranges
+        return int((hi - lo).clamp_min(0).sum()) * (batch if lo.shape[0] == 1 else 1)
     total = 0
     for start in range(0, seq_q, block):
         rows = mask.materialize(seq_q, seq_k, batch=batch, rows=(start, min(seq_q, start + block)))

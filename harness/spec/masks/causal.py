@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from harness.spec.masks.base import MaskSpec
 
 
@@ -16,6 +18,10 @@ class Causal(MaskSpec):
     def allows(self, b, q_idx, k_idx, seq_q, seq_k):
         return k_idx <= q_idx
 
+    def key_ranges(self, seq_q, seq_k, batch=None):
+        q = torch.arange(seq_q).view(1, -1)
+        return torch.zeros_like(q), (q + 1).clamp_max(seq_k)
+
 
 @dataclass(frozen=True)
 class CausalBottomRight(MaskSpec):
@@ -25,3 +31,7 @@ class CausalBottomRight(MaskSpec):
 
     def allows(self, b, q_idx, k_idx, seq_q, seq_k):
         return k_idx <= q_idx + (seq_k - seq_q)
+
+    def key_ranges(self, seq_q, seq_k, batch=None):
+        q = torch.arange(seq_q).view(1, -1)
+        return torch.zeros_like(q), (q + (seq_k - seq_q) + 1).clamp(0, seq_k)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from harness.spec.masks.base import MaskSpec
 from harness.spec.masks.padding import KeyPadding
 
@@ -53,6 +55,12 @@ class And(MaskSpec):
 
     def allows(self, b, q_idx, k_idx, seq_q, seq_k):
         return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)
+
+    def key_ranges(self, seq_q, seq_k, batch=None):
+        first, second = self.first.key_ranges(seq_q, seq_k, batch), self.second.key_ranges(seq_q, seq_k, batch)
+        if first is None or second is None:
+            return None
+        return torch.maximum(first[0], second[0]), torch.minimum(first[1], second[1])  # intervals intersect
 
 
 def split_padding(mask: MaskSpec | None) -> tuple[MaskSpec | None, KeyPadding | None]:

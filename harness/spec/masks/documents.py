@@ -25,7 +25,9 @@ class Documents(MaskSpec):
     k_lengths: tuple[int, ...] | None = None
     causal: bool = False
 
-    kind = "docs"
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return "docs-causal" if self.causal else "docs"
 
     def __post_init__(self):
         for name in ("q_lengths", "k_lengths"):
@@ -88,3 +90,14 @@ class Documents(MaskSpec):
 
     def allows(self, b, q_idx, k_idx, seq_q, seq_k):
         return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)
+
+    def key_ranges(self, seq_q, seq_k, batch=None):
+        self.validate_for(1, seq_q, seq_k)
+        q_len = torch.tensor(self.q_lengths)
+        k_starts, q_starts = torch.tensor(self.starts("k")), torch.tensor(self.starts("q"))
+        lo = torch.repeat_interleave(k_starts[:-1], q_len)                  # each query's document's keys
+        hi = torch.repeat_interleave(k_starts[1:], q_len)
+        if self.causal:  # bottom-right within the document: j <= i + (k_end - q_end)
+            shift = torch.repeat_interleave(k_starts[1:] - q_starts[1:], q_len)
+            hi = torch.minimum(hi, torch.arange(seq_q) + shift + 1)
+        return lo.view(1, -1), hi.view(1, -1)

@@ -1,18 +1,32 @@
-"""Short mask names (CLI, matrices, workloads) and the spec each one builds for a shape."""
+"""Short mask names (CLI, matrices, workloads, presets) and the spec each one builds for a shape."""
 
 from __future__ import annotations
+
+import re
 
 from harness.spec.masks.base import MaskSpec
 from harness.spec.masks.causal import Causal, CausalBottomRight
 from harness.spec.masks.compose import And
+from harness.spec.masks.documents import Documents
 from harness.spec.masks.padding import KeyPadding
 from harness.spec.masks.window import SlidingWindow
 
-MASK_NAMES = ("none", "causal", "causal-br", "window", "keypad", "causal+keypad")
+#: 'windowN' (a window of N keys back, e.g. window4096 for Mistral) is accepted besides these
+MASK_NAMES = ("none", "causal", "causal-br", "window", "keypad", "causal+keypad", "docs", "docs-causal")
+_WINDOW_N = re.compile(r"window(\d+)")
 
 
-def parse_mask(name: str, *, batch: int, seq_k: int) -> MaskSpec | None:
-    """Build a mask from a short CLI/matrix name; window and padding get shape-derived defaults."""
+def document_lengths(seq: int) -> tuple[int, ...]:
+    """Four packed documents of unequal lengths (1/2, 1/4, 1/8 and the rest of `seq`), as varlen batches hold:
+    short ones in one tile, long ones over many, zero-length ones where `seq` is tiny."""
+    lengths = [seq // 2, seq // 4, seq // 8]
+    return (*lengths, seq - sum(lengths))
+
+
+def parse_mask(name: str, *, batch: int, seq_k: int, seq_q: int | None = None) -> MaskSpec | None:
+    """Build a mask from a short CLI/matrix name; windows, padding and documents get shape-derived defaults
+    (`seq_q` defaults to `seq_k`)."""
+    seq_q = seq_k if seq_q is None else seq_q
     if name == "none":
         return None
     if name == "causal":
@@ -21,9 +35,14 @@ def parse_mask(name: str, *, batch: int, seq_k: int) -> MaskSpec | None:
         return CausalBottomRight()
     if name == "window":
         return SlidingWindow(max(1, seq_k // 4), 0)
+    window = _WINDOW_N.fullmatch(name) if isinstance(name, str) else None
+    if window:
+        return SlidingWindow(int(window.group(1)), 0)
     if name in ("keypad", "causal+keypad"):
         # Deterministic, varied lengths: the last batch element keeps every key, others lose some.
         lengths = tuple(max(1, seq_k - (seq_k * (batch - 1 - b)) // (2 * batch)) for b in range(batch))
         pad = KeyPadding(lengths)
         return pad if name == "keypad" else And(Causal(), pad)
-    raise ValueError(f"unknown mask {name!r}; allowed: {', '.join(MASK_NAMES)}")
+    if name in ("docs", "docs-causal"):
+        return Documents(document_lengths(seq_q), document_lengths(seq_k), causal=name == "docs-causal")
+    raise ValueError(f"unknown mask {name!r}; allowed: {', '.join(MASK_NAMES)}, or windowN (e.g. window4096)")

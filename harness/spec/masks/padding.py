@@ -48,3 +48,7 @@ class KeyPadding(MaskSpec):
 
     def allows(self, b, q_idx, k_idx, seq_q, seq_k):
         return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)
+
+    def key_ranges(self, seq_q, seq_k, batch=None):
+        hi = self.lengths_tensor().view(-1, 1).expand(-1, seq_q)
+        return torch.zeros_like(hi), hi

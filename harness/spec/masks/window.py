@@ -41,3 +41,9 @@ class SlidingWindow(MaskSpec):
         if self.right >= 0:
             ok = ok & (k_idx <= diag + self.right)
         return ok
+
+    def key_ranges(self, seq_q, seq_k, batch=None):
+        diag = torch.arange(seq_q).view(1, -1) + (seq_k - seq_q)
+        lo = (diag - self.left).clamp(0, seq_k) if self.left >= 0 else torch.zeros_like(diag)
+        hi = (diag + self.right + 1).clamp(0, seq_k) if self.right >= 0 else torch.full_like(diag, seq_k)
+        return lo, hi

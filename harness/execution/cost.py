@@ -1,0 +1,206 @@
+"""What a matrix will cost before it runs: per case FLOPs and memory, the float64 reference's time from a rate
+measured here, and a refusal (with the figures and the override flag) when the reference would take too long
+or not fit."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from harness.execution.runner import baseline_budget
+from harness.measure.flops import attention_flops
+from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
+from harness.oracle.reference import block_rows, reference_attention, reference_flops, reference_budget
+from harness.spec.case import AttentionCase, make_inputs
+from harness.store.environment import available_memory
+
+#: a matrix whose reference would take longer than this is refused unless the override flag is given
+LIMIT_S = 3600.0
+OVERRIDE_FLAG = "--allow-expensive"
+#: the calibration case: big enough that its GEMMs run at the rate a real case sees, small enough to cost
+#: ~0.1 s (CPU: 3 GFLOP) or ~10 ms (GPU: 0.4 TFLOP)
+CALIBRATION = {"cpu": AttentionCase(1, 8, 512, 128, "fp32"), "cuda": AttentionCase(1, 16, 4096, 128, "fp32")}
+
+
+@dataclass(frozen=True)
+class CaseCost:
+    """One case's work and memory: FLOPs of the attention a backend does (fwd, bwd), of the dense float64
+    reference (fwd+bwd), and the bytes the inputs, the reference and the same-dtype baseline need on the
+    device at their peak."""
+
+    case: AttentionCase
+    flops_fwd: int
+    flops_bwd: int
+    reference_flops: int
+    input_bytes: int
+    reference_bytes: int
+    baseline_bytes: int
+
+    @classmethod
+    def of(cls, case: AttentionCase, reference_budget_bytes: int, baseline_budget_bytes: int) -> "CaseCost":
+        """The cost of `case` when the reference's block buffers may take `reference_budget_bytes` and the naive
+        baseline's score matrices `baseline_budget_bytes` (beyond it they are chunked by query rows)."""
+        q_elems = case.batch * case.heads * case.seq_q * case.head_dim
+        kv_elems = case.batch * case.kv_heads * case.seq_k * case.head_dim
+        # q, k, v, d_out and the gradients of the first three, in the case's dtype
+        inputs = (2 * q_elems + 2 * kv_elems) * 2 * case.dtype.itemsize
+        # float64: q, d_out, out, dq; k, v, their transposes, dk, dv; two score-sized block buffers
+        block = block_rows(case, reference_budget_bytes, "cuda")  # the budget alone, without the CPU's cap
+        reference = (4 * q_elems + 6 * kv_elems) * 8 + 2 * case.batch * case.heads * block * case.seq_k * 8
+        one_row = SCORE_TENSORS * case.batch * case.heads * case.seq_k * case.dtype.itemsize
+        baseline = min(dense_bytes(case), max(baseline_budget_bytes, one_row))
+        return cls(case, attention_flops(case, "fwd"), attention_flops(case, "bwd"), reference_flops(case),
+                   inputs, reference, baseline + inputs)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most the harness itself holds for this case at once: inputs plus the larger of reference and
+        baseline (they run one after the other)."""
+        return self.input_bytes + max(self.reference_bytes, self.baseline_bytes)
+
+
+@functools.lru_cache(maxsize=None)
+def baseline_rate(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of a batched GEMM in `dtype` on `device`, the naive baseline's own operation (on a CPU without
+    bf16/fp16 units that is ~1 GFLOP/s against ~60-100 in fp32: the baseline, not the reference, is then what
+    costs), best of two."""
+    b, n, d = (8, 256, 128) if device.type == "cpu" else (16, 2048, 128)
+    x = torch.randn(b, n, d, device=device).to(dtype)
+    y = torch.randn(b, d, n, device=device).to(dtype)
+    best = float("inf")
+    for _ in range(3):  # the first warms up
+        start = time.perf_counter()
+        torch.bmm(x, y)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * b * n * n * d / best
+
+
+@functools.lru_cache(maxsize=None)
+def reference_rate(device: torch.device) -> float:
+    """The float64 reference's FLOP/s on `device`, measured on a calibration case (best of two runs)."""
+    case = CALIBRATION["cuda" if device.type == "cuda" else "cpu"]
+    inputs = make_inputs(case, device)
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        reference_attention(case, inputs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return reference_flops(case) / best
+
+
+def device_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return available_memory()
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2 ** 30:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class MatrixCost:
+    """The cost of a list of cases on one device, with the rates the estimate used: the reference's (FLOP/s)
+    and, per dtype, the naive baseline's."""
+
+    costs: tuple[CaseCost, ...]
+    device: torch.device
+    rate: float
+    baseline_rates: dict[torch.dtype, float]
+    memory: int
+
+    @property
+    def reference_seconds(self) -> float:
+        return sum(c.reference_flops for c in self.costs) / self.rate
+
+    @property
+    def baseline_seconds(self) -> float:
+        # the baseline does the reference's six dense GEMMs, in the case's dtype
+        return sum(c.reference_flops / self.baseline_rates[c.case.dtype] for c in self.costs)
+
+    @property
+    def seconds(self) -> float:
+        """The harness's own work before any backend runs: the reference and the baseline of every case."""
+        return self.reference_seconds + self.baseline_seconds
+
+    def case_seconds(self, cost: CaseCost) -> float:
+        return cost.reference_flops / self.rate + cost.reference_flops / self.baseline_rates[cost.case.dtype]
+
+    @property
+    def slowest(self) -> CaseCost:
+        return max(self.costs, key=self.case_seconds)
+
+    @property
+    def largest(self) -> CaseCost:
+        return max(self.costs, key=lambda c: c.peak_bytes)
+
+    def summary(self) -> str:
+        """One line: the cases, the reference's and baseline's expected time at the measured rates, the
+        largest memory need."""
+        total = sum(c.reference_flops for c in self.costs)
+        rates = ", ".join(f"{str(t).replace('torch.', '')} {r / 1e9:.3g}" for t, r in self.baseline_rates.items())
+        return (f"{len(self.costs)} cases on {self.device}: float64 reference ~{_duration(self.reference_seconds)} "
+                f"({total / 1e12:.3g} TFLOP at a measured {self.rate / 1e9:.3g} GFLOP/s), same-dtype baseline "
+                f"~{_duration(self.baseline_seconds)} (measured GFLOP/s: {rates}); largest case needs "
+                f"~{_gib(self.largest.peak_bytes)} ({self.largest.case.id}) of {_gib(self.memory)}")
+
+    def refusal(self, limit_s: float = LIMIT_S) -> str | None:
+        """Why this matrix should not run here (the reference and baseline would take too long, or a case does
+        not fit), or None."""
+        problems = []
+        if self.seconds > limit_s:
+            slow = self.slowest
+            problems.append(f"the float64 reference and the same-dtype baseline would take ~"
+                            f"{_duration(self.seconds)} on {self.device} (reference ~{_duration(self.reference_seconds)}"
+                            f", baseline ~{_duration(self.baseline_seconds)}; limit {_duration(limit_s)}; "
+                            f"{slow.case.id} alone ~{_duration(self.case_seconds(slow))})")
+        if self.largest.peak_bytes > self.memory:
+            big = self.largest
+            problems.append(f"{big.case.id} needs ~{_gib(big.peak_bytes)} (inputs {_gib(big.input_bytes)}, "
+                            f"reference {_gib(big.reference_bytes)}, baseline {_gib(big.baseline_bytes)}) where "
+                            f"{self.device} has {_gib(self.memory)}")
+        if not problems:
+            return None
+        where = "a GPU" if self.device.type == "cpu" else "a larger GPU"
+        return (f"{'; and '.join(problems)}. Run it on {where}, choose smaller shapes, or pass {OVERRIDE_FLAG} to "
+                "run it anyway")
+
+
+def matrix_cost(cases: list[AttentionCase], device: torch.device, *, rate: float | None = None,
+                baseline_rates: dict[torch.dtype, float] | None = None, memory: int | None = None,
+                reference_budget_bytes: int | None = None, baseline_budget_bytes: int | None = None) -> MatrixCost:
+    """The cost of `cases` on `device`. What is not given is measured or queried there: the rates
+    (reference_rate, baseline_rate), the device's memory, and the budgets the run itself would use."""
+    if not cases:
+        raise ValueError("no cases to estimate")
+    ref_budget = reference_budget(device) if reference_budget_bytes is None else reference_budget_bytes
+    base_budget = baseline_budget(device) if baseline_budget_bytes is None else baseline_budget_bytes
+    dtypes = sorted({c.dtype for c in cases}, key=str)
+    rates = baseline_rates if baseline_rates is not None else {t: baseline_rate(device, t) for t in dtypes}
+    return MatrixCost(tuple(CaseCost.of(c, ref_budget, base_budget) for c in cases), device,
+                      reference_rate(device) if rate is None else rate, rates,
+                      device_memory(device) if memory is None else memory)
+
+
+def check_cost(cases: list[AttentionCase], device: torch.device, *, allow: bool,
+               limit_s: float = LIMIT_S) -> MatrixCost:
+    """The cost of `cases` here; raises ValueError with the figures and the override flag when it should not
+    run and `allow` is False."""
+    cost = matrix_cost(cases, device)
+    why = cost.refusal(limit_s)
+    if why and not allow:
+        raise ValueError(why)
+    return cost

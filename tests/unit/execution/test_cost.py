@@ -1,0 +1,61 @@
+"""The cost of a matrix before it runs: FLOPs, memory, the reference's and baseline's time, and the refusal."""
+
+import pytest
+import torch
+
+from harness.execution.cost import OVERRIDE_FLAG, CaseCost, check_cost, matrix_cost, reference_rate
+from harness.oracle.reference import reference_flops
+from harness.spec.case import AttentionCase
+from harness.spec.masks import Causal
+from harness.spec.presets import get_preset
+
+CPU = torch.device("cpu")
+GIB = 2 ** 30
+RATES = dict(rate=40e9, baseline_rates={torch.bfloat16: 1e9, torch.float32: 80e9}, memory=24 * GIB,
+             reference_budget_bytes=256 * 2 ** 20, baseline_budget_bytes=4 * GIB)
+
+
+def test_case_cost_counts_work_and_memory():
+    case = AttentionCase(2, 8, 1024, 128, "bf16", kv_heads=2, mask=Causal())
+    cost = CaseCost.of(case, reference_budget_bytes=256 * 2 ** 20, baseline_budget_bytes=GIB)
+    assert cost.reference_flops == reference_flops(case) == 6 * 2 * 2 * 8 * 1024 * 1024 * 128
+    assert cost.flops_fwd == 4 * 2 * 8 * (1024 * 1025 // 2) * 128 and cost.flops_bwd == 2.5 * cost.flops_fwd
+    q, kv = 2 * 8 * 1024 * 128, 2 * 2 * 1024 * 128
+    assert cost.input_bytes == (2 * q + 2 * kv) * 2 * 2
+    assert cost.reference_bytes >= (4 * q + 6 * kv) * 8                     # float64 copies, plus block buffers
+    assert cost.peak_bytes == cost.input_bytes + max(cost.reference_bytes, cost.baseline_bytes)
+
+
+def test_a_matrix_over_an_hour_is_refused_with_the_figures_and_the_flag():
+    llama = get_preset("llama-3-8b").case(4, 8192)
+    cost = matrix_cost([llama], CPU, **RATES)
+    # 13.2 TFLOP at 40 GFLOP/s for the reference, at 1 GFLOP/s for the bf16 baseline
+    assert cost.reference_seconds == pytest.approx(reference_flops(llama) / 40e9)
+    assert cost.baseline_seconds == pytest.approx(reference_flops(llama) / 1e9)
+    why = cost.refusal()
+    assert "would take ~3.8 h on cpu" in why and "reference ~5 min, baseline ~3.7 h" in why and OVERRIDE_FLAG in why
+    assert llama.id in why and "Run it on a GPU" in why
+    small = matrix_cost([AttentionCase(2, 4, 128, 64, "fp32")], CPU, **RATES)
+    assert small.refusal() is None and "1 cases on cpu" in small.summary()
+
+
+def test_a_case_that_does_not_fit_is_refused():
+    decode = AttentionCase(16, 32, 1, 128, "bf16", kv_heads=8, seq_k=131072)
+    why = matrix_cost([decode], CPU, **{**RATES, "memory": 8 * GIB}).refusal()
+    assert f"{decode.id} needs ~" in why and "where cpu has 8.0 GiB" in why and OVERRIDE_FLAG in why
+
+
+def test_check_cost_raises_unless_allowed(monkeypatch):
+    import harness.execution.cost as cost_module
+
+    monkeypatch.setattr(cost_module, "reference_rate", lambda device: 1e6)   # a very slow machine
+    monkeypatch.setattr(cost_module, "baseline_rate", lambda device, dtype: 1e6)
+    case = AttentionCase(1, 8, 2048, 128, "fp32")
+    with pytest.raises(ValueError, match=OVERRIDE_FLAG):
+        check_cost([case], CPU, allow=False)
+    assert check_cost([case], CPU, allow=True).seconds > 3600
+
+
+def test_the_reference_rate_is_measured_here():
+    rate = reference_rate(CPU)
+    assert 1e8 < rate < 1e13  # a measured float64 rate of this machine (FLOP/s), not a constant

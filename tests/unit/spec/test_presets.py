@@ -1,0 +1,76 @@
+"""Model presets and local transformers config.json files as case sources."""
+
+import json
+
+import pytest
+
+from harness.spec.presets import PRESETS, from_hf_config, get_preset, model_shape
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("llama-3-8b", (32, 8, 128, "causal")), ("llama-3-70b", (64, 8, 128, "causal")),
+    ("mistral-7b", (32, 8, 128, "window4096")), ("gemma-2-9b", (16, 8, 256, "causal")),
+    ("qwen2.5-7b", (28, 4, 128, "causal")), ("vit-l", (16, 16, 64, "none"))])
+def test_presets_carry_the_published_shapes(name, shape):
+    p = get_preset(name)
+    assert (p.heads, p.kv_heads, p.head_dim, p.mask) == shape
+
+
+def test_preset_cases_prefill_decode_and_a_second_dtype():
+    cases = get_preset("llama-3-8b").cases()
+    prefill = [c for c in cases if c.seq_q > 1]
+    assert {c.seq_q for c in prefill} == {1024, 2048, 4096, 8192, 16384}
+    assert {str(c.dtype) for c in prefill} == {"torch.bfloat16", "torch.float16"}
+    decode = [c for c in cases if c.seq_q == 1]
+    assert [c.seq_k for c in decode] == [4096, 32768, 131072] and {c.mask_kind for c in decode} == {"causal-br"}
+    assert all((c.heads, c.kv_heads, c.head_dim) == (32, 8, 128) for c in cases)
+    mistral = get_preset("mistral-7b").case(1, 8192)
+    assert mistral.mask.left == 4096 and mistral.id.endswith("window4096-0")
+    vit = get_preset("vit-l").cases()
+    assert all(c.mask is None and c.seq_q == c.seq_k for c in vit) and {c.seq_q for c in vit} >= {197, 577}
+
+
+def test_unknown_preset_names_the_choices():
+    with pytest.raises(ValueError, match="unknown preset 'llama-4'; allowed: llama-3-8b"):
+        get_preset("llama-4")
+    with pytest.raises(ValueError, match="not both"):
+        model_shape("llama-3-8b", "config.json")
+    assert len(PRESETS) >= 6
+
+
+def _write(tmp_path, data, name="config.json"):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def test_hf_config_reads_the_attention_shape(tmp_path):
+    llama = _write(tmp_path, {"_name_or_path": "my-llama", "num_attention_heads": 32, "num_key_value_heads": 8,
+                              "hidden_size": 4096, "model_type": "llama"})
+    shape = from_hf_config(llama)
+    assert (shape.name, shape.heads, shape.kv_heads, shape.head_dim, shape.mask) == ("my-llama", 32, 8, 128, "causal")
+    mistral = from_hf_config(_write(tmp_path, {"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                                               "hidden_size": 4096, "sliding_window": 4096}, "m.json"))
+    assert mistral.mask == "window4096"
+    qwen = from_hf_config(_write(tmp_path, {"num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584,
+                                            "sliding_window": 131072, "use_sliding_window": False}, "q.json"))
+    assert (qwen.head_dim, qwen.mask) == (128, "causal")
+    vit = from_hf_config(_write(tmp_path, {"num_attention_heads": 16, "hidden_size": 1024, "model_type": "vit"},
+                                "v.json"))
+    assert (vit.kv_heads, vit.head_dim, vit.mask, vit.encoder) == (16, 64, "none", True)
+
+
+@pytest.mark.parametrize("data,message", [
+    ("{not json", "not valid JSON: line 1"),
+    ({"hidden_size": 4096}, "no num_attention_heads"),
+    ({"num_attention_heads": 0, "hidden_size": 4096}, "num_attention_heads=0: must be an integer >= 1"),
+    ({"num_attention_heads": 30, "hidden_size": 4096}, "hidden_size=4096 is not a multiple"),
+    ({"num_attention_heads": 32, "num_key_value_heads": 5, "head_dim": 128}, "kv_heads"),
+])
+def test_bad_hf_config_names_the_file(tmp_path, data, message):
+    path = _write(tmp_path, data)
+    with pytest.raises(ValueError, match=message) as err:
+        from_hf_config(path)
+    assert str(path) in str(err.value)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        from_hf_config(tmp_path / "missing.json")
