@@ -1,32 +1,64 @@
-"""`python -m harness compare BASE NEW`: the regression gate between two runs (exit 1 on a regression)."""
+"""`python -m harness compare BASE NEW`: the regression gate between two runs.
+
+Exit codes: 0 no regression and every timed key decided; 1 a regression (slower, correctness worse or lost,
+keys missing from the new run); 3 undecided keys remain (unless --no-fail-on-undecided); 2 bad input.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from harness.cli.options import COMPARE_THRESHOLDS, add_to_argparse, compare_config
+from harness.cli.options import COMPARE_THRESHOLDS, add_to_argparse, compare_config, positive_float
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from harness.compare.noise import NoiseModel
+    from harness.compare.remeasure import RemeasureConfig, remeasure
     from harness.compare.report import terminal_table, write_report
     from harness.compare.runs import compare_runs
     from harness.store.run_dir import resolve_run
 
     base, new = resolve_run(args.base, args.results_dir), resolve_run(args.new, args.results_dir)
-    comparison = compare_runs(base, new, compare_config(args), cross_device=args.cross_device)
+    noise = NoiseModel.load(args.noise) if args.noise else None
+    comparison = compare_runs(base, new, compare_config(args), cross_device=args.cross_device, noise=noise,
+                              allow_missing=args.allow_missing, use_noise_model=args.noise_model)
+    if args.remeasure:
+        remeasure(comparison, RemeasureConfig(budget_s=args.remeasure_budget_s))
     out = Path(args.out) if args.out else new / f"compare-vs-{base.name}"
     files = write_report(comparison, out)
     print(terminal_table(comparison))
+    undecided = comparison.undecided
+    if len(undecided) and not comparison.regression:
+        keys = ", ".join(f"{r.backend} {r.case_id} [{r.phase}]" for r in undecided.head(5).itertuples())
+        more = f" and {len(undecided) - 5} more" if len(undecided) > 5 else ""
+        print(f"undecided: {keys}{more}. Re-measure them here: compare {args.base} {args.new} --remeasure "
+              "(in the new run's checkout), or run both sides with more --rounds"
+              + ("" if args.fail_on_undecided else " (not failing the gate: --no-fail-on-undecided)"))
     print("wrote " + ", ".join(str(p) for p in files.values()))
-    return 1 if comparison.regression else 0
+    return comparison.exit_code(args.fail_on_undecided)
 
 
 def add_subcommand(subparsers) -> None:
-    p = subparsers.add_parser("compare", help="compare two runs per (case, backend, phase); exit 1 on a regression")
+    p = subparsers.add_parser(
+        "compare", help="the regression gate between two runs: exit 0 ok, 1 regression, 3 undecided, 2 bad input",
+        description=__doc__.split("\n\n", 1)[1])
     p.add_argument("base", help="base run dir (or run id under --results-dir)")
     p.add_argument("new", help="new run dir (or run id under --results-dir)")
     add_to_argparse(p, *COMPARE_THRESHOLDS)
+    p.add_argument("--remeasure", action="store_true",
+                   help="re-time the new side's slower and undecided keys here (the new run's checkout), in fresh "
+                        "processes, interleaved, until each is decided or the budget ends")
+    p.add_argument("--remeasure-budget-s", type=positive_float, default=120.0,
+                   help="time budget of --remeasure in seconds (default: 120)")
+    p.add_argument("--fail-on-undecided", action=argparse.BooleanOptionalAction, default=True,
+                   help="undecided keys fail the gate with exit 3 (default); --no-fail-on-undecided: exit 0")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="keys of the base run missing from the new one do not fail the gate (a deliberate subset)")
+    p.add_argument("--noise", default=None,
+                   help="noise model file (default: NOISE_DIR/<testbed>.json beside the base run, when present)")
+    p.add_argument("--no-noise-model", action="store_false", dest="noise_model",
+                   help="ignore any stored noise model: every key's margin is --min-effect")
     p.add_argument("--cross-device", action="store_true",
                    help="allow runs from different testbeds: a cross-device report, not a gate (exit 0)")
     p.add_argument("--out", default=None, help="report directory (default: NEW/compare-vs-BASE)")

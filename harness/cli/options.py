@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from harness.measure import stats
+from harness.compare import gate
 from harness.spec.matrices import AUTO, MATRICES
 from harness.spec.presets import PRESETS
 
@@ -37,7 +37,7 @@ seed = _validator(int, lambda v: v >= 0, "an integer >= 0")
 #: NaN, inf, zero and negatives are refused
 positive_float = _validator(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 nonnegative_float = _validator(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
-probability = _validator(float, lambda v: 0 < v < 1, "between 0 and 1 (exclusive), e.g. 0.002")
+probability = _validator(float, lambda v: 0 < v < 1, "between 0 and 1 (exclusive), e.g. 0.9")
 
 
 def call_timeout(text: str) -> tuple[str, float]:
@@ -103,16 +103,16 @@ _OPTIONS = [
                                "error row (default: 300); CASE_PATTERN=SECONDS for cases whose id matches "
                                "(fnmatch), e.g. 'bf16-b4-*=900'; repeatable", {"action": "append", "default": []},
            call_timeout),
-    # compare's thresholds (harness/measure/stats.py says why each default)
-    Option("--min-effect", "smallest median ratio change that counts", {"default": stats.MIN_EFFECT},
+    # the gate's thresholds (harness/compare/gate.py says why each default)
+    Option("--min-effect", "smallest ratio change that counts (a key's noise model may raise it, never lower it)",
+           {"default": gate.MIN_EFFECT}, nonnegative_float),
+    Option("--confidence", "two-sided confidence of each key's ratio interval", {"default": gate.CONFIDENCE},
+           probability),
+    Option("--noise-z", "a key's margin is at least this many A/A standard deviations of its noise model",
+           {"default": gate.NOISE_Z}, nonnegative_float),
+    Option("--abs-floor-ms", "smallest median change (ms) that counts", {"default": gate.ABS_FLOOR_MS},
            nonnegative_float),
-    Option("--alpha", "Mann-Whitney U significance level", {"default": stats.ALPHA}, probability),
-    Option("--abs-floor-ms", "smallest median change (ms) that counts", {"default": stats.ABS_FLOOR_MS},
-           nonnegative_float),
-    Option("--err-growth", "err_ratio increase flagged as worse", {"default": stats.ERR_GROWTH}, nonnegative_float),
-    Option("--min-samples", "fewest samples per side for a verdict", {"default": stats.MIN_SAMPLES}, positive_int),
-    Option("--round-alpha", "significance level of the t-test on round medians (runs with >= 2 rounds a side)",
-           {"default": stats.ROUND_ALPHA}, probability),
+    Option("--err-growth", "err_ratio increase flagged as worse", {"default": gate.ERR_GROWTH}, nonnegative_float),
 ]
 OPTIONS: dict[str, Option] = {o.flag.lstrip("-").replace("-", "_"): o for o in _OPTIONS}
 
@@ -139,12 +139,12 @@ def add_to_pytest(group, *names: str, defaults: dict | None = None) -> None:
 
 
 def compare_config(args: argparse.Namespace):
-    """The CompareConfig the compare thresholds on the command line describe."""
-    return stats.CompareConfig(min_effect=args.min_effect, alpha=args.alpha, abs_floor_ms=args.abs_floor_ms,
-                               err_growth=args.err_growth, min_samples=args.min_samples, round_alpha=args.round_alpha)
+    """The GateConfig the gate's thresholds on the command line describe."""
+    return gate.GateConfig(min_effect=args.min_effect, confidence=args.confidence, noise_z=args.noise_z,
+                           abs_floor_ms=args.abs_floor_ms, err_growth=args.err_growth)
 
 
-COMPARE_THRESHOLDS = ("min_effect", "alpha", "abs_floor_ms", "err_growth", "min_samples", "round_alpha")
+COMPARE_THRESHOLDS = ("min_effect", "confidence", "noise_z", "abs_floor_ms", "err_growth")
 
 
 def timeouts(args_or_option: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harness.measure.stats import CompareConfig
+from harness.compare.gate import GateConfig
 from harness.store.schema import BAD, NOT_RUN
 
 CORRECTNESS = ("same", "worse", "lost", "better", "")
@@ -16,7 +16,7 @@ def truthy(value) -> bool:
     return value is True or (isinstance(value, (str, np.bool_, bool)) and str(value).lower() == "true")
 
 
-def correctness_change(base: pd.Series, new: pd.Series, cfg: CompareConfig = CompareConfig()) -> tuple[str, str]:
+def correctness_change(base: pd.Series, new: pd.Series, cfg: GateConfig = GateConfig()) -> tuple[str, str]:
     """('worse' | 'lost' | 'better' | 'same', why) for one key present in both runs."""
     b, n = base.get("status"), new.get("status")
     notes, worse = [], False

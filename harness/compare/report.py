@@ -11,9 +11,9 @@ import pandas as pd
 from harness.compare.runs import Comparison, ratio_spread
 
 #: rows worth showing first, in this order; "unchanged"/"not-timed" with "same" correctness are only counted
-_ORDER = {"slower": 0, "inconclusive": 2, "faster": 3, "base-only": 4, "new-only": 5, "unchanged": 6, "not-timed": 7}
-_SHOWN = ["case_id", "backend", "phase", "verdict", "correctness", "base_ms", "new_ms", "ratio", "p_value",
-          "round_p", "n_base", "n_new", "note"]
+_ORDER = {"slower": 0, "missing": 1, "undecided": 2, "faster": 3, "new-only": 5, "unchanged": 6, "not-timed": 7}
+_SHOWN = ["case_id", "backend", "phase", "verdict", "correctness", "base_ms", "new_ms", "ratio", "interval",
+          "margin", "rounds", "note"]
 
 
 def header(cmp: Comparison) -> str:
@@ -23,10 +23,13 @@ def header(cmp: Comparison) -> str:
                  f"[{base.testbed}] vs new {new.device_name} [{new.testbed}]")
     else:
         title = f"regression gate on testbed {base.testbed} ({base.device_name})"
-    rule = (f"slower/faster: >= {cfg.min_samples} samples a side, Mann-Whitney U p < {cfg.alpha}, "
-            f"median ratio beyond {1 + cfg.min_effect:.3g}x, |change| >= {cfg.abs_floor_ms} ms and, "
-            f"with >= 2 rounds a side, t-test on round medians p < {cfg.round_alpha}; "
-            f"correctness worse: pass->fail/error/oom, new NaN/inf, err_ratio +{cfg.err_growth}")
+    noise = (f"margins from {cmp.noise.path}" if cmp.noise is not None else
+             "no noise model for this testbed (build one: history --noise): margin = min effect")
+    rule = (f"slower: the {cfg.confidence:.0%} interval of the round-median ratio (Hodges-Lehmann) excludes 1 and "
+            f"the ratio exceeds the key's margin (max of {1 + cfg.min_effect:.3g}x and {cfg.noise_z:g} A/A sigma; "
+            f"{noise}); undecided: beyond the margin, interval includes 1; correctness worse: "
+            f"pass->fail/error/oom, new NaN/inf, err_ratio +{cfg.err_growth}; missing keys fail the gate"
+            + (" (allowed here)" if cmp.allow_missing else ""))
     warn = "".join(f"\nWARNING {w}: timing verdicts may be noise" for w in cmp.warnings)
     return f"{title}\nbase: {base.run_dir}\nnew:  {new.run_dir}\n{rule}{warn}"
 
@@ -44,20 +47,25 @@ def summary(cmp: Comparison) -> str:
     timing = ", ".join(f"{v} {counts[v]}" for v in _ORDER if v in counts)
     corr = df.correctness.value_counts()
     correctness = ", ".join(f"{v} {corr[v]}" for v in ("worse", "lost", "better") if v in corr) or "no changes"
+    undecided = len(cmp.undecided)
     gate = (f"REGRESSION: {int(df.regression.sum())} row(s)" if df.regression.any() else
-            "no regression" if cmp.mode == "gate" else "cross-device report: no gate")
+            "cross-device report: no gate" if cmp.mode != "gate" else
+            f"no regression, but {undecided} undecided key(s): re-measure them (compare --remeasure) or run more "
+            "--rounds" if undecided else "no regression")
     spread = ratio_spread(cmp)
     noise = (f"; |ratio-1| of timed rows: median {spread[0]:.1%}, 90th pct {spread[1]:.1%}" if spread else "")
     return f"{len(df)} rows; timing: {timing}{noise}; correctness: {correctness}; {gate}"
 
 
 def _fmt(df: pd.DataFrame) -> pd.DataFrame:
-    out = df[_SHOWN].copy()
+    out = df.assign(
+        interval=[("" if pd.isna(lo) else f"{lo:.3f}-{hi:.3f}") for lo, hi in zip(df.ratio_low, df.ratio_high)],
+        rounds=[("" if pd.isna(b) else f"{b:.0f}/{n:.0f}" + ("*" if r is True else ""))
+                for b, n, r in zip(df.rounds_base, df.rounds_new, df.remeasured)])[_SHOWN].copy()
     for col in ("base_ms", "new_ms"):
         out[col] = out[col].map(lambda x: "" if pd.isna(x) else f"{x:.4g}")
-    out["ratio"] = out["ratio"].map(lambda x: "" if pd.isna(x) else f"{x:.3f}")
-    for col in ("p_value", "round_p"):
-        out[col] = out[col].map(lambda x: "" if pd.isna(x) else f"{x:.2g}")
+    for col in ("ratio", "margin"):
+        out[col] = out[col].map(lambda x: "" if pd.isna(x) else f"{x:.3f}")
     return out.fillna("")
 
 
@@ -95,24 +103,23 @@ def plot_ratios(cmp: Comparison, path: str | Path) -> Path | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    colors = {"slower": "tab:red", "faster": "tab:green", "unchanged": "tab:gray", "inconclusive": "tab:orange"}
+    colors = {"slower": "tab:red", "faster": "tab:green", "unchanged": "tab:gray", "undecided": "tab:orange"}
     labels = [f"{r.backend} {r.case_id} [{r.phase}]" for r in timed.itertuples()]
     fig = Figure(figsize=(9, max(2.5, 0.22 * len(timed) + 1.2)), layout="tight")
     FigureCanvasAgg(fig)  # Agg canvas, no pyplot: no global state, works headless and in threads
     ax = fig.add_subplot()
     y = np.arange(len(timed))
     ax.scatter(timed.ratio, y, c=[colors.get(v, "black") for v in timed.verdict], s=18, zorder=3)
+    ax.hlines(y, timed.ratio_low.astype(float), timed.ratio_high.astype(float), color="gray", lw=0.8, zorder=2)
+    ax.scatter(timed.margin.astype(float), y, marker="|", c="black", s=30, zorder=2)  # each key's own margin
     ax.axvline(1.0, color="black", lw=0.8)
-    effect = 1 + cmp.config.min_effect
-    for x in (effect, 1 / effect):
-        ax.axvline(x, color="gray", lw=0.6, ls="--")
     ax.set_xscale("log")
     lo, hi = ax.get_xlim()
     ticks = [t for t in (0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1, 1.05, 1.1, 1.25, 1.5, 2, 3, 4) if lo <= t <= hi]
     ax.set_xticks(ticks, [f"{t:g}x" for t in ticks])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_yticks(y, labels, fontsize=6)
-    ax.set_xlabel("new / base median latency (log scale; dashed: minimum effect)")
+    ax.set_xlabel("new / base round-median ratio with its interval (log scale; |: the key's margin)")
     for verdict, color in colors.items():
         ax.scatter([], [], c=color, s=18, label=verdict)
     ax.legend(fontsize=7, loc="best")

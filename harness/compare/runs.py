@@ -1,4 +1,5 @@
-"""Comparing two runs key by key: the testbed check, one decision per (case, backend, phase), and the gate."""
+"""Comparing two runs key by key: the testbed check, one decision per (case, backend, phase), and the gate's
+outcome (exit code)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from harness.compare.decision import correctness_change
-from harness.measure.stats import CompareConfig, timing_verdict
+from harness.compare.gate import GateConfig, GateVerdict, gate_verdict
+from harness.compare.noise import NoiseModel
 from harness.store.load import load_results, load_samples
 from harness.store.run_dir import read_env
 from harness.store.schema import KEY
@@ -17,10 +19,12 @@ from harness.store.schema import KEY
 #: a run that started or ended with a 1-minute load average above this many times the CPU count shared its
 #: machine with other work; its timings are flagged as unreliable in the report
 BUSY_LOAD_PER_CPU = 1.0
-VERDICTS = ("slower", "faster", "unchanged", "inconclusive", "not-timed", "base-only", "new-only")
-COMPARE_COLUMNS = (*KEY, "verdict", "correctness", "regression", "base_ms", "new_ms", "ratio", "p_value", "round_p",
-                   "n_base", "n_new", "rounds_base", "rounds_new", "status_base", "status_new", "err_ratio_base",
-                   "err_ratio_new", "note")
+VERDICTS = ("slower", "faster", "unchanged", "undecided", "not-timed", "missing", "new-only")
+COMPARE_COLUMNS = (*KEY, "verdict", "correctness", "regression", "base_ms", "new_ms", "ratio", "ratio_low",
+                   "ratio_high", "margin", "n_base", "n_new", "rounds_base", "rounds_new", "remeasured", "first_verdict", "status_base",
+                   "status_new", "err_ratio_base", "err_ratio_new", "note")
+#: compare's exit codes: 2 is bad input (the CLI's), so undecided keys get their own
+EXIT_OK, EXIT_REGRESSION, EXIT_UNDECIDED = 0, 1, 3
 
 
 class MismatchedTestbeds(ValueError):
@@ -47,13 +51,26 @@ class Comparison:
     mode: str
     base: RunSide
     new: RunSide
-    config: CompareConfig
+    config: GateConfig
     warnings: list[str] = field(default_factory=list)
+    noise: NoiseModel | None = None
+    #: keys missing from the new run do not fail the gate (a deliberate subset)
+    allow_missing: bool = False
 
     @property
     def regression(self) -> bool:
-        """True when any key regressed (never in a cross-device report)."""
+        """True when any key regressed, or (unless allow_missing) the new run lost keys; never cross-device."""
         return bool(self.rows["regression"].any())
+
+    @property
+    def undecided(self) -> pd.DataFrame:
+        return self.rows[self.rows.verdict == "undecided"] if self.mode == "gate" else self.rows.iloc[:0]
+
+    def exit_code(self, fail_on_undecided: bool = True) -> int:
+        """1 on a regression (or lost keys), else 3 when undecided keys remain and they fail the gate, else 0."""
+        if self.regression:
+            return EXIT_REGRESSION
+        return EXIT_UNDECIDED if fail_on_undecided and len(self.undecided) else EXIT_OK
 
 
 def run_testbed(run_dir: Path, results: pd.DataFrame) -> str | None:
@@ -85,10 +102,13 @@ def samples_by_key(run_dir: Path) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
             for key, g in samples.groupby(list(KEY), sort=False)}
 
 
-def compare_runs(base_dir: str | Path, new_dir: str | Path, config: CompareConfig = CompareConfig(), *,
-                 cross_device: bool = False) -> Comparison:
+def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig = GateConfig(), *,
+                 cross_device: bool = False, noise: NoiseModel | None = None, allow_missing: bool = False,
+                 use_noise_model: bool = True) -> Comparison:
     """One row per (case_id, backend, phase) of either run, with the timing verdict, the correctness change
-    and `regression` (True: slower, or correctness worse/lost; always False in a cross-device report).
+    and `regression` (True: slower, correctness worse/lost, or - unless allow_missing - missing from the new
+    run; always False in a cross-device report). `noise` (default: the model stored beside the base run, when
+    `use_noise_model`) sets each key's margin.
 
     Raises MismatchedTestbeds when the testbeds differ and not `cross_device`.
     """
@@ -99,33 +119,58 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, config: CompareConfi
     if not same_testbed and not cross_device:
         raise MismatchedTestbeds(_mismatch_message(base_dir, new_dir, base_id, new_id))
     mode = "gate" if same_testbed else "cross-device"
+    if noise is None and use_noise_model and mode == "gate":
+        noise = NoiseModel.for_run(base_dir, base_id)
 
     base_samples, new_samples = samples_by_key(base_dir), samples_by_key(new_dir)
-    merged = base.merge(new, on=list(KEY), how="outer", suffixes=("_base", "_new"), indicator=True, sort=False)
+    merged = base.copy().merge(new.copy(), on=list(KEY), how="outer", suffixes=("_base", "_new"), indicator=True,
+                               sort=False)  # copies: an empty run comes back column by column (fragmented)
     rows = []
     for _, row in merged.iterrows():
         key = tuple(row[k] for k in KEY)
         b = pd.Series({c[:-5]: row[c] for c in merged.columns if c.endswith("_base")})
         n = pd.Series({c[:-4]: row[c] for c in merged.columns if c.endswith("_new")})
         out = {**dict(zip(KEY, key)), "status_base": b.get("status"), "status_new": n.get("status"),
-               "err_ratio_base": b.get("err_ratio"), "err_ratio_new": n.get("err_ratio")}
+               "err_ratio_base": b.get("err_ratio"), "err_ratio_new": n.get("err_ratio"), "remeasured": False,
+               "first_verdict": ""}
         if row["_merge"] != "both":
-            only = "base-only" if row["_merge"] == "left_only" else "new-only"
-            out.update(n_base=0, n_new=0, verdict=only, correctness="", note=f"row only in the {only[:-5]} run")
+            if row["_merge"] == "left_only":
+                out.update(n_base=0, n_new=0, verdict="missing", correctness="",
+                           note="in the base run, not in the new one" + (" (allowed)" if allow_missing else ""))
+            else:
+                out.update(n_base=0, n_new=0, verdict="new-only", correctness="", note="only in the new run")
         else:
-            (b_ms, b_rounds), (n_ms, n_rounds) = (base_samples.get(key, ([], [])), new_samples.get(key, ([], [])))
-            timing = timing_verdict(b_ms, n_ms, config, base_rounds=b_rounds, new_rounds=n_rounds)
+            timing = key_verdict(key, base_samples, new_samples, config, noise)
             correctness, why = correctness_change(b, n, config)
             out.update(timing.columns(), verdict=timing.verdict, correctness=correctness,
                        note="; ".join(filter(None, [why, timing.note])))
         rows.append(out)
     df = pd.DataFrame(rows).reindex(columns=list(COMPARE_COLUMNS))
-    df["regression"] = (mode == "gate") & ((df.verdict == "slower") | df.correctness.isin(["worse", "lost"]))
     base_env, new_env = read_env(base_dir), read_env(new_dir)
-    return Comparison(df, mode, RunSide(base_dir, base_id, base_env.get("device_name")),
-                      RunSide(new_dir, new_id, new_env.get("device_name")), config,
-                      [f"{name} run: {w}" for name, env in (("base", base_env), ("new", new_env))
-                       for w in run_warnings(env)])
+    warnings = [f"{name} run: {w}" for name, env in (("base", base_env), ("new", new_env)) for w in run_warnings(env)]
+    if new.empty:
+        warnings.append("the new run has no rows: it crashed, was killed before its first case, or ran nothing")
+    comparison = Comparison(df, mode, RunSide(base_dir, base_id, base_env.get("device_name")),
+                            RunSide(new_dir, new_id, new_env.get("device_name")), config, warnings, noise,
+                            allow_missing)
+    mark_regressions(comparison)
+    return comparison
+
+
+def key_verdict(key: tuple, base_samples: dict, new_samples: dict, config: GateConfig,
+                noise: NoiseModel | None) -> GateVerdict:
+    (b_ms, b_rounds), (n_ms, n_rounds) = base_samples.get(key, ([], [])), new_samples.get(key, ([], []))
+    return gate_verdict(b_ms, n_ms, config, base_rounds=b_rounds, new_rounds=n_rounds,
+                        noise=None if noise is None else noise.key(key))
+
+
+def mark_regressions(comparison: Comparison) -> None:
+    """Set the rows' `regression` from their verdicts: slower, correctness worse or lost, missing keys (unless
+    allowed), and - when the new run holds no rows at all - every base key."""
+    df = comparison.rows
+    missing = (df.verdict == "missing") & (not comparison.allow_missing)
+    df["regression"] = (comparison.mode == "gate") & ((df.verdict == "slower") | df.correctness.isin(["worse", "lost"])
+                                                      | missing)
 
 
 def run_warnings(env: dict) -> list[str]:
@@ -146,8 +191,7 @@ def run_warnings(env: dict) -> list[str]:
 
 def ratio_spread(comparison: Comparison) -> tuple[float, float] | None:
     """(50th, 90th) percentile of |ratio - 1| over rows timed in both runs. Compare two runs of the same code
-    (an A/A pair) to see the testbed's run-to-run noise, and keep min_effect above it."""
-    df, least = comparison.rows, comparison.config.min_samples
-    ratios = df["ratio"].astype(float)
-    dev = (ratios[np.isfinite(ratios) & (df.n_base >= least) & (df.n_new >= least)] - 1).abs()
+    (an A/A pair) to see the testbed's run-to-run noise."""
+    ratios = comparison.rows["ratio"].astype(float)
+    dev = (ratios[np.isfinite(ratios)] - 1).abs()
     return None if dev.empty else (float(dev.quantile(0.5)), float(dev.quantile(0.9)))

@@ -62,6 +62,17 @@ class RunSession:
         self.env = environment(self.device, timing_mode=self.timing_mode)
         self.env["run_id"] = self.run_id
         self.env["rounds"] = self.rounds
+        # what `compare --remeasure` needs to time this run's keys again the same way
+        self.env["device"] = str(self.device)
+        self.env["seed"] = self.seed
+        self.env["round_timing"] = vars(self.round_timing)
+        self.save_env()
+
+    def describe_cases(self, cases: dict, backend_modules: list[str]) -> None:
+        """Record where the run's cases came from ({'matrix': name} or {'preset': ...} / {'hf_config': path})
+        and the plugin modules its backends need."""
+        self.env["cases"] = cases
+        self.env["backend_modules"] = [str(Path(m).resolve()) if m.endswith(".py") else m for m in backend_modules]
         self.save_env()
 
     @property

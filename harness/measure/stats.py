@@ -1,4 +1,5 @@
-"""Statistics on raw latency samples, shared by compare and the advisor: is one set of samples slower than another?
+"""Statistics on raw latency samples within one run, for the advisor's tie groups: is one backend's set of
+samples slower than another's? (The gate between runs decides on round medians instead: compare/gate.py.)
 
 Why each threshold has its default, with the measurements behind them, is in docs/measurements.md.
 """

@@ -70,6 +70,10 @@ def pytest_configure(config):
             default, overrides = timeouts(config.option.call_timeout_s)
             session.executor = IsolatedExecutor(device, timeout_s=default, timeouts=overrides,
                                                 log_dir=str(session.run_dir / "workers"))
+        option = config.option
+        session.describe_cases({"preset": option.preset} if option.preset else
+                               {"hf_config": str(Path(option.hf_config).resolve())} if option.hf_config else
+                               {"matrix": config._harness_matrix}, list(option.backend_module))
         config.stash[_SESSION_KEY] = session
         if config.getoption("benchmark_storage", None) == "file://./.benchmarks":
             # pytest-benchmark's own --benchmark-compare must only compare like with like: one store per testbed

@@ -29,10 +29,10 @@ def test_bad_numbers_are_refused_in_one_line(flag, value, message, capsys):
 
 
 def test_the_cli_prints_one_line_and_exits_2(capsys):
-    assert main(["compare", "a", "b", "--alpha", "2"]) == 2
+    assert main(["compare", "a", "b", "--confidence", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["python -m harness compare: error: argument --alpha: must be between 0 and 1 (exclusive), e.g. "
-                   "0.002; got 2"]
+    assert err == ["python -m harness compare: error: argument --confidence: must be between 0 and 1 (exclusive), "
+                   "e.g. 0.9; got 2"]
 
 
 def test_call_timeouts_default_and_per_case():

@@ -1,0 +1,139 @@
+"""Change points in a testbed's history: per key, where its latency over the stored runs steps to a new level,
+found with ruptures' PELT, with the dates, git SHAs and versions on each side; and a trend figure per key.
+
+Method: a key's run medians in run order, on a log scale, standardized by a robust noise estimate (the MAD of
+successive differences, which a step does not inflate); PELT with the l1 cost (a median per segment, so an
+outlier run pulls nothing), segments of at least three runs (one noisy run cannot be a segment) and a BIC-like
+penalty. A change is reported when the medians on its two sides differ by at least the minimum effect.
+ruptures (Truong, Oudre & Vayatis 2020) needs only numpy and scipy; apache-otava's E-divisive method was the
+alternative, but its package pins numpy==2.2.0.* and pulls cloud clients.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.store.schema import KEY
+
+#: PELT penalty on the standardized series: ~12 keeps pure noise of 30 runs free of change points (the test
+#: plants both); lower finds smaller steps and more false ones
+PENALTY = 12.0
+MIN_SIZE = 3
+#: smallest step (ratio of segment medians) reported
+MIN_EFFECT = 0.10
+#: the noise estimate's floor (log scale): timer-resolution-flat series must not make every wiggle a step
+SIGMA_FLOOR = 0.01
+SIDES = ("started", "run_id", "git_sha", "torch", "backend_version")
+CHANGE_COLUMNS = ("testbed_id", *KEY, "runs", "at_run", "before_ms", "after_ms", "ratio",
+                  *(f"{s}_{side}" for side in ("before", "after") for s in SIDES))
+
+
+def change_points(latency_ms: np.ndarray, penalty: float = PENALTY, min_size: int = MIN_SIZE) -> list[int]:
+    """Indices where a new level starts in a series of run latencies (ms), oldest first."""
+    import ruptures as rpt
+
+    y = np.log(np.asarray(latency_ms, float))
+    if len(y) < 2 * min_size:
+        return []
+    sigma = max(1.4826 * float(np.median(np.abs(np.diff(y) - np.median(np.diff(y))))) / math.sqrt(2), SIGMA_FLOOR)
+    z = ((y - np.median(y)) / sigma).reshape(-1, 1)
+    ends = rpt.Pelt(model="l1", min_size=min_size, jump=1).fit(z).predict(pen=penalty)
+    return [e for e in ends if e < len(y)]
+
+
+def key_series(history: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
+    """(testbed, case, backend, phase) -> its timed runs in start order (one row per run)."""
+    timed = history[pd.to_numeric(history.get("latency_ms"), errors="coerce") > 0].copy()
+    if timed.empty:
+        return {}
+    timed["latency_ms"] = timed.latency_ms.astype(float)
+    timed = timed.sort_values(["started", "run_id"], na_position="first")
+    return {key: g.drop_duplicates("run_id", keep="last").reset_index(drop=True)
+            for key, g in timed.groupby(["testbed_id", *KEY], sort=False)}
+
+
+def detect_changes(history: pd.DataFrame, *, testbed: str | None = None, penalty: float = PENALTY,
+                   min_effect: float = MIN_EFFECT) -> pd.DataFrame:
+    """One row per change point of every key (of `testbed`, or every testbed): where, by how much, and the
+    dates, SHAs and versions of the runs on each side."""
+    if testbed is not None:
+        history = history[history.testbed_id.astype(str) == testbed]
+    rows = []
+    for key, runs in key_series(history).items():
+        ms = runs.latency_ms.to_numpy()
+        bounds = [0, *change_points(ms, penalty), len(ms)]
+        for left, at, right in zip(bounds, bounds[1:], bounds[2:]):
+            before, after = float(np.median(ms[left:at])), float(np.median(ms[at:right]))
+            if max(after / before, before / after) < 1 + min_effect:
+                continue
+            sides = {f"{s}_{side}": runs.iloc[i].get(s) for side, i in (("before", at - 1), ("after", at))
+                     for s in SIDES}
+            rows.append({"testbed_id": key[0], **dict(zip(KEY, key[1:])), "runs": len(ms), "at_run": at,
+                         "before_ms": before, "after_ms": after, "ratio": after / before, **sides})
+    return pd.DataFrame(rows, columns=list(CHANGE_COLUMNS))
+
+
+def changes_text(changes: pd.DataFrame, keys: int) -> str:
+    if changes.empty:
+        return f"no change points in {keys} key(s)"
+    lines = [f"{len(changes)} change point(s) in {changes[list(KEY)].drop_duplicates().shape[0]} of {keys} key(s):"]
+    for c in changes.itertuples():
+        sha = lambda v: str(v)[:8] if isinstance(v, str) else "?"  # noqa: E731
+        lines.append(f"  {c.backend} {c.case_id} [{c.phase}] on {c.testbed_id}: {c.before_ms:.4g} -> "
+                     f"{c.after_ms:.4g} ms ({c.ratio:.2f}x) between run {c.run_id_before} ({c.started_before}, "
+                     f"{sha(c.git_sha_before)}, torch {c.torch_before}, {c.backend_version_before}) and run "
+                     f"{c.run_id_after} ({c.started_after}, {sha(c.git_sha_after)}, torch {c.torch_after}, "
+                     f"{c.backend_version_after})")
+    return "\n".join(lines)
+
+
+def plot_trend(runs: pd.DataFrame, change_at: list[int], title: str, path: str | Path) -> Path:
+    """Latency over runs (oldest left), each segment's median as a line, change points as vertical lines."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 3), layout="tight")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    x, ms = np.arange(len(runs)), runs.latency_ms.to_numpy(float)
+    ax.plot(x, ms, "o-", ms=3, lw=0.8, color="tab:blue")
+    bounds = [0, *change_at, len(ms)]
+    for left, right in zip(bounds, bounds[1:]):
+        ax.hlines(np.median(ms[left:right]), left, right - 1, color="tab:gray", lw=1.5)
+    for at in change_at:
+        ax.axvline(at - 0.5, color="tab:red", lw=1, ls="--")
+    labels = [f"{str(s)[:10]}\n{str(g)[:7]}" for s, g in zip(runs.started, runs.get("git_sha", [""] * len(runs)))]
+    step = max(1, len(x) // 8)
+    ax.set_xticks(x[::step], labels[::step], fontsize=6)
+    ax.set_ylabel("median latency (ms)")
+    ax.set_title(title, fontsize=8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def write_trends(history: pd.DataFrame, changes: pd.DataFrame, out_dir: str | Path, *, every_key: bool = False,
+                 penalty: float = PENALTY) -> Path:
+    """A trend figure per key with a change point (every key with `every_key`) and trends.md listing them,
+    under out_dir; returns trends.md."""
+    out_dir = Path(out_dir)
+    changed = set(map(tuple, changes[["testbed_id", *KEY]].to_numpy())) if len(changes) else set()
+    lines = ["# Latency over runs, per key", "", "Dashed red: a change point (compare/changes.py).", ""]
+    for key, runs in key_series(history).items():
+        if key not in changed and not every_key:
+            continue
+        name = "-".join(str(k) for k in key).replace("/", "_").replace("+", "_")
+        at = change_points(runs.latency_ms.to_numpy(), penalty)
+        png = plot_trend(runs, at, f"{key[2]} {key[1]} [{key[3]}] on {key[0]}", out_dir / f"{name}.png")
+        lines += [f"## {key[2]} {key[1]} [{key[3]}] on {key[0]}", "", f"![trend]({png.name})", ""]
+    if len(lines) == 4:
+        lines.append("No key changed; `history --changes --all-trends` draws every key.")
+    index = out_dir / "trends.md"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index.write_text("\n".join(lines) + "\n")
+    return index

@@ -1,0 +1,104 @@
+"""Change points over a testbed's history and its noise model, on synthetic histories of 30 runs."""
+
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.cli.main import main
+from harness.compare.changes import change_points, detect_changes
+from harness.compare.history import load_history
+from harness.compare.noise import NoiseModel, build_noise_model, noise_path
+from tests.fixtures.regress_fixtures import key, write_run
+
+KEYS = [key(0), key(1, backend="sdpa-math"), key(2, phase="fwd+bwd")]
+
+
+def history(tmp_path, levels, seed=0, sigma=0.03, outlier_run=None, rounds=3):
+    """30 runs (one a day, a new sha each) of KEYS; levels[i]: the latency factor of run i."""
+    rng = np.random.default_rng(seed)
+    for i, level in enumerate(levels):
+        factor = level * (1.6 if i == outlier_run else 1.0)
+        samples = {k: [np.exp(rng.normal(0, sigma)) * factor * (j + 1) * rng.lognormal(0, 0.01, 20)
+                       for _ in range(rounds)] for j, k in enumerate(KEYS)}
+        write_run(tmp_path / f"run{i:02d}", {k: {} for k in KEYS}, samples, started=f"2026-03-{i + 1:02d}T00:00:00",
+                  git_sha=f"{i:02d}" + "f" * 38)
+    return load_history(tmp_path)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_planted_step_is_found_where_it_is(tmp_path, seed):
+    h = history(tmp_path, [1.0] * 15 + [1.3] * 15, seed=seed)
+    changes = detect_changes(h)
+    assert len(changes) == len(KEYS) and set(changes.at_run) == {15}
+    c = changes.iloc[0]
+    assert c.ratio == pytest.approx(1.3, rel=0.05)
+    assert (c.git_sha_before[:2], c.git_sha_after[:2]) == ("14", "15")
+    assert c.started_before.startswith("2026-03-15") and c.started_after.startswith("2026-03-16")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pure_noise_and_a_single_noisy_run_are_no_change(tmp_path, seed):
+    h = history(tmp_path, [1.0] * 30, seed=seed, outlier_run=11)  # one run 1.6x slow: not a change point
+    assert detect_changes(h).empty
+
+
+def test_too_short_a_series_has_no_change_point():
+    assert change_points(np.array([1.0, 2.0, 2.0, 2.0, 1.0])) == []
+
+
+def test_cli_changes_and_trend_figures(tmp_path, capsys):
+    history(tmp_path, [1.0] * 15 + [0.7] * 15)
+    code = main(["history", str(tmp_path), "--changes"])
+    out = capsys.readouterr().out
+    assert code == 0 and "3 change point(s) in 3 of 3 key(s)" in out and "(0.70x)" in out
+    assert "between run run14 (2026-03-15" in out
+    changes = pd.read_csv(tmp_path / "history" / "changes.csv")
+    assert len(changes) == 3
+    pngs = sorted((tmp_path / "history" / "trends").glob("*.png"))
+    assert len(pngs) == 3 and pngs[0].read_bytes()[:4] == b"\x89PNG"
+    assert "![trend](" in (tmp_path / "history" / "trends" / "trends.md").read_text()
+    assert main(["history", str(tmp_path), "--testbed", "nope"]) == 2
+    assert "no runs of it" in capsys.readouterr().err
+
+
+def test_noise_model_from_repeated_runs_and_from_rounds(tmp_path, capsys):
+    h = history(tmp_path, [1.0] * 30, sigma=0.04)
+    path = build_noise_model(h, "tb-cpu-a", tmp_path)
+    assert path == noise_path(tmp_path, "tb-cpu-a")
+    model = NoiseModel.load(path)
+    k = model.key(KEYS[0])
+    # every run has its own sha: no repeats, so each key's spread comes from its rounds (~1 % within a run)
+    assert model.data["keys"]["|".join(KEYS[0])]["source"] == "rounds" and k.aa_sigma < 0.02
+    # the same code run 30 times: the run medians' spread (4 % per run -> ~5.7 % for a ratio of two runs)
+    same = tmp_path / "same"
+    rng = np.random.default_rng(1)
+    for i in range(30):
+        offset = np.exp(rng.normal(0, 0.04))  # the whole run: what one run's rounds cannot see
+        samples = {k: [offset * rng.lognormal(0, 0.01, 20) for _ in range(3)] for k in KEYS}
+        write_run(same / f"run{i:02d}", {k: {} for k in KEYS}, samples, started=f"2026-04-{i + 1:02d}T00:00:00")
+    model = NoiseModel.load(build_noise_model(load_history(same), "tb-cpu-a", same))
+    entry = model.data["keys"]["|".join(KEYS[0])]
+    assert entry["source"] == "runs" and entry["aa_sigma"] == pytest.approx(0.04 * np.sqrt(2), rel=0.3)
+    assert model.key(("unknown", "x", "fwd")).aa_sigma == model.data["default_aa_sigma"]
+    assert main(["history", str(same), "--noise"]) == 0
+    assert "noise model of testbed tb-cpu-a" in capsys.readouterr().out
+
+
+def test_a_damaged_noise_model_names_the_file(tmp_path):
+    bad = tmp_path / "tb.json"
+    bad.write_text("{oops")
+    with pytest.raises(ValueError, match=f"{bad}: not a noise model"):
+        NoiseModel.load(bad)
+
+
+def test_compare_reads_the_stored_noise_model(tmp_path):
+    from harness.compare.runs import compare_runs
+    h = history(tmp_path, [1.0] * 30)
+    build_noise_model(h, "tb-cpu-a", tmp_path)
+    cmp = compare_runs(tmp_path / "run00", tmp_path / "run01")
+    assert cmp.noise is not None and cmp.noise.path == noise_path(tmp_path, "tb-cpu-a")
+    assert (cmp.rows.margin >= 1.10).all()
+    assert compare_runs(tmp_path / "run00", tmp_path / "run01", use_noise_model=False).noise is None
+
+
