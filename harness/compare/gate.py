@@ -26,6 +26,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+# the same floors as the advisor's within-run statistics (why each: measure/stats.py)
+from harness.measure.stats import ABS_FLOOR_MS, ERR_GROWTH
+
 #: smallest ratio of medians that counts; the testbed's noise model may raise it per key, never lower it.
 #: 10 % as asv's default factor: whole runs on a shared 2-core VM drift by ~5 %
 MIN_EFFECT = 0.10
@@ -34,10 +37,6 @@ CONFIDENCE = 0.90
 #: the margin is this many A/A standard deviations of the key's log ratio (one false alarm in ~700 keys
 #: under normal noise; bursts beyond that are what re-measurement is for)
 NOISE_Z = 3.0
-#: smallest absolute change of the median (ms) that counts: CUDA events resolve ~0.5 us, launches jitter ~1 us
-ABS_FLOOR_MS = 0.001
-#: err_ratio (error over tolerance; > 1 fails) may grow by this much before it is flagged: a quarter of the budget
-ERR_GROWTH = 0.25
 
 GATE_VERDICTS = ("slower", "faster", "unchanged", "undecided", "not-timed")
 
