@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 
@@ -18,11 +19,22 @@ def matmul_peak_tflops(device: torch.device, dtype: torch.dtype,
     The fastest repetition, not the median, defines it: a roofline is the best the device did, and on a
     shared machine the median is depressed by other load.
     """
-    n = 8192 if device.type == "cuda" else 1024
+    n = 8192 if device.type == "cuda" else _cpu_size(dtype)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     m = measure(lambda: a @ b, device=device, config=config)
     return 2 * n ** 3 / (m.min * 1e-3) / 1e12, m
+
+
+def _cpu_size(dtype: torch.dtype, target_s: float = 0.02) -> int:
+    """The matrix size whose matmul takes ~target_s here, between 256 and 1024: a CPU without bf16/fp16 units
+    runs them at ~1 GFLOP/s, where a 1024^3 matmul (2 GFLOP) repeated ten times would cost a run 20 s."""
+    a = torch.randn(256, 256).to(dtype)
+    a @ a
+    start = time.perf_counter()
+    a @ a
+    rate = 2 * 256 ** 3 / max(time.perf_counter() - start, 1e-9)
+    return int(min(1024, max(256, round((rate * target_s / 2) ** (1 / 3) / 64) * 64)))
 
 
 @contextlib.contextmanager

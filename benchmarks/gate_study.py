@@ -1,0 +1,155 @@
+"""How well does the regression gate decide on this machine? Real runs, real timing: A/B and A/A pairs.
+
+    python benchmarks/gate_study.py [--pairs 20] [--parts smoke-ab,smoke-aa,default-ab,default-aa] [--out DIR]
+
+Each pair is the CI recipe in the README: two `pytest suites --benchmark` runs, then
+`python -m harness compare BASE NEW --remeasure`. The slowed backend is tests/fixtures/slow_backends.py's
+sdpa-math-tunable (HARNESS_REPEAT=2: the whole attention twice; HARNESS_SLOWDOWN=0.25: 1.25x exactly).
+
+- smoke-ab: N pairs, --matrix smoke, the tunable backend at 1x then 2x. Targets: exit 1 in >= 19 of 20; each
+  slowed key ends "slower" (not undecided) in >= 95 % of them; the whole gate (two runs + re-measurement) in
+  <= 3 minutes.
+- smoke-aa: N+1 runs of unchanged code, all CPU backends, each compared with the one before (N pairs).
+  Target: exit 0 in >= 19 of 20.
+- default-ab: one pair, the default matrix, the tunable backend at 1x then 1.25x. Target: >= 80 % of keys
+  flagged slower.
+- default-aa: one pair of the default matrix, all CPU backends. Target: <= 1 % of keys flagged.
+
+Prints one line per pair and a summary with the targets; writes study.csv under --out. No noise model is
+built (every margin is --min-effect): the figures are what a first-day user gets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+SLOW = str(ROOT / "tests" / "fixtures" / "slow_backends.py")
+TUNABLE = ["--backend-module", SLOW, "--backends", "sdpa-math-tunable"]
+ALL_CPU = ["--backends", "all"]
+
+
+def run_suite(results: Path, matrix: str, backends: list[str], env: dict) -> tuple[Path, float]:
+    """One `pytest suites --benchmark` run; its run dir and wall seconds."""
+    before = set(results.glob("*")) if results.exists() else set()
+    start = time.monotonic()
+    cmd = [sys.executable, "-m", "pytest", "suites", "--matrix", matrix, "--benchmark", "--results-dir", str(results),
+           "-q", "-p", "no:cacheprovider", "--no-report", "--benchmark-quiet", *backends]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"suite run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    (new,) = set(results.glob("*")) - before - {results / "noise", results / "history"}
+    return new, time.monotonic() - start
+
+
+def gate(base: Path, new: Path, env: dict, budget_s: float) -> tuple[int, pd.DataFrame, float]:
+    """compare --remeasure: (exit code, compare.csv, wall seconds)."""
+    start = time.monotonic()
+    out = new / f"study-vs-{base.name}"
+    proc = subprocess.run([sys.executable, "-m", "harness", "compare", str(base), str(new), "--remeasure",
+                           "--remeasure-budget-s", str(budget_s), "--out", str(out)], cwd=ROOT,
+                          env={**os.environ, **env}, capture_output=True, text=True)
+    if proc.returncode == 2:
+        raise RuntimeError(f"compare failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return proc.returncode, pd.read_csv(out / "compare.csv"), time.monotonic() - start
+
+
+def timed(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df.verdict.isin(["slower", "faster", "unchanged", "undecided"])]
+
+
+def part_ab(out: Path, pairs: int, matrix: str, slow_env: dict, budget_s: float, log) -> list[dict]:
+    rows = []
+    for i in range(pairs):
+        results = out / f"{matrix}-ab-{i:02d}"
+        a, a_s = run_suite(results, matrix, TUNABLE, {"HARNESS_REPEAT": "1", "HARNESS_SLOWDOWN": "0"})
+        b, b_s = run_suite(results, matrix, TUNABLE, slow_env)
+        code, df, g_s = gate(a, b, slow_env, budget_s)
+        t = timed(df)
+        row = {"part": f"{matrix}-ab", "pair": i, "exit": code, "keys": len(t), "slower": int((t.verdict == "slower").sum()),
+               "undecided": int((t.verdict == "undecided").sum()), "flagged_first": int(t.first_verdict.isin(
+                   ["slower", "undecided"]).sum() + (t.verdict.isin(["slower", "undecided"]) & ~t.remeasured).sum()),
+               "remeasured": int(t.remeasured.sum()), "gate_s": a_s + b_s + g_s, "compare_s": g_s}
+        rows.append(row)
+        log(row)
+    return rows
+
+
+def part_aa(out: Path, pairs: int, matrix: str, budget_s: float, log) -> list[dict]:
+    results = out / f"{matrix}-aa"
+    quiet = {"HARNESS_REPEAT": "1", "HARNESS_SLOWDOWN": "0"}
+    prev, _ = run_suite(results, matrix, ALL_CPU, quiet)
+    rows = []
+    for i in range(pairs):
+        new, n_s = run_suite(results, matrix, ALL_CPU, quiet)
+        code, df, g_s = gate(prev, new, quiet, budget_s)
+        t = timed(df)
+        row = {"part": f"{matrix}-aa", "pair": i, "exit": code, "keys": len(t),
+               "slower": int((t.verdict == "slower").sum()), "undecided": int((t.verdict == "undecided").sum()),
+               "flagged_first": int(t.first_verdict.isin(["slower", "undecided"]).sum()),
+               "remeasured": int(t.remeasured.sum()), "gate_s": n_s + g_s, "compare_s": g_s}
+        rows.append(row)
+        log(row)
+        prev = new
+    return rows
+
+
+def summary(df: pd.DataFrame) -> list[str]:
+    lines = []
+    for part, g in df.groupby("part", sort=False):
+        n = len(g)
+        if part == "smoke-ab":
+            caught = (g.exit == 1).sum()
+            share = (g.slower / g["keys"]).mean()
+            lines.append(f"smoke A/B (2x): exit 1 in {caught}/{n} pairs (target >= 19/20); slowed keys ending "
+                         f"'slower' after re-measurement: {share:.1%} on average, worst pair "
+                         f"{(g.slower / g['keys']).min():.1%} (target >= 95 %); whole gate {g.gate_s.median():.0f} s "
+                         f"median, {g.gate_s.max():.0f} s max (target <= 180 s)")
+        elif part == "smoke-aa":
+            lines.append(f"smoke A/A: exit 0 in {(g.exit == 0).sum()}/{n} pairs (target >= 19/20); keys flagged "
+                         f"at first {g.flagged_first.sum()}/{g['keys'].sum()}, still flagged after re-measurement "
+                         f"{(g.slower + g.undecided).sum()}/{g['keys'].sum()}; gate {g.gate_s.median():.0f} s median")
+        elif part == "default-ab":
+            lines.append(f"default A/B (1.25x): {(g.slower.sum() / g['keys'].sum()):.1%} of keys flagged slower "
+                         f"(target >= 80 %), {g.undecided.sum()} undecided")
+        elif part == "default-aa":
+            flagged = (g.slower + g.undecided).sum()
+            lines.append(f"default A/A: {flagged}/{g['keys'].sum()} keys flagged ({flagged / g['keys'].sum():.2%}; "
+                         f"target <= 1 %); exit {list(g.exit)}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=20)
+    parser.add_argument("--parts", default="smoke-ab,smoke-aa,default-ab,default-aa")
+    parser.add_argument("--budget-s", type=float, default=120.0, help="--remeasure-budget-s of each compare")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/gate-study"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = lambda row: print(" ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),  # noqa: E731
+                            flush=True)
+    rows = []
+    parts = args.parts.split(",")
+    if "smoke-ab" in parts:
+        rows += part_ab(args.out, args.pairs, "smoke", {"HARNESS_REPEAT": "2", "HARNESS_SLOWDOWN": "0"}, args.budget_s, log)
+    if "smoke-aa" in parts:
+        rows += part_aa(args.out, args.pairs, "smoke", args.budget_s, log)
+    if "default-ab" in parts:
+        rows += part_ab(args.out, 1, "default", {"HARNESS_REPEAT": "1", "HARNESS_SLOWDOWN": "0.25"}, 600.0, log)
+    if "default-aa" in parts:
+        rows += part_aa(args.out, 1, "default", 600.0, log)
+    df = pd.DataFrame(rows)
+    df.to_csv(args.out / "study.csv", index=False)
+    print("\n".join(summary(df)))
+
+
+if __name__ == "__main__":
+    main()
