@@ -11,7 +11,8 @@ import importlib
 import sys
 
 COMMAND_MODULES: list[str] = ["harness.cli.check", "harness.cli.backends", "harness.cli.history",
-                              "harness.cli.compare", "harness.cli.run", "harness.cli.report", "harness.cli.recommend"]
+                              "harness.cli.compare", "harness.cli.run", "harness.cli.report", "harness.cli.recommend",
+                              "harness.cli.selftest"]
 
 
 class Parser(argparse.ArgumentParser):
