@@ -80,3 +80,11 @@ def test_suites_refuse_an_expensive_preset_before_running():
     res = subprocess.run([sys.executable, "-m", "pytest", "suites", "--preset", "llama-3-8b", "-p", "no:cacheprovider",
                           "-q"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 4 and "--allow-expensive" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_recommend_refuses_huge_shapes_with_figures_not_a_traceback():
+    for shape, needle in ((["--seq", "1000000", "--head-dim", "128"], "needs ~"),
+                          (["--seq", "128", "--head-dim", "1000000"], "needs ~")):
+        res = harness("recommend", "--batch", "1", "--heads", "8", "--dtype", "fp32", "--device", "cpu", *shape)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert needle in res.stderr and "--allow-expensive" in res.stderr
