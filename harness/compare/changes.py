@@ -91,6 +91,11 @@ def changes_text(changes: pd.DataFrame, keys: int) -> str:
     return "\n".join(lines)
 
 
+def trend_file(key: tuple) -> str:
+    """A file name (no suffix) for the trend figure of a (testbed, case, backend, phase) key."""
+    return "-".join(str(k) for k in key).replace("/", "_").replace("+", "_")
+
+
 def plot_trend(runs: pd.DataFrame, change_at: list[int], title: str, path: str | Path) -> Path:
     """Latency over runs (oldest left), each segment's median as a line, change points as vertical lines."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -127,9 +132,8 @@ def write_trends(history: pd.DataFrame, changes: pd.DataFrame, out_dir: str | Pa
     for key, runs in key_series(history).items():
         if key not in changed and not every_key:
             continue
-        name = "-".join(str(k) for k in key).replace("/", "_").replace("+", "_")
         at = change_points(runs.latency_ms.to_numpy(), penalty)
-        png = plot_trend(runs, at, f"{key[2]} {key[1]} [{key[3]}] on {key[0]}", out_dir / f"{name}.png")
+        png = plot_trend(runs, at, f"{key[2]} {key[1]} [{key[3]}] on {key[0]}", out_dir / f"{trend_file(key)}.png")
         lines += [f"## {key[2]} {key[1]} [{key[3]}] on {key[0]}", "", f"![trend]({png.name})", ""]
     if len(lines) == 4:
         lines.append("No key changed; `history --changes --all-trends` draws every key.")

@@ -16,6 +16,7 @@ from harness.report.plots import plot_run
 from harness.report.analysis import (answered, failures, headline, not_run, semantics_table, short_cell,
                                      winners)
 from harness.report.data import Run, load_run, peak_tflops
+from harness.report.trends import Trends, run_trends
 
 FAILURE_LINKS = 5  # per backend in the headline; the rest are one click away in the failures section
 
@@ -221,7 +222,7 @@ def _winners_table(run: Run) -> pd.DataFrame:
     return wide.rename(columns={p: f"{p} winner" for p in ("fwd", "bwd", "fwd+bwd")})
 
 
-def report_blocks(run: Run, figures: dict[str, list[Path]]) -> list:
+def report_blocks(run: Run, figures: dict[str, list[Path]], trends: Trends | None = None) -> list:
     """The report as a list of blocks: what to say, independent of the format."""
     fails = failures(run)
     sections = [("Environment", [Table(environment_table(run))]),
@@ -235,12 +236,38 @@ def report_blocks(run: Run, figures: dict[str, list[Path]]) -> list:
     skipped = not_run(run)
     if not skipped.empty:
         sections.append(("Not run, and why", [Table(skipped)]))
+    if trends is not None and run.has_perf:
+        sections.append(("History on this testbed", _history_section(trends)))
     anchors = [slug(name.split(" (")[0]) for name, _ in sections]
     blocks: list = [Heading(1, f"Attention harness run {run.env.get('run_id') or run.run_dir.name}"),
                     Para(_summary(run)),
                     Para(" · ".join(f"[{name}](#{a})" for (name, _), a in zip(sections, anchors)))]
     for (name, body), anchor in zip(sections, anchors):
         blocks += [Heading(2, name, anchor), *body]
+    return blocks
+
+
+def _history_section(trends: Trends) -> list:
+    where = f"{trends.runs} stored run(s) of testbed {trends.testbed} up to this one"
+    if not trends.enough:
+        return [Para(f"{where}; change points need at least {trends.needed}. `python -m harness history --changes` "
+                     "finds them once there are more.")]
+    if trends.changes.empty:
+        return [Para(f"{where}: no key of this run changed level (change points: ruptures PELT over each key's "
+                     "run medians; `python -m harness history --changes --all-trends` draws every key).")]
+    c = trends.changes
+    table = pd.DataFrame({"backend": c.backend, "case": c.case_id, "phase": c.phase,
+                          "before (ms)": c.before_ms.map("{:.4g}".format), "after (ms)": c.after_ms.map("{:.4g}".format),
+                          "ratio": c.ratio.map("{:.2f}x".format),
+                          "between runs": c.run_id_before.astype(str) + " → " + c.run_id_after.astype(str),
+                          "git": c.git_sha_before.astype(str).str[:8] + " → " + c.git_sha_after.astype(str).str[:8]})
+    blocks = [Para(f"{where}: {len(c)} change point(s) in this run's keys, largest step first. Each figure is a "
+                   "key's median latency per run (oldest left), its segments' medians in gray and the change "
+                   "points dashed red."), Table(table)]
+    blocks += [Image(p, f"trend: {p.stem}") for p in trends.figures]
+    if len(c) > len(trends.figures):
+        blocks.append(Para(f"{len(c) - len(trends.figures)} more change point(s) not drawn here: "
+                           "`python -m harness history --changes` draws them all."))
     return blocks
 
 
@@ -310,7 +337,7 @@ def build_report(run_dir: str | Path, baseline: str = "naive", out_dir: str | Pa
     out = Path(out_dir) if out_dir else run.run_dir
     out.mkdir(parents=True, exist_ok=True)
     figures = plot_run(run, out)
-    blocks = report_blocks(run, figures)
+    blocks = report_blocks(run, figures, run_trends(run.run_dir, run.env, out))
     (out / "report.md").write_text(to_markdown(blocks, out))
     path = out / "report.html"
     path.write_text(to_html(blocks, blocks[0].text))

@@ -102,3 +102,20 @@ def test_compare_reads_the_stored_noise_model(tmp_path):
     assert compare_runs(tmp_path / "run00", tmp_path / "run01", use_noise_model=False).noise is None
 
 
+
+
+def test_run_report_shows_this_runs_change_points_and_trends(tmp_path):
+    from harness.report.document import build_report
+
+    history(tmp_path, [1.0] * 15 + [1.3] * 15)
+    report = build_report(tmp_path / "run29").with_suffix(".md").read_text()
+    section = report.split("## History on this testbed")[1]
+    assert "30 stored run(s) of testbed tb-cpu-a up to this one: 3 change point(s)" in section
+    assert "run14 → run15" in section and "1.30x" in section
+    pngs = sorted((tmp_path / "run29" / "figures" / "trends").glob("*.png"))
+    assert len(pngs) == 3 and pngs[0].read_bytes()[:4] == b"\x89PNG"
+    # rebuilt for an older run, the report sees only the runs up to it: no change yet, too few runs
+    early = build_report(tmp_path / "run04").with_suffix(".md").read_text()
+    assert "5 stored run(s) of testbed tb-cpu-a up to this one; change points need at least 6" in early
+    calm = build_report(tmp_path / "run12").with_suffix(".md").read_text()
+    assert "13 stored run(s)" in calm and "no key of this run changed level" in calm
