@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
 # the same floors as the advisor's within-run statistics (why each: measure/stats.py)
-from harness.measure.stats import ABS_FLOOR_MS, ERR_GROWTH
+from harness.measure.stats import ABS_FLOOR_MS, ERR_GROWTH, KeyComparison
 
 #: smallest ratio of medians that counts; the testbed's noise model may raise it per key, never lower it.
 #: 10 % as asv's default factor: whole runs on a shared 2-core VM drift by ~5 %
@@ -70,28 +70,19 @@ class KeyNoise:
 
 
 @dataclass(frozen=True)
-class GateVerdict:
-    """How one key's new rounds compare with its base rounds."""
+class GateVerdict(KeyComparison):
+    """How one key's new rounds compare with its base rounds; `ratio` is exp(Hodges-Lehmann shift of the log
+    round medians)."""
 
-    verdict: str
-    note: str = ""
-    n_base: int = 0
-    n_new: int = 0
-    rounds_base: int = 0
-    rounds_new: int = 0
-    base_ms: float = math.nan
-    new_ms: float = math.nan
-    #: exp(Hodges-Lehmann shift of the log round medians) and its confidence interval
-    ratio: float = math.nan
+    #: the ratio's confidence interval
     ratio_low: float = math.nan
     ratio_high: float = math.nan
     #: the ratio beyond which a change counts for this key (1 + max(min_effect, noise_z * A/A sigma))
     margin: float = math.nan
 
     def columns(self) -> dict:
-        """Every field but the verdict and note, as compare.csv columns."""
-        out = asdict(self)
-        out.pop("note")
+        """Every field but the verdict and note, as compare.csv columns (the verdict is written beside them)."""
+        out = super().columns()
         out.pop("verdict")
         return out
 

@@ -55,8 +55,8 @@ class CompareConfig:
 
 
 @dataclass(frozen=True)
-class TimingVerdict:
-    """How the new samples of one key compare with the base ones."""
+class KeyComparison:
+    """How one key's new timings compare with its base ones: the verdict and the figures every method reports."""
 
     verdict: str
     note: str = ""
@@ -67,14 +67,20 @@ class TimingVerdict:
     base_ms: float = math.nan
     new_ms: float = math.nan
     ratio: float = math.nan
-    p_value: float = math.nan
-    round_p: float = math.nan
 
     def columns(self) -> dict:
         """Every field but the note, as compare.csv columns."""
         out = asdict(self)
         out.pop("note")
         return out
+
+
+@dataclass(frozen=True)
+class TimingVerdict(KeyComparison):
+    """Two sets of samples compared by a rank test (the advisor's within-run question: are these tied?)."""
+
+    p_value: float = math.nan
+    round_p: float = math.nan
 
 
 def iqr(samples) -> float:
