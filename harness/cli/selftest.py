@@ -103,24 +103,28 @@ raise SystemExit(0 if ok else 1)
 
 
 def _rows_summary(results: Path) -> tuple[str, int]:
-    """(pass/fail/... counts of the step's rows, error rows of built-in backends)."""
+    """(pass/fail/... counts of the step's rows, harness errors: error rows of built-in backends, and naive rows
+    that did not run - naive needs nothing but torch, so 'unavailable' there is the harness's failure)."""
     import pandas as pd
 
     csvs = sorted(results.glob("*/results.csv")) if results.exists() else []
     if not csvs:
-        return "no results", 0
+        return "no results", 1
     df = pd.concat([pd.read_csv(c) for c in csvs], ignore_index=True)
     counts = df.status.value_counts().to_dict()
-    errors = df[(df.status == "error") & df.backend.isin(BUILT_IN)]
+    errors = df[((df.status == "error") & df.backend.isin(BUILT_IN))
+                | ((df.backend == "naive") & (df.status == "unavailable"))]
     return ", ".join(f"{k} {v}" for k, v in counts.items()), len(errors)
 
 
-def run_step(step: Step, log) -> dict:
+def run_step(step: Step, log, out: Path) -> dict:
+    """Run one step; its whole output goes to <out>/<step>.log, a failing step's last lines to `log` too."""
     if step.skip:
         return {"status": "skipped", "seconds": 0.0, "detail": step.skip}
     start = time.monotonic()
     proc = subprocess.run(step.command, cwd=ROOT, capture_output=True, text=True)
     seconds = time.monotonic() - start
+    (out / f"{_file_name(step.name)}.log").write_text(f"$ {' '.join(step.command)}\n{proc.stdout}{proc.stderr}")
     tail = (proc.stdout + proc.stderr).strip().splitlines()
     detail = tail[-1][:120] if tail else ""
     status = "ok" if proc.returncode in step.ok_codes else f"FAILED (exit {proc.returncode})"
@@ -131,8 +135,12 @@ def run_step(step: Step, log) -> dict:
             status = "FAILED (error rows)"
     log(f"[{step.name}] {status} in {seconds:.0f} s: {detail}")
     if status != "ok":
-        log("\n".join(tail[-30:]))
+        log("\n".join(tail[-30:]) + f"\n(whole output: {out / _file_name(step.name)}.log)")
     return {"status": status, "seconds": seconds, "detail": detail}
+
+
+def _file_name(step_name: str) -> str:
+    return "step-" + "".join(c if c.isalnum() else "-" for c in step_name).strip("-")
 
 
 def _selftest(args: argparse.Namespace) -> int:
@@ -148,7 +156,7 @@ def _selftest(args: argparse.Namespace) -> int:
     steps = plan(args.dry_run, out, gpus)
     start = time.monotonic()
     for step in steps:
-        step.outcome = run_step(step, print)
+        step.outcome = run_step(step, print, out)
     width = max(len(s.name) for s in steps)
     print(f"\nselftest {'--dry-run (CPU stand-in)' if args.dry_run else 'on ' + torch.cuda.get_device_name(0)}: "
           f"{time.monotonic() - start:.0f} s, results under {out}")

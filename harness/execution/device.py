@@ -8,7 +8,7 @@ import torch
 def resolve_device(name: str | None) -> torch.device:
     """'cuda', 'cuda:1', 'cpu' or None (= cuda when present, else cpu); a bad name is a ValueError."""
     if name in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return indexed(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as exc:
@@ -17,5 +17,16 @@ def resolve_device(name: str | None) -> torch.device:
         raise ValueError(f"device {name!r}: allowed: auto, cpu, cuda, cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r}: no CUDA device visible to torch {torch.__version__}")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: torch sees {torch.cuda.device_count()} CUDA device(s), "
+                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return indexed(device)
+
+
+def indexed(device: torch.device) -> torch.device:
+    """A CUDA device with its index ('cuda' -> 'cuda:<current>'), so that rows name the device that ran and
+    torch.cuda.set_device accepts it (torch.cuda._utils._get_device_index raises on a bare 'cuda')."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
     return device
 

@@ -40,6 +40,12 @@ class Executor:
         except Exception as exc:  # a broken availability check is a reason too
             return f"availability check failed: {exception_text(exc)}"
 
+    def refusal(self, backend: Backend, device: torch.device) -> tuple[str, str] | None:
+        """(status, reason) when `backend` cannot run on `device` at all: 'unavailable' (not installed, wrong
+        device, a broken availability check), or 'error' where the harness itself could not set it up."""
+        reason = self.unavailable_reason(backend, device)
+        return ("unavailable", reason) if reason else None
+
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
         return self._noted(run_call(backend, call, device), backend)
 

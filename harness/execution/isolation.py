@@ -31,6 +31,7 @@ import torch.multiprocessing  # noqa: F401 - registers tensor reductions: large 
 from harness.backends.base import Backend
 from harness.backends.registry import loaded_modules
 from harness.execution.call import Call, CallResult
+from harness.execution.device import indexed
 from harness.execution.executor import CallFailed, Executor
 from harness.execution.outcome import Failure
 from harness.execution.timed import TimingCall, TimingResult
@@ -114,8 +115,8 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
     from harness.execution.call import run_call
     from harness.execution.timed import run_timing
 
-    device = torch.device(spec.device)
     try:
+        device = indexed(torch.device(spec.device))
         torch.set_num_threads(spec.threads)
         if device.type == "cuda":
             torch.cuda.set_device(device)  # events, streams and graphs follow the current device
@@ -248,6 +249,7 @@ class IsolatedExecutor(Executor):
     isolated = True
 
     def __post_init__(self):
+        self.device = indexed(torch.device(self.device))
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(["harness.execution.isolation"])
         self._spec = WorkerSpec(str(self.device), tuple(self.modules), self.threads or torch.get_num_threads(),
@@ -282,6 +284,14 @@ class IsolatedExecutor(Executor):
             self._available[backend.name] = answer if status == "ok" else answer.reason
         return self._available[backend.name]
 
+    def refusal(self, backend: Backend, device: torch.device) -> tuple[str, str] | None:
+        reason = self.unavailable_reason(backend, device)
+        if reason is None:
+            return None
+        worker = self.workers.get(backend.name)
+        # a worker that could not start is the harness's failure, never the backend's absence
+        return ("error" if worker is not None and worker.start_failure is not None else "unavailable"), reason
+
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
         self._check(device)
         status, answer = self._ask(backend, "call", call.to_cpu(), self.timeout_for(call.case.id),
@@ -313,7 +323,7 @@ class IsolatedExecutor(Executor):
         return dict(self.restarts)
 
     def _check(self, device: torch.device) -> None:
-        if torch.device(device) != torch.device(self.device):
+        if indexed(torch.device(device)) != self.device:
             raise ValueError(f"this executor's workers run on {self.device}; asked for {device}")
 
     def close(self) -> None:

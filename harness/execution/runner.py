@@ -73,9 +73,9 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, in
 def refusal(backend: Backend, case: AttentionCase, device: torch.device,
             executor: Executor = IN_PROCESS) -> tuple[str, str] | None:
     """(status, reason) when `backend` cannot run `case`'s forward on `device` at all, else None."""
-    reason = executor.unavailable_reason(backend, device)
-    if reason:
-        return "unavailable", reason
+    refused = executor.refusal(backend, device)
+    if refused:
+        return refused
     reasons = backend.can_run(case, device)
     return ("unsupported", "; ".join(reasons)) if reasons else None
 

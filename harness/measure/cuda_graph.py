@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 
-def graphed(fn: Callable[[], object], setup: Callable[[], None], device: torch.device,
+def graphed(fn: Callable[[], object], setup: Callable[[], None] | None, device: torch.device,
             build: Callable[[], None] | None = None) -> Callable[[], None]:
     """Capture fn in a CUDA graph on `device` (removes launch overhead, as do_bench_cudagraph does); its replay.
 
@@ -15,6 +15,7 @@ def graphed(fn: Callable[[], object], setup: Callable[[], None], device: torch.d
     of their forward, so that forward must be built on the stream the capture uses (torch docs, "Stream semantics
     of backward passes"). Warm-up and capture both run on one side stream of `device`, never on the current
     device's default stream (the capture would fail) nor on another device's (cuda:N)."""
+    setup = setup or (lambda: None)
     with torch.cuda.device(device):
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))

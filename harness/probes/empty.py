@@ -77,10 +77,10 @@ def probe_all(backends: list[Backend], device: torch.device, executor: Executor)
     a backend that dies on an empty problem must only end its worker."""
     results = {}
     for backend in backends:
-        reason = executor.unavailable_reason(backend, device)
+        refused = executor.refusal(backend, device)
         for shape in SHAPES:
-            if reason:
-                results[(backend.name, shape)] = {"status": "unavailable", "observed": "", "reason": reason}
+            if refused:
+                results[(backend.name, shape)] = {"status": refused[0], "observed": "", "reason": refused[1]}
                 continue
             try:
                 results[(backend.name, shape)] = executor.run(backend, probe, device, shape)

@@ -103,6 +103,13 @@ def test_every_installed_backend_is_correct_on_a_small_gpu_slice():
     df = check("all", "gpu-smoke", "cuda")
     errors = df[df.status == "error"]
     assert errors.empty, errors[["backend", "case_id", "phase", "reason"]].to_string()
+    # not vacuous: naive and sdpa need nothing but torch, so every one of their rows ran (a worker that could not
+    # start once made all of them 'unavailable'); rows name the indexed device
+    for name in ("naive", "sdpa"):
+        ran = df[df.backend == name]
+        assert len(ran) and ran.status.isin(["pass", "fail", "unsupported"]).all(), ran.status.value_counts()
+        assert (ran.status == "pass").any()
+    assert set(df.device) == {f"cuda:{torch.cuda.current_device()}"}
     xf = df[(df.backend == "xformers") & (df.status == "pass")]
     if len(xf):  # the op that ran is recorded per phase, forward and backward separately
         assert xf.backend_op.str.contains("F").any() and xf[xf.phase == "bwd"].backend_op.str.contains("B").all()
