@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 
@@ -145,12 +149,44 @@ def _refused_why(kernel: SDPBackend, q, k, v, kwargs: dict, gqa: bool) -> None:
         return
     params = torch.backends.cuda.SDPAParams(q, k, v, kwargs.get("attn_mask"), 0.0, kwargs.get("is_causal", False),
                                             gqa)
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, native_warnings() as native:
         warnings.simplefilter("always")
         ok = checks[kernel](params, True)
     if not ok:
-        why = "; ".join(_clean(str(w.message)) for w in caught) or "torch's checks refused these inputs"
+        reasons = [_clean(str(w.message)) for w in caught] + native
+        why = "; ".join(dict.fromkeys(reasons)) or "torch's checks refused these inputs"
         raise Unsupported(f"{kernel.name} refused: {why[:400]}")
+
+
+#: a C++ TORCH_WARN line on stderr, e.g. (H200, torch 2.11): "[W1130 14:36:21.387796355 sdp_utils_cpp.h:262]
+#: Warning: Flash Attention does not support non-null attn_mask. (function check_for_attn_mask)"
+_NATIVE_WARNING = re.compile(r"Warning: (.*?)(?: \(function [\w:]+\))?\s*$")
+
+
+@contextlib.contextmanager
+def native_warnings():
+    """Collect the C++ warnings torch writes to stderr meanwhile (the list fills when the block ends).
+
+    torch.backends.cuda.can_use_*_attention(params, debug=True) give their reasons with TORCH_WARN, but their
+    bindings install no Python warning handler (torch/csrc/Module.cpp, 2.11-2.13), so the reasons go to fd 2
+    and never reach `warnings`: seen on an H200, every refusal read "torch's checks refused these inputs"."""
+    found: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield found
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            for line in sink.read().decode(errors="replace").splitlines():
+                match = _NATIVE_WARNING.search(line)
+                if match:
+                    found.append(_clean(match.group(1)))
+                elif line.strip():
+                    os.write(2, (line + "\n").encode())  # not a warning: give it back to stderr
 
 
 def _cudnn_refusals(call):

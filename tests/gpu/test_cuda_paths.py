@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from harness import AttentionCase, check
+from harness.backends.base import Unsupported
 from harness.backends.registry import get_backends
 from harness.execution.call import BoundCall, backend_inputs
 from harness.execution.timed import phase_callables
@@ -57,7 +58,10 @@ def test_timed_calls_do_no_host_work(mask):
     for backend in _available("all"):
         if backend.can_run(case, device):
             continue
-        call = BoundCall(backend, case, device)
+        try:
+            call = BoundCall(backend, case, device)
+        except Unsupported:  # a pinned SDPA kernel refuses in prepare (sdpa-flash: no attn_mask; seen on an H200)
+            continue
         q, k, v, _ = backend_inputs(backend, inputs, requires_grad=False)
         call(q, k, v)  # first call: compiles, warms up
         torch.cuda.synchronize(device)

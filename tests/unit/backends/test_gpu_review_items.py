@@ -4,6 +4,7 @@ Checked against torch 2.13 (torch/backends/cuda/__init__.py: SDPAParams, can_use
 torch/nn/attention/__init__.py: SDPBackend; torch._fused_sdp_choice) and xformers 0.0.35
 (xformers/__init__.py: _has_cpp_library; xformers/_cpp_lib.py: _cpp_library_load_exception)."""
 
+import os
 import warnings
 
 import pytest
@@ -96,3 +97,22 @@ def test_item11_tf32_settings_and_overrides_are_recorded(monkeypatch):
     settings = tf32_settings()
     assert settings["NVIDIA_TF32_OVERRIDE"] == "0" and settings["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == "1"
     assert {"matmul", "cudnn", "float32_matmul_precision"} <= set(settings)
+
+
+def test_item10_reasons_torch_writes_to_stderr_are_kept(monkeypatch, capfd):
+    """On an H200 (torch 2.11) the can_use_* checks wrote their reasons as C++ warnings on fd 2, never through
+    Python's warnings, and every refusal read "torch's checks refused these inputs". The line below is the one
+    seen there; it is written to fd 2 the way c10's default warning handler writes it."""
+    seen = ("[W1130 14:36:21.387796355 sdp_utils_cpp.h:262] Warning: Flash Attention does not support non-null "
+            "attn_mask. (function check_for_attn_mask)\n")
+
+    def refuse(params, debug):
+        os.write(2, seen.encode())
+        os.write(2, b"unrelated output\n")
+        return False
+    monkeypatch.setattr(torch.backends.cuda, "can_use_flash_attention", refuse)
+    q = torch.empty(1, 2, 8, 64)
+    with pytest.raises(Unsupported) as refused:
+        sdpa_module._refused_why(SDPBackend.FLASH_ATTENTION, q, q, q, {}, False)
+    assert str(refused.value) == "FLASH_ATTENTION refused: Flash Attention does not support non-null attn_mask."
+    assert "unrelated output" in capfd.readouterr().err  # what is not a warning goes back to stderr
