@@ -113,11 +113,12 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
     _redirect_output(spec.log_dir, backend_name)
     from harness.backends.registry import all_backends, load_backend_module
     from harness.execution.call import run_call
-    from harness.execution.timed import run_timing
+    from harness.execution.timed import allow_backward_replay, run_timing
 
     try:
         device = indexed(torch.device(spec.device))
         torch.set_num_threads(spec.threads)
+        allow_backward_replay()
         if device.type == "cuda":
             torch.cuda.set_device(device)  # events, streams and graphs follow the current device
         for module in spec.modules:

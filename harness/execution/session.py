@@ -13,6 +13,7 @@ from harness.execution.cache import LRU
 from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.outcome import BackendResult
 from harness.execution.runner import execute, prepare_case
+from harness.execution.timed import allow_backward_replay
 from harness.measure.timing import Measurement, TimingConfig
 from harness.oracle.prepared import PreparedCase
 from harness.spec.case import AttentionCase, make_inputs
@@ -42,6 +43,7 @@ class RunSession:
     def __post_init__(self):
         if self.rounds < 1:
             raise ValueError(f"rounds={self.rounds!r}: must be >= 1")
+        allow_backward_replay()  # --no-isolate: compiled backends run in this process
         self.run_dir = Path(self.results_root) / self.run_id
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.writer = ResultsWriter(self.run_dir / RESULTS)

@@ -76,6 +76,19 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
     return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build)
 
 
+def allow_backward_replay() -> None:
+    """Let a compiled backend's backward run again on the same graph, as the bwd phase does (retain_graph=True).
+
+    AOTAutograd donates the forward's saved buffers to the backward by default and then refuses retain_graph:
+    seen on an H200 (torch 2.11), flex's every bwd row was "This backward function was compiled with non-empty
+    donated buffers which requires create_graph=False and retain_graph=False". Only graphs compiled after this
+    call are affected, so a process calls it before any backend runs (the run's session, each worker)."""
+    import torch._functorch.config as functorch_config
+
+    if hasattr(functorch_config, "donated_buffer"):  # torch >= 2.5
+        functorch_config.donated_buffer = False
+
+
 def run_timing(backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
     """Measure one round; every failure (raised, oom, over the CPU budget) comes back as a Failure."""
     result = TimingResult()

@@ -1,6 +1,12 @@
-"""A worker that cannot start is the harness's failure (an `error` row), and CUDA devices are always indexed:
-torch.cuda.set_device raises on a bare 'cuda' (torch/cuda/_utils.py `_get_device_index(optional=False)`, torch
-2.11-2.13), which on an H200 turned every row of a `--device cuda` run into 'unavailable' (seen 2026-11-30)."""
+"""What the first GPU runs (one H200, torch 2.11.0+cu130, 2026-11-30) found in the execution layer, pinned on CPU.
+
+- torch.cuda.set_device raises on a bare 'cuda' (torch/cuda/_utils.py `_get_device_index(optional=False)`,
+  torch 2.11-2.13): every worker of a `--device cuda` run failed to start and every row read 'unavailable'. CUDA
+  devices are now always indexed, and a worker that cannot start is the harness's failure (an `error` row).
+- AOTAutograd's donated buffers (torch/_functorch/_aot_autograd/runtime_wrappers.py, 2.11-2.13) refuse the
+  retain_graph=True backward the bwd phase replays: every flex bwd timing row was an error. Each process that
+  runs backends turns them off first.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from harness.execution.device import indexed, resolve_device
 from harness.execution.executor import IN_PROCESS
 from harness.execution.isolation import IsolatedExecutor
 from harness.execution.runner import refusal
+from harness.execution.session import RunSession
 
 CPU = torch.device("cpu")
 
@@ -60,3 +67,22 @@ def test_cuda_is_resolved_to_the_current_device_index(two_gpus):
 def test_a_cuda_index_beyond_the_devices_is_refused(two_gpus):
     with pytest.raises(ValueError, match=r"device 'cuda:2': torch sees 2 CUDA device\(s\), cuda:0 to cuda:1"):
         resolve_device("cuda:2")
+
+
+def test_sessions_and_workers_turn_donated_buffers_off_before_any_backend_runs(tmp_path, monkeypatch):
+    import torch._functorch.config as functorch_config
+
+    monkeypatch.setattr(functorch_config, "donated_buffer", True)
+    RunSession(CPU, tmp_path)
+    assert functorch_config.donated_buffer is False
+    monkeypatch.setattr(functorch_config, "donated_buffer", True)
+    seen = tmp_path / "seen.txt"
+    probe = tmp_path / "donation_probe.py"  # a plugin module the worker loads after its setup: it reports the flag
+    probe.write_text("import torch._functorch.config as c\n"
+                     f"open({str(seen)!r}, 'w').write(str(c.donated_buffer))\n")
+    executor = IsolatedExecutor(CPU, modules=(str(probe),), log_dir=str(tmp_path / "workers"))
+    try:
+        assert refusal(Naive(), AttentionCase(1, 2, 8, 8, "fp32"), CPU, executor) is None
+    finally:
+        executor.close()
+    assert seen.read_text() == "False"
