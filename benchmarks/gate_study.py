@@ -1,6 +1,6 @@
 """How well does the regression gate decide on this machine? Real runs, real timing: A/B and A/A pairs.
 
-    python benchmarks/gate_study.py [--pairs 20] [--parts smoke-ab,smoke-aa,default-ab,default-aa] [--out DIR]
+    python benchmarks/gate_study.py [--pairs 20] [--parts smoke-ab,smoke-aa,default-ab,default-aa,noise] [--out DIR]
 
 Each pair is the CI recipe in the README: two `pytest suites --benchmark` runs, then
 `python -m harness compare BASE NEW --remeasure`. The slowed backend is tests/fixtures/slow_backends.py's
@@ -14,6 +14,8 @@ sdpa-math-tunable (HARNESS_REPEAT=2: the whole attention twice; HARNESS_SLOWDOWN
 - default-ab: one pair, the default matrix, the tunable backend at 1x then 1.25x. Target: >= 80 % of keys
   flagged slower.
 - default-aa: one pair of the default matrix, all CPU backends. Target: <= 1 % of keys flagged.
+- noise: the stored smoke pairs decided again, without re-measurement, with a noise model learned from the A/A
+  runs (`history --noise`; leave-one-out for the A/A pairs): what a testbed gets once it has a noise model.
 
 Prints one line per pair and a summary with the targets; writes study.csv under --out. No noise model is
 built (every margin is --min-effect): the figures are what a first-day user gets.
@@ -101,6 +103,57 @@ def part_aa(out: Path, pairs: int, matrix: str, budget_s: float, log) -> list[di
     return rows
 
 
+def noise_model_from(runs: list[Path], where: Path) -> Path:
+    """`history --noise` over `runs` (linked into `where`): the testbed's noise model file."""
+    where.mkdir(parents=True, exist_ok=True)
+    for run in runs:
+        (where / run.name).symlink_to(run.resolve(), target_is_directory=True)
+    subprocess.run([sys.executable, "-m", "harness", "history", str(where), "--noise"], cwd=ROOT, check=True,
+                   capture_output=True, text=True)
+    (model,) = (where / "noise").glob("*.json")
+    return model
+
+
+def decide(base: Path, new: Path, model: Path, out: Path) -> tuple[int, pd.DataFrame]:
+    """compare with a noise model and no re-measurement: (exit code, compare.csv)."""
+    proc = subprocess.run([sys.executable, "-m", "harness", "compare", str(base), str(new), "--noise", str(model),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode == 2:
+        raise RuntimeError(f"compare failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return proc.returncode, pd.read_csv(out / "compare.csv")
+
+
+def part_noise(out: Path, log) -> list[dict]:
+    """The stored smoke pairs decided again with a noise model learned from the A/A runs (what a testbed has
+    after `history --noise`): each A/A pair with a model from the other A/A runs (leave its own two out), each
+    A/B pair with a model from all of them. No re-measurement: the decision on the runs' own rounds."""
+    from harness.store.run_dir import is_run_dir
+
+    aa = sorted(p for p in (out / "smoke-aa").iterdir() if is_run_dir(p))
+    work = out / "noise-analysis"
+    rows = []
+    for i, (base, new) in enumerate(zip(aa, aa[1:])):
+        model = noise_model_from([r for r in aa if r not in (base, new)], work / f"aa-{i:02d}")
+        code, df = decide(base, new, model, work / f"aa-{i:02d}" / "compare")
+        t = timed(df)
+        rows.append({"part": "smoke-aa+noise", "pair": i, "exit": code, "keys": len(t),
+                     "slower": int((t.verdict == "slower").sum()), "undecided": int((t.verdict == "undecided").sum()),
+                     "flagged_first": int(t.verdict.isin(["slower", "undecided"]).sum()), "remeasured": 0,
+                     "margin_median": float(t.margin.median())})
+        log(rows[-1])
+    model = noise_model_from(aa, work / "all")
+    for i, pair_dir in enumerate(sorted((out).glob("smoke-ab-*"))):
+        a, b = sorted(p for p in pair_dir.iterdir() if is_run_dir(p))
+        code, df = decide(a, b, model, work / f"ab-{i:02d}")
+        t = timed(df)
+        rows.append({"part": "smoke-ab+noise", "pair": i, "exit": code, "keys": len(t),
+                     "slower": int((t.verdict == "slower").sum()), "undecided": int((t.verdict == "undecided").sum()),
+                     "flagged_first": int(t.verdict.isin(["slower", "undecided"]).sum()), "remeasured": 0,
+                     "margin_median": float(t.margin.median())})
+        log(rows[-1])
+    return rows
+
+
 def summary(df: pd.DataFrame) -> list[str]:
     lines = []
     for part, g in df.groupby("part", sort=False):
@@ -116,6 +169,14 @@ def summary(df: pd.DataFrame) -> list[str]:
             lines.append(f"smoke A/A: exit 0 in {(g.exit == 0).sum()}/{n} pairs (target >= 19/20); keys flagged "
                          f"at first {g.flagged_first.sum()}/{g['keys'].sum()}, still flagged after re-measurement "
                          f"{(g.slower + g.undecided).sum()}/{g['keys'].sum()}; gate {g.gate_s.median():.0f} s median")
+        elif part == "smoke-aa+noise":
+            lines.append(f"smoke A/A with a leave-one-out noise model, no re-measurement: exit 0 in {(g.exit == 0).sum()}/{n} "
+                         f"pairs (target >= 19/20); keys flagged {(g.slower + g.undecided).sum()}/{g['keys'].sum()}; "
+                         f"median margin {g.margin_median.median():.2f}x")
+        elif part == "smoke-ab+noise":
+            lines.append(f"smoke A/B (2x) with the A/A noise model, no re-measurement: exit 1 in {(g.exit == 1).sum()}/{n} "
+                         f"pairs; slowed keys ending 'slower' {(g.slower / g['keys']).mean():.1%} on average, worst pair "
+                         f"{(g.slower / g['keys']).min():.1%}; median margin {g.margin_median.median():.2f}x")
         elif part == "default-ab":
             lines.append(f"default A/B (1.25x): {(g.slower.sum() / g['keys'].sum()):.1%} of keys flagged slower "
                          f"(target >= 80 %), {g.undecided.sum()} undecided")
@@ -146,6 +207,8 @@ def main() -> None:
         rows += part_ab(args.out, 1, "default", {"HARNESS_REPEAT": "1", "HARNESS_SLOWDOWN": "0.25"}, 600.0, log)
     if "default-aa" in parts:
         rows += part_aa(args.out, 1, "default", 600.0, log)
+    if "noise" in parts:  # needs the stored smoke-aa and smoke-ab runs under --out
+        rows += part_noise(args.out, log)
     df = pd.DataFrame(rows)
     df.to_csv(args.out / "study.csv", index=False)
     print("\n".join(summary(df)))
