@@ -123,6 +123,13 @@ def decide(base: Path, new: Path, model: Path, out: Path) -> tuple[int, pd.DataF
     return proc.returncode, pd.read_csv(out / "compare.csv")
 
 
+def _decided(part: str, pair: int, code: int, t: pd.DataFrame) -> dict:
+    return {"part": part, "pair": pair, "exit": code, "keys": len(t), "slower": int((t.verdict == "slower").sum()),
+            "undecided": int((t.verdict == "undecided").sum()),
+            "flagged_first": int(t.verdict.isin(["slower", "undecided"]).sum()), "remeasured": 0,
+            "margin_median": float(t.margin.median())}
+
+
 def part_noise(out: Path, log) -> list[dict]:
     """The stored smoke pairs decided again with a noise model learned from the A/A runs (what a testbed has
     after `history --noise`): each A/A pair with a model from the other A/A runs (leave its own two out), each
@@ -135,21 +142,13 @@ def part_noise(out: Path, log) -> list[dict]:
     for i, (base, new) in enumerate(zip(aa, aa[1:])):
         model = noise_model_from([r for r in aa if r not in (base, new)], work / f"aa-{i:02d}")
         code, df = decide(base, new, model, work / f"aa-{i:02d}" / "compare")
-        t = timed(df)
-        rows.append({"part": "smoke-aa+noise", "pair": i, "exit": code, "keys": len(t),
-                     "slower": int((t.verdict == "slower").sum()), "undecided": int((t.verdict == "undecided").sum()),
-                     "flagged_first": int(t.verdict.isin(["slower", "undecided"]).sum()), "remeasured": 0,
-                     "margin_median": float(t.margin.median())})
+        rows.append(_decided("smoke-aa+noise", i, code, timed(df)))
         log(rows[-1])
     model = noise_model_from(aa, work / "all")
     for i, pair_dir in enumerate(sorted((out).glob("smoke-ab-*"))):
         a, b = sorted(p for p in pair_dir.iterdir() if is_run_dir(p))
         code, df = decide(a, b, model, work / f"ab-{i:02d}")
-        t = timed(df)
-        rows.append({"part": "smoke-ab+noise", "pair": i, "exit": code, "keys": len(t),
-                     "slower": int((t.verdict == "slower").sum()), "undecided": int((t.verdict == "undecided").sum()),
-                     "flagged_first": int(t.verdict.isin(["slower", "undecided"]).sum()), "remeasured": 0,
-                     "margin_median": float(t.margin.median())})
+        rows.append(_decided("smoke-ab+noise", i, code, timed(df)))
         log(rows[-1])
     return rows
 
