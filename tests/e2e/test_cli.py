@@ -72,6 +72,8 @@ def test_recommend_a_model_preset_states_its_cost_or_runs():
                   "--backends", "naive,sdpa-math", "--no-checks", "--device", "cpu")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "fp32-b2-h16-s197-d64-none" in res.stdout and "winner:" in res.stdout
+    # what the user reads is only ours: no profiler (USDT) lines, no xformers load warning
+    assert "USDT" not in res.stdout + res.stderr and "can't load C++/CUDA" not in res.stdout + res.stderr
     res = harness("recommend", "--preset", "vit-l", "--seq", "197", "--batch", "2", "--heads", "8")
     assert res.returncode == 2 and "vit-l sets heads, kv heads, head dim and mask; drop --heads" in res.stderr
 

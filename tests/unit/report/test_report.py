@@ -119,3 +119,15 @@ def test_cli_plot_report_and_errors(run_dir, tmp_path, capsys):
         assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0]
     assert main(["plot", str(tmp_path / "nowhere")]) == 2
     assert "no run directory" in capsys.readouterr().err
+
+
+def test_markdown_escapes_what_it_takes_from_data(tmp_path):
+    """Backend names and reasons come from plugins and exceptions: no raw HTML may reach report.md."""
+    import pandas as pd
+
+    from harness.report.document import Para, Table, to_markdown
+
+    md = to_markdown([Para("backend <b>evil</b> and a [link](#failures)"),
+                      Table(pd.DataFrame({"reason": ["<script>alert(1)</script> | pipe"]}))], tmp_path)
+    assert "<script>" not in md and "<b>" not in md
+    assert "&lt;script&gt;" in md and "&lt;b&gt;evil" in md and "[link](#failures)" in md
