@@ -2,8 +2,9 @@
 
     python benchmarks/isolation_overhead.py [--pairs 3] [--matrix default]
 
-Alternates `pytest suites --matrix M` with and without --no-isolate (ABBA order, so a slow spell of a shared
-machine hits both), wall time of each, and prints the overhead of isolation per pair and the median.
+After one untimed warm-up run, alternates `pytest suites --matrix M` with and without --no-isolate (ABBA order,
+so a slow spell of a shared machine hits both), wall time of each, and prints the overhead of isolation per pair
+and the median.
 Target (issue: crashes and hangs): <= 10 % of wall time on the default CPU run.
 """
 
@@ -33,6 +34,10 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--matrix", default="default")
     args = parser.parse_args()
+    # One untimed run first: the first run on a machine fills torch.compile's on-disk cache (flex compiles for
+    # minutes cold), which would otherwise land on whichever side runs first (seen: 440 s against ~100 s).
+    warm = run(args.matrix, True)
+    print(f"warm-up run (not counted): {warm:.1f} s", flush=True)
     overheads = []
     for i in range(args.pairs):
         order = (True, False) if i % 2 == 0 else (False, True)
