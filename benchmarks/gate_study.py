@@ -1,11 +1,20 @@
 """How well does the regression gate decide on this machine? Real runs, real timing: A/B and A/A pairs.
 
-    python benchmarks/gate_study.py [--pairs 20] [--parts smoke-ab,smoke-aa,default-ab,default-aa,noise] [--out DIR]
+    python benchmarks/gate_study.py [--pairs 20] [--parts process,smoke-ab,smoke-aa,default-ab,default-aa,noise]
+                                    [--out DIR]
 
-Each pair is the CI recipe in the README: two `pytest suites --benchmark` runs, then
-`python -m harness compare BASE NEW --remeasure`. The slowed backend is tests/fixtures/slow_backends.py's
-sdpa-math-tunable (HARNESS_REPEAT=2: the whole attention twice; HARNESS_SLOWDOWN=0.25: 1.25x exactly).
+Run it from a clean checkout (a clone): the A/B parts make git worktrees of its HEAD. Each pair is the CI recipe
+in the README: two `pytest suites --benchmark` runs, then `python -m harness compare BASE NEW --remeasure`.
 
+- A/B pairs are two commits' code: a worktree `base` of HEAD, and a worktree `new` of HEAD whose
+  tests/fixtures/slow_backends.py makes sdpa-math-tunable do the whole attention twice (HARNESS_REPEAT's default
+  2) or spin for a quarter of its time more (HARNESS_SLOWDOWN's default 0.25: 1.25x exactly). Each side runs in
+  its worktree; compare runs in `new` with `--base-checkout base`, so re-measurement times both commits in pairs.
+- A/A pairs are one commit's code (this checkout): compare pairs the base side here by itself.
+
+- process: two persistent workers of one code, one key at a time, interleaved in pairs for 12 rounds: is there a
+  per-process offset that persistent workers would carry into every pair? (what RemeasureConfig.fresh_workers
+  would remove)
 - smoke-ab: N pairs, --matrix smoke, the tunable backend at 1x then 2x. Targets: exit 1 in >= 19 of 20; each
   slowed key ends "slower" (not undecided) in >= 95 % of them; the whole gate (two runs + re-measurement) in
   <= 3 minutes.
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,52 +43,90 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-SLOW = str(ROOT / "tests" / "fixtures" / "slow_backends.py")
-TUNABLE = ["--backend-module", SLOW, "--backends", "sdpa-math-tunable"]
 ALL_CPU = ["--backends", "all"]
 
 
-def run_suite(results: Path, matrix: str, backends: list[str], env: dict) -> tuple[Path, float]:
-    """One `pytest suites --benchmark` run; its run dir and wall seconds."""
+def run_suite(results: Path, matrix: str, backends: list[str], cwd: Path = ROOT) -> tuple[Path, float]:
+    """One `pytest suites --benchmark` run in checkout `cwd`; its run dir and wall seconds."""
     before = set(results.glob("*")) if results.exists() else set()
     start = time.monotonic()
     cmd = [sys.executable, "-m", "pytest", "suites", "--matrix", matrix, "--benchmark", "--results-dir", str(results),
            "-q", "-p", "no:cacheprovider", "--no-report", "--benchmark-quiet", *backends]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=_env(cwd), capture_output=True, text=True)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"suite run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     (new,) = set(results.glob("*")) - before - {results / "noise", results / "history"}
     return new, time.monotonic() - start
 
 
-def gate(base: Path, new: Path, env: dict, budget_s: float) -> tuple[int, pd.DataFrame, float]:
-    """compare --remeasure: (exit code, compare.csv, wall seconds)."""
+def _env(cwd: Path) -> dict:
+    """The environment of a step run in checkout `cwd`: its code first on the path, no tunable-backend knobs (the
+    checkout's code is what differs)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HARNESS_REPEAT", "HARNESS_SLOWDOWN")}
+    return {**env, "PYTHONPATH": str(cwd)}
+
+
+def gate(base: Path, new: Path, budget_s: float, cwd: Path = ROOT, base_checkout: Path | None = None
+         ) -> tuple[int, pd.DataFrame, float]:
+    """compare --remeasure in checkout `cwd`: (exit code, compare.csv, wall seconds)."""
     start = time.monotonic()
     out = new / f"study-vs-{base.name}"
+    extra = ["--base-checkout", str(base_checkout)] if base_checkout else []
     proc = subprocess.run([sys.executable, "-m", "harness", "compare", str(base), str(new), "--remeasure",
-                           "--remeasure-budget-s", str(budget_s), "--out", str(out)], cwd=ROOT,
-                          env={**os.environ, **env}, capture_output=True, text=True)
+                           "--remeasure-budget-s", str(budget_s), "--out", str(out), *extra], cwd=cwd,
+                          env=_env(cwd), capture_output=True, text=True)
     if proc.returncode == 2:
         raise RuntimeError(f"compare failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return proc.returncode, pd.read_csv(out / "compare.csv"), time.monotonic() - start
+
+
+#: what the `new` worktree changes in tests/fixtures/slow_backends.py: the tunable backend's default knobs
+SLOWER_CODE = {"2x": ('HARNESS_REPEAT", "1")', 'HARNESS_REPEAT", "2")'),
+               "1.25x": ('HARNESS_SLOWDOWN", "0")', 'HARNESS_SLOWDOWN", "0.25")')}
+
+
+def worktrees(out: Path, change: str) -> tuple[Path, Path]:
+    """Two git worktrees of HEAD under `out`: `base` as committed, `new` with the slowdown `change` applied."""
+    if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                      text=True).stdout.strip():
+        raise SystemExit("gate_study: the A/B parts make worktrees of HEAD; commit (or run from a clean clone) first")
+    paths = []
+    for name in ("base", "new"):
+        path = out / f"worktree-{change}-{name}"
+        if path.exists():
+            subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, capture_output=True)
+            shutil.rmtree(path, ignore_errors=True)
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), "HEAD"], cwd=ROOT, check=True,
+                       capture_output=True)
+        paths.append(path)
+    fixture = paths[1] / "tests" / "fixtures" / "slow_backends.py"
+    old, new = SLOWER_CODE[change]
+    text = fixture.read_text()
+    if old not in text:
+        raise SystemExit(f"gate_study: {fixture} no longer contains {old!r}; update SLOWER_CODE")
+    fixture.write_text(text.replace(old, new))
+    return paths[0], paths[1]
 
 
 def timed(df: pd.DataFrame) -> pd.DataFrame:
     return df[df.verdict.isin(["slower", "faster", "unchanged", "undecided"])]
 
 
-def part_ab(out: Path, pairs: int, matrix: str, slow_env: dict, budget_s: float, log) -> list[dict]:
+def part_ab(out: Path, pairs: int, matrix: str, change: str, budget_s: float, log) -> list[dict]:
+    base_tree, new_tree = worktrees(out, change)
+    backends = ["--backend-module", "tests/fixtures/slow_backends.py", "--backends", "sdpa-math-tunable"]
     rows = []
     for i in range(pairs):
         results = out / f"{matrix}-ab-{i:02d}"
-        a, a_s = run_suite(results, matrix, TUNABLE, {"HARNESS_REPEAT": "1", "HARNESS_SLOWDOWN": "0"})
-        b, b_s = run_suite(results, matrix, TUNABLE, slow_env)
-        code, df, g_s = gate(a, b, slow_env, budget_s)
+        a, a_s = run_suite(results, matrix, backends, base_tree)
+        b, b_s = run_suite(results, matrix, backends, new_tree)
+        code, df, g_s = gate(a, b, budget_s, new_tree, base_tree)
         t = timed(df)
         row = {"part": f"{matrix}-ab", "pair": i, "exit": code, "keys": len(t), "slower": int((t.verdict == "slower").sum()),
                "undecided": int((t.verdict == "undecided").sum()), "flagged_first": int(t.first_verdict.isin(
                    ["slower", "undecided"]).sum() + (t.verdict.isin(["slower", "undecided"]) & ~t.remeasured).sum()),
-               "remeasured": int(t.remeasured.sum()), "gate_s": a_s + b_s + g_s, "compare_s": g_s}
+               "remeasured": int(t.remeasured.sum()), "paired": int(t.note.str.contains("paired rounds").sum()),
+               "gate_s": a_s + b_s + g_s, "compare_s": g_s}
         rows.append(row)
         log(row)
     return rows
@@ -86,20 +134,64 @@ def part_ab(out: Path, pairs: int, matrix: str, slow_env: dict, budget_s: float,
 
 def part_aa(out: Path, pairs: int, matrix: str, budget_s: float, log) -> list[dict]:
     results = out / f"{matrix}-aa"
-    quiet = {"HARNESS_REPEAT": "1", "HARNESS_SLOWDOWN": "0"}
-    prev, _ = run_suite(results, matrix, ALL_CPU, quiet)
+    prev, _ = run_suite(results, matrix, ALL_CPU)
     rows = []
     for i in range(pairs):
-        new, n_s = run_suite(results, matrix, ALL_CPU, quiet)
-        code, df, g_s = gate(prev, new, quiet, budget_s)
+        new, n_s = run_suite(results, matrix, ALL_CPU)
+        code, df, g_s = gate(prev, new, budget_s)
         t = timed(df)
         row = {"part": f"{matrix}-aa", "pair": i, "exit": code, "keys": len(t),
                "slower": int((t.verdict == "slower").sum()), "undecided": int((t.verdict == "undecided").sum()),
                "flagged_first": int(t.first_verdict.isin(["slower", "undecided"]).sum()),
-               "remeasured": int(t.remeasured.sum()), "gate_s": n_s + g_s, "compare_s": g_s}
+               "remeasured": int(t.remeasured.sum()), "paired": int(t.note.str.contains("paired rounds").sum()),
+               "gate_s": n_s + g_s, "compare_s": g_s}
         rows.append(row)
         log(row)
         prev = new
+    return rows
+
+
+def part_process(rounds: int, log) -> list[dict]:
+    """Two persistent workers of this code time the same keys in pairs (ABBA), `rounds` rounds: the mean log
+    difference of each key in units of its standard error. Without a per-process offset these are ~N(0, 1)."""
+    import numpy as np
+    import torch
+
+    from harness.backends.registry import get_backends
+    from harness.execution.call import Call
+    from harness.execution.isolation import IsolatedExecutor
+    from harness.execution.timed import TimingCall
+    from harness.measure.timing import TimingConfig
+    from harness.spec.matrices import build_matrix
+
+    cases = {c.id: c for c in build_matrix("smoke")}
+    config = TimingConfig(8.3, 33.3, 4, 167)  # a smoke run's per-round share (3 rounds)
+    keys = [("sdpa-math", "fp32-b2-h4-s17x33-d32-none", "fwd"), ("naive", "bf16-b2-h4-s64-d32-none", "fwd+bwd"),
+            ("sdpa", "fp32-b2-h4-s17x33-d32-causal", "bwd"), ("flex", "bf16-b2-h4-s64-d32-causal", "fwd"),
+            ("sdpa-flash", "fp32-b2-h4-s64-d32-none", "fwd+bwd"), ("naive", "fp32-b2-h4-s17x33-d32-causal", "fwd")]
+    device = torch.device("cpu")
+    first, second = IsolatedExecutor(device), IsolatedExecutor(device)
+    medians: dict = {k: ([], []) for k in keys}
+    try:
+        for r in range(rounds + 1):  # round 0 warms both workers (first calls, compiles) and is dropped
+            for position, k in enumerate(keys):
+                (backend,) = get_backends([k[0]])
+                pair = (first, second) if (r + position) % 2 == 0 else (second, first)
+                for executor in pair:
+                    got = executor.time(backend, TimingCall(Call(cases[k[1]], 0), k[2], config, estimate_ms=0.3,
+                                                            known_memory=(0, "not measured")), device)
+                    if r:
+                        medians[k][executor is second].append(float(np.median(got.measurement.samples_ms)))
+    finally:
+        first.close()
+        second.close()
+    rows = []
+    for k, (a, b) in medians.items():
+        d = np.log(b) - np.log(a)
+        se = d.std(ddof=1) / np.sqrt(len(d))
+        rows.append({"part": "process", "pair": "|".join(k), "mean_log_diff": float(d.mean()), "se": float(se),
+                     "z": float(d.mean() / se), "keys": 1})
+        log(rows[-1])
     return rows
 
 
@@ -157,7 +249,15 @@ def summary(df: pd.DataFrame) -> list[str]:
     lines = []
     for part, g in df.groupby("part", sort=False):
         n = len(g)
-        if part == "smoke-ab":
+        if part == "process":
+            from scipy.stats import chi2
+
+            z2, p = float((g.z ** 2).sum()), 0.0
+            p = float(chi2.sf(z2, n))
+            lines.append(f"process offsets: {n} keys, |mean log difference| between two persistent workers at most "
+                         f"{g.mean_log_diff.abs().max():.3f}; sum of z^2 {z2:.1f} on {n} degrees of freedom "
+                         f"(p = {p:.2f}: {'no offset detected' if p > 0.05 else 'an offset'})")
+        elif part == "smoke-ab":
             caught = (g.exit == 1).sum()
             share = (g.slower / g["keys"]).mean()
             lines.append(f"smoke A/B (2x): exit 1 in {caught}/{n} pairs (target >= 19/20); slowed keys ending "
@@ -189,21 +289,23 @@ def summary(df: pd.DataFrame) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=20)
-    parser.add_argument("--parts", default="smoke-ab,smoke-aa,default-ab,default-aa")
-    parser.add_argument("--budget-s", type=float, default=120.0, help="--remeasure-budget-s of each compare")
+    parser.add_argument("--parts", default="process,smoke-ab,smoke-aa,default-ab,default-aa")
+    parser.add_argument("--budget-s", type=float, default=120.0, help="--remeasure-budget-s of each smoke compare")
     parser.add_argument("--out", type=Path, default=Path("/tmp/gate-study"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    log = lambda row: print(" ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),  # noqa: E731
+    log = lambda row: print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),  # noqa: E731
                             flush=True)
     rows = []
     parts = args.parts.split(",")
+    if "process" in parts:
+        rows += part_process(12, log)
     if "smoke-ab" in parts:
-        rows += part_ab(args.out, args.pairs, "smoke", {"HARNESS_REPEAT": "2", "HARNESS_SLOWDOWN": "0"}, args.budget_s, log)
+        rows += part_ab(args.out, args.pairs, "smoke", "2x", args.budget_s, log)
     if "smoke-aa" in parts:
         rows += part_aa(args.out, args.pairs, "smoke", args.budget_s, log)
     if "default-ab" in parts:
-        rows += part_ab(args.out, 1, "default", {"HARNESS_REPEAT": "1", "HARNESS_SLOWDOWN": "0.25"}, 600.0, log)
+        rows += part_ab(args.out, 1, "default", "1.25x", 600.0, log)
     if "default-aa" in parts:
         rows += part_aa(args.out, 1, "default", 600.0, log)
     if "noise" in parts:  # needs the stored smoke-aa and smoke-ab runs under --out

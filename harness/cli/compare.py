@@ -24,7 +24,8 @@ def _compare(args: argparse.Namespace) -> int:
     comparison = compare_runs(base, new, compare_config(args), cross_device=args.cross_device, noise=noise,
                               allow_missing=args.allow_missing, use_noise_model=args.noise_model)
     if args.remeasure:
-        remeasure(comparison, RemeasureConfig(budget_s=args.remeasure_budget_s))
+        remeasure(comparison, RemeasureConfig(budget_s=args.remeasure_budget_s, fresh_workers=args.fresh_workers),
+                  base_checkout=args.base_checkout, base_python=args.base_python)
     out = Path(args.out) if args.out else new / f"compare-vs-{base.name}"
     files = write_report(comparison, out)
     print(terminal_table(comparison))
@@ -47,10 +48,18 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("new", help="new run dir (or run id under --results-dir)")
     add_to_argparse(p, *COMPARE_THRESHOLDS)
     p.add_argument("--remeasure", action="store_true",
-                   help="re-time the new side's slower and undecided keys here (the new run's checkout), in fresh "
-                        "processes, interleaved, until each is decided or the budget ends")
+                   help="re-time the slower and undecided keys with the base and the new code in pairs (the new "
+                        "code is this checkout: the new run's), until each is decided or the budget ends")
     p.add_argument("--remeasure-budget-s", type=positive_float, default=120.0,
                    help="time budget of --remeasure in seconds (default: 120)")
+    p.add_argument("--base-checkout", default=None,
+                   help="with --remeasure: a checkout of the base run's commit (e.g. `git worktree add DIR BASE`); its "
+                        "code is timed in pairs with the new code (default: this checkout when the base run was made "
+                        "by the same clean commit and versions, else the new side alone)")
+    p.add_argument("--base-python", default=None,
+                   help="with --base-checkout: the python of the base side's environment (default: this one)")
+    p.add_argument("--fresh-workers", action="store_true",
+                   help="with --remeasure: new worker processes every round (slower; off: workers kept per side)")
     p.add_argument("--fail-on-undecided", action=argparse.BooleanOptionalAction, default=True,
                    help="undecided keys fail the gate with exit 3 (default); --no-fail-on-undecided: exit 0")
     p.add_argument("--allow-missing", action="store_true",

@@ -14,8 +14,12 @@ Why this statistic (the measurements are in docs/measurements.md and benchmarks/
   --min-effect and `noise_z` times the key's A/A spread on this testbed (compare/noise.py). This is asv's rule
   (a factor and a significance test, `asv continuous`) with the factor learned per key.
 - A key whose estimate exceeds the margin without a significant interval is *undecided*, never passed
-  silently; `compare --remeasure` re-times such keys (and the slower ones, to confirm) in fresh processes until
-  they are decided, as Chromium's Pinpoint re-runs a suspected regression before it reports it.
+  silently; `compare --remeasure` re-times such keys (and the slower ones, to confirm) until they are decided,
+  as Chromium's Pinpoint re-runs a suspected regression before it reports it.
+- Re-measured keys are decided on *paired* rounds (`paired_verdict`): base and new code timed back to back, in
+  alternating order, round after round (`asv continuous` times both commits interleaved for the same reason).
+  On this VM a key's speed moves 1.1-1.7x over tens of seconds with the host's other load, for both sides
+  alike; the difference of a pair's log round medians cancels that, where two separate runs cannot.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ from harness.measure.stats import ABS_FLOOR_MS, ERR_GROWTH, KeyComparison
 MIN_EFFECT = 0.10
 #: two-sided confidence of the shift's interval (slower needs its lower end above 0)
 CONFIDENCE = 0.90
+#: chance that any re-measured key of unchanged code is called slower: each key is tested at
+#: FAMILY_ALPHA / (keys re-measured) (Bonferroni), since a gate re-measures tens of keys at once
+FAMILY_ALPHA = 0.05
 #: the margin is this many A/A standard deviations of the key's log ratio (one false alarm in ~700 keys
 #: under normal noise; bursts beyond that are what re-measurement is for)
 NOISE_Z = 3.0
@@ -181,4 +188,49 @@ def gate_verdict(base_ms, new_ms, cfg: GateConfig = GateConfig(), *, base_rounds
                                         "re-measure (compare --remeasure) or run more --rounds", **figures)
     if high < 0 and exact:
         return GateVerdict("faster", "", **figures)
+    return GateVerdict("unchanged", f"possibly faster, not established: {interval}", **figures)
+
+
+def paired_verdict(base_medians, new_medians, cfg: GateConfig = GateConfig(), *, alpha: float = FAMILY_ALPHA,
+                   n_base: int = 0, n_new: int = 0) -> GateVerdict:
+    """Verdict on paired rounds: base_medians[i] and new_medians[i] are one round's median latency of the base
+    and the new code, timed back to back.
+
+    The ratio is exp(mean of the log differences) with a Student t interval at one-sided level `alpha` each way
+    (the issue's "t-interval on log round medians", applied to pairs). The margin is cfg.min_effect alone: the
+    noise model's A/A spread is the spread of separate runs, which pairing removes. Verdicts as gate_verdict's:
+    slower needs the interval above no change and the estimate beyond the margin; an estimate within the margin
+    is unchanged; beyond it without a significant interval, undecided (more pairs are needed).
+    """
+    from scipy.stats import t as student_t
+
+    base, new = np.asarray(base_medians, float), np.asarray(new_medians, float)
+    if len(base) != len(new):
+        raise ValueError(f"paired_verdict: {len(base)} base rounds against {len(new)} new ones; pairs need both")
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha={alpha!r}: must be in (0, 0.5), e.g. 0.002")
+    n = len(base)
+    margin = 1 + cfg.min_effect
+    counts = dict(n_base=n_base, n_new=n_new, rounds_base=n, rounds_new=n, margin=margin)
+    if n < 2:
+        return GateVerdict("undecided", f"{n} paired round(s): at least 2 are needed", **counts)
+    if min(base.min(), new.min()) <= 0:
+        return GateVerdict("undecided", "a round median is not positive: timer resolution too coarse", **counts)
+    diffs = np.log(new) - np.log(base)
+    shift = float(diffs.mean())
+    half = float(student_t.ppf(1 - alpha, n - 1) * diffs.std(ddof=1) / math.sqrt(n))
+    low, high = shift - half, shift + half
+    figures = dict(counts, base_ms=float(np.median(base)), new_ms=float(np.median(new)), ratio=math.exp(shift),
+                   ratio_low=math.exp(low), ratio_high=math.exp(high))
+    interval = (f"ratio {math.exp(shift):.3f} over {n} paired rounds ({1 - 2 * alpha:.2%} interval "
+                f"{math.exp(low):.3f}-{math.exp(high):.3f})")
+    if abs(figures["new_ms"] - figures["base_ms"]) < cfg.abs_floor_ms or abs(shift) <= math.log(margin):
+        return GateVerdict("unchanged", interval, **figures)
+    if shift > 0:
+        if low > 0:
+            return GateVerdict("slower", interval, **figures)
+        return GateVerdict("undecided", f"{interval} beyond the margin {margin:.3f}, but the interval includes no "
+                                        "change", **figures)
+    if high < 0:
+        return GateVerdict("faster", interval, **figures)
     return GateVerdict("unchanged", f"possibly faster, not established: {interval}", **figures)

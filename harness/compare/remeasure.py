@@ -1,47 +1,86 @@
-"""`compare --remeasure`: re-time the new side's suspect keys (slower, undecided) until each is decided.
+"""`compare --remeasure`: time the suspect keys (slower, undecided) of a gate again, base and new code in pairs,
+until each is decided.
 
 A regression must reproduce before the gate reports it, as Chromium's Pinpoint re-runs a suspected regression
-and `asv continuous` re-measures before it reports a change. The new run's code is the checkout here, so its
-keys can be timed again: in fresh worker processes each round (a process that ran slow stays out of the next),
-the keys interleaved in a new order each round (a burst hits a few rounds of many keys, not every round of
-one), with the new run's own timing budget per round. A re-measured key is judged on the base rounds against
-the fresh rounds only - the first new rounds were the screen that made it suspect - after at least
-`min_rounds` of them, and drops out as soon as it is decided. The time budget bounds the whole step.
+and `asv continuous` re-measures both commits before it reports a change. On a shared machine a key's speed
+moves with the host's load over tens of seconds (1.1-1.7x on this project's VM), so the two stored runs, minutes
+apart, cannot settle a 10 % question; pairs can: each round times every suspect key with the base code and with
+the new code back to back, in alternating order, the keys in a new random order every round, and a key is
+judged on the log differences of its pairs (gate.paired_verdict) at a family-wise level: FAMILY_ALPHA over all
+the keys re-measured (Bonferroni). A key drops out once decided, after at least `min_rounds` pairs; the time
+budget bounds the whole step.
+
+The new code is this checkout (it must be the new run's). The base code is, in order: `base_checkout` (a
+checkout of the base run's commit, e.g. `git worktree add`, timed by a server process started there with
+`base_python`); this checkout, when the base run was made by the same clean commit and library versions (an
+unchanged-code run, a nightly); else nobody - the new side alone is timed again and judged against the base run's
+stored rounds, with a note saying how to pair it.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from harness.compare.gate import gate_verdict
+import numpy as np
+
+from harness.compare.gate import FAMILY_ALPHA, gate_verdict, paired_verdict
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
-from harness.store.environment import git_state
+from harness.store.environment import REPO_ROOT, git_state, package_version
 from harness.store.run_dir import read_env
 from harness.store.writer import SamplesWriter
 
 REMEASURE_DIR = "remeasure"
 SUSPECT = ("slower", "undecided")
+#: what must be the same between a run and the code that times its keys again (a torch upgrade is a change)
+CODE_FIELDS = ("git_sha", "torch", "triton", "xformers", "flash_attn")
 
 
 @dataclass(frozen=True)
 class RemeasureConfig:
+    """How long and how hard to re-measure; see the module docstring for the design."""
+
     budget_s: float = 120.0
-    min_rounds: int = 3
+    #: 4 pairs: on this VM a pair's log difference has sd ~0.1, and t(0.998, 3 df) * 0.1 / 2 = 0.37 < log 2, so
+    #: a doubling is established at the family level after 4 pairs; fewer gives a t quantile of 10 and more
+    min_rounds: int = 4
     max_rounds: int = 12
     seed: int = 0
+    #: chance that any re-measured key of unchanged code is called slower (divided over the keys)
+    family_alpha: float = FAMILY_ALPHA
+    #: new worker processes every round; off: two persistent workers running one code interleaved differed by
+    #: no more than their noise here (benchmarks/gate_study.py, part `process`), and a fresh flex worker
+    #: recompiles for ~8 s a round and side
+    fresh_workers: bool = False
 
     def __post_init__(self):
-        if not (self.budget_s > 0 and 2 <= self.min_rounds <= self.max_rounds):
-            raise ValueError(f"remeasure config {self}: needs budget_s > 0 and 2 <= min_rounds <= max_rounds")
+        if not (self.budget_s > 0 and 2 <= self.min_rounds <= self.max_rounds and 0 < self.family_alpha < 0.5):
+            raise ValueError(f"remeasure config {self}: needs budget_s > 0, 2 <= min_rounds <= max_rounds and "
+                             "0 < family_alpha < 0.5")
 
 
-def _run_cases(env: dict, run_dir: Path) -> dict:
-    """The new run's cases by id, rebuilt from what its env.json says they came from."""
+class KeyTimer(Protocol):
+    """Times keys of one run with one checkout's code, one round at a time."""
+
+    def start_round(self) -> None: ...
+
+    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | str: ...
+
+    def end_round(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def run_cases(env: dict, run_dir: Path) -> dict:
+    """A run's cases by id, rebuilt from what its env.json says they came from."""
     from harness.spec.matrices import build_matrix
-    from harness.spec.presets import get_preset, from_hf_config
+    from harness.spec.presets import from_hf_config, get_preset
 
     source = env.get("cases") or {}
     if source.get("preset"):
@@ -56,56 +95,178 @@ def _run_cases(env: dict, run_dir: Path) -> dict:
     return {c.id: c for c in cases}
 
 
-def _check_same_code(env: dict, run_dir: Path) -> str:
-    """Re-measuring times the code checked out here: it must be the new run's. Returns a note (dirty tree)."""
+def current_code() -> dict:
+    """The code and library versions of this process, under env.json's names."""
+    import torch
+
     sha, dirty = git_state()
-    if env.get("git_sha") not in (None, "unknown") and sha != "unknown" and env.get("git_sha") != sha:
-        raise ValueError(f"--remeasure times the code checked out here ({sha[:10]}), but the new run {run_dir} "
-                         f"was {str(env.get('git_sha'))[:10]}: check it out, or re-run the new side")
-    return "uncommitted changes in the checkout: they are what is re-measured" if dirty else ""
+    return {"git_sha": sha, "git_dirty": dirty, "torch": torch.__version__,
+            "triton": package_version("triton") or package_version("pytorch-triton"),
+            "xformers": package_version("xformers"), "flash_attn": package_version("flash-attn")}
+
+
+def code_mismatch(env: dict, here: dict, *, allow_dirty: bool) -> str | None:
+    """Why the code `here` is not the code that made the run of `env` (None: it is, as far as can be told)."""
+    diffs = [f"{f} {env.get(f)!r} here {here.get(f)!r}" for f in CODE_FIELDS
+             if env.get(f) not in (None, "unknown") and here.get(f) != env.get(f)]
+    if diffs:
+        return "the run had " + ", ".join(diffs)
+    if not allow_dirty and (env.get("git_dirty") or here.get("git_dirty")):
+        return "uncommitted changes (in the run's checkout or here): the same commit is not the same code"
+    return None
 
 
 class ExecutorTimer:
-    """Times keys of the new run here: fresh worker processes every round (closed at its end)."""
+    """Times keys of a run with the code of this process, in worker processes (kept, or fresh every round)."""
 
-    def __init__(self, env: dict, out_dir: Path):
+    def __init__(self, env: dict, log_dir: Path, fresh_workers: bool = False):
         from harness.backends.registry import load_backend_module
         from harness.execution.device import resolve_device
         from harness.measure.timing import TimingConfig
 
         for module in env.get("backend_modules") or []:
-            load_backend_module(module)
+            load_backend_module(_here(module, env.get("checkout")))
         self.device = resolve_device(env.get("device") or "auto")
         timing = env.get("round_timing")
         self.config = TimingConfig(**timing) if timing else TimingConfig().share(int(env.get("rounds") or 1))
-        self.seed, self.log_dir, self.executor = int(env.get("seed") or 0), str(out_dir / "workers"), None
+        self.seed, self.threads = int(env.get("seed") or 0), env.get("threads")
+        self.log_dir, self.fresh, self.executor = str(log_dir), fresh_workers, None
 
     def start_round(self) -> None:
         from harness.execution.isolation import IsolatedExecutor
 
-        self.executor = IsolatedExecutor(self.device, log_dir=self.log_dir)
+        if self.executor is None:
+            self.executor = IsolatedExecutor(self.device, threads=self.threads, log_dir=self.log_dir)
 
-    def time(self, case, backend, phase: str, estimate_ms: float) -> tuple[float, ...] | str:
+    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | str:
         """One round of one key: its samples (ms), or why timing failed."""
+        from harness.backends.registry import get_backends
         from harness.execution.call import Call
         from harness.execution.timed import TimingCall
 
-        answer = self.executor.time(backend, TimingCall(Call(case, self.seed), phase, self.config,
-                                                        estimate_ms=estimate_ms), self.device)
+        try:
+            (impl,) = get_backends([backend])
+        except ValueError as exc:
+            return str(exc)
+        # the memory was measured in the run; known_memory skips the probe (an extra call per round)
+        answer = self.executor.time(impl, TimingCall(Call(case, self.seed), phase, self.config,
+                                                     estimate_ms=estimate_ms, known_memory=(0, "not measured")),
+                                    self.device)
         return answer.failure.reason if answer.measurement is None else answer.measurement.samples_ms
 
     def end_round(self) -> None:
-        self.executor.close()
+        if self.fresh:
+            self.close()
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+            self.executor = None
+
+
+def _here(module: str, checkout: str | None) -> str:
+    """A run's plugin module path, moved into this checkout when it lay inside the run's checkout (a worktree of
+    the base commit has its own copy of the repository's fixtures)."""
+    if checkout and module.endswith(".py"):
+        try:
+            return str(REPO_ROOT / Path(module).relative_to(checkout))
+        except ValueError:
+            pass
+    return module
+
+
+class CheckoutTimer:
+    """Times keys of a run with another checkout's code: harness.compare.timing_server started there."""
+
+    def __init__(self, checkout: Path, run_dir: Path, log_dir: Path, python: str | None = None,
+                 fresh_workers: bool = False):
+        import os
+
+        checkout = Path(checkout).resolve()
+        if not (checkout / "harness" / "compare").is_dir():
+            raise ValueError(f"--base-checkout {checkout}: not a checkout of this project (no harness/compare/)")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.stderr = log_dir / "timing-server.log"
+        cmd = [python or sys.executable, "-m", "harness.compare.timing_server", str(Path(run_dir).resolve()),
+               "--log-dir", str(log_dir)] + (["--fresh-workers"] if fresh_workers else [])
+        env = {**os.environ, "PYTHONPATH": str(checkout)}
+        with self.stderr.open("w") as err:
+            self.proc = subprocess.Popen(cmd, cwd=checkout, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err, text=True)
+        hello = self._read(f"starting the base side's timing server in {checkout}")
+        if "refused" in hello:
+            self.close()
+            raise ValueError(f"--base-checkout {checkout}: {hello['refused']}")
+        self.note = hello.get("note", "")
+
+    def _read(self, doing: str) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            tail = self.stderr.read_text()[-1500:] if self.stderr.exists() else ""
+            raise RuntimeError(f"the base side's timing server died while {doing}: {tail}")
+        return json.loads(line)
+
+    def _ask(self, request: dict) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._read(f"answering {request['op']}")
+
+    def start_round(self) -> None:
+        self._ask({"op": "start_round"})
+
+    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | str:
+        answer = self._ask({"op": "time", "case": case.id, "backend": backend, "phase": phase,
+                            "estimate_ms": estimate_ms})
+        return tuple(answer["samples"]) if "samples" in answer else str(answer.get("failure"))
+
+    def end_round(self) -> None:
+        self._ask({"op": "end_round"})
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "close"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+
+
+def base_timer_for(comparison: Comparison, config: RemeasureConfig, base_checkout: str | Path | None,
+                   base_python: str | None) -> tuple[KeyTimer | None, str]:
+    """The timer of the base code and where it runs, or (None, why the base side cannot be timed again)."""
+    base_dir = comparison.base.run_dir
+    log_dir = comparison.new.run_dir / REMEASURE_DIR / "base-workers"
+    if base_checkout is not None:
+        timer = CheckoutTimer(Path(base_checkout), base_dir, log_dir, base_python, config.fresh_workers)
+        return timer, f"the base code: {base_checkout}" + (f" ({timer.note})" if timer.note else "")
+    env = read_env(base_dir)
+    why = code_mismatch(env, current_code(), allow_dirty=False)
+    if why is None:
+        return ExecutorTimer(env, log_dir, config.fresh_workers), "the base code: this checkout (the base run's)"
+    return None, (f"the base code is not here ({why}): only the new side is timed again, against the base run's "
+                  "stored rounds; pass --base-checkout DIR (a checkout of the base commit) to time both in pairs")
+
+
+def _check_new_side(env: dict, run_dir: Path) -> str:
+    """Re-measuring times the code checked out here: it must be the new run's. Returns a note (dirty tree)."""
+    why = code_mismatch(env, current_code(), allow_dirty=True)
+    if why:
+        raise ValueError(f"--remeasure times the code checked out here, but it is not the new run's {run_dir} "
+                         f"({why}): check that out, or re-run the new side")
+    return "uncommitted changes in the checkout: they are what is re-measured" if current_code()["git_dirty"] else ""
+
+
+_AUTO = object()
 
 
 def remeasure(comparison: Comparison, config: RemeasureConfig = RemeasureConfig(), *, log=print,
-              timer=None, cases: dict | None = None, clock=time.monotonic) -> Comparison:
-    """Re-time the suspect keys of `comparison`'s new run here; their rows are re-decided on the fresh rounds
-    (columns `remeasured`, `first_verdict`, `rounds_new` and the note say so). Fresh samples go to
-    <new run>/remeasure/samples.csv. `timer` (default ExecutorTimer), `cases` (id -> case; default: rebuilt from
-    the run's env.json) and `clock` are for tests."""
-    from harness.backends.registry import get_backends
-
+              timer: KeyTimer | None = None, base_timer=_AUTO, base_checkout: str | Path | None = None,
+              base_python: str | None = None, cases: dict | None = None, clock=time.monotonic) -> Comparison:
+    """Re-time the suspect keys of `comparison` and re-decide their rows (columns `remeasured`, `first_verdict`,
+    `rounds_new` and the note say how). Fresh samples go to <new run>/remeasure/samples.csv (new code) and
+    base-samples.csv (base code). `timer`, `base_timer` (None: the new side only), `cases` (id -> case; default:
+    rebuilt from the new run's env.json) and `clock` are for tests."""
     if comparison.mode != "gate":
         raise ValueError("--remeasure needs a gate (both runs on one testbed), not a cross-device report")
     rows = comparison.rows
@@ -116,10 +277,8 @@ def remeasure(comparison: Comparison, config: RemeasureConfig = RemeasureConfig(
     env = read_env(new_dir)
     out_dir = new_dir / REMEASURE_DIR
     out_dir.mkdir(exist_ok=True)
-    dirty_note = "" if timer is not None else _check_same_code(env, new_dir)
-    cases = _run_cases(env, new_dir) if cases is None else cases
-    timer = timer if timer is not None else ExecutorTimer(env, out_dir)
-    base_samples = samples_by_key(comparison.base.run_dir)
+    notes = [] if timer is not None else [_check_new_side(env, new_dir)]
+    cases = run_cases(env, new_dir) if cases is None else cases
 
     pending = {}
     for row in suspects.itertuples():
@@ -127,59 +286,111 @@ def remeasure(comparison: Comparison, config: RemeasureConfig = RemeasureConfig(
         if case is None:
             rows.loc[row.Index, "note"] = f"{row.note}; not re-measured: case not in the run's matrix".lstrip("; ")
             continue
-        pending[row.Index] = (case, get_backends([row.backend])[0], row.phase, float(row.new_ms))
+        pending[row.Index] = (case, row.backend, row.phase, float(row.new_ms))
         rows.loc[row.Index, "first_verdict"] = row.verdict
-    writer = SamplesWriter(out_dir / "samples.csv")
-    fresh: dict[int, tuple[list[float], list[int]]] = {i: ([], []) for i in pending}
-    order = random.Random(config.seed)
-    start, rounds_done = clock(), 0
-    log(f"re-measuring {len(pending)} key(s) of {new_dir} (budget {config.budget_s:.0f} s)"
-        + (f"; {dirty_note}" if dirty_note else ""))
-    while pending and rounds_done < config.max_rounds and clock() - start < config.budget_s:
-        timer.start_round()
-        try:
-            keys = list(pending)
-            order.shuffle(keys)  # a new order every round: a burst hits different keys' rounds
-            for i in keys:
-                if clock() - start >= config.budget_s:
-                    break
-                case, backend, phase, estimate = pending[i]
-                samples = timer.time(case, backend, phase, estimate)
-                if isinstance(samples, str):
-                    rows.loc[i, "note"] = f"re-measure failed: {samples}"
-                    del pending[i]
-                    continue
-                fresh[i][0].extend(samples)
-                fresh[i][1].extend([rounds_done] * len(samples))
-                writer.write(env.get("run_id", new_dir.name), case.id, backend.name, phase, samples, rounds_done)
-        finally:
-            timer.end_round()
-        rounds_done += 1
-        for i in list(pending):
-            if len(set(fresh[i][1])) >= config.min_rounds and _decide(comparison, i, base_samples, fresh[i]) \
-                    in ("slower", "unchanged", "faster"):
-                del pending[i]
-    for i in pending:
-        if fresh[i][0]:
-            _decide(comparison, i, base_samples, fresh[i])  # what the fresh rounds say when the budget ended
-    log(f"re-measured in {clock() - start:.0f} s, {rounds_done} round(s); "
-        + (f"{len(pending)} key(s) still undecided" if pending else "every key decided"))
+    if not pending:
+        return comparison
+    timers: list = []
+    try:
+        if base_timer is _AUTO:
+            base_timer, where = base_timer_for(comparison, config, base_checkout, base_python)
+        else:
+            where = "the base code: given" if base_timer is not None else "the new side only"
+        timers.append(base_timer)
+        timer = timer if timer is not None else ExecutorTimer(env, out_dir / "workers", config.fresh_workers)
+        timers.append(timer)
+        log(f"re-measuring {len(pending)} key(s) of {new_dir} (budget {config.budget_s:.0f} s); "
+            + "; ".join(filter(None, [where, *notes])))
+        _rounds(comparison, config, pending, timer, base_timer, out_dir, log, clock, base_note=where)
+    finally:
+        for t in timers:
+            if t is not None:
+                t.close()
     mark_regressions(comparison)
     return comparison
 
 
-def _decide(comparison: Comparison, index: int, base_samples: dict, fresh: tuple[list[float], list[int]]) -> str:
-    """Re-decide one row on the base rounds against the fresh ones; returns the verdict."""
+def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, timer, base_timer, out_dir: Path,
+            log, clock, base_note: str) -> None:
+    """The re-measurement loop: rounds of every pending key on both sides (or the new one), until decided."""
+    rows = comparison.rows
+    base_env, new_env = read_env(comparison.base.run_dir), read_env(comparison.new.run_dir)
+    writers = {"new": SamplesWriter(out_dir / "samples.csv")}
+    if base_timer is not None:
+        writers["base"] = SamplesWriter(out_dir / "base-samples.csv")
+    run_ids = {"new": new_env.get("run_id", comparison.new.run_dir.name),
+               "base": base_env.get("run_id", comparison.base.run_dir.name)}
+    sides = {"base": base_timer, "new": timer} if base_timer is not None else {"new": timer}
+    stored_base = samples_by_key(comparison.base.run_dir) if base_timer is None else {}
+    alpha = config.family_alpha / len(pending)
+    fresh = {i: {side: [] for side in sides} for i in pending}  # per side: one list of samples per round
+    order = random.Random(config.seed)
+    start, rounds_done = clock(), 0
+    while pending and rounds_done < config.max_rounds and clock() - start < config.budget_s:
+        for t in sides.values():
+            t.start_round()
+        try:
+            keys = list(pending)
+            order.shuffle(keys)  # a new order every round: a burst hits different keys' rounds
+            for position, i in enumerate(keys):
+                if clock() - start >= config.budget_s:
+                    break
+                case, backend, phase, estimate = pending[i]
+                names = list(sides)
+                if (rounds_done + position) % 2:  # ABBA: neither side is always the first of its pair
+                    names.reverse()
+                got = {side: sides[side].time(case, backend, phase, estimate) for side in names}
+                failed = [f"{side}: {samples}" for side, samples in got.items() if isinstance(samples, str)]
+                if failed:
+                    rows.loc[i, "note"] = "re-measure failed: " + "; ".join(failed)
+                    del pending[i]
+                    continue
+                for side, samples in got.items():
+                    fresh[i][side].append(samples)
+                    writers[side].write(run_ids[side], case.id, backend, phase, samples, rounds_done)
+        finally:
+            for t in sides.values():
+                t.end_round()
+        rounds_done += 1
+        for i in list(pending):
+            if len(fresh[i]["new"]) >= config.min_rounds and \
+                    _decide(comparison, i, fresh[i], alpha, stored_base, base_note) in ("slower", "unchanged", "faster"):
+                del pending[i]
+    for i in pending:  # the budget ended: what the rounds say, but never a pass on fewer than min_rounds
+        if fresh[i]["new"]:
+            _decide(comparison, i, fresh[i], alpha, stored_base, base_note)
+        if len(fresh[i]["new"]) < config.min_rounds:
+            rows.loc[i, "verdict"] = "undecided"
+            rows.loc[i, "note"] = (f"re-measure budget ended after {len(fresh[i]['new'])} round(s) of this key, "
+                                   f"{config.min_rounds} needed: raise --remeasure-budget-s; "
+                                   f"{rows.loc[i, 'note']}")
+    log(f"re-measured in {clock() - start:.0f} s, {rounds_done} round(s); "
+        + (f"{len(pending)} key(s) still undecided" if pending else "every key decided"))
+
+
+def _decide(comparison: Comparison, index: int, fresh: dict, alpha: float, stored_base: dict, base_note: str) -> str:
+    """Re-decide one row on its fresh rounds (paired with fresh base rounds, else against the stored ones)."""
     rows = comparison.rows
     row = rows.loc[index]
-    key = (row.case_id, row.backend, row.phase)
-    b_ms, b_rounds = base_samples.get(key, ([], []))
-    noise = None if comparison.noise is None else comparison.noise.key(key)
-    verdict = gate_verdict(b_ms, fresh[0], comparison.config, base_rounds=b_rounds, new_rounds=fresh[1], noise=noise)
+    new_rounds = fresh["new"]
+    if "base" in fresh:
+        verdict = paired_verdict([np.median(s) for s in fresh["base"]], [np.median(s) for s in new_rounds],
+                                 comparison.config, alpha=alpha, n_base=sum(map(len, fresh["base"])),
+                                 n_new=sum(map(len, new_rounds)))
+        how = f"{len(new_rounds)} paired rounds, base and new code interleaved"
+    else:
+        key = (row.case_id, row.backend, row.phase)
+        b_ms, b_rounds = stored_base.get(key, ([], []))
+        noise = None if comparison.noise is None else comparison.noise.key(key)
+        n_ms = [x for s in new_rounds for x in s]
+        n_rounds = [r for r, s in enumerate(new_rounds) for _ in s]
+        verdict = gate_verdict(b_ms, n_ms, comparison.config, base_rounds=b_rounds, new_rounds=n_rounds, noise=noise)
+        how = f"{len(new_rounds)} fresh rounds of the new code against the base run's ({base_note})"
     for column, value in verdict.columns().items():
         rows.loc[index, column] = value
     rows.loc[index, "verdict"] = verdict.verdict
     rows.loc[index, "remeasured"] = True
-    rows.loc[index, "note"] = (f"re-measured: {verdict.rounds_new} fresh rounds (first verdict {row.first_verdict})"
+    rows.loc[index, "note"] = (f"re-measured: {how} (first verdict {row.first_verdict})"
                                + (f"; {verdict.note}" if verdict.note else ""))
     return verdict.verdict
+

@@ -30,6 +30,10 @@ def header(cmp: Comparison) -> str:
             f"{noise}); undecided: beyond the margin, interval includes 1; correctness worse: "
             f"pass->fail/error/oom, new NaN/inf, err_ratio +{cfg.err_growth}; missing keys fail the gate"
             + (" (allowed here)" if cmp.allow_missing else ""))
+    if cmp.rows.remeasured.astype(bool).any():
+        rule += ("\nre-measured keys (*): decided on their fresh rounds - in pairs with the base code when it was "
+                 "timed too (a t interval on the pairs' log ratios at the family-wise level, margin "
+                 f"{1 + cfg.min_effect:.3g}x), see each note")
     warn = "".join(f"\nWARNING {w}: timing verdicts may be noise" for w in cmp.warnings)
     return f"{title}\nbase: {base.run_dir}\nnew:  {new.run_dir}\n{rule}{warn}"
 

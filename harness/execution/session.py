@@ -17,7 +17,7 @@ from harness.execution.timed import allow_backward_replay
 from harness.measure.timing import Measurement, TimingConfig
 from harness.oracle.prepared import PreparedCase
 from harness.spec.case import AttentionCase, make_inputs
-from harness.store.environment import environment, new_run_id
+from harness.store.environment import REPO_ROOT, environment, new_run_id
 from harness.store.load import compact
 from harness.store.run_dir import RESULTS, SAMPLES, write_env
 from harness.store.schema import Row, TimingKey
@@ -75,6 +75,8 @@ class RunSession:
         and the plugin modules its backends need."""
         self.env["cases"] = cases
         self.env["backend_modules"] = [str(Path(m).resolve()) if m.endswith(".py") else m for m in backend_modules]
+        # where the code was: a re-measurement in another checkout of it finds the plugin modules that lay inside
+        self.env["checkout"] = str(REPO_ROOT)
         self.save_env()
 
     @property

@@ -1,0 +1,206 @@
+"""compare --remeasure in pairs: base and new code timed back to back on one drifting machine (seeded fake
+timers, exact expected verdicts), the family-wise level, the code checks that decide which base code can be
+timed, and the timing server that times a base checkout's code (real processes, no timing asserted)."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.compare.gate import GateConfig, paired_verdict
+from harness.compare.remeasure import RemeasureConfig, base_timer_for, code_mismatch, current_code, remeasure
+from harness.compare.runs import EXIT_OK, EXIT_REGRESSION, EXIT_UNDECIDED, compare_runs
+from tests.fixtures.noise_models import FakeTimer, Machine, Noise, synthetic_cases, synthetic_run
+from tests.fixtures.regress_fixtures import key
+
+QUIET = Noise(sigma=0.03, tail_df=2.5)
+#: the VM's host load: a key's speed wanders ~16 % (sd) over tens of timings and now and then jumps by 1.5x
+DRIFTING = dict(walk=0.05, jump_p=0.02, jump=0.4)
+SUSPECTS = range(8)
+
+
+def _suspect_runs(tmp_path: Path, seed: int, factor: float):
+    """A base run, and a new run whose keys 0-7 were timed at a slow moment (1.3x) on top of `factor`: the
+    screen flags exactly those keys."""
+    base = synthetic_run(tmp_path / "base", seed, QUIET)
+    new = synthetic_run(tmp_path / "new", 100 + seed, QUIET, change={k: 1.3 * factor for k in SUSPECTS})
+    cmp = compare_runs(base, new)
+    assert set(cmp.rows[cmp.rows.verdict.isin(["slower", "undecided"])].case_id) == {key(k)[0] for k in SUSPECTS}
+    return cmp
+
+
+def _remeasure(cmp, factor: float, seed: int, paired: bool = True, **config):
+    machine = Machine(seed, **DRIFTING)
+    new_timer = FakeTimer({key(k)[0]: factor for k in SUSPECTS}, QUIET, seed=1, machine=machine)
+    base_timer = FakeTimer({}, QUIET, seed=2, machine=machine) if paired else None
+    remeasure(cmp, RemeasureConfig(**{"budget_s": 600, **config}), timer=new_timer, base_timer=base_timer,
+              cases=synthetic_cases(), log=lambda *_: None)
+    return cmp.rows[cmp.rows.remeasured.astype(bool)], new_timer, base_timer
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("factor, verdict", [(1.0, "unchanged"), (1.25, "slower"), (2.0, "slower")])
+def test_pairs_on_a_drifting_machine_decide_every_suspect(tmp_path, seed, factor, verdict):
+    cmp = _suspect_runs(tmp_path, seed, factor)
+    rows, new_timer, base_timer = _remeasure(cmp, factor, seed)
+    assert list(rows.verdict) == [verdict] * 8, rows[["verdict", "ratio", "rounds_new", "note"]]
+    assert rows.note.str.contains("paired rounds, base and new code interleaved").all()
+    assert new_timer.calls == base_timer.calls and new_timer.closed and base_timer.closed
+    assert cmp.exit_code() == (EXIT_OK if factor == 1.0 else EXIT_REGRESSION)
+    if factor == 2.0:  # a doubling needs no more than the minimum of 4 pairs
+        assert (rows.rounds_new == 4).all() and rows.ratio.between(1.7, 2.35).all()
+
+
+def test_without_pairs_the_same_machine_fools_the_gate(tmp_path):
+    """The same drifting machine, the new side alone against the stored base rounds (what remeasure does when
+    the base code is not here): unchanged code comes out slower or faster - why pairs are the default."""
+    cmp = _suspect_runs(tmp_path, 2, 1.0)
+    rows, *_ = _remeasure(cmp, 1.0, 2, paired=False)
+    assert (rows.verdict == "slower").sum() == 5 and cmp.exit_code() == EXIT_REGRESSION
+    cmp = _suspect_runs(tmp_path / "4", 4, 1.0)
+    rows, *_ = _remeasure(cmp, 1.0, 4, paired=False)
+    assert (rows.verdict == "faster").sum() == 5
+
+
+def test_a_burst_on_one_side_for_a_round_does_not_make_a_regression(tmp_path):
+    cmp = _suspect_runs(tmp_path, 0, 1.0)
+    machine = Machine(0, **DRIFTING)
+    new_timer = FakeTimer({}, QUIET, seed=1, machine=machine, slow_rounds=(1,))  # the whole round 1.5x slow
+    remeasure(cmp, RemeasureConfig(budget_s=600), timer=new_timer, base_timer=FakeTimer({}, QUIET, 2, machine),
+              cases=synthetic_cases(), log=lambda *_: None)
+    rows = cmp.rows[cmp.rows.remeasured.astype(bool)]
+    assert set(rows.verdict) == {"unchanged"} and cmp.exit_code() == EXIT_OK
+    assert rows.rounds_new.max() > 4  # the burst made the first four pairs inconclusive for some keys
+
+
+def test_the_budget_leaves_keys_undecided_and_the_gate_says_so(tmp_path):
+    cmp = _suspect_runs(tmp_path, 0, 1.25)
+    now = [0.0]
+
+    class TwoSeconds(FakeTimer):  # every timing takes 2 s of a 60 s budget: 30 timings, 15 pairs
+        def time(self, *args):
+            now[0] += 2
+            return super().time(*args)
+
+    machine = Machine(0, **DRIFTING)
+    new_timer = TwoSeconds({key(k)[0]: 1.25 for k in SUSPECTS}, QUIET, 1, machine)
+    remeasure(cmp, RemeasureConfig(budget_s=60), timer=new_timer, base_timer=TwoSeconds({}, QUIET, 2, machine),
+              cases=synthetic_cases(), log=lambda *_: None, clock=lambda: now[0])
+    rows = cmp.rows[cmp.rows.first_verdict.isin(["slower", "undecided"])]
+    assert new_timer.calls == 15 and set(rows.verdict) == {"undecided"}  # 2 pairs each at most, 4 needed
+    assert cmp.exit_code() == EXIT_UNDECIDED
+
+
+def test_each_key_is_tested_at_the_family_level(tmp_path):
+    """8 keys re-measured: each at 0.05 / 8 one-sided, a 98.75 % two-sided interval."""
+    cmp = _suspect_runs(tmp_path, 1, 2.0)
+    rows, *_ = _remeasure(cmp, 2.0, 1)
+    assert rows.note.str.contains("98.75% interval").all()
+    rows, *_ = _remeasure(_suspect_runs(tmp_path / "b", 1, 2.0), 2.0, 1, family_alpha=0.2)
+    assert rows.note.str.contains("95.00% interval").all()
+
+
+def test_paired_verdict_figures():
+    v = paired_verdict([1.0, 1.1, 0.9, 1.0], [2.0, 2.2, 1.8, 2.1], alpha=0.01)
+    d = np.log([2.0, 2.0, 2.0, 2.1])
+    assert v.verdict == "slower" and v.ratio == pytest.approx(math.exp(d.mean()))
+    assert v.ratio_low < v.ratio < v.ratio_high and (v.rounds_base, v.rounds_new) == (4, 4)
+    assert paired_verdict([1.0, 1.0, 1.0], [1.05, 1.04, 1.06]).verdict == "unchanged"  # within the 10 % margin
+    assert paired_verdict([1.0, 1.0, 1.0], [1.3, 0.9, 1.6]).verdict == "undecided"
+    assert paired_verdict([1.0, 1.0, 1.0], [0.5, 0.52, 0.49]).verdict == "faster"
+    assert paired_verdict([1.0], [2.0]).verdict == "undecided"
+    # the noise model does not widen a paired margin: pairing removed the run-to-run spread it measures
+    assert paired_verdict([1.0] * 4, [1.2, 1.21, 1.19, 1.2], GateConfig(min_effect=0.1)).margin == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="3 base rounds against 2 new"):
+        paired_verdict([1, 1, 1], [1, 1])
+    with pytest.raises(ValueError, match="alpha=0.7"):
+        paired_verdict([1, 1], [1, 1], alpha=0.7)
+
+
+def test_bad_remeasure_config_is_an_error():
+    with pytest.raises(ValueError, match="min_rounds"):
+        RemeasureConfig(min_rounds=1)
+
+
+# --- which base code can be timed -----------------------------------------------------------------------------
+
+HERE = {"git_sha": "a" * 40, "git_dirty": False, "torch": "2.13.0", "triton": None, "xformers": "0.0.35",
+        "flash_attn": None}
+
+
+def test_code_mismatch_names_what_differs():
+    assert code_mismatch(dict(HERE), HERE, allow_dirty=False) is None
+    assert "git_sha 'bbb' here" in code_mismatch({**HERE, "git_sha": "bbb"}, HERE, allow_dirty=False)
+    assert "torch '2.12.0' here '2.13.0'" in code_mismatch({**HERE, "torch": "2.12.0"}, HERE, allow_dirty=True)
+    assert "uncommitted" in code_mismatch({**HERE, "git_dirty": True}, HERE, allow_dirty=False)
+    assert code_mismatch({**HERE, "git_dirty": True}, HERE, allow_dirty=True) is None
+    assert code_mismatch({"torch": "2.13.0"}, HERE, allow_dirty=True) is None  # an older env: nothing to compare
+
+
+def test_the_base_is_timed_here_only_when_it_is_this_code(tmp_path, monkeypatch):
+    import harness.compare.remeasure as remeasure_module
+
+    base = synthetic_run(tmp_path / "base", 0, QUIET, git_sha=HERE["git_sha"], torch_version="2.13.0")
+    new = synthetic_run(tmp_path / "new", 1, QUIET, git_sha=HERE["git_sha"], torch_version="2.13.0")
+    cmp = compare_runs(base, new)
+    monkeypatch.setattr(remeasure_module, "current_code", lambda: dict(HERE))
+    timer, where = base_timer_for(cmp, RemeasureConfig(), None, None)
+    assert type(timer).__name__ == "ExecutorTimer" and "this checkout" in where
+    timer.close()
+    monkeypatch.setattr(remeasure_module, "current_code", lambda: {**HERE, "git_sha": "c" * 40})
+    timer, where = base_timer_for(cmp, RemeasureConfig(), None, None)
+    assert timer is None and "--base-checkout" in where and "git_sha" in where
+
+
+def test_a_plugin_module_inside_the_runs_checkout_is_found_in_this_one():
+    from harness.compare.remeasure import _here
+    from harness.store.environment import REPO_ROOT
+
+    assert _here("/elsewhere/repo/tests/fixtures/slow_backends.py", "/elsewhere/repo") == \
+        str(REPO_ROOT / "tests/fixtures/slow_backends.py")
+    assert _here("/opt/mine.py", "/elsewhere/repo") == "/opt/mine.py"
+    assert _here("my.module", "/elsewhere/repo") == "my.module"
+
+
+# --- the timing server: the base checkout's code, in its own process ------------------------------------------
+
+def _real_run(tmp_path: Path, **code) -> Path:
+    """A run dir whose env.json says what `compare --remeasure` needs to time its keys again (no rows needed)."""
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    env = {**current_code(), **code, "device": "cpu", "threads": 1, "seed": 0, "rounds": 1,
+           "cases": {"matrix": "smoke"}, "backend_modules": [],
+           "round_timing": {"warmup_ms": 1.0, "budget_ms": 5.0, "min_reps": 3, "max_reps": 20, "cuda_graph": False}}
+    (run / "env.json").write_text(json.dumps(env))
+    return run
+
+
+def test_the_timing_server_times_a_key_with_the_code_it_runs_in(tmp_path):
+    from harness.compare.remeasure import CheckoutTimer
+    from harness.spec.matrices import build_matrix
+    from harness.store.environment import REPO_ROOT
+
+    case = build_matrix("smoke")[0]
+    timer = CheckoutTimer(REPO_ROOT, _real_run(tmp_path), tmp_path / "logs")
+    try:
+        timer.start_round()
+        samples = timer.time(case, "sdpa-math", "fwd", 0.1)
+        failure = timer.time(case, "no-such-backend", "fwd", 0.1)
+        timer.end_round()
+    finally:
+        timer.close()
+    assert isinstance(samples, tuple) and len(samples) >= 3 and all(s > 0 for s in samples)
+    assert isinstance(failure, str) and "no-such-backend" in failure
+    assert timer.proc.returncode == 0
+
+
+def test_the_timing_server_refuses_other_code(tmp_path):
+    from harness.compare.remeasure import CheckoutTimer
+    from harness.store.environment import REPO_ROOT
+
+    with pytest.raises(ValueError, match="torch '0.1.0' here"):
+        CheckoutTimer(REPO_ROOT, _real_run(tmp_path, torch="0.1.0"), tmp_path / "logs")
+    with pytest.raises(ValueError, match="not a checkout of this project"):
+        CheckoutTimer(tmp_path, _real_run(tmp_path / "x"), tmp_path / "logs")
