@@ -3,8 +3,8 @@
     python benchmarks/fidelity_study.py [--runs 10] [--device cpu]
 
 Each repetition is what `pytest suites --benchmark` records in its timing-fidelity row: sdpa's forward on one
-case, timed by the harness and by torch.utils.benchmark.Timer (triton's do_bench on a GPU) in 20 interleaved
-ABBA blocks; the figure is the ratio of medians with a block-bootstrap spread. Target (issue: regression gate):
+case, timed by the harness and by torch.utils.benchmark.Timer (triton's do_bench on a GPU) in 30 interleaved
+ABBA blocks; the figure is the median of the blocks' ratios with a block-bootstrap spread. Target (issue: regression gate):
 |ratio - 1| <= 3 % in >= 9 of 10 runs. Each repetition is a fresh process, like a real run.
 """
 

@@ -38,7 +38,7 @@ def independent_samples_ms(fn: Callable[[], object], device: torch.device, calls
 @dataclass(frozen=True)
 class Fidelity:
     """Harness / independent timer over interleaved blocks: `blocks` holds each block's (harness, independent)
-    samples; the figure is the ratio of the pooled medians, its uncertainty a bootstrap over blocks."""
+    samples; the figure is the median of the blocks' ratios, its uncertainty a bootstrap over blocks."""
 
     blocks: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...]
     harness: Measurement
@@ -49,23 +49,23 @@ class Fidelity:
     def independent_ms(self) -> float:
         return float(np.median([x for _, theirs in self.blocks for x in theirs]))
 
+    def block_ratios(self) -> np.ndarray:
+        """Each block's harness median over its independent median: the two timers side by side in time."""
+        return np.array([np.median(ours) / np.median(theirs) for ours, theirs in self.blocks], float)
+
     @property
     def ratio(self) -> float:
-        """Median of every harness sample over the median of every independent one."""
-        return self.harness.median / self.independent_ms
+        """Median of the block ratios: a block whose moment was slow for one timer moves it by nothing, where
+        pooled medians mix every moment of the machine into both sides."""
+        return float(np.median(self.block_ratios()))
 
     @property
     def spread(self) -> float:
         """Half-width of the 90% bootstrap interval of the ratio, resampling whole blocks (seeded)."""
         rng = np.random.default_rng(0)
-        n = len(self.blocks)
-        ratios = []
-        for _ in range(400):
-            pick = rng.integers(0, n, n)
-            ours = np.concatenate([self.blocks[i][0] for i in pick])
-            theirs = np.concatenate([self.blocks[i][1] for i in pick])
-            ratios.append(np.median(ours) / np.median(theirs))
-        lo, hi = np.percentile(ratios, [5, 95])
+        ratios = self.block_ratios()
+        boot = np.median(ratios[rng.integers(0, len(ratios), (400, len(ratios)))], axis=1)
+        lo, hi = np.percentile(boot, [5, 95])
         return float(hi - lo) / 2
 
     @property
@@ -89,7 +89,7 @@ class Fidelity:
                 "independent": self.independent, "harness_mode": self.harness.mode, "n_samples": self.harness.n}
 
 
-def fidelity(fn: Callable[[], object], device: torch.device, *, blocks: int = 20, calls: int = 10,
+def fidelity(fn: Callable[[], object], device: torch.device, *, blocks: int = 30, calls: int = 10,
              block_ms: float = 50.0, tolerance: float = TOLERANCE) -> Fidelity:
     """Time `fn` with the harness and the independent timer in `blocks` alternating blocks (ABBA order): on the
     CPU `calls` calls each, on a GPU `block_ms` of repetitions each."""
