@@ -97,16 +97,23 @@ def test_each_key_is_tested_at_the_family_level(tmp_path):
     """8 keys re-measured: each at 0.05 / 8 one-sided, a 98.75 % two-sided interval."""
     cmp = _suspect_runs(tmp_path, 1, 2.0)
     rows, *_ = _remeasure(cmp, 2.0, 1)
-    assert rows.note.str.contains("98.75% interval").all()
+    assert rows.note.str.contains("98.75% t interval").all()
     rows, *_ = _remeasure(_suspect_runs(tmp_path / "b", 1, 2.0), 2.0, 1, family_alpha=0.2)
-    assert rows.note.str.contains("95.00% interval").all()
+    assert rows.note.str.contains("95.00% t interval").all()
 
 
 def test_paired_verdict_figures():
     v = paired_verdict([1.0, 1.1, 0.9, 1.0], [2.0, 2.2, 1.8, 2.1], alpha=0.01)
     d = np.log([2.0, 2.0, 2.0, 2.1])
-    assert v.verdict == "slower" and v.ratio == pytest.approx(math.exp(d.mean()))
-    assert v.ratio_low < v.ratio < v.ratio_high and (v.rounds_base, v.rounds_new) == (4, 4)
+    walsh = [(d[i] + d[j]) / 2 for i in range(4) for j in range(i, 4)]  # Hodges-Lehmann: their median
+    assert v.verdict == "slower" and v.ratio == pytest.approx(math.exp(np.median(walsh))) == pytest.approx(2.0)
+    half = 4.541 * d.std(ddof=1) / 2  # t(0.99, 3 df): the interval is about the mean
+    assert (v.ratio_low, v.ratio_high) == pytest.approx((math.exp(d.mean() - half), math.exp(d.mean() + half)), 1e-3)
+    assert (v.rounds_base, v.rounds_new) == (4, 4)
+    # one pair 1.8x slow (a burst): the mean of the six log ratios would be 1.106x, beyond the margin; the
+    # estimate stays at the other pairs' 1.01x
+    burst = paired_verdict([1.0] * 6, [1.02, 0.99, 1.01, 1.0, 1.8, 1.0])
+    assert burst.verdict == "unchanged" and burst.ratio == pytest.approx(1.01, abs=0.005)
     assert paired_verdict([1.0, 1.0, 1.0], [1.05, 1.04, 1.06]).verdict == "unchanged"  # within the 10 % margin
     assert paired_verdict([1.0, 1.0, 1.0], [1.3, 0.9, 1.6]).verdict == "undecided"
     assert paired_verdict([1.0, 1.0, 1.0], [0.5, 0.52, 0.49]).verdict == "faster"
