@@ -182,12 +182,13 @@ class CheckoutTimer:
                  fresh_workers: bool = False):
         import os
 
-        checkout = Path(checkout).resolve()
+        # absolute: the server's working directory is the checkout, not ours
+        checkout, run_dir, log_dir = Path(checkout).resolve(), Path(run_dir).resolve(), Path(log_dir).resolve()
         if not (checkout / "harness" / "compare").is_dir():
             raise ValueError(f"--base-checkout {checkout}: not a checkout of this project (no harness/compare/)")
         log_dir.mkdir(parents=True, exist_ok=True)
         self.stderr = log_dir / "timing-server.log"
-        cmd = [python or sys.executable, "-m", "harness.compare.timing_server", str(Path(run_dir).resolve()),
+        cmd = [python or sys.executable, "-m", "harness.compare.timing_server", str(run_dir),
                "--log-dir", str(log_dir)] + (["--fresh-workers"] if fresh_workers else [])
         env = {**os.environ, "PYTHONPATH": str(checkout)}
         with self.stderr.open("w") as err:

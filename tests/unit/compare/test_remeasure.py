@@ -184,13 +184,14 @@ def _real_run(tmp_path: Path, **code) -> Path:
     return run
 
 
-def test_the_timing_server_times_a_key_with_the_code_it_runs_in(tmp_path):
+def test_the_timing_server_times_a_key_with_the_code_it_runs_in(tmp_path, monkeypatch):
     from harness.compare.remeasure import CheckoutTimer
     from harness.spec.matrices import build_matrix
     from harness.store.environment import REPO_ROOT
 
     case = build_matrix("smoke")[0]
-    timer = CheckoutTimer(REPO_ROOT, _real_run(tmp_path), tmp_path / "logs")
+    monkeypatch.chdir(tmp_path)  # relative paths, as `compare` gets them: the server must not put files in its checkout
+    timer = CheckoutTimer(REPO_ROOT, _real_run(tmp_path).relative_to(tmp_path), Path("logs"))
     try:
         timer.start_round()
         samples = timer.time(case, "sdpa-math", "fwd", 0.1)
@@ -200,7 +201,8 @@ def test_the_timing_server_times_a_key_with_the_code_it_runs_in(tmp_path):
         timer.close()
     assert isinstance(samples, tuple) and len(samples) >= 3 and all(s > 0 for s in samples)
     assert isinstance(failure, str) and "no-such-backend" in failure
-    assert timer.proc.returncode == 0
+    assert timer.proc.returncode == 0 and (tmp_path / "logs" / "timing-server.log").exists()
+    assert not (REPO_ROOT / "logs").exists() and not (REPO_ROOT / "run").exists()
 
 
 def test_the_timing_server_refuses_other_code(tmp_path):
