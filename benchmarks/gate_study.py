@@ -252,7 +252,7 @@ def summary(df: pd.DataFrame) -> list[str]:
         if part == "process":
             from scipy.stats import chi2
 
-            z2, p = float((g.z ** 2).sum()), 0.0
+            z2 = float((g.z ** 2).sum())
             p = float(chi2.sf(z2, n))
             lines.append(f"process offsets: {n} keys, |mean log difference| between two persistent workers at most "
                          f"{g.mean_log_diff.abs().max():.3f}; sum of z^2 {z2:.1f} on {n} degrees of freedom "

@@ -32,7 +32,7 @@ import numpy as np
 
 from harness.compare.gate import FAMILY_ALPHA, gate_verdict, paired_verdict
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
-from harness.store.environment import REPO_ROOT, git_state, package_version
+from harness.store.environment import REPO_ROOT, git_state, library_versions
 from harness.store.run_dir import read_env
 from harness.store.writer import SamplesWriter
 
@@ -96,13 +96,9 @@ def run_cases(env: dict, run_dir: Path) -> dict:
 
 
 def current_code() -> dict:
-    """The code and library versions of this process, under env.json's names."""
-    import torch
-
+    """The commit and library versions of this process, under env.json's names."""
     sha, dirty = git_state()
-    return {"git_sha": sha, "git_dirty": dirty, "torch": torch.__version__,
-            "triton": package_version("triton") or package_version("pytorch-triton"),
-            "xformers": package_version("xformers"), "flash_attn": package_version("flash-attn")}
+    return {"git_sha": sha, "git_dirty": dirty, **library_versions()}
 
 
 def code_mismatch(env: dict, here: dict, *, allow_dirty: bool) -> str | None:
@@ -251,11 +247,12 @@ def base_timer_for(comparison: Comparison, config: RemeasureConfig, base_checkou
 
 def _check_new_side(env: dict, run_dir: Path) -> str:
     """Re-measuring times the code checked out here: it must be the new run's. Returns a note (dirty tree)."""
-    why = code_mismatch(env, current_code(), allow_dirty=True)
+    here = current_code()
+    why = code_mismatch(env, here, allow_dirty=True)
     if why:
         raise ValueError(f"--remeasure times the code checked out here, but it is not the new run's {run_dir} "
                          f"({why}): check that out, or re-run the new side")
-    return "uncommitted changes in the checkout: they are what is re-measured" if current_code()["git_dirty"] else ""
+    return "uncommitted changes in the checkout: they are what is re-measured" if here["git_dirty"] else ""
 
 
 _AUTO = object()

@@ -105,6 +105,13 @@ def testbed_id(device: torch.device) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def library_versions() -> dict:
+    """torch and the attention libraries this process would run, under env.json's names (a change in any of them
+    is a change of the code being timed)."""
+    return {"torch": torch.__version__, "triton": package_version("triton") or package_version("pytorch-triton"),
+            "xformers": package_version("xformers"), "flash_attn": package_version("flash-attn")}
+
+
 def environment(device: torch.device, timing_mode: str | None = None) -> dict:
     """Everything worth recording about where and with what a run happened (clocks as of now: the run start)."""
     sha, dirty = git_state()
@@ -117,13 +124,10 @@ def environment(device: torch.device, timing_mode: str | None = None) -> dict:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        **library_versions(),
         "torch_git": getattr(torch.version, "git_version", None),
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "triton": package_version("triton") or package_version("pytorch-triton"),
-        "xformers": package_version("xformers"),
-        "flash_attn": package_version("flash-attn"),
         "sdpa_enabled": {"flash": torch.backends.cuda.flash_sdp_enabled(),
                          "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
                          "math": torch.backends.cuda.math_sdp_enabled(),
