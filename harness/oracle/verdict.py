@@ -57,16 +57,35 @@ class Check:
         return f"{self.quantity} err {self.err:.3g} > tol {self.tol:.3g}"
 
 
-def max_abs_error(actual: torch.Tensor, ref: torch.Tensor) -> tuple[float, bool]:
-    """(max |actual - ref| over finite entries, whether actual has NaN/inf where ref is finite)."""
-    actual = actual.detach().to(device="cpu", dtype=torch.float64)
+#: elements compared at a time: one chunk's float64 temporaries (2 MiB each) stay in cache, so a comparison reads
+#: memory once. A (4, 4096, 16, 128) bf16 output, the size of every large gpu-smoke case, on this 2-core VM: 0.06 s
+#: against 1.4 s for whole-tensor ops (chunks of 2^16: 0.10 s, 2^20: 0.12 s, 2^22: 0.58 s)
+CHUNK = 1 << 18
+
+
+def compare(actual: torch.Tensor, ref: torch.Tensor) -> tuple[float, bool, float]:
+    """(max |actual - ref| over finite entries, whether actual has NaN/inf where ref is finite, max |ref|), in one
+    chunked pass. A chunk whose difference is all finite (the usual case) needs no finiteness masks; one that is
+    not is compared exactly as the whole-tensor formula would: bad entries zeroed, NaN propagated."""
+    actual = actual.detach()
     if actual.shape != ref.shape:
         raise ValueError(f"output shape {tuple(actual.shape)} != reference shape {tuple(ref.shape)}")
-    bad = ~torch.isfinite(actual) & torch.isfinite(ref)
     if actual.numel() == 0:
-        return 0.0, False
-    diff = (actual - ref).abs().masked_fill(bad, 0.0)
-    return float(diff.max()), bool(bad.any())
+        return 0.0, False, float("nan")
+    flat_actual, flat_ref = actual.to("cpu").reshape(-1), ref.detach().to("cpu").reshape(-1)
+    worst, largest, nonfinite = [], [], False
+    for start in range(0, flat_ref.numel(), CHUNK):
+        a = flat_actual[start:start + CHUNK].to(torch.float64)
+        r = flat_ref[start:start + CHUNK]
+        diff = (a - r).abs_()
+        chunk_max = diff.max()
+        if not torch.isfinite(chunk_max):
+            bad = ~torch.isfinite(a) & torch.isfinite(r)
+            nonfinite = nonfinite or bool(bad.any())
+            chunk_max = diff.masked_fill_(bad, 0.0).max()
+        worst.append(chunk_max)
+        largest.append(r.abs().max())
+    return float(torch.stack(worst).max()), nonfinite, float(torch.stack(largest).max())
 
 
 def judge(quantity: str, actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
@@ -74,8 +93,8 @@ def judge(quantity: str, actual: torch.Tensor, ref: torch.Tensor, dtype: torch.d
     """Compare one quantity; naive_err=None means this *is* the naive baseline (fixed bound)."""
     if dtype not in FLOORS:
         raise ValueError(f"no tolerance for dtype {dtype}; allowed: {', '.join(map(str, FLOORS))}")
-    err, nonfinite = max_abs_error(actual, ref)
-    magnitude = max(1.0, float(ref.abs().max())) if ref.numel() else 1.0
+    err, nonfinite, largest = compare(actual, ref)
+    magnitude = max(1.0, largest) if ref.numel() else 1.0
     if naive_err is None:
         tol = NAIVE_BOUND[dtype] * magnitude
     else:
