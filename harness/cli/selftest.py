@@ -5,7 +5,8 @@ tests (tests/gpu); the suites on the gpu-smoke matrix with --benchmark (CUDA eve
 row against triton's do_bench); the benchmark with --cuda-graph; correctness on cuda:1 when a second GPU exists;
 memory growth (naive ~ n^2, fused ~ n); the multi-GPU launcher (`run --gpus all`). Exit 1 when any step hit a
 harness error (a crashed step, a failing harness test, an `error` row of a built-in backend); a backend that
-fails a case is a result, listed, not a harness error.
+fails a case is a result, listed, not a harness error. Below the table: where each run's time went (its
+env.json time_spent: harness.measure.stages), so a slow step says which stage to look at.
 
 --dry-run runs the same steps on the CPU (smoke matrix, CPU launcher shards; the CUDA-only steps are listed as
 skipped): what CI runs, so the command itself cannot rot.
@@ -21,6 +22,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+from harness.measure.stages import time_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILT_IN = ("naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "xformers",
@@ -38,6 +42,8 @@ class Step:
     #: the results directory whose rows the step's summary reads
     results: Path | None = None
     skip: str = ""
+    #: the table's detail from the step's stdout (default: its last line)
+    summarize: Callable[[str], str] | None = None
     outcome: dict = field(default_factory=dict)
 
 
@@ -56,7 +62,7 @@ def plan(dry_run: bool, out: Path, gpus: int) -> list[Step]:
               "--benchmark-quiet", "--no-report", "--rounds", "1", *quick]
     no_gpu = "dry run: needs a CUDA device" if dry_run else ""
     steps = [
-        Step("backends", _py("-m", "harness", "backends", "--device", device)),
+        Step("backends", _py("-m", "harness", "backends", "--device", device), summarize=_backends_summary),
         # the check of every backend on gpu-smoke is the next step's correctness stage: not run twice
         Step("tests/gpu", _py("-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rs", "-k",
                               "not every_installed_backend"),
@@ -106,6 +112,17 @@ raise SystemExit(0 if ok else 1)
 """
 
 
+def _backends_summary(stdout: str) -> str:
+    """'ok: naive, sdpa, ...; unavailable: xformers, flash-attn' from `harness backends`' lines
+    ('  name  version  ok' or '... unavailable: why'); the reasons are in the step's log."""
+    ok, not_ok = [], []
+    for line in stdout.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 2:
+            (ok if line.rstrip().endswith(" ok") else not_ok).append(fields[0])
+    return f"ok: {', '.join(ok) or '-'}; unavailable: {', '.join(not_ok) or '-'}"
+
+
 def _rows_summary(results: Path) -> tuple[str, int]:
     """(pass/fail/... counts of the step's rows, harness errors: error rows of built-in backends, and naive rows
     that did not run - naive needs nothing but torch, so 'unavailable' there is the harness's failure)."""
@@ -121,6 +138,19 @@ def _rows_summary(results: Path) -> tuple[str, int]:
     return ", ".join(f"{k} {v}" for k, v in counts.items()), len(errors)
 
 
+def _time_spent(results: Path | None) -> list[tuple[str, dict]]:
+    """(run directory relative to the step's results, its time_spent) for every run the step made (a launcher's
+    shards each have their own)."""
+    if results is None or not results.exists():
+        return []
+    found = []
+    for env in sorted(results.glob("**/env.json")):
+        spent = json.loads(env.read_text()).get("time_spent")
+        if spent:
+            found.append((str(env.parent.relative_to(results)), spent))
+    return found
+
+
 def run_step(step: Step, log, out: Path) -> dict:
     """Run one step; its whole output goes to <out>/<step>.log, a failing step's last lines to `log` too."""
     if step.skip:
@@ -130,7 +160,7 @@ def run_step(step: Step, log, out: Path) -> dict:
     seconds = time.monotonic() - start
     (out / f"{_file_name(step.name)}.log").write_text(f"$ {' '.join(step.command)}\n{proc.stdout}{proc.stderr}")
     tail = (proc.stdout + proc.stderr).strip().splitlines()
-    detail = tail[-1][:120] if tail else ""
+    detail = step.summarize(proc.stdout) if step.summarize else (tail[-1][:120] if tail else "")
     status = "ok" if proc.returncode in step.ok_codes else f"FAILED (exit {proc.returncode})"
     if step.results is not None:
         rows, errors = _rows_summary(step.results)
@@ -166,6 +196,12 @@ def _selftest(args: argparse.Namespace) -> int:
           f"{time.monotonic() - start:.0f} s, results under {out}")
     for s in steps:
         print(f"  {s.name:<{width}}  {s.outcome['status']:<22} {s.outcome['seconds']:6.0f} s  {s.outcome['detail']}")
+    print("\nwhere each run's time went (harness.measure.stages; env.json 'time_spent'):")
+    for s in steps:
+        for run, spent in _time_spent(s.results):
+            print(f"  {s.name} [{run}]")
+            print("\n".join("    " + line for line in time_lines(spent)))
+            s.outcome.setdefault("time_spent", {})[run] = spent
     (out / "selftest.json").write_text(json.dumps({s.name: s.outcome for s in steps}, indent=1))
     failed = [s.name for s in steps if s.outcome["status"] not in ("ok", "skipped")]
     if failed:

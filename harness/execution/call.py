@@ -16,6 +16,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.outcome import Failure
+from harness.measure.stages import stage
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.store.schema import GRADS
 
@@ -176,10 +177,12 @@ def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
     with device_scope(device), _seeded(call.rng_seed, device):
         result = CallResult()
         try:
-            q, k, v, d_out = backend_inputs(backend, call_inputs(call, device), requires_grad=call.backward)
-            fn = _entry(backend, call, device)
+            with stage("inputs"):
+                q, k, v, d_out = backend_inputs(backend, call_inputs(call, device), requires_grad=call.backward)
+            with stage("prepare"):
+                fn = _entry(backend, call, device)
             grad_mode = contextlib.nullcontext() if call.backward else torch.no_grad()
-            with grad_mode:
+            with grad_mode, stage("forward"):  # a compiling backend's first call includes its compile
                 out = fn(q, k, v)
         except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt from a backend become rows
             result.failure = Failure.of(exc)
@@ -188,11 +191,13 @@ def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
         result.failure = contract_violation(out, q, v)
         if result.failure is not None:
             return result
-        result.out = backend.from_layout(out.detach()).cpu()
+        with stage("to host"):
+            result.out = backend.from_layout(out.detach()).cpu()
         if not call.backward:
             return result
         try:
-            out.backward(d_out)
+            with stage("backward"):
+                out.backward(d_out)
         except BaseException as exc:  # noqa: B036
             result.backward_failure = Failure.of(exc)
             return result
@@ -204,7 +209,8 @@ def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
             if problem:
                 problems.append(problem)
             else:
-                result.grads[name] = backend.from_layout(grad).cpu()
+                with stage("to host"):
+                    result.grads[name] = backend.from_layout(grad).cpu()
         if problems:
             result.backward_failure = Failure("fail", "; ".join(problems))
         return result

@@ -35,6 +35,7 @@ from harness.execution.device import indexed
 from harness.execution.executor import CallFailed, Executor
 from harness.execution.outcome import Failure
 from harness.execution.timed import TimingCall, TimingResult
+from harness.measure.stages import CLOCK, stage
 
 #: seconds a call may run before its worker is killed (--call-timeout-s): generous, a first compile can take minutes
 DEFAULT_TIMEOUT_S = 300.0
@@ -138,20 +139,22 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
             return
         if kind == "stop":
             return
+        before = CLOCK.snapshot()
         try:
-            if kind == "available":
-                reply = ("ok", backend.unavailable_reason(device))
-            elif kind == "call":
-                reply = ("ok", run_call(backend, payload, device))
-            elif kind == "time":
-                reply = ("ok", run_timing(backend, payload, device))
-            else:
-                fn, args = payload
-                reply = ("ok", fn(backend, device, *args))
+            with stage(f"worker: {kind}"):  # what the request's nested stages do not cover
+                if kind == "available":
+                    reply = ("ok", backend.unavailable_reason(device))
+                elif kind == "call":
+                    reply = ("ok", run_call(backend, payload, device))
+                elif kind == "time":
+                    reply = ("ok", run_timing(backend, payload, device))
+                else:
+                    fn, args = payload
+                    reply = ("ok", fn(backend, device, *args))
         except BaseException as exc:  # noqa: B036
             reply = ("failed", Failure.of(exc))
         broken = _cuda_broken(device)
-        _send(conn, reply)
+        _send(conn, (*reply, CLOCK.since(before)))  # the time the request took here, for the run's stage clock
         del reply
         if broken:
             os._exit(3)  # the supervisor sees the exit and starts a fresh worker for the next call
@@ -220,12 +223,18 @@ class Worker:
         return "failed", Failure("error", f"{_death(self.process)} while {doing}; restarted for the next call")
 
     def ask(self, kind: str, payload: Any, timeout: float, doing: str) -> tuple[str, Any]:
-        try:
-            _send(self.conn, (kind, payload))
-        except (OSError, ValueError):  # died before this request
-            self.process.join(timeout=5)
-            return "failed", Failure("error", f"{_death(self.process)} before {doing}")
-        return self._receive(timeout, doing)
+        """Send a request and wait for (status, answer); the worker's own stage times join this process's clock,
+        and "worker pipe" is left with the rest: pickling, shared memory, the pipe."""
+        with stage("worker pipe"):
+            try:
+                _send(self.conn, (kind, payload))
+            except (OSError, ValueError):  # died before this request
+                self.process.join(timeout=5)
+                return "failed", Failure("error", f"{_death(self.process)} before {doing}")
+            reply = self._receive(timeout, doing)
+            if len(reply) == 3:  # a worker's reply; one made up here (death, timeout) has no times
+                CLOCK.merge(reply[2])
+        return reply[0], reply[1]
 
 
 @dataclass
@@ -268,7 +277,8 @@ class IsolatedExecutor(Executor):
             if worker is not None:
                 worker.kill()
                 self.restarts[backend.name] = self.restarts.get(backend.name, 0) + 1
-            worker = self.workers[backend.name] = Worker(backend.name, self._spec, self._ctx)
+            with stage("worker start"):
+                worker = self.workers[backend.name] = Worker(backend.name, self._spec, self._ctx)
         return worker
 
     def _ask(self, backend: Backend, kind: str, payload: Any, timeout: float, doing: str) -> tuple[str, Any]:

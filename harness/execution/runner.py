@@ -10,6 +10,7 @@ from harness.backends.base import Backend
 from harness.execution.call import Arrangement, Call, CallResult
 from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.outcome import BackendResult, failure_status, free
+from harness.measure.stages import stage
 from harness.oracle.baseline import baseline
 from harness.oracle.prepared import BASELINE_BACKEND, PreparedCase
 from harness.oracle.reference import reference_attention
@@ -46,15 +47,18 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, in
     (oracle.baseline): it runs in this process, dense when it fits `budget_bytes` (default: baseline_budget).
     """
     seeded = inputs is None
-    inputs = make_inputs(case, device, seed) if seeded else inputs
+    with stage("inputs"):
+        inputs = make_inputs(case, device, seed) if seeded else inputs
     clean = inputs if reference_inputs is None else reference_inputs
     # The reference runs where the inputs are (FP64 on the GPU: seconds where the CPU takes hours) and is kept on
     # the CPU, where every output is judged.
-    prepared = PreparedCase(case, device, inputs, reference_attention(case, clean).to("cpu"), None,
-                            seed=seed if seeded else None)
+    with stage("reference"):
+        reference = reference_attention(case, clean).to("cpu")
+    prepared = PreparedCase(case, device, inputs, reference, None, seed=seed if seeded else None)
     try:
-        naive = baseline(case, clean, prepared.reference, baseline_budget(device) if budget_bytes is None
-                         else budget_bytes)
+        with stage("naive baseline"):
+            naive = baseline(case, clean, prepared.reference, baseline_budget(device) if budget_bytes is None
+                             else budget_bytes)
         prepared.baseline = naive.method
         if naive.usable:
             prepared.naive_errors = {q: c.err for q, c in naive.checks.items()}
@@ -117,7 +121,9 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
 def _judged_forward(backend: Backend, prepared: PreparedCase, answer: CallResult, run_id: str) -> BackendResult:
     case = prepared.case
     note = prepared.note_for(backend.name)
-    check = judge("out", answer.out, prepared.reference.out, case.dtype, prepared.naive_error("out", backend.name))
+    with stage("judging"):
+        check = judge("out", answer.out, prepared.reference.out, case.dtype,
+                      prepared.naive_error("out", backend.name))
     result = BackendResult([], {"out": check}, answer.out)
     reason = "; ".join(filter(None, [None if check.passed else check.describe(), note]))
     result.rows.append(verdict_row(prepared, backend, "fwd", "pass" if check.passed else "fail", reason, [check],
@@ -131,8 +137,9 @@ def _judged_backward(backend: Backend, prepared: PreparedCase, answer: CallResul
     checks = []
     for name in GRADS:
         result.grads[name] = answer.grads[name]
-        checks.append(judge(name, answer.grads[name], prepared.reference.get(name), case.dtype,
-                            prepared.naive_error(name, backend.name)))
+        with stage("judging"):
+            checks.append(judge(name, answer.grads[name], prepared.reference.get(name), case.dtype,
+                                prepared.naive_error(name, backend.name)))
         result.checks[name] = checks[-1]
     failed = [c.describe() for c in checks if not c.passed]
     return verdict_row(prepared, backend, "bwd", "fail" if failed else "pass",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.outcome import BackendResult
 from harness.execution.runner import execute, prepare_case
 from harness.execution.timed import allow_backward_replay
+from harness.measure import stages
 from harness.measure.timing import Measurement, TimingConfig
 from harness.oracle.prepared import PreparedCase
 from harness.spec.case import AttentionCase, make_inputs
@@ -43,6 +45,10 @@ class RunSession:
     def __post_init__(self):
         if self.rounds < 1:
             raise ValueError(f"rounds={self.rounds!r}: must be >= 1")
+        self._started = time.monotonic()
+        stages.CLOCK.reset()
+        #: seconds spent in each suite stage's tests (correctness, probes, benchmark), from pytest's reports
+        self.test_seconds: dict[str, float] = {}
         allow_backward_replay()  # --no-isolate: compiled backends run in this process
         self.run_dir = Path(self.results_root) / self.run_id
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -104,8 +110,16 @@ class RunSession:
             self._crash_safe.close()
         self.env["clocks_end"] = snapshot_clocks(self.device)
         self.env["worker_restarts"] = self.executor.worker_restarts()
+        self.env["time_spent"] = self.time_spent()
         self.save_env()
         compact(self.writer.path)
+
+    def time_spent(self) -> dict:
+        """Where the run's wall time went so far: per suite stage, and per harness stage (measure.stages: the
+        reference, worker start-up, the backends' forward, judging, timing...), exclusive seconds and counts."""
+        return {"wall_s": round(time.monotonic() - self._started, 3),
+                "tests_s": {k: round(v, 3) for k, v in self.test_seconds.items()},
+                "stages": {name: {"s": round(s, 3), "n": n} for name, (s, n) in stages.CLOCK.snapshot().items()}}
 
     def save_env(self) -> None:
         write_env(self.run_dir, self.env)

@@ -12,6 +12,7 @@ from harness.backends.base import Backend
 from harness.execution.call import BoundCall, Call, backend_inputs, call_inputs, device_scope
 from harness.execution.outcome import Failure, free
 from harness.measure.memory import peak_memory
+from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig, measure
 
 
@@ -94,24 +95,27 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device) -> Ti
     result = TimingResult()
     with device_scope(device):
         try:
-            inputs = call_inputs(timing.call, device)
+            with stage("inputs"):
+                inputs = call_inputs(timing.call, device)
             case, phase = timing.call.case, timing.phase
             if timing.known_memory is not None:
                 mem_bytes, mem_method = timing.known_memory
             else:
-                probe = phase_callables(backend, case, inputs, device, phase)
-                if probe.build is not None:
-                    probe.build()
-                mem_bytes, mem_method = peak_memory(probe.fn, device=device, setup=probe.setup)
-                del probe
+                with stage("peak memory"):
+                    probe = phase_callables(backend, case, inputs, device, phase)
+                    if probe.build is not None:
+                        probe.build()
+                    mem_bytes, mem_method = peak_memory(probe.fn, device=device, setup=probe.setup)
+                    del probe
             result.peak_mem_bytes, result.mem_method = mem_bytes, mem_method
             budget = timing.cpu_mem_budget
             if budget is not None and device.type == "cpu" and mem_bytes > budget:
                 result.failure = Failure("oom", f"needed {mem_bytes} bytes above inputs > CPU budget {budget}")
                 return result
-            timed = phase_callables(backend, case, inputs, device, phase)
-            result.measurement = measure(timed.fn, device=device, setup=timed.setup, config=timing.config,
-                                         estimate_ms=timing.estimate_ms, build=timed.build)
+            with stage("timing"):
+                timed = phase_callables(backend, case, inputs, device, phase)
+                result.measurement = measure(timed.fn, device=device, setup=timed.setup, config=timing.config,
+                                             estimate_ms=timing.estimate_ms, build=timed.build)
             result.compile_ms = backend.compile_time_ms()
         except BaseException as exc:  # noqa: B036 - a backend's SystemExit or KeyboardInterrupt is this round's row
             failure = Failure.of(exc)
@@ -127,5 +131,5 @@ def fidelity_of(backend: Backend, device: torch.device, case, seed: int):
 
     call = BoundCall(backend, case, device)
     q, k, v, _ = backend_inputs(backend, call_inputs(Call(case, seed), device), requires_grad=False)
-    with device_scope(device), torch.no_grad():
+    with device_scope(device), torch.no_grad(), stage("fidelity"):
         return fidelity(lambda: call(q, k, v), device)

@@ -7,6 +7,7 @@ correctness, then probes, then the benchmark (which times only what correctness 
 from __future__ import annotations
 
 import statistics
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -19,12 +20,13 @@ from harness.execution.device import resolve_device
 from harness.execution.isolation import IsolatedExecutor
 from harness.execution.session import RunSession
 from harness.launch.sharding import parse_shard, select_shard
+from harness.measure import stages
 from harness.measure.timing import TimingConfig
 from harness.execution.cost import check_cost
 from harness.spec.matrices import AUTO, build_matrix, resolve_matrix
 from harness.spec.presets import model_shape
 from harness.store.run_dir import results_root
-from harness.store.schema import PHASES
+from harness.store.schema import PHASES, STATUSES
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
 #: suites/<stage>/test_*.py run in this order
@@ -117,8 +119,26 @@ def _readable_benchmark_table(config) -> None:
 
 
 def _stage(item) -> int:
-    parts = Path(str(item.path)).parts
+    return _stage_of(Path(str(item.path)))
+
+
+def _stage_of(path: Path) -> int:
+    parts = path.parts
     return next((i for i, stage in enumerate(STAGES) if stage in parts), len(STAGES))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Add the test's wall time (setup, call, teardown) to its suite stage's total (the run's time_spent)."""
+    start = time.perf_counter()
+    try:
+        return (yield)
+    finally:
+        session = item.config.stash.get(_SESSION_KEY, None)
+        if session is not None:
+            index = _stage(item)
+            name = STAGES[index] if index < len(STAGES) else "other tests"
+            session.test_seconds[name] = session.test_seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -170,6 +190,8 @@ def pytest_terminal_summary(terminalreporter, config):
     for line in summary_lines(session):
         tr.write_line(line)
     session.finish()
+    for line in stages.time_lines(session.env["time_spent"]):
+        tr.write_line(line)
     tr.write_line(f"results: {session.writer.path}")
     if config.getoption("report", True):
         try:  # figures and report are built from the stored files only; a drawing problem must not fail the run
@@ -190,7 +212,7 @@ def summary_lines(session: RunSession) -> list[str]:
         naive = session.perf_rows.get((case_id, "naive", phase))
         if row.latency_ms and naive is not None and naive.latency_ms:
             speedups[backend][phase].append(naive.latency_ms / row.latency_ms)
-    statuses = ["pass", "fail", "error", "oom", "unsupported", "unavailable"]
+    statuses = [s for s in STATUSES if s != "observed"]  # observed: a probe's finding, not a verdict
     header = f"{'backend':<16}" + "".join(f"{s:>12}" for s in statuses)
     if session.perf_rows:
         header += "".join(f"{'x naive ' + p:>18}" for p in PHASES)

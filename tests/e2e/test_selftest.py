@@ -21,6 +21,11 @@ def test_selftest_dry_run_runs_every_step_it_can(tmp_path):
     assert {k for k, v in steps.items() if v["status"] == "skipped"} == {"--cuda-graph", "cuda:1"}
     assert "peak memory x" in steps["memory growth"]["detail"] and "pass" in steps["run --cpu-shards 2"]["detail"]
     assert "selftest --dry-run (CPU stand-in)" in res.stdout
+    assert steps["backends"]["detail"].startswith("ok: naive, sdpa") and "flash-attn" in steps["backends"]["detail"]
+    # where each run's time went: the suites step's run and each launcher shard's
+    spent = steps["suites smoke --benchmark"]["time_spent"]
+    assert len(spent) == 1 and {"reference", "forward", "timing"} <= set(next(iter(spent.values()))["stages"])
+    assert len(steps["run --cpu-shards 2"]["time_spent"]) == 2 and "  by stage: " in res.stdout
 
 
 def test_selftest_without_a_gpu_says_so():

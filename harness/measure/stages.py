@@ -1,0 +1,90 @@
+"""Where the harness's own wall time goes: exclusive seconds and counts per stage of a run (worker start-up, the
+reference, the backend's forward, moving results between processes, judging, timing...), per process.
+
+A stage's time excludes the stages nested in it, so the stages partition the time they cover and add up to at
+most the run's wall time; what they do not cover (pytest itself, writing rows) is the difference. A worker
+process keeps its own clock and sends what a request added (`since`) with its reply; the supervisor adds it
+(`merge`) inside its own open stage, which is charged only for the rest (pickling, shared memory, waiting).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+#: a clock's contents: stage name -> (seconds, count)
+Spent = dict[str, tuple[float, int]]
+
+
+@dataclass
+class StageClock:
+    seconds: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    #: one entry per open stage: the seconds spent so far in stages nested in it
+    _nested: list[float] = field(default_factory=list)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Charge the wall time of the block to `name`, less the time of stages nested in it."""
+        start = time.perf_counter()
+        self._nested.append(0.0)
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            nested = self._nested.pop()
+            self._charge(name, elapsed - nested, 1)
+            if self._nested:
+                self._nested[-1] += elapsed
+
+    def merge(self, spent: Spent) -> None:
+        """Add time spent elsewhere (a worker's request) during the open stage, which is charged that much less."""
+        for name, (seconds, count) in spent.items():
+            self._charge(name, seconds, count)
+            if self._nested:
+                self._nested[-1] += seconds
+
+    def _charge(self, name: str, seconds: float, count: int) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        self.counts[name] = self.counts.get(name, 0) + count
+
+    def snapshot(self) -> Spent:
+        return {name: (s, self.counts[name]) for name, s in self.seconds.items()}
+
+    def since(self, before: Spent) -> Spent:
+        """What was charged after `before` (a snapshot) was taken."""
+        out = {}
+        for name, (s, n) in self.snapshot().items():
+            s0, n0 = before.get(name, (0.0, 0))
+            if n > n0 or s > s0:
+                out[name] = (s - s0, n - n0)
+        return out
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.counts.clear()
+
+
+#: this process's clock: the harness's stages charge it; a run resets it when it starts
+CLOCK = StageClock()
+
+
+def stage(name: str):
+    """`with stage("reference"): ...` - charge the block to `name` on this process's clock."""
+    return CLOCK.stage(name)
+
+
+def time_lines(spent: dict, top: int = 8) -> list[str]:
+    """A run's time_spent (RunSession.time_spent, as in env.json) in two lines: wall time by suite stage, then the
+    `top` harness stages by seconds (with how many times each ran), the rest, and what no stage covered."""
+    wall = spent["wall_s"]
+    tests = ", ".join(f"{name} {s:.0f} s" for name, s in spent.get("tests_s", {}).items())
+    by_time = sorted(spent.get("stages", {}).items(), key=lambda kv: -kv[1]["s"])
+    parts = [f"{name} {v['s']:.1f} s ({v['n']})" for name, v in by_time[:top]]
+    if len(by_time) > top:
+        parts.append(f"{len(by_time) - top} more {sum(v['s'] for _, v in by_time[top:]):.1f} s")
+    covered = sum(v["s"] for _, v in by_time)
+    parts.append(f"outside these {max(wall - covered, 0.0):.1f} s")
+    return [f"time: {wall:.0f} s" + (f" ({tests})" if tests else ""), "  by stage: " + ", ".join(parts)]

@@ -1,0 +1,117 @@
+"""The stage clock: stages partition the time they cover, a worker's stages come back with its reply, and a run
+records where its time went in env.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness import AttentionCase
+from harness.backends.naive import Naive
+from harness.execution.isolation import IsolatedExecutor
+from harness.execution.runner import execute, prepare_case
+from harness.execution.session import RunSession
+from harness.measure import stages
+from harness.measure.stages import StageClock, time_lines
+from harness.spec.masks import Causal
+
+CPU = torch.device("cpu")
+
+
+class FakeTime:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fake_time(monkeypatch) -> FakeTime:
+    clock = FakeTime()
+    monkeypatch.setattr(stages.time, "perf_counter", clock)
+    return clock
+
+
+def test_nested_stages_are_charged_exclusive_time(fake_time):
+    clock = StageClock()
+    with clock.stage("call"):
+        fake_time.now += 1.0
+        with clock.stage("forward"):
+            fake_time.now += 5.0
+        with clock.stage("to host"):
+            fake_time.now += 2.0
+            with clock.stage("forward"):  # nested twice: still exclusive
+                fake_time.now += 0.5
+        fake_time.now += 0.25
+    assert clock.snapshot() == {"call": (1.25, 1), "forward": (5.5, 2), "to host": (2.0, 1)}
+    assert sum(s for s, _ in clock.snapshot().values()) == fake_time.now  # a partition of the 8.75 s
+
+
+def test_merged_worker_time_is_taken_out_of_the_open_stage(fake_time):
+    clock = StageClock()
+    with clock.stage("worker pipe"):
+        fake_time.now += 10.0  # the round trip
+        clock.merge({"forward": (7.0, 1), "worker: call": (0.5, 1)})  # what the worker says it spent
+    assert clock.snapshot() == {"worker pipe": (2.5, 1), "forward": (7.0, 1), "worker: call": (0.5, 1)}
+
+
+def test_since_reports_only_what_a_request_added(fake_time):
+    clock = StageClock()
+    with clock.stage("forward"):
+        fake_time.now += 1.0
+    before = clock.snapshot()
+    with clock.stage("forward"):
+        fake_time.now += 3.0
+    with clock.stage("backward"):
+        fake_time.now += 2.0
+    assert clock.since(before) == {"forward": (3.0, 1), "backward": (2.0, 1)}
+
+
+def test_an_exception_still_charges_the_stage(fake_time):
+    clock = StageClock()
+    with pytest.raises(RuntimeError):
+        with clock.stage("forward"):
+            fake_time.now += 4.0
+            raise RuntimeError("kernel refused")
+    assert clock.snapshot() == {"forward": (4.0, 1)}
+
+
+def test_time_lines_name_the_largest_stages_and_the_rest():
+    spent = {"wall_s": 100.0, "tests_s": {"correctness": 60.0, "benchmark": 35.0},
+             "stages": {"forward": {"s": 40.0, "n": 22}, "judging": {"s": 10.0, "n": 88},
+                        "reference": {"s": 20.0, "n": 11}, "to host": {"s": 1.0, "n": 44}}}
+    first, second = time_lines(spent, top=2)
+    assert first == "time: 100 s (correctness 60 s, benchmark 35 s)"
+    assert second == ("  by stage: forward 40.0 s (22), reference 20.0 s (11), 2 more 11.0 s, "
+                      "outside these 29.0 s")
+
+
+def test_a_worker_call_brings_its_stages_back(tmp_path):
+    stages.CLOCK.reset()
+    executor = IsolatedExecutor(CPU, modules=(), log_dir=str(tmp_path / "workers"))
+    case = AttentionCase(1, 2, 16, 8, "fp32", mask=Causal())
+    try:
+        execute(Naive(), prepare_case(case, CPU), executor=executor)
+    finally:
+        executor.close()
+    spent = stages.CLOCK.snapshot()
+    # here: the reference, the worker's start and pipe, judging; there: the call's own stages
+    for name in ("reference", "naive baseline", "worker start", "worker pipe", "judging", "inputs", "prepare",
+                 "forward", "backward", "to host", "worker: call", "worker: available"):
+        assert name in spent, f"{name} missing from {sorted(spent)}"
+    assert spent["forward"][1] == 1 and spent["backward"][1] == 1 and spent["to host"][1] == 4  # out, dq, dk, dv
+
+
+def test_a_session_records_where_its_time_went(tmp_path):
+    session = RunSession(CPU, tmp_path)
+    case = AttentionCase(1, 2, 16, 8, "fp32")
+    session.check(case, Naive())
+    session.test_seconds["correctness"] = 1.5
+    session.finish()
+    spent = json.loads((session.run_dir / "env.json").read_text())["time_spent"]
+    assert spent["tests_s"] == {"correctness": 1.5} and spent["wall_s"] > 0
+    assert {"reference", "forward", "judging"} <= set(spent["stages"])
+    assert sum(v["s"] for v in spent["stages"].values()) <= spent["wall_s"]
