@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 
@@ -15,6 +13,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.backends.native_stderr import captured_stderr
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, MaskSpec
@@ -171,22 +170,17 @@ def native_warnings():
     bindings install no Python warning handler (torch/csrc/Module.cpp, 2.11-2.13), so the reasons go to fd 2
     and never reach `warnings`: seen on an H200, every refusal read "torch's checks refused these inputs"."""
     found: list[str] = []
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
+    lines: list[str] = []
+    try:
+        with captured_stderr() as lines:
             yield found
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            for line in sink.read().decode(errors="replace").splitlines():
-                match = _NATIVE_WARNING.search(line)
-                if match:
-                    found.append(_clean(match.group(1)))
-                elif line.strip():
-                    os.write(2, (line + "\n").encode())  # not a warning: give it back to stderr
+    finally:  # also when the block raised: what was not a warning goes back to stderr
+        for line in lines:
+            match = _NATIVE_WARNING.search(line)
+            if match:
+                found.append(_clean(match.group(1)))
+            elif line.strip():
+                os.write(2, (line + "\n").encode())
 
 
 def _cudnn_refusals(call):

@@ -116,3 +116,15 @@ def test_item10_reasons_torch_writes_to_stderr_are_kept(monkeypatch, capfd):
         sdpa_module._refused_why(SDPBackend.FLASH_ATTENTION, q, q, q, {}, False)
     assert str(refused.value) == "FLASH_ATTENTION refused: Flash Attention does not support non-null attn_mask."
     assert "unrelated output" in capfd.readouterr().err  # what is not a warning goes back to stderr
+
+
+def test_captured_stderr_gives_back_what_c_code_wrote_even_when_the_block_raises(capfd):
+    from harness.backends.native_stderr import captured_stderr
+
+    with pytest.raises(RuntimeError):
+        with captured_stderr() as lines:
+            os.write(2, b"kineto: profiler started\n")
+            raise RuntimeError("kernel refused")
+    assert lines == ["kineto: profiler started"] and capfd.readouterr().err == ""
+    os.write(2, b"after\n")  # fd 2 is the terminal's again
+    assert capfd.readouterr().err == "after\n"
