@@ -32,14 +32,14 @@ import numpy as np
 
 from harness.compare.gate import FAMILY_ALPHA, gate_verdict, paired_verdict
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
-from harness.store.environment import REPO_ROOT, git_state, library_versions
+from harness.store.environment import LIBRARIES, REPO_ROOT, git_state, library_versions
 from harness.store.run_dir import read_env
 from harness.store.writer import SamplesWriter
 
 REMEASURE_DIR = "remeasure"
 SUSPECT = ("slower", "undecided")
 #: what must be the same between a run and the code that times its keys again (a torch upgrade is a change)
-CODE_FIELDS = ("git_sha", "torch", "triton", "xformers", "flash_attn")
+CODE_FIELDS = ("git_sha", *LIBRARIES)
 
 
 @dataclass(frozen=True)

@@ -105,11 +105,17 @@ def testbed_id(device: torch.device) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+#: env.json name -> how this process finds that library's version: torch and the attention libraries it runs
+LIBRARIES = {"torch": lambda: torch.__version__,
+             "triton": lambda: package_version("triton") or package_version("pytorch-triton"),
+             "xformers": lambda: package_version("xformers"),
+             "flash_attn": lambda: package_version("flash-attn")}
+
+
 def library_versions() -> dict:
     """torch and the attention libraries this process would run, under env.json's names (a change in any of them
     is a change of the code being timed)."""
-    return {"torch": torch.__version__, "triton": package_version("triton") or package_version("pytorch-triton"),
-            "xformers": package_version("xformers"), "flash_attn": package_version("flash-attn")}
+    return {name: version() for name, version in LIBRARIES.items()}
 
 
 def environment(device: torch.device, timing_mode: str | None = None) -> dict:
