@@ -1,11 +1,13 @@
 """The verdict must catch planted bugs and must pass every correct built-in over the default matrix."""
 
+import pandas as pd
 import pytest
 import torch
 
 import harness
 from harness import AttentionCase
 from harness.spec.masks import Causal, KeyPadding
+from harness.spec.matrices import build_matrix
 from harness.oracle.verdict import judge
 
 # Cases where each planted bug is visible: causal, non-square, GQA, fp32 and bf16.
@@ -67,8 +69,21 @@ def test_tolerance_is_recorded_and_follows_naive():
 CPU_BACKENDS = ["naive", "sdpa", "sdpa-math", "sdpa-flash", "flex"]
 
 
+def one_of_each_kind(cases: list) -> list:
+    """The first case of each (mask kind, dtype, GQA or not, head dim off the multiples of 16)."""
+    kinds: dict = {}
+    for c in cases:
+        kinds.setdefault((type(c.mask).__name__, c.dtype, c.kv_heads != c.heads, c.head_dim % 16 != 0), c)
+    return list(kinds.values())
+
+
 def test_correct_builtins_pass_default_matrix():
-    df = harness.check(CPU_BACKENDS, "default", "cpu")
+    cases = build_matrix("default")
+    # flex compiles every shape afresh: ~9 s a case with a cold compile cache (as on CI), 378 s for the whole
+    # default matrix on this VM; one case of each kind (18 of 42) keeps every mask, dtype, GQA and an odd head dim.
+    # `pytest suites` checks it on all of them.
+    df = pd.concat([harness.check(CPU_BACKENDS[:-1], cases, "cpu"),
+                    harness.check(["flex"], one_of_each_kind(cases), "cpu")], ignore_index=True)
     bad = df[~df.status.isin(["pass", "unsupported"])]
     assert bad.empty, bad[["backend", "case_id", "phase", "status", "reason"]].to_string()
     # every backend really ran: each has passes in both phases except flex, which has no CPU backward
