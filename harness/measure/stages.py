@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 #: a clock's contents: stage name -> (seconds, count)
 Spent = dict[str, tuple[float, int]]
@@ -20,20 +20,21 @@ Spent = dict[str, tuple[float, int]]
 
 @dataclass
 class StageClock:
-    seconds: dict[str, float] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
+    spent: Spent = field(default_factory=dict)
+    #: the wall clock read at a stage's start and end
+    now: Callable[[], float] = time.perf_counter
     #: one entry per open stage: the seconds spent so far in stages nested in it
     _nested: list[float] = field(default_factory=list)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         """Charge the wall time of the block to `name`, less the time of stages nested in it."""
-        start = time.perf_counter()
+        start = self.now()
         self._nested.append(0.0)
         try:
             yield
         finally:
-            elapsed = time.perf_counter() - start
+            elapsed = self.now() - start
             nested = self._nested.pop()
             self._charge(name, elapsed - nested, 1)
             if self._nested:
@@ -47,24 +48,23 @@ class StageClock:
                 self._nested[-1] += seconds
 
     def _charge(self, name: str, seconds: float, count: int) -> None:
-        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
-        self.counts[name] = self.counts.get(name, 0) + count
+        s, n = self.spent.get(name, (0.0, 0))
+        self.spent[name] = (s + seconds, n + count)
 
     def snapshot(self) -> Spent:
-        return {name: (s, self.counts[name]) for name, s in self.seconds.items()}
+        return dict(self.spent)
 
     def since(self, before: Spent) -> Spent:
         """What was charged after `before` (a snapshot) was taken."""
         out = {}
-        for name, (s, n) in self.snapshot().items():
+        for name, (s, n) in self.spent.items():
             s0, n0 = before.get(name, (0.0, 0))
             if n > n0 or s > s0:
                 out[name] = (s - s0, n - n0)
         return out
 
     def reset(self) -> None:
-        self.seconds.clear()
-        self.counts.clear()
+        self.spent.clear()
 
 
 #: this process's clock: the harness's stages charge it; a run resets it when it starts

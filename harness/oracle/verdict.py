@@ -59,7 +59,7 @@ class Check:
 
 #: elements compared at a time: one chunk's float64 temporaries (2 MiB each) stay in cache, so a comparison reads
 #: memory once. A (4, 4096, 16, 128) bf16 output, the size of every large gpu-smoke case, on this 2-core VM: best
-#: 0.06-0.10 s against 1.3-1.4 s for whole-tensor ops (chunks of 2^16: 0.10-0.18 s, 2^20: 0.12-0.13 s, 2^22: 0.58 s;
+#: 0.06-0.10 s against 1.3-1.4 s for whole-tensor ops (chunks of 2^16: 0.10-0.18 s, 2^20: 0.12-0.30 s, 2^22: 0.58 s;
 #: benchmarks/judging_cost.py)
 CHUNK = 1 << 18
 

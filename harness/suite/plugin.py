@@ -119,11 +119,7 @@ def _readable_benchmark_table(config) -> None:
 
 
 def _stage(item) -> int:
-    return _stage_of(Path(str(item.path)))
-
-
-def _stage_of(path: Path) -> int:
-    parts = path.parts
+    parts = Path(str(item.path)).parts
     return next((i for i, stage in enumerate(STAGES) if stage in parts), len(STAGES))
 
 
