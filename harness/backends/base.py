@@ -11,6 +11,7 @@ import torch
 
 from harness.spec.case import AttentionCase, dtype_name
 from harness.spec.masks import MaskSpec
+from harness.spec.modifiers import MODIFIERS
 
 LAYOUTS = ("bhsd", "bshd")
 #: the library calls a backend may offer beyond `forward`, for probes of the library's own conventions
@@ -31,9 +32,16 @@ class Backend:
 
     Subclasses set `name` and `layout` and implement `forward(q, k, v, *, mask, scale)` where q is
     (batch, heads, seq_q, head_dim) for layout 'bhsd' or (batch, seq_q, heads, head_dim) for 'bshd',
-    k/v likewise with kv_heads and seq_k, and `mask` is a harness mask spec or None. The output has
-    q's layout. What a backend can run is declared as data (the class attributes below); `can_run` derives
-    the reasons from it, and `not_supported_reasons` may add case-specific ones.
+    k/v likewise with kv_heads and seq_k (v's last dim is the case's head_dim_v), and `mask` is a harness mask spec
+    or None. The output has q's layout and v's head dim. What a backend can run is declared as data (the class
+    attributes below); `can_run` derives the reasons from it, and `not_supported_reasons` may add case-specific ones.
+
+    Modifiers (harness.spec.modifiers): a backend lists those it implements in `modifiers`; it is never called with
+    any other (the case is `unsupported`, with the reason), and the declared ones reach `forward` as keyword
+    arguments, only when the case uses them: `softcap` (float), `sinks` ((heads,) in the case's dtype, requires
+    grad), `alibi_slopes` ((heads,) float32), `bias` ((batch or 1, heads, seq_q, seq_k) in the case's dtype,
+    requires grad; that canonical layout whatever the backend's). `supports_head_dim_v` says v may have another
+    head dim than q and k.
     """
 
     name: ClassVar[str] = ""
@@ -55,6 +63,12 @@ class Backend:
     compiles_per_shape: ClassVar[bool] = False
     #: the distribution whose version is recorded (None = torch)
     package: ClassVar[str | None] = None
+    #: the modifiers forward implements (a subset of harness.spec.modifiers.MODIFIERS)
+    modifiers: ClassVar[frozenset[str]] = frozenset()
+    #: why the library cannot do an undeclared modifier, where the backend knows (shown in the unsupported row)
+    modifier_refusals: ClassVar[dict[str, str]] = {}
+    #: v may have a head dim other than q/k's (case.head_dim_v)
+    supports_head_dim_v: ClassVar[bool] = False
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why this backend cannot run at all here (library missing, wrong device, GPU arch); None if it can."""
@@ -86,11 +100,25 @@ class Backend:
                 dropout: bool = False) -> list[str]:
         """Every reason this backend cannot run `case` on `device` (empty = it can): the case's forward, plus its
         backward and dropout when asked. Availability on the device is `unavailable_reason`'s question."""
-        reasons = list(self.not_supported_reasons(case))
+        reasons = list(self.not_supported_reasons(case)) + self.modifier_reasons(case)
         if backward:
             reasons += self.backward_reasons(device)
         if dropout and "dropout" not in self.native_probes:
             reasons.append(f"{self.name} has no dropout (no native_dropout probe)")
+        return reasons
+
+    def modifier_reasons(self, case: AttentionCase) -> list[str]:
+        """Why this backend cannot take `case`'s modifiers or value head dim, from the declarations (empty = it can)."""
+        unknown = set(self.modifiers) - set(MODIFIERS)
+        if unknown:
+            raise ValueError(f"{type(self).__name__}.modifiers has {sorted(unknown)}; allowed: {', '.join(MODIFIERS)}")
+        reasons = [f"{self.name} does not take the {m} modifier: "
+                   + self.modifier_refusals.get(m, "not declared in its `modifiers`")
+                   for m in MODIFIERS if m in case.modifiers and m not in self.modifiers]
+        if case.head_dim_v != case.head_dim and not self.supports_head_dim_v:
+            reasons.append(f"head_dim_v {case.head_dim_v} != head_dim {case.head_dim}: "
+                           + self.modifier_refusals.get("head_dim_v", f"{self.name} needs equal head dims "
+                                                        "(supports_head_dim_v is False)"))
         return reasons
 
     def version(self) -> str:

@@ -8,6 +8,7 @@ from harness.backends.base import Backend, MaskForm
 from harness.backends.registry import register
 from harness.oracle.baseline import naive_attention, naive_rows
 from harness.spec.masks import MaskSpec
+from harness.spec.modifiers import MODIFIERS, alibi_bias, alibi_slopes
 
 
 @register
@@ -15,15 +16,24 @@ class Naive(Backend):
     name = "naive"
     layout = "bhsd"
     deterministic = "eager matmul/softmax with a fixed reduction order"
+    modifiers = frozenset(MODIFIERS)
+    supports_head_dim_v = True
 
     def prepare(self, case, device) -> dict:
-        """The dense bool mask (B|1, 1, Sq, Sk) on the device, built once: the call only attends."""
-        return {"allowed": case.key_mask(device)}
+        """The dense bool mask (B|1, 1, Sq, Sk) and the ALiBi term (H, Sq, Sk) in the case's dtype on the device,
+        built once: the call only attends."""
+        alibi = (alibi_bias(alibi_slopes(case.heads).to(device), case.seq_q, case.seq_k).to(case.dtype)
+                 if case.alibi else None)
+        return {"allowed": case.key_mask(device), "alibi": alibi}
 
-    def forward(self, q, k, v, *, mask: MaskSpec | None, scale: float, prepared: dict | None = None) -> torch.Tensor:
+    def forward(self, q, k, v, *, mask: MaskSpec | None, scale: float, prepared: dict | None = None,
+                softcap: float | None = None, sinks: torch.Tensor | None = None,
+                alibi_slopes: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
         if prepared is None:  # called directly: build the mask from the tensors' own sizes
-            return naive_attention(q, k, v, mask, scale)
-        return naive_rows(q, k, v, prepared["allowed"], scale)
+            return naive_attention(q, k, v, mask, scale, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
+                                   sinks=sinks)
+        return naive_rows(q, k, v, prepared["allowed"], scale, softcap=softcap, alibi=prepared["alibi"], bias=bias,
+                          sinks=sinks)
 
     def mask_form(self, case, device):
         return MaskForm.dense(case.key_mask(device), "materialized mask")  # what prepare builds

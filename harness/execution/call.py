@@ -18,6 +18,7 @@ from harness.backends.base import Backend
 from harness.execution.outcome import Failure
 from harness.measure.stages import stage
 from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.spec.modifiers import MODIFIER_GRADS, alibi_slopes
 from harness.store.schema import GRADS
 
 ENTRIES = ("forward", "native_causal", "native_mask", "native_dropout")
@@ -33,12 +34,21 @@ class Arrangement(Protocol):
 
 
 class BoundCall:
-    """`backend` on `case`: prepared state built at construction, `__call__(q, k, v)` runs only the kernel's work."""
+    """`backend` on `case`: prepared state built at construction, `__call__(q, k, v)` runs only the kernel's work.
+
+    The case's modifiers reach `forward` as keyword arguments (Backend.forward), built here once: softcap a float,
+    alibi_slopes (heads,) float32 on the device, and the input tensors sinks/bias from `leaves` (modifier_leaves:
+    the tensors whose gradients are judged; default: the seed-0 inputs, without gradients). The runner never
+    binds a backend to a modifier it does not declare (Backend.can_run refuses first)."""
 
     def __init__(self, backend: Backend, case: AttentionCase, device: torch.device,
-                 arrangement: Arrangement | None = None):
+                 arrangement: Arrangement | None = None, leaves: dict[str, torch.Tensor] | None = None):
         self.backend, self.case, self.arrangement = backend, case, arrangement
         self._kwargs = backend.prepared_kwargs(case, device)
+        if case.modifiers:
+            if leaves is None and ({"sinks", "bias"} & case.modifiers):
+                leaves = modifier_leaves(make_inputs(case, device), requires_grad=False)
+            self._kwargs.update(modifier_kwargs(case, device, leaves or {}))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.arrangement is not None:
@@ -47,9 +57,26 @@ class BoundCall:
         return out if self.arrangement is None else self.arrangement.output(out)
 
 
+def modifier_leaves(inputs: Inputs, requires_grad: bool) -> dict[str, torch.Tensor]:
+    """Fresh copies of the inputs' sinks and bias (those present), canonical layout whatever the backend's."""
+    return {name: getattr(inputs, name).detach().clone().requires_grad_(requires_grad) for name in MODIFIER_GRADS
+            if getattr(inputs, name) is not None}
+
+
+def modifier_kwargs(case: AttentionCase, device: torch.device, leaves: dict[str, torch.Tensor]) -> dict:
+    """forward's keyword arguments for the case's modifiers: softcap, sinks, alibi_slopes, bias (those present)."""
+    kwargs: dict = {}
+    if case.softcap is not None:
+        kwargs["softcap"] = case.softcap
+    if case.alibi:
+        kwargs["alibi_slopes"] = alibi_slopes(case.heads).to(device)
+    kwargs.update(leaves)
+    return kwargs
+
+
 def backend_inputs(backend: Backend, inputs: Inputs, requires_grad: bool) -> tuple[torch.Tensor, ...]:
     """Fresh copies of q, k, v, d_out in the backend's native layout (contiguous), outside any timing."""
-    q, k, v, d_out = (backend.to_layout(t).detach().clone(memory_format=torch.contiguous_format) for t in inputs)
+    q, k, v, d_out = (backend.to_layout(t).detach().clone(memory_format=torch.contiguous_format) for t in inputs[:4])
     return q.requires_grad_(requires_grad), k.requires_grad_(requires_grad), v.requires_grad_(requires_grad), d_out
 
 
@@ -85,8 +112,7 @@ class Call:
         mask on the CPU (the worker moves them to its device)."""
         from dataclasses import replace
 
-        inputs = None if self.inputs is None or self.seed is not None else Inputs(*(t.detach().cpu()
-                                                                                      for t in self.inputs))
+        inputs = None if self.inputs is None or self.seed is not None else self.inputs.map(lambda t: t.detach().cpu())
         mask = None if self.mask is None else self.mask.cpu()
         return replace(self, inputs=inputs, mask=mask)
 
@@ -118,7 +144,7 @@ _INPUTS: dict = {}
 def call_inputs(call: Call, device: torch.device) -> Inputs:
     """The call's inputs on `device`: given ones moved there, or the seeded ones drawn (kept for the next call)."""
     if call.inputs is not None:
-        return Inputs(*(t.to(device) for t in call.inputs))
+        return call.inputs.map(lambda t: t.to(device))
     key = (call.case, call.seed, str(device))
     if key not in _INPUTS:
         _INPUTS.clear()  # one case at a time: inputs of a large case are large
@@ -158,11 +184,11 @@ def _grad_violation(name: str, grad: torch.Tensor, leaf: torch.Tensor) -> str | 
     return None
 
 
-def _entry(backend: Backend, call: Call, device: torch.device):
+def _entry(backend: Backend, call: Call, device: torch.device, leaves: dict[str, torch.Tensor]):
     """The callable (q, k, v) -> out for the call's entry, prepared."""
     scale = call.case.scale
     if call.entry == "forward":
-        return BoundCall(backend, call.case, device, call.arrangement)
+        return BoundCall(backend, call.case, device, call.arrangement, leaves)
     if call.entry == "native_causal":
         return lambda q, k, v: backend.native_causal(q, k, v, scale=scale)
     if call.entry == "native_mask":
@@ -178,9 +204,11 @@ def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
         result = CallResult()
         try:
             with stage("inputs"):
-                q, k, v, d_out = backend_inputs(backend, call_inputs(call, device), requires_grad=call.backward)
+                inputs = call_inputs(call, device)
+                q, k, v, d_out = backend_inputs(backend, inputs, requires_grad=call.backward)
+                leaves = modifier_leaves(inputs, requires_grad=call.backward)
             with stage("prepare"):
-                fn = _entry(backend, call, device)
+                fn = _entry(backend, call, device, leaves)
             grad_mode = contextlib.nullcontext() if call.backward else torch.no_grad()
             with grad_mode, stage("forward"):  # a compiling backend's first call includes its compile
                 out = fn(q, k, v)
@@ -203,14 +231,15 @@ def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
             return result
         result.backward_op = backend.last_backward_op()
         problems = []
-        for name, leaf in zip(GRADS, (q, k, v)):
+        judged = [*zip(GRADS, (q, k, v)), *((MODIFIER_GRADS[n], t) for n, t in leaves.items())]
+        for name, leaf in judged:
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             problem = _grad_violation(name, grad, leaf)
             if problem:
                 problems.append(problem)
             else:
-                with stage("to host"):
-                    result.grads[name] = backend.from_layout(grad).cpu()
+                with stage("to host"):  # sinks and bias are canonical in every layout
+                    result.grads[name] = (backend.from_layout(grad) if name in GRADS else grad).cpu()
         if problems:
             result.backward_failure = Failure("fail", "; ".join(problems))
         return result

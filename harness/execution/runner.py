@@ -18,7 +18,7 @@ from harness.oracle.verdict import Check, judge
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.store.rows import make_row
 from harness.store.environment import available_memory
-from harness.store.schema import GRADS, Row
+from harness.store.schema import Row
 
 
 def verdict_row(prepared: PreparedCase, backend: Backend, phase: str, status: str, reason: str = "",
@@ -135,7 +135,7 @@ def _judged_backward(backend: Backend, prepared: PreparedCase, answer: CallResul
                      run_id: str) -> Row:
     case = prepared.case
     checks = []
-    for name in GRADS:
+    for name in case.grads:
         result.grads[name] = answer.grads[name]
         with stage("judging"):
             checks.append(judge(name, answer.grads[name], prepared.reference.get(name), case.dtype,

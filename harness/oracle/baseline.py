@@ -16,20 +16,36 @@ from harness.oracle.reference import Reference
 from harness.oracle.verdict import Check, judge
 from harness.spec.case import AttentionCase, Inputs
 from harness.spec.masks import MaskSpec
+from harness.spec.modifiers import alibi_bias, alibi_slopes, softcap_scores
 
 #: score-sized tensors dense naive holds at once, forward and backward (scores, masked, probs, dP, dS, saved)
 SCORE_TENSORS = 6
 
 
 def naive_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
-               scale: float) -> torch.Tensor:
-    """Eager attention of some query rows, every op in the inputs' dtype. q (B, H, n, D); k, v (B, Hkv, Sk, D);
-    allowed (B|1, 1, n, Sk) bool or None. A row that sees no key gives output 0 and gradient 0, like the reference."""
+               scale: float, *, softcap: float | None = None, alibi: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Eager attention of some query rows, every op in the inputs' dtype. q (B, H, n, D); k (B, Hkv, Sk, D);
+    v (B, Hkv, Sk, Dv); allowed (B|1, 1, n, Sk) bool or None. The modifiers, in harness.spec.modifiers' order:
+    softcap (float), alibi (H, n, Sk) the ALiBi term of these rows, bias (B|1, H, n, Sk), sinks (H,) - the sink a
+    logit column of its own (with a zero value) as transformers' gpt-oss eager attention does. A row that sees no
+    key gives output 0 and gradient 0, like the reference."""
     h, hkv = q.shape[1], k.shape[1]
     if hkv != h:  # GQA: query head i uses kv head i // (h // hkv)
         k = k.repeat_interleave(h // hkv, dim=1)
         v = v.repeat_interleave(h // hkv, dim=1)
     scores = (q @ k.transpose(-1, -2)) * scale                    # (B, H, n, Sk), input dtype
+    if softcap is not None:
+        scores = softcap_scores(scores, softcap)
+    if alibi is not None:
+        scores = scores + alibi
+    if bias is not None:
+        scores = scores + bias
+    if sinks is not None:  # a row always sees its sink: no empty-row special case
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        column = sinks.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        return torch.softmax(torch.cat([scores, column], -1), dim=-1)[..., :-1] @ v
     if allowed is None:
         return torch.softmax(scores, dim=-1) @ v
     visible = allowed.any(-1, keepdim=True)
@@ -41,10 +57,27 @@ def naive_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: MaskSpec | None,
-                    scale: float) -> torch.Tensor:
-    """Eager attention with materialized scores in the inputs' dtype. q (B, H, Sq, D); k, v (B, Hkv, Sk, D)."""
-    allowed = None if mask is None else mask.materialize(q.shape[2], k.shape[2], q.device, batch=q.shape[0])
-    return naive_rows(q, k, v, allowed, scale)
+                    scale: float, *, softcap: float | None = None, alibi_slopes: torch.Tensor | None = None,
+                    bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Eager attention with materialized scores in the inputs' dtype. q (B, H, Sq, D); k (B, Hkv, Sk, D);
+    v (B, Hkv, Sk, Dv); the modifiers as Backend.forward takes them (alibi_slopes (H,) float32)."""
+    sq, sk = q.shape[2], k.shape[2]
+    allowed = None if mask is None else mask.materialize(sq, sk, q.device, batch=q.shape[0])
+    alibi = None if alibi_slopes is None else alibi_bias(alibi_slopes, sq, sk).to(q.dtype)
+    return naive_rows(q, k, v, allowed, scale, softcap=softcap, alibi=alibi, bias=bias, sinks=sinks)
+
+
+def modifier_rows(case: AttentionCase, inputs: Inputs, rows: tuple[int, int], dtype: torch.dtype,
+                  bias: torch.Tensor | None = None) -> dict:
+    """naive_rows' modifier arguments for query rows `rows` of `case` (bias: the leaf to slice, default the
+    input's), in `dtype`."""
+    bias = inputs.bias if bias is None else bias
+    start, stop = rows
+    return {"softcap": case.softcap,
+            "alibi": alibi_bias(alibi_slopes(case.heads).to(inputs.q.device), case.seq_q, case.seq_k, rows)
+            .to(dtype) if case.alibi else None,
+            "bias": bias[:, :, start:stop] if case.bias is not None else None,
+            "sinks": inputs.sinks if case.sinks else None}
 
 
 def dense_bytes(case: AttentionCase) -> int:
@@ -60,14 +93,16 @@ def chunk_rows(case: AttentionCase, budget_bytes: int) -> int:
 
 @dataclass(frozen=True)
 class Baseline:
-    """Naive's checks against the reference (out, dq, dk, dv; naive is held to its fixed bound) and how it ran."""
+    """Naive's checks against the reference (out and the case's gradients; naive is held to its fixed bound) and
+    how it ran."""
 
     checks: dict[str, Check]
     method: str
+    quantities: tuple[str, ...] = ("out", "dq", "dk", "dv")
 
     @property
     def usable(self) -> bool:
-        return set(self.checks) == {"out", "dq", "dk", "dv"} and all(c.passed for c in self.checks.values())
+        return set(self.checks) == set(self.quantities) and all(c.passed for c in self.checks.values())
 
 
 def baseline(case: AttentionCase, inputs: Inputs, reference: Reference, budget_bytes: int) -> Baseline:
@@ -80,34 +115,42 @@ def baseline(case: AttentionCase, inputs: Inputs, reference: Reference, budget_b
     for name, grad in grads.items():
         checks[name] = judge(name, grad, reference.get(name), case.dtype, None)
     method = "dense" if rows >= case.seq_q else f"chunked ({rows} query rows a chunk)"
-    return Baseline(checks, method)
+    return Baseline(checks, method, ("out",) + case.grads)
 
 
-def _leaves(inputs: Inputs) -> tuple[torch.Tensor, ...]:
-    return tuple(t.detach().clone().requires_grad_(True) for t in inputs[:3])
+#: the inputs that get gradients, in Inputs' order, and the name of each gradient
+_LEAVES = {"q": "dq", "k": "dk", "v": "dv", "sinks": "dsinks", "bias": "dbias"}
+
+
+def _leaves(inputs: Inputs) -> dict[str, torch.Tensor]:
+    return {name: getattr(inputs, name).detach().clone().requires_grad_(True) for name in _LEAVES
+            if getattr(inputs, name) is not None}
 
 
 def _dense(case: AttentionCase, inputs: Inputs, rows: int):
-    q, k, v = _leaves(inputs)
-    out = naive_attention(q, k, v, case.mask, case.scale)
+    leaves = _leaves(inputs)
+    mods = modifier_rows(case, inputs._replace(**leaves), (0, case.seq_q), case.dtype)
+    out = naive_rows(leaves["q"], leaves["k"], leaves["v"], case.key_mask(inputs.q.device), case.scale, **mods)
     out.backward(inputs.d_out)
-    return out.detach(), {"dq": q.grad, "dk": k.grad, "dv": v.grad}
+    return out.detach(), {_LEAVES[name]: leaf.grad for name, leaf in leaves.items()}
 
 
 def _chunked(case: AttentionCase, inputs: Inputs, rows: int):
-    q_all, k_all, v_all = (t.detach() for t in inputs[:3])
-    out = torch.empty_like(q_all)
+    q_all = inputs.q.detach()
+    out = torch.empty(*q_all.shape[:-1], case.head_dim_v, dtype=q_all.dtype, device=q_all.device)
     dq = torch.empty_like(q_all)
-    dk = torch.zeros(k_all.shape, dtype=torch.float32, device=k_all.device)
-    dv = torch.zeros(v_all.shape, dtype=torch.float32, device=v_all.device)
+    # every gradient but dq sums over query rows: accumulated in float32 from each chunk's same-precision result
+    sums = {_LEAVES[n]: torch.zeros(t.shape, dtype=torch.float32, device=t.device) for n, t in _leaves(inputs).items()
+            if n != "q"}
     for start in range(0, case.seq_q, rows):
         stop = min(case.seq_q, start + rows)
-        q = q_all[:, :, start:stop].clone().requires_grad_(True)
-        k, v = k_all.clone().requires_grad_(True), v_all.clone().requires_grad_(True)
-        allowed = case.key_mask(q.device, rows=(start, stop))
-        block = naive_rows(q, k, v, allowed, case.scale)
+        leaves = _leaves(inputs._replace(q=q_all[:, :, start:stop]))
+        allowed = case.key_mask(q_all.device, rows=(start, stop))
+        mods = modifier_rows(case, inputs._replace(**leaves), (start, stop), case.dtype)
+        block = naive_rows(leaves["q"], leaves["k"], leaves["v"], allowed, case.scale, **mods)
         block.backward(inputs.d_out[:, :, start:stop])
-        out[:, :, start:stop], dq[:, :, start:stop] = block.detach(), q.grad
-        dk += k.grad.float()          # each chunk's dK/dV is one same-precision matmul, summed in float32
-        dv += v.grad.float()
-    return out, {"dq": dq, "dk": dk.to(k_all.dtype), "dv": dv.to(v_all.dtype)}
+        out[:, :, start:stop], dq[:, :, start:stop] = block.detach(), leaves["q"].grad
+        for name, leaf in leaves.items():
+            if name != "q":
+                sums[_LEAVES[name]] += leaf.grad.float()
+    return out, {"dq": dq, **{name: total.to(case.dtype) for name, total in sums.items()}}

@@ -6,7 +6,11 @@ memory budget, so the reference handles sequence lengths no dense implementation
 batched GEMM over (batch x kv heads) with the query heads of a group stacked as rows, the scale folded into the
 GEMM, the softmax done in place in one reused buffer, and dK/dV accumulated in place (baddbmm_): the elementwise
 passes a block costs stay few next to its six GEMMs. A query row that sees no key is defined as output 0 and
-gradient 0 (FlashAttention-2's and SDPA's convention since torch 2.5).
+gradient 0 (FlashAttention-2's and SDPA's convention since torch 2.5); with a sink, its output is 0 by the
+formula. The modifiers (softcap, ALiBi, bias, sinks; harness.spec.modifiers gives their semantics) are applied to
+each block's scores in the spec's order, with their hand-written gradients: the cap's chain factor 1 - (s'/c)^2,
+dbias = dS (summed over the batch for a "head" bias), dsinks_h = -sum P_sink * delta. A case without modifiers
+runs exactly the plain path.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from harness.spec.case import AttentionCase, Inputs
+from harness.spec.modifiers import alibi_bias, alibi_slopes
 
 #: bytes of score-sized float64 buffers a block may hold (two: the probabilities and their gradient) on the CPU
 DEFAULT_BUDGET_BYTES = 256 * 2 ** 20
@@ -37,15 +42,18 @@ def reference_budget(device: str | torch.device) -> int:
 
 
 class Reference(NamedTuple):
-    """float64 tensors in the canonical layout: out/dq like q, dk/dv like k/v."""
+    """float64 tensors in the canonical layout: out like q with v's head dim, dq like q, dk/dv like k/v, dsinks
+    (heads,) and dbias like the bias input (None where the case has no such input)."""
 
     out: torch.Tensor
     dq: torch.Tensor | None
     dk: torch.Tensor | None
     dv: torch.Tensor | None
+    dsinks: torch.Tensor | None = None
+    dbias: torch.Tensor | None = None
 
     def get(self, quantity: str) -> torch.Tensor | None:
-        """The reference of one judged quantity: 'out', 'dq', 'dk' or 'dv'."""
+        """The reference of one judged quantity: 'out', 'dq', 'dk', 'dv', 'dsinks' or 'dbias'."""
         if quantity not in self._fields:
             raise ValueError(f"quantity={quantity!r}; allowed: {', '.join(self._fields)}")
         return getattr(self, quantity)
@@ -55,9 +63,10 @@ class Reference(NamedTuple):
 
 
 def reference_flops(case: AttentionCase, grads: bool = True) -> int:
-    """The GEMM work the reference does, dense whatever the mask: QK^T and PV forward; dP, dQ, dK, dV backward."""
-    per_gemm = 2 * case.batch * case.heads * case.seq_q * case.seq_k * case.head_dim
-    return per_gemm * (6 if grads else 2)
+    """The GEMM work the reference does, dense whatever the mask: QK^T and PV forward; dP, dQ, dK, dV backward
+    (QK^T, dQ, dK over head_dim; PV, dP, dV over head_dim_v)."""
+    per_dim = 2 * case.batch * case.heads * case.seq_q * case.seq_k
+    return per_dim * (case.head_dim + case.head_dim_v) * (3 if grads else 1)
 
 
 def block_rows(case: AttentionCase, budget_bytes: int | None = None, device: str | torch.device = "cpu",
@@ -85,25 +94,34 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
     block = block or block_rows(case, budget_bytes, device, grads)
     if block < 1:
         raise ValueError(f"block={block}: must be >= 1")
-    b, h, hkv, sq, sk, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
+    b, h, hkv, sq, sk, d, dv_dim = (case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim,
+                                    case.head_dim_v)
     g, bh = h // hkv, b * hkv
     cast = dict(dtype=torch.float64, device=device)
     # Query head h uses kv head h // g: view queries as (B * Hkv, g, Sq, D) and let each GEMM take the g heads of
-    # a group as extra rows against their one K/V.
+    # a group as extra rows against their one K/V. Viewed as (B, Hkv, g, n, Sk), a block's scores are per query head
+    # (h = kv head * g + group member), which is how the per-head modifiers are viewed too.
     q = inputs.q.to(**cast).reshape(bh, g, sq, d)
     k = inputs.k.to(**cast).reshape(bh, sk, d)
-    v = inputs.v.to(**cast).reshape(bh, sk, d)
+    v = inputs.v.to(**cast).reshape(bh, sk, dv_dim)
     # Contiguous K^T and V^T as GEMM left operands: MKL's float64 GEMM runs 1.2-2x faster with both operands in
     # this orientation than with a transposed view of the (Sk, D) tensors (benchmarks/reference_throughput.py).
-    k_t, v_t = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()   # (BHkv, D, Sk)
-    d_out = inputs.d_out.to(**cast).reshape(bh, g, sq, d) if grads else None
+    k_t, v_t = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()   # (BHkv, D, Sk), (BHkv, Dv, Sk)
+    d_out = inputs.d_out.to(**cast).reshape(bh, g, sq, dv_dim) if grads else None
+    cap = case.softcap
+    slopes = alibi_slopes(h).to(**cast) if case.alibi else None
+    sinks = inputs.sinks.to(**cast).view(1, hkv, g, 1, 1) if case.sinks else None
+    bias = inputs.bias.to(**cast) if case.bias is not None else None        # (B|1, H, Sq, Sk)
+    nb = 0 if bias is None else bias.shape[0]
 
-    out = torch.empty(bh, g, sq, d, **cast)
+    out = torch.empty(bh, g, sq, dv_dim, **cast)
     dq = torch.empty(bh, g, sq, d, **cast) if grads else None
     # dK and dV are accumulated transposed, (D, Sk): the block's Q^T dS and dO^T P in that orientation run at
     # the GEMM's full rate, where dS^T Q into (Sk, D) runs at half of it.
     dk_t = torch.zeros(bh, d, sk, **cast) if grads else None
-    dv_t = torch.zeros(bh, d, sk, **cast) if grads else None
+    dv_t = torch.zeros(bh, dv_dim, sk, **cast) if grads else None
+    dsinks = torch.zeros(h, **cast) if grads and sinks is not None else None
+    dbias = torch.zeros_like(bias) if grads and bias is not None else None
     probs_buffer = torch.empty(bh, g * block * sk, **cast)
     d_probs_buffer = torch.empty(bh, g * block * sk, **cast) if grads else None
     for start in range(0, sq, block):
@@ -112,12 +130,24 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
         q_blk = q[:, :, start:stop].reshape(bh, g * n, d)                    # (BHkv, g*n, D): a copy, contiguous
         probs = probs_buffer[:, :g * n * sk].view(bh, g * n, sk)
         torch.baddbmm(probs, q_blk, k.transpose(1, 2), beta=0.0, alpha=case.scale, out=probs)  # scaled scores
+        per_head = probs.view(b, hkv, g, n, sk)
+        capped = None
+        if cap is not None:
+            capped = per_head.div_(cap).tanh_().clone()                      # t = tanh(s / c), for the chain factor
+            per_head.mul_(cap)
+        if slopes is not None:
+            per_head.add_(alibi_bias(slopes, sq, sk, (start, stop), torch.float64).view(hkv, g, n, sk))
+        if bias is not None:
+            per_head.add_(bias[:, :, start:stop].reshape(nb, hkv, g, n, sk))
         mask = case.key_mask(device, rows=(start, stop))                     # (B|1, 1, n, Sk)
         if mask is not None:
             view, hidden = probs.view(b, hkv, g, n, sk), ~mask.reshape(mask.shape[0], 1, 1, n, sk)
             view.masked_fill_(hidden, float("-inf"))
         row_max = probs.amax(-1, keepdim=True)
-        row_max.masked_fill_(row_max == float("-inf"), 0.0)                  # rows with no key: all masked below
+        if sinks is not None:  # m = max(max_j s_ij, sigma_h): always finite, also for a row that sees no key
+            row_max = torch.maximum(row_max.view(b, hkv, g, n, 1), sinks).view(bh, g * n, 1)
+        else:
+            row_max.masked_fill_(row_max == float("-inf"), 0.0)              # rows with no key: all masked below
         probs.sub_(row_max)
         if mask is not None:
             # exp of -inf (or of anything that underflows) takes a slow path, 2-5x the normal one: exp the
@@ -126,22 +156,37 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
             view.masked_fill_(hidden, 0.0)  # (legit scores < -700 below the max keep 1e-304: below any ulp)
         else:
             probs.exp_()
-        probs.div_(probs.sum(-1, keepdim=True).clamp_min_(1e-300))           # empty rows stay 0 / tiny = 0
-        o_blk = torch.bmm(v_t, probs.transpose(1, 2)).transpose(1, 2)        # O = (V^T P^T)^T, (BHkv, g*n, D)
-        out[:, :, start:stop] = o_blk.reshape(bh, g, n, d)
+        denominator = probs.sum(-1, keepdim=True)
+        sink_probs = None
+        if sinks is not None:  # the sink's exp(sigma_h - m) joins the denominator only
+            sink_probs = (sinks - row_max.view(b, hkv, g, n, 1)).exp_().view(bh, g * n, 1)
+            denominator.add_(sink_probs)
+            sink_probs = sink_probs / denominator                            # P_sink, (BHkv, g*n, 1)
+        probs.div_(denominator.clamp_min_(1e-300))                           # empty rows stay 0 / tiny = 0
+        o_blk = torch.bmm(v_t, probs.transpose(1, 2)).transpose(1, 2)        # O = (V^T P^T)^T, (BHkv, g*n, Dv)
+        out[:, :, start:stop] = o_blk.reshape(bh, g, n, dv_dim)
         if not grads:
             continue
-        do_blk = d_out[:, :, start:stop].reshape(bh, g * n, d)
+        do_blk = d_out[:, :, start:stop].reshape(bh, g * n, dv_dim)
         d_probs = d_probs_buffer[:, :g * n * sk].view(bh, g * n, sk)
         torch.bmm(do_blk, v_t, out=d_probs)                                  # dP = dO V^T
         delta = (do_blk * o_blk).sum(-1, keepdim=True)                       # rowsum(dO * O) = rowsum(P * dP)
         d_probs.sub_(delta).mul_(probs)                                      # dS / scale = P * (dP - delta)
+        if sink_probs is not None:   # the sink's value is 0: d sigma = P_sink * (0 - delta)
+            dsinks.sub_((sink_probs * delta).view(b, h, n).sum((0, 2)))     # (these two are contiguous)
+        if dbias is not None:        # bias is added to the (capped) scores: dbias = dS, summed over a shared batch
+            ds_heads = d_probs.view(b, hkv, g, n, sk)
+            ds_heads = ds_heads if nb == b else ds_heads.sum(0, keepdim=True)
+            dbias[:, :, start:stop] += ds_heads.reshape(nb, h, n, sk)
+        if capped is not None:       # through s' = c tanh(s / c): ds = ds' (1 - t^2)
+            per_head_ds = d_probs.view(b, hkv, g, n, sk)
+            per_head_ds.mul_(capped.square_().neg_().add_(1.0))
         dq_t = torch.bmm(k_t, d_probs.transpose(1, 2))                       # dQ^T = K^T dS^T, (BHkv, D, g*n)
         dq[:, :, start:stop] = dq_t.transpose(1, 2).mul_(case.scale).reshape(bh, g, n, d)
         dk_t.baddbmm_(q_blk.transpose(1, 2), d_probs, alpha=case.scale)     # summed over the group's heads too
         dv_t.baddbmm_(do_blk.transpose(1, 2), probs)
     dk = dk_t.transpose(1, 2) if grads else None
     dv = dv_t.transpose(1, 2) if grads else None
-    shape_q, shape_kv = (b, h, sq, d), (b, hkv, sk, d)
-    return Reference(out.reshape(shape_q), dq.reshape(shape_q) if grads else None,
-                     dk.reshape(shape_kv) if grads else None, dv.reshape(shape_kv) if grads else None)
+    return Reference(out.reshape(b, h, sq, dv_dim), dq.reshape(b, h, sq, d) if grads else None,
+                     dk.reshape(b, hkv, sk, d) if grads else None, dv.reshape(b, hkv, sk, dv_dim) if grads else None,
+                     dsinks, dbias)

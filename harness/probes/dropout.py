@@ -40,7 +40,7 @@ def dropout_case(dtype: torch.dtype) -> AttentionCase:
 
 
 def _identity_inputs(case: AttentionCase, device: torch.device, seed: int) -> Inputs:
-    q, k, _, d_out = make_inputs(case, device, seed)
+    q, k, _, d_out = make_inputs(case, device, seed)[:4]
     eye = torch.eye(case.seq_k, dtype=case.dtype, device=device)
     return Inputs(q, k, eye.expand(case.batch, case.kv_heads, case.seq_k, case.head_dim).contiguous(), d_out)
 

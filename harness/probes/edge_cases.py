@@ -125,7 +125,7 @@ def edge_inputs(edge: EdgeCase, device: torch.device, seed: int = 0) -> Inputs:
     case = edge.case
     base = make_inputs(case, "cpu", seed)
     if edge.magnitude == (1.0, 1.0, 1.0):
-        return Inputs(*(t.to(device) for t in base))
+        return base.map(lambda t: t.to(device))
     # make_inputs draws in float32 before casting, so the float32 draw of the same seed is the unrounded value
     exact = make_inputs(replace(case, dtype=torch.float32), "cpu", seed)
     scaled = [(t * m).to(case.dtype) for t, m in zip(exact[:3], edge.magnitude)]

@@ -25,7 +25,7 @@ from harness.store.schema import GRADS, Row
 
 def _slice(inputs: Inputs, start: int, stop: int) -> Inputs:
     """Queries (and their upstream gradient) start:stop, keys and values 0:stop - the cache at that point."""
-    q, k, v, d_out = inputs
+    q, k, v, d_out = inputs[:4]
     return Inputs(q[:, :, start:stop], k[:, :, :stop], v[:, :, :stop], d_out[:, :, start:stop])
 
 

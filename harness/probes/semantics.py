@@ -171,7 +171,7 @@ def nan_in_masked_kv(probe: Probe) -> tuple[AttentionCase, Answer]:
     if failed:
         return case, failed
     hidden = ~case.key_mask(probe.device).any(2, keepdim=True).transpose(-1, -2)  # (B, 1, Sk, 1): keys nobody sees
-    q, k, v, d_out = prepared.inputs
+    q, k, v, d_out = prepared.inputs[:4]
     parts = []
     for name, poisoned in (("K", Inputs(q, k.masked_fill(hidden, float("nan")), v, d_out)),
                            ("V", Inputs(q, k, v.masked_fill(hidden, float("nan")), d_out))):

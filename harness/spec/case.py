@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import torch
 
+from harness.spec import modifiers as mods
 from harness.spec.masks import MaskSpec
 
 DTYPES: dict[str, torch.dtype] = {
@@ -47,8 +48,10 @@ def _positive_int(name: str, value: object) -> int:
 class AttentionCase:
     """One attention problem. Tensors are described in the canonical layout (batch, heads, seq, head_dim).
 
-    q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim).
-    kv_heads < heads is grouped-query attention (MQA when 1): query head h uses kv head h // (heads // kv_heads).
+    q: (batch, heads, seq_q, head_dim); k: (batch, kv_heads, seq_k, head_dim); v: (batch, kv_heads, seq_k,
+    head_dim_v) (default head_dim). kv_heads < heads is grouped-query attention (MQA when 1): query head h uses kv
+    head h // (heads // kv_heads). softcap, sinks, alibi and bias are the modifiers of harness.spec.modifiers,
+    whose docstring gives their exact semantics.
     """
 
     batch: int
@@ -60,6 +63,11 @@ class AttentionCase:
     seq_k: int | None = field(default=None, kw_only=True)
     mask: MaskSpec | None = field(default=None, kw_only=True)
     scale: float | None = field(default=None, kw_only=True)
+    softcap: float | None = field(default=None, kw_only=True)
+    sinks: bool = field(default=False, kw_only=True)
+    alibi: bool = field(default=False, kw_only=True)
+    bias: str | None = field(default=None, kw_only=True)
+    head_dim_v: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self):
         for name in ("batch", "heads", "seq_q", "head_dim"):
@@ -78,6 +86,31 @@ class AttentionCase:
         if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"scale={self.scale!r}: must be a finite float > 0")
         object.__setattr__(self, "scale", float(scale))
+        object.__setattr__(self, "softcap", mods.validate_softcap(self.softcap))
+        mods.validate_flag("sinks", self.sinks)
+        mods.validate_flag("alibi", self.alibi)
+        mods.validate_bias(self.bias)
+        object.__setattr__(self, "head_dim_v", self.head_dim if self.head_dim_v is None
+                           else _positive_int("head_dim_v", self.head_dim_v))
+
+    @property
+    def modifiers(self) -> frozenset[str]:
+        """The modifiers this case uses (a subset of harness.spec.modifiers.MODIFIERS)."""
+        present = {"softcap": self.softcap is not None, "sinks": self.sinks, "alibi": self.alibi,
+                   "bias": self.bias is not None}
+        return frozenset(name for name, on in present.items() if on)
+
+    @property
+    def modifier_id(self) -> str:
+        """The modifiers as case-id tokens, e.g. 'cap30-sink' ('none' without any)."""
+        parts = [f"cap{self.softcap:g}" if self.softcap is not None else "", "sink" if self.sinks else "",
+                 "alibi" if self.alibi else "", mods.BIAS_TOKENS[self.bias] if self.bias else ""]
+        return "-".join(p for p in parts if p) or "none"
+
+    @property
+    def grads(self) -> tuple[str, ...]:
+        """The gradients judged for this case: dq, dk, dv, then dsinks and dbias where the case has them."""
+        return ("dq", "dk", "dv") + tuple(g for m, g in mods.MODIFIER_GRADS.items() if m in self.modifiers)
 
     @property
     def default_scale(self) -> bool:
@@ -93,10 +126,14 @@ class AttentionCase:
 
     @property
     def id(self) -> str:
-        """Stable readable id, e.g. 'bf16-b2-h8-s1024-d128-causal' or 'fp32-b1-h8kv2-s113x203-d64-none'."""
+        """Stable readable id, e.g. 'bf16-b2-h8-s1024-d128-causal', 'fp32-b1-h8kv2-s113x203-d64-none' or
+        'bf16-b1-h16-s512-d192v128-causal-cap30-sink'."""
         heads = f"h{self.heads}" + (f"kv{self.kv_heads}" if self.kv_heads != self.heads else "")
         seq = f"s{self.seq_q}" + (f"x{self.seq_k}" if self.seq_k != self.seq_q else "")
-        parts = [dtype_name(self.dtype), f"b{self.batch}", heads, seq, f"d{self.head_dim}", self.mask_id]
+        dims = f"d{self.head_dim}" + (f"v{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")
+        parts = [dtype_name(self.dtype), f"b{self.batch}", heads, seq, dims, self.mask_id]
+        if self.modifiers:
+            parts.append(self.modifier_id)
         if not self.default_scale:
             parts.append(f"scale{self.scale:g}")
         return "-".join(parts)
@@ -109,25 +146,42 @@ class AttentionCase:
 
 
 class Inputs(NamedTuple):
-    """Canonical-layout inputs shared by every backend: q/k/v and the upstream gradient d_out."""
+    """Canonical-layout inputs shared by every backend: q/k/v, the upstream gradient d_out, and the modifiers'
+    inputs with gradients - sinks (heads,) and bias (batch or 1, heads, seq_q, seq_k) - None when absent."""
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     d_out: torch.Tensor
+    sinks: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+    def map(self, fn) -> "Inputs":
+        """The inputs with `fn` applied to every tensor present (None stays None)."""
+        return Inputs(*(None if t is None else fn(t) for t in self))
 
 
 def make_inputs(case: AttentionCase, device: str | torch.device = "cpu", seed: int = 0) -> Inputs:
     """Deterministic torch.randn inputs from `seed`, generated in float32 on CPU then cast and moved.
 
-    Generating on CPU in float32 makes the values identical on every device and dtype for one seed.
+    Generating on CPU in float32 makes the values identical on every device and dtype for one seed. The modifiers'
+    tensors are drawn after q, k, v, d_out from the same generator and only when the case has them, so a case
+    without modifiers draws exactly what it always did. Softcap cases scale q so a visible share of the scaled
+    scores exceeds the cap; sinks are drawn on the scale of a row's log-denominator (harness.spec.modifiers).
     """
     gen = torch.Generator().manual_seed(seed)
     shapes = [
         (case.batch, case.heads, case.seq_q, case.head_dim),
         (case.batch, case.kv_heads, case.seq_k, case.head_dim),
-        (case.batch, case.kv_heads, case.seq_k, case.head_dim),
-        (case.batch, case.heads, case.seq_q, case.head_dim),
+        (case.batch, case.kv_heads, case.seq_k, case.head_dim_v),
+        (case.batch, case.heads, case.seq_q, case.head_dim_v),
     ]
-    tensors = [torch.randn(s, generator=gen, dtype=torch.float32).to(device=device, dtype=case.dtype) for s in shapes]
-    return Inputs(*tensors)
+    drawn = [torch.randn(s, generator=gen, dtype=torch.float32) for s in shapes]
+    if case.softcap is not None:  # std(scale q.k) = scale sqrt(d) for N(0,1) q, k: make it SOFTCAP_SCORE_STD caps
+        drawn[0] = drawn[0] * (mods.SOFTCAP_SCORE_STD * case.softcap / (case.scale * math.sqrt(case.head_dim)))
+    sinks = bias = None
+    if case.sinks:
+        sinks = torch.randn(case.heads, generator=gen) * mods.SINK_STD + (math.log(case.seq_k) + 0.5)
+    if case.bias is not None:
+        bias = torch.randn(mods.bias_shape(case.bias, case.batch, case.heads, case.seq_q, case.seq_k), generator=gen)
+    return Inputs(*drawn, sinks, bias).map(lambda t: t.to(device=device, dtype=case.dtype))

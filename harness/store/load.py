@@ -20,7 +20,7 @@ from harness.store.schema import COLUMNS, KEY, SAMPLE_COLUMNS, SCHEMA_VERSION
 #: cells read as missing; `observed` is exempt (an observed 'nan' or 'None' is an answer, not a missing value)
 _NA_STRINGS = ["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>",
                "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"]
-_VERBATIM = ("observed",)
+_VERBATIM = ("observed", "modifiers")
 #: the columns without which a file is no results file
 REQUIRED = (*KEY, "status")
 

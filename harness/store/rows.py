@@ -14,10 +14,11 @@ from harness.store.schema import Row
 
 
 def case_columns(case: AttentionCase, device: torch.device | str) -> dict:
-    """The columns that describe a case (its id, sizes, dtype, mask, scale) and the device it ran on."""
+    """The columns that describe a case (its id, sizes, dtype, mask, modifiers, scale) and the device it ran on."""
     return {"case_id": case.id, "batch": case.batch, "heads": case.heads, "kv_heads": case.kv_heads,
-            "seq_q": case.seq_q, "seq_k": case.seq_k, "head_dim": case.head_dim, "dtype": dtype_name(case.dtype),
-            "mask": case.mask_id, "scale": case.scale, "device": str(device)}
+            "seq_q": case.seq_q, "seq_k": case.seq_k, "head_dim": case.head_dim, "head_dim_v": case.head_dim_v,
+            "dtype": dtype_name(case.dtype), "mask": case.mask_id, "modifiers": case.modifier_id, "scale": case.scale,
+            "device": str(device)}
 
 
 def check_columns(checks: Sequence[Check]) -> dict:

@@ -6,8 +6,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Iterable, NamedTuple
 
 #: 2: timing_status and timing_reason added (a timing failure no longer overwrites the correctness status);
-#: baseline (how the naive baseline was computed)
-SCHEMA_VERSION = 2
+#: baseline (how the naive baseline was computed). 3: attention modifiers - head_dim_v, modifiers, modifier_path and
+#: the dsinks/dbias error, tolerance and naive columns (older files load with them empty)
+SCHEMA_VERSION = 3
 
 #: a result is one (case, backend, phase)
 KEY = ("case_id", "backend", "phase")
@@ -30,8 +31,9 @@ VERDICT_PHASES = ("fwd", "bwd")
 #: how the benchmark stage ended for a key, apart from its correctness: timed; not-timed (its correctness did not
 #: pass); unsupported, error or oom while timing
 TIMING_STATUSES = ("timed", "not-timed", "unsupported", "error", "oom")
-#: the quantities judged against the reference
-QUANTITIES = ("out", "dq", "dk", "dv")
+#: the quantities judged against the reference (dsinks/dbias only where the case has sinks/bias)
+QUANTITIES = ("out", "dq", "dk", "dv", "dsinks", "dbias")
+#: the gradients of q, k, v, judged in every backward
 GRADS = ("dq", "dk", "dv")
 
 
@@ -68,8 +70,11 @@ class Row:
     seq_q: int | None = None
     seq_k: int | None = None
     head_dim: int | None = None
+    head_dim_v: int | None = None
     dtype: str | None = None
     mask: str | None = None
+    #: the case's modifiers as case-id tokens ('cap30-sink', 'none'): harness.spec.modifiers
+    modifiers: str | None = None
     scale: float | None = None
     device: str | None = None
     # correctness
@@ -83,15 +88,23 @@ class Row:
     dk_tol: float | None = None
     dv_err: float | None = None
     dv_tol: float | None = None
+    dsinks_err: float | None = None
+    dsinks_tol: float | None = None
+    dbias_err: float | None = None
+    dbias_tol: float | None = None
     naive_out_err: float | None = None
     naive_dq_err: float | None = None
     naive_dk_err: float | None = None
     naive_dv_err: float | None = None
+    naive_dsinks_err: float | None = None
+    naive_dbias_err: float | None = None
     #: how the naive baseline of the tolerance was computed: dense, chunked (rows a chunk), or the fixed bound
     baseline: str | None = None
     err_ratio: float | None = None
     nonfinite: bool | None = None
     backend_op: str | None = None
+    #: how the case's modifiers reached the kernel ('score_mod', 'attn_mask float', 'native softcap', ...)
+    modifier_path: str | None = None
     observed: str | None = None
     # performance (filled by the benchmark stage)
     timing_status: str | None = None

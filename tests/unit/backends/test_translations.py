@@ -32,7 +32,7 @@ def test_sdpa_translation_behaves_like_dense_mask(mask, sq, sk):
     if not _fits(mask, sk):
         pytest.skip("padding lengths exceed seq_k")
     case = AttentionCase(2, 2, sq, 4, "fp64", seq_k=sk, mask=mask)
-    q, k, v, _ = make_inputs(case)
+    q, k, v, _ = make_inputs(case)[:4]
     kwargs = sdpa_mask_args(mask, sq, sk, 2, "cpu")
     ours = F.scaled_dot_product_attention(q, k, v, **kwargs)
     dense = canonical(mask, sq, sk)

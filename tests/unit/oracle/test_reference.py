@@ -33,7 +33,8 @@ def test_chunked_equals_unchunked(mask):
     inputs = make_inputs(case, seed=1)
     whole = reference_attention(case, inputs, block=10_000)
     chunked = reference_attention(case, inputs, block=5)
-    for a, b in zip(whole, chunked):
+    assert whole.dsinks is whole.dbias is chunked.dsinks is chunked.dbias is None  # a case without modifiers
+    for a, b in zip(whole[:4], chunked[:4]):
         assert torch.allclose(a, b, atol=1e-12, rtol=0)
 
 
@@ -77,7 +78,7 @@ class _RefFn(torch.autograd.Function):
 @pytest.mark.parametrize("mask", [None, Causal(), CausalBottomRight(), KeyPadding((2, 6))])
 def test_gradcheck(mask):
     case = AttentionCase(2, 2, 5, 3, "fp64", kv_heads=1, seq_k=6, mask=mask, scale=0.7)
-    q, k, v, _ = make_inputs(case, seed=5)
+    q, k, v, _ = make_inputs(case, seed=5)[:4]
     args = [t.clone().requires_grad_() for t in (q, k, v)]
     assert torch.autograd.gradcheck(lambda a, b, c: _RefFn.apply(a, b, c, case), args)
 
@@ -109,10 +110,10 @@ def test_device_path_is_the_cpu_path(mask):
     cpu = reference_attention(case, inputs)
     gpu_block = block_rows(case, budget_bytes=2 ** 30, device="cuda")
     named = reference_attention(case, inputs, device="cpu", block=gpu_block)
-    for a, b in zip(cpu, named):
+    for a, b in zip(cpu[:4], named[:4]):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
     big = AttentionCase(1, 1, 4096, 128, "fp32")
     assert block_rows(big, budget_bytes=2 ** 30, device="cuda") == 4096 > CPU_MAX_BLOCK == block_rows(big, 2 ** 30)
     meta = reference_attention(case, inputs, device="meta")
-    assert [(t.device.type, t.dtype, t.shape) for t in meta] == [("meta", torch.float64, t.shape) for t in cpu]
-    assert [t.device.type for t in named.to("meta")] == ["meta"] * 4
+    assert [(t.device.type, t.dtype, t.shape) for t in meta[:4]] == [("meta", torch.float64, t.shape) for t in cpu[:4]]
+    assert [t.device.type for t in named.to("meta")[:4]] == ["meta"] * 4
