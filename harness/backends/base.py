@@ -121,6 +121,11 @@ class Backend:
                                                         "(supports_head_dim_v is False)"))
         return reasons
 
+    def modifier_path(self, case: AttentionCase) -> str:
+        """How `case`'s modifiers reach the kernel, for the row's modifier_path column (e.g. 'score_mod',
+        'attn_mask float', 'native softcap'); backends with a translation say which."""
+        return ", ".join(sorted(case.modifiers)) + " as forward keywords"
+
     def version(self) -> str:
         dist = self.package
         if dist is None:

@@ -1,4 +1,5 @@
-"""FlexAttention, compiled once per (shape, mask); the mask spec's own predicate is its mask_mod."""
+"""FlexAttention, compiled once per (shape, mask); the mask spec's own predicate is its mask_mod, the modifiers'
+spec formulas its score_mod, and sinks a correction from the returned log-sum-exp."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from functools import lru_cache
 
 import torch
 
-from harness.backends.base import Backend, MaskForm
+from harness.backends.base import Backend, MaskForm, Unsupported
 from harness.backends.registry import register
 from harness.spec.masks import MaskSpec
+from harness.spec.modifiers import alibi_term, softcap_scores
 
 
 def flex_mask_mod(mask: MaskSpec, seq_q: int, seq_k: int, device="cpu"):
@@ -20,6 +22,36 @@ def flex_mask_mod(mask: MaskSpec, seq_q: int, seq_k: int, device="cpu"):
         return allows(b, q_idx, kv_idx, seq_q, seq_k)
 
     return mask_mod
+
+
+def flex_score_mod(seq_q: int, seq_k: int, *, softcap: float | None = None, alibi_slopes: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, batch: int = 1):
+    """The modifiers -> flex score_mod(score, b, h, q_idx, kv_idx), in the spec's order (cap, ALiBi, bias) and with
+    the spec's own elementwise formulas; flex applies the BlockMask after it, as the spec applies the mask last.
+    bias (B|1, H, Sq, Sk) is indexed by b through an expanded view (a "head" bias is the same for every b).
+    None when there is no modifier to apply."""
+    if softcap is None and alibi_slopes is None and bias is None:
+        return None
+    full = None if bias is None else bias.expand(batch, *bias.shape[1:])
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if softcap is not None:
+            score = softcap_scores(score, softcap)
+        if alibi_slopes is not None:
+            score = score + alibi_term(alibi_slopes[h], q_idx, kv_idx, seq_q, seq_k)
+        if full is not None:
+            score = score + full[b, h, q_idx, kv_idx]
+        return score
+
+    return score_mod
+
+
+def sink_corrected(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention without the sink -> with it: out * sigmoid(lse - sigma_h), since the sink adds exp(sigma_h) to the
+    row's denominator exp(lse); differentiable in sinks (and lse). out (B, H, Sq, Dv); lse (B, H, Sq) natural log;
+    a row that sees no key (lse = -inf) stays 0."""
+    weight = torch.sigmoid(lse.float() - sinks.float().view(1, -1, 1))
+    return (out.float() * weight.unsqueeze(-1)).to(out.dtype)
 
 
 #: compiled graphs allowed per code object: every (shape, mask) is its own graph, ~880 in the full GPU matrix
@@ -52,6 +84,9 @@ class Flex(Backend):
     compiles_per_shape = True
     #: FlexAttention has no backward on CPU
     backward_devices = ("cuda",)
+    #: softcap, ALiBi and bias as a score_mod; sinks from the log-sum-exp flex returns (return_aux)
+    modifiers = frozenset({"softcap", "alibi", "bias", "sinks"})
+    supports_head_dim_v = True
 
     def __init__(self):
         self._block_masks: dict = {}
@@ -96,28 +131,54 @@ class Flex(Backend):
                                                        device=str(device))
         return self._block_masks[key]
 
-    def compile_key(self, q, k, mask):
-        return (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), mask, q.requires_grad)
+    def compile_key(self, q, k, mask, v=None, modifiers: tuple = ()):
+        return (tuple(q.shape), tuple(k.shape), None if v is None else v.shape[-1], q.dtype, str(q.device), mask,
+                q.requires_grad, modifiers)
+
+    def modifier_path(self, case):
+        parts = [f"score_mod ({', '.join(m for m in ('softcap', 'alibi', 'bias') if m in case.modifiers)})"
+                 if case.modifiers - {"sinks"} else "", "sinks: out * sigmoid(lse - sigma)" if case.sinks else ""]
+        return " + ".join(p for p in parts if p)
 
     def prepare(self, case, device) -> dict:
         """The BlockMask of the case's mask on the device (built once per (mask, shape, device)); None: no mask."""
         return {"block_mask": self.block_mask(case.mask, case.batch, case.seq_q, case.seq_k, device)}
 
-    def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None):
+    def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None, softcap=None, sinks=None,
+                alibi_slopes=None, bias=None):
         prepared = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
         block_mask = prepared["block_mask"]
+        modifiers = dict(score_mod=flex_score_mod(q.shape[2], k.shape[2], softcap=softcap, alibi_slopes=alibi_slopes,
+                                                  bias=bias, batch=q.shape[0]))
+        if sinks is not None:
+            from torch.nn.attention.flex_attention import AuxRequest
+            if q.device.type == "cpu":  # seen with torch 2.13: InductorError "... `return_lse` is not supported yet"
+                raise Unsupported(f"flex sinks need the returned log-sum-exp, which compiled flex on CPU does not give "
+                                  f"(torch {torch.__version__}: inductor CPU supports inference only, no return_lse)")
+            modifiers["return_aux"] = AuxRequest(lse=True)
         if torch.compiler.is_compiling():  # inside a user's torch.compile: no host timing (a graph break)
             from torch.nn.attention.flex_attention import flex_attention
-            return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
-        key = self.compile_key(q, k, mask)
+            return self._sinks(flex_attention(q, k, v, block_mask=block_mask, scale=scale,
+                                              enable_gqa=k.shape[1] != q.shape[1], **modifiers), sinks)
+        key = self.compile_key(q, k, mask, v, (softcap, alibi_slopes is not None, bias is not None and
+                                               tuple(bias.shape), sinks is not None))
         first = key not in self._compiled
         start = time.perf_counter()
-        out = _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+        out = _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1],
+                               **modifiers)
         if first:
             self._compiled.add(key)
             self.compile_ms[key] = (time.perf_counter() - start) * 1e3
         self._last_key = key
-        return out
+        return self._sinks(out, sinks)
+
+    @staticmethod
+    def _sinks(out, sinks):
+        """With sinks, flex returned (out, aux): the sink's correction from aux.lse."""
+        if sinks is None:
+            return out
+        out, aux = out
+        return sink_corrected(out, aux.lse, sinks)
 
     def compile_time_ms(self):
         return self.compile_ms.get(self._last_key)

@@ -6,7 +6,7 @@ import contextlib
 import os
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,7 @@ from harness.backends.native_stderr import captured_stderr
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, MaskSpec
+from harness.spec.modifiers import alibi_bias, alibi_slopes
 
 #: messages of SDPA refusing a pinned kernel, and of cuDNN failing to build a plan for a shape it was offered
 #: (cudnn frontend graph or execution-plan errors raised at run time): both mean "this kernel cannot run this case"
@@ -42,6 +43,35 @@ def sdpa_mask_args(mask: MaskSpec | None, seq_q: int, seq_k: int, batch: int, de
     return {"attn_mask": mask.materialize(seq_q, seq_k, device, batch=batch)}
 
 
+def sdpa_float_mask(mask: MaskSpec | None, seq_q: int, seq_k: int, batch: int, dtype: torch.dtype, device,
+                    alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+    """The constant part of the modifiers' float attn_mask: the ALiBi term (heads, Sq, Sk) and the mask folded in as
+    -inf, (B|1, H|1, Sq, Sk) in `dtype`. SDPA adds attn_mask to the scaled scores, which is where both belong."""
+    additive = torch.zeros(1, 1, seq_q, seq_k, dtype=dtype, device=device)
+    if alibi_slopes is not None:
+        additive = additive + alibi_bias(alibi_slopes.to(device), seq_q, seq_k).to(dtype).unsqueeze(0)
+    if mask is not None:
+        additive = additive.masked_fill(~mask.materialize(seq_q, seq_k, device, batch=batch), float("-inf"))
+    return additive
+
+
+def sdpa_modifier_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, float_mask: torch.Tensor,
+                         bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> tuple:
+    """(k, v, attn_mask) carrying the bias and the sinks to SDPA: the bias added to the float mask; each sink as
+    one appended key and value of zeros whose mask column holds sigma_h (its score 0 * scale + sigma_h is the
+    unscaled sink logit, its value adds nothing: exactly the sink's term in the denominator). Autograd carries
+    dsinks and dbias back through the mask. q (B, H, Sq, D); k, v (B, Hkv, Sk, D|Dv)."""
+    attn_mask = float_mask if bias is None else float_mask + bias
+    if sinks is None:
+        return k, v, attn_mask
+    b, h, sq, _ = q.shape
+    k = torch.cat([k, k.new_zeros(b, k.shape[1], 1, k.shape[3])], dim=2)
+    v = torch.cat([v, v.new_zeros(b, v.shape[1], 1, v.shape[3])], dim=2)
+    rows = attn_mask.expand(attn_mask.shape[0], h, sq, attn_mask.shape[3])
+    column = sinks.to(attn_mask.dtype).view(1, h, 1, 1).expand(rows.shape[0], h, sq, 1)
+    return k, v, torch.cat([rows, column], dim=-1)
+
+
 def _clean(text: str) -> str:
     """A torch warning without its source location, on one line."""
     return re.sub(r"\s+", " ", re.sub(r"\(Triggered internally at[^)]*\)", "", text)).strip()
@@ -59,6 +89,11 @@ class SdpaPlan:
 class _Sdpa(Backend):
     layout = "bhsd"
     native_probes = frozenset({"causal", "mask", "dropout"})
+    #: ALiBi and bias as a float attn_mask with the mask folded in; sinks by the appended-key emulation
+    modifiers = frozenset({"alibi", "bias", "sinks"})
+    modifier_refusals = {"softcap": "SDPA has no softcap argument, and c*tanh(s/c) is not an additive attn_mask"}
+    #: the math kernel takes any value head dim; a fused kernel that does not refuses with torch's reasons
+    supports_head_dim_v = True
     kernel: SDPBackend | None = None
     cuda_only = False
 
@@ -73,7 +108,12 @@ class _Sdpa(Backend):
     def prepare(self, case: AttentionCase, device: torch.device) -> SdpaPlan:
         """The mask arguments on the device, and which kernel runs: SDPA's own choice (torch._fused_sdp_choice, which
         prefers cuDNN on sm90 with a recent cuDNN) or the pinned one, refused here with torch's reasons on CUDA."""
-        kwargs = sdpa_mask_args(case.mask, case.seq_q, case.seq_k, case.batch, device)
+        if case.modifiers:  # the float mask's constant part; bias and sinks join it in the call (their grads)
+            slopes = alibi_slopes(case.heads) if case.alibi else None
+            float_mask = sdpa_float_mask(case.mask, case.seq_q, case.seq_k, case.batch, case.dtype, device, slopes)
+            kwargs = {"attn_mask": float_mask}
+        else:
+            kwargs = sdpa_mask_args(case.mask, case.seq_q, case.seq_k, case.batch, device)
         gqa = case.kv_heads != case.heads
         if self.kernel is None:
             q, k, v = _shaped(case, device)
@@ -88,10 +128,23 @@ class _Sdpa(Backend):
     def last_op(self) -> str:
         return self._last_op
 
-    def forward(self, q, k, v, *, mask, scale, prepared: SdpaPlan | None = None):
-        plan = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
-        self._last_op = plan.op
-        return self._call(q, k, v, scale=scale, **plan.kwargs)
+    def forward(self, q, k, v, *, mask, scale, prepared: SdpaPlan | None = None, sinks=None, alibi_slopes=None,
+                bias=None):
+        if prepared is None:
+            case = replace(self.case_of(q, k, mask, scale), head_dim_v=v.shape[-1], sinks=sinks is not None,
+                           alibi=alibi_slopes is not None, bias=None if bias is None else
+                           ("head" if bias.shape[0] == 1 else "full"))
+            prepared = self.prepare(case, q.device)
+        self._last_op = prepared.op
+        if sinks is None and bias is None:
+            return self._call(q, k, v, scale=scale, **prepared.kwargs)
+        k, v, attn_mask = sdpa_modifier_inputs(q, k, v, prepared.kwargs["attn_mask"], bias, sinks)
+        return self._call(q, k, v, scale=scale, attn_mask=attn_mask)
+
+    def modifier_path(self, case):
+        parts = [m for m in ("alibi", "bias") if m in case.modifiers]
+        path = f"attn_mask float ({' + '.join(parts + ['mask' if case.mask is not None else ''])})".replace(" + )", ")")
+        return path + (" + sink as an appended zero key/value" if case.sinks else "")
 
     def mask_form(self, case, device):
         args = sdpa_mask_args(case.mask, case.seq_q, case.seq_k, case.batch, device)

@@ -27,6 +27,8 @@ def verdict_row(prepared: PreparedCase, backend: Backend, phase: str, status: st
     return make_row(run_id=run_id, case=prepared.case, backend=backend.name, backend_version=backend.version(),
                     phase=phase, device=prepared.device, status=status, reason=reason, checks=checks or (),
                     backend_op=op if status in ("pass", "fail") else "",
+                    modifier_path=backend.modifier_path(prepared.case)
+                    if prepared.case.modifiers and status in ("pass", "fail") else None,
                     baseline=prepared.baseline if checks and backend.name != BASELINE_BACKEND else None)
 
 
