@@ -63,6 +63,28 @@ def fa2_visible(seq_q: int, seq_k: int, *, causal: bool, window_size: tuple[int,
     return ok.view(1, 1, seq_q, seq_k) & (j.view(1, 1, 1, -1) < lengths)
 
 
+def fa2_modifier_args(softcap: float | None = None, alibi_slopes: torch.Tensor | None = None) -> dict:
+    """Modifiers -> FA2 keywords: softcap (0.0 = off) and alibi_slopes ((nheads,) fp32), as flash_attn_func and
+    flash_attn_varlen_func take them (flash-attn 2.8.3 flash_attn/flash_attn_interface.py)."""
+    return {"softcap": 0.0 if softcap is None else float(softcap),
+            "alibi_slopes": None if alibi_slopes is None else alibi_slopes.float().contiguous()}
+
+
+def fa2_documented_scores(scores: torch.Tensor, *, softcap: float, alibi_slopes: torch.Tensor | None) -> torch.Tensor:
+    """FA2's documented score transform of scaled scores (B|1, H, Sq, Sk): "softcap: float. Anything > 0 activates
+    softcapping attention" (the kernel: tanh(s / softcap) * softcap on the scaled scores, flash_api.cpp sets
+    params.softcap = softmax_scale / softcap), then "A bias of (-alibi_slope * |i + seqlen_k - seqlen_q - j|) is
+    added to the attention score of query i and key j" (flash_attn_interface.py docstrings), then the mask."""
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    if alibi_slopes is not None:
+        sq, sk = scores.shape[-2:]
+        i = torch.arange(sq).view(-1, 1)
+        j = torch.arange(sk).view(1, -1)
+        scores = scores - alibi_slopes.view(-1, 1, 1) * (i + sk - sq - j).abs()
+    return scores
+
+
 @register
 class FlashAttn2(Backend):
     name = "flash-attn"
@@ -72,6 +94,12 @@ class FlashAttn2(Backend):
     max_head_dim = 256
     package = "flash-attn"
     native_probes = frozenset({"causal", "mask", "dropout"})
+    modifiers = frozenset({"softcap", "alibi"})
+    modifier_refusals = {
+        "sinks": "FlashAttention-2 has no sink logit (FlashAttention-3/4 add `learnable_sink=`)",
+        "bias": "FlashAttention-2 takes no bias tensor (FlashAttention-4's score_mod can add one)",
+        "head_dim_v": "FlashAttention-2 needs v's head dim equal to q/k's (FlashAttention-3 accepts a different one)",
+    }
 
     def unavailable_reason(self, device):
         try:
@@ -112,20 +140,25 @@ class FlashAttn2(Backend):
         would synchronize)."""
         return fa2_plan(case, device)
 
-    def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None):
+    def modifier_path(self, case):
+        return " + ".join(f"native {m}{'_slopes' if m == 'alibi' else ''}=" for m in ("softcap", "alibi")
+                          if m in case.modifiers)
+
+    def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None, softcap=None, alibi_slopes=None):
         from flash_attn import flash_attn_func, flash_attn_varlen_func
 
         plan = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
         b, sq, h, d = q.shape
         sk = k.shape[1]
+        modifiers = fa2_modifier_args(softcap, alibi_slopes)
         if plan["mode"] == "dense":
-            return flash_attn_func(q, k, v, softmax_scale=scale, **plan["args"])
+            return flash_attn_func(q, k, v, softmax_scale=scale, **plan["args"], **modifiers)
         q_flat = q.reshape(b * sq, h, d)
         k_flat, v_flat = k.reshape(b * sk, *k.shape[2:]), v.reshape(b * sk, *v.shape[2:])
         if plan["keep"] is not None:  # key padding: only each sequence's valid keys, packed
             k_flat, v_flat = k_flat.index_select(0, plan["keep"]), v_flat.index_select(0, plan["keep"])
         out = flash_attn_varlen_func(q_flat, k_flat, v_flat, plan["cu_q"], plan["cu_k"], plan["max_q"],
-                                     plan["max_k"], softmax_scale=scale, **plan["args"])
+                                     plan["max_k"], softmax_scale=scale, **plan["args"], **modifiers)
         return out.reshape(b, sq, h, d)
 
 

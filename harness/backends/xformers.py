@@ -24,6 +24,7 @@ from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Unsupp
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, Documents, MaskSpec, SlidingWindow, split_padding
+from harness.spec.modifiers import alibi_bias, alibi_slopes
 
 #: what xformers 0.0.35's wheel was built for (its cpp_lib.json): another torch cannot load its extension
 BUILT_FOR = "torch 2.10 + CUDA 12.8"
@@ -105,6 +106,28 @@ def xformers_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.flo
     raise Unsupported(f"no xformers attn_bias for mask {structural.id}")
 
 
+def xformers_additive_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.float32, device="cpu",
+                           slopes: torch.Tensor | None = None) -> torch.Tensor:
+    """The modifiers' constant part as one additive tensor attn_bias of `shape` ((B, H, Sq, Sk) or (B, G, H/G, Sq,
+    Sk)): the ALiBi term plus the mask as -inf, in storage whose rows are padded to 8 as xformers' kernels need.
+    A bias input joins it in the call (`with_bias`), so its gradient reaches the input."""
+    *lead, sq, sk = shape
+    out = torch.zeros(*lead, sq, (sk + 7) // 8 * 8, dtype=dtype, device=device)[..., :sk]
+    if slopes is not None:  # (H, Sq, Sk) -> the heads' dims of `shape`
+        out += alibi_bias(slopes.to(device), sq, sk).to(dtype).reshape(1, *lead[1:], sq, sk)
+    if mask is not None:
+        keep = mask.materialize(sq, sk, device, batch=lead[0])              # (B|1, 1, Sq, Sk)
+        out.masked_fill_(~keep.reshape(keep.shape[0], *([1] * (len(lead) - 1)), sq, sk).expand_as(out), float("-inf"))
+    return out
+
+
+def with_bias(constant: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """constant + bias ((B|1, H, Sq, Sk), viewed in constant's head dims), rows padded to 8 again (differentiable)."""
+    total = constant + bias.reshape(bias.shape[0], *constant.shape[1:])
+    sk = total.shape[-1]
+    return torch.nn.functional.pad(total, (0, (sk + 7) // 8 * 8 - sk))[..., :sk]
+
+
 def documents_bias(mask: Documents, batch: int, device="cpu"):
     """Documents -> xformers BlockDiagonal mask whose blocks are every batch element's documents in order.
 
@@ -176,20 +199,27 @@ def xformers_plan(case: AttentionCase, device: torch.device,
     b, h, hkv, sq, sk, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
     g = h // hkv
     packed = isinstance(case.mask, Documents)
+    if packed and case.modifiers:
+        raise Unsupported("xformers: documents are packed BlockDiagonal masks; ALiBi/bias need a tensor bias")
+    slopes = alibi_slopes(h) if case.alibi else None
 
     def form(gqa: str, needs_grad: bool) -> Form:
         q = tensor((b, sq, h, d), dtype=case.dtype, device=device)
         k = tensor((b, sk, hkv, d), dtype=case.dtype, device=device)
-        v = tensor((b, sk, hkv, d), dtype=case.dtype, device=device)
+        v = tensor((b, sk, hkv, case.head_dim_v), dtype=case.dtype, device=device)
         if gqa == "5d":
             q = q.reshape(b, sq, hkv, g, d)
-            k, v = (t.unsqueeze(3).expand(b, sk, hkv, g, d) for t in (k, v))
+            k, v = (t.unsqueeze(3).expand(b, sk, hkv, g, t.shape[-1]) for t in (k, v))
             shape = (b, hkv, g, sq, sk)
         else:
             if gqa == "expand":
                 k, v = (t.repeat_interleave(g, dim=2) for t in (k, v))
             shape = (b, h, sq, sk)
-        bias = xformers_bias(case.mask, shape, case.dtype, device)
+        if case.modifiers:  # the whole score transform as one tensor; requires grad where the bias input does
+            bias = xformers_additive_bias(case.mask, shape, case.dtype, device, slopes)
+            bias.requires_grad_(needs_grad and case.bias is not None)
+        else:
+            bias = xformers_bias(case.mask, shape, case.dtype, device)
         if packed:
             q, k, v = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v))
         inp = fmha.Inputs(query=q, key=k, value=v, attn_bias=bias, scale=case.scale)
@@ -220,6 +250,11 @@ class Xformers(Backend):
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
     package = "xformers"
     native_probes = frozenset({"causal", "mask", "dropout"})
+    #: ALiBi and the bias input as one additive tensor attn_bias (the mask folded in); the dispatcher picks the op
+    modifiers = frozenset({"alibi", "bias"})
+    modifier_refusals = {"softcap": "xformers 0.0.35's memory_efficient_attention has no softcap",
+                         "sinks": "xformers 0.0.35's memory_efficient_attention has no sink logit"}
+    supports_head_dim_v = True
 
     def __init__(self):
         self._last_op = self._last_backward_op = "xformers"
@@ -275,7 +310,11 @@ class Xformers(Backend):
 
         return xops.memory_efficient_attention(q, k, v, p=p, scale=scale)
 
-    def forward(self, q, k, v, *, mask, scale, prepared: Plan | None = None):
+    def modifier_path(self, case):
+        return "tensor attn_bias (" + " + ".join([m for m in ("alibi", "bias") if m in case.modifiers]
+                                                 + (["mask"] if case.mask is not None else [])) + ")"
+
+    def forward(self, q, k, v, *, mask, scale, prepared: Plan | None = None, alibi_slopes=None, bias=None):
         import xformers.ops as xops
 
         plan = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
@@ -288,7 +327,7 @@ class Xformers(Backend):
         if form.gqa == "5d":  # (B, S, G, H/G, D), K/V expanded (stride 0) over the group
             g = h // hkv
             q = q.reshape(b, sq, hkv, g, d)
-            k, v = (t.unsqueeze(3).expand(b, sk, hkv, g, d) for t in (k, v))
+            k, v = (t.unsqueeze(3).expand(b, sk, hkv, g, t.shape[-1]) for t in (k, v))
         elif form.gqa == "expand":  # every head its own K/V: autograd sums dK/dV back over the group
             k, v = (t.repeat_interleave(h // hkv, dim=2) for t in (k, v))
         if form.packed:  # BlockDiagonal masks take the batch packed into one sequence
@@ -296,5 +335,6 @@ class Xformers(Backend):
         self._last_op = _op_name(form.fw) + (" (GQA as 5-D, forward only)" if form.gqa == "5d" else
                                              " (GQA with K/V expanded to every head)" if form.gqa == "expand" else "")
         self._last_backward_op = _op_name(form.bw)
-        out = xops.memory_efficient_attention(q, k, v, attn_bias=form.bias, scale=scale, op=form.op)
-        return out.reshape(b, sq, h, d)
+        attn_bias = form.bias if bias is None else with_bias(form.bias.detach(), bias)
+        out = xops.memory_efficient_attention(q, k, v, attn_bias=attn_bias, scale=scale, op=form.op)
+        return out.reshape(b, sq, h, v.shape[-1])

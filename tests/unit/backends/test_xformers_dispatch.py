@@ -98,7 +98,7 @@ def _inputs(case, form):
     b, h, hkv, sq, sk, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
     q = cuda_tensor((b, sq, h, d), case.dtype, CPU)
     k = cuda_tensor((b, sk, hkv, d), case.dtype, CPU).repeat_interleave(h // hkv, dim=2)
-    v = cuda_tensor((b, sk, hkv, d), case.dtype, CPU).repeat_interleave(h // hkv, dim=2)
+    v = cuda_tensor((b, sk, hkv, case.head_dim_v), case.dtype, CPU).repeat_interleave(h // hkv, dim=2)
     if form.packed:
         q, k, v = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v))
     return fmha.Inputs(query=q, key=k, value=v, attn_bias=form.bias, scale=case.scale)
@@ -146,3 +146,25 @@ def test_documents_offsets_live_on_the_runs_device():
     with sm90():
         plan = xformers_plan(case, CPU, cuda_tensor)
     assert plan.inference.bias.q_seqinfo.seqstart.device == CPU and plan.inference.packed
+
+
+@pytest.mark.parametrize("case", [
+    AttentionCase(2, 4, 129, 64, "fp16", alibi=True, mask=Causal()),
+    AttentionCase(2, 4, 113, 64, "bf16", seq_k=203, bias="head", mask=KeyPadding((150, 203))),
+    AttentionCase(2, 8, 127, 64, "bf16", kv_heads=2, bias="full", alibi=True),
+    AttentionCase(1, 4, 128, 192, "bf16", head_dim_v=128, mask=Causal()),
+], ids=lambda c: c.id)
+def test_modifiers_dispatch_with_a_tensor_bias_forward_and_backward(case):
+    """ALiBi and the bias input go in as one additive tensor (rows padded to 8); with the bias requiring grad the
+    dispatcher must find a backward op that returns its gradient (cutlassB: SUPPORTS_ATTN_BIAS_GRAD, cutlass.py),
+    and a value head dim other than q/k's is taken (SUPPORTS_DIFFERENT_VALUE_EMBED)."""
+    with sm90():
+        plan = xformers_plan(case, CPU, cuda_tensor)
+        assert plan.training is not None, plan.backward_refused
+        if case.modifiers:
+            assert isinstance(plan.training.bias, torch.Tensor) and plan.training.bias.stride(-2) % 8 == 0
+            assert plan.training.bias.requires_grad == (case.bias is not None)
+        assert plan.training.bw is not None
+        assert not plan.training.bw.not_supported_reasons(_inputs(case, plan.training)), case.id
+    if case.bias is not None:
+        assert _names(plan.training.bw) == "cutlassB"

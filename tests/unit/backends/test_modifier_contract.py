@@ -1,0 +1,69 @@
+"""The modifier contract: undeclared modifiers never reach forward (an unsupported row with the reason), declared
+ones arrive as keyword arguments of the documented types, and their gradients are judged."""
+
+import torch
+
+import harness
+from harness import AttentionCase, Backend
+from harness.backends.naive import Naive
+from harness.spec.masks import Causal
+
+CALLS: list = []
+
+
+class PlainPlugin(Backend):
+    """A user's plugin written before modifiers existed: forward(q, k, v, *, mask, scale)."""
+
+    name = "plain-plugin"
+
+    def forward(self, q, k, v, *, mask, scale):
+        CALLS.append("plain")
+        return Naive().forward(q, k, v, mask=mask, scale=scale)
+
+
+class SinkPlugin(Backend):
+    """Declares sinks only, and checks what it is given."""
+
+    name = "sink-plugin"
+    modifiers = frozenset({"sinks"})
+
+    def forward(self, q, k, v, *, mask, scale, sinks=None):
+        CALLS.append(("sinks", sinks.shape, sinks.dtype, sinks.requires_grad))
+        return Naive().forward(q, k, v, mask=mask, scale=scale, sinks=sinks)
+
+
+def test_undeclared_modifiers_and_head_dim_v_are_unsupported_rows_not_calls():
+    CALLS.clear()
+    cases = [AttentionCase(1, 2, 16, 8, "fp32", sinks=True), AttentionCase(1, 2, 16, 8, "fp32", head_dim_v=4),
+             AttentionCase(1, 2, 16, 8, "fp32", softcap=5.0, sinks=True)]
+    df = harness.check([PlainPlugin(), SinkPlugin()], cases, "cpu")
+    plain = df[df.backend == "plain-plugin"]
+    assert set(plain.status) == {"unsupported"} and "plain" not in CALLS
+    assert plain.reason.iloc[0] == "plain-plugin does not take the sinks modifier: not declared in its `modifiers`"
+    assert "head_dim_v 4 != head_dim 8" in plain.reason.iloc[2]
+    sink = df[df.backend == "sink-plugin"].set_index(["case_id", "phase"]).status
+    assert sink.loc[(cases[0].id, "fwd")] == sink.loc[(cases[0].id, "bwd")] == "pass"
+    assert sink.loc[(cases[2].id, "fwd")] == "unsupported"                   # softcap not declared
+    assert ("sinks", (2,), torch.float32, True) in CALLS
+
+
+def test_declared_modifiers_arrive_as_documented_and_their_gradients_are_judged():
+    seen = {}
+
+    class Recorder(Naive):
+        name = "recorder"
+
+        def forward(self, q, k, v, **kwargs):
+            seen.update({k_: v_ for k_, v_ in kwargs.items() if k_ in ("softcap", "sinks", "alibi_slopes", "bias")})
+            return super().forward(q, k, v, **kwargs)
+
+    case = AttentionCase(2, 4, 16, 8, "bf16", softcap=10.0, sinks=True, alibi=True, bias="head", mask=Causal())
+    df = harness.check([Recorder()], [case], "cpu").set_index("phase")
+    assert seen["softcap"] == 10.0
+    assert seen["alibi_slopes"].dtype == torch.float32 and seen["alibi_slopes"].shape == (4,)
+    assert seen["sinks"].dtype == torch.bfloat16 and seen["sinks"].requires_grad
+    assert seen["bias"].shape == (1, 4, 16, 16) and seen["bias"].requires_grad
+    assert set(df.status) == {"pass"}
+    bwd = df.loc["bwd"]
+    assert bwd.dsinks_err <= bwd.dsinks_tol and bwd.dbias_err <= bwd.dbias_tol and bwd.naive_dbias_err > 0
+    assert df.loc["fwd"].modifiers == "cap10-sink-alibi-headbias" and "forward keywords" in df.loc["fwd"].modifier_path
