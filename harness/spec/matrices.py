@@ -9,10 +9,11 @@ that keeps the CPU matrices' odd sizes and edges.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import product
 
 from harness.spec.case import AttentionCase, parse_dtype
-from harness.spec.masks import parse_mask
+from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow, parse_mask
 
 MATRICES = ("smoke", "default", "full", "gpu-smoke", "gpu", "gpu-full")
 #: --matrix auto: the GPU matrix on a CUDA device, the CPU default elsewhere
@@ -75,6 +76,38 @@ def _gpu_correctness_slice() -> list[AttentionCase]:
             + _cases(["bf16", "fp16"], [(127, 127)], ["causal"], [64], heads=((8, 2), (8, 1))))
 
 
+def _with(cases: list[AttentionCase], **modifiers) -> list[AttentionCase]:
+    """The cases with modifiers (AttentionCase's softcap, sinks, alibi, bias, head_dim_v) set."""
+    return [replace(c, **modifiers) for c in cases]
+
+
+def _cpu_modifier_cases() -> list[AttentionCase]:
+    """One case per modifier and the combinations models use, on shapes the default matrix already has (flex
+    compiles every new (shape, score_mod) for seconds on 2 cores: 7 cases, not a grid)."""
+    square, odd = dict(batch=2, heads=4, seq_q=128, head_dim=64), dict(batch=2, heads=4, seq_q=113, head_dim=64)
+    return [
+        AttentionCase(**square, dtype="fp32", mask=Causal(), softcap=30.0),                         # Gemma global
+        AttentionCase(**square, dtype="bf16", mask=SlidingWindow(32, 0), softcap=50.0),             # Gemma local
+        AttentionCase(2, 8, 127, 64, "fp32", kv_heads=2, mask=SlidingWindow(32, 0), sinks=True),    # gpt-oss
+        AttentionCase(**odd, dtype="fp32", seq_k=203, mask=CausalBottomRight(), alibi=True),        # BLOOM/MPT
+        AttentionCase(**square, dtype="bf16", mask=KeyPadding((96, 128)), bias="head"),             # T5-style
+        AttentionCase(**odd, dtype="fp32", seq_k=203, bias="full"),
+        AttentionCase(2, 4, 129, 192, "bf16", mask=Causal(), head_dim_v=128),                       # DeepSeek MLA
+    ]
+
+
+#: the attention of the models whose modifiers the GPU matrices run, at TOKENS tokens a batch: Gemma-2-9B's
+#: global and local layers (softcap 50), gpt-oss-20b's full and window-128 layers (sinks), DeepSeek-V3's MLA
+GEMMA_2, GPT_OSS, DEEPSEEK_V3 = (16, 8, 256), (64, 8, 64), (128, 128, 192)
+
+
+def _gpu_model_cases(seqs) -> list[AttentionCase]:
+    return (_with(_tokens(["bf16"], seqs, ["causal", "window4096"], [GEMMA_2]), softcap=50.0)
+            + _with(_tokens(["bf16"], seqs, ["causal", "window128"], [GPT_OSS]), sinks=True)
+            + _with(_tokens(["bf16"], seqs, ["causal"], [DEEPSEEK_V3]), head_dim_v=128)
+            + _with(_tokens(["bf16"], seqs, ["causal"], [MHA_128]), alibi=True))
+
+
 def build_matrix(name: str) -> list[AttentionCase]:
     """The cases of a named matrix, de-duplicated, in a stable order."""
     if name == "smoke":
@@ -97,6 +130,8 @@ def build_matrix(name: str) -> list[AttentionCase]:
             + _cases(["fp32"], [(512, 512), (1024, 1024), (2048, 2048)], ["none"], [64])
             # GQA / MQA
             + _cases(["fp32", "bf16"], [(127, 127)], ["causal"], [64], heads=((8, 2), (8, 1)))
+            # attention modifiers (softcap, sinks, ALiBi, bias, head_dim_v)
+            + _cpu_modifier_cases()
         )
     elif name == "full":
         cases = (
@@ -118,7 +153,8 @@ def build_matrix(name: str) -> list[AttentionCase]:
                  + _tokens(["bf16"], [4096], ["docs-causal"], [MHA_128])
                  + _decode([8192])
                  + _cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64])
-                 + _cases(["fp16"], [(129, 129)], ["causal"], [80]))
+                 + _cases(["fp16"], [(129, 129)], ["causal"], [80])
+                 + _gpu_model_cases([4096]))
     elif name == "gpu":
         cases = (_tokens(["bf16"], [512, 1024, 2048, 4096, 8192, 16384], ["none", "causal"], [MHA_64, MHA_128])
                  + _tokens(["fp16"], [1024, 4096, 16384], ["none", "causal"], [MHA_128])
@@ -126,6 +162,8 @@ def build_matrix(name: str) -> list[AttentionCase]:
                  + _tokens(["bf16"], [2048, 8192], ["causal"], [GQA_32_8, MQA])
                  + _tokens(["bf16"], [4096, 16384], GPU_MASKS, [MHA_128])
                  + _decode([1024, 4096, 16384, 65536, 131072])
+                 + _gpu_model_cases([4096, 16384])
+                 + _with(_cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64]), bias="head")
                  + _gpu_correctness_slice())
     elif name == "gpu-full":
         cases = (build_matrix("gpu")
