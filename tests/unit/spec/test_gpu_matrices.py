@@ -5,11 +5,28 @@ import pytest
 from harness.spec.matrices import MATRICES, TOKENS, build_matrix, resolve_matrix
 
 
+def _plain(cases):
+    return [c for c in cases if not c.modifiers and c.head_dim_v == c.head_dim]
+
+
 def test_cpu_matrices_are_unchanged():
-    # the sizes before the GPU matrices existed (a newer mask name must not grow them)
-    assert [len(build_matrix(m)) for m in ("smoke", "default", "full")] == [8, 42, 411]
+    # the sizes before the GPU matrices existed (a newer mask name must not grow them), plus the 7 modifier cases
+    assert [len(build_matrix(m)) for m in ("smoke", "default", "full")] == [8, 49, 418]
+    assert [len(_plain(build_matrix(m))) for m in ("smoke", "default", "full")] == [8, 42, 411]
     assert {c.mask_kind for c in build_matrix("default")} == {"none", "causal", "causal-br", "window", "keypad",
                                                                "causal+keypad"}
+    modified = [c for c in build_matrix("default") if c not in _plain(build_matrix("default"))]
+    assert {c.modifier_id for c in modified} == {"cap30", "cap50", "sink", "alibi", "headbias", "fullbias", "none"}
+    assert any(c.head_dim_v != c.head_dim for c in modified)
+
+
+def test_gpu_matrices_run_the_models_modifiers():
+    for name in ("gpu-smoke", "gpu"):
+        shapes = {(c.heads, c.kv_heads, c.head_dim, c.head_dim_v, c.mask_id, c.modifier_id)
+                  for c in build_matrix(name) if c.seq_q == 4096}
+        assert {(16, 8, 256, 256, "causal", "cap50"), (16, 8, 256, 256, "window4096-0", "cap50"),
+                (64, 8, 64, 64, "causal", "sink"), (64, 8, 64, 64, "window128-0", "sink"),
+                (128, 128, 192, 128, "causal", "none")}.issubset(shapes), name
 
 
 def test_auto_is_gpu_on_cuda_and_default_elsewhere():
@@ -25,7 +42,7 @@ def _prefill(cases):
 
 
 def test_gpu_matrix_is_what_the_field_benchmarks():
-    cases = build_matrix("gpu")
+    cases = _plain(build_matrix("gpu"))
     assert 60 <= len(cases) <= 90
     big = _prefill(cases)
     assert {str(c.dtype) for c in cases} == {"torch.bfloat16", "torch.float16"}          # no fp32 at all
@@ -45,7 +62,7 @@ def test_gpu_matrix_is_what_the_field_benchmarks():
 
 
 def test_gpu_smoke_is_short_and_gpu_full_adds_long_sequences():
-    smoke = build_matrix("gpu-smoke")
+    smoke = _plain(build_matrix("gpu-smoke"))
     assert len(smoke) <= 12 and {c.seq_q for c in _prefill(smoke)} == {1024, 4096}
     assert any(c.seq_q == 1 for c in smoke) and any(c.kv_heads != c.heads for c in smoke)
     full = build_matrix("gpu-full")
