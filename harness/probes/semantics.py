@@ -286,6 +286,12 @@ QUESTIONS: dict[str, tuple[str, Callable]] = {
     "nan-in-masked-kv": ("fwd", nan_in_masked_kv),
 }
 
+# The modifiers' questions live in their own module, which builds on this one's Probe and Answer: joined here, after
+# both are defined, so `ask` and every caller of QUESTIONS see one list.
+from harness.probes.modifier_semantics import MODIFIER_QUESTIONS  # noqa: E402
+
+QUESTIONS.update(MODIFIER_QUESTIONS)
+
 
 def ask(question: str, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
         executor: Executor = IN_PROCESS) -> Row:

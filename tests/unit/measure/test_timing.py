@@ -70,6 +70,14 @@ def test_flops_from_attended_pairs(mask, pairs):
         attention_flops(case, "both")
 
 
+def test_flops_count_the_value_head_dim_and_not_the_modifiers():
+    mla = AttentionCase(1, 2, 8, 192, "bf16", head_dim_v=128, mask=Causal())
+    pairs = 2 * sum(range(1, 9))
+    assert attention_flops(mla, "fwd") == 2 * pairs * (192 + 128)
+    capped = AttentionCase(1, 2, 8, 192, "bf16", head_dim_v=128, mask=Causal(), softcap=30.0, sinks=True, alibi=True)
+    assert attention_flops(capped, "fwd") == attention_flops(mla, "fwd")
+
+
 def test_matmul_peak_is_measured():
     tflops, m = matmul_peak_tflops(CPU, torch.float32, config=FAST)
     assert tflops > 0 and m.n >= FAST.min_reps
