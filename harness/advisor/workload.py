@@ -7,13 +7,15 @@ from pathlib import Path
 
 from harness.spec.case import AttentionCase
 from harness.spec.masks import MASK_NAMES, parse_mask
+from harness.spec.presets import ModelShape
 
 
 @dataclass(frozen=True)
 class Workload:
     """One shape to advise on: q (batch, heads, seq_q, head_dim), k/v (batch, kv_heads, seq_k, head_dim).
 
-    `mask` is a parse_mask name (padding lengths derive from the shape); `training` times forward+backward.
+    `mask` is a parse_mask name (padding lengths derive from the shape); `training` times forward+backward;
+    softcap, sinks, alibi, bias and head_dim_v are the case spec's modifiers (harness.spec.modifiers).
     """
 
     batch: int
@@ -26,6 +28,11 @@ class Workload:
     mask: str = "causal"
     training: bool = False
     name: str = ""
+    softcap: float | None = None
+    sinks: bool = False
+    alibi: bool = False
+    bias: str | None = None
+    head_dim_v: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.training, bool):
@@ -34,7 +41,8 @@ class Workload:
 
     def case(self) -> AttentionCase:
         shape = AttentionCase(self.batch, self.heads, self.seq_q, self.head_dim, self.dtype, kv_heads=self.kv_heads,
-                              seq_k=self.seq_k)
+                              seq_k=self.seq_k, softcap=self.softcap, sinks=self.sinks, alibi=self.alibi,
+                              bias=self.bias, head_dim_v=self.head_dim_v)
         if not isinstance(self.mask, str):
             raise ValueError(f"unknown mask {self.mask!r}; allowed: {', '.join(MASK_NAMES)}, or windowN")
         return replace(shape, mask=parse_mask(self.mask, batch=shape.batch, seq_k=shape.seq_k, seq_q=shape.seq_q))
@@ -48,8 +56,24 @@ class Workload:
         return self.name or self.case().id
 
 
+def model_workloads(model: ModelShape, batch: int, seq: int, *, seq_k: int | None = None, dtype: str = "bf16",
+                    training: bool = False) -> list[Workload]:
+    """A model's workloads at (batch, seq): one per layer kind (Gemma 2's local and global layers), each with the
+    model's modifiers, so only a backend verified and timed on every kind is ranked overall (ranking.overall) and
+    the others are named with why."""
+    out = []
+    for layer in model.layer_masks:
+        case = model.case(batch, seq_k or seq, dtype, seq_q=seq, layer_mask=layer)
+        kind = f" {layer} layers" if len(model.layer_masks) > 1 else ""
+        out.append(Workload(case.batch, case.heads, case.seq_q, case.head_dim, kv_heads=case.kv_heads,
+                            seq_k=case.seq_k, dtype=dtype, mask=model.mask_for(case.seq_q, case.seq_k, layer),
+                            training=training, name=f"{model.name} b{batch} s{seq}{kind}", softcap=case.softcap,
+                            sinks=case.sinks, head_dim_v=case.head_dim_v))
+    return out
+
+
 WORKLOAD_KEYS = ("name", "batch", "heads", "kv_heads", "seq", "seq_q", "seq_k", "head_dim", "dtype", "mask",
-                 "training")
+                 "training", "softcap", "sinks", "alibi", "bias", "head_dim_v")
 FILE_KEYS = ("defaults", "shape")
 
 

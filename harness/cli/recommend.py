@@ -20,7 +20,7 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.advisor.evidence import TIMING
     from harness.advisor.recommend import recommend_many
     from harness.advisor.table import format_overall, format_table
-    from harness.advisor.workload import Workload, load_workloads
+    from harness.advisor.workload import Workload, load_workloads, model_workloads
     from harness.backends.registry import load_backend_module
     from harness.execution.device import resolve_device
     from harness.execution.isolation import IsolatedExecutor
@@ -48,10 +48,8 @@ def _recommend(args: argparse.Namespace) -> int:
         need = [f for f in ("--batch", "--seq") if getattr(args, f[2:]) is None]
         if need:
             raise ValueError(f"--preset/--hf-config needs the deployment's {' and '.join(need)}")
-        case = model.case(args.batch, args.seq_k or args.seq, args.dtype, seq_q=args.seq)
-        workloads = [Workload(case.batch, case.heads, case.seq_q, case.head_dim, kv_heads=case.kv_heads,
-                              seq_k=case.seq_k, dtype=args.dtype, mask=model.mask_for(case.seq_q, case.seq_k),
-                              training=args.training, name=f"{model.name} b{args.batch} s{args.seq}")]
+        workloads = model_workloads(model, args.batch, args.seq, seq_k=args.seq_k, dtype=args.dtype,
+                                    training=args.training)
     else:
         need = [f"--{f.replace('_', '-')}" for f in ("batch", "heads", "seq", "head_dim") if getattr(args, f) is None]
         if need:

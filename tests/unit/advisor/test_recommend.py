@@ -331,3 +331,20 @@ def test_end_to_end_tiny_cpu_workload():
     assert set(r.deterministic) <= {"yes", "no"}
     assert sorted(r["rank"]) == [1, 2, 3, 4, 5] and rec.winner in ranked
     assert t.loc[rec.winner, "rank"] == 1
+
+
+def test_gemma_preset_ranks_only_backends_passing_softcap_on_both_layer_kinds():
+    from harness.advisor.recommend import recommend_many
+    from harness.advisor.workload import model_workloads
+    from harness.spec.presets import get_preset
+
+    workloads = model_workloads(get_preset("gemma-2-9b"), 1, 32, dtype="fp32")
+    assert [w.case().id for w in workloads] == ["fp32-b1-h16kv8-s32-d256-window4096-0-cap50",
+                                                "fp32-b1-h16kv8-s32-d256-causal-cap50"]
+    picks, total = recommend_many(workloads, backends=["naive", "sdpa-math"], device="cpu", checks=False,
+                                  timing=TimingConfig(warmup_ms=5, budget_ms=20, min_reps=5))
+    assert total.winner == "naive"
+    row = total.table.set_index("backend").loc["sdpa-math"]
+    assert math.isnan(row.overall_rank) and row.excluded_on.count("unsupported") == 2
+    for rec in picks.values():
+        assert "SDPA has no softcap" in by_backend(rec.table).loc["sdpa-math", "reason"]
