@@ -40,20 +40,27 @@ def case_label(row: pd.Series) -> str:
     seq = f"{row['seq_q']:g}" if row["seq_q"] == row["seq_k"] else f"{row['seq_q']:g}x{row['seq_k']:g}"
     heads = f" h{row['heads']:g}kv{row['kv_heads']:g}" if row["kv_heads"] != row["heads"] else ""
     suite = f"{row['suite']}: " if row["suite"] else ""
-    return f"{suite}{row['dtype']} d{row['head_dim']:g} {row['mask_kind']} s{seq}{heads}"
+    mods = f" {row['modifier_kind']}" if row.get("modifier_kind", "none") != "none" else ""
+    return f"{suite}{row['dtype']} d{row['head_dim']:g} {row['mask_kind']}{mods} s{seq}{heads}"
 
 
 def group_label(key: tuple) -> str:
-    """'bf16 · d64 · causal' and a second line 'b2 h8 kv2 · seq_q = seq_k' (suite first when tagged)."""
-    suite, dtype, head_dim, kind, batch, heads, kv_heads, shape = key
+    """'bf16 · d64 · causal' (' · cap-sink' with modifiers) and a second line 'b2 h8 kv2 · seq_q = seq_k' (suite
+    first when tagged)."""
+    suite, dtype, head_dim, kind, mods, batch, heads, kv_heads, shape = key
     heads_txt = f"h{heads:g}" + (f" kv{kv_heads:g}" if kv_heads != heads else "")
-    return f"{suite + ': ' if suite else ''}{dtype} · d{head_dim:g} · {kind}\nb{batch:g} {heads_txt} · {shape}"
+    mods_txt = f" · {mods}" if mods != "none" else ""
+    return (f"{suite + ': ' if suite else ''}{dtype} · d{head_dim:g} · {kind}{mods_txt}\nb{batch:g} {heads_txt} · "
+            f"{shape}")
 
 
 def case_group(row: pd.Series) -> str:
-    """Column of the support matrix a case row belongs to: its suite (if tagged), dtype and mask family."""
+    """Column of the support matrix a case row belongs to: its suite (if tagged), dtype, mask family and modifier
+    family (the report splits by modifier: a backend's softcap support shows as its own column)."""
     dtype = row["dtype"]  # not row.dtype: that is the Series' own dtype
-    return f"{row['suite'] + ': ' if row['suite'] else ''}{dtype if isinstance(dtype, str) else '?'} · {row['mask_kind']}"
+    mods = f" · {row['modifier_kind']}" if row.get("modifier_kind", "none") != "none" else ""
+    return (f"{row['suite'] + ': ' if row['suite'] else ''}{dtype if isinstance(dtype, str) else '?'} · "
+            f"{row['mask_kind']}{mods}")
 
 
 def support_counts(run: Run) -> pd.DataFrame:
@@ -123,7 +130,7 @@ def winners(run: Run) -> pd.DataFrame:
     rows = timed_correct(run)
     if rows.empty:
         return pd.DataFrame()
-    keys = ["dtype", "head_dim", "mask", "batch", "heads", "kv_heads", "seq_q", "seq_k", "phase"]
+    keys = ["dtype", "head_dim", "mask", "modifier_kind", "batch", "heads", "kv_heads", "seq_q", "seq_k", "phase"]
     out = []
     for key, g in rows.groupby(keys, sort=False, dropna=False):
         g = g.sort_values("latency_ms")
@@ -187,3 +194,21 @@ def not_run(run: Run) -> pd.DataFrame:
     if rows.empty:  # (main-matrix fwd+bwd rows only repeat these reasons as "not timed: ...")
         return pd.DataFrame(columns=["backend", "status", "reason", "rows"])
     return rows.groupby(["backend", "status", rows.reason.fillna("")], sort=False).size().reset_index(name="rows")
+
+
+def modifier_support(run: Run) -> pd.DataFrame:
+    """backend x modifier family (cases with modifiers or a value head dim of their own): the verdict rows'
+    statuses ('pass 2, unsupported 2') and the path the modifiers took to the kernel (the rows' modifier_path).
+    Empty when the run has no such case."""
+    rows = run.verdicts[run.verdicts.modifier_kind != "none"]
+    if rows.empty:
+        return pd.DataFrame()
+    out = []
+    for (backend, kind), g in rows.groupby(["backend", "modifier_kind"], sort=True):
+        counts = g.status.value_counts()
+        paths = sorted(set(g.modifier_path.dropna().astype(str)) - {""})
+        out.append({"backend": backend, "modifiers": kind,
+                    "statuses": ", ".join(f"{s} {n}" for s, n in counts.items()),
+                    "path": "; ".join(paths), "reason": "; ".join(sorted(set(g.reason[g.status != "pass"]
+                                                                              .dropna().astype(str)) - {""}))[:200]})
+    return pd.DataFrame(out)

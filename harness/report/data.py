@@ -20,7 +20,7 @@ NUMERIC = ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "err_rati
            "latency_min_ms", "n_samples", "threads", "peak_mem_bytes", "flops", "tflops", "pct_of_peak",
            "compile_ms", "rounds", "round_spread")
 #: a line of a "vs sequence length" plot: cases that differ only in sequence length
-GROUP_KEYS = ("suite", "dtype", "head_dim", "mask_kind", "batch", "heads", "kv_heads", "seq_shape")
+GROUP_KEYS = ("suite", "dtype", "head_dim", "mask_kind", "modifier_kind", "batch", "heads", "kv_heads", "seq_shape")
 
 
 @dataclass
@@ -68,6 +68,14 @@ def mask_kind(mask_id: object) -> str:
         return "none" if mask_id is None or (isinstance(mask_id, float) and math.isnan(mask_id)) else str(mask_id)
     # ids append shape-derived sizes to the family name; dropping them lets one family span sequence lengths
     return "+".join(re.sub(r"-?\d.*$", "", part) or part for part in mask_id.split("+"))
+
+
+def modifier_kind(modifier_id: object) -> str:
+    """'cap30-sink' -> 'cap-sink', 'headbias' -> 'headbias', '' or NaN (results from before the modifiers) -> 'none':
+    the modifier family, not its values, plus 'v' when the value head dim differs (set by `_read`)."""
+    if not isinstance(modifier_id, str) or not modifier_id:
+        return "none"
+    return "-".join(re.sub(r"\d.*$", "", part) or part for part in modifier_id.split("-"))
 
 
 def seq_shape(seq_q: float, seq_k: float) -> str:
@@ -131,6 +139,9 @@ def _read(run_dir: Path) -> pd.DataFrame:
     df["phase"] = df.phase.fillna("").astype(str)
     df["is_semantics"] = (df.status == "observed") | df.case_id.astype(str).str.startswith(SEMANTICS_PREFIX)
     df["mask_kind"] = df["mask"].map(mask_kind)
+    df["head_dim_v"] = pd.to_numeric(df["head_dim_v"], errors="coerce").fillna(df["head_dim"])
+    df["modifier_kind"] = [kind if dv == d else f"{kind}+dv{dv:g}".removeprefix("none+") for kind, d, dv in
+                           zip(df["modifiers"].map(modifier_kind), df["head_dim"], df["head_dim_v"])]
     # 'edge:empty-b0:fp32-...' -> 'edge': rows of a tagged suite never share a line or a winner with the matrix
     df["suite"] = df.case_id.astype(str).map(lambda c: c.split(":", 1)[0] if ":" in c else "")
     df["seq_shape"] = [seq_shape(q, k) for q, k in zip(df.seq_q, df.seq_k)]

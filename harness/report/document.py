@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from harness.report.plots import plot_run
-from harness.report.analysis import (answered, failures, headline, not_run, semantics_table, short_cell,
-                                     winners)
+from harness.report.analysis import (answered, failures, headline, modifier_support, not_run, semantics_table,
+                                     short_cell, winners)
 from harness.report.data import Run, load_run, peak_tflops
 from harness.report.trends import Trends, run_trends
 
@@ -213,7 +213,7 @@ def _winners_table(run: Run) -> pd.DataFrame:
         text = f"{r.winner}{flags} {_fmt(r.latency_ms)} ms"
         return text + (f" (next: {r.runner_up} ×{r.margin:.2f})" if r.runner_up else " (only one)")
     table = table.assign(cell=[cell(r) for r in table.itertuples()])
-    shape = ["dtype", "head_dim", "mask", "batch", "heads", "kv_heads", "seq_q", "seq_k"]
+    shape = ["dtype", "head_dim", "mask", "modifier_kind", "batch", "heads", "kv_heads", "seq_q", "seq_k"]
     wide = table.pivot_table(index=shape, columns="phase", values="cell", aggfunc="first", sort=False)
     wide = wide.reindex(columns=[p for p in ("fwd", "bwd", "fwd+bwd") if p in wide.columns]).reset_index()
     if (wide.kv_heads == wide.heads).all():
@@ -233,6 +233,9 @@ def report_blocks(run: Run, figures: dict[str, list[Path]], trends: Trends | Non
                  (f"Failures ({len(fails)})", [Table(fails, [slug(r.backend, r.case_id, r.phase)
                                                              for r in fails.itertuples()])] if len(fails) else
                   [Para("None: every verdict that ran passed.")])]
+    modifiers = modifier_support(run)
+    if not modifiers.empty:  # the report split by modifier: which backend runs which, and how it got there
+        sections.insert(2, ("Modifiers", [Table(modifiers)]))
     skipped = not_run(run)
     if not skipped.empty:
         sections.append(("Not run, and why", [Table(skipped)]))

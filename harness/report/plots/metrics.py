@@ -183,7 +183,8 @@ def _case_pages(run: Run, metric: Metric, rows: pd.DataFrame) -> list[tuple[str,
     """Cases without a length series, side by side: one column of markers per case, one panel per phase."""
     if rows.empty:
         return []
-    order = rows.sort_values(["suite", "dtype", "mask_kind", "head_dim", "heads", "kv_heads", "seq_q", "seq_k"])
+    order = rows.sort_values(["suite", "dtype", "mask_kind", "modifier_kind", "head_dim", "heads", "kv_heads", "seq_q",
+                              "seq_k"])
     cases = list(dict.fromkeys(order.case_id))
     pages = [cases[i:i + CASES_PER_PAGE] for i in range(0, len(cases), CASES_PER_PAGE)]
     phases = [p for p in metric.phases if (rows.phase == p).any()]
@@ -226,7 +227,8 @@ def _draw_cases(ax: Axes, rows: pd.DataFrame, metric: Metric, log: bool) -> None
 
 def _family_separators(ax: Axes, cases: pd.DataFrame) -> None:
     """Faint lines between suite / dtype / mask families, so a long row of cases reads as blocks."""
-    family = (cases.suite + "|" + cases.dtype.astype(str) + "|" + cases.mask_kind.astype(str)).to_numpy()
+    family = (cases.suite + "|" + cases.dtype.astype(str) + "|" + cases.mask_kind.astype(str) + "|"
+              + cases.modifier_kind.astype(str)).to_numpy()
     for i in np.flatnonzero(family[1:] != family[:-1]):
         ax.axvline(cases.xpos.iloc[i] + 0.5, color="grey", lw=0.6, alpha=0.5, label="_separator")
 

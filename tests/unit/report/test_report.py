@@ -131,3 +131,28 @@ def test_markdown_escapes_what_it_takes_from_data(tmp_path):
                       Table(pd.DataFrame({"reason": ["<script>alert(1)</script> | pipe"]}))], tmp_path)
     assert "<script>" not in md and "<b>" not in md
     assert "&lt;script&gt;" in md and "&lt;b&gt;evil" in md and "[link](#failures)" in md
+
+
+def test_report_splits_by_modifier(tmp_path):
+    """A run with modifier cases gets a Modifiers section: per backend and modifier family, the statuses and the
+    path the modifiers took; case groups and winners keep the families apart."""
+    import harness
+    from harness import AttentionCase
+    from harness.report.analysis import case_group, modifier_support
+    from harness.spec.masks import Causal
+
+    cases = [AttentionCase(1, 2, 16, 8, "fp32", mask=Causal(), softcap=5.0),
+             AttentionCase(1, 2, 16, 8, "fp32", sinks=True, alibi=True), AttentionCase(1, 2, 16, 8, "fp32")]
+    harness.check(["naive", "sdpa-math"], cases, "cpu").to_csv(tmp_path / "results.csv", index=False)
+    run = load_run(tmp_path)
+    table = modifier_support(run).set_index(["backend", "modifiers"])
+    assert set(table.index) == {(b, m) for b in ("naive", "sdpa-math") for m in ("cap", "sink-alibi")}
+    assert table.loc[("sdpa-math", "cap"), "statuses"] == "unsupported 2"
+    assert "SDPA has no softcap" in table.loc[("sdpa-math", "cap"), "reason"]
+    assert table.loc[("sdpa-math", "sink-alibi"), "path"] == \
+        "attn_mask float (alibi) + sink as an appended zero key/value"
+    groups = set(run.verdicts.apply(case_group, axis=1))
+    assert {"fp32 · causal · cap", "fp32 · none · sink-alibi", "fp32 · none"} <= groups
+    from harness.report.document import Heading, report_blocks
+    headings = [b.text for b in report_blocks(run, {}, None) if isinstance(b, Heading)]
+    assert "Modifiers" in headings
