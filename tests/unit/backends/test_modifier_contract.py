@@ -67,3 +67,26 @@ def test_declared_modifiers_arrive_as_documented_and_their_gradients_are_judged(
     bwd = df.loc["bwd"]
     assert bwd.dsinks_err <= bwd.dsinks_tol and bwd.dbias_err <= bwd.dbias_tol and bwd.naive_dbias_err > 0
     assert df.loc["fwd"].modifiers == "cap10-sink-alibi-headbias" and "forward keywords" in df.loc["fwd"].modifier_path
+
+
+def test_the_documented_plugin_example_runs_and_is_judged():
+    """docs/variants.md's plugin example, executed as written: it passes with a softcap, refuses sinks with its reason."""
+    import re
+    from pathlib import Path
+
+    from harness.backends import registry
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "variants.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "docs/variants.md", "exec"), namespace)
+    try:
+        plugin = namespace["MyGemmaKernel"]()
+        cases = [AttentionCase(1, 2, 16, 8, "fp32", mask=Causal(), softcap=5.0),
+                 AttentionCase(1, 2, 16, 8, "fp32", sinks=True)]
+        df = harness.check([plugin], cases, "cpu").set_index(["case_id", "phase"])
+        assert df.loc[(cases[0].id, "fwd"), "status"] == df.loc[(cases[0].id, "bwd"), "status"] == "pass"
+        assert df.loc[(cases[1].id, "fwd"), "reason"] == "my-gemma-kernel does not take the sinks modifier: my kernel " \
+                                                         "has no sink term"
+    finally:
+        registry._REGISTRY.pop("my-gemma-kernel", None)  # registered by the example: not left for other tests
