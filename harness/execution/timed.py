@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import BoundCall, Call, backend_inputs, call_inputs, device_scope
+from harness.execution.call import BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves
 from harness.execution.outcome import Failure, free
 from harness.measure.memory import peak_memory
 from harness.measure.stages import stage
@@ -55,14 +55,16 @@ class Phase:
 def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
     """The Phase of fwd (inference, no autograd), bwd (the backward alone, on a retained graph, with the shared
     dO) or fwd+bwd (one training step). Gradients are reset in setup; the backend's `prepare` runs here, once."""
-    call = BoundCall(backend, case, device)
     q, k, v, d_out = backend_inputs(backend, inputs, requires_grad=phase != "fwd")
+    leaves = modifier_leaves(inputs, requires_grad=phase != "fwd")  # sinks/bias: their gradients are work too
+    call = BoundCall(backend, case, device, leaves=leaves)
 
     def forward():
         return call(q, k, v)
 
     def reset():
-        q.grad = k.grad = v.grad = None
+        for t in (q, k, v, *leaves.values()):
+            t.grad = None
 
     if phase == "fwd":
         return Phase(None, forward)

@@ -90,3 +90,20 @@ def test_the_documented_plugin_example_runs_and_is_judged():
                                                          "has no sink term"
     finally:
         registry._REGISTRY.pop("my-gemma-kernel", None)  # registered by the example: not left for other tests
+
+
+def test_timed_training_step_computes_the_modifier_gradients_too(monkeypatch):
+    from harness.execution import timed
+    from harness.spec.case import make_inputs
+
+    made = []
+    real = timed.modifier_leaves
+    monkeypatch.setattr(timed, "modifier_leaves", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    case = AttentionCase(1, 2, 16, 8, "fp32", sinks=True, bias="full")
+    phase = timed.phase_callables(Naive(), case, make_inputs(case), torch.device("cpu"), "fwd+bwd")
+    phase.setup()
+    phase.fn()
+    assert set(made[0]) == {"sinks", "bias"}
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in made[0].values())
+    phase.setup()  # reset clears them for the next repetition
+    assert all(t.grad is None for t in made[0].values())
