@@ -32,6 +32,8 @@ VERDICT_PHASES = ("fwd", "bwd")
 TIMING_STATUSES = ("timed", "not-timed", "unsupported", "error", "oom")
 #: the quantities judged against the reference
 QUANTITIES = ("out", "dq", "dk", "dv")
+#: what limits a timed row (its `bound` column): the matmul peak or the memory bandwidth
+BOUNDS = ("compute", "memory")
 GRADS = ("dq", "dk", "dv")
 
 
@@ -112,6 +114,12 @@ class Row:
     pct_of_peak: float | None = None
     suspicious: bool | None = None
     compile_ms: float | None = None
+    #: the bandwidth roofline (measure.bandwidth): least bytes a call moves, GB/s, % of the measured copy bandwidth,
+    #: and 'compute' or 'memory' from the arithmetic intensity against the ridge point
+    bytes_moved: int | None = None
+    gbps: float | None = None
+    pct_of_bw_peak: float | None = None
+    bound: str | None = None
     # provenance
     device_name: str | None = None
     testbed_id: str | None = None
@@ -126,6 +134,8 @@ class Row:
             raise ValueError(f"status={self.status!r}; allowed: {', '.join(STATUSES)}")
         if self.timing_status is not None and self.timing_status not in TIMING_STATUSES:
             raise ValueError(f"timing_status={self.timing_status!r}; allowed: {', '.join(TIMING_STATUSES)}")
+        if self.bound is not None and self.bound not in BOUNDS:
+            raise ValueError(f"bound={self.bound!r}; allowed: {', '.join(BOUNDS)}")
         if self.phase not in PHASES:
             raise ValueError(f"phase={self.phase!r}; allowed: {', '.join(PHASES)}")
 
