@@ -55,6 +55,10 @@ class Backend:
     compiles_per_shape: ClassVar[bool] = False
     #: the distribution whose version is recorded (None = torch)
     package: ClassVar[str | None] = None
+    #: takes paged KV cases: forward(q, k_cache, v_cache, *, mask, scale, block_table, cache_seqlens) with caches
+    #: (num_blocks, page_size, kv_heads, head_dim), block_table (batch, max_blocks) int32, cache_seqlens (batch,)
+    #: int32 (harness.spec.paged); q and the output in this backend's layout
+    paged_kv: ClassVar[bool] = False
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why this backend cannot run at all here (library missing, wrong device, GPU arch); None if it can."""
@@ -87,6 +91,8 @@ class Backend:
         """Every reason this backend cannot run `case` on `device` (empty = it can): the case's forward, plus its
         backward and dropout when asked. Availability on the device is `unavailable_reason`'s question."""
         reasons = list(self.not_supported_reasons(case))
+        if case.page_size is not None and not self.paged_kv:
+            reasons.append(f"{self.name} has no paged KV path (paged_kv=False)")
         if backward:
             reasons += self.backward_reasons(device)
         if dropout and "dropout" not in self.native_probes:

@@ -14,6 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.backends.base import Backend, MaskForm, Unsupported
 from harness.backends.native_stderr import captured_stderr
+from harness.backends.paged_gather import GATHER_NOTE, gather_paged
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, MaskSpec
@@ -59,6 +60,7 @@ class SdpaPlan:
 class _Sdpa(Backend):
     layout = "bhsd"
     native_probes = frozenset({"causal", "mask", "dropout"})
+    paged_kv = True  # by gathering the pages through the block table, inside the timed call
     kernel: SDPBackend | None = None
     cuda_only = False
 
@@ -88,9 +90,12 @@ class _Sdpa(Backend):
     def last_op(self) -> str:
         return self._last_op
 
-    def forward(self, q, k, v, *, mask, scale, prepared: SdpaPlan | None = None):
+    def forward(self, q, k, v, *, mask, scale, prepared: SdpaPlan | None = None, block_table=None,
+                cache_seqlens=None):
+        if block_table is not None:  # paged: k, v are the caches; gather them, then attend as for any case
+            k, v = gather_paged(k, v, block_table, cache_seqlens, mask, self.layout)
         plan = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
-        self._last_op = plan.op
+        self._last_op = plan.op if block_table is None else f"{plan.op} ({GATHER_NOTE})"
         return self._call(q, k, v, scale=scale, **plan.kwargs)
 
     def mask_form(self, case, device):

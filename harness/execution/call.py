@@ -18,6 +18,7 @@ from harness.backends.base import Backend
 from harness.execution.outcome import Failure
 from harness.measure.stages import stage
 from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.spec.paged import paged_inputs, paged_layout
 from harness.store.schema import GRADS
 
 ENTRIES = ("forward", "native_causal", "native_mask", "native_dropout")
@@ -38,7 +39,7 @@ class BoundCall:
     def __init__(self, backend: Backend, case: AttentionCase, device: torch.device,
                  arrangement: Arrangement | None = None):
         self.backend, self.case, self.arrangement = backend, case, arrangement
-        self._kwargs = backend.prepared_kwargs(case, device)
+        self._kwargs = {**backend.prepared_kwargs(case, device), **paged_kwargs(case, device)}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.arrangement is not None:
@@ -47,9 +48,21 @@ class BoundCall:
         return out if self.arrangement is None else self.arrangement.output(out)
 
 
-def backend_inputs(backend: Backend, inputs: Inputs, requires_grad: bool) -> tuple[torch.Tensor, ...]:
-    """Fresh copies of q, k, v, d_out in the backend's native layout (contiguous), outside any timing."""
+def paged_kwargs(case: AttentionCase, device: torch.device) -> dict:
+    """The block_table and cache_seqlens a paged case's forward gets (none for a contiguous case)."""
+    if case.page_size is None:
+        return {}
+    layout = paged_layout(case, device)
+    return {"block_table": layout.block_table, "cache_seqlens": layout.cache_seqlens}
+
+
+def backend_inputs(backend: Backend, inputs: Inputs, requires_grad: bool,
+                   case: AttentionCase | None = None) -> tuple[torch.Tensor, ...]:
+    """Fresh copies of q, k, v, d_out in the backend's native layout (contiguous), outside any timing; for a paged
+    `case`, k and v are its k_cache and v_cache (harness.spec.paged)."""
     q, k, v, d_out = (backend.to_layout(t).detach().clone(memory_format=torch.contiguous_format) for t in inputs)
+    if case is not None and case.page_size is not None:
+        k, v = paged_inputs(case, inputs.k.detach(), inputs.v.detach())[:2]
     return q.requires_grad_(requires_grad), k.requires_grad_(requires_grad), v.requires_grad_(requires_grad), d_out
 
 
@@ -178,7 +191,8 @@ def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
         result = CallResult()
         try:
             with stage("inputs"):
-                q, k, v, d_out = backend_inputs(backend, call_inputs(call, device), requires_grad=call.backward)
+                q, k, v, d_out = backend_inputs(backend, call_inputs(call, device), requires_grad=call.backward,
+                                                case=call.case)
             with stage("prepare"):
                 fn = _entry(backend, call, device)
             grad_mode = contextlib.nullcontext() if call.backward else torch.no_grad()

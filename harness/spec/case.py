@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 
 from harness.spec.masks import MaskSpec
+from harness.spec.paged import validate_paged_case
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -60,6 +61,9 @@ class AttentionCase:
     seq_k: int | None = field(default=None, kw_only=True)
     mask: MaskSpec | None = field(default=None, kw_only=True)
     scale: float | None = field(default=None, kw_only=True)
+    #: a paged KV cache of pages of this many keys (harness.spec.paged; mask=CacheCausal(lengths), seq_k the
+    #: longest cache); None: contiguous K/V
+    page_size: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self):
         for name in ("batch", "heads", "seq_q", "head_dim"):
@@ -78,6 +82,8 @@ class AttentionCase:
         if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"scale={self.scale!r}: must be a finite float > 0")
         object.__setattr__(self, "scale", float(scale))
+        if self.page_size is not None:
+            validate_paged_case(self)
 
     @property
     def default_scale(self) -> bool:
@@ -99,6 +105,8 @@ class AttentionCase:
         parts = [dtype_name(self.dtype), f"b{self.batch}", heads, seq, f"d{self.head_dim}", self.mask_id]
         if not self.default_scale:
             parts.append(f"scale{self.scale:g}")
+        if self.page_size is not None:
+            parts.append(f"page{self.page_size}")
         return "-".join(parts)
 
     def key_mask(self, device: str | torch.device = "cpu", rows: tuple[int, int] | None = None) -> torch.Tensor | None:

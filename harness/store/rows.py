@@ -17,7 +17,7 @@ def case_columns(case: AttentionCase, device: torch.device | str) -> dict:
     """The columns that describe a case (its id, sizes, dtype, mask, scale) and the device it ran on."""
     return {"case_id": case.id, "batch": case.batch, "heads": case.heads, "kv_heads": case.kv_heads,
             "seq_q": case.seq_q, "seq_k": case.seq_k, "head_dim": case.head_dim, "dtype": dtype_name(case.dtype),
-            "mask": case.mask_id, "scale": case.scale, "device": str(device)}
+            "mask": case.mask_id, "scale": case.scale, "device": str(device), "page_size": case.page_size}
 
 
 def check_columns(checks: Sequence[Check]) -> dict:

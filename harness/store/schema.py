@@ -72,6 +72,8 @@ class Row:
     head_dim: int | None = None
     dtype: str | None = None
     mask: str | None = None
+    #: keys per page of a paged KV cache (empty: contiguous K/V)
+    page_size: int | None = None
     scale: float | None = None
     device: str | None = None
     # correctness
