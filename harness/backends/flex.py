@@ -9,7 +9,7 @@ import torch
 
 from harness.backends.base import Backend, MaskForm
 from harness.backends.registry import register
-from harness.spec.case import AttentionCase
+from harness.backends.paged_gather import paged_case_of
 from harness.spec.masks import MaskSpec
 
 
@@ -155,8 +155,7 @@ class Flex(Backend):
     def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None, block_table=None, cache_seqlens=None):
         if block_table is not None:  # paged: attend the physical cache through a paged block mask
             if prepared is None:
-                case = AttentionCase(q.shape[0], q.shape[1], q.shape[2], q.shape[3], q.dtype, kv_heads=k.shape[2],
-                                     seq_k=max(mask.lengths), mask=mask, scale=scale, page_size=k.shape[1])
+                case = paged_case_of(q, k, mask, scale)
                 prepared = {"block_mask": self.paged_block_mask(case, q.device, block_table)}
             k, v = physical_kv(k), physical_kv(v)
         self._last_op = self.name if block_table is None else f"{self.name} (paged block mask over the physical cache)"
