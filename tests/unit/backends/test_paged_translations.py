@@ -8,7 +8,7 @@ import torch
 import harness
 from harness import AttentionCase
 from harness.spec.case import make_inputs
-from harness.spec.masks import CacheCausal
+from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, SlidingWindow
 from harness.spec.paged import paged_inputs, paged_layout
 from harness.oracle.baseline import naive_attention
 
@@ -159,3 +159,167 @@ def test_xformers_dispatches_the_paged_bias_to_fa2_over_the_flash_attn_package_o
     assert form.fw.NAME.startswith("fa2F") and form.gqa == "5d"
     with sm90(), pytest.raises(Unsupported, match="fa2F.*attn_bias type"):
         xformers_paged_plan(case, torch.device("cpu"), cuda_tensor)
+
+
+# --- FlashInfer: plan() arguments and the wrappers' documented semantics ----------------------------------------
+def flashinfer_visible(qo_len: int, kv_len: int, causal: bool, window_left: int) -> torch.Tensor:
+    """FlashInfer 0.6.1's mask rules (data/include/flashinfer/attention/prefill.cuh: causal masks kv_idx + qo_len >
+    kv_len + q_idx; variants.cuh: the window keeps kv_idx + qo_len + window_left >= kv_len + qo_idx), (qo, kv)."""
+    q, kv = torch.arange(qo_len).view(-1, 1), torch.arange(kv_len).view(1, -1)
+    ok = torch.ones(qo_len, kv_len, dtype=torch.bool)
+    if causal:
+        ok &= kv + qo_len <= kv_len + q
+    if window_left >= 0:
+        ok &= kv + qo_len + window_left >= kv_len + q
+    return ok
+
+
+def _documented_run(kind, args, q, *kv):
+    """What a wrapper's run() computes from what plan() was given: request r's queries are q[qo_indptr[r]:...]
+    (decode: q[r]); its keys the pages kv_indices[kv_indptr[r]:kv_indptr[r+1]] with kv_last_page_len[r] keys in the
+    last (paged, NHD), or k[kv_indptr[r]:kv_indptr[r+1]] (ragged)."""
+    if kind == "BatchDecodeWithPagedKVCacheWrapper":
+        indptr, indices, last, page = args["indptr"], args["indices"], args["last_page_len"], args["page_size"]
+        qo_indptr, causal = torch.arange(q.shape[0] + 1), False
+    else:
+        qo_indptr, causal = args["qo_indptr"], args["causal"]
+        if kind == "BatchPrefillWithPagedKVCacheWrapper":
+            indptr, indices = args["paged_kv_indptr"], args["paged_kv_indices"]
+            last, page = args["paged_kv_last_page_len"], args["page_size"]
+        else:
+            indptr = args["kv_indptr"]
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    for r in range(len(qo_indptr) - 1):
+        if kind == "BatchPrefillWithRaggedKVCacheWrapper":
+            keys, values = (t[indptr[r]:indptr[r + 1]] for t in kv)
+        else:
+            pages = indices[indptr[r]:indptr[r + 1]].long()
+            n = (len(pages) - 1) * page + int(last[r])
+            keys, values = (t[pages].flatten(0, 1)[:n] for t in kv)
+        rows = q[qo_indptr[r]:qo_indptr[r + 1]].float()                              # (qo, H, D)
+        g = q.shape[1] // keys.shape[1]
+        keys, values = keys.float().repeat_interleave(g, 1), values.float().repeat_interleave(g, 1)
+        s = torch.einsum("qhd,khd->hqk", rows, keys) * args["sm_scale"]
+        s = s.masked_fill(~flashinfer_visible(len(rows), len(keys), causal, args["window_left"]), float("-inf"))
+        out[qo_indptr[r]:qo_indptr[r + 1]] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), values)
+    return out.to(q.dtype)
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    """flashinfer's three wrappers replaced by recorders that bind every call to the real signature (a wrong keyword
+    or position fails) and compute _documented_run; the real constructors pin host memory, which needs CUDA."""
+    flashinfer = pytest.importorskip("flashinfer")
+    import inspect
+
+    calls = []
+
+    def fake(real):
+        class Recorder:
+            def __init__(self, workspace, kv_layout="NHD", **kwargs):
+                inspect.signature(real.__init__).bind(self, workspace, kv_layout=kv_layout, **kwargs)
+                assert kv_layout == "NHD"
+
+            def plan(self, *args, **kwargs):
+                bound = inspect.signature(real.plan).bind(self, *args, **kwargs)
+                bound.apply_defaults()
+                self.args = dict(bound.arguments)
+                calls.append((real.__name__, self.args))
+
+            def run(self, q, *kv, **kwargs):
+                inspect.signature(real.run).bind(self, q, *kv, **kwargs)
+                return _documented_run(real.__name__, self.args, q, *(kv[0] if len(kv) == 1 else kv))
+
+        return Recorder
+
+    for name in ("BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
+                 "BatchPrefillWithRaggedKVCacheWrapper"):
+        monkeypatch.setattr(flashinfer, name, fake(getattr(flashinfer, name)))
+    return calls
+
+
+@pytest.mark.parametrize("case", [
+    DECODE, VERIFY,
+    AttentionCase(2, 4, 9, 32, "bf16", kv_heads=2, mask=Causal()),
+    AttentionCase(2, 4, 5, 32, "bf16", seq_k=12, mask=CausalBottomRight()),
+    AttentionCase(2, 4, 12, 32, "bf16", mask=SlidingWindow(3, 0)),
+    AttentionCase(2, 4, 5, 32, "bf16", seq_k=12, mask=KeyPadding((7, 12))),
+    AttentionCase(1, 4, 12, 32, "bf16", mask=Documents((5, 7), causal=True)),
+], ids=lambda c: c.id)
+def test_flashinfer_wrappers_planned_from_a_case_compute_the_spec(fake_flashinfer, case):
+    from harness.backends.flashinfer import FlashInfer
+
+    backend, cpu = FlashInfer(), torch.device("cpu")
+    inputs = make_inputs(case)
+    plan = backend.prepare(case, cpu)
+    q = backend.to_layout(inputs.q).contiguous()
+    if case.page_size is not None:
+        k_cache, v_cache, table, lengths = paged_inputs(case, inputs.k, inputs.v)
+        out = backend.forward(q, k_cache, v_cache, mask=case.mask, scale=case.scale, prepared=plan,
+                              block_table=table, cache_seqlens=lengths)
+    else:
+        k, v = (backend.to_layout(t).contiguous() for t in (inputs.k, inputs.v))
+        out = backend.forward(q, k, v, mask=case.mask, scale=case.scale, prepared=plan)
+    expected = naive_attention(*(t.float() for t in inputs[:3]), case.mask, case.scale)
+    torch.testing.assert_close(backend.from_layout(out).float(), expected, atol=2e-2, rtol=2e-2)
+    (wrapper, args), = fake_flashinfer
+    assert wrapper == {"decode": "BatchDecodeWithPagedKVCacheWrapper", "paged-prefill":
+                       "BatchPrefillWithPagedKVCacheWrapper", "ragged": "BatchPrefillWithRaggedKVCacheWrapper"}[plan.kind]
+    assert args["q_data_type"] == case.dtype and args["sm_scale"] == case.scale
+
+
+def test_flashinfer_paged_plan_args_are_the_block_table_in_csr_form():
+    from harness.backends.flashinfer import flashinfer_plan
+
+    plan = flashinfer_plan(VERIFY)
+    table = paged_layout(VERIFY).block_table
+    args = plan.args
+    assert plan.kind == "paged-prefill" and plan.causal
+    assert args["qo_indptr"].tolist() == [0, 4, 8, 12]
+    assert args["kv_indptr"].tolist() == [0, 3, 5, 8]                          # ceil(45/16), ceil(20/16), ceil(33/16)
+    assert args["kv_indices"].tolist() == table[0, :3].tolist() + table[1, :2].tolist() + table[2, :3].tolist()
+    assert args["kv_last_page_len"].tolist() == [13, 4, 1]
+    assert all(t.dtype == torch.int32 for t in args.values())
+    assert flashinfer_plan(DECODE).kind == "decode"
+
+
+def test_flashinfer_refuses_what_it_has_no_form_for():
+    from harness.backends.flashinfer import FlashInfer
+
+    reasons = FlashInfer().can_run(AttentionCase(2, 4, 5, 64, "bf16", seq_k=9, mask=Causal()), torch.device("cuda"))
+    assert any("FlashInfer has no form for mask causal" in r for r in reasons)
+
+
+def test_flashinfer_unavailable_reasons(monkeypatch, tmp_path):
+    import builtins
+    import importlib.util
+
+    from harness.backends import flashinfer as module
+
+    real_import = builtins.__import__
+
+    def no_flashinfer(name, *args, **kwargs):
+        if name == "flashinfer":
+            raise ImportError("No module named 'flashinfer'")
+        return real_import(name, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(builtins, "__import__", no_flashinfer)
+        assert "flashinfer not importable" in module.FlashInfer().unavailable_reason(torch.device("cuda"))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(module.os.path, "exists", lambda p: str(p).startswith(str(tmp_path)))
+    assert module.jit_problem().startswith("FlashInfer JIT-compiles its kernels with nvcc")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvcc").write_text("")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert module.jit_problem() is None
+
+
+def test_flashinfer_says_it_needs_cuda_on_the_cpu():
+    pytest.importorskip("flashinfer")
+    from harness.backends.flashinfer import FlashInfer
+
+    assert FlashInfer().unavailable_reason(torch.device("cpu")) == "FlashInfer kernels need CUDA; device is cpu"
