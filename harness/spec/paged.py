@@ -126,3 +126,23 @@ def reference_inputs(case: "AttentionCase", inputs: "Inputs") -> "Inputs":
     K/V (the float64 reference and the same-dtype baseline then run as for any case)."""
     k_cache, v_cache, table, _ = paged_inputs(case, inputs.k, inputs.v)
     return inputs._replace(k=gather_kv(k_cache, table, case.seq_k), v=gather_kv(v_cache, table, case.seq_k))
+
+
+def cache_lengths(longest: int, batch: int) -> tuple[int, ...]:
+    """Per-sequence cache lengths as a serving batch holds them: the first `longest` (or one less), the others
+    shorter down to about half of it, every one odd, so no page size > 1 divides it (each last page is partial)."""
+    out = []
+    for b in range(batch):
+        n = max(1, longest - (longest * b) // (2 * batch))
+        out.append(n if n % 2 else n - 1)
+    return tuple(out)
+
+
+def paged_case(batch: int, heads: int, seq_q: int, head_dim: int, dtype, *, kv_heads: int, cache: int,
+               page_size: int) -> "AttentionCase":
+    """A decode (seq_q = 1) or verification (seq_q = 2-8) step over paged caches of about `cache` keys (cache_lengths)."""
+    from harness.spec.case import AttentionCase
+
+    lengths = cache_lengths(cache, batch)
+    return AttentionCase(batch, heads, seq_q, head_dim, dtype, kv_heads=kv_heads, seq_k=max(lengths),
+                         mask=CacheCausal(lengths), page_size=page_size)

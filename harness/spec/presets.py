@@ -10,6 +10,7 @@ from pathlib import Path
 from harness.spec.case import AttentionCase, parse_dtype
 from harness.spec.masks import parse_mask
 from harness.spec.matrices import decode_batch
+from harness.spec.paged import paged_case
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,14 @@ class ModelShape:
         out.append(self.case(max(1, tokens // seqs[1]), seqs[1], "fp16" if dtype != "fp16" else "bf16"))
         if not self.encoder:
             out += [self.case(decode_batch(n), n, dtype, seq_q=1) for n in (4096, 32768, 131072)]
+        if not self.encoder and self.mask == "causal":  # CacheCausal is plain causal: a window would be lost
+            out += [self.paged_case(decode_batch(32768), 32768, q, p, dtype) for q in (1, 4, 8) for p in (16, 256)]
         return out
+
+    def paged_case(self, batch: int, cache: int, seq_q: int, page_size: int, dtype: str = "bf16") -> AttentionCase:
+        """A decode (seq_q=1) or speculative-decoding verification step over paged caches of about `cache` keys."""
+        return paged_case(batch, self.heads, seq_q, self.head_dim, parse_dtype(dtype), kv_heads=self.kv_heads,
+                          cache=cache, page_size=page_size)
 
 
 #: attention shapes from each model's published config.json (Hugging Face hub)
