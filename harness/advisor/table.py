@@ -69,6 +69,8 @@ def format_table(rec: Recommendation) -> str:
             "err_ratio": ranked.err_ratio.map(lambda v: _num(v, ".3g")),
             "latency_ms": ranked.latency_ms.map(lambda v: _num(v, ".4g")),
             "iqr_ms": ranked.iqr_ms.map(lambda v: _num(v, ".2g")),
+            "GB/s": ranked.gbps.map(lambda v: _num(v, ".4g")),
+            "%bw": ranked.pct_of_bw_peak.map(lambda v: _num(v, ".3g", "%")),
             "vs_fastest": ranked.vs_fastest.map(lambda v: _num(v, ".2f", "x")),
             "vs_tie_group": ranked.apply(_vs_anchor, axis=1),
             "peak_mem": ranked.peak_mem_bytes.map(_bytes),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from harness.spec.case import AttentionCase
 from harness.spec.masks import MASK_NAMES, parse_mask
+from harness.spec.paged import paged_case
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class Workload:
     mask: str = "causal"
     training: bool = False
     name: str = ""
+    #: a paged KV cache of pages this size (a decode or verification step, seq_q = 1 or the speculation length,
+    #: over caches of about seq_k keys: spec.paged.paged_case); `mask` is then CacheCausal's
+    page_size: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.training, bool):
@@ -33,6 +37,10 @@ class Workload:
         self.case()  # every other check (ints, dtype, mask, heads % kv_heads) is the case spec's own
 
     def case(self) -> AttentionCase:
+        if self.page_size is not None:
+            return paged_case(self.batch, self.heads, self.seq_q, self.head_dim, self.dtype,
+                              kv_heads=self.kv_heads or self.heads, cache=self.seq_k or self.seq_q,
+                              page_size=self.page_size)
         shape = AttentionCase(self.batch, self.heads, self.seq_q, self.head_dim, self.dtype, kv_heads=self.kv_heads,
                               seq_k=self.seq_k)
         if not isinstance(self.mask, str):
@@ -49,7 +57,7 @@ class Workload:
 
 
 WORKLOAD_KEYS = ("name", "batch", "heads", "kv_heads", "seq", "seq_q", "seq_k", "head_dim", "dtype", "mask",
-                 "training")
+                 "training", "page_size")
 FILE_KEYS = ("defaults", "shape")
 
 
