@@ -16,8 +16,8 @@ from harness.measure.stats import CompareConfig, iqr, timing_verdict
 #: timing verdicts that mean "not shown to differ": such a pair is tied
 TIED = ("unchanged", "inconclusive")
 COLUMNS = ("rank", "tie_group", "backend", "status", "reason", "err_ratio", "latency_ms", "iqr_ms", "n_samples",
-           "gbps", "pct_of_bw_peak", "vs_fastest", "anchor", "p_value", "timing_verdict", "peak_mem_bytes", *CHECK_COLUMNS, "deps", "source",
-           "case_id", "phase")
+           "gbps", "pct_of_bw_peak", "vs_fastest", "anchor", "p_value", "timing_verdict", "peak_mem_bytes",
+           *CHECK_COLUMNS, "batch_invariant", "batch_invariance_note", "deps", "source", "case_id", "phase")
 
 
 

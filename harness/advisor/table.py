@@ -77,6 +77,7 @@ def format_table(rec: Recommendation) -> str:
             "fullgraph": ranked.apply(_compiles, axis=1),
             "cuda_graph": _text(ranked, "cuda_graph"),
             "determ": _text(ranked, "deterministic"),
+            "batch_inv": _text(ranked, "batch_invariant"),
             "mask": ranked.apply(_mask, axis=1), "deps": ranked.deps})
         lines.append(show.to_string(index=False))
     lines.append(f"winner: {rec.explanation}")

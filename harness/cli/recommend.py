@@ -81,7 +81,8 @@ def _recommend(args: argparse.Namespace) -> int:
     try:
         picks, total = recommend_many(workloads, backends=args.backends, device=args.device, results=args.results,
                                       seed=args.seed, timing=timing, checks=args.checks,
-                                      compile_backend=args.compile_backend, executor=executor)
+                                      compile_backend=args.compile_backend, executor=executor,
+                                      require=tuple(args.require))
     finally:
         if executor is not None:
             executor.close()
@@ -136,5 +137,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checks", action=argparse.BooleanOptionalAction, default=True,
                    help="run the deployment checks (--no-checks: correctness and timing only)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the fullgraph check")
+    p.add_argument("--require", action="append", default=[], choices=("batch-invariant",),
+                   help="exclude backends that do not show this on the workload: batch-invariant = sequence 0's "
+                        "output bitwise the same alone and in the workload's batch (repeatable)")
     p.add_argument("--csv", type=Path, default=None, help="also write the table(s) to this CSV")
     p.set_defaults(func=_recommend)

@@ -36,3 +36,21 @@ def test_cli_refuses_a_paged_window_model(capsys):
     code = main(["recommend", "--preset", "mistral-7b", "--page-size", "16", "--batch", "1", "--seq", "64",
                  "--device", "cpu", "--backends", "naive"])
     assert code == 2 and "mistral-7b's mask is window4096; paged workloads are causal decoders" in capsys.readouterr().err
+
+
+def test_require_batch_invariant_excludes_a_backend_that_is_not(monkeypatch):
+    from harness.advisor import recommend as module
+
+    def fake_check(backend, device, case, seed=0):  # the probe's own behaviour is tests/unit/probes' business
+        same = backend.name == "naive"
+        return {"batch_invariant": "yes" if same else "no",
+                "batch_invariance_note": "bitwise equal" if same else "differs (max |diff| 1e-07)"}
+
+    monkeypatch.setattr(module, "batch_invariance_check", fake_check)
+    workload = Workload(2, 4, 1, 32, kv_heads=2, seq_k=100, dtype="fp32", page_size=16)
+    rec = recommend_workload(workload, backends=["naive", "sdpa"], device="cpu", checks=False,
+                             timing=TimingConfig(warmup_ms=1, budget_ms=20, min_reps=15), require=("batch-invariant",))
+    sdpa = rec.table[rec.table.backend == "sdpa"].iloc[0]
+    assert rec.winner == "naive" and sdpa.status == "excluded"
+    assert sdpa.reason == "--require batch-invariant: differs (max |diff| 1e-07)"
+    assert "batch_inv" in format_table(rec)
