@@ -15,6 +15,7 @@ from harness.compare.runs import run_testbed
 from harness.execution.benchmark import measure_phase
 from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.runner import execute, prepare_case
+from harness.measure.bandwidth import copy_bandwidth_gbps
 from harness.measure.timing import TimingConfig
 from harness.spec.case import AttentionCase
 from harness.store.environment import testbed_id
@@ -40,6 +41,9 @@ class Evidence:
     package: str | None = None
     checks: dict = field(default_factory=dict)
     source: str = "measured now"
+    #: GB/s of the least traffic and its share of the measured copy bandwidth (measure.bandwidth)
+    gbps: float = math.nan
+    pct_of_bw_peak: float = math.nan
 
     @property
     def eligible(self) -> bool:
@@ -70,17 +74,23 @@ def measure_now(case: AttentionCase, backends: list[Backend], device: torch.devi
     """Correctness first (execute against the float64 reference), then timing and memory of the verified only."""
     prepared = prepare_case(case, device, seed)
     phase = "fwd+bwd" if training else "fwd"
+    bw_peak = copy_bandwidth_gbps(device)  # the ceiling the % of bandwidth column is against
     out = {}
     for backend in backends:
         verdict = execute(backend, prepared, executor=executor)
         status, reason, err = _phase_status(verdict.rows, training)
+        if status == "unavailable":  # say too what the backend could not do on this workload where it is available
+            more = backend.can_run(case, device)
+            reason += f"; and on this workload: {'; '.join(more)}" if more else ""
         e = Evidence(backend.name, status, reason, err, package=backend.package)
         if status == "pass":
-            perf = measure_phase(backend, prepared, phase, verdict, config=timing, peaks={}, executor=executor)
+            perf = measure_phase(backend, prepared, phase, verdict, config=timing, peaks={}, executor=executor,
+                                 bw_peak=bw_peak)
             if perf.measurement is None:  # oom or an error while timing
                 e.status, e.reason = perf.row.status, perf.row.reason or ""
             else:
                 e.samples_ms, e.peak_mem_bytes = perf.measurement.samples_ms, float(perf.row.peak_mem_bytes)
+                e.gbps, e.pct_of_bw_peak = perf.row.gbps, perf.row.pct_of_bw_peak
         out[backend.name] = e
     return out
 

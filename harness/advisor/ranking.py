@@ -16,8 +16,8 @@ from harness.measure.stats import CompareConfig, iqr, timing_verdict
 #: timing verdicts that mean "not shown to differ": such a pair is tied
 TIED = ("unchanged", "inconclusive")
 COLUMNS = ("rank", "tie_group", "backend", "status", "reason", "err_ratio", "latency_ms", "iqr_ms", "n_samples",
-           "vs_fastest", "anchor", "p_value", "timing_verdict", "peak_mem_bytes", *CHECK_COLUMNS, "deps", "source",
-           "case_id", "phase")
+           "gbps", "pct_of_bw_peak", "vs_fastest", "anchor", "p_value", "timing_verdict", "peak_mem_bytes",
+           *CHECK_COLUMNS, "batch_invariant", "batch_invariance_note", "deps", "source", "case_id", "phase")
 
 
 
@@ -102,7 +102,7 @@ def rank_backends(evidence: Iterable[Evidence], cfg: CompareConfig = CompareConf
 def _row(e: Evidence, **values) -> dict:
     return {"backend": e.backend, "status": e.status, "reason": e.reason, "err_ratio": e.err_ratio,
             "latency_ms": e.median, "iqr_ms": iqr(e.samples_ms), "n_samples": len(e.samples_ms),
-            "peak_mem_bytes": e.peak_mem_bytes,
+            "peak_mem_bytes": e.peak_mem_bytes, "gbps": e.gbps, "pct_of_bw_peak": e.pct_of_bw_peak,
             **e.checks, "deps": "torch" + (f" + {e.package}" if e.package else ""), "source": e.source, **values}
 
 

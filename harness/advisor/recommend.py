@@ -12,6 +12,7 @@ from harness.advisor.evidence import TIMING, evidence_from_run, measure_now
 from harness.advisor.ranking import Overall, Recommendation, overall, rank_backends
 from harness.advisor.workload import Workload
 from harness.backends.registry import get_backends
+from harness.probes.batch_invariance import batch_invariance_check
 from harness.execution.executor import IN_PROCESS, CallFailed, Executor
 from harness.execution.device import resolve_device
 from harness.measure.stats import CompareConfig
@@ -19,12 +20,21 @@ from harness.measure.timing import TimingConfig
 from harness.store.environment import device_name
 
 
+#: what `recommend --require` can demand of a backend
+REQUIREMENTS = ("batch-invariant",)
+
+
 def recommend_workload(workload: Workload, *, backends: str | list[str] | None = None, device: str | None = None,
                        results: str | Path | None = None, seed: int = 0, timing: TimingConfig = TIMING,
                        checks: bool = True, compile_backend: str = "inductor",
-                       cfg: CompareConfig = CompareConfig(), executor: Executor | None = None) -> Recommendation:
+                       cfg: CompareConfig = CompareConfig(), executor: Executor | None = None,
+                       require: tuple[str, ...] = ()) -> Recommendation:
     """The ranked backends of one workload (see rank_backends), with the workload, device and notes. Backend calls
-    run through `executor` (default: this process; the CLI isolates them in worker processes)."""
+    run through `executor` (default: this process; the CLI isolates them in worker processes). `require`
+    (REQUIREMENTS): deployment properties a backend must show on the workload, or be excluded saying why."""
+    unknown = sorted(set(require) - set(REQUIREMENTS))
+    if unknown:
+        raise ValueError(f"require={unknown}; allowed: {', '.join(REQUIREMENTS)}")
     dev = resolve_device(device)
     executor = executor or IN_PROCESS
     chosen = get_backends(backends)
@@ -48,6 +58,13 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
         except CallFailed as exc:  # the checks killed or hung the backend's worker: that is what they found
             e.checks = {"compiles": "error", "compile_note": exc.failure.reason, "cuda_graph": "error",
                         "deterministic": "error", "determinism_note": exc.failure.reason}
+        if "batch-invariant" in require and e.eligible:  # sequence 0 alone vs in the workload's batch, bitwise
+            try:
+                e.checks.update(executor.run(backend, batch_invariance_check, dev, case, seed))
+            except CallFailed as exc:
+                e.checks.update(batch_invariant="error", batch_invariance_note=exc.failure.reason)
+            if e.checks["batch_invariant"] != "yes":
+                e.status, e.reason = "excluded", f"--require batch-invariant: {e.checks['batch_invariance_note']}"
     ranked = rank_backends([evidence[b.name] for b in chosen], cfg)
     ranked.table["case_id"], ranked.table["phase"] = case.id, workload.phase
     return replace(ranked, workload=workload.label, case_id=case.id, phase=workload.phase, device=str(dev),

@@ -69,12 +69,15 @@ def format_table(rec: Recommendation) -> str:
             "err_ratio": ranked.err_ratio.map(lambda v: _num(v, ".3g")),
             "latency_ms": ranked.latency_ms.map(lambda v: _num(v, ".4g")),
             "iqr_ms": ranked.iqr_ms.map(lambda v: _num(v, ".2g")),
+            "GB/s": ranked.gbps.map(lambda v: _num(v, ".4g")),
+            "%bw": ranked.pct_of_bw_peak.map(lambda v: _num(v, ".3g", "%")),
             "vs_fastest": ranked.vs_fastest.map(lambda v: _num(v, ".2f", "x")),
             "vs_tie_group": ranked.apply(_vs_anchor, axis=1),
             "peak_mem": ranked.peak_mem_bytes.map(_bytes),
             "fullgraph": ranked.apply(_compiles, axis=1),
             "cuda_graph": _text(ranked, "cuda_graph"),
             "determ": _text(ranked, "deterministic"),
+            "batch_inv": _text(ranked, "batch_invariant"),
             "mask": ranked.apply(_mask, axis=1), "deps": ranked.deps})
         lines.append(show.to_string(index=False))
     lines.append(f"winner: {rec.explanation}")

@@ -8,6 +8,7 @@ from pathlib import Path
 from harness.spec.case import AttentionCase
 from harness.spec.masks import MASK_NAMES, parse_mask
 from harness.spec.presets import ModelShape
+from harness.spec.paged import paged_case
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class Workload:
     alibi: bool = False
     bias: str | None = None
     head_dim_v: int | None = None
+    #: a paged KV cache of pages this size (a decode or verification step, seq_q = 1 or the speculation length,
+    #: over caches of about seq_k keys: spec.paged.paged_case); `mask` is then CacheCausal's
+    page_size: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.training, bool):
@@ -40,6 +44,15 @@ class Workload:
         self.case()  # every other check (ints, dtype, mask, heads % kv_heads) is the case spec's own
 
     def case(self) -> AttentionCase:
+        if self.page_size is not None:
+            modifiers = [f for f in ("softcap", "sinks", "alibi", "bias") if getattr(self, f)] + (
+                ["head_dim_v"] if self.head_dim_v not in (None, self.head_dim) else [])
+            if modifiers:
+                raise ValueError(f"page_size={self.page_size}: paged workloads take no modifiers yet; "
+                                 f"this one has {', '.join(modifiers)}")
+            return paged_case(self.batch, self.heads, self.seq_q, self.head_dim, self.dtype,
+                              kv_heads=self.kv_heads or self.heads, cache=self.seq_k or self.seq_q,
+                              page_size=self.page_size)
         shape = AttentionCase(self.batch, self.heads, self.seq_q, self.head_dim, self.dtype, kv_heads=self.kv_heads,
                               seq_k=self.seq_k, softcap=self.softcap, sinks=self.sinks, alibi=self.alibi,
                               bias=self.bias, head_dim_v=self.head_dim_v)
@@ -57,23 +70,25 @@ class Workload:
 
 
 def model_workloads(model: ModelShape, batch: int, seq: int, *, seq_k: int | None = None, dtype: str = "bf16",
-                    training: bool = False) -> list[Workload]:
+                    training: bool = False, seq_q: int | None = None, page_size: int | None = None,
+                    step: str = "") -> list[Workload]:
     """A model's workloads at (batch, seq): one per layer kind (Gemma 2's local and global layers), each with the
     model's modifiers, so only a backend verified and timed on every kind is ranked overall (ranking.overall) and
-    the others are named with why."""
+    the others are named with why. A serving step (`seq_q` queries over `seq` cached keys, `page_size`, named by
+    `step`) keeps the same layer kinds."""
     out = []
     for layer in model.layer_masks:
-        case = model.case(batch, seq_k or seq, dtype, seq_q=seq, layer_mask=layer)
+        case = model.case(batch, seq_k or seq, dtype, seq_q=seq_q or seq, layer_mask=layer)
         kind = f" {layer} layers" if len(model.layer_masks) > 1 else ""
         out.append(Workload(case.batch, case.heads, case.seq_q, case.head_dim, kv_heads=case.kv_heads,
                             seq_k=case.seq_k, dtype=dtype, mask=model.mask_for(case.seq_q, case.seq_k, layer),
-                            training=training, name=f"{model.name} b{batch} s{seq}{kind}", softcap=case.softcap,
-                            sinks=case.sinks, head_dim_v=case.head_dim_v))
+                            training=training, name=f"{model.name} b{batch} s{seq}{step}{kind}",
+                            softcap=case.softcap, sinks=case.sinks, head_dim_v=case.head_dim_v, page_size=page_size))
     return out
 
 
 WORKLOAD_KEYS = ("name", "batch", "heads", "kv_heads", "seq", "seq_q", "seq_k", "head_dim", "dtype", "mask",
-                 "training", "softcap", "sinks", "alibi", "bias", "head_dim_v")
+                 "training", "softcap", "sinks", "alibi", "bias", "head_dim_v", "page_size")
 FILE_KEYS = ("defaults", "shape")
 
 

@@ -69,6 +69,12 @@ class Backend:
     modifier_refusals: ClassVar[dict[str, str]] = {}
     #: v may have a head dim other than q/k's (case.head_dim_v)
     supports_head_dim_v: ClassVar[bool] = False
+    #: takes paged KV cases: forward(q, k_cache, v_cache, *, mask, scale, block_table, cache_seqlens) with caches
+    #: (num_blocks, page_size, kv_heads, head_dim), block_table (batch, max_blocks) int32, cache_seqlens (batch,)
+    #: int32 (harness.spec.paged); q and the output in this backend's layout
+    paged_kv: ClassVar[bool] = False
+    #: the page sizes its paged kernel takes are multiples of this (FA2: 256)
+    page_size_multiple: ClassVar[int] = 1
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why this backend cannot run at all here (library missing, wrong device, GPU arch); None if it can."""
@@ -101,6 +107,10 @@ class Backend:
         """Every reason this backend cannot run `case` on `device` (empty = it can): the case's forward, plus its
         backward and dropout when asked. Availability on the device is `unavailable_reason`'s question."""
         reasons = list(self.not_supported_reasons(case)) + self.modifier_reasons(case)
+        if case.page_size is not None and not self.paged_kv:
+            reasons.append(f"{self.name} has no paged KV path (paged_kv=False)")
+        elif case.page_size is not None and case.page_size % self.page_size_multiple:
+            reasons.append(f"{self.name} needs page_size % {self.page_size_multiple} == 0; page_size={case.page_size}")
         if backward:
             reasons += self.backward_reasons(device)
         if dropout and "dropout" not in self.native_probes:

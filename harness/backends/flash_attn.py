@@ -6,7 +6,8 @@ import torch
 
 from harness.backends.base import Backend, MaskForm, Unsupported
 from harness.backends.registry import register
-from harness.spec.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
+from harness.spec.masks import (CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec,
+                                SlidingWindow)
 
 
 def fa2_args(mask: MaskSpec | None, seq_q: int, seq_k: int) -> dict:
@@ -100,6 +101,11 @@ class FlashAttn2(Backend):
         "bias": "FlashAttention-2 takes no bias tensor (FlashAttention-4's score_mod can add one)",
         "head_dim_v": "FlashAttention-2 needs v's head dim equal to q/k's (FlashAttention-3 accepts a different one)",
     }
+    #: paged through flash_attn_with_kvcache(block_table=); flash-attn 2.8.3 flash_attn_interface.py, its docstring:
+    #: "(num_blocks, page_block_size, nheads_k, headdim) if there's a block_table ... page_block_size must be a
+    #: multiple of 256"
+    paged_kv = True
+    page_size_multiple = 256
 
     def unavailable_reason(self, device):
         try:
@@ -138,15 +144,21 @@ class FlashAttn2(Backend):
         """FA2's keywords for the mask, and for its varlen path the int32 cu_seqlens and the flat indices of the kept
         keys, all on the device: the call does no host work and no host-device traffic (a boolean-mask gather
         would synchronize)."""
+        if case.page_size is not None:  # flash_attn_with_kvcache takes the block table and lengths as they come
+            return {"mode": "paged"}
         return fa2_plan(case, device)
 
     def modifier_path(self, case):
         return " + ".join(f"native {m}{'_slopes' if m == 'alibi' else ''}=" for m in ("softcap", "alibi")
                           if m in case.modifiers)
 
-    def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None, softcap=None, alibi_slopes=None):
+    def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None, softcap=None, alibi_slopes=None,
+                block_table=None, cache_seqlens=None):
         from flash_attn import flash_attn_func, flash_attn_varlen_func
 
+        if block_table is not None:  # paged: k, v are the caches (num_blocks, page_size, kv_heads, head_dim)
+            return fa2_paged_call(q, k, v, mask=mask, scale=scale, block_table=block_table,
+                                  cache_seqlens=cache_seqlens)
         plan = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
         b, sq, h, d = q.shape
         sk = k.shape[1]
@@ -160,6 +172,18 @@ class FlashAttn2(Backend):
         out = flash_attn_varlen_func(q_flat, k_flat, v_flat, plan["cu_q"], plan["cu_k"], plan["max_q"],
                                      plan["max_k"], softmax_scale=scale, **plan["args"], **modifiers)
         return out.reshape(b, sq, h, d)
+
+
+def fa2_paged_call(q, k_cache, v_cache, *, mask, scale, block_table, cache_seqlens):
+    """flash_attn_with_kvcache over the paged cache. Its causal is bottom-right against each sequence's own
+    cache_seqlens ("aligned to the bottom right corner of the attention matrix", seqlen_k = cache_seqlens[b]): query
+    i sees keys j <= cache_seqlens[b] - seq_q + i, which is CacheCausal; no other mask has that form."""
+    from flash_attn import flash_attn_with_kvcache
+
+    if not isinstance(mask, CacheCausal):
+        raise Unsupported(f"flash_attn_with_kvcache has no form for mask {getattr(mask, 'id', mask)} over a paged cache")
+    return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
+                                   softmax_scale=scale, causal=True)
 
 
 def fa2_plan(case, device) -> dict:

@@ -10,6 +10,7 @@ import torch
 
 from harness.backends.base import Backend, MaskForm, Unsupported
 from harness.backends.registry import register
+from harness.backends.paged_gather import paged_case_of
 from harness.spec.masks import MaskSpec
 from harness.spec.modifiers import alibi_term, softcap_scores
 
@@ -54,6 +55,31 @@ def sink_corrected(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) ->
     return (out.float() * weight.unsqueeze(-1)).to(out.dtype)
 
 
+def paged_mask_mod(mask: MaskSpec, block_table: torch.Tensor, num_blocks: int, page_size: int, seq_q: int,
+                   seq_k: int):
+    """Mask spec + block table -> a mask_mod over the PHYSICAL cache (attention-gym's examples/paged_attention):
+    physical key kv_idx sits in page kv_idx // page_size at slot kv_idx % page_size; that page is logical page
+    `logical_page[b, page]` of sequence b (-1: not b's), so its logical position is that times page_size plus the
+    slot, and the spec's own predicate decides on the logical position."""
+    allows = mask.predicate(block_table.device)
+    batch, max_blocks = block_table.shape
+    logical_page = torch.full((batch, num_blocks), -1, dtype=torch.int64, device=block_table.device)
+    logical_page.scatter_(1, block_table.long(), torch.arange(max_blocks, device=block_table.device).expand(batch, -1))
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        page = logical_page[b, kv_idx // page_size]
+        position = page * page_size + kv_idx % page_size
+        return (page >= 0) & (position < seq_k) & allows(b, q_idx, position, seq_q, seq_k)
+
+    return mask_mod
+
+
+def physical_kv(cache: torch.Tensor) -> torch.Tensor:
+    """(num_blocks, page_size, kv_heads, head_dim) cache -> (1, kv_heads, num_blocks * page_size, head_dim), a view:
+    one batch of keys that flex broadcasts over the queries' batch (the block mask has the queries' batch)."""
+    return cache.flatten(0, 1).unsqueeze(0).transpose(1, 2)
+
+
 #: compiled graphs allowed per code object: every (shape, mask) is its own graph, ~880 in the full GPU matrix
 RECOMPILE_LIMIT = 100_000
 
@@ -87,6 +113,8 @@ class Flex(Backend):
     #: softcap, ALiBi and bias as a score_mod; sinks from the log-sum-exp flex returns (return_aux)
     modifiers = frozenset({"softcap", "alibi", "bias", "sinks"})
     supports_head_dim_v = True
+    #: paged natively: a mask_mod over the physical cache (paged_mask_mod), no gather
+    paged_kv = True
 
     def __init__(self):
         self._block_masks: dict = {}
@@ -94,6 +122,10 @@ class Flex(Backend):
         #: milliseconds spent in the first (compiling) call of each (shape, mask) key, for reporting
         self.compile_ms: dict = {}
         self._last_key = None
+        self._last_op = self.name
+
+    def last_op(self) -> str:
+        return self._last_op
 
     def unavailable_reason(self, device):
         try:
@@ -141,11 +173,34 @@ class Flex(Backend):
         return " + ".join(p for p in parts if p)
 
     def prepare(self, case, device) -> dict:
-        """The BlockMask of the case's mask on the device (built once per (mask, shape, device)); None: no mask."""
+        """The BlockMask of the case's mask on the device (built once per (mask, shape, device)); None: no mask.
+        A paged case's is over the physical cache, from the case's block table (the one its call gets)."""
+        if case.page_size is not None:
+            return {"block_mask": self.paged_block_mask(case, device)}
         return {"block_mask": self.block_mask(case.mask, case.batch, case.seq_q, case.seq_k, device)}
 
+    def paged_block_mask(self, case, device, block_table: torch.Tensor | None = None):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        from harness.spec.paged import paged_layout
+
+        layout = paged_layout(case, device)
+        table = layout.block_table if block_table is None else block_table
+        key = ("paged", case.mask, case.page_size, tuple(table.shape), case.seq_q, str(device))
+        if key not in self._block_masks or block_table is not None:
+            mod = paged_mask_mod(case.mask, table, layout.num_blocks, case.page_size, case.seq_q, case.seq_k)
+            self._block_masks[key] = create_block_mask(mod, case.batch, None, case.seq_q,
+                                                       layout.num_blocks * case.page_size, device=str(device))
+        return self._block_masks[key]
+
     def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None, softcap=None, sinks=None,
-                alibi_slopes=None, bias=None):
+                alibi_slopes=None, bias=None, block_table=None, cache_seqlens=None):
+        if block_table is not None:  # paged: attend the physical cache through a paged block mask
+            if prepared is None:
+                case = paged_case_of(q, k, mask, scale)
+                prepared = {"block_mask": self.paged_block_mask(case, q.device, block_table)}
+            k, v = physical_kv(k), physical_kv(v)
+        self._last_op = self.name if block_table is None else f"{self.name} (paged block mask over the physical cache)"
         prepared = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
         block_mask = prepared["block_mask"]
         modifiers = dict(score_mod=flex_score_mod(q.shape[2], k.shape[2], softcap=softcap, alibi_slopes=alibi_slopes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness.backends.base import Backend, MaskForm
+from harness.backends.paged_gather import GATHER_NOTE, gather_paged
 from harness.backends.registry import register
 from harness.oracle.baseline import naive_attention, naive_rows
 from harness.spec.masks import MaskSpec
@@ -18,6 +19,13 @@ class Naive(Backend):
     deterministic = "eager matmul/softmax with a fixed reduction order"
     modifiers = frozenset(MODIFIERS)
     supports_head_dim_v = True
+    paged_kv = True  # by gathering the pages through the block table, inside the timed call
+
+    def __init__(self):
+        self._last_op = self.name
+
+    def last_op(self) -> str:
+        return self._last_op
 
     def prepare(self, case, device) -> dict:
         """The dense bool mask (B|1, 1, Sq, Sk) and the ALiBi term (H, Sq, Sk) in the case's dtype on the device,
@@ -28,7 +36,11 @@ class Naive(Backend):
 
     def forward(self, q, k, v, *, mask: MaskSpec | None, scale: float, prepared: dict | None = None,
                 softcap: float | None = None, sinks: torch.Tensor | None = None,
-                alibi_slopes: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+                alibi_slopes: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                block_table: torch.Tensor | None = None, cache_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        self._last_op = self.name if block_table is None else f"{self.name} ({GATHER_NOTE})"
+        if block_table is not None:  # paged: k, v are the caches; gather them, then attend as for any case
+            k, v = gather_paged(k, v, block_table, cache_seqlens, mask, self.layout)
         if prepared is None:  # called directly: build the mask from the tensors' own sizes
             return naive_attention(q, k, v, mask, scale, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
                                    sinks=sinks)

@@ -14,6 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.backends.base import Backend, MaskForm, Unsupported
 from harness.backends.native_stderr import captured_stderr
+from harness.backends.paged_gather import GATHER_NOTE, gather_paged
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, MaskSpec
@@ -94,6 +95,7 @@ class _Sdpa(Backend):
     modifier_refusals = {"softcap": "SDPA has no softcap argument, and c*tanh(s/c) is not an additive attn_mask"}
     #: the math kernel takes any value head dim; a fused kernel that does not refuses with torch's reasons
     supports_head_dim_v = True
+    paged_kv = True  # by gathering the pages through the block table, inside the timed call
     kernel: SDPBackend | None = None
     cuda_only = False
 
@@ -129,13 +131,15 @@ class _Sdpa(Backend):
         return self._last_op
 
     def forward(self, q, k, v, *, mask, scale, prepared: SdpaPlan | None = None, sinks=None, alibi_slopes=None,
-                bias=None):
+                bias=None, block_table=None, cache_seqlens=None):
+        if block_table is not None:  # paged: k, v are the caches; gather them, then attend as for any case
+            k, v = gather_paged(k, v, block_table, cache_seqlens, mask, self.layout)
         if prepared is None:
             case = replace(self.case_of(q, k, mask, scale), head_dim_v=v.shape[-1], sinks=sinks is not None,
                            alibi=alibi_slopes is not None, bias=None if bias is None else
                            ("head" if bias.shape[0] == 1 else "full"))
             prepared = self.prepare(case, q.device)
-        self._last_op = prepared.op
+        self._last_op = prepared.op if block_table is None else f"{prepared.op} ({GATHER_NOTE})"
         if sinks is None and bias is None:
             return self._call(q, k, v, scale=scale, **prepared.kwargs)
         k, v, attn_mask = sdpa_modifier_inputs(q, k, v, prepared.kwargs["attn_mask"], bias, sinks)

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Unsupported
+from harness.backends.paged_gather import paged_case_of
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, Documents, MaskSpec, SlidingWindow, split_padding
@@ -243,6 +244,41 @@ def xformers_plan(case: AttentionCase, device: torch.device,
         return Plan(inference, None, str(exc))
 
 
+def xformers_paged_bias(case: AttentionCase, block_table: torch.Tensor, device="cpu"):
+    """CacheCausal over a block table -> PagedBlockDiagonalCausalWithOffsetPaddedKeysMask (offsets on `device`)."""
+    from xformers.ops.fmha import attn_bias as ab
+
+    return ab.PagedBlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens(
+        [case.seq_q] * case.batch, list(case.mask.lengths), block_table, case.page_size, device=torch.device(device))
+
+
+def xformers_paged_plan(case: AttentionCase, device: torch.device,
+                        tensor: Callable[..., torch.Tensor] = torch.empty,
+                        block_table: torch.Tensor | None = None) -> Form:
+    """A paged case's inference form: PagedBlockDiagonalCausalWithOffsetPaddedKeysMask (xformers 0.0.35
+    attn_bias.py: query i of block b sees keys j <= kv_seqlen[b] - q_seqlen[b] + i, i.e. CacheCausal) over the block
+    table, q packed as (1, batch * seq_q, heads, head_dim) (5-D with GQA), K/V the physical cache viewed as
+    (1, num_blocks * page_size, kv_heads, head_dim); the forward op from xformers' own dispatcher."""
+    from xformers.ops import fmha
+
+    from harness.spec.paged import paged_layout
+
+    layout = paged_layout(case, device)
+    table = layout.block_table if block_table is None else block_table
+    b, h, hkv, sq, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.head_dim
+    g, slots = h // hkv, layout.num_blocks * case.page_size
+    bias = xformers_paged_bias(case, table, device)
+    q = tensor((1, b * sq, h, d), dtype=case.dtype, device=device)
+    k = tensor((1, slots, hkv, d), dtype=case.dtype, device=device)
+    if g > 1:
+        q, k = q.reshape(1, b * sq, hkv, g, d), k.unsqueeze(3).expand(1, slots, hkv, g, d)
+    try:
+        fw = fmha.dispatch._dispatch_fw(fmha.Inputs(query=q, key=k, value=k, attn_bias=bias, scale=case.scale), False)
+    except NotImplementedError as exc:
+        raise Unsupported(f"no xformers forward op for the paged bias: {_first_lines(exc, 12)[:600]}") from None
+    return Form(bias, fw, None, "5d" if g > 1 else "none", True)
+
+
 @register
 class Xformers(Backend):
     name = "xformers"
@@ -255,6 +291,11 @@ class Xformers(Backend):
     modifier_refusals = {"softcap": "xformers 0.0.35's memory_efficient_attention has no softcap",
                          "sinks": "xformers 0.0.35's memory_efficient_attention has no sink logit"}
     supports_head_dim_v = True
+    #: paged through PagedBlockDiagonalCausalWithOffsetPaddedKeysMask; the op xformers 0.0.35 dispatches it to on
+    #: sm80/sm90 is fa2F over the flash_attn package's fwd_kvcache (ops/fmha/flash.py 415-423, 636-656; torch's
+    #: bundled flash drops the paged masks, flash.py 458-460), whose page_block_size must be a multiple of 256
+    paged_kv = True
+    page_size_multiple = 256
 
     def __init__(self):
         self._last_op = self._last_backward_op = "xformers"
@@ -274,6 +315,8 @@ class Xformers(Backend):
         return self._last_backward_op
 
     def prepare(self, case: AttentionCase, device: torch.device) -> Plan:
+        if case.page_size is not None:
+            return Plan(xformers_paged_plan(case, device), None, "paged KV is forward-only")
         return xformers_plan(case, device)
 
     def mask_form(self, case, device):
@@ -314,9 +357,23 @@ class Xformers(Backend):
         return "tensor attn_bias (" + " + ".join([m for m in ("alibi", "bias") if m in case.modifiers]
                                                  + (["mask"] if case.mask is not None else [])) + ")"
 
-    def forward(self, q, k, v, *, mask, scale, prepared: Plan | None = None, alibi_slopes=None, bias=None):
+    def forward(self, q, k, v, *, mask, scale, prepared: Plan | None = None, alibi_slopes=None, bias=None,
+                block_table=None, cache_seqlens=None):
         import xformers.ops as xops
 
+        if block_table is not None:  # paged: the physical cache as one sequence of slots, q packed
+            form = prepared.inference if prepared is not None else xformers_paged_plan(
+                paged_case_of(self.from_layout(q), k, mask, scale), q.device, block_table=block_table)
+            b, sq, h, d = q.shape
+            hkv, g = k.shape[2], h // k.shape[2]
+            k, v = (t.flatten(0, 1).unsqueeze(0) for t in (k, v))            # (1, num_blocks * P, Hkv, D)
+            q = q.reshape(1, b * sq, h, d)
+            if g > 1:
+                q = q.reshape(1, b * sq, hkv, g, d)
+                k, v = (t.unsqueeze(3).expand(*t.shape[:3], g, d) for t in (k, v))
+            self._last_op = _op_name(form.fw) + " (paged block-diagonal bias over the physical cache)"
+            out = xops.memory_efficient_attention_forward(q, k, v, attn_bias=form.bias, scale=scale, op=form.fw)
+            return out.reshape(b, sq, h, d)
         plan = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
         training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if training and plan.training is None:

@@ -34,6 +34,11 @@ def _recommend(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     given = [f"--{f.replace('_', '-')}" for f in SHAPE_FLAGS if getattr(args, f) is not None]
     model = model_shape(args.preset, args.hf_config)
+    # a serving step: one query (decode) or the speculated tokens (verification) over --seq cached keys
+    decode = args.decode or args.spec_len is not None or args.page_size is not None
+    seq_q = (args.spec_len or 1) if decode else args.seq
+    step = (f" verify{args.spec_len}" if args.spec_len else " decode" if decode else "") + \
+        (f" page{args.page_size}" if args.page_size else "")
     if args.workload:
         if given or model:
             extra = given + (["--preset/--hf-config"] if model else [])
@@ -48,14 +53,18 @@ def _recommend(args: argparse.Namespace) -> int:
         need = [f for f in ("--batch", "--seq") if getattr(args, f[2:]) is None]
         if need:
             raise ValueError(f"--preset/--hf-config needs the deployment's {' and '.join(need)}")
+        if args.page_size is not None and model.mask != "causal":
+            raise ValueError(f"--page-size: {model.name}'s mask is {model.mask}; paged workloads are causal decoders")
         workloads = model_workloads(model, args.batch, args.seq, seq_k=args.seq_k, dtype=args.dtype,
-                                    training=args.training)
+                                    training=args.training, seq_q=seq_q, page_size=args.page_size, step=step)
     else:
         need = [f"--{f.replace('_', '-')}" for f in ("batch", "heads", "seq", "head_dim") if getattr(args, f) is None]
         if need:
             raise ValueError(f"recommend needs --workload FILE, or the shape: missing {', '.join(need)}")
-        workloads = [Workload(args.batch, args.heads, args.seq, args.head_dim, kv_heads=args.kv_heads,
-                              seq_k=args.seq_k, dtype=args.dtype, mask=args.mask or "causal", training=args.training)]
+        workloads = [Workload(args.batch, args.heads, seq_q, args.head_dim, kv_heads=args.kv_heads,
+                              seq_k=args.seq_k or (args.seq if decode else None), dtype=args.dtype,
+                              mask=args.mask or ("causal-br" if decode else "causal"), training=args.training,
+                              page_size=args.page_size)]
     # what the advisor's own reference and baseline will cost here, before anything runs
     cost = check_cost([w.case() for w in workloads], resolve_device(args.device), allow=args.allow_expensive)
     print(cost.summary())
@@ -69,7 +78,8 @@ def _recommend(args: argparse.Namespace) -> int:
     try:
         picks, total = recommend_many(workloads, backends=args.backends, device=args.device, results=args.results,
                                       seed=args.seed, timing=timing, checks=args.checks,
-                                      compile_backend=args.compile_backend, executor=executor)
+                                      compile_backend=args.compile_backend, executor=executor,
+                                      require=tuple(args.require))
     finally:
         if executor is not None:
             executor.close()
@@ -104,6 +114,13 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     shape.add_argument("--dtype", default="bf16", help="fp32, fp16, bf16 or fp64 (default: bf16)")
     shape.add_argument("--mask", default=None, help=f"one of {', '.join(MASK_NAMES)}, or windowN (default: causal)")
     shape.add_argument("--training", action="store_true", help="time forward+backward (default: forward only)")
+    shape.add_argument("--decode", action="store_true",
+                       help="a decode step: one query over --seq cached keys (implied by --spec-len and --page-size)")
+    shape.add_argument("--spec-len", type=positive_int, default=None,
+                       help="speculative-decoding verification: this many queries over --seq cached keys")
+    shape.add_argument("--page-size", type=positive_int, default=None,
+                       help="a paged KV cache of pages this size (block table of shuffled pages, cache lengths per "
+                            "sequence below --seq; forward only)")
     shape.add_argument("--workload", type=Path, default=None,
                        help="a .toml (or .yaml with PyYAML) file: [defaults] and [[shape]] tables; one recommendation "
                             "per shape and an overall one")
@@ -117,5 +134,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checks", action=argparse.BooleanOptionalAction, default=True,
                    help="run the deployment checks (--no-checks: correctness and timing only)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the fullgraph check")
+    p.add_argument("--require", action="append", default=[], choices=("batch-invariant",),
+                   help="exclude backends that do not show this on the workload: batch-invariant = sequence 0's "
+                        "output bitwise the same alone and in the workload's batch (repeatable)")
     p.add_argument("--csv", type=Path, default=None, help="also write the table(s) to this CSV")
     p.set_defaults(func=_recommend)

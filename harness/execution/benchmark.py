@@ -13,6 +13,7 @@ from harness.execution.call import Call
 from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.outcome import BackendResult
 from harness.execution.timed import TimingCall
+from harness.measure.bandwidth import roofline_columns
 from harness.measure.flops import attention_flops
 from harness.measure.timing import Measurement, TimingConfig
 from harness.spec.case import AttentionCase, Inputs, dtype_name
@@ -64,11 +65,13 @@ def phase_verdict(verdict: BackendResult, phase: str) -> tuple[str, str]:
 def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: BackendResult, *,
                   config: TimingConfig, peaks: dict[str, float], run_id: str = "",
                   cpu_mem_budget: int | None = None, prior: Measurement | None = None,
-                  known_memory: tuple[int, str] | None = None, executor: Executor = IN_PROCESS) -> PerfResult:
+                  known_memory: tuple[int, str] | None = None, executor: Executor = IN_PROCESS,
+                  bw_peak: float | None = None) -> PerfResult:
     """Time one phase (one round) of a verified backend and build its results row.
 
     prior: this key's earlier rounds in the run, pooled into the row's latency columns.
     known_memory: (bytes, method) measured in an earlier round; peak memory is then not measured again.
+    bw_peak: the measured copy bandwidth (GB/s): the ceiling a memory-bound row is judged against.
 
     The row's timing_status/timing_reason say how timing ended; its correctness status is left alone (fwd and bwd
     rows fold into their verdict rows), except on the fwd+bwd key, which carries the correctness of both phases.
@@ -101,9 +104,9 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     tflops = flops / (latency * 1e-3) / 1e12 if latency > 0 else float("nan")
     peak = peaks.get(dtype_name(case.dtype))
     pct = 100.0 * tflops / peak if peak else float("nan")
-    why = (f"suspicious: {tflops:.3g} TFLOP/s exceeds the measured {dtype_name(case.dtype)} matmul peak {peak:.3g}"
-           if pct > 100 else "")
+    roof = roofline_columns(case, phase, flops, latency, peak, bw_peak)  # judged against the ceiling that binds it
+    why = roof.pop("why").replace("matmul peak", f"{dtype_name(case.dtype)} matmul peak")
     result = row("timed", why, **{**pooled.latency_columns(), "timing_mode": m.mode, "threads": m.threads},
                  peak_mem_bytes=mem_bytes, mem_method=mem_method, flops=flops, tflops=tflops, pct_of_peak=pct,
-                 suspicious=bool(pct > 100), compile_ms=answer.compile_ms)
+                 compile_ms=answer.compile_ms, **roof)
     return PerfResult(result, m, pooled)

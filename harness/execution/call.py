@@ -19,6 +19,7 @@ from harness.execution.outcome import Failure
 from harness.measure.stages import stage
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.modifiers import MODIFIER_GRADS, alibi_slopes
+from harness.spec.paged import paged_inputs, paged_layout
 from harness.store.schema import GRADS
 
 ENTRIES = ("forward", "native_causal", "native_mask", "native_dropout")
@@ -44,7 +45,7 @@ class BoundCall:
     def __init__(self, backend: Backend, case: AttentionCase, device: torch.device,
                  arrangement: Arrangement | None = None, leaves: dict[str, torch.Tensor] | None = None):
         self.backend, self.case, self.arrangement = backend, case, arrangement
-        self._kwargs = backend.prepared_kwargs(case, device)
+        self._kwargs = {**backend.prepared_kwargs(case, device), **paged_kwargs(case, device)}
         if case.modifiers:
             if leaves is None and ({"sinks", "bias"} & case.modifiers):
                 leaves = modifier_leaves(make_inputs(case, device), requires_grad=False)
@@ -74,9 +75,21 @@ def modifier_kwargs(case: AttentionCase, device: torch.device, leaves: dict[str,
     return kwargs
 
 
-def backend_inputs(backend: Backend, inputs: Inputs, requires_grad: bool) -> tuple[torch.Tensor, ...]:
-    """Fresh copies of q, k, v, d_out in the backend's native layout (contiguous), outside any timing."""
+def paged_kwargs(case: AttentionCase, device: torch.device) -> dict:
+    """The block_table and cache_seqlens a paged case's forward gets (none for a contiguous case)."""
+    if case.page_size is None:
+        return {}
+    layout = paged_layout(case, device)
+    return {"block_table": layout.block_table, "cache_seqlens": layout.cache_seqlens}
+
+
+def backend_inputs(backend: Backend, inputs: Inputs, requires_grad: bool,
+                   case: AttentionCase | None = None) -> tuple[torch.Tensor, ...]:
+    """Fresh copies of q, k, v, d_out in the backend's native layout (contiguous), outside any timing; for a paged
+    `case`, k and v are its k_cache and v_cache (harness.spec.paged)."""
     q, k, v, d_out = (backend.to_layout(t).detach().clone(memory_format=torch.contiguous_format) for t in inputs[:4])
+    if case is not None and case.page_size is not None:
+        k, v = paged_inputs(case, inputs.k.detach(), inputs.v.detach())[:2]
     return q.requires_grad_(requires_grad), k.requires_grad_(requires_grad), v.requires_grad_(requires_grad), d_out
 
 
@@ -205,7 +218,7 @@ def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
         try:
             with stage("inputs"):
                 inputs = call_inputs(call, device)
-                q, k, v, d_out = backend_inputs(backend, inputs, requires_grad=call.backward)
+                q, k, v, d_out = backend_inputs(backend, inputs, requires_grad=call.backward, case=call.case)
                 leaves = modifier_leaves(inputs, requires_grad=call.backward)
             with stage("prepare"):
                 fn = _entry(backend, call, device, leaves)

@@ -16,6 +16,7 @@ from harness.oracle.prepared import BASELINE_BACKEND, PreparedCase
 from harness.oracle.reference import reference_attention
 from harness.oracle.verdict import Check, judge
 from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.spec.paged import FORWARD_ONLY, reference_inputs as paged_reference_inputs
 from harness.store.rows import make_row
 from harness.store.environment import available_memory
 from harness.store.schema import Row
@@ -52,6 +53,8 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, in
     with stage("inputs"):
         inputs = make_inputs(case, device, seed) if seeded else inputs
     clean = inputs if reference_inputs is None else reference_inputs
+    if case.page_size is not None:  # the oracle attends the pages gathered back through the block table
+        clean = paged_reference_inputs(case, clean)
     # The reference runs where the inputs are (FP64 on the GPU: seconds where the CPU takes hours) and is kept on
     # the CPU, where every output is judged.
     with stage("reference"):
@@ -99,7 +102,7 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
     refused = refusal(backend, case, device, executor)
     if refused:
         return both(*refused)
-    bwd_reason = "; ".join(backend.backward_reasons(device))
+    bwd_reason = FORWARD_ONLY if case.page_size is not None else "; ".join(backend.backward_reasons(device))
     call = Call(case, prepared.seed, prepared.inputs, backward=not bwd_reason, arrangement=arrangement)
     answer = executor.call(backend, call, device)
     if answer.failure is not None and answer.failure.backward_only:  # the forward runs; only its backward cannot

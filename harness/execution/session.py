@@ -38,6 +38,8 @@ class RunSession:
     rounds: int = 1
     #: measured dense-matmul TFLOP/s per dtype name, filled by measure_peaks() when benchmarking
     peaks: dict = field(default_factory=dict)
+    #: measured device copy bandwidth (GB/s, read + write), filled by measure_peaks(): the memory roofline
+    bw_peak: float | None = None
     cpu_mem_budget: int | None = None
     #: where backend calls run: this process, or supervised workers (execution.isolation)
     executor: Executor = IN_PROCESS
@@ -172,7 +174,8 @@ class RunSession:
         result = measure_phase(backend, self.timing_inputs(case), phase, self.verdict(case, backend),
                                config=self.round_timing, peaks=self.peaks, run_id=self.run_id,
                                cpu_mem_budget=self.cpu_mem_budget, prior=self.timings.get(key),
-                               known_memory=self.round_memory.get(key), executor=self.executor)
+                               known_memory=self.round_memory.get(key), executor=self.executor,
+                               bw_peak=self.bw_peak)
         if result.measurement is None and before is not None:
             result.row = result.row.with_(timing_reason=f"round {round_index + 1} of {self.rounds}: "
                                                         f"{result.row.timing_reason}; the latency columns pool the "
@@ -200,5 +203,8 @@ class RunSession:
         from harness.measure.roofline import measure_peaks
         self.peaks = measure_peaks(self.device, dtypes)
         self.env["matmul_peak_tflops"] = self.peaks
+        from harness.measure.bandwidth import copy_bandwidth_gbps
+        self.bw_peak = round(copy_bandwidth_gbps(self.device), 3)
+        self.env["copy_bandwidth_gbps"] = self.bw_peak
         self.env["timing_config"] = vars(self.timing)
         self.save_env()

@@ -18,7 +18,7 @@ from harness.store.schema import COLUMNS, KEY, VERDICT_PHASES
 SEMANTICS_PREFIX = "semantics:"
 NUMERIC = ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "err_ratio", "latency_ms", "latency_iqr_ms",
            "latency_min_ms", "n_samples", "threads", "peak_mem_bytes", "flops", "tflops", "pct_of_peak",
-           "compile_ms", "rounds", "round_spread")
+           "compile_ms", "rounds", "round_spread", "bytes_moved", "gbps", "pct_of_bw_peak")
 #: a line of a "vs sequence length" plot: cases that differ only in sequence length
 GROUP_KEYS = ("suite", "dtype", "head_dim", "mask_kind", "modifier_kind", "batch", "heads", "kv_heads", "seq_shape")
 

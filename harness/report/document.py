@@ -36,10 +36,15 @@ CAPTIONS = {
                  "bottom edge of a log axis.",
     "support": "Which backend ran, passed or failed on which case groups (counts of case × phase verdicts).",
     "semantics": "How each backend behaves where conventions differ (orange: differs from the others).",
+    "roofline": "Every timed row at its arithmetic intensity (FLOP per least byte moved) and achieved TFLOP/s, under "
+                "the two ceilings measured at the start of the run: the copy bandwidth (slanted) and the matmul "
+                "peak (flat). Left of the ridge point a kernel is memory-bound and judged by its GB/s.",
+    "bandwidth": "Decode and verification (at most 8 queries over a cache): GB/s of the least traffic (Q, visible "
+                 "K/V once per kv head, O) against the measured copy bandwidth (dashed).",
 }
 TITLES = {"latency": "Latency", "speedup": "Speedup", "memory": "Peak memory", "tflops": "Throughput",
           "err_ratio": "Error-to-tolerance ratio", "support": "Support and correctness matrix",
-          "semantics": "Semantics"}
+          "semantics": "Semantics", "roofline": "Roofline", "bandwidth": "Decode bandwidth"}
 
 
 # --- a tiny document model, rendered twice -----------------------------------------------------------------
@@ -183,6 +188,7 @@ def environment_table(run: Run) -> pd.DataFrame:
         "started": env.get("started"), "testbed": env.get("testbed_id"),
         "timing mode": timing or "— (correctness-only run)",
         "measured matmul peak": ", ".join(f"{d} {p:.3g} TFLOP/s" for d, p in peaks.items() if p) or "—",
+        "measured copy bandwidth": f"{env['copy_bandwidth_gbps']:.4g} GB/s" if env.get("copy_bandwidth_gbps") else "—",
     }
     return pd.DataFrame([(k, v) for k, v in items.items() if v not in (None, "")], columns=["item", "value"])
 

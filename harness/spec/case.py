@@ -10,6 +10,7 @@ import torch
 
 from harness.spec import modifiers as mods
 from harness.spec.masks import MaskSpec
+from harness.spec.paged import validate_paged_case
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -68,6 +69,9 @@ class AttentionCase:
     alibi: bool = field(default=False, kw_only=True)
     bias: str | None = field(default=None, kw_only=True)
     head_dim_v: int | None = field(default=None, kw_only=True)
+    #: a paged KV cache of pages of this many keys (harness.spec.paged; mask=CacheCausal(lengths), seq_k the
+    #: longest cache); None: contiguous K/V
+    page_size: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self):
         for name in ("batch", "heads", "seq_q", "head_dim"):
@@ -92,6 +96,8 @@ class AttentionCase:
         mods.validate_bias(self.bias)
         object.__setattr__(self, "head_dim_v", self.head_dim if self.head_dim_v is None
                            else _positive_int("head_dim_v", self.head_dim_v))
+        if self.page_size is not None:
+            validate_paged_case(self)
 
     @property
     def modifiers(self) -> frozenset[str]:
@@ -136,6 +142,8 @@ class AttentionCase:
             parts.append(self.modifier_id)
         if not self.default_scale:
             parts.append(f"scale{self.scale:g}")
+        if self.page_size is not None:
+            parts.append(f"page{self.page_size}")
         return "-".join(parts)
 
     def key_mask(self, device: str | torch.device = "cpu", rows: tuple[int, int] | None = None) -> torch.Tensor | None:

@@ -14,6 +14,7 @@ from itertools import product
 
 from harness.spec.case import AttentionCase, parse_dtype
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow, parse_mask
+from harness.spec.paged import paged_case
 
 MATRICES = ("smoke", "default", "full", "gpu-smoke", "gpu", "gpu-full")
 #: --matrix auto: the GPU matrix on a CUDA device, the CPU default elsewhere
@@ -59,6 +60,15 @@ def _decode(kv_lengths, cached_tokens: int = 262144) -> list[AttentionCase]:
     """One new token over a KV cache (GQA 32/8, d128, as Llama-3-8B decodes): every cached key is visible."""
     return [c for n in kv_lengths
             for c in _cases(["bf16"], [(1, n)], ["none"], [128], heads=((32, 8),), batch=decode_batch(n, cached_tokens))]
+
+
+def _paged(caches, q_lens, page_sizes, *, dtype="bf16", shape=(32, 8, 128), cached_tokens: int = 262144,
+           batch: int | None = None) -> list[AttentionCase]:
+    """Paged-KV decode (q_len 1) and speculative-decoding verification (q_len 2-8) over caches of about each length
+    in `caches` (lengths per sequence differ, none a multiple of the page size: spec.paged.cache_lengths)."""
+    h, hkv, d = shape
+    return [paged_case(batch or decode_batch(n, cached_tokens), h, q, d, parse_dtype(dtype), kv_heads=hkv, cache=n,
+                       page_size=p) for n, q, p in product(caches, q_lens, page_sizes)]
 
 
 #: (heads, kv_heads, head_dim) with H*D = 2048, and the GQA/MQA groupings
@@ -132,6 +142,9 @@ def build_matrix(name: str) -> list[AttentionCase]:
             + _cases(["fp32", "bf16"], [(127, 127)], ["causal"], [64], heads=((8, 2), (8, 1)))
             # attention modifiers (softcap, sinks, ALiBi, bias, head_dim_v)
             + _cpu_modifier_cases()
+            # paged KV: a decode step (fp32) and a 4-token verification (bf16) over shuffled pages of 16
+            + _paged([200], [1], [16], dtype="fp32", shape=(8, 2, 64), batch=3)
+            + _paged([200], [4], [16], shape=(8, 2, 64), batch=3)
         )
     elif name == "full":
         cases = (
@@ -152,6 +165,7 @@ def build_matrix(name: str) -> list[AttentionCase]:
                  + _tokens(["bf16"], [4096], ["causal"], [GQA_32_8])
                  + _tokens(["bf16"], [4096], ["docs-causal"], [MHA_128])
                  + _decode([8192])
+                 + _paged([8192], [1], [16, 256]) + _paged([8192], [4], [256])
                  + _cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64])
                  + _cases(["fp16"], [(129, 129)], ["causal"], [80])
                  + _gpu_model_cases([4096]))
@@ -164,6 +178,8 @@ def build_matrix(name: str) -> list[AttentionCase]:
                  + _decode([1024, 4096, 16384, 65536, 131072])
                  + _gpu_model_cases([4096, 16384])
                  + _with(_cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64]), bias="head")
+                 + _paged([1024, 4096, 16384, 65536, 131072], [1], [16, 256])
+                 + _paged([4096, 32768], [4, 8], [16, 256])
                  + _gpu_correctness_slice())
     elif name == "gpu-full":
         cases = (build_matrix("gpu")

@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.spec.case import AttentionCase, parse_dtype
 from harness.spec.masks import parse_mask
 from harness.spec.matrices import decode_batch
+from harness.spec.paged import paged_case
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,17 @@ class ModelShape:
                                  layer_mask=layer))
             if not self.encoder:
                 out += [self.case(decode_batch(n), n, dtype, seq_q=1, layer_mask=layer) for n in (4096, 32768, 131072)]
+        # paged serving steps: CacheCausal is plain causal (a window would be lost), and paged cases take no
+        # modifiers yet (spec.paged.validate_paged_case)
+        plain = self.softcap is None and not self.sinks and self.head_dim_v in (None, self.head_dim)
+        if not self.encoder and self.mask == "causal" and self.local_window is None and plain:
+            out += [self.paged_case(decode_batch(32768), 32768, q, p, dtype) for q in (1, 4, 8) for p in (16, 256)]
         return list(dict.fromkeys(out))
+
+    def paged_case(self, batch: int, cache: int, seq_q: int, page_size: int, dtype: str = "bf16") -> AttentionCase:
+        """A decode (seq_q=1) or speculative-decoding verification step over paged caches of about `cache` keys."""
+        return paged_case(batch, self.heads, seq_q, self.head_dim, parse_dtype(dtype), kv_heads=self.kv_heads,
+                          cache=cache, page_size=page_size)
 
 
 #: attention shapes from each model's published config.json (Hugging Face hub)

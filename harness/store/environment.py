@@ -109,7 +109,8 @@ def testbed_id(device: torch.device) -> str:
 LIBRARIES = {"torch": lambda: torch.__version__,
              "triton": lambda: package_version("triton") or package_version("pytorch-triton"),
              "xformers": lambda: package_version("xformers"),
-             "flash_attn": lambda: package_version("flash-attn")}
+             "flash_attn": lambda: package_version("flash-attn"),
+             "flashinfer": lambda: package_version("flashinfer-python")}
 
 
 def library_versions() -> dict:

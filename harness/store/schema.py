@@ -33,6 +33,8 @@ VERDICT_PHASES = ("fwd", "bwd")
 TIMING_STATUSES = ("timed", "not-timed", "unsupported", "error", "oom")
 #: the quantities judged against the reference (dsinks/dbias only where the case has sinks/bias)
 QUANTITIES = ("out", "dq", "dk", "dv", "dsinks", "dbias")
+#: what limits a timed row (its `bound` column): the matmul peak or the memory bandwidth
+BOUNDS = ("compute", "memory")
 #: the gradients of q, k, v, judged in every backward
 GRADS = ("dq", "dk", "dv")
 
@@ -75,6 +77,8 @@ class Row:
     mask: str | None = None
     #: the case's modifiers as case-id tokens ('cap30-sink', 'none'): harness.spec.modifiers
     modifiers: str | None = None
+    #: keys per page of a paged KV cache (empty: contiguous K/V)
+    page_size: int | None = None
     scale: float | None = None
     device: str | None = None
     # correctness
@@ -125,6 +129,12 @@ class Row:
     pct_of_peak: float | None = None
     suspicious: bool | None = None
     compile_ms: float | None = None
+    #: the bandwidth roofline (measure.bandwidth): least bytes a call moves, GB/s, % of the measured copy bandwidth,
+    #: and 'compute' or 'memory' from the arithmetic intensity against the ridge point
+    bytes_moved: int | None = None
+    gbps: float | None = None
+    pct_of_bw_peak: float | None = None
+    bound: str | None = None
     # provenance
     device_name: str | None = None
     testbed_id: str | None = None
@@ -139,6 +149,8 @@ class Row:
             raise ValueError(f"status={self.status!r}; allowed: {', '.join(STATUSES)}")
         if self.timing_status is not None and self.timing_status not in TIMING_STATUSES:
             raise ValueError(f"timing_status={self.timing_status!r}; allowed: {', '.join(TIMING_STATUSES)}")
+        if self.bound is not None and self.bound not in BOUNDS:
+            raise ValueError(f"bound={self.bound!r}; allowed: {', '.join(BOUNDS)}")
         if self.phase not in PHASES:
             raise ValueError(f"phase={self.phase!r}; allowed: {', '.join(PHASES)}")
 

@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from harness.report.plots.metrics import (METRICS, Metric, err_ratio_figures, latency_figures, memory_figures,
                                   metric_figures, metric_rows, speedup_figures, tflops_figures)
 from harness.report.plots.style import FIGURES_DIR, backend_color, backend_style, save
+from harness.report.plots.roofline import bandwidth_figures, roofline_figures
 from harness.report.plots.tables import semantics_figure, support_figure
 from harness.report.data import Run
 
@@ -20,6 +21,7 @@ __all__ = ["FIGURE_BUILDERS", "METRICS", "Metric", "backend_color", "backend_sty
 FIGURE_BUILDERS: dict[str, Callable[[Run], list[tuple[str, Figure]]]] = {
     "latency": latency_figures, "speedup": speedup_figures, "memory": memory_figures, "tflops": tflops_figures,
     "err_ratio": err_ratio_figures, "support": support_figure, "semantics": semantics_figure,
+    "roofline": roofline_figures, "bandwidth": bandwidth_figures,
 }
 
 

@@ -1,6 +1,7 @@
 """Mask specs, one family per module; every name a user or backend needs is importable from here."""
 
 from harness.spec.masks.base import MaskSpec, count_attended_pairs
+from harness.spec.masks.cache_causal import CacheCausal
 from harness.spec.masks.causal import Causal, CausalBottomRight
 from harness.spec.masks.compose import And, split_padding
 from harness.spec.masks.documents import Documents
@@ -8,5 +9,5 @@ from harness.spec.masks.names import MASK_NAMES, parse_mask
 from harness.spec.masks.padding import KeyPadding
 from harness.spec.masks.window import SlidingWindow
 
-__all__ = ["MASK_NAMES", "And", "Causal", "CausalBottomRight", "Documents", "KeyPadding", "MaskSpec", "SlidingWindow",
+__all__ = ["MASK_NAMES", "And", "CacheCausal", "Causal", "CausalBottomRight", "Documents", "KeyPadding", "MaskSpec", "SlidingWindow",
            "count_attended_pairs", "parse_mask", "split_padding"]

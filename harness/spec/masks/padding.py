@@ -10,8 +10,40 @@ import torch
 from harness.spec.masks.base import MaskSpec
 
 
+class PerSequenceLengths(MaskSpec):
+    """A mask made of one length per batch element (`lengths`): their checks, batch size and tensor, defined once."""
+
+    lengths: tuple[int, ...]
+    #: the least length allowed
+    min_length: int = 0
+
+    def _check_lengths(self) -> None:
+        lengths = tuple(self.lengths) if isinstance(self.lengths, Sequence) else self.lengths
+        if not isinstance(lengths, tuple) or not lengths or any(
+                not isinstance(n, int) or isinstance(n, bool) or n < self.min_length for n in lengths):
+            raise ValueError(f"{type(self).__name__}.lengths={self.lengths!r}: must be a non-empty sequence of ints "
+                             f">= {self.min_length}")
+        object.__setattr__(self, "lengths", lengths)
+
+    def _check_batch(self, batch: int, seq_k: int) -> None:
+        name = type(self).__name__
+        if len(self.lengths) != batch:
+            raise ValueError(f"{name}.lengths={self.lengths!r} has {len(self.lengths)} entries; batch is {batch}")
+        if max(self.lengths) > seq_k:
+            raise ValueError(f"{name}.lengths={self.lengths!r}: each must be <= seq_k={seq_k}")
+
+    def batch_size(self, batch):
+        return len(self.lengths)
+
+    def lengths_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
+        return torch.tensor(self.lengths, device=device, dtype=torch.int64)
+
+    def allows(self, b, q_idx, k_idx, seq_q, seq_k):
+        return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)
+
+
 @dataclass(frozen=True)
-class KeyPadding(MaskSpec):
+class KeyPadding(PerSequenceLengths):
     """Per-batch valid key lengths: batch element b sees keys j < lengths[b] (right padding)."""
 
     lengths: tuple[int, ...]
@@ -20,34 +52,18 @@ class KeyPadding(MaskSpec):
     per_batch = True
 
     def __post_init__(self):
-        lengths = tuple(self.lengths) if isinstance(self.lengths, Sequence) else self.lengths
-        if not isinstance(lengths, tuple) or not lengths or any(
-                not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in lengths):
-            raise ValueError(f"KeyPadding.lengths={self.lengths!r}: must be a non-empty sequence of ints >= 0")
-        object.__setattr__(self, "lengths", lengths)
+        self._check_lengths()
 
     @property
     def id(self) -> str:
         return "keypad" + "_".join(str(n) for n in self.lengths)
 
     def validate_for(self, batch, seq_q, seq_k):
-        if len(self.lengths) != batch:
-            raise ValueError(f"KeyPadding.lengths={self.lengths!r} has {len(self.lengths)} entries; batch is {batch}")
-        if max(self.lengths) > seq_k:
-            raise ValueError(f"KeyPadding.lengths={self.lengths!r}: each must be <= seq_k={seq_k}")
-
-    def batch_size(self, batch):
-        return len(self.lengths)
-
-    def lengths_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
-        return torch.tensor(self.lengths, device=device, dtype=torch.int64)
+        self._check_batch(batch, seq_k)
 
     def predicate(self, device="cpu"):
         lengths = self.lengths_tensor(device)
         return lambda b, q_idx, k_idx, seq_q, seq_k: k_idx < lengths[b]
-
-    def allows(self, b, q_idx, k_idx, seq_q, seq_k):
-        return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)
 
     def key_ranges(self, seq_q, seq_k, batch=None):
         hi = self.lengths_tensor().view(-1, 1).expand(-1, seq_q)

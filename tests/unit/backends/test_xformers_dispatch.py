@@ -42,7 +42,8 @@ def _stub_kernel(*args, **kwargs):  # any callable not named no_such_operator co
 
 
 @contextlib.contextmanager
-def sm90():
+def sm90(bundled_flash: bool = True):
+    """bundled_flash=False: fa2 from the flash_attn package instead (xformers then keeps the paged masks)."""
     from xformers.ops.fmha import attn_bias as ab, common, flash
 
     patch = mock.patch.object
@@ -53,10 +54,10 @@ def sm90():
         for op in (flash.FwOp, flash.BwOp):
             stack.enter_context(patch(op, "OPERATOR", _stub_kernel))
         # fa2 from torch's bundled flash (no flash_attn package): xformers then drops the paged masks (flash.py 589)
-        stack.enter_context(patch(flash, "_USE_PT_FLASH_ATTN", True))
+        stack.enter_context(patch(flash, "_USE_PT_FLASH_ATTN", bundled_flash))
         stack.enter_context(patch(flash.FwOp, "SUPPORTED_ATTN_BIAS_TYPES",
                                   [b for b in flash.FwOp.SUPPORTED_ATTN_BIAS_TYPES
-                                   if not issubclass(b, ab.PagedBlockDiagonalPaddedKeysMask)]))
+                                   if not (bundled_flash and issubclass(b, ab.PagedBlockDiagonalPaddedKeysMask))]))
         yield
 
 

@@ -55,7 +55,7 @@ def test_markdown_has_every_section_and_figure(report, run_dir):
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert images and all((run_dir / p).is_file() for p in images)
     assert {p.split("/")[1].split("-")[0].removesuffix(".png") for p in images} == {
-        "latency", "speedup", "memory", "tflops", "err_ratio", "support", "semantics"}
+        "latency", "speedup", "memory", "tflops", "err_ratio", "support", "semantics", "roofline"}
     anchors = set(re.findall(r'<a id="([^"]+)"></a>', md))
     assert set(re.findall(r"\]\(#([^)]+)\)", md)) <= anchors
     assert "cpu-monotonic" in md and "fp32 1 TFLOP/s" in md  # timing mode and measured peak

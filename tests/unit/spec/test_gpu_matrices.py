@@ -11,10 +11,12 @@ def _plain(cases):
 
 def test_cpu_matrices_are_unchanged():
     # the sizes before the GPU matrices existed (a newer mask name must not grow them), plus the 7 modifier cases
-    assert [len(build_matrix(m)) for m in ("smoke", "default", "full")] == [8, 49, 418]
-    assert [len(_plain(build_matrix(m))) for m in ("smoke", "default", "full")] == [8, 42, 411]
+    # (issue 24) and the two paged-KV cases (decode and verification, issue 25) added on purpose
+    assert [len(build_matrix(m)) for m in ("smoke", "default", "full")] == [8, 51, 420]
+    assert [len(_plain(build_matrix(m))) for m in ("smoke", "default", "full")] == [8, 44, 413]
     assert {c.mask_kind for c in build_matrix("default")} == {"none", "causal", "causal-br", "window", "keypad",
-                                                               "causal+keypad"}
+                                                               "causal+keypad", "cache-causal"}
+    assert [c.seq_q for c in build_matrix("default") if c.page_size] == [1, 4]
     modified = [c for c in build_matrix("default") if c not in _plain(build_matrix("default"))]
     assert {c.modifier_id for c in modified} == {"cap30", "cap50", "sink", "alibi", "headbias", "fullbias", "none"}
     assert any(c.head_dim_v != c.head_dim for c in modified)
@@ -42,7 +44,7 @@ def _prefill(cases):
 
 
 def test_gpu_matrix_is_what_the_field_benchmarks():
-    cases = _plain(build_matrix("gpu"))
+    cases = [c for c in _plain(build_matrix("gpu")) if c.page_size is None]   # the paged: test_gpu_paged_cases
     assert 60 <= len(cases) <= 90
     big = _prefill(cases)
     assert {str(c.dtype) for c in cases} == {"torch.bfloat16", "torch.float16"}          # no fp32 at all
@@ -61,8 +63,19 @@ def test_gpu_matrix_is_what_the_field_benchmarks():
     assert {"causal-br", "causal+keypad", "docs-causal"}.issubset({c.mask_kind for c in small})
 
 
+def test_gpu_paged_cases_decode_and_verify_over_pages_of_16_and_256():
+    paged = [c for c in build_matrix("gpu") if c.page_size is not None]
+    assert {c.page_size for c in paged} == {16, 256} and {c.seq_q for c in paged} == {1, 4, 8}
+    decode = [c for c in paged if c.seq_q == 1]
+    assert sorted({c.seq_k + 1 for c in decode}) == [1024, 4096, 16384, 65536, 131072]   # odd lengths: partial pages
+    assert all(n % c.page_size for c in paged for n in c.mask.lengths)
+    assert all((c.heads, c.kv_heads, c.head_dim) == (32, 8, 128) for c in paged)
+    smoke = [c for c in build_matrix("gpu-smoke") if c.page_size is not None]
+    assert {(c.seq_q, c.page_size) for c in smoke} == {(1, 16), (1, 256), (4, 256)}
+
+
 def test_gpu_smoke_is_short_and_gpu_full_adds_long_sequences():
-    smoke = _plain(build_matrix("gpu-smoke"))
+    smoke = [c for c in _plain(build_matrix("gpu-smoke")) if c.page_size is None]
     assert len(smoke) <= 12 and {c.seq_q for c in _prefill(smoke)} == {1024, 4096}
     assert any(c.seq_q == 1 for c in smoke) and any(c.kv_heads != c.heads for c in smoke)
     full = build_matrix("gpu-full")

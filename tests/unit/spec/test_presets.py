@@ -18,6 +18,11 @@ def test_presets_carry_the_published_shapes(name, shape):
 
 def test_preset_cases_prefill_decode_and_a_second_dtype():
     cases = get_preset("llama-3-8b").cases()
+    paged = [c for c in cases if c.page_size is not None]
+    assert {(c.seq_q, c.page_size) for c in paged} == {(q, p) for q in (1, 4, 8) for p in (16, 256)}
+    assert all(c.mask_kind == "cache-causal" and c.seq_k == 32767 for c in paged)
+    assert not [c for c in get_preset("mistral-7b").cases() if c.page_size]   # its window has no paged form here
+    cases = [c for c in cases if c.page_size is None]
     prefill = [c for c in cases if c.seq_q > 1]
     assert {c.seq_q for c in prefill} == {1024, 2048, 4096, 8192, 16384}
     assert {str(c.dtype) for c in prefill} == {"torch.bfloat16", "torch.float16"}

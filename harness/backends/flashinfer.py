@@ -1,0 +1,198 @@
+"""FlashInfer (flashinfer-python): ragged prefill and paged decode / verification through its batch wrappers, NHD
+layout; `plan()` in prepare, `run()` the timed call. Read against flashinfer-python 0.6.1 (decode.py, prefill.py,
+data/include/flashinfer/attention/prefill.cuh and variants.cuh for the mask rules)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.backends.flash_attn import fa2_plan
+from harness.backends.registry import register
+from harness.spec.case import AttentionCase
+from harness.spec.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
+
+#: bytes of the float workspace every wrapper takes (FlashInfer's examples and tests use 128 MiB)
+WORKSPACE_BYTES = 128 * 2 ** 20
+
+
+def flashinfer_mask(mask: MaskSpec | None, seq_q: int, seq_k: int) -> dict:
+    """Mask spec -> {causal, window_left} of a ragged prefill request (+ 'key_lengths' for key padding).
+
+    FlashInfer's causal is bottom-right within each request (prefill.cuh: masked when kv_idx + qo_len > kv_len +
+    q_idx) and its window is left of that diagonal (variants.cuh: kept when kv_idx + qo_len + window_left >= kv_len +
+    qo_idx); so top-left causal matches only when seq_q == seq_k, and a window must end on the diagonal."""
+    if mask is None:
+        return {"causal": False, "window_left": -1}
+    if isinstance(mask, CausalBottomRight) or (isinstance(mask, Causal) and seq_q == seq_k):
+        return {"causal": True, "window_left": -1}
+    if isinstance(mask, SlidingWindow) and mask.right == 0:
+        return {"causal": True, "window_left": mask.left}
+    if isinstance(mask, KeyPadding):
+        return {"causal": False, "window_left": -1, "key_lengths": mask.lengths}
+    if isinstance(mask, Documents):
+        return {"causal": mask.causal, "window_left": -1}
+    raise Unsupported(f"FlashInfer has no form for mask {mask.id} (causal is bottom-right per request, windows end "
+                      "on the diagonal)")
+
+
+def paged_plan_args(block_table: torch.Tensor, lengths: torch.Tensor, page_size: int, seq_q: int) -> dict:
+    """The paged-KV plan() arguments of FlashInfer's CSR page format, int32 on the CPU: request b owns pages
+    kv_indices[kv_indptr[b]:kv_indptr[b+1]] (the first ceil(length_b / page_size) entries of its block-table row)
+    and its last page holds kv_last_page_len[b] keys (1..page_size); qo_indptr packs seq_q queries a request."""
+    lengths = lengths.to("cpu", torch.int64)
+    pages = (lengths + page_size - 1) // page_size
+    owned = torch.arange(block_table.shape[1]).view(1, -1) < pages.view(-1, 1)
+    batch = lengths.shape[0]
+    return {"qo_indptr": torch.arange(0, (batch + 1) * seq_q, seq_q, dtype=torch.int32),
+            "kv_indptr": torch.nn.functional.pad(pages.cumsum(0), (1, 0)).to(torch.int32),
+            "kv_indices": block_table.to("cpu")[owned].to(torch.int32),
+            "kv_last_page_len": (lengths - (pages - 1) * page_size).to(torch.int32)}
+
+
+def ragged_plan_args(case: AttentionCase) -> dict:
+    """qo_indptr / kv_indptr (int32) of a contiguous case's requests, and `keep` (int64 indices of the kept keys in
+    the flattened (batch * seq_k) keys, or None): a request per batch element, per document for Documents, keys cut
+    to each length for key padding - FA2's varlen cu_seqlens exactly (flash_attn.fa2_plan builds them)."""
+    varlen = fa2_plan(case, "cpu")
+    if varlen["mode"] == "varlen":
+        return {"qo_indptr": varlen["cu_q"], "kv_indptr": varlen["cu_k"], "keep": varlen["keep"]}
+    b, sq, sk = case.batch, case.seq_q, case.seq_k
+    return {"qo_indptr": torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32),
+            "kv_indptr": torch.arange(0, (b + 1) * sk, sk, dtype=torch.int32), "keep": None}
+
+
+@dataclass
+class FlashInferPlan:
+    """What plan() was given, on the CPU (kind: decode, paged-prefill or ragged), and the planned wrapper."""
+
+    kind: str
+    args: dict
+    causal: bool = False
+    window_left: int = -1
+    wrapper: object = None
+    keep: torch.Tensor | None = field(default=None, repr=False)
+
+
+def flashinfer_plan(case: AttentionCase, block_table: torch.Tensor | None = None) -> FlashInferPlan:
+    """The wrapper and plan() arguments of `case` (no FlashInfer import: testable on the CPU). A paged case is a
+    decode (one query: BatchDecodeWithPagedKVCacheWrapper, which attends the whole cache) or a verification
+    (BatchPrefillWithPagedKVCacheWrapper with causal=True: bottom-right per request, i.e. CacheCausal)."""
+    if case.page_size is not None:
+        from harness.spec.paged import paged_layout
+
+        table = paged_layout(case).block_table if block_table is None else block_table
+        args = paged_plan_args(table, case.mask.lengths_tensor(), case.page_size, case.seq_q)
+        return FlashInferPlan("decode" if case.seq_q == 1 else "paged-prefill", args, causal=case.seq_q > 1)
+    mask = flashinfer_mask(case.mask, case.seq_q, case.seq_k)
+    if isinstance(case.mask, Documents) and mask["causal"] and any(
+            k < q for q, k in zip(case.mask.q_lengths, case.mask.k_lengths)):
+        raise Unsupported(f"FlashInfer causal needs kv_len >= qo_len in every request (prefill.cuh); {case.mask.id}")
+    args = ragged_plan_args(case)
+    keep = args.pop("keep")
+    return FlashInferPlan("ragged", args, mask["causal"], mask["window_left"], keep=keep)
+
+
+def jit_problem() -> str | None:
+    """Why FlashInfer cannot build its kernels here: it JIT-compiles each one with nvcc at first use unless the
+    flashinfer-jit-cache package holds it prebuilt (flashinfer/jit/env.py has_flashinfer_jit_cache; jit/cpp_ext.py
+    get_cuda_path: CUDA_HOME, CUDA_PATH, `which nvcc`, /usr/local/cuda)."""
+    import importlib.util
+
+    if importlib.util.find_spec("flashinfer_jit_cache") is not None:
+        return None
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidates = [os.path.join(home, "bin", "nvcc")] if home else []
+    candidates += [p for p in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc") if p]
+    if any(os.path.exists(p) for p in candidates):
+        return None
+    return ("FlashInfer JIT-compiles its kernels with nvcc at first use: no nvcc (CUDA_HOME, CUDA_PATH, PATH, "
+            "/usr/local/cuda) and no flashinfer-jit-cache installed")
+
+
+@register
+class FlashInfer(Backend):
+    name = "flashinfer"
+    layout = "bshd"
+    dtypes = (torch.float16, torch.bfloat16)
+    devices = ("cuda",)
+    max_head_dim = 256
+    package = "flashinfer-python"
+    supports_backward = False  # FlashInfer is an inference library: its wrappers have no backward
+    #: paged natively: the block table's pages in FlashInfer's CSR form (kv_indptr, kv_indices, kv_last_page_len)
+    paged_kv = True
+
+    def __init__(self):
+        self._last_op = self.name
+
+    def unavailable_reason(self, device):
+        try:
+            import flashinfer  # noqa: F401
+        except Exception as exc:
+            return f"flashinfer not importable ({type(exc).__name__}: {exc}); pip install flashinfer-python"
+        if device.type != "cuda":
+            return f"FlashInfer kernels need CUDA; device is {device.type}"
+        return jit_problem()
+
+    def not_supported_reasons(self, case):
+        reasons = super().not_supported_reasons(case)
+        try:
+            flashinfer_plan(case)
+        except Unsupported as exc:
+            reasons.append(str(exc))
+        return reasons
+
+    def last_op(self) -> str:
+        return self._last_op
+
+    def mask_form(self, case, device):
+        plan = flashinfer_plan(case)
+        return MaskForm("native", 0, f"{plan.kind}: causal={plan.causal}, window_left={plan.window_left}")
+
+    def prepare(self, case: AttentionCase, device: torch.device, block_table: torch.Tensor | None = None):
+        """The wrapper, planned once on the device: plan() copies the indptr arrays and schedules the work, so
+        run() - the timed call - does neither."""
+        import flashinfer
+
+        plan = flashinfer_plan(case, block_table)
+        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        args = {k: v.to(device) for k, v in plan.args.items()}
+        common = dict(q_data_type=case.dtype, kv_data_type=case.dtype, sm_scale=case.scale,
+                      window_left=plan.window_left)
+        if plan.kind == "decode":
+            plan.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+            plan.wrapper.plan(args["kv_indptr"], args["kv_indices"], args["kv_last_page_len"], case.heads,
+                              case.kv_heads, case.head_dim, case.page_size, **common)
+        elif plan.kind == "paged-prefill":
+            plan.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+            plan.wrapper.plan(args["qo_indptr"], args["kv_indptr"], args["kv_indices"], args["kv_last_page_len"],
+                              case.heads, case.kv_heads, case.head_dim, case.page_size, causal=True, **common)
+        else:
+            plan.wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, kv_layout="NHD")
+            plan.wrapper.plan(args["qo_indptr"], args["kv_indptr"], case.heads, case.kv_heads, case.head_dim,
+                              causal=plan.causal, **common)
+            plan.keep = None if plan.keep is None else plan.keep.to(device)
+        return plan
+
+    def forward(self, q, k, v, *, mask, scale, prepared: FlashInferPlan | None = None, block_table=None,
+                cache_seqlens=None):
+        b, sq, h, d = q.shape
+        if prepared is None:  # called directly: plan from the tensors (and the table) given
+            from harness.backends.paged_gather import paged_case_of
+
+            case = (paged_case_of(self.from_layout(q), k, mask, scale) if block_table is not None
+                    else self.case_of(q, k, mask, scale))
+            prepared = self.prepare(case, q.device, block_table)
+        self._last_op = f"flashinfer:{prepared.kind}"
+        if prepared.kind == "decode":  # q (batch, heads, head_dim); the caches as they are (NHD pages)
+            return prepared.wrapper.run(q.reshape(b, h, d), (k, v)).reshape(b, 1, h, d)
+        if prepared.kind == "paged-prefill":
+            return prepared.wrapper.run(q.reshape(b * sq, h, d), (k, v)).reshape(b, sq, h, d)
+        k_flat, v_flat = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])  # (batch * seq_k, kv_heads, D)
+        if prepared.keep is not None:  # key padding: only each sequence's valid keys, packed
+            k_flat, v_flat = k_flat.index_select(0, prepared.keep), v_flat.index_select(0, prepared.keep)
+        return prepared.wrapper.run(q.reshape(b * sq, h, d), k_flat, v_flat).reshape(b, sq, h, d)

@@ -1,0 +1,103 @@
+"""Batch invariance: one sequence's output computed alone and co-batched with sequences of other lengths, compared
+bitwise (vLLM's `supports_batch_invariance`, FlashInfer's test_batch_invariant_fa2.py). Prefill, decode over a
+contiguous cache, and decode over a paged cache; recorded (observed), as nothing promises it.
+
+Sequence 0 is the longest of the batch, so its inputs alone are the batch's first slice, unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from harness.backends.base import Backend
+from harness.execution.call import BoundCall, Call, backend_inputs
+from harness.execution.executor import IN_PROCESS, Executor
+from harness.probes.common import probe_dtype, probe_row, refused
+from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.spec.masks import And, Causal, KeyPadding, MaskSpec
+from harness.spec.masks.padding import PerSequenceLengths
+from harness.spec.paged import cache_lengths, paged_case
+from harness.store.schema import Row
+
+KINDS = ("prefill", "decode", "paged-decode")
+INVARIANCE = ("yes", "no", "error")
+
+
+def invariance_case(kind: str, dtype: torch.dtype, device: torch.device) -> AttentionCase:
+    """Three sequences of different lengths, the first the longest: sizes spanning several kernel tiles on a GPU,
+    small on the CPU."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}; allowed: {', '.join(KINDS)}")
+    n = 1024 if device.type == "cuda" else 129
+    lengths = cache_lengths(4 * n, 3)
+    if kind == "prefill":
+        return AttentionCase(3, 4, n, 64, dtype, mask=Causal() & KeyPadding((n, n - 37, n // 2)))
+    if kind == "decode":
+        return AttentionCase(3, 8, 1, 64, dtype, kv_heads=2, seq_k=max(lengths), mask=KeyPadding(lengths))
+    return paged_case(3, 8, 1, 64, dtype, kv_heads=2, cache=4 * n, page_size=16)
+
+
+def _first(mask: MaskSpec | None) -> MaskSpec | None:
+    """The mask of sequence 0 alone: per-sequence lengths cut to the first."""
+    if isinstance(mask, PerSequenceLengths):
+        return type(mask)(mask.lengths[:1])
+    if isinstance(mask, And):
+        return And(_first(mask.first), _first(mask.second))
+    return mask
+
+
+def alone(case: AttentionCase, inputs: Inputs) -> tuple[AttentionCase, Inputs]:
+    """Sequence 0 of `case` as a batch of one, and its inputs (the batch's first slice)."""
+    return replace(case, batch=1, mask=_first(case.mask)), Inputs(*(t[:1] for t in inputs[:4]))
+
+
+def compare(batched_first: torch.Tensor, single: torch.Tensor) -> tuple[bool, str]:
+    """(bitwise equal, what was seen) of sequence 0's output co-batched and alone."""
+    if torch.equal(batched_first, single):
+        return True, "bitwise equal alone and co-batched"
+    worst = float((batched_first.double() - single.double()).abs().max())
+    return False, f"differs alone vs co-batched (max |diff| {worst:.3g})"
+
+
+def check_batch_invariance(backend: Backend, kind: str, device: torch.device, *, seed: int = 0, run_id: str = "",
+                           executor: Executor = IN_PROCESS) -> Row:
+    """One 'batch-invariance-<kind>:<case id>' fwd row: observed (or why it could not run)."""
+    case = invariance_case(kind, probe_dtype(backend, device), device)
+    tag = f"batch-invariance-{kind}"
+
+    def row(status: str, observed: str = "", reason: str = "") -> Row:
+        return probe_row(case, backend, device, tag=tag, phase="fwd", status=status, observed=observed,
+                         reason=reason, run_id=run_id)
+
+    inputs = make_inputs(case, "cpu", seed)
+    pair = ((case, inputs), alone(case, inputs))
+    gate = refused(backend, case, device, executor) or refused(backend, pair[1][0], device, executor)
+    if gate:
+        return row(gate[0], "", gate[1])
+    outs = []
+    for c, x in pair:
+        answer = executor.call(backend, Call(c, None, x), device)
+        if answer.failure is not None:
+            return row("error", "", answer.failure.reason)
+        outs.append(answer.out)
+    _, seen = compare(outs[0][:1], outs[1])
+    return row("observed", seen, "recorded: no backend promises batch invariance")
+
+
+def batch_invariance_check(backend: Backend, device: torch.device, case: AttentionCase, seed: int = 0) -> dict:
+    """The advisor's deployment check on the workload itself: {batch_invariant: yes/no/error, batch_invariance_note}
+    - sequence 0's forward output alone vs in the workload's batch, in this process (the advisor's executor runs it
+    where the backend runs)."""
+    try:
+        inputs = make_inputs(case, device, seed)
+        outs = []
+        for c, x in ((case, inputs), alone(case, inputs)):
+            q, k, v, _ = backend_inputs(backend, x, requires_grad=False, case=c)
+            with torch.no_grad():
+                outs.append(backend.from_layout(BoundCall(backend, c, device)(q, k, v)).detach().cpu())
+        same, note = compare(outs[0][:1], outs[1])
+        return {"batch_invariant": "yes" if same else "no", "batch_invariance_note": note}
+    except Exception as exc:
+        return {"batch_invariant": "error", "batch_invariance_note": f"{type(exc).__name__}: {str(exc)[:200]}"}

@@ -1,0 +1,76 @@
+"""The roofline figure (TFLOP/s against FLOP/byte under both measured ceilings) and bandwidth over the decode sweep."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from harness.report.data import Run, peak_tflops
+from harness.report.plots.metrics import Metric, metric_figures
+from harness.report.plots.style import backend_color, new_figure
+
+#: a decode step (1 query) or a speculative-decoding verification (2-8 queries) over a KV cache
+DECODE_MAX_QUERIES = 8
+
+
+def bandwidth_peak(env: dict) -> float | None:
+    """The run's measured copy bandwidth (GB/s, read + write) from env.json, or None."""
+    value = env.get("copy_bandwidth_gbps")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def roofline_figures(run: Run) -> list[tuple[str, Figure]]:
+    """One log-log panel per dtype: every timed row at (FLOP/byte, TFLOP/s), the matmul peak flat, the copy
+    bandwidth as the slanted ceiling (bandwidth x intensity); below the ridge point a kernel is memory-bound."""
+    df = run.cases
+    df = df[df.tflops.notna() & df.bytes_moved.notna() & (df.bytes_moved > 0) & (df.tflops > 0)]
+    if df.empty:
+        return []
+    bw = bandwidth_peak(run.env)
+    dtypes = sorted(set(df.dtype.astype(str)))
+    fig = new_figure(5.5 * len(dtypes), 4.2)
+    axes = fig.subplots(1, len(dtypes), squeeze=False)[0]
+    for ax, dtype in zip(axes, dtypes):
+        rows = df[df.dtype.astype(str) == dtype]
+        intensity = rows.flops / rows.bytes_moved
+        for backend, g in rows.groupby("backend"):
+            ax.scatter(g.flops / g.bytes_moved, g.tflops, s=18, color=backend_color(str(backend)), label=backend)
+        peak = peak_tflops(run.env, dtype)
+        xs = np.logspace(np.log10(max(intensity.min() / 3, 1e-3)), np.log10(intensity.max() * 3), 100)
+        if bw:
+            roof = bw * 1e9 * xs / 1e12
+            ax.plot(xs, np.minimum(roof, peak) if peak else roof, color="black", ls="--", lw=1,
+                    label=f"roofline (copy {bw:.4g} GB/s" + (f", {dtype} matmul {peak:.3g} TFLOP/s)" if peak else ")"))
+        elif peak:
+            ax.axhline(peak, color="black", ls="--", lw=1, label=f"{dtype} matmul peak {peak:.3g} TFLOP/s")
+        if bw and peak:
+            ax.axvline(peak * 1e12 / (bw * 1e9), color="grey", ls=":", lw=1, label="ridge point")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(dtype)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Roofline: achieved TFLOP/s under the measured matmul and bandwidth ceilings")
+    return [("roofline", fig)]
+
+
+def _bandwidth_decoration(ax, rows, run: Run) -> None:
+    bw = bandwidth_peak(run.env)
+    if bw:
+        ax.axhline(bw, color="black", ls="--", lw=1, label="_peak")
+        ax.text(0.01, bw, f"measured copy bandwidth {bw:.4g} GB/s", transform=ax.get_yaxis_transform(),
+                va="bottom", fontsize=8)
+
+
+BANDWIDTH = Metric("bandwidth", "Decode and verification: GB/s moved against the measured copy bandwidth", "gbps",
+                   "GB/s", decorate=_bandwidth_decoration, case_decorate=_bandwidth_decoration, phases=("fwd",))
+
+
+def bandwidth_figures(run: Run) -> list[tuple[str, Figure]]:
+    """GB/s of the decode sweep (cases with at most DECODE_MAX_QUERIES queries over a longer cache) per backend."""
+    decode = run.df[(run.df.seq_q <= DECODE_MAX_QUERIES) & (run.df.seq_k > run.df.seq_q)]
+    return metric_figures(replace(run, df=decode), BANDWIDTH)

@@ -1,0 +1,151 @@
+"""The paged KV cache of a case: a block table of shuffled physical pages, the caches laid out through it, the
+gather back to contiguous K/V, and one-line validation of user-supplied tables and lengths.
+
+Layouts (FlashAttention's): k_cache, v_cache (num_blocks, page_size, kv_heads, head_dim); block_table
+(batch, max_blocks) int32, entry [b, i] = the physical page holding sequence b's keys i*page_size ... (i+1)*page_size - 1;
+cache_seqlens (batch,) int32, sequence b's cache length (its mask's CacheCausal.lengths[b]).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from harness.spec.masks import CacheCausal
+
+if TYPE_CHECKING:
+    from harness.spec.case import AttentionCase, Inputs
+
+#: physical pages no sequence owns (stale data), so a kernel reading one page off reads garbage, not a neighbour
+SPARE_PAGES = 2
+#: seeds of the block table's shuffle and of the stale values in pages beyond every sequence's cache
+TABLE_SEED, STALE_SEED = 0, 1
+FORWARD_ONLY = "paged KV cases are forward-only: decode and verification take no gradients"
+
+
+def validate_paged_case(case: "AttentionCase") -> None:
+    """A paged case: page_size an int >= 1, the lengths in a CacheCausal mask, seq_k the longest of them."""
+    page = case.page_size
+    if not isinstance(page, int) or isinstance(page, bool) or page < 1:
+        raise ValueError(f"page_size={page!r}: must be an int >= 1 (or None for a contiguous cache)")
+    if not isinstance(case.mask, CacheCausal):
+        raise ValueError(f"page_size={page} needs mask=CacheCausal(lengths) (the per-sequence cache lengths); got "
+                         f"{case.mask_id}")
+    if case.modifiers or case.head_dim_v != case.head_dim:
+        raise ValueError(f"page_size={page}: paged cases take no modifiers and no head_dim_v yet; got modifiers "
+                         f"{case.modifier_id}, head_dim_v={case.head_dim_v} (head_dim {case.head_dim})")
+    if max(case.mask.lengths) != case.seq_k:
+        raise ValueError(f"seq_k={case.seq_k}: a paged case's seq_k is its longest cache, "
+                         f"max(CacheCausal.lengths)={max(case.mask.lengths)}")
+
+
+@dataclass(frozen=True)
+class PagedLayout:
+    """Where a paged case's keys live: block_table (batch, max_blocks) int32 and cache_seqlens (batch,) int32."""
+
+    block_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    num_blocks: int
+    page_size: int
+
+    @property
+    def max_blocks(self) -> int:
+        return self.block_table.shape[1]
+
+
+def paged_layout(case: "AttentionCase", device: str | torch.device = "cpu") -> PagedLayout:
+    """The case's block table: every sequence owns ceil(seq_k / page_size) pages drawn from a seeded shuffle of
+    all the cache's pages (SPARE_PAGES of them owned by nobody), so logical order is never physical order."""
+    page, batch = case.page_size, case.batch
+    max_blocks = math.ceil(case.seq_k / page)
+    num_blocks = batch * max_blocks + SPARE_PAGES
+    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(TABLE_SEED))
+    table = order[:batch * max_blocks].view(batch, max_blocks).to(torch.int32)
+    lengths = torch.tensor(case.mask.lengths, dtype=torch.int32)
+    return PagedLayout(table.to(device), lengths.to(device), num_blocks, page)
+
+
+def to_paged(x: torch.Tensor, layout: PagedLayout) -> torch.Tensor:
+    """Canonical (batch, kv_heads, seq_k, head_dim) keys or values -> the cache (num_blocks, page_size, kv_heads,
+    head_dim) through the block table. Slots past seq_k in a sequence's last page and the spare pages hold seeded
+    stale values: a kernel reading them gets a wrong answer, not a lucky zero."""
+    b, hkv, sk, d = x.shape
+    gen = torch.Generator(x.device).manual_seed(STALE_SEED)
+    cache = torch.randn(layout.num_blocks, layout.page_size, hkv, d, generator=gen, device=x.device).to(x.dtype)
+    logical, table = x.transpose(1, 2), layout.block_table.long()            # (B, Sk, Hkv, D)
+    full, rest = divmod(sk, layout.page_size)
+    cache[table[:, :full]] = logical[:, :full * layout.page_size].reshape(b, full, layout.page_size, hkv, d)
+    if rest:  # the last page's first `rest` slots; the slots after them keep their stale values
+        cache[table[:, full], :rest] = logical[:, full * layout.page_size:]
+    return cache
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_k: int, layout: str = "bhsd") -> torch.Tensor:
+    """The cache's pages in each sequence's logical order, contiguous: (batch, kv_heads, seq_k, head_dim) for layout
+    'bhsd', (batch, seq_k, kv_heads, head_dim) for 'bshd'. What a backend without a paged kernel does first."""
+    pages = cache[block_table.long()]                                         # (B, max_blocks, P, Hkv, D)
+    logical = pages.flatten(1, 2)[:, :seq_k]                                  # (B, Sk, Hkv, D)
+    return logical if layout == "bshd" else logical.transpose(1, 2)
+
+
+def check_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                cache_seqlens: torch.Tensor) -> None:
+    """Raise a one-line ValueError when the cache, block table or lengths do not fit together (outside timing:
+    it reads the tensors' values)."""
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)}: both must be "
+                         "(num_blocks, page_size, kv_heads, head_dim)")
+    num_blocks, page = k_cache.shape[:2]
+    if block_table.dim() != 2 or block_table.dtype != torch.int32:
+        raise ValueError(f"block_table {str(block_table.dtype).removeprefix('torch.')} {tuple(block_table.shape)}: "
+                         "must be int32 (batch, max_blocks)")
+    if cache_seqlens.shape != (block_table.shape[0],) or cache_seqlens.dtype != torch.int32:
+        raise ValueError(f"cache_seqlens {str(cache_seqlens.dtype).removeprefix('torch.')} "
+                         f"{tuple(cache_seqlens.shape)}: must be int32 (batch,) with batch={block_table.shape[0]}")
+    low, high = int(block_table.min()), int(block_table.max())
+    if low < 0 or high >= num_blocks:
+        bad = low if low < 0 else high
+        raise ValueError(f"block_table entry {bad}: must be a page index in 0..{num_blocks - 1} (num_blocks)")
+    capacity = block_table.shape[1] * page
+    longest = int(cache_seqlens.max())
+    if longest > capacity or int(cache_seqlens.min()) < 0:
+        raise ValueError(f"cache_seqlens {cache_seqlens.tolist()}: each must be in 0..{capacity} (max_blocks "
+                         f"{block_table.shape[1]} x page_size {page})")
+
+
+def paged_inputs(case: "AttentionCase", k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(k_cache, v_cache, block_table, cache_seqlens) of canonical k, v for `case`, on their device, validated."""
+    layout = paged_layout(case, k.device)
+    k_cache, v_cache = to_paged(k, layout), to_paged(v, layout)
+    check_paged(k_cache, v_cache, layout.block_table, layout.cache_seqlens)
+    return k_cache, v_cache, layout.block_table, layout.cache_seqlens
+
+
+def reference_inputs(case: "AttentionCase", inputs: "Inputs") -> "Inputs":
+    """What the oracle attends for a paged case: the pages gathered back through the block table into contiguous
+    K/V (the float64 reference and the same-dtype baseline then run as for any case)."""
+    k_cache, v_cache, table, _ = paged_inputs(case, inputs.k, inputs.v)
+    return inputs._replace(k=gather_kv(k_cache, table, case.seq_k), v=gather_kv(v_cache, table, case.seq_k))
+
+
+def cache_lengths(longest: int, batch: int) -> tuple[int, ...]:
+    """Per-sequence cache lengths as a serving batch holds them: the first `longest` (or one less), the others
+    shorter down to about half of it, every one odd, so no page size > 1 divides it (each last page is partial)."""
+    out = []
+    for b in range(batch):
+        n = max(1, longest - (longest * b) // (2 * batch))
+        out.append(n if n % 2 else n - 1)
+    return tuple(out)
+
+
+def paged_case(batch: int, heads: int, seq_q: int, head_dim: int, dtype, *, kv_heads: int, cache: int,
+               page_size: int) -> "AttentionCase":
+    """A decode (seq_q = 1) or verification (seq_q = 2-8) step over paged caches of about `cache` keys (cache_lengths)."""
+    from harness.spec.case import AttentionCase
+
+    lengths = cache_lengths(cache, batch)
+    return AttentionCase(batch, heads, seq_q, head_dim, dtype, kv_heads=kv_heads, seq_k=max(lengths),
+                         mask=CacheCausal(lengths), page_size=page_size)

@@ -1,0 +1,24 @@
+"""Batch invariance per backend: one sequence alone vs co-batched with sequences of other lengths (prefill, decode,
+paged decode), recorded next to the determinism probe."""
+
+from __future__ import annotations
+
+from harness.probes.batch_invariance import KINDS, check_batch_invariance
+from harness.suite.probes import conclude, parametrize, tier
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" in metafunc.fixturenames and "kind" in metafunc.fixturenames:
+        level = tier(metafunc.config) or "default"
+        pairs = [(b, k) for b in metafunc.config._harness_backends for k in KINDS
+                 # two new shapes are two compiles (~30 s each on 2 CPU cores): such backends run the paged decode
+                 # alone unless the tier is full
+                 if level == "full" or not b.compiles_per_shape or k == "paged-decode"]
+        parametrize(metafunc, ("backend", "kind"), pairs, [f"{b.name}-{k}" for b, k in pairs])
+
+
+def test_batch_invariance(backend, kind, run_session):
+    row = check_batch_invariance(backend, kind, run_session.device, seed=run_session.seed,
+                                 run_id=run_session.run_id, executor=run_session.executor)
+    run_session.writer.write([row])
+    conclude([row])

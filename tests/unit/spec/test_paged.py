@@ -1,0 +1,87 @@
+"""The paged KV case: CacheCausal's semantics, the shuffled block table, the cache round trip and one-line errors."""
+
+import pytest
+import torch
+
+from harness import AttentionCase
+from harness.spec.masks import CacheCausal, CausalBottomRight, KeyPadding
+from harness.spec.paged import check_paged, gather_kv, paged_inputs, paged_layout, to_paged
+
+
+def _case(seq_q=4, lengths=(45, 20, 33), page=16, **kw):
+    return AttentionCase(len(lengths), 4, seq_q, 32, "fp32", kv_heads=2, seq_k=max(lengths),
+                         mask=CacheCausal(lengths), page_size=page, **kw)
+
+
+def test_cache_causal_aligns_each_sequence_to_its_own_length():
+    mask = CacheCausal((10, 6))
+    dense = mask.materialize(3, 10, batch=2)[:, 0]
+    for b, n in enumerate((10, 6)):
+        for i in range(3):
+            assert dense[b, i].nonzero().flatten().tolist() == list(range(n - 3 + i + 1))
+    # what CausalBottomRight & KeyPadding gives instead: aligned to seq_k, so the shorter cache's rows differ
+    other = (CausalBottomRight() & KeyPadding((10, 6))).materialize(3, 10, batch=2)[:, 0]
+    assert torch.equal(dense[0], other[0]) and not torch.equal(dense[1], other[1])
+
+
+def test_cache_causal_key_ranges_match_the_predicate():
+    mask = CacheCausal((9, 5, 7))
+    lo, hi = mask.key_ranges(3, 9, 3)
+    dense = mask.materialize(3, 9, batch=3)[:, 0]
+    assert torch.equal(dense.sum(-1), (hi - lo).clamp_min(0))
+
+
+def test_paged_case_id_shows_the_page_size_and_lengths():
+    assert _case().id == "fp32-b3-h4kv2-s4x45-d32-cache-causal45_20_33-page16"
+    long = CacheCausal(tuple(range(100, 164)))
+    assert len(long.id) < 40 and long.id != CacheCausal(tuple(range(101, 165))).id
+
+
+def test_block_table_is_a_shuffle_and_the_cache_round_trips():
+    case = _case()
+    layout = paged_layout(case)
+    table = layout.block_table
+    assert table.dtype == torch.int32 and table.shape == (3, 3)
+    assert len(set(table.flatten().tolist())) == 9 and layout.num_blocks == 11
+    assert table.flatten().tolist() != sorted(table.flatten().tolist())       # not in logical order
+    k = torch.randn(3, 2, 45, 32)
+    cache = to_paged(k, layout)
+    assert cache.shape == (11, 16, 2, 32)
+    assert torch.equal(gather_kv(cache, table, 45), k)
+    assert torch.equal(gather_kv(cache, table, 45, "bshd"), k.transpose(1, 2))
+    # the slots after seq_k in the last page hold stale values, not zeros
+    assert cache[table[0, 2].long(), 45 - 32:].abs().sum() > 0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(page=0), "page_size=0: must be an int >= 1"),
+    (dict(page=2.5), "page_size=2.5"),
+    (dict(lengths=(45, 20, 2)), r"each must be >= seq_q=4"),
+])
+def test_bad_paged_cases_get_one_line_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match) as err:
+        _case(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_paged_case_needs_cache_lengths_in_its_mask():
+    with pytest.raises(ValueError, match="needs mask=CacheCausal"):
+        AttentionCase(2, 4, 1, 32, "fp32", seq_k=40, mask=CausalBottomRight(), page_size=16)
+    with pytest.raises(ValueError, match="seq_k=50: a paged case's seq_k is its longest cache"):
+        AttentionCase(2, 4, 1, 32, "fp32", seq_k=50, mask=CacheCausal((40, 30)), page_size=16)
+
+
+def test_bad_tables_and_lengths_get_one_line_errors():
+    case = _case()
+    k_cache, v_cache, table, lengths = paged_inputs(case, torch.randn(3, 2, 45, 32), torch.randn(3, 2, 45, 32))
+    bad_table = table.clone()
+    bad_table[1, 2] = 11
+    cases = [((k_cache, v_cache, bad_table, lengths), "block_table entry 11: must be a page index in 0..10"),
+             ((k_cache, v_cache, table.long(), lengths), "block_table int64"),
+             ((k_cache, v_cache, table, torch.tensor([45, 20, 49], dtype=torch.int32)),
+              r"cache_seqlens \[45, 20, 49\]: each must be in 0..48"),
+             ((k_cache, v_cache[:, :8], table, lengths), "k_cache .* / v_cache")]
+    for args, match in cases:
+        with pytest.raises(ValueError, match=match) as err:
+            check_paged(*args)
+        assert "\n" not in str(err.value)
