@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.backends.flash_attn_package import fa2_problem
 from harness.backends.registry import register
 from harness.spec.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
 
@@ -74,10 +75,16 @@ class FlashAttn2(Backend):
     native_probes = frozenset({"causal", "mask", "dropout"})
 
     def unavailable_reason(self, device):
+        """FlashAttention-2 is its interface module (which loads flash_attn_2_cuda), not the `flash_attn` name:
+        flash-attn-4 installs a `flash_attn` namespace package without it."""
+        problem = fa2_problem()
+        if problem is not None:
+            return f"{problem}; FlashAttention-2 builds from source with CUDA only (docs/gpu.md)"
         try:
-            import flash_attn  # noqa: F401
+            import flash_attn.flash_attn_interface  # noqa: F401
         except Exception as exc:
-            return f"flash_attn not importable ({type(exc).__name__}: {exc}); it builds from source with CUDA only"
+            return (f"flash_attn.flash_attn_interface not importable ({type(exc).__name__}: {exc}); FlashAttention-2 "
+                    "builds from source with CUDA only (docs/gpu.md)")
         if device.type != "cuda":
             return f"flash-attn needs CUDA; device is {device.type}"
         major, minor = torch.cuda.get_device_capability(device)
@@ -87,7 +94,7 @@ class FlashAttn2(Backend):
 
     # Native probes (harness/probes/semantics.py, dropout.py): FA2's own arguments, no mask spec involved.
     def native_causal(self, q, k, v, *, scale):
-        from flash_attn import flash_attn_func
+        from flash_attn.flash_attn_interface import flash_attn_func
 
         return flash_attn_func(q, k, v, softmax_scale=scale, causal=True)
 
@@ -96,7 +103,7 @@ class FlashAttn2(Backend):
                           "varlen cu_seqlens)")
 
     def native_dropout(self, q, k, v, *, p, scale):
-        from flash_attn import flash_attn_func
+        from flash_attn.flash_attn_interface import flash_attn_func
 
         return flash_attn_func(q, k, v, dropout_p=p, softmax_scale=scale)
 
@@ -113,7 +120,7 @@ class FlashAttn2(Backend):
         return fa2_plan(case, device)
 
     def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None):
-        from flash_attn import flash_attn_func, flash_attn_varlen_func
+        from flash_attn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
         plan = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
         b, sq, h, d = q.shape

@@ -118,7 +118,7 @@ def _backends_summary(stdout: str) -> str:
     ok, not_ok = [], []
     for line in stdout.splitlines()[1:]:
         fields = line.split()
-        if len(fields) >= 2:
+        if len(fields) >= 2 and fields[0] != "kernels:":
             (ok if line.rstrip().endswith(" ok") else not_ok).append(fields[0])
     return f"ok: {', '.join(ok) or '-'}; unavailable: {', '.join(not_ok) or '-'}"
 
