@@ -113,6 +113,37 @@ def build(dest: Path, python: str = "3.12", platform: str = "manylinux_2_28_x86_
     return found
 
 
+def unmet(dist: str = "attention-harness", extras: tuple[str, ...] = ("slurm",)) -> list[str]:
+    """Requirements of installed `dist` (with `extras`) that this environment does not satisfy: what an offline
+    install (every wheel with --no-deps, so pip never re-resolves the node's torch) leaves missing."""
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    from packaging.requirements import Requirement
+
+    missing = []
+    for text in requires(dist) or []:
+        req = Requirement(text)
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in ("", *extras)):
+            continue
+        try:
+            have = version(req.name)
+        except PackageNotFoundError:
+            missing.append(f"{req} (not installed)")
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            missing.append(f"{req} (have {have})")
+    return missing
+
+
+def report_unmet() -> int:
+    """Print what the harness still lacks after an offline install (setup.sh --offline); 1 when anything."""
+    missing = unmet()
+    if missing:
+        print(f"setup.sh --offline: missing on this node and not in the wheelhouse: {'; '.join(missing)} "
+              "(python -m harness wheelhouse --full carries the scientific stack)")
+    return 1 if missing else 0
+
+
 def _wheelhouse(args: argparse.Namespace) -> int:
     found = build(Path(args.dir), args.python, args.platform, args.torch_cuda, args.full)
     for w in found["wheels"]:

@@ -88,3 +88,12 @@ def test_cli_refuses_an_unknown_cuda_major_in_one_line(capsys):
     from harness.cli.main import main
     assert main(["wheelhouse", "/tmp/x", "--torch-cuda", "11"]) == 2
     assert "invalid choice: 11" in capsys.readouterr().err
+
+
+def test_unmet_lists_what_an_offline_install_left_missing(monkeypatch):
+    import importlib.metadata as md
+    monkeypatch.setattr(md, "requires", lambda dist: ["pytest>=1", "no-such-dist-xyz>=1", "pytest<1",
+                                                       'submitit>=1.5; extra == "slurm"', 'flash-attn; extra == "gpu"'])
+    missing = wheelhouse.unmet()
+    assert missing[0] == "no-such-dist-xyz>=1 (not installed)" and missing[1].startswith("pytest<1 (have ")
+    assert len(missing) == 2  # the slurm extra is met; the gpu extra was not asked for
