@@ -3,20 +3,22 @@
 # the dry run's selftest gets 120 s):
 #   scripts/gpu-acceptance.sh [--dry-run] [OUTDIR] [WHEELHOUSE]
 # 1. installs every wheel of WHEELHOUSE (python -m harness wheelhouse DIR, made where the index is reachable) into
-#    OUTDIR/site with --no-index --no-deps - the node's torch is never touched - and puts it on PYTHONPATH;
+#    $SITE_DIR (default /tmp/gpu-acceptance-site) with --no-index --no-deps - the node's torch is never touched - and puts it on PYTHONPATH;
 # 2. prints the environment (GPU, driver, torch, CUDA, nvcc, whether xformers' extension loads and why not) and
 # 3. runs the xformers forward/backward smoke against SDPA (no mask, causal, tensor bias; at most 30 s), both
 #    into xformers-smoke.txt (nvidia-smi's and nvcc's own output: environment.txt);
 # 4. runs `python -m harness selftest --gpu --budget-s` with what is left of the budget.
 # Leaves at most 8 files directly in OUTDIR (default gpu-acceptance): install.log, environment.txt,
-# xformers-smoke.txt, acceptance.log, selftest-table.txt, selftest.json, selftest.tgz (the site/ and work/ folders
-# hold the installed wheels and the steps' own files). --dry-run: the same on the CPU (no wheelhouse needed; CI).
+# xformers-smoke.txt, acceptance.log, selftest-table.txt, selftest.json, selftest.tgz (its work/ folder holds the steps'
+# own logs and results, also inside selftest.tgz). --dry-run: the same on the CPU (no wheelhouse needed; CI).
 set -uo pipefail
 DRY=""
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:-gpu-acceptance}
 WHEELHOUSE=${2:-$ROOT/wheelhouse}
+# the installed wheels stay out of OUTDIR, so that OUTDIR is only what a person reads afterwards
+SITE=${SITE_DIR:-${TMPDIR:-/tmp}/gpu-acceptance-site}
 PY=${PYTHON:-python3}
 BUDGET=${BUDGET_S:-540}
 START=$SECONDS
@@ -25,12 +27,12 @@ exec > >(tee "$OUT/acceptance.log") 2>&1
 echo "gpu-acceptance: budget $BUDGET s, out $OUT, wheelhouse $WHEELHOUSE${DRY:+ (dry run)}"
 
 if [ -d "$WHEELHOUSE" ] && ls "$WHEELHOUSE"/*.whl >/dev/null 2>&1; then
-  if "$PY" -m pip install --no-index --no-deps --upgrade --target "$OUT/site" "$WHEELHOUSE"/*.whl >"$OUT/install.log" 2>&1; then
-    echo "installed $(ls "$WHEELHOUSE"/*.whl | wc -l) wheels into $OUT/site"
+  if "$PY" -m pip install --no-index --no-deps --upgrade --target "$SITE" "$WHEELHOUSE"/*.whl >"$OUT/install.log" 2>&1; then
+    echo "installed $(ls "$WHEELHOUSE"/*.whl | wc -l) wheels into $SITE"
   else
     echo "install from $WHEELHOUSE failed (see install.log); going on with what this python has"
   fi
-  export PYTHONPATH="$ROOT:$OUT/site${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 else
   echo "no wheelhouse at $WHEELHOUSE: using what $PY has" >"$OUT/install.log"
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
