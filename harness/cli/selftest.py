@@ -135,9 +135,12 @@ def table(planned: list[Step], title: str) -> str:
     width = max(len(s.name) for s in planned)
     lines = [title]
     for s in planned:
-        o = s.outcome or {"status": "pending", "seconds": 0.0, "detail": "not run when this table was written"}
+        o = s.outcome or ({"status": "not run" if s.skip.startswith("not run") else "skipped", "seconds": 0.0,
+                           "detail": s.skip} if s.skip else
+                          {"status": "pending", "seconds": 0.0, "detail": "not run when this table was written"})
         lines.append(f"  {s.name:<{width}}  {o['status']:<22} {o['seconds']:6.0f} s  {o['detail']}")
-    not_run = [s.name for s in planned if not s.outcome or s.outcome["status"] in ("not run", "pending")]
+    not_run = [s.name for s in planned if s.outcome.get("status") == "not run" or not s.outcome
+               and not (s.skip and not s.skip.startswith("not run"))]
     lines.append(f"not run: {', '.join(not_run)}" if not_run else "every planned step ran")
     return "\n".join(lines) + "\n"
 

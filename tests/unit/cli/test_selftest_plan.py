@@ -62,7 +62,8 @@ def test_a_step_past_its_timeout_is_killed_with_its_children(tmp_path):
 def test_the_table_on_disk_says_what_finished_and_what_did_not_run(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
-    planned = _steps(1, 1, 1)
+    planned = _steps(1, 1, 1, 1)
+    planned[3].skip = "dry run: needs a CUDA device"
     planned[0].outcome = {"status": "ok", "seconds": 3.0, "detail": "fine"}
     planned[1].skip = "not run: over budget"
     planned[1].outcome = {"status": "not run", "seconds": 0.0, "detail": planned[1].skip}
@@ -70,6 +71,7 @@ def test_the_table_on_disk_says_what_finished_and_what_did_not_run(tmp_path):
     selftest.write_record(tmp_path, work, planned, "title")
     text = (tmp_path / "selftest-table.txt").read_text()
     assert "step 0  ok" in text and "step 2  pending" in text and text.endswith("not run: step 1, step 2\n")
+    assert "step 3  skipped" in text
     assert json.loads((tmp_path / "selftest.json").read_text())["step 2"] == {"status": "pending"}
     with tarfile.open(tmp_path / "selftest.tgz") as tar:
         assert set(tar.getnames()) == {"selftest-table.txt", "selftest.json", "step-step-0.log"}
