@@ -93,7 +93,7 @@ def _import_xformers():
     FlashAttention-2 (flash-attn-4's namespace) is hidden during the import: xformers' ops/fmha/flash.py imports
     flash_attn.flash_attn_interface whenever find_spec("flash_attn") finds the name, which would fail the whole
     `import xformers.ops`; hidden, xformers uses torch's bundled flash instead, as it does with no flash_attn."""
-    if "xformers.ops" not in sys.modules:
+    if "xformers" not in sys.modules:  # xformers loads _C.so when its top package is first imported
         make_cuda12_runtime_visible()
     logger = logging.getLogger("xformers")
     disabled, logger.disabled = logger.disabled, True

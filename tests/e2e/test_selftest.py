@@ -49,7 +49,10 @@ def test_gpu_acceptance_dry_run_fits_its_budget_and_leaves_the_record(tmp_path):
         names = tar.getnames()
     assert {"selftest-table.txt", "selftest.json", "step-backends.log"} <= set(names)
     if steps["correctness smoke"]["status"] == "ok":
+        assert steps["correctness smoke"]["detail"].startswith("pass")
         assert any(n.endswith("results.csv") for n in names) and any(n.endswith("env.json") for n in names)
+    if steps["memory growth"]["status"] == "ok":
+        assert "peak memory x" in steps["memory growth"]["detail"]
 
 
 def test_selftest_without_a_gpu_says_so():
