@@ -146,6 +146,11 @@ class Backend:
         except Exception:
             return "not installed"
 
+    def kernels(self) -> str:
+        """Which kernels this backend's calls can run here, where it can tell ('' otherwise): printed by
+        `python -m harness backends` under the backend's line."""
+        return ""
+
     def last_op(self) -> str:
         """The kernel that actually ran on the last call, where the backend can tell (else its name)."""
         return self.name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.backends.flash_attn_package import fa2_problem
 from harness.backends.registry import register
 from harness.spec.masks import (CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec,
                                 SlidingWindow)
@@ -108,10 +109,16 @@ class FlashAttn2(Backend):
     page_size_multiple = 256
 
     def unavailable_reason(self, device):
+        """FlashAttention-2 is its interface module (which loads flash_attn_2_cuda), not the `flash_attn` name:
+        flash-attn-4 installs a `flash_attn` namespace package without it."""
+        problem = fa2_problem()
+        if problem is not None:
+            return f"{problem}; FlashAttention-2 builds from source with CUDA only (docs/gpu.md)"
         try:
-            import flash_attn  # noqa: F401
+            import flash_attn.flash_attn_interface  # noqa: F401
         except Exception as exc:
-            return f"flash_attn not importable ({type(exc).__name__}: {exc}); it builds from source with CUDA only"
+            return (f"flash_attn.flash_attn_interface not importable ({type(exc).__name__}: {exc}); FlashAttention-2 "
+                    "builds from source with CUDA only (docs/gpu.md)")
         if device.type != "cuda":
             return f"flash-attn needs CUDA; device is {device.type}"
         major, minor = torch.cuda.get_device_capability(device)
@@ -121,7 +128,7 @@ class FlashAttn2(Backend):
 
     # Native probes (harness/probes/semantics.py, dropout.py): FA2's own arguments, no mask spec involved.
     def native_causal(self, q, k, v, *, scale):
-        from flash_attn import flash_attn_func
+        from flash_attn.flash_attn_interface import flash_attn_func
 
         return flash_attn_func(q, k, v, softmax_scale=scale, causal=True)
 
@@ -130,7 +137,7 @@ class FlashAttn2(Backend):
                           "varlen cu_seqlens)")
 
     def native_dropout(self, q, k, v, *, p, scale):
-        from flash_attn import flash_attn_func
+        from flash_attn.flash_attn_interface import flash_attn_func
 
         return flash_attn_func(q, k, v, dropout_p=p, softmax_scale=scale)
 
@@ -154,7 +161,7 @@ class FlashAttn2(Backend):
 
     def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None, softcap=None, alibi_slopes=None,
                 block_table=None, cache_seqlens=None):
-        from flash_attn import flash_attn_func, flash_attn_varlen_func
+        from flash_attn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
         if block_table is not None:  # paged: k, v are the caches (num_blocks, page_size, kv_heads, head_dim)
             return fa2_paged_call(q, k, v, mask=mask, scale=scale, block_table=block_table,
@@ -178,7 +185,7 @@ def fa2_paged_call(q, k_cache, v_cache, *, mask, scale, block_table, cache_seqle
     """flash_attn_with_kvcache over the paged cache. Its causal is bottom-right against each sequence's own
     cache_seqlens ("aligned to the bottom right corner of the attention matrix", seqlen_k = cache_seqlens[b]): query
     i sees keys j <= cache_seqlens[b] - seq_q + i, which is CacheCausal; no other mask has that form."""
-    from flash_attn import flash_attn_with_kvcache
+    from flash_attn.flash_attn_interface import flash_attn_with_kvcache
 
     if not isinstance(mask, CacheCausal):
         raise Unsupported(f"flash_attn_with_kvcache has no form for mask {getattr(mask, 'id', mask)} over a paged cache")

@@ -23,6 +23,9 @@ def _backends(args: argparse.Namespace) -> int:
         reason = IN_PROCESS.unavailable_reason(backend, device)
         missing += reason is not None
         print(f"  {backend.name:<{width}}  {backend.version():<14}  {'ok' if reason is None else 'unavailable: ' + reason}")
+        kernels = backend.kernels()
+        if kernels:  # indented under the line: what the backend's ops call underneath
+            print(f"  {'':<{width}}  kernels: {kernels}")
     return 0 if args.backends == "all" or not missing else 1
 
 

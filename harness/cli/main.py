@@ -12,7 +12,8 @@ import sys
 
 COMMAND_MODULES: list[str] = ["harness.cli.check", "harness.cli.backends", "harness.cli.history",
                               "harness.cli.compare", "harness.cli.run", "harness.cli.report", "harness.cli.recommend",
-                              "harness.cli.selftest"]
+                              "harness.cli.selftest", "harness.cli.wheelhouse",
+                              "harness.cli.xformers_smoke"]
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,115 +1,43 @@
-"""`python -m harness selftest --gpu`: the GPU acceptance run - every GPU path once, one summary table.
+"""`python -m harness selftest --gpu`: the GPU acceptance run - every GPU path once, within a time budget, one
+summary table.
 
-Steps (each a subprocess, so one that crashes does not end the others): which backends loaded; the real-CUDA
-tests (tests/gpu); the suites on the gpu-smoke matrix with --benchmark (CUDA events, and the timing-fidelity
-row against triton's do_bench); the benchmark with --cuda-graph; correctness on cuda:1 when a second GPU exists;
-memory growth (naive ~ n^2, fused ~ n); the multi-GPU launcher (`run --gpus all`). Exit 1 when any step hit a
-harness error (a crashed step, a failing harness test, an `error` row of a built-in backend); a backend that
-fails a case is a result, listed, not a harness error. Below the table: where each run's time went (its
-env.json time_spent: harness.measure.stages), so a slow step says which stage to look at.
+Steps (each a subprocess, so one that crashes or hangs does not end the others; harness/cli/selftest_plan.py),
+most informative first: which backends loaded; the real-CUDA tests (tests/gpu); correctness on the gpu-smoke
+matrix for every available backend; one benchmark round; timing fidelity against triton's do_bench; the benchmark
+with --cuda-graph on a subset; correctness on cuda:1 when a second GPU exists; memory growth (naive ~ n^2, fused
+~ n); the multi-GPU launcher (`run --gpus all`) on a subset. `--budget-s` plans them to fit, each with its own
+timeout; the steps that do not fit are listed as not run. The table is rewritten on disk as each step ends, so a
+run killed at any moment leaves the table of what finished and of what did not run. Exit 1 when any step hit a
+harness error (a crashed or timed-out step, a failing harness test, an `error` row of a built-in backend); a
+backend that fails a case is a result, listed, not a harness error. Below the table: where each run's time went
+(its env.json time_spent: harness.measure.stages), so a slow step says which stage to look at.
 
---dry-run runs the same steps on the CPU (smoke matrix, CPU launcher shards; the CUDA-only steps are listed as
-skipped): what CI runs, so the command itself cannot rot.
+--dry-run runs the same steps on the CPU (smoke matrix, naive and sdpa, CPU launcher shards; the CUDA-only
+steps are listed as skipped): what CI runs, so the command itself cannot rot.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
-import sys
+import tarfile
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
+from harness.cli.selftest_plan import STEP_KEYS, Step, choose, fit, steps, timeout_for
 from harness.measure.stages import time_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILT_IN = ("naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "xformers",
             "flash-attn")
-#: pytest exit codes that are results (0 all passed, 1 some tests failed: a backend failing a case)
-PYTEST_RESULTS = (0, 1)
-
-
-@dataclass
-class Step:
-    name: str
-    command: list[str]
-    #: exit codes that mean the step ran as designed
-    ok_codes: tuple[int, ...] = (0,)
-    #: the results directory whose rows the step's summary reads
-    results: Path | None = None
-    skip: str = ""
-    #: the table's detail from the step's stdout (default: its last line)
-    summarize: Callable[[str], str] | None = None
-    outcome: dict = field(default_factory=dict)
-
-
-def _py(*args: str) -> list[str]:
-    return [sys.executable, *args]
-
-
-def plan(dry_run: bool, out: Path, gpus: int) -> list[Step]:
-    """The steps on a GPU, or their CPU stand-ins for --dry-run."""
-    device, matrix = ("cpu", "smoke") if dry_run else ("cuda", "gpu-smoke")
-    # the dry run keeps to two quick backends: it proves the steps, CI pays for it, and flex compiles for minutes
-    quick = ["--backends", "naive,sdpa"] if dry_run else []
-    # one measurement round: the acceptance run proves the paths; rounds are for compare (an H200 took ~2 min a
-    # round of gpu-smoke with seven backends)
-    suites = ["-m", "pytest", "suites", "--device", device, "--matrix", matrix, "-q", "-p", "no:cacheprovider",
-              "--benchmark-quiet", "--no-report", "--rounds", "1", *quick]
-    no_gpu = "dry run: needs a CUDA device" if dry_run else ""
-    steps = [
-        Step("backends", _py("-m", "harness", "backends", "--device", device), summarize=_backends_summary),
-        # the check of every backend on gpu-smoke is the next step's correctness stage: not run twice
-        Step("tests/gpu", _py("-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rs", "-k",
-                              "not every_installed_backend"),
-             ok_codes=(0, 5) if dry_run else (0,)),
-        Step(f"suites {matrix} --benchmark", _py(*suites, "--benchmark", "--results-dir", str(out / "bench")),
-             PYTEST_RESULTS, out / "bench"),
-        Step("--cuda-graph", _py(*suites, "--benchmark", "--cuda-graph", "--results-dir", str(out / "graph"),
-                                 *(["--backends", "sdpa,naive"] if not quick else [])), PYTEST_RESULTS, out / "graph",
-             skip=no_gpu),
-        Step("cuda:1", _py(*[a if a != "cuda" else "cuda:1" for a in suites], "--results-dir", str(out / "cuda1")),
-             PYTEST_RESULTS, out / "cuda1",
-             skip=no_gpu or ("" if gpus >= 2 else f"{gpus} CUDA device(s): cuda:1 needs two")),
-        Step("memory growth", _py("-c", MEMORY_GROWTH.format(device=device))),
-        Step("run --gpus all" if not dry_run else "run --cpu-shards 2",
-             _py("-m", "harness", "run", *(["--cpu-shards", "2"] if dry_run else ["--gpus", "all"]),
-                 "--results-dir", str(out / "launch"), "--", "--matrix", matrix, "--backends", "naive,sdpa", "-q",
-                 "--no-report"), PYTEST_RESULTS, out / "launch"),
-    ]
-    return steps
-
-
-#: peak memory of naive (materialized scores) and a fused kernel at doubling sequence lengths
-MEMORY_GROWTH = """
-import json, torch
-from harness import AttentionCase
-from harness.backends.registry import get_backends
-from harness.execution.timed import phase_callables
-from harness.measure.memory import peak_memory
-from harness.spec.case import make_inputs
-from harness.spec.masks import Causal
-device = torch.device({device!r})
-fused = "sdpa-flash" if device.type == "cuda" else "sdpa"
-seqs = (2048, 4096) if device.type == "cuda" else (256, 512)
-out = {{}}
-for name in ("naive", fused):
-    b = get_backends([name])[0]
-    for s in seqs:
-        case = AttentionCase(1, 16 if device.type == "cuda" else 4, s, 128 if device.type == "cuda" else 64,
-                             "bf16" if device.type == "cuda" else "fp32", mask=Causal())
-        p = phase_callables(b, case, make_inputs(case, device), device, "fwd")
-        out[f"{{name}} s{{s}}"] = peak_memory(p.fn, device=device, setup=p.setup)[0]
-naive = out[f"naive s{{seqs[1]}}"] / out[f"naive s{{seqs[0]}}"]
-fused_r = out[f"{{fused}} s{{seqs[1]}}"] / max(out[f"{{fused}} s{{seqs[0]}}"], 1)
-print(f"peak memory x{{naive:.2f}} for naive, x{{fused_r:.2f}} for {{fused}} when the sequence doubles")
-ok = naive > 3.0 and fused_r < 2.6
-raise SystemExit(0 if ok else 1)
-"""
+#: the table, rewritten as each step ends, and the archive of everything a person needs to read the run
+TABLE, ARCHIVE, OUTCOMES = "selftest-table.txt", "selftest.tgz", "selftest.json"
+#: the CPU stand-in's backends: it proves the steps, CI pays for it, and flex compiles for minutes
+DRY_RUN_BACKENDS = ("naive", "sdpa")
 
 
 def _backends_summary(stdout: str) -> str:
@@ -118,7 +46,7 @@ def _backends_summary(stdout: str) -> str:
     ok, not_ok = [], []
     for line in stdout.splitlines()[1:]:
         fields = line.split()
-        if len(fields) >= 2:
+        if len(fields) >= 2 and fields[0] != "kernels:":
             (ok if line.rstrip().endswith(" ok") else not_ok).append(fields[0])
     return f"ok: {', '.join(ok) or '-'}; unavailable: {', '.join(not_ok) or '-'}"
 
@@ -151,30 +79,98 @@ def _time_spent(results: Path | None) -> list[tuple[str, dict]]:
     return found
 
 
-def run_step(step: Step, log, out: Path) -> dict:
-    """Run one step; its whole output goes to <out>/<step>.log, a failing step's last lines to `log` too."""
+def _run(command: list[str], timeout_s: float) -> tuple[int | None, str]:
+    """(exit code or None when killed at its timeout, stdout + stderr). The step runs in its own process group,
+    so a timeout ends its workers too (pytest's backend workers, the launcher's shards)."""
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=max(timeout_s, 1.0))
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # SIGTERM not enough (a kernel that does not return)
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        return None, out
+
+
+def run_step(step: Step, log, work: Path, timeout_s: float) -> dict:
+    """Run one step for at most `timeout_s`; its whole output goes to <work>/<step>.log, a failing step's last
+    lines to `log` too."""
     if step.skip:
-        return {"status": "skipped", "seconds": 0.0, "detail": step.skip}
+        return {"status": "skipped" if not step.skip.startswith("not run") else "not run", "seconds": 0.0,
+                "detail": step.skip}
     start = time.monotonic()
-    proc = subprocess.run(step.command, cwd=ROOT, capture_output=True, text=True)
+    code, output = _run(step.command, timeout_s)
     seconds = time.monotonic() - start
-    (out / f"{_file_name(step.name)}.log").write_text(f"$ {' '.join(step.command)}\n{proc.stdout}{proc.stderr}")
-    tail = (proc.stdout + proc.stderr).strip().splitlines()
-    detail = step.summarize(proc.stdout) if step.summarize else (tail[-1][:120] if tail else "")
-    status = "ok" if proc.returncode in step.ok_codes else f"FAILED (exit {proc.returncode})"
-    if step.results is not None:
+    log_file = work / f"{_file_name(step.name)}.log"
+    log_file.write_text(f"$ {' '.join(step.command)}\n(timeout {timeout_s:.0f} s)\n{output}")
+    tail = output.strip().splitlines()
+    detail = step.summarize(output) if step.summarize else (tail[-1][:120] if tail else "")
+    if code is None:
+        status = f"TIMEOUT ({timeout_s:.0f} s)"
+    else:
+        status = "ok" if code in step.ok_codes else f"FAILED (exit {code})"
+    if step.results is not None and code is not None:
         rows, errors = _rows_summary(step.results)
         detail = rows + (f"; {errors} error row(s) of built-in backends" if errors else "")
         if errors:
             status = "FAILED (error rows)"
     log(f"[{step.name}] {status} in {seconds:.0f} s: {detail}")
     if status != "ok":
-        log("\n".join(tail[-30:]) + f"\n(whole output: {out / _file_name(step.name)}.log)")
-    return {"status": status, "seconds": seconds, "detail": detail}
+        log("\n".join(tail[-30:]) + f"\n(whole output: {log_file})")
+    return {"status": status, "seconds": seconds, "detail": detail, "timeout_s": timeout_s}
 
 
 def _file_name(step_name: str) -> str:
     return "step-" + "".join(c if c.isalnum() else "-" for c in step_name).strip("-")
+
+
+def table(planned: list[Step], title: str) -> str:
+    """The summary: one line per step (its status, seconds, detail; 'pending' while it has not run yet), then
+    the steps that did not run."""
+    width = max(len(s.name) for s in planned)
+    lines = [title]
+    for s in planned:
+        o = s.outcome or ({"status": "not run" if s.skip.startswith("not run") else "skipped", "seconds": 0.0,
+                           "detail": s.skip} if s.skip else
+                          {"status": "pending", "seconds": 0.0, "detail": "not run when this table was written"})
+        lines.append(f"  {s.name:<{width}}  {o['status']:<22} {o['seconds']:6.0f} s  {o['detail']}")
+    not_run = [s.name for s in planned if s.outcome.get("status") == "not run" or not s.outcome
+               and not (s.skip and not s.skip.startswith("not run"))]
+    lines.append(f"not run: {', '.join(not_run)}" if not_run else "every planned step ran")
+    return "\n".join(lines) + "\n"
+
+
+def write_record(out: Path, work: Path, planned: list[Step], title: str) -> None:
+    """The table (out/selftest-table.txt), every step's outcome (selftest.json) and the archive (selftest.tgz:
+    both, each step's log, and env.json and results.csv of each run), each replaced whole (write, then rename)."""
+    text = table(planned, title)
+    outcomes = json.dumps({s.name: s.outcome or {"status": "pending"} for s in planned}, indent=1)
+    for name, content in ((TABLE, text), (OUTCOMES, outcomes)):
+        (work / name).write_text(content)
+        (out / f".{name}.tmp").write_text(content)
+        (out / f".{name}.tmp").replace(out / name)
+    members = [work / TABLE, work / OUTCOMES, *sorted(work.glob("*.log")), *sorted(work.glob("**/env.json")),
+               *sorted(work.glob("**/results.csv"))]
+    partial = out / f".{ARCHIVE}.tmp"
+    with tarfile.open(partial, "w:gz") as tar:
+        for path in members:
+            tar.add(path, arcname=str(path.relative_to(work)))
+    partial.replace(out / ARCHIVE)
+
+
+def _available(names: str, device: str) -> list[str]:
+    """The built-in (or named) backends that can run on `device`, in registry order."""
+    from harness.backends.registry import get_backends
+    from harness.execution.device import resolve_device
+    from harness.execution.executor import IN_PROCESS
+
+    dev = resolve_device(device)
+    return [b.name for b in get_backends(names) if IN_PROCESS.unavailable_reason(b, dev) is None]
 
 
 def _selftest(args: argparse.Namespace) -> int:
@@ -184,35 +180,61 @@ def _selftest(args: argparse.Namespace) -> int:
 
     if not args.dry_run and not torch.cuda.is_available():
         raise ValueError("selftest --gpu needs a CUDA device (torch sees none); --dry-run runs the CPU stand-in")
-    out = Path(args.out or tempfile.mkdtemp(prefix="harness-selftest-"))
-    out.mkdir(parents=True, exist_ok=True)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    steps = plan(args.dry_run, out, gpus)
     start = time.monotonic()
-    for step in steps:
-        step.outcome = run_step(step, print, out)
-    width = max(len(s.name) for s in steps)
-    print(f"\nselftest {'--dry-run (CPU stand-in)' if args.dry_run else 'on ' + torch.cuda.get_device_name(0)}: "
-          f"{time.monotonic() - start:.0f} s, results under {out}")
-    for s in steps:
-        print(f"  {s.name:<{width}}  {s.outcome['status']:<22} {s.outcome['seconds']:6.0f} s  {s.outcome['detail']}")
+    out = Path(args.out or tempfile.mkdtemp(prefix="harness-selftest-"))
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = args.backends or (",".join(DRY_RUN_BACKENDS) if args.dry_run else "all")
+    backends = _available(names, "cpu" if args.dry_run else "cuda")
+    planned = steps(args.dry_run, work, gpus, backends, _backends_summary)
+    choose(planned, args.steps.split(",") if args.steps else None)
+    fit(planned, args.budget_s)
+    title = (f"selftest {'--dry-run (CPU stand-in)' if args.dry_run else 'on ' + torch.cuda.get_device_name(0)}: "
+             f"budget {args.budget_s:.0f} s, backends {','.join(backends)}; results under {out}")
+    print(f"plan ({args.budget_s:.0f} s):")
+    for s in planned:
+        print(f"  {s.name:<32} {'~%.0f s' % s.estimate_s if not s.skip else s.skip}")
+    write_record(out, work, planned, title)
+    for i, step in enumerate(planned):
+        left = args.budget_s - (time.monotonic() - start)
+        timeout = timeout_for(step, planned[i + 1:], left)
+        if not step.skip and timeout < step.estimate_s / 2:
+            step.skip = f"not run: budget spent ({left:.0f} s left, ~{step.estimate_s:.0f} s needed)"
+        step.outcome = run_step(step, print, work, timeout)
+        write_record(out, work, planned, title)
+    spent = time.monotonic() - start
+    print("\n" + table(planned, title + f" - {spent:.0f} s"), end="")
     print("\nwhere each run's time went (harness.measure.stages; env.json 'time_spent'):")
-    for s in steps:
-        for run, spent in _time_spent(s.results):
+    for s in planned:
+        for run, used in _time_spent(s.results):
             print(f"  {s.name} [{run}]")
-            print("\n".join("    " + line for line in time_lines(spent)))
-            s.outcome.setdefault("time_spent", {})[run] = spent
-    (out / "selftest.json").write_text(json.dumps({s.name: s.outcome for s in steps}, indent=1))
-    failed = [s.name for s in steps if s.outcome["status"] not in ("ok", "skipped")]
+            print("\n".join("    " + line for line in time_lines(used)))
+            s.outcome.setdefault("time_spent", {})[run] = used
+    write_record(out, work, planned, title + f" - {spent:.0f} s")
+    print(f"table: {out / TABLE}; archive: {out / ARCHIVE}")
+    failed = [s.name for s in planned if s.outcome["status"] not in ("ok", "skipped", "not run")]
     if failed:
         print(f"harness errors in: {', '.join(failed)}")
     return 1 if failed else 0
 
 
 def add_subcommand(subparsers) -> None:
-    p = subparsers.add_parser("selftest", help="the GPU acceptance run: every GPU path once, one summary table",
-                              description=__doc__.split("\n\n", 1)[1])
+    from harness.cli.options import positive_float
+
+    p = subparsers.add_parser("selftest", help="the GPU acceptance run: every GPU path once, within a budget, one "
+                                               "summary table", description=__doc__.split("\n\n", 1)[1])
     p.add_argument("--gpu", action="store_true", help="run the GPU acceptance steps")
     p.add_argument("--dry-run", action="store_true", help="the same steps on the CPU (what CI runs)")
-    p.add_argument("--out", default=None, help="where the steps' results go (default: a new temporary directory)")
+    p.add_argument("--budget-s", type=positive_float, default=480.0,
+                   help="seconds the whole run may take: the steps are planned to fit, each with its own timeout. "
+                        "Default: %(default)s")
+    p.add_argument("--steps", default=None,
+                   help=f"comma-separated steps to run (default: all that fit), of: {', '.join(STEP_KEYS)}")
+    p.add_argument("--backends", default=None,
+                   help="comma-separated backends for the correctness and benchmark steps (default: every one that "
+                        f"can run here; --dry-run: {','.join(DRY_RUN_BACKENDS)})")
+    p.add_argument("--out", default=None,
+                   help=f"where {TABLE}, {ARCHIVE} and {OUTCOMES} go, the steps' logs and results under its work/ "
+                        "(default: a new temporary directory)")
     p.set_defaults(func=_selftest)

@@ -99,10 +99,13 @@ def test_fa2_paged_call_is_flash_attn_with_kvcache_with_bottom_right_causal(monk
     from harness.backends.flash_attn import FlashAttn2
 
     calls = []
-    fake = types.ModuleType("flash_attn")
+    fake = types.ModuleType("flash_attn.flash_attn_interface")  # FA2's interface module, where the backend imports
     fake.flash_attn_with_kvcache = _fake_flash_attn_with_kvcache(calls)
     fake.flash_attn_func = fake.flash_attn_varlen_func = None
-    monkeypatch.setitem(sys.modules, "flash_attn", fake)
+    package = types.ModuleType("flash_attn")
+    package.flash_attn_interface = fake
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", fake)
     case = AttentionCase(2, 4, 4, 32, "fp32", kv_heads=2, seq_k=300, mask=CacheCausal((300, 161)), page_size=256)
     inputs = make_inputs(case)
     k_cache, v_cache, table, lengths = paged_inputs(case, inputs.k, inputs.v)

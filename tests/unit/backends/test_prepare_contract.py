@@ -98,7 +98,7 @@ def test_flash_attn_varlen_and_padding_need_no_host_work(mask):
     fake = _fake_flash_attn()
     backend = get_backends("flash-attn")[0]
     case = AttentionCase(2, 4, 9, 16, "fp16", mask=mask)
-    with mock.patch.dict(sys.modules, {"flash_attn": fake}):
+    with mock.patch.dict(sys.modules, {"flash_attn": fake, "flash_attn.flash_attn_interface": fake}):
         prepared = backend.prepare(case, CPU)
         spy, out = _call_under_spy(backend, case, prepared)
     assert not spy.forbidden(), spy.forbidden()

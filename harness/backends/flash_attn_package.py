@@ -1,0 +1,40 @@
+"""What the importable `flash_attn` name is here - FlashAttention-2, flash-attn-4's namespace, or nothing - found
+without importing it (importing FA2 loads its CUDA extension; xformers imports it whenever the name exists)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+NOT_INSTALLED = "flash_attn is not installed"
+#: the reason given when `flash_attn` is flash-attn-4's namespace package (flash_attn/cute/, no __init__.py)
+FA4_NAMESPACE = "flash_attn is flash-attn-4's namespace, not FlashAttention-2"
+
+
+def fa2_problem() -> str | None:
+    """Why `flash_attn` is not FlashAttention-2 here, or None when its interface module (flash_attn_interface.py,
+    which imports the flash_attn_2_cuda extension) is there to import."""
+    try:
+        spec = importlib.util.find_spec("flash_attn")
+    except (ImportError, ValueError) as exc:  # a broken parent or a module without a spec in sys.modules
+        return f"flash_attn cannot be looked up: {type(exc).__name__}: {exc}"
+    if spec is None:
+        return NOT_INSTALLED
+    locations = list(spec.submodule_search_locations or [])
+    if any(Path(p, "flash_attn_interface.py").exists() for p in locations):
+        return None
+    if spec.origin in (None, "namespace"):  # a namespace package: no __init__.py in any of its folders
+        return f"{FA4_NAMESPACE} ({', '.join(locations)} holds {_children(locations)}, no flash_attn_interface)"
+    return f"flash_attn at {spec.origin} has no flash_attn_interface module: it is not FlashAttention-2"
+
+
+def flash_attn_is_foreign() -> bool:
+    """True when a `flash_attn` exists but is not FlashAttention-2 (xformers' flash.py would then fail importing
+    flash_attn.flash_attn_interface)."""
+    problem = fa2_problem()
+    return problem is not None and problem != NOT_INSTALLED
+
+
+def _children(locations: list[str]) -> str:
+    names = sorted({p.name for loc in locations for p in Path(loc).iterdir() if not p.name.startswith("__")})
+    return ", ".join(names) or "nothing"

@@ -1,0 +1,171 @@
+"""The GPU acceptance run's steps, most informative first, and the plan that fits them into a time budget.
+
+Each step is a subprocess with an estimate of its seconds here; `fit` keeps the steps, in order, whose estimates
+add up within the budget and says of every other one that it was not run and why. At run time a step's timeout is
+twice its estimate, cut so that the planned steps after it keep their estimates (`timeout_for`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+#: the steps' keys for --steps, in the order they run: most informative first
+STEP_KEYS = ("backends", "tests-gpu", "correctness", "benchmark", "fidelity", "cuda-graph", "cuda1", "memory",
+             "launch")
+#: seconds a step is expected to take: (fixed, per backend it runs) on a GPU, then on the CPU stand-in. The GPU
+#: figures are estimates scaled from the H200 runs of 2026-11-30 (docs/measurements.md: one gpu-smoke benchmark
+#: round of seven backends ~2 min; the whole run 8-11.5 min with 8 backends), not per-step measurements; the CPU
+#: ones are dry-run step times (naive,sdpa) on the 2-core VM, which the same steps exceeded by up to 2x while other
+#: jobs shared it. Every run's table records the real seconds of each step.
+ESTIMATES = {
+    "backends": ((20, 0), (10, 0)),
+    "tests-gpu": ((60, 0), (5, 0)),
+    "correctness": ((20, 12), (10, 6)),
+    "benchmark": ((15, 12), (10, 6)),
+    "fidelity": ((30, 0), (15, 0)),
+    "cuda-graph": ((20, 10), (0, 0)),
+    "cuda1": ((30, 15), (0, 0)),
+    "memory": ((20, 0), (8, 0)),
+    "launch": ((40, 10), (20, 8)),
+}
+#: a step may run to this many times its estimate while the later steps' estimates still fit
+TIMEOUT_FACTOR = 2.0
+#: the share of the budget the plan fills with estimates: the rest absorbs steps that run over theirs (the dry run's
+#: steps took up to 2x their estimates on the 2-core VM while other jobs shared it)
+PLAN_SHARE = 0.8
+#: the backends of the steps that prove a path rather than cover the backends (graphs, launcher, a second GPU)
+SUBSET = ("naive", "sdpa")
+#: pytest exit codes that are results (0 all passed, 1 some tests failed: a backend failing a case)
+PYTEST_RESULTS = (0, 1)
+
+
+@dataclass
+class Step:
+    key: str
+    name: str
+    command: list[str]
+    estimate_s: float
+    #: exit codes that mean the step ran as designed
+    ok_codes: tuple[int, ...] = (0,)
+    #: the results directory whose rows the step's summary reads
+    results: Path | None = None
+    #: why the step does not run (empty: it runs)
+    skip: str = ""
+    #: the table's detail from the step's stdout (default: its last line)
+    summarize: Callable[[str], str] | None = None
+    outcome: dict = field(default_factory=dict)
+
+
+def _py(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+def steps(dry_run: bool, work: Path, gpus: int, backends: list[str],
+          summarize_backends: Callable[[str], str] | None = None) -> list[Step]:
+    """Every step for `backends` (those that can run here), or their CPU stand-ins for --dry-run."""
+    device, matrix = ("cpu", "smoke") if dry_run else ("cuda", "gpu-smoke")
+    subset = [b for b in SUBSET if b in backends] or backends[:2]
+    # one measurement round: the acceptance run proves the paths; rounds are for compare
+    suites = ["-m", "pytest", "--device", device, "--matrix", matrix, "-q", "-p", "no:cacheprovider",
+              "--benchmark-quiet", "--no-report", "--rounds", "1"]
+    chosen, few = ["--backends", ",".join(backends)], ["--backends", ",".join(subset)]
+    no_gpu = "dry run: needs a CUDA device" if dry_run else ""
+
+    def estimate(key: str, n: int) -> float:
+        fixed, each = ESTIMATES[key][1 if dry_run else 0]
+        return fixed + each * n
+
+    return [
+        Step("backends", "backends", _py("-m", "harness", "backends", "--device", device), estimate("backends", 0),
+             summarize=summarize_backends),
+        # the check of every backend on gpu-smoke is the correctness step: not run twice
+        Step("tests-gpu", "tests/gpu", _py("-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rs", "-k",
+                                           "not every_installed_backend"),
+             estimate("tests-gpu", 0), ok_codes=(0, 5) if dry_run else (0,)),
+        Step("correctness", f"correctness {matrix}", _py(*suites, "suites", *chosen, "--results-dir",
+                                                          str(work / "correct")),
+             estimate("correctness", len(backends)), PYTEST_RESULTS, work / "correct"),
+        # timing needs a passed verdict in its own session: this step judges its cases again before timing them
+        Step("benchmark", f"benchmark {matrix} (1 round)",
+             _py(*suites, "suites/benchmark/test_performance.py", "--benchmark", *chosen, "--results-dir",
+                 str(work / "bench")), estimate("benchmark", len(backends)), PYTEST_RESULTS, work / "bench"),
+        Step("fidelity", "fidelity vs " + ("a wall clock" if dry_run else "triton do_bench"),
+             _py(*suites, "suites/benchmark/test_timing_fidelity.py", "--benchmark", "--results-dir",
+                 str(work / "fidelity")), estimate("fidelity", 0), PYTEST_RESULTS, work / "fidelity"),
+        Step("cuda-graph", "--cuda-graph", _py(*suites, "suites/benchmark/test_performance.py", "--benchmark",
+                                               "--cuda-graph", *few, "--results-dir", str(work / "graph")),
+             estimate("cuda-graph", len(subset)), PYTEST_RESULTS, work / "graph", skip=no_gpu),
+        Step("cuda1", "cuda:1", _py(*[a if a != "cuda" else "cuda:1" for a in suites], "suites/correctness", *few,
+                                    "--results-dir", str(work / "cuda1")),
+             estimate("cuda1", len(subset)), PYTEST_RESULTS, work / "cuda1",
+             skip=no_gpu or ("" if gpus >= 2 else f"{gpus} CUDA device(s): cuda:1 needs two")),
+        Step("memory", "memory growth", _py("-c", MEMORY_GROWTH.format(device=device)), estimate("memory", 0)),
+        Step("launch", "run --gpus all" if not dry_run else "run --cpu-shards 2",
+             _py("-m", "harness", "run", *(["--cpu-shards", "2"] if dry_run else ["--gpus", "all"]),
+                 "--results-dir", str(work / "launch"), "--", "--matrix", matrix, *few, "-q", "--no-report"),
+             estimate("launch", len(subset)), PYTEST_RESULTS, work / "launch"),
+    ]
+
+
+def fit(planned: list[Step], budget_s: float) -> None:
+    """Mark every step whose estimate no longer fits in PLAN_SHARE of `budget_s` after the steps before it as not
+    run (in order: a later, cheaper step may still fit)."""
+    left = PLAN_SHARE * budget_s
+    for step in planned:
+        if step.skip:
+            continue
+        if step.estimate_s > left:
+            step.skip = (f"not run: over budget (~{step.estimate_s:.0f} s needed, {left:.0f} s of the plan's "
+                         f"{PLAN_SHARE * budget_s:.0f} left; --budget-s {budget_s:.0f})")
+            continue
+        left -= step.estimate_s
+
+
+def timeout_for(step: Step, later: list[Step], left_s: float) -> float:
+    """The seconds `step` may run when `left_s` remain: TIMEOUT_FACTOR times its estimate, less what the planned
+    steps after it need."""
+    reserved = sum(s.estimate_s for s in later if not s.skip)
+    return min(TIMEOUT_FACTOR * step.estimate_s, left_s - reserved)
+
+
+def choose(planned: list[Step], keys: list[str] | None) -> None:
+    """Keep the steps named by --steps (others: not run, asked)."""
+    if keys is None:
+        return
+    unknown = [k for k in keys if k not in STEP_KEYS]
+    if unknown:
+        raise ValueError(f"--steps {','.join(unknown)}: allowed {', '.join(STEP_KEYS)}")
+    for step in planned:
+        if step.key not in keys and not step.skip:
+            step.skip = "not run: not in --steps"
+
+
+#: peak memory of naive (materialized scores) and a fused kernel at doubling sequence lengths
+MEMORY_GROWTH = """
+import json, torch
+from harness import AttentionCase
+from harness.backends.registry import get_backends
+from harness.execution.timed import phase_callables
+from harness.measure.memory import peak_memory
+from harness.spec.case import make_inputs
+from harness.spec.masks import Causal
+device = torch.device({device!r})
+fused = "sdpa-flash" if device.type == "cuda" else "sdpa"
+seqs = (2048, 4096) if device.type == "cuda" else (256, 512)
+out = {{}}
+for name in ("naive", fused):
+    b = get_backends([name])[0]
+    for s in seqs:
+        case = AttentionCase(1, 16 if device.type == "cuda" else 4, s, 128 if device.type == "cuda" else 64,
+                             "bf16" if device.type == "cuda" else "fp32", mask=Causal())
+        p = phase_callables(b, case, make_inputs(case, device), device, "fwd")
+        out[f"{{name}} s{{s}}"] = peak_memory(p.fn, device=device, setup=p.setup)[0]
+naive = out[f"naive s{{seqs[1]}}"] / out[f"naive s{{seqs[0]}}"]
+fused_r = out[f"{{fused}} s{{seqs[1]}}"] / max(out[f"{{fused}} s{{seqs[0]}}"], 1)
+print(f"peak memory x{{naive:.2f}} for naive, x{{fused_r:.2f}} for {{fused}} when the sequence doubles")
+ok = naive > 3.0 and fused_r < 2.6
+raise SystemExit(0 if ok else 1)
+"""

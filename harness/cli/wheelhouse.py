@@ -1,0 +1,169 @@
+"""`python -m harness wheelhouse DIR`: the wheels a GPU node without network needs besides its torch, with a manifest.
+
+On a machine that reaches the package index, downloads binary wheels for the target (python, platform, the
+torch's CUDA) into DIR, and writes DIR/manifest.json (name, version, filename, size, sha256 of each); on the
+node, `bash setup.sh --offline DIR` installs from it with `pip install --no-index --find-links DIR`.
+
+What goes in, by one rule: the node's image has torch with its own dependencies (typing_extensions, sympy,
+networkx, jinja2, fsspec, filelock, triton, the nvidia libraries) and, by default, the scientific stack the harness
+imports (numpy, scipy, pandas, matplotlib, pytest); the wheelhouse carries the rest - LEAN below, each without its
+dependencies, so nothing can pull torch in. `--full` adds SCIENTIFIC with everything it depends on, for an image
+with torch alone. Never torch, and of the nvidia libraries only the CUDA 12 runtime xformers' extension links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+#: pinned as the harness pins them (pyproject.toml; setup.sh for xformers): each downloaded with --no-deps
+LEAN = ("xformers==0.0.35", "pytest-benchmark>=4,<6", "py-cpuinfo", "ruptures>=1.1.8,<2", "submitit>=1.5",
+        "cloudpickle")
+#: with --full, downloaded with their dependencies (none of which is torch)
+SCIENTIFIC = ("numpy", "scipy>=1.10", "pandas>=2", "matplotlib>=3.7", "pytest>=8")
+#: the wheel that provides libcudart.so.12 for a torch of another CUDA major (harness/backends/xformers.py loads it)
+CUDA_RUNTIME = {12: None, 13: "nvidia-cuda-runtime-cu12"}
+#: a wheel of these must never come into the wheelhouse (the node's torch stays the node's)
+NEVER = ("torch", "triton")
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+#: manylinux's legacy names for glibc 2.17, 2.12 and 2.5
+LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+
+
+def platforms(platform: str) -> list[str]:
+    """`platform` and every older tag a node of that platform installs: pip download takes a given --platform
+    literally (pip 26 skipped nvidia-cuda-runtime-cu12's py3-none-manylinux2014_x86_64 for manylinux_2_28_x86_64)."""
+    match = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform)
+    if not match:
+        return [platform]
+    newest, arch = int(match.group(1)), match.group(2)
+    tags = [f"manylinux_2_{minor}_{arch}" for minor in range(newest, 4, -1)]
+    return tags + [f"{LEGACY_MANYLINUX[m]}_{arch}" for m in LEGACY_MANYLINUX if m <= newest]
+
+
+def target_flags(python: str, platform: str) -> list[str]:
+    """pip download's flags for wheels that install on CPython `python` ('3.12') on `platform`."""
+    tag = "cp" + python.replace(".", "")
+    flags = ["--only-binary=:all:", "--python-version", python, "--implementation", "cp", "--abi", tag]
+    for name in platforms(platform):
+        flags += ["--platform", name]
+    return flags
+
+
+def commands(dest: Path, python: str, platform: str, torch_cuda: int, full: bool) -> list[tuple[str, list[str]]]:
+    """(what, pip command) for every download: the harness built as a wheel first, then each requirement."""
+    if torch_cuda not in CUDA_RUNTIME:
+        raise ValueError(f"--torch-cuda {torch_cuda}: allowed {', '.join(map(str, CUDA_RUNTIME))}")
+    pip = [sys.executable, "-m", "pip"]
+    flags = target_flags(python, platform)
+    cmds = [("attention-harness", [*pip, "wheel", "--no-deps", "--wheel-dir", str(dest), str(ROOT)])]
+    lean = [*LEAN, *([CUDA_RUNTIME[torch_cuda]] if CUDA_RUNTIME[torch_cuda] else [])]
+    cmds += [(req, [*pip, "download", "--no-deps", *flags, "--dest", str(dest), req]) for req in lean]
+    if full:
+        cmds.append((" ".join(SCIENTIFIC), [*pip, "download", *flags, "--dest", str(dest), *SCIENTIFIC]))
+    return cmds
+
+
+def _pip_says(output: str) -> str:
+    """pip's own first ERROR line (what it could not find), or its last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    return (errors or lines or ["no output"])[0]
+
+
+def manifest(dest: Path) -> dict:
+    """Every wheel in `dest`: name, version, filename, size, sha256 (names as pip normalizes them)."""
+    from packaging.utils import parse_wheel_filename
+
+    wheels = []
+    for path in sorted(dest.glob("*.whl")):
+        name, version, _, _ = parse_wheel_filename(path.name)
+        wheels.append({"name": str(name), "version": str(version), "filename": path.name,
+                       "size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+    return {"wheels": wheels, "total_bytes": sum(w["size"] for w in wheels)}
+
+
+def build(dest: Path, python: str = "3.12", platform: str = "manylinux_2_28_x86_64", torch_cuda: int = 13,
+          full: bool = False, run: Runner = subprocess.run) -> dict:
+    """Download everything into `dest` and write dest/manifest.json; one-line ValueError naming the package and
+    the target when pip finds no wheel for it, or when a forbidden wheel (torch) came in."""
+    dest.mkdir(parents=True, exist_ok=True)
+    target = f"python {python}, {platform}, torch CUDA {torch_cuda}"
+    for what, cmd in commands(dest, python, platform, torch_cuda, full):
+        proc = run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ValueError(f"no wheel of {what} for {target}: pip says: {_pip_says(proc.stdout + proc.stderr)}")
+    found = manifest(dest)
+    forbidden = [w["filename"] for w in found["wheels"] if w["name"] in NEVER or
+                 (w["name"].startswith("nvidia-") and w["name"] != CUDA_RUNTIME[torch_cuda])]
+    if forbidden:
+        raise ValueError(f"the wheelhouse must not carry {', '.join(forbidden)} (the node's torch stays): remove them")
+    found["target"] = {"python": python, "platform": platform, "torch_cuda": torch_cuda, "full": full}
+    (dest / "manifest.json").write_text(json.dumps(found, indent=1))
+    return found
+
+
+def unmet(dist: str = "attention-harness", extras: tuple[str, ...] = ("slurm",)) -> list[str]:
+    """Requirements of installed `dist` (with `extras`) that this environment does not satisfy: what an offline
+    install (every wheel with --no-deps, so pip never re-resolves the node's torch) leaves missing."""
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    from packaging.requirements import Requirement
+
+    missing = []
+    for text in requires(dist) or []:
+        req = Requirement(text)
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in ("", *extras)):
+            continue
+        try:
+            have = version(req.name)
+        except PackageNotFoundError:
+            missing.append(f"{req} (not installed)")
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            missing.append(f"{req} (have {have})")
+    return missing
+
+
+def report_unmet() -> int:
+    """Print what the harness still lacks after an offline install (setup.sh --offline); 1 when anything."""
+    missing = unmet()
+    if missing:
+        print(f"setup.sh --offline: missing on this node and not in the wheelhouse: {'; '.join(missing)} "
+              "(python -m harness wheelhouse --full carries the scientific stack)")
+    return 1 if missing else 0
+
+
+def _wheelhouse(args: argparse.Namespace) -> int:
+    found = build(Path(args.dir), args.python, args.platform, args.torch_cuda, args.full)
+    for w in found["wheels"]:
+        print(f"  {w['filename']:<70} {w['size'] / 2**20:7.2f} MiB")
+    print(f"{len(found['wheels'])} wheels, {found['total_bytes'] / 2**20:.1f} MiB in {args.dir} (manifest.json); "
+          f"on the node: bash setup.sh --offline {args.dir}")
+    return 0
+
+
+def add_subcommand(subparsers) -> None:
+    p = subparsers.add_parser("wheelhouse", help="download the wheels an offline GPU node needs (not torch)",
+                              description=__doc__.split("\n\n", 1)[1])
+    p.add_argument("dir", help="where the wheels and manifest.json go")
+    p.add_argument("--python", default="3.12", help="the node's CPython version. Default: %(default)s")
+    p.add_argument("--platform", default="manylinux_2_28_x86_64",
+                   help="the node's wheel platform tag (older manylinux tags are accepted too). Default: %(default)s")
+    p.add_argument("--torch-cuda", type=int, default=13, choices=sorted(CUDA_RUNTIME),
+                   help="the CUDA major of the node's torch (13: add the CUDA 12 runtime xformers' wheel links). "
+                        "Default: %(default)s")
+    p.add_argument("--full", action="store_true",
+                   help="also the scientific stack (numpy, scipy, pandas, matplotlib, pytest, with their "
+                        "dependencies) for an image that has torch alone (~90 MiB more)")
+    p.set_defaults(func=_wheelhouse)

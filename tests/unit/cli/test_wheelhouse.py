@@ -1,0 +1,99 @@
+"""The offline wheelhouse: the pip commands built for a target and the manifest, with pip replaced by a fake
+runner (no network). The flags are pip 26's `pip download` options (--only-binary=:all: is required with
+--platform/--python-version/--implementation/--abi); wheel names follow the wheel spec (name-version-tags.whl)."""
+
+import hashlib
+import json
+import subprocess
+
+import pytest
+
+from harness.cli import wheelhouse
+
+
+class FakePip:
+    """Answers `pip wheel`/`pip download` by writing a wheel file per requirement into the destination."""
+
+    def __init__(self, fail: str | None = None, extra: tuple[str, ...] = ()):
+        self.calls, self.fail, self.extra = [], fail, extra
+
+    def __call__(self, cmd, **kwargs):
+        self.calls.append(cmd)
+        dest = cmd[cmd.index("--dest") + 1] if "--dest" in cmd else cmd[cmd.index("--wheel-dir") + 1]
+        req = cmd[-1]
+        if self.fail and self.fail in req:
+            return subprocess.CompletedProcess(cmd, 1, "", f"ERROR: Could not find a version that satisfies the "
+                                                         f"requirement {req} (from versions: none)\nERROR: No matching "
+                                                         f"distribution found for {req}\n")
+        name = "attention_harness" if cmd[3] == "wheel" else req.split("=")[0].split(">")[0].replace("-", "_")
+        with open(f"{dest}/{name}-1.0-py3-none-any.whl", "wb") as f:
+            f.write(name.encode())
+        for extra in self.extra:
+            open(f"{dest}/{extra}", "wb").close()
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+
+def test_commands_for_a_cuda13_python312_node(tmp_path):
+    cmds = dict(wheelhouse.commands(tmp_path, "3.12", "manylinux_2_28_x86_64", 13, full=False))
+    assert cmds["attention-harness"][3:6] == ["wheel", "--no-deps", "--wheel-dir"]
+    xformers = cmds["xformers==0.0.35"]
+    assert xformers[3:5] == ["download", "--no-deps"] and xformers[-3:] == ["--dest", str(tmp_path), "xformers==0.0.35"]
+    flags = " ".join(xformers)
+    assert "--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312" in flags
+    assert "--platform manylinux_2_28_x86_64" in flags and "--platform manylinux2014_x86_64" in flags
+    assert "nvidia-cuda-runtime-cu12" in cmds  # the runtime xformers' _C.so links, for a CUDA 13 torch
+    assert not any("torch" in c for c in cmds) and not any("numpy" in c for c in cmds)
+    assert "nvidia-cuda-runtime-cu12" not in dict(wheelhouse.commands(tmp_path, "3.12", "x", 12, full=False))
+    full = dict(wheelhouse.commands(tmp_path, "3.12", "x", 12, full=True))
+    scientific = full[" ".join(wheelhouse.SCIENTIFIC)]
+    assert "--no-deps" not in scientific and scientific[-len(wheelhouse.SCIENTIFIC):] == list(wheelhouse.SCIENTIFIC)
+
+
+def test_platforms_include_every_older_glibc_tag():
+    tags = wheelhouse.platforms("manylinux_2_28_x86_64")
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags and tags[-1] == "manylinux1_x86_64"
+    assert "manylinux_2_29_x86_64" not in tags
+    assert wheelhouse.platforms("macosx_14_0_arm64") == ["macosx_14_0_arm64"]
+
+
+def test_manifest_names_versions_sizes_and_hashes(tmp_path):
+    found = wheelhouse.build(tmp_path, run=FakePip())
+    written = json.loads((tmp_path / "manifest.json").read_text())
+    assert written == found and found["target"] == {"python": "3.12", "platform": "manylinux_2_28_x86_64",
+                                                     "torch_cuda": 13, "full": False}
+    by_name = {w["name"]: w for w in found["wheels"]}
+    assert {"attention-harness", "xformers", "nvidia-cuda-runtime-cu12", "pytest-benchmark", "ruptures",
+            "submitit", "py-cpuinfo", "cloudpickle"} == set(by_name)
+    x = by_name["xformers"]
+    assert x["version"] == "1.0" and x["filename"] == "xformers-1.0-py3-none-any.whl" and x["size"] == 8
+    assert x["sha256"] == hashlib.sha256(b"xformers").hexdigest()
+    assert found["total_bytes"] == sum(w["size"] for w in found["wheels"])
+
+
+def test_no_wheel_for_the_target_is_one_line_naming_package_and_target(tmp_path):
+    with pytest.raises(ValueError) as refused:
+        wheelhouse.build(tmp_path, python="3.14", run=FakePip(fail="ruptures"))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("no wheel of ruptures>=1.1.8,<2 for python 3.14, manylinux_2_28_x86_64, torch CUDA 13")
+    assert "pip says: ERROR: Could not find a version that satisfies the requirement ruptures" in message
+
+
+def test_a_torch_wheel_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="must not carry torch-2.11.0-cp312-cp312-linux_x86_64.whl"):
+        wheelhouse.build(tmp_path, run=FakePip(extra=("torch-2.11.0-cp312-cp312-linux_x86_64.whl",)))
+
+
+def test_cli_refuses_an_unknown_cuda_major_in_one_line(capsys):
+    from harness.cli.main import main
+    assert main(["wheelhouse", "/tmp/x", "--torch-cuda", "11"]) == 2
+    assert "invalid choice: 11" in capsys.readouterr().err
+
+
+def test_unmet_lists_what_an_offline_install_left_missing(monkeypatch):
+    import importlib.metadata as md
+    monkeypatch.setattr(md, "requires", lambda dist: ["pytest>=1", "no-such-dist-xyz>=1", "pytest<1",
+                                                       'submitit>=1.5; extra == "slurm"', 'flash-attn; extra == "gpu"'])
+    missing = wheelhouse.unmet()
+    assert missing[0] == "no-such-dist-xyz>=1 (not installed)" and missing[1].startswith("pytest<1 (have ")
+    assert len(missing) == 2  # the slurm extra is met; the gpu extra was not asked for
