@@ -16,6 +16,8 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 XFORMERS=0.0.35
+FLASHINFER=0.6.1      # 7.6 MB; 0.7.x is ~62 MB (pip download --no-deps, docs/serving.md)
+TVM_FFI=0.1.15.post2
 CUDA12_RUNTIME=nvidia-cuda-runtime-cu12
 OFFLINE=""
 if [ "${1:-}" = "--offline" ]; then
@@ -56,6 +58,11 @@ else
   fi
   python -m pip install -q -e ".[slurm]"   # submitit: the Slurm launcher, tested with its local executor
   python -m pip install -q --no-deps "xformers==$XFORMERS" || echo "setup.sh: xformers not installed; its backend will report itself unavailable"
+  # FlashInfer's Python layer and what its import needs, without dependencies: its own pull in the CUTLASS DSL
+  # (hundreds of MiB) that only its JIT on a GPU uses; on a CPU its wrappers import and their translation is tested
+  python -m pip install -q --no-deps "flashinfer-python==$FLASHINFER" "apache-tvm-ffi==$TVM_FFI" einops tabulate \
+    nvidia-ml-py tqdm click ninja requests urllib3 idna certifi charset-normalizer \
+    || echo "setup.sh: flashinfer not installed; its backend will report itself unavailable"
   if has_gpu && python -c "import sys, torch; sys.exit(torch.version.cuda is None or torch.version.cuda.startswith('12.'))"; then
     # a torch of another CUDA (13): xformers' _C.so needs libcudart.so.12, which that torch does not ship
     python -m pip install -q --no-deps "$CUDA12_RUNTIME" || echo "setup.sh: $CUDA12_RUNTIME not installed; xformers will say why it cannot load"
