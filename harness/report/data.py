@@ -140,8 +140,8 @@ def _read(run_dir: Path) -> pd.DataFrame:
     df["is_semantics"] = (df.status == "observed") | df.case_id.astype(str).str.startswith(SEMANTICS_PREFIX)
     df["mask_kind"] = df["mask"].map(mask_kind)
     df["head_dim_v"] = pd.to_numeric(df["head_dim_v"], errors="coerce").fillna(df["head_dim"])
-    df["modifier_kind"] = [kind if dv == d else f"{kind}+dv{dv:g}".removeprefix("none+") for kind, d, dv in
-                           zip(df["modifiers"].map(modifier_kind), df["head_dim"], df["head_dim_v"])]
+    df["modifier_kind"] = [f"{kind}+dv{dv:g}".removeprefix("none+") if np.isfinite(dv) and dv != d else kind
+                           for kind, d, dv in zip(df["modifiers"].map(modifier_kind), df["head_dim"], df["head_dim_v"])]
     # 'edge:empty-b0:fp32-...' -> 'edge': rows of a tagged suite never share a line or a winner with the matrix
     df["suite"] = df.case_id.astype(str).map(lambda c: c.split(":", 1)[0] if ":" in c else "")
     df["seq_shape"] = [seq_shape(q, k) for q, k in zip(df.seq_q, df.seq_k)]

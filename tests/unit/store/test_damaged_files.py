@@ -54,6 +54,20 @@ def test_a_newer_schema_is_refused_an_older_one_read(tmp_path):
     assert len(load_results(old)) == 2
 
 
+def test_a_schema_2_file_loads_without_the_modifier_columns(tmp_path):
+    run = _run(tmp_path / "v3")
+    v3_only = ["head_dim_v", "modifiers", "modifier_path", "dsinks_err", "dsinks_tol", "dbias_err", "dbias_tol",
+               "naive_dsinks_err", "naive_dbias_err"]
+    old = tmp_path / "v2"
+    old.mkdir()
+    pd.read_csv(run / "results.csv").drop(columns=v3_only).assign(schema_version=2).to_csv(old / "results.csv",
+                                                                                            index=False)
+    assert len(load_results(old)) == 2
+    from harness.report.data import load_run
+    report = load_run(old).df  # the report reads them as cases without modifiers, v with q/k's head dim
+    assert set(report.modifier_kind) == {"none"} and report.head_dim_v.equals(report.head_dim)  # NaN here: no sizes
+
+
 def test_merge_writes_one_schema_version(tmp_path):
     new = _run(tmp_path / "a")
     old = tmp_path / "b"
