@@ -188,7 +188,8 @@ def fa2_paged_call(q, k_cache, v_cache, *, mask, scale, block_table, cache_seqle
     from flash_attn.flash_attn_interface import flash_attn_with_kvcache
 
     if not isinstance(mask, CacheCausal):
-        raise Unsupported(f"flash_attn_with_kvcache has no form for mask {getattr(mask, 'id', mask)} over a paged cache")
+        raise Unsupported(f"flash_attn_with_kvcache has no form for mask {getattr(mask, 'id', mask)} over a paged "
+                          "cache")
     return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
                                    softmax_scale=scale, causal=True)
 

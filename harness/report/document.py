@@ -188,7 +188,8 @@ def environment_table(run: Run) -> pd.DataFrame:
         "started": env.get("started"), "testbed": env.get("testbed_id"),
         "timing mode": timing or "— (correctness-only run)",
         "measured matmul peak": ", ".join(f"{d} {p:.3g} TFLOP/s" for d, p in peaks.items() if p) or "—",
-        "measured copy bandwidth": f"{env['copy_bandwidth_gbps']:.4g} GB/s" if env.get("copy_bandwidth_gbps") else "—",
+        "measured copy bandwidth": (f"{env['copy_bandwidth_gbps']:.4g} GB/s" if env.get("copy_bandwidth_gbps")
+                                    else "—"),
     }
     return pd.DataFrame([(k, v) for k, v in items.items() if v not in (None, "")], columns=["item", "value"])
 

@@ -2,7 +2,7 @@
 gather back to contiguous K/V, and one-line validation of user-supplied tables and lengths.
 
 Layouts (FlashAttention's): k_cache, v_cache (num_blocks, page_size, kv_heads, head_dim); block_table
-(batch, max_blocks) int32, entry [b, i] = the physical page holding sequence b's keys i*page_size ... (i+1)*page_size - 1;
+(batch, max_blocks) int32, entry [b, i] = the physical page of sequence b's keys i*page_size ... (i+1)*page_size - 1;
 cache_seqlens (batch,) int32, sequence b's cache length (its mask's CacheCausal.lengths[b]).
 """
 
@@ -143,7 +143,8 @@ def cache_lengths(longest: int, batch: int) -> tuple[int, ...]:
 
 def paged_case(batch: int, heads: int, seq_q: int, head_dim: int, dtype, *, kv_heads: int, cache: int,
                page_size: int) -> "AttentionCase":
-    """A decode (seq_q = 1) or verification (seq_q = 2-8) step over paged caches of about `cache` keys (cache_lengths)."""
+    """A decode (seq_q = 1) or verification (seq_q = 2-8) step over paged caches of about `cache` keys
+    (cache_lengths)."""
     from harness.spec.case import AttentionCase
 
     lengths = cache_lengths(cache, batch)

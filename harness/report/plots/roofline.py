@@ -30,7 +30,7 @@ def roofline_figures(run: Run) -> list[tuple[str, Figure]]:
         return []
     bw = bandwidth_peak(run.env)
     dtypes = sorted(set(df.dtype.astype(str)))
-    fig = new_figure(5.5 * len(dtypes), 4.2)
+    fig = new_figure(5.5 * len(dtypes), 5.0)
     axes = fig.subplots(1, len(dtypes), squeeze=False)[0]
     for ax, dtype in zip(axes, dtypes):
         rows = df[df.dtype.astype(str) == dtype]
@@ -38,22 +38,24 @@ def roofline_figures(run: Run) -> list[tuple[str, Figure]]:
         for backend, g in rows.groupby("backend"):
             ax.scatter(g.flops / g.bytes_moved, g.tflops, s=18, color=backend_color(str(backend)), label=backend)
         peak = peak_tflops(run.env, dtype)
-        xs = np.logspace(np.log10(max(intensity.min() / 3, 1e-3)), np.log10(intensity.max() * 3), 100)
+        ridge = peak * 1e12 / (bw * 1e9) if bw and peak else None
+        span = [intensity.min(), intensity.max()] + ([ridge] if ridge else [])  # both roof segments in view
+        xs = np.logspace(np.log10(max(min(span) / 3, 1e-6)), np.log10(max(span) * 3), 100)
         if bw:
             roof = bw * 1e9 * xs / 1e12
             ax.plot(xs, np.minimum(roof, peak) if peak else roof, color="black", ls="--", lw=1,
                     label=f"roofline (copy {bw:.4g} GB/s" + (f", {dtype} matmul {peak:.3g} TFLOP/s)" if peak else ")"))
         elif peak:
             ax.axhline(peak, color="black", ls="--", lw=1, label=f"{dtype} matmul peak {peak:.3g} TFLOP/s")
-        if bw and peak:
-            ax.axvline(peak * 1e12 / (bw * 1e9), color="grey", ls=":", lw=1, label="ridge point")
+        if ridge:
+            ax.axvline(ridge, color="grey", ls=":", lw=1, label=f"ridge point {ridge:.3g} FLOP/byte")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
         ax.set_ylabel("TFLOP/s")
         ax.set_title(dtype)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: points stay visible
     fig.suptitle("Roofline: achieved TFLOP/s under the measured matmul and bandwidth ceilings")
     return [("roofline", fig)]
 

@@ -9,5 +9,5 @@ from harness.spec.masks.names import MASK_NAMES, parse_mask
 from harness.spec.masks.padding import KeyPadding
 from harness.spec.masks.window import SlidingWindow
 
-__all__ = ["MASK_NAMES", "And", "CacheCausal", "Causal", "CausalBottomRight", "Documents", "KeyPadding", "MaskSpec", "SlidingWindow",
-           "count_attended_pairs", "parse_mask", "split_padding"]
+__all__ = ["MASK_NAMES", "And", "CacheCausal", "Causal", "CausalBottomRight", "Documents", "KeyPadding", "MaskSpec",
+           "SlidingWindow", "count_attended_pairs", "parse_mask", "split_padding"]
