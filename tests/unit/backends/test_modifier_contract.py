@@ -70,7 +70,8 @@ def test_declared_modifiers_arrive_as_documented_and_their_gradients_are_judged(
 
 
 def test_the_documented_plugin_example_runs_and_is_judged():
-    """docs/variants.md's plugin example, executed as written: it passes with a softcap, refuses sinks with its reason."""
+    """docs/variants.md's plugin example, executed as written: it passes with a softcap, refuses sinks with its
+    reason."""
     import re
     from pathlib import Path
 
@@ -86,8 +87,8 @@ def test_the_documented_plugin_example_runs_and_is_judged():
                  AttentionCase(1, 2, 16, 8, "fp32", sinks=True)]
         df = harness.check([plugin], cases, "cpu").set_index(["case_id", "phase"])
         assert df.loc[(cases[0].id, "fwd"), "status"] == df.loc[(cases[0].id, "bwd"), "status"] == "pass"
-        assert df.loc[(cases[1].id, "fwd"), "reason"] == "my-gemma-kernel does not take the sinks modifier: my kernel " \
-                                                         "has no sink term"
+        assert df.loc[(cases[1].id, "fwd"), "reason"] == ("my-gemma-kernel does not take the sinks modifier: "
+                                                          "my kernel has no sink term")
     finally:
         registry._REGISTRY.pop("my-gemma-kernel", None)  # registered by the example: not left for other tests
 
