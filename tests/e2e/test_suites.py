@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.store.schema import COLUMNS
+from harness.spec.matrices import build_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +53,7 @@ def test_performance_items_run_round_major_and_the_last_round_keeps_the_plain_id
     assert res.returncode == 0, res.stdout[-2000:]
     ids = [line.split("[", 1)[1].rstrip("]") for line in res.stdout.splitlines() if "::test_performance[" in line]
     keys = len(ids) // 2
-    assert keys == 8 * 3 and len(ids) == 2 * keys  # smoke cases x phases, twice
+    assert keys == len(build_matrix("smoke")) * 3 and len(ids) == 2 * keys  # smoke cases x phases, twice
     assert all(i.endswith("-round1of2") for i in ids[:keys])  # every key's first round before any second one
     assert ids[keys:] == [i.removesuffix("-round1of2") for i in ids[:keys]]  # same order, plain ids
 
