@@ -25,8 +25,21 @@ def test_check_passes_for_correct_backends(tmp_path):
     assert df[df.status == "unavailable"].reason.str.contains("CUDA-only").all()
 
 
-def test_check_fails_for_a_broken_plugin():
-    res = harness("check", "--backend-module", BROKEN, "--backends", "broken-scale", "--matrix", "smoke")
+def test_check_of_a_model_preset_writes_a_run_folder_by_default(tmp_path):
+    res = harness("check", "--preset", "llama-3-8b", "--seq", "32", "--batch", "1", "--backends", "naive",
+                  "--device", "cpu", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = next((tmp_path / "results").glob("*/results.csv")).parent  # ./results/<run_id>/, as the suites write
+    assert f"results: results/{run.name}/results.csv" in res.stdout
+    assert set(pd.read_csv(run / "results.csv").case_id) == {
+        "fp32-b1-h32kv8-s32-d128-causal", "bf16-b1-h32kv8-s32-d128-causal", "bf16-b1-h32kv8-s1x32-d128-causal-br"}
+    res = harness("check", "--preset", "llama-3-8b", "--matrix", "default", cwd=tmp_path)
+    assert res.returncode == 2 and "--matrix default and --preset/--hf-config both choose the cases" in res.stderr
+
+
+def test_check_fails_for_a_broken_plugin(tmp_path):
+    res = harness("check", "--backend-module", BROKEN, "--backends", "broken-scale", "--matrix", "smoke",
+                  cwd=tmp_path)
     assert res.returncode == 1
     assert "FAIL broken-scale" in res.stdout
 
@@ -54,7 +67,8 @@ def test_plugin_that_raises_becomes_an_error_row(tmp_path):
         "    name = 'raising'\n"
         "    def forward(self, q, k, v, *, mask, scale):\n"
         "        raise RuntimeError('kernel exploded')\n")
-    res = harness("check", "--backend-module", str(plugin), "--backends", "raising,naive", "--matrix", "smoke")
+    res = harness("check", "--backend-module", str(plugin), "--backends", "raising,naive", "--matrix", "smoke",
+                  cwd=tmp_path)
     assert res.returncode == 1
     assert "ERROR raising" in res.stdout and "RuntimeError: kernel exploded" in res.stdout
     assert "naive" in res.stdout  # the sweep went on
