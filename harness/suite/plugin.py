@@ -108,7 +108,7 @@ def pytest_report_header(config):
 
 def _readable_benchmark_table(config) -> None:
     """pytest-benchmark's table, where the user left its defaults: one group per (phase, case), backends side by
-    side, and the columns the harness measures (pass --benchmark-quiet to drop the table; the run's report has
+    side, and the columns the harness measures (shown when a --benchmark-* option asks for it; the run's report has
     everything)."""
     option = config.option
     if not hasattr(option, "benchmark_columns"):  # pytest-benchmark not loaded (-p no:benchmark)
