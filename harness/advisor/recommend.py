@@ -9,6 +9,7 @@ import torch
 
 from harness.advisor.deploy_checks import check_case, deployment_checks, mask_path
 from harness.advisor.evidence import TIMING, evidence_from_run, measure_now
+from harness.advisor.progress import Progress
 from harness.advisor.ranking import Overall, Recommendation, overall, rank_backends
 from harness.advisor.workload import Workload
 from harness.backends.registry import get_backends
@@ -22,9 +23,13 @@ from harness.store.environment import device_name
 def recommend_workload(workload: Workload, *, backends: str | list[str] | None = None, device: str | None = None,
                        results: str | Path | None = None, seed: int = 0, timing: TimingConfig = TIMING,
                        checks: bool = True, compile_backend: str = "inductor",
-                       cfg: CompareConfig = CompareConfig(), executor: Executor | None = None) -> Recommendation:
+                       cfg: CompareConfig = CompareConfig(), executor: Executor | None = None,
+                       progress: Progress | None = None) -> Recommendation:
     """The ranked backends of one workload (see rank_backends), with the workload, device and notes. Backend calls
-    run through `executor` (default: this process; the CLI isolates them in worker processes)."""
+    run through `executor` (default: this process; the CLI isolates them in worker processes); `progress` counts
+    steps_per_workload(len(backends)) steps: the reference, then each backend's verdict and timing, then its
+    checks."""
+    step = progress.step if progress is not None else (lambda what: None)
     dev = resolve_device(device)
     executor = executor or IN_PROCESS
     chosen = get_backends(backends)
@@ -37,7 +42,9 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
     missing = [b for b in chosen if b.name not in evidence]
     if missing:
         evidence.update(measure_now(case, missing, dev, training=workload.training, seed=seed, timing=timing,
-                                    executor=executor))
+                                    executor=executor, progress=step))
+    for _ in range(len(chosen) - len(missing) + (0 if missing else 1)):  # what the stored run gave: no work left
+        step(f"{case.id}: from {results}")
     for backend in chosen:
         e = evidence[backend.name]
         # checks run only for what could be recommended; the mask path (the backend's own translation) for all
@@ -48,6 +55,7 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
         except CallFailed as exc:  # the checks killed or hung the backend's worker: that is what they found
             e.checks = {"compiles": "error", "compile_note": exc.failure.reason, "cuda_graph": "error",
                         "deterministic": "error", "determinism_note": exc.failure.reason}
+        step(f"{case.id}: {backend.name} " + ("deployment checks" if task[0] is deployment_checks else "mask path"))
     ranked = rank_backends([evidence[b.name] for b in chosen], cfg)
     ranked.table["case_id"], ranked.table["phase"] = case.id, workload.phase
     return replace(ranked, workload=workload.label, case_id=case.id, phase=workload.phase, device=str(dev),
@@ -68,7 +76,17 @@ def recommend(batch: int, heads: int, seq: int, head_dim: int, *, kv_heads: int 
                               checks=checks, compile_backend=compile_backend)
 
 
-def recommend_many(workloads: list[Workload], **kwargs) -> tuple[dict[str, Recommendation], Overall]:
-    """One recommendation per workload (by label) and the overall one (see `overall`)."""
-    recommendations = {w.label: recommend_workload(w, **kwargs) for w in workloads}
+def steps_per_workload(backends: int) -> int:
+    """recommend_workload's progress steps: the reference and baseline, each backend's verdict and timing, each
+    backend's checks."""
+    return 1 + 2 * backends
+
+
+def recommend_many(workloads: list[Workload], *, progress: bool = False,
+                   **kwargs) -> tuple[dict[str, Recommendation], Overall]:
+    """One recommendation per workload (by label) and the overall one (see `overall`); with `progress`, a line on
+    stderr per finished step (advisor/progress.py)."""
+    steps = len(workloads) * steps_per_workload(len(get_backends(kwargs.get("backends"))))
+    shown = Progress(steps) if progress else None
+    recommendations = {w.label: recommend_workload(w, progress=shown, **kwargs) for w in workloads}
     return recommendations, overall(recommendations)

@@ -71,7 +71,7 @@ def _recommend(args: argparse.Namespace) -> int:
     try:
         picks, total = recommend_many(workloads, backends=args.backends, device=args.device, results=args.results,
                                       seed=args.seed, timing=timing, checks=args.checks,
-                                      compile_backend=args.compile_backend, executor=executor)
+                                      compile_backend=args.compile_backend, executor=executor, progress=True)
     finally:
         if executor is not None:
             executor.close()
