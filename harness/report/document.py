@@ -183,6 +183,8 @@ def environment_table(run: Run) -> pd.DataFrame:
         "started": env.get("started"), "testbed": env.get("testbed_id"),
         "timing mode": timing or "— (correctness-only run)",
         "measured matmul peak": ", ".join(f"{d} {p:.3g} TFLOP/s" for d, p in peaks.items() if p) or "—",
+        "timing fidelity": "; ".join(f"{r.case_id.split(':', 1)[1]} {r.backend}: {r.observed}"
+                                     for r in run.fidelity.itertuples()) or None,
     }
     return pd.DataFrame([(k, v) for k, v in items.items() if v not in (None, "")], columns=["item", "value"])
 
