@@ -215,11 +215,8 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 SPEEDUP = "speedup vs naive"
-SPEEDUP_WIDTH = len(SPEEDUP) + len(max(PHASES, key=len)) + 3
-LEGEND = ("cases by verdict (pass: out, dq, dk, dv within tolerance of the float64 reference; a case counts under "
-          "its worst phase)")
-SPEEDUP_LEGEND = ("; speedup vs naive: naive's median latency / the backend's, median over the cases both timed "
-                  "(2.00 = twice as fast, - = not timed)")
+LEGEND = "cases by verdict, each under its worst phase (pass: out, dq, dk, dv within tolerance of the float64 reference)"
+SPEEDUP_LEGEND = "; speedup vs naive: naive's median latency / the backend's, median over cases (2.00 = twice as fast)"
 
 
 def summary_lines(session: RunSession) -> list[str]:
@@ -233,14 +230,15 @@ def summary_lines(session: RunSession) -> list[str]:
         if row.latency_ms and naive is not None and naive.latency_ms:
             speedups[backend][phase].append(naive.latency_ms / row.latency_ms)
     statuses = [s for s in STATUSES if s != "observed"]  # observed: a probe's finding, not a verdict
-    header = f"{'backend':<16}" + "".join(f"{s:>12}" for s in statuses)
+    width = max(16, *map(len, counts))
+    header = f"{'backend':<{width}}" + "".join(f"{s:>{len(s) + 2}}" for s in statuses)
     if session.perf_rows:
-        header += "".join(f"{SPEEDUP + ' ' + p:>{SPEEDUP_WIDTH}}" for p in PHASES)
+        header += "".join(f"  {SPEEDUP} {p}" for p in PHASES)
     lines = [header]
     for backend, c in counts.items():
-        line = f"{backend:<16}" + "".join(f"{c.get(s, 0):>12}" for s in statuses)
+        line = f"{backend:<{width}}" + "".join(f"{c.get(s, 0):>{len(s) + 2}}" for s in statuses)
         if session.perf_rows:
-            line += "".join(f"{_median(speedups[backend][p]):>{SPEEDUP_WIDTH}}" for p in PHASES)
+            line += "".join(f"{_median(speedups[backend][p]):>{len(SPEEDUP) + len(p) + 3}}" for p in PHASES)
         lines.append(line)
     lines.append(LEGEND + (SPEEDUP_LEGEND if session.perf_rows else ""))
     return lines
