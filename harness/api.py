@@ -14,23 +14,29 @@ from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.runner import execute, prepare_case
 from harness.spec.case import AttentionCase
 from harness.spec.matrices import build_matrix, resolve_matrix
+from harness.spec.presets import quick_cases
 from harness.store.schema import COLUMNS, Row
 from harness.store.writer import ResultsWriter
 
 
 def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable[AttentionCase] | str = "smoke",
           device: str | None = None, *, results_path: str | Path | None = None, seed: int = 0,
-          run_id: str = "", isolate: bool = False, call_timeout_s: float | None = None) -> pd.DataFrame:
+          run_id: str = "", isolate: bool = False, call_timeout_s: float | None = None, preset: str | None = None,
+          hf_config: str | Path | None = None, batch: int | None = None, seq: int | None = None) -> pd.DataFrame:
     """Check each backend on each case against the float64 reference; one row per (case, backend, phase).
 
-    `cases` is a list of AttentionCase or a matrix name; `backends` names, Backend objects or None for all.
+    `cases` is a list of AttentionCase or a matrix name; `backends` names, Backend objects or None for all. With
+    `preset` (a name of spec/presets.PRESETS) or `hf_config` (a local config.json), the cases are instead small
+    ones of that model's attention shape (ModelShape.quick_cases, sized by `batch` and `seq` when given).
     With `results_path`, rows are also appended to that CSV as each case finishes. With `isolate`, every backend
     runs in a supervised worker process (a crash or a call over `call_timeout_s` becomes an error row); its
     backends must then be registered from an importable module, and a script needs the usual
     `if __name__ == "__main__":` guard of multiprocessing.
     """
     dev = resolve_device(device)
-    case_list = build_matrix(resolve_matrix(cases, dev.type)) if isinstance(cases, str) else list(cases)
+    case_list = quick_cases(preset, hf_config, batch=batch, seq=seq)
+    if case_list is None:
+        case_list = build_matrix(resolve_matrix(cases, dev.type)) if isinstance(cases, str) else list(cases)
     for c in case_list:
         if not isinstance(c, AttentionCase):
             raise ValueError(f"cases must be AttentionCase objects or a matrix name; got {c!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -70,9 +71,13 @@ def _phase_status(rows: list[Row], training: bool) -> tuple[str, str, float]:
 
 
 def measure_now(case: AttentionCase, backends: list[Backend], device: torch.device, *, training: bool,
-                seed: int = 0, timing: TimingConfig = TIMING, executor: Executor = IN_PROCESS) -> dict[str, Evidence]:
-    """Correctness first (execute against the float64 reference), then timing and memory of the verified only."""
+                seed: int = 0, timing: TimingConfig = TIMING, executor: Executor = IN_PROCESS,
+                progress: Callable[[str], object] | None = None) -> dict[str, Evidence]:
+    """Correctness first (execute against the float64 reference), then timing and memory of the verified only.
+    `progress` is told each step as it ends: the reference and baseline, then each backend."""
+    progress = progress or (lambda what: None)
     prepared = prepare_case(case, device, seed)
+    progress(f"{case.id}: float64 reference and naive baseline")
     phase = "fwd+bwd" if training else "fwd"
     bw_peak = copy_bandwidth_gbps(device)  # the ceiling the % of bandwidth column is against
     out = {}
@@ -92,6 +97,8 @@ def measure_now(case: AttentionCase, backends: list[Backend], device: torch.devi
                 e.samples_ms, e.peak_mem_bytes = perf.measurement.samples_ms, float(perf.row.peak_mem_bytes)
                 e.gbps, e.pct_of_bw_peak = perf.row.gbps, perf.row.pct_of_bw_peak
         out[backend.name] = e
+        timed = f", timed: median {e.median:.4g} ms" if e.samples_ms else ""
+        progress(f"{case.id}: {backend.name} {e.status}{timed}")
     return out
 
 

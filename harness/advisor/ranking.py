@@ -15,6 +15,11 @@ from harness.measure.stats import CompareConfig, iqr, timing_verdict
 
 #: timing verdicts that mean "not shown to differ": such a pair is tied
 TIED = ("unchanged", "inconclusive")
+#: the advisor's one vocabulary for how a backend compares with another in this run (compare's statistic decides;
+#: "unchanged" is the gate's word for two runs, not for two backends); a tie the samples were too noisy to settle
+#: says so
+ADVISOR_WORDS = {"unchanged": "tied", "inconclusive": "tied (too noisy to tell)", "slower": "slower",
+                 "faster": "faster"}
 COLUMNS = ("rank", "tie_group", "backend", "status", "reason", "err_ratio", "latency_ms", "iqr_ms", "n_samples",
            "gbps", "pct_of_bw_peak", "vs_fastest", "anchor", "p_value", "timing_verdict", "peak_mem_bytes",
            *CHECK_COLUMNS, "batch_invariant", "batch_invariance_note", "deps", "source", "case_id", "phase")
@@ -89,7 +94,7 @@ def rank_backends(evidence: Iterable[Evidence], cfg: CompareConfig = CompareConf
             vs = timing_verdict(anchor.samples_ms, e.samples_ms, cfg) if e is not anchor else None
             rows.append(_row(e, rank=rank, tie_group=number, vs_fastest=e.median / fastest.median,
                              anchor=anchor.backend, p_value=vs.p_value if vs else math.nan,
-                             timing_verdict=vs.verdict if vs else "anchor"))
+                             timing_verdict=ADVISOR_WORDS.get(vs.verdict, vs.verdict) if vs else "anchor"))
     for e in evidence:
         if not e.eligible:
             reason = e.reason or ("verified but has no timing samples" if e.status == "pass" else "")
@@ -139,14 +144,17 @@ def explain(groups: list[list[Evidence]], fastest: Evidence | None, excluded: li
     verdicts = {e.backend: timing_verdict(fastest.samples_ms, e.samples_ms, cfg) for e in groups[0] if e is not fastest}
 
     def versus(e: Evidence) -> str:
-        return "the fastest" if e is fastest else f"{e.median / fastest.median:.2f}x, {verdicts[e.backend].verdict}"
+        if e is fastest:
+            return "the fastest"
+        word = ADVISOR_WORDS.get(verdicts[e.backend].verdict, verdicts[e.backend].verdict)
+        return f"{e.median / fastest.median:.2f}x, {word}"
 
     others = ", ".join(f"{e.backend} ({versus(e)})" for e in groups[0] if e is not winner)
     text = (f"{winner.backend} ({versus(winner)}) is tied within noise with {others} (compare's rule: a difference "
             f"counts only when p < {cfg.alpha:g} and the medians differ by {cfg.min_effect:.0%} or more); among the "
             f"tied it is chosen " + ", ".join(f"over {e.backend} for {_decider(winner, e)}" for e in tied))
     if any(v.verdict == "inconclusive" for v in verdicts.values()):
-        text += ("; 'inconclusive' ties are differences the samples were too noisy to confirm: rerun on a quieter "
+        text += ("; a tie 'too noisy to tell' is a difference the samples could not confirm: rerun on a quieter "
                  "machine or with a larger --timing-budget-ms")
     return winner.backend, text
 

@@ -9,6 +9,7 @@ import torch
 
 from harness.advisor.deploy_checks import check_case, deployment_checks, mask_path
 from harness.advisor.evidence import TIMING, evidence_from_run, measure_now
+from harness.advisor.progress import Progress
 from harness.advisor.ranking import Overall, Recommendation, overall, rank_backends
 from harness.advisor.workload import Workload
 from harness.backends.registry import get_backends
@@ -28,13 +29,16 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
                        results: str | Path | None = None, seed: int = 0, timing: TimingConfig = TIMING,
                        checks: bool = True, compile_backend: str = "inductor",
                        cfg: CompareConfig = CompareConfig(), executor: Executor | None = None,
-                       require: tuple[str, ...] = ()) -> Recommendation:
+                       require: tuple[str, ...] = (), progress: Progress | None = None) -> Recommendation:
     """The ranked backends of one workload (see rank_backends), with the workload, device and notes. Backend calls
     run through `executor` (default: this process; the CLI isolates them in worker processes). `require`
-    (REQUIREMENTS): deployment properties a backend must show on the workload, or be excluded saying why."""
+    (REQUIREMENTS): deployment properties a backend must show on the workload, or be excluded saying why.
+    `progress` counts steps_per_workload(len(backends)) steps: the reference, then each backend's verdict and
+    timing, then its checks."""
     unknown = sorted(set(require) - set(REQUIREMENTS))
     if unknown:
         raise ValueError(f"require={unknown}; allowed: {', '.join(REQUIREMENTS)}")
+    step = progress.step if progress is not None else (lambda what: None)
     dev = resolve_device(device)
     executor = executor or IN_PROCESS
     chosen = get_backends(backends)
@@ -47,7 +51,9 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
     missing = [b for b in chosen if b.name not in evidence]
     if missing:
         evidence.update(measure_now(case, missing, dev, training=workload.training, seed=seed, timing=timing,
-                                    executor=executor))
+                                    executor=executor, progress=step))
+    for _ in range(len(chosen) - len(missing) + (0 if missing else 1)):  # what the stored run gave: no work left
+        step(f"{case.id}: from {results}")
     for backend in chosen:
         e = evidence[backend.name]
         # checks run only for what could be recommended; the mask path (the backend's own translation) for all
@@ -58,6 +64,7 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
         except CallFailed as exc:  # the checks killed or hung the backend's worker: that is what they found
             e.checks = {"compiles": "error", "compile_note": exc.failure.reason, "cuda_graph": "error",
                         "deterministic": "error", "determinism_note": exc.failure.reason}
+        step(f"{case.id}: {backend.name} " + ("deployment checks" if task[0] is deployment_checks else "mask path"))
         if "batch-invariant" in require and e.eligible:  # sequence 0 alone vs in the workload's batch, bitwise
             try:
                 e.checks.update(executor.run(backend, batch_invariance_check, dev, case, seed))
@@ -85,7 +92,17 @@ def recommend(batch: int, heads: int, seq: int, head_dim: int, *, kv_heads: int 
                               checks=checks, compile_backend=compile_backend)
 
 
-def recommend_many(workloads: list[Workload], **kwargs) -> tuple[dict[str, Recommendation], Overall]:
-    """One recommendation per workload (by label) and the overall one (see `overall`)."""
-    recommendations = {w.label: recommend_workload(w, **kwargs) for w in workloads}
+def steps_per_workload(backends: int) -> int:
+    """recommend_workload's progress steps: the reference and baseline, each backend's verdict and timing, each
+    backend's checks."""
+    return 1 + 2 * backends
+
+
+def recommend_many(workloads: list[Workload], *, progress: bool = False,
+                   **kwargs) -> tuple[dict[str, Recommendation], Overall]:
+    """One recommendation per workload (by label) and the overall one (see `overall`); with `progress`, a line on
+    stderr per finished step (advisor/progress.py)."""
+    steps = len(workloads) * steps_per_workload(len(get_backends(kwargs.get("backends"))))
+    shown = Progress(steps) if progress else None
+    recommendations = {w.label: recommend_workload(w, progress=shown, **kwargs) for w in workloads}
     return recommendations, overall(recommendations)

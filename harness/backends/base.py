@@ -216,13 +216,18 @@ class Backend:
 
     def mask_form(self, case: AttentionCase, device: torch.device) -> "MaskForm":
         """How this backend's own translation passes `case`'s mask to its kernel (deployment checks)."""
-        return MaskForm("unknown", float("nan"), f"{self.name} does not describe its mask translation")
+        return MaskForm(NOT_DESCRIBED, float("nan"), f"{self.name} has no mask_form(case, device): its mask translation "
+                                                     "is not described by the plugin")
+
+
+#: the mask path of a backend that does not describe its translation (a plugin without `mask_form`)
+NOT_DESCRIBED = "not described by the plugin"
 
 
 @dataclass(frozen=True)
 class MaskForm:
     """How a mask reaches a kernel: 'native' (flags, typed masks, block masks), 'dense' (a materialized tensor of
-    `dense_bytes`), 'none', or 'unsupported'/'unknown', with a short note."""
+    `dense_bytes`), 'none', 'unsupported', 'unknown' (the translation failed) or NOT_DESCRIBED, with a short note."""
 
     path: str
     dense_bytes: float

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.backends.base import LAYOUTS, Backend
+from harness.backends.base import Backend
+from harness.backends.declaration import declaration_problems, where
 
 _REGISTRY: dict[str, Backend] = {}
 #: plugin modules loaded so far (absolute .py paths or dotted names), so worker processes can load them too
@@ -20,16 +21,18 @@ def register(cls: type[Backend] | None = None, *, replace: bool = False):
 
     A name already taken by another class is an error - a plugin would otherwise silently take the place of a
     built-in (and replacing naive would move every tolerance) - unless the plugin says replace=True. The same
-    class registered again (its module imported twice) just replaces itself.
+    class registered again (its module imported twice) just replaces itself. The declaration (name, layout,
+    capability attributes, `forward`'s signature) is checked first: a bad one is a ValueError naming the backend,
+    its file and every problem (backends/declaration.py).
     """
     if cls is None:
         return lambda c: register(c, replace=replace)
     if not isinstance(cls, type) or not issubclass(cls, Backend):
         raise TypeError(f"register({cls!r}): expects a harness.Backend subclass")
-    if not cls.name or not isinstance(cls.name, str):
-        raise ValueError(f"backend class {cls.__name__} needs a non-empty string `name`")
-    if cls.layout not in LAYOUTS:
-        raise ValueError(f"backend {cls.name!r}: layout={cls.layout!r}; allowed: {', '.join(LAYOUTS)}")
+    problems = declaration_problems(cls)
+    if problems:  # once, when the plugin loads, instead of a TypeError row per case
+        label = repr(cls.name) if isinstance(cls.name, str) and cls.name else cls.__qualname__
+        raise ValueError(f"backend {label} ({cls.__qualname__} in {where(cls)}): {'; '.join(problems)}")
     current = _REGISTRY.get(cls.name)
     if current is not None and not replace and _identity(type(current)) != _identity(cls):
         owner = type(current)

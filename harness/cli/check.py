@@ -9,24 +9,32 @@ from harness.cli.options import add_to_argparse, timeouts
 
 def _check(args: argparse.Namespace) -> int:
     from harness.api import check
-    from harness.backends.registry import load_backend_module
+    from harness.backends.registry import get_backends, load_backend_module
     from harness.execution.cost import check_cost
     from harness.execution.device import resolve_device
     from harness.spec.matrices import build_matrix, resolve_matrix
-    from harness.store.environment import new_run_id
-    from harness.store.run_dir import RESULTS, results_root
+    from harness.spec.presets import quick_cases
+    from harness.store.environment import environment, new_run_id
+    from harness.store.run_dir import RESULTS, results_root, write_env
     from harness.store.schema import NOT_RUN, worst_status
 
     for module in args.backend_module:
         load_backend_module(module)
-    run_id = new_run_id()
-    path = results_root(args.results_dir) / run_id / RESULTS if args.results_dir else None
+    get_backends(args.backends)  # a misspelled name is refused before a run folder is made
     default, overrides = timeouts(args.call_timeout_s)
     if overrides:
         raise ValueError("check takes one --call-timeout-s SECONDS for every call (no CASE_PATTERN=SECONDS)")
     device = resolve_device(args.device)
-    cases = build_matrix(resolve_matrix(args.matrix, device.type))
+    cases = quick_cases(args.preset, args.hf_config, batch=args.batch, seq=args.seq)
+    if cases is not None and args.matrix != "smoke":
+        raise ValueError(f"--matrix {args.matrix} and --preset/--hf-config both choose the cases; give one")
+    cases = cases if cases is not None else build_matrix(resolve_matrix(args.matrix, device.type))
     check_cost(cases, device, allow=args.allow_expensive)
+    # a run folder like the suites': `python -m harness report` and `compare` take it
+    run_id = new_run_id()
+    path = results_root(args.results_dir) / run_id / RESULTS
+    path.parent.mkdir()
+    write_env(path.parent, environment(device))
     df = check(args.backends, cases, args.device, results_path=path, seed=args.seed, run_id=run_id,
                isolate=args.isolate, call_timeout_s=default)
     per_case = df.groupby(["backend", "case_id"]).status.agg(worst_status)
@@ -41,14 +49,14 @@ def _check(args: argparse.Namespace) -> int:
         print("not run:")
         for row in not_run.itertuples():
             print(f"  {row.backend:<{width}}  {row.status:<11}  {row.reason}")
-    if path:
-        print(f"results: {path}")
+    print(f"results: {path}  (python -m harness report {path.parent} draws it)")
     return 1 if len(bad) else 0
 
 
 def add_subcommand(subparsers) -> None:
     p = subparsers.add_parser("check", help="check backends for correctness; exit 1 when any case fails")
-    # check answers "is it correct?" quickly: the smoke matrix by default, and a CSV only when asked
-    add_to_argparse(p, "backends", "backend_module", "matrix", "device", "results_dir", "seed", "no_isolate",
-                    "call_timeout_s", "allow_expensive", defaults={"matrix": "smoke", "results_dir": None})
+    # check answers "is it correct?" quickly: the smoke matrix by default, or small cases of a model's shape
+    add_to_argparse(p, "backends", "backend_module", "matrix", "preset", "hf_config", "batch", "seq", "device",
+                    "results_dir", "seed", "no_isolate", "call_timeout_s", "allow_expensive",
+                    defaults={"matrix": "smoke"})
     p.set_defaults(func=_check)

@@ -79,7 +79,7 @@ def _recommend(args: argparse.Namespace) -> int:
         picks, total = recommend_many(workloads, backends=args.backends, device=args.device, results=args.results,
                                       seed=args.seed, timing=timing, checks=args.checks,
                                       compile_backend=args.compile_backend, executor=executor,
-                                      require=tuple(args.require))
+                                      require=tuple(args.require), progress=True)
     finally:
         if executor is not None:
             executor.close()
@@ -104,11 +104,11 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
                     "runs deployment checks (fullgraph compile on a small shape, CUDA-graph capture, determinism, "
                     "mask path).")
     shape = p.add_argument_group("workload (or --workload FILE)")
-    shape.add_argument("--batch", type=positive_int)
+    add_to_argparse(shape, "batch")
     shape.add_argument("--heads", type=positive_int, help="query heads")
     shape.add_argument("--kv-heads", type=positive_int,
                        help="key/value heads (GQA when fewer than --heads; default: --heads)")
-    shape.add_argument("--seq", type=positive_int, help="query length (and key length unless --seq-k)")
+    add_to_argparse(shape, "seq")
     shape.add_argument("--seq-k", type=positive_int, help="key length (default: --seq)")
     shape.add_argument("--head-dim", type=positive_int)
     shape.add_argument("--dtype", default="bf16", help="fp32, fp16, bf16 or fp64 (default: bf16)")

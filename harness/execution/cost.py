@@ -5,6 +5,7 @@ or not fit."""
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -62,37 +63,60 @@ class CaseCost:
         return self.input_bytes + max(self.reference_bytes, self.baseline_bytes)
 
 
+#: the baseline's calibration GEMM on each device: (batch, n, d) of a (b, n, d) @ (b, d, n) matmul
+BASELINE_GEMM = {"cpu": (4, 256, 128), "cuda": (16, 2048, 128)}
+#: a rate is the median of this many timed samples after one untimed warm-up call: the first call pays thread
+#: pool start, oneDNN/cuBLAS kernel selection and page faults, and one sample of a sub-millisecond GEMM on a
+#: shared 2-core VM was seen anywhere from 17.6 to 883 GFLOP/s (issue 23); a median of several is stable
+REPEATS = {"baseline": 5, "reference": 3}
+#: a baseline sample repeats the GEMM until it has run this long, so a fast machine's timer resolution and
+#: scheduling jitter do not decide its rate
+MIN_SAMPLE_S = 0.02
+
+
+def _median_seconds(call, device: torch.device, repeats: int, min_sample_s: float = 0.0) -> float:
+    """Median seconds per `call()` over `repeats` samples after a warm-up call; each sample loops the call until
+    it has lasted `min_sample_s`."""
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    call()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        calls, start = 0, time.perf_counter()
+        while True:
+            call()
+            calls += 1
+            sync()
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_sample_s:
+                break
+        samples.append(elapsed / calls)
+    return statistics.median(samples)
+
+
 @functools.lru_cache(maxsize=None)
 def baseline_rate(device: torch.device, dtype: torch.dtype) -> float:
     """FLOP/s of a batched GEMM in `dtype` on `device`, the naive baseline's own operation (on a CPU without
-    bf16/fp16 units that is ~1 GFLOP/s against ~60-100 in fp32: the baseline, not the reference, is then what
-    costs), best of two."""
-    b, n, d = (8, 256, 128) if device.type == "cpu" else (16, 2048, 128)
+    bf16/fp16 units that is ~1 GFLOP/s against ~15-100 in fp32: the baseline, not the reference, is then what
+    costs): the median of REPEATS samples after a warm-up."""
+    b, n, d = BASELINE_GEMM["cuda" if device.type == "cuda" else "cpu"]
     x = torch.randn(b, n, d, device=device).to(dtype)
     y = torch.randn(b, d, n, device=device).to(dtype)
-    best = float("inf")
-    for _ in range(3):  # the first warms up
-        start = time.perf_counter()
-        torch.bmm(x, y)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * b * n * n * d / best
+    seconds = _median_seconds(lambda: torch.bmm(x, y), device, REPEATS["baseline"], MIN_SAMPLE_S)
+    return 2 * b * n * n * d / seconds
 
 
 @functools.lru_cache(maxsize=None)
 def reference_rate(device: torch.device) -> float:
-    """The float64 reference's FLOP/s on `device`, measured on a calibration case (best of two runs)."""
+    """The float64 reference's FLOP/s on `device`: the median of REPEATS calls on a calibration case, after a
+    warm-up (each call is long enough, ~0.1-1 s on a CPU, to need no loop)."""
     case = CALIBRATION["cuda" if device.type == "cuda" else "cpu"]
     inputs = make_inputs(case, device)
-    best = float("inf")
-    for _ in range(2):
-        start = time.perf_counter()
-        reference_attention(case, inputs)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return reference_flops(case) / best
+    seconds = _median_seconds(lambda: reference_attention(case, inputs), device, REPEATS["reference"])
+    return reference_flops(case) / seconds
 
 
 def device_memory(device: torch.device) -> int:
@@ -109,6 +133,12 @@ def _duration(seconds: float) -> str:
 
 def _gib(n: int) -> str:
     return f"{n / 2 ** 30:.1f} GiB"
+
+
+#: what every estimate assumes, printed with it
+ASSUMED = ("Assumed: the reference runs at the rate of a calibration case timed here (median of "
+           f"{REPEATS['reference']}), the baseline at a batched matmul's rate in its dtype (median of "
+           f"{REPEATS['baseline']}); a machine busier than at the start runs slower")
 
 
 @dataclass(frozen=True)
@@ -155,7 +185,7 @@ class MatrixCost:
         return (f"{len(self.costs)} cases on {self.device}: float64 reference ~{_duration(self.reference_seconds)} "
                 f"({total / 1e12:.3g} TFLOP at a measured {self.rate / 1e9:.3g} GFLOP/s), same-dtype baseline "
                 f"~{_duration(self.baseline_seconds)} (measured GFLOP/s: {rates}); largest case needs "
-                f"~{_gib(self.largest.peak_bytes)} ({self.largest.case.id}) of {_gib(self.memory)}")
+                f"~{_gib(self.largest.peak_bytes)} ({self.largest.case.id}) of {_gib(self.memory)}. {ASSUMED}")
 
     def refusal(self, limit_s: float = LIMIT_S) -> str | None:
         """Why this matrix should not run here (the reference and baseline would take too long, or a case does

@@ -21,6 +21,9 @@ from harness.measure.timing import Measurement, TimingConfig, measure
 #: |ratio - 1| the harness's timer is meant to stay within
 TOLERANCE = 0.03
 
+#: the tag (case id prefix) of the fidelity row the benchmark stage writes: a measurement, not a semantics question
+FIDELITY_TAG = "fidelity"
+
 
 def independent_samples_ms(fn: Callable[[], object], device: torch.device, calls: int,
                            budget_ms: float) -> tuple[list[float], str]:

@@ -40,6 +40,8 @@ class Check:
     tol: float
     naive_err: float | None
     nonfinite: bool
+    #: how `tol` was formed, in figures (so a failure message defines its own numbers)
+    rule: str = ""
 
     @property
     def passed(self) -> bool:
@@ -55,7 +57,9 @@ class Check:
     def describe(self) -> str:
         if self.nonfinite:
             return f"{self.quantity} has NaN/inf where the reference is finite"
-        return f"{self.quantity} err {self.err:.3g} > tol {self.tol:.3g}"
+        # err and tol defined where they are read: err's formula, tol's figures
+        rule = f" = {self.rule}" if self.rule else ""
+        return f"{self.quantity} err max|{self.quantity} - ref| = {self.err:.3g} > tol {self.tol:.3g}{rule}"
 
 
 #: elements compared at a time: one chunk's float64 temporaries (2 MiB each) stay in cache, so a comparison reads
@@ -97,8 +101,11 @@ def judge(quantity: str, actual: torch.Tensor, ref: torch.Tensor, dtype: torch.d
         raise ValueError(f"no tolerance for dtype {dtype}; allowed: {', '.join(map(str, FLOORS))}")
     err, nonfinite, largest = compare(actual, ref)
     magnitude = max(1.0, largest) if ref.numel() else 1.0
+    scale = f"max(1, max|ref|)={magnitude:.3g}"
     if naive_err is None:
         tol = NAIVE_BOUND[dtype] * magnitude
+        rule = f"naive's fixed bound {NAIVE_BOUND[dtype]:g} x {scale}"
     else:
         tol = FACTORS[quantity] * naive_err + FLOORS[dtype] * magnitude
-    return Check(quantity, err, tol, naive_err, nonfinite)
+        rule = f"{FACTORS[quantity]:g} x naive's err {naive_err:.3g} + {FLOORS[dtype]:g} x {scale}"
+    return Check(quantity, err, tol, naive_err, nonfinite, rule)

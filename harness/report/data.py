@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.measure.fidelity import FIDELITY_TAG
 from harness.spec.case import dtype_name, parse_dtype
 from harness.store.load import load_results, load_samples
 from harness.store.run_dir import read_env
@@ -40,7 +41,13 @@ class Run:
 
     @property
     def semantics(self) -> pd.DataFrame:
-        return self.df[self.df.is_semantics]
+        """Observations of how backends behave (the timing-fidelity row is not one)."""
+        return self.df[self.df.is_semantics & ~self.df.is_fidelity]
+
+    @property
+    def fidelity(self) -> pd.DataFrame:
+        """The timing-fidelity rows: the harness's timer against an independent one."""
+        return self.df[self.df.is_fidelity]
 
     @property
     def verdicts(self) -> pd.DataFrame:
@@ -137,7 +144,10 @@ def _read(run_dir: Path) -> pd.DataFrame:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df["status"] = df.status.fillna("").astype(str)
     df["phase"] = df.phase.fillna("").astype(str)
+    # observations, not attention cases: semantics answers, probe findings and the timing-fidelity row
     df["is_semantics"] = (df.status == "observed") | df.case_id.astype(str).str.startswith(SEMANTICS_PREFIX)
+    # the fidelity row measures the timer, not a backend's convention: shown with the environment instead
+    df["is_fidelity"] = df.case_id.astype(str).str.startswith(FIDELITY_TAG + ":")
     df["mask_kind"] = df["mask"].map(mask_kind)
     df["head_dim_v"] = pd.to_numeric(df["head_dim_v"], errors="coerce").fillna(df["head_dim"])
     df["modifier_kind"] = [f"{kind}+dv{dv:g}".removeprefix("none+") if np.isfinite(dv) and dv != d else kind

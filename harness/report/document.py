@@ -190,6 +190,8 @@ def environment_table(run: Run) -> pd.DataFrame:
         "measured matmul peak": ", ".join(f"{d} {p:.3g} TFLOP/s" for d, p in peaks.items() if p) or "—",
         "measured copy bandwidth": (f"{env['copy_bandwidth_gbps']:.4g} GB/s" if env.get("copy_bandwidth_gbps")
                                     else "—"),
+        "timing fidelity": "; ".join(f"{r.case_id.split(':', 1)[1]} {r.backend}: {r.observed}"
+                                     for r in run.fidelity.itertuples()) or None,
     }
     return pd.DataFrame([(k, v) for k, v in items.items() if v not in (None, "")], columns=["item", "value"])
 

@@ -121,7 +121,11 @@ def _gpu_model_cases(seqs) -> list[AttentionCase]:
 def build_matrix(name: str) -> list[AttentionCase]:
     """The cases of a named matrix, de-duplicated, in a stable order."""
     if name == "smoke":
-        cases = _cases(["fp32", "bf16"], [(64, 64), (17, 33)], ["none", "causal"], [32])
+        cases = (_cases(["fp32", "bf16"], [(64, 64), (17, 33)], ["none", "causal"], [32])
+                 # the paths a real model takes that the masks above do not: GQA (Llama-style 2:1 here) and
+                 # padded keys (a batch of unequal lengths)
+                 + _cases(["bf16"], [(64, 64)], ["causal"], [32], heads=((4, 2),))
+                 + _cases(["fp32"], [(17, 33)], ["keypad"], [32]))
     elif name == "default":
         # ~40 cases: flex compiles each distinct (shape, dtype, mask) for ~4 s on 2 CPU cores, so every
         # question is asked once, in the dtype where it is most telling, rather than in every dtype.

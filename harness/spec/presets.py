@@ -15,6 +15,11 @@ from harness.spec.matrices import decode_batch
 from harness.spec.paged import paged_case
 
 
+#: `check --preset`'s small cases: the model's heads, kv heads, head dim and mask at a size the float64 reference
+#: and the baseline do in about a second on 2 CPU cores (32 heads x 128 keys x d128)
+QUICK_BATCH, QUICK_SEQ = 2, 128
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """One model's attention: `mask` is a parse_mask name (causal for decoders, windowN for sliding windows,
@@ -64,6 +69,13 @@ class ModelShape:
         return AttentionCase(batch, self.heads, seq_q, self.head_dim, parse_dtype(dtype), kv_heads=self.kv_heads,
                              seq_k=seq, mask=parse_mask(mask, batch=batch, seq_k=seq, seq_q=seq_q),
                              softcap=self.softcap, sinks=self.sinks, head_dim_v=self.head_dim_v)
+
+    def quick_cases(self, batch: int | None = None, seq: int | None = None) -> list[AttentionCase]:
+        """Small cases of this model's attention, for a quick check of a kernel on its shape (QUICK_BATCH x
+        QUICK_SEQ unless given): prefill in fp32 and bf16 and, for a decoder, one decode step over `seq` keys."""
+        batch, seq = batch or QUICK_BATCH, seq or QUICK_SEQ
+        out = [self.case(batch, seq, "fp32"), self.case(batch, seq, "bf16")]
+        return out if self.encoder else out + [self.case(batch, seq, "bf16", seq_q=1)]
 
     def cases(self, dtype: str = "bf16", tokens: int = 16384) -> list[AttentionCase]:
         """A suite's cases for this model, for every layer kind: prefill/training at `tokens` tokens a batch over its
@@ -215,6 +227,18 @@ def from_hf_config(path: str | Path) -> ModelShape:
                           local_window=None if encoder else local_window, not_understood=tuple(sorted(unknown)))
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def quick_cases(preset: str | None, hf_config: str | Path | None, *, batch: int | None = None,
+                seq: int | None = None) -> list[AttentionCase] | None:
+    """`check`'s cases for --preset/--hf-config (ModelShape.quick_cases), or None when neither is given; a
+    --batch or --seq without a model is a ValueError."""
+    shape = model_shape(preset, hf_config)
+    if shape is None:
+        if batch is not None or seq is not None:
+            raise ValueError("--batch and --seq size the cases of a --preset or --hf-config; give one of those")
+        return None
+    return shape.quick_cases(batch, seq)
 
 
 def model_shape(preset: str | None, hf_config: str | Path | None) -> ModelShape | None:

@@ -51,8 +51,20 @@ def write_env(run_dir: str | Path, env: dict) -> None:
 
 
 def resolve_run(arg: str | Path, results_dir: str | Path = "results") -> Path:
-    """A run dir path, or a run id under results_dir."""
-    for path in (Path(arg), Path(results_dir) / str(arg)):
+    """A run dir path, or a run id under results_dir; anything else is a FileNotFoundError that quotes the path
+    as given and says what it looks like (a results.csv file, a results root and its runs, nothing)."""
+    given = Path(arg)
+    candidates = [given] if given.is_absolute() else [given, Path(results_dir) / given]
+    for path in candidates:
         if is_run_dir(path):
             return path
-    raise FileNotFoundError(f"run {str(arg)!r}: no {RESULTS} there nor under {results_dir}/{arg}")
+    if given.name == RESULTS and given.is_file():
+        raise FileNotFoundError(f"run {str(arg)!r} is a {RESULTS} file: pass its folder, {str(given.parent)!r}")
+    runs = sorted((p for p in given.iterdir() if is_run_dir(p)), key=lambda p: p.name) if given.is_dir() else []
+    if runs:
+        shown = ", ".join(str(p) for p in runs[-3:]) + (f" (and {len(runs) - 3} more)" if len(runs) > 3 else "")
+        raise FileNotFoundError(f"run {str(arg)!r}: this looks like a results root: pass one of its run folders: "
+                                f"{shown}")
+    where = "" if given.is_absolute() else f", nor a run id under {str(results_dir)!r}"
+    what = f"a folder without a {RESULTS}" if given.is_dir() else "no such folder"
+    raise FileNotFoundError(f"run {str(arg)!r}: {what}{where}")

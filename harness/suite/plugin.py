@@ -81,6 +81,7 @@ def pytest_configure(config):
             # pytest-benchmark's own --benchmark-compare must only compare like with like: one store per testbed
             config.option.benchmark_storage = f"file://./.benchmarks/{session.env['testbed_id']}"
         _readable_benchmark_table(config)
+        _quiet_benchmark_table(config)
     config._harness_device = device
 
 
@@ -107,7 +108,7 @@ def pytest_report_header(config):
 
 def _readable_benchmark_table(config) -> None:
     """pytest-benchmark's table, where the user left its defaults: one group per (phase, case), backends side by
-    side, and the columns the harness measures (pass --benchmark-quiet to drop the table; the run's report has
+    side, and the columns the harness measures (shown when a --benchmark-* option asks for it; the run's report has
     everything)."""
     option = config.option
     if not hasattr(option, "benchmark_columns"):  # pytest-benchmark not loaded (-p no:benchmark)
@@ -116,6 +117,16 @@ def _readable_benchmark_table(config) -> None:
         option.benchmark_columns = ["median", "iqr", "min", "max", "rounds"]
     if option.benchmark_time_unit is None:
         option.benchmark_time_unit = "ms"
+
+
+def _quiet_benchmark_table(config) -> None:
+    """pytest-benchmark's own tables (their "(1.0)" ratios run the other way from the harness's speedups) only
+    when the user asks for pytest-benchmark: --benchmark-verbose or any other --benchmark-* option; otherwise
+    the harness's summary and report say it all. pytest-benchmark reads the option after this (its configure is
+    trylast)."""
+    if hasattr(config.option, "benchmark_quiet") and not any(
+            str(a).startswith("--benchmark-") for a in config.invocation_params.args):
+        config.option.benchmark_quiet = True
 
 
 def _stage(item) -> int:
@@ -177,10 +188,14 @@ def run_session(request) -> RunSession:
     return session
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter, config):
+    """The harness's summary, after every other plugin's (pytest-benchmark's tables, pytest's short summary): the
+    outermost wrapper's code after `yield` runs last, so only pytest's one-line count follows it."""
+    result = yield
     session = config.stash.get(_SESSION_KEY, None)
     if session is None or not session.verdicts:
-        return
+        return result
     tr = terminalreporter
     tr.section("attention harness")
     for line in summary_lines(session):
@@ -196,6 +211,12 @@ def pytest_terminal_summary(terminalreporter, config):
         except Exception as exc:
             tr.write_line(f"report:  not built ({type(exc).__name__}: {exc}); retry with "
                           f"python -m harness report {session.run_dir}")
+    return result
+
+
+SPEEDUP = "speedup vs naive"
+LEGEND = "cases by verdict, each under its worst phase (pass: out, dq, dk, dv within tolerance of the float64 reference)"
+SPEEDUP_LEGEND = "; speedup vs naive: naive's median latency / the backend's, median over cases (2.00 = twice as fast)"
 
 
 def summary_lines(session: RunSession) -> list[str]:
@@ -209,15 +230,17 @@ def summary_lines(session: RunSession) -> list[str]:
         if row.latency_ms and naive is not None and naive.latency_ms:
             speedups[backend][phase].append(naive.latency_ms / row.latency_ms)
     statuses = [s for s in STATUSES if s != "observed"]  # observed: a probe's finding, not a verdict
-    header = f"{'backend':<16}" + "".join(f"{s:>12}" for s in statuses)
+    width = max(16, *map(len, counts))
+    header = f"{'backend':<{width}}" + "".join(f"{s:>{len(s) + 2}}" for s in statuses)
     if session.perf_rows:
-        header += "".join(f"{'x naive ' + p:>18}" for p in PHASES)
+        header += "".join(f"  {SPEEDUP} {p}" for p in PHASES)
     lines = [header]
     for backend, c in counts.items():
-        line = f"{backend:<16}" + "".join(f"{c.get(s, 0):>12}" for s in statuses)
+        line = f"{backend:<{width}}" + "".join(f"{c.get(s, 0):>{len(s) + 2}}" for s in statuses)
         if session.perf_rows:
-            line += "".join(f"{_median(speedups[backend][p]):>18}" for p in PHASES)
+            line += "".join(f"{_median(speedups[backend][p]):>{len(SPEEDUP) + len(p) + 3}}" for p in PHASES)
         lines.append(line)
+    lines.append(LEGEND + (SPEEDUP_LEGEND if session.perf_rows else ""))
     return lines
 
 

@@ -8,6 +8,7 @@ import pytest
 from harness import AttentionCase
 from harness.backends.registry import get_backends
 from harness.execution.timed import fidelity_of
+from harness.measure.fidelity import FIDELITY_TAG
 from harness.spec.masks import Causal
 from harness.store.rows import make_row
 from harness.suite.benchmark_fixture import record_samples
@@ -26,7 +27,7 @@ def test_timing_fidelity(request, run_session, benchmark):
     result = run_session.executor.run(backend, fidelity_of, device, case, run_session.seed)
     run_session.writer.write([make_row(
         run_id=run_session.run_id, case=case, backend=backend.name, backend_version=backend.version(), phase="fwd",
-        device=device, status="observed", tag="fidelity", observed=result.describe(),
+        device=device, status="observed", tag=FIDELITY_TAG, observed=result.describe(),
         **result.harness.latency_columns())])
     run_session.env.setdefault("timing_fidelity", []).append({"case_id": case.id, **result.columns()})
     run_session.save_env()

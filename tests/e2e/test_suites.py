@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.store.schema import COLUMNS
+from harness.spec.matrices import build_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,11 +26,11 @@ def test_smoke_run_writes_csv_and_skips_with_reasons(tmp_path):
     run_dir = next(tmp_path.iterdir())
     df = pd.read_csv(run_dir / "results.csv")
     assert list(df.columns) == list(COLUMNS)
-    assert len(df) == 8 * 4 * 2  # cases x backends x phases, one row each
+    assert len(df) == len(build_matrix("smoke")) * 4 * 2  # cases x backends x phases, one row each
     assert set(df[df.backend.isin(["naive", "sdpa-flash"])].status) == {"pass"}
     assert set(df[df.backend.isin(["xformers", "flash-attn"])].status) == {"unavailable"}
     assert (run_dir / "env.json").exists()
-    assert df.out_err.notna().sum() == 16 and df.dq_err.notna().sum() == 16
+    assert df.out_err.notna().sum() == df.dq_err.notna().sum() == len(build_matrix("smoke")) * 2
 
 
 def test_plugin_checked_like_builtins(tmp_path):
@@ -52,7 +53,7 @@ def test_performance_items_run_round_major_and_the_last_round_keeps_the_plain_id
     assert res.returncode == 0, res.stdout[-2000:]
     ids = [line.split("[", 1)[1].rstrip("]") for line in res.stdout.splitlines() if "::test_performance[" in line]
     keys = len(ids) // 2
-    assert keys == 8 * 3 and len(ids) == 2 * keys  # smoke cases x phases, twice
+    assert keys == len(build_matrix("smoke")) * 3 and len(ids) == 2 * keys  # smoke cases x phases, twice
     assert all(i.endswith("-round1of2") for i in ids[:keys])  # every key's first round before any second one
     assert ids[keys:] == [i.removesuffix("-round1of2") for i in ids[:keys]]  # same order, plain ids
 
@@ -60,3 +61,33 @@ def test_performance_items_run_round_major_and_the_last_round_keeps_the_plain_id
 def test_bad_rounds_is_a_usage_error(tmp_path):
     res = run_suites(tmp_path, "--matrix", "smoke", "--rounds", "0")
     assert res.returncode == 4 and "argument --rounds: must be an integer >= 1; got 0" in res.stderr
+
+
+def test_the_harness_summary_is_the_last_thing_printed_and_explains_its_columns(tmp_path):
+    # one smoke case (-k) with two backends keeps this to seconds; the fidelity item is deselected by the same -k
+    one = ["--matrix", "smoke", "--backends", "naive,sdpa-math", "--benchmark", "--rounds", "1",
+           "--timing-budget-ms", "5", "--no-report", "-k", "fp32-b2-h4-s64-d32-none"]
+    res = run_suites(tmp_path, *one)
+    assert res.returncode == 0, res.stdout[-3000:]
+    lines = res.stdout.splitlines()
+    ours = max(i for i, line in enumerate(lines) if "attention harness" in line and line.startswith("="))
+    tail = lines[ours + 1:]
+    assert all(f"speedup vs naive {p}" in tail[0] for p in ("fwd ", "bwd ", "fwd+bwd"))
+    assert any(line.startswith("cases by verdict") and "speedup vs naive: naive's median latency / the backend's"
+               in line for line in tail)
+    assert len(tail[1].split()) == 1 + 6 + 3  # backend, the six verdict counts, three speedups
+    assert tail[-2].startswith("results: ") and tail[-1].startswith("=") and " passed" in tail[-1]
+    assert "Name (time in ms)" not in res.stdout and "(1.0)" not in res.stdout  # pytest-benchmark's table is off
+
+
+def test_pytest_benchmarks_table_shows_only_when_its_options_are_given():
+    from types import SimpleNamespace
+
+    from harness.suite.plugin import _quiet_benchmark_table
+
+    for args, quiet in ((["suites", "--benchmark"], True), (["suites", "--benchmark", "--benchmark-verbose"], False),
+                        (["suites", "--benchmark", "--benchmark-columns=median"], False)):
+        config = SimpleNamespace(option=SimpleNamespace(benchmark_quiet=False),
+                                 invocation_params=SimpleNamespace(args=tuple(args)))
+        _quiet_benchmark_table(config)
+        assert config.option.benchmark_quiet is quiet, args

@@ -10,7 +10,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.ticker import LogFormatterSciNotation, NullFormatter
 
 from harness.report.plots.style import backend_color, backend_style, new_figure
 from harness.report.analysis import case_label, group_label, split_series
@@ -262,7 +262,17 @@ def _speedup_decoration(ax: Axes, rows: pd.DataFrame, run: Run) -> None:
     ax.axhline(1.0, color=backend_color(run.baseline), ls="--", lw=1.2, label="_baseline")
     ax.text(0.01, 1.0, f"{run.baseline} = 1×", transform=ax.get_yaxis_transform(), va="bottom", fontsize=8,
             color="dimgrey")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+    # every label as '2×', minor ones too: matplotlib labels some minor ticks of an axis spanning about a decade
+    # in its own style ('2 × 10^0'), which read as another unit next to panels whose ticks say '2×'
+    ax.yaxis.set_major_formatter(_Times())
+    ax.yaxis.set_minor_formatter(_Times(labelOnlyBase=False))
+
+
+class _Times(LogFormatterSciNotation):
+    """A log axis's labels as '2×': matplotlib decides which ticks get a label, this only writes it."""
+
+    def __call__(self, x, pos=None):
+        return f"{x:g}×" if super().__call__(x, pos) else ""
 
 
 def _memory_decoration(ax: Axes, rows: pd.DataFrame, run: Run) -> None:

@@ -21,8 +21,8 @@ from harness.spec.masks import parse_mask
 from harness.advisor.evidence import Evidence, evidence_from_run
 from harness.advisor.ranking import overall, rank_backends, tie_groups
 from harness.advisor.workload import Workload, load_workloads
-from harness.recommend import recommend
 from harness.measure.timing import TimingConfig
+from harness.recommend import recommend
 from tests.fixtures.regress_fixtures import write_run
 
 CPU = torch.device("cpu")
@@ -52,7 +52,7 @@ def test_indistinguishable_samples_tie_and_lower_memory_wins():
     rec = rank_backends([ev("fat", 1.0, seed=1, mem=8 * MiB), ev("lean", 1.0, seed=2, mem=2 * MiB)])
     t = by_backend(rec.table)
     assert t.loc["fat", "tie_group"] == t.loc["lean", "tie_group"] == 1
-    assert t.loc["fat", "timing_verdict"] in ("unchanged", "inconclusive")
+    assert t.loc["fat", "timing_verdict"] in ("tied", "tied (too noisy to tell)")  # the advisor's words
     assert rec.winner == "lean" and t.loc["lean", "rank"] == 1 and t.loc["fat", "rank"] == 2
     assert "chosen over fat for lower peak memory (2 MiB vs 8 MiB)" in rec.explanation
 
@@ -80,7 +80,7 @@ def test_too_few_samples_are_inconclusive_hence_tied():
                                                                           mem=MiB / 2)])
     t = by_backend(rec.table)
     assert t.loc["a", "tie_group"] == t.loc["b", "tie_group"] == 1
-    assert t.loc["b", "timing_verdict"] == "inconclusive" and rec.winner == "b"
+    assert t.loc["b", "timing_verdict"] == "tied (too noisy to tell)" and rec.winner == "b"
     assert "too noisy" in rec.explanation
 
 
@@ -348,3 +348,42 @@ def test_gemma_preset_ranks_only_backends_passing_softcap_on_both_layer_kinds():
     assert math.isnan(row.overall_rank) and row.excluded_on.count("unsupported") == 2
     for rec in picks.values():
         assert "SDPA has no softcap" in by_backend(rec.table).loc["sdpa-math", "reason"]
+
+
+# ---- progress while it runs ----
+
+def test_progress_counts_steps_with_elapsed_and_an_estimate_left():
+    import io
+
+    from harness.advisor.progress import Progress
+
+    now = iter([0.0, 10.0, 30.0, 60.0])
+    out = io.StringIO()
+    p = Progress(3, out=out, clock=lambda: next(now))
+    assert p.step("reference") == "[1/3] reference; 10 s elapsed, ~20 s left"
+    assert p.step("sdpa pass") == "[2/3] sdpa pass; 30 s elapsed, ~15 s left"
+    assert p.step("checks") == "[3/3] checks; 60 s elapsed, done"
+    assert out.getvalue().count("\n") == 3
+
+
+def test_recommend_shows_each_step_on_stderr_as_it_ends(capsys):
+    from harness.advisor.recommend import recommend_many, steps_per_workload
+
+    w = Workload(1, 2, 16, 16, dtype="fp32", mask="causal")
+    recommend_many([w], backends="naive,sdpa-math", device="cpu", checks=False, progress=True,
+                   timing=TimingConfig(warmup_ms=1.0, budget_ms=5.0, min_reps=3))
+    lines = capsys.readouterr().err.splitlines()
+    n = steps_per_workload(2)
+    assert [line.split("]")[0] for line in lines] == [f"[{i}/{n}" for i in range(1, n + 1)]
+    assert "float64 reference" in lines[0] and "naive pass, timed: median" in lines[1]
+    assert "elapsed, ~" in lines[1] and lines[-1].endswith("elapsed, done")
+
+
+def test_a_plugins_undescribed_mask_path_is_named_so():
+    from harness.backends.base import NOT_DESCRIBED
+
+    class Plain(Backend):
+        name = "plain-plugin"
+
+    form = mask_path(Plain(), CPU, _case("causal"))
+    assert form["mask_path"] == NOT_DESCRIBED == "not described by the plugin" and "mask_form" in form["mask_note"]

@@ -47,3 +47,51 @@ def test_two_plugins_with_one_name_clash():
 def test_bad_backend_lists(names, match):
     with pytest.raises(ValueError, match=match):
         get_backends(names)
+
+
+def _plugin(tmp_path, body: str) -> str:
+    path = tmp_path / "my_plugin.py"
+    path.write_text("import torch\nfrom harness import Backend, register\n@register\nclass Mine(Backend):\n"
+                    "    name = 'load-check'\n" + body)
+    return str(path)
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("    def forward(self, q, k, v, *, mask):\n        return q\n",
+     "forward(self, q, k, v, *, mask) must take scale as a keyword argument"),
+    ("    def forward(self, q, k, v):\n        return q\n", "must take mask and scale as keyword arguments"),
+    ("    def forward(self, q, *, mask, scale):\n        return q\n", "must take q, k, v positionally"),
+    ("    dtypes = 'fp16'\n", "dtypes='fp16': must be None or a non-empty tuple of torch dtypes"),
+    ("    dtypes = (torch.float16, 'bf16')\n", "must be None or a non-empty tuple of torch dtypes"),
+    ("    devices = ('gpu',)\n", "devices=('gpu',): 'gpu' not allowed; allowed: cpu, cuda"),
+    ("    max_head_dim = 0\n", "max_head_dim=0: must be None or an integer >= 1"),
+    ("    supports_backward = 'yes'\n", "supports_backward='yes': must be True or False"),
+    ("    native_probes = frozenset({'causal', 'flash'})\n", "'flash' not allowed; allowed: causal, mask, dropout"),
+    ("    layout = 'bsdh'\n", "layout='bsdh'; allowed: bhsd, bshd"),
+])
+def test_a_bad_declaration_is_one_line_naming_plugin_file_and_problem_when_it_loads(tmp_path, body, needle):
+    from harness.backends.registry import load_backend_module
+
+    path = _plugin(tmp_path, body)
+    with pytest.raises(ValueError) as info:
+        load_backend_module(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("backend 'load-check' (Mine in ")
+    assert path in message and needle in message
+    assert "load-check" not in all_backends()  # nothing of it registered, so no case can run it
+
+
+def test_a_good_declaration_loads_and_the_builtins_pass_their_own_check(tmp_path):
+    from harness.backends.declaration import declaration_problems
+    from harness.backends.registry import load_backend_module
+
+    path = _plugin(tmp_path, "    dtypes = (torch.float32,)\n    devices = ('cpu',)\n"
+                             "    def forward(self, q, k, v, *, mask, scale, **extra):\n        return q\n")
+    from harness.backends.registry import _REGISTRY
+
+    try:
+        load_backend_module(path)
+        assert "load-check" in all_backends()
+    finally:
+        _REGISTRY.pop("load-check", None)
+    assert all(declaration_problems(type(b)) == [] for b in all_backends().values())

@@ -44,3 +44,12 @@ def test_call_timeouts_default_and_per_case():
 def test_every_option_is_defined_once():
     flags = [o.flag for o in OPTIONS.values()]
     assert len(flags) == len(set(flags))
+
+
+def test_the_top_level_help_describes_the_tool(capsys):
+    from harness.cli.main import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "Check attention kernels" in out and "float64 reference" in out and "recommend" in out
+    assert "parser" not in out and "one module per command" not in out

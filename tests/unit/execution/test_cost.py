@@ -59,3 +59,21 @@ def test_check_cost_raises_unless_allowed(monkeypatch):
 def test_the_reference_rate_is_measured_here():
     rate = reference_rate(CPU)
     assert 1e8 < rate < 1e13  # a measured float64 rate of this machine (FLOP/s), not a constant
+
+
+def test_a_rate_skips_the_first_call_and_takes_the_median_of_samples_of_a_minimum_length():
+    import time
+
+    from harness.execution.cost import ASSUMED, _median_seconds
+
+    calls = []
+
+    def call():  # the first call pays a one-off cost (thread pool, kernel selection): 0.2 s against ~1 ms
+        calls.append(1)
+        time.sleep(0.2 if len(calls) == 1 else 0.001)
+
+    seconds = _median_seconds(call, CPU, repeats=3, min_sample_s=0.005)
+    assert seconds < 0.1  # the warm-up's 0.2 s is not in any sample
+    assert len(calls) >= 1 + 3 * 2  # each sample looped the call until it lasted 5 ms
+    assert "median of" in ASSUMED and ASSUMED in matrix_cost([AttentionCase(1, 2, 8, 8, "fp32")], CPU,
+                                                             **RATES).summary()

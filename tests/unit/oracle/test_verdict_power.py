@@ -104,3 +104,16 @@ def test_baseline_stand_in_scales_with_the_reference():
     prepared.naive_errors = None
     magnitude = max(1.0, float(prepared.reference.dk.abs().max()))
     assert prepared.naive_error("dk", "sdpa") == pytest.approx(NAIVE_BOUND[torch.bfloat16] * magnitude)
+
+
+def test_a_failure_message_defines_err_and_tol_with_its_own_figures():
+    from harness.oracle.verdict import judge
+
+    ref = torch.full((4,), 2.0, dtype=torch.float64)
+    check = judge("out", ref + 0.5, ref, torch.float32, naive_err=1e-6)
+    assert not check.passed
+    assert check.describe() == ("out err max|out - ref| = 0.5 > tol 2.2e-05 = 2 x naive's err 1e-06 + 1e-05 x "
+                                "max(1, max|ref|)=2")
+    assert check.tol == pytest.approx(2 * 1e-6 + 1e-5 * 2)  # the figures quoted are the ones applied
+    naive = judge("dq", ref + 1.0, ref, torch.bfloat16, naive_err=None)
+    assert naive.describe().endswith("tol 0.5 = naive's fixed bound 0.25 x max(1, max|ref|)=2")

@@ -1,5 +1,6 @@
 """Figures from a small synthetic run: valid PNGs, one line per backend per panel, consistent colours, degradation."""
 
+import re
 from dataclasses import replace
 
 import pandas as pd
@@ -183,3 +184,25 @@ def test_rows_of_a_tagged_suite_stay_apart_from_the_matrix(tmp_path):
     assert [key[0] for key, _ in series] == ["", "edge"]
     for _, g in series:  # one point per backend and length: the probes do not zigzag the matrix's lines
         assert (g.groupby(["backend", "phase"]).seq_k.nunique() == g.groupby(["backend", "phase"]).size()).all()
+
+
+def test_every_speedup_tick_label_reads_as_a_multiple(figures):
+    for _, fig in figures["speedup"]:
+        fig.canvas.draw()  # tick labels are decided at draw time
+        for ax in fig.axes:
+            labels = [t.get_text() for t in ax.yaxis.get_ticklabels(which="both") if t.get_text()]
+            assert labels and all(re.fullmatch(r"[0-9.e+-]+×", t) for t in labels), (ax.get_title(), labels)
+    # an axis spanning under a decade, where matplotlib labels minor ticks in its own style ('2 × 10^0')
+    import matplotlib.pyplot as plt
+    from types import SimpleNamespace
+
+    from harness.report.plots.metrics import _speedup_decoration
+
+    fig, ax = plt.subplots()
+    ax.set_yscale("log")
+    ax.set_ylim(1.5, 4)
+    _speedup_decoration(ax, None, SimpleNamespace(baseline="naive"))
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.yaxis.get_ticklabels(which="both") if t.get_text()]
+    plt.close(fig)
+    assert "2×" in labels and all(re.fullmatch(r"[0-9.]+×", t) for t in labels), labels

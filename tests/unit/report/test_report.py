@@ -60,6 +60,10 @@ def test_markdown_has_every_section_and_figure(report, run_dir):
     assert set(re.findall(r"\]\(#([^)]+)\)", md)) <= anchors
     assert "cpu-monotonic" in md and "fp32 1 TFLOP/s" in md  # timing mode and measured peak
     assert "| fully-masked-row:out | nan | 0 | 0 | 0 |" in md  # the semantics table, 'nan' as observed
+    # the timing-fidelity row measures the timer: listed with the environment, never as a semantics question
+    semantics = md.split("## Semantics", 1)[1]
+    assert "fidelity" not in semantics and "Timer = 1.004" not in semantics
+    assert "| timing fidelity | fp32-b1-h8-s512-d64-causal " in md and "Timer = 1.004" in md
 
 
 def test_headline_and_winners(run_dir):

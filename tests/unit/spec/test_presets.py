@@ -119,3 +119,27 @@ def test_hf_config_names_the_attention_fields_it_does_not_model(tmp_path):
     only_local = from_hf_config(_write(tmp_path, {"num_attention_heads": 8, "head_dim": 64, "sliding_window": 512,
                                                   "layer_types": ["sliding_attention"] * 4}, "l.json"))
     assert (only_local.mask, only_local.local_window) == ("window512", None)
+
+
+def test_quick_cases_are_small_cases_of_the_models_attention_shape():
+    from harness.spec.presets import QUICK_BATCH, QUICK_SEQ, quick_cases
+
+    llama = quick_cases("llama-3-8b", None)
+    assert {(c.heads, c.kv_heads, c.head_dim) for c in llama} == {(32, 8, 128)}
+    assert [(c.batch, c.seq_q, c.seq_k) for c in llama] == [(QUICK_BATCH, QUICK_SEQ, QUICK_SEQ)] * 2 + [
+        (QUICK_BATCH, 1, QUICK_SEQ)]  # prefill fp32 and bf16, one decode step
+    assert [c.mask.kind for c in llama] == ["causal", "causal", "causal-br"]
+    vit = quick_cases("vit-l", None, batch=1, seq=197)
+    assert [(c.batch, c.seq_q, c.heads) for c in vit] == [(1, 197, 16)] * 2  # an encoder has no decode step
+    assert quick_cases(None, None) is None
+    with pytest.raises(ValueError, match="--batch and --seq size the cases of a --preset or --hf-config"):
+        quick_cases(None, None, seq=64)
+
+
+def test_python_check_takes_a_preset(tmp_path):
+    import harness
+
+    df = harness.check(["naive"], preset="qwen2.5-7b", batch=1, seq=32, device="cpu")
+    assert set(df.case_id) == {"fp32-b1-h28kv4-s32-d128-causal", "bf16-b1-h28kv4-s32-d128-causal",
+                               "bf16-b1-h28kv4-s1x32-d128-causal-br"}
+    assert set(df.status) == {"pass"}

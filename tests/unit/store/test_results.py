@@ -65,3 +65,27 @@ def test_load_errors_are_clear(tmp_path):
     (tmp_path / "results.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not a harness results file"):
         load_results(tmp_path)
+
+
+def test_a_path_that_is_not_a_run_is_named_as_given_with_what_it_looks_like(tmp_path, monkeypatch):
+    from harness.store.run_dir import resolve_run
+
+    root = tmp_path / "results"
+    for run_id in ("20261201-1", "20261201-2"):
+        (root / run_id).mkdir(parents=True)
+        (root / run_id / "results.csv").write_text("run_id\n")
+    assert resolve_run(root / "20261201-2") == root / "20261201-2"
+    monkeypatch.chdir(tmp_path)
+    assert resolve_run("20261201-1").resolve() == root / "20261201-1"  # a run id under the results root
+    with pytest.raises(FileNotFoundError, match=r"^run 'results': this looks like a results root: pass one of its "
+                                                r"run folders: results/20261201-1, results/20261201-2$"):
+        resolve_run("results")
+    with pytest.raises(FileNotFoundError, match=r"^run 'results/20261201-1/results.csv' is a results.csv file: "
+                                                r"pass its folder, 'results/20261201-1'$"):
+        resolve_run("results/20261201-1/results.csv")
+    (tmp_path / "notarun1").mkdir()
+    with pytest.raises(FileNotFoundError) as info:
+        resolve_run(str(tmp_path / "notarun1"))
+    assert str(info.value) == f"run '{tmp_path / 'notarun1'}': a folder without a results.csv"  # the path as given
+    with pytest.raises(FileNotFoundError, match=r"^run 'nope': no such folder, nor a run id under 'results'$"):
+        resolve_run("nope")
