@@ -1,9 +1,10 @@
-"""Every command in README.md, run as a newcomer would (a subprocess in a fresh folder, with the README's own
-my_attn.py), so the README cannot drift from the tool.
+"""Every command in README.md, run in a fresh folder with the README's own my_attn.py, so the README cannot
+drift from the tool.
 
-To keep CI time small, three commands run smaller than written, and each substitution is listed in SMALLER:
-the suites command runs one smoke case (-k), and the two recommends time with a 20 ms budget and skip the
-deployment checks (fullgraph compiles cost ~20 s each on 2 cores). The two commands of "Two commands" are not run
+To keep CI time small, the `python -m harness` commands run in this process (`harness.cli.main.main`, the same
+entry point: no interpreter and torch start-up each), and three commands run smaller than written, each
+substitution listed in SMALLER: the suites command runs one smoke case (-k), and the two recommends time with a
+20 ms budget and skip the deployment checks (fullgraph compiles cost ~20 s each on 2 cores). The two commands of "Two commands" are not run
 here: `pytest tests` is what CI runs (.ci/run), and `pytest suites --benchmark` is run on one smoke case, with
 its summary checked, by tests/e2e/test_suites.py::test_the_harness_summary_is_the_last_thing_printed_and_explains_its_columns.
 """
@@ -59,7 +60,9 @@ def test_the_readme_is_a_newcomers_page_of_at_most_200_lines_and_its_links_resol
         assert (ROOT / link).is_file() or link in ("docs/variants.md", "docs/serving.md"), link
 
 
-def _run(command: str, cwd: Path, plugin: Path, run_id: str | None) -> subprocess.CompletedProcess:
+def _run(command: str, cwd: Path, plugin: Path, run_id: str | None, capsys=None) -> subprocess.CompletedProcess:
+    """The command's exit code and output: `python -m harness ...` through main() when `capsys` is given (the
+    caller has changed into `cwd`), otherwise as a subprocess."""
     args = shlex.split(command)
     for start, extra, _ in SMALLER:
         if command.startswith(start):
@@ -67,6 +70,13 @@ def _run(command: str, cwd: Path, plugin: Path, run_id: str | None) -> subproces
     args = [str(plugin) if a == "my_attn.py" else a for a in args]
     if run_id:
         args = [a.replace("RUN_ID", run_id) for a in args]
+    if args[:3] == ["python", "-m", "harness"] and capsys is not None:
+        from harness.cli.main import main
+
+        capsys.readouterr()
+        code = main(args[3:])
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
     if args[0] == "python":
         args[0] = sys.executable
     elif args[0] == "pytest":  # the suites live in the checkout; their run folder goes to this test's folder
@@ -75,19 +85,27 @@ def _run(command: str, cwd: Path, plugin: Path, run_id: str | None) -> subproces
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
-def test_every_readme_command_runs_as_documented(tmp_path):
+def test_every_readme_command_runs_as_documented(tmp_path, monkeypatch, capsys):
+    from harness.backends.registry import _REGISTRY
+
     plugin = tmp_path / "my_attn.py"
     plugin.write_text(plugin_source())
+    monkeypatch.chdir(tmp_path)
     run_id = None
     ran = []
-    for command in readme_commands()[2:]:
-        res = _run(command, tmp_path, plugin, run_id)
+    try:
+        outcomes = []
+        for command in readme_commands()[2:]:
+            outcomes.append((command, _run(command, tmp_path, plugin, run_id, capsys)))
+            found = re.search(r"results: results/([^/\s]+)/results.csv", outcomes[-1][1].stdout)
+            if " check " in command and found:
+                run_id = run_id or found.group(1)
+    finally:
+        _REGISTRY.pop("my-attn", None)  # the README's plugin, registered in this process
+    for command, res in outcomes:
         out = res.stdout + res.stderr
         assert res.returncode == 0, f"{command}\n{out[-3000:]}"
         assert "Traceback" not in out, command
-        found = re.search(r"results: results/([^/\s]+)/results.csv", res.stdout)
-        if " check " in command and found:
-            run_id = run_id or found.group(1)
         ran.append(command.split()[:4])
     # what the README promises of each: check wrote a run folder, report drew it, recommend named a winner
     assert run_id and (tmp_path / "results" / run_id / "report.html").is_file()
