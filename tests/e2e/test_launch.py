@@ -10,8 +10,11 @@ import pytest
 from harness.cli.main import main
 from harness.launch.local import check_pytest_args, parse_gpus, shard_command
 from harness.launch.merge import ShardFailed, merge_shards, shard_root, write_exit_status
+from harness.spec.matrices import build_matrix
 from harness.store.load import load_results
 from tests.fixtures.regress_fixtures import key, write_run
+
+SMOKE = len(build_matrix("smoke"))  # cases of the smoke matrix these runs use
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,12 +36,12 @@ def test_cpu_shards_run_and_merge(tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr  # a failing test in a shard fails the run, as pytest would
     run = merged_run(tmp_path)
     df = load_results(run)
-    assert len(df) == 8 * 2 * 2 and set(df.run_id) == {run.name}
+    assert len(df) == SMOKE * 2 * 2 and set(df.run_id) == {run.name}
     assert set(df[df.backend == "naive"].status) == {"pass"} and set(df[df.backend != "naive"].status) == {"fail"}
     shards = json.loads((run / "env.json").read_text())["shards"]
-    assert [s["rows"] for s in shards] == [16, 16]
+    assert [s["rows"] for s in shards] == [SMOKE * 2, SMOKE * 2]  # the cases split evenly, 2 backends each
     assert "shard 1/2 exited 1" in res.stdout
-    assert f"results: {run / 'results.csv'} (32 rows from 2 shards)" in res.stdout
+    assert f"results: {run / 'results.csv'} ({SMOKE * 4} rows from 2 shards)" in res.stdout
 
 
 def test_only_finished_complete_shards_are_merged(tmp_path):
@@ -91,6 +94,6 @@ def test_slurm_array_through_submitit_local_executor(tmp_path):
     assert "submitted 2 shards" in res.stdout and "(local)" in res.stdout
     run = merged_run(tmp_path)
     df = load_results(run)
-    assert len(df) == 32 and set(df.status) == {"pass"}
+    assert len(df) == SMOKE * 2 * 2 and set(df.status) == {"pass"}
     assert len(json.loads((run / "env.json").read_text())["shards"]) == 2
     assert (run / "submitit").is_dir()  # submitit's own logs of each array task stay with the run
