@@ -10,7 +10,7 @@ import pandas as pd
 from harness.backends.base import Backend
 from harness.backends.registry import get_backends
 from harness.execution.device import resolve_device
-from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.executor import Executor
 from harness.execution.runner import execute, prepare_case
 from harness.spec.case import AttentionCase
 from harness.spec.matrices import build_matrix, resolve_matrix
@@ -45,7 +45,9 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
     else:
         chosen = [b if isinstance(b, Backend) else get_backends([b])[0] for b in backends]
     writer = ResultsWriter(results_path) if results_path else None
-    executor: Executor = IN_PROCESS
+    # a fresh in-process executor per call: what it remembers (a KeyboardInterrupt inside a backend, which stops
+    # this call after writing its row) must not stop the next call in the same process
+    executor: Executor = Executor()
     if isolate:
         from harness.execution.isolation import DEFAULT_TIMEOUT_S, IsolatedExecutor
 

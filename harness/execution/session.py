@@ -11,7 +11,7 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.benchmark import InputsOnly, PerfResult, measure_phase
 from harness.execution.cache import LRU
-from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.executor import Executor
 from harness.execution.outcome import BackendResult
 from harness.execution.runner import execute, prepare_case
 from harness.execution.timed import allow_backward_replay
@@ -41,8 +41,9 @@ class RunSession:
     #: measured device copy bandwidth (GB/s, read + write), filled by measure_peaks(): the memory roofline
     bw_peak: float | None = None
     cpu_mem_budget: int | None = None
-    #: where backend calls run: this process, or supervised workers (execution.isolation)
-    executor: Executor = IN_PROCESS
+    #: where backend calls run: this process, or supervised workers (execution.isolation); a session's own
+    #: in-process executor, so a KeyboardInterrupt it remembers is this run's only
+    executor: Executor = field(default_factory=Executor)
 
     def __post_init__(self):
         if self.rounds < 1:
