@@ -71,6 +71,21 @@ def test_paged_case_needs_cache_lengths_in_its_mask():
         AttentionCase(2, 4, 1, 32, "fp32", seq_k=50, mask=CacheCausal((40, 30)), page_size=16)
 
 
+@pytest.mark.parametrize("modifier", [dict(softcap=30.0), dict(sinks=True), dict(alibi=True), dict(bias="head"),
+                                      dict(head_dim_v=16)])
+def test_paged_cases_take_no_modifiers_yet_in_one_line(modifier):
+    with pytest.raises(ValueError, match="paged cases take no modifiers and no head_dim_v yet") as err:
+        AttentionCase(2, 4, 1, 32, "fp32", seq_k=40, mask=CacheCausal((40, 30)), page_size=16, **modifier)
+    assert "\n" not in str(err.value)
+
+
+def test_a_paged_workload_of_a_model_with_modifiers_is_refused():
+    from harness.advisor.workload import Workload
+
+    with pytest.raises(ValueError, match="paged workloads take no modifiers yet; this one has sinks"):
+        Workload(4, 64, 1, 64, kv_heads=8, seq_k=512, dtype="fp32", sinks=True, page_size=16)
+
+
 def test_bad_tables_and_lengths_get_one_line_errors():
     case = _case()
     k_cache, v_cache, table, lengths = paged_inputs(case, torch.randn(3, 2, 45, 32), torch.randn(3, 2, 45, 32))
