@@ -44,18 +44,14 @@ class Workload:
         self.case()  # every other check (ints, dtype, mask, heads % kv_heads) is the case spec's own
 
     def case(self) -> AttentionCase:
-        if self.page_size is not None:
-            modifiers = [f for f in ("softcap", "sinks", "alibi", "bias") if getattr(self, f)] + (
-                ["head_dim_v"] if self.head_dim_v not in (None, self.head_dim) else [])
-            if modifiers:
-                raise ValueError(f"page_size={self.page_size}: paged workloads take no modifiers yet; "
-                                 f"this one has {', '.join(modifiers)}")
+        modifiers = dict(softcap=self.softcap, sinks=self.sinks, alibi=self.alibi, bias=self.bias,
+                         head_dim_v=self.head_dim_v)
+        if self.page_size is not None:  # the spec refuses what a paged case cannot take (spec.paged)
             return paged_case(self.batch, self.heads, self.seq_q, self.head_dim, self.dtype,
                               kv_heads=self.kv_heads or self.heads, cache=self.seq_k or self.seq_q,
-                              page_size=self.page_size)
+                              page_size=self.page_size, **modifiers)
         shape = AttentionCase(self.batch, self.heads, self.seq_q, self.head_dim, self.dtype, kv_heads=self.kv_heads,
-                              seq_k=self.seq_k, softcap=self.softcap, sinks=self.sinks, alibi=self.alibi,
-                              bias=self.bias, head_dim_v=self.head_dim_v)
+                              seq_k=self.seq_k, **modifiers)
         if not isinstance(self.mask, str):
             raise ValueError(f"unknown mask {self.mask!r}; allowed: {', '.join(MASK_NAMES)}, or windowN")
         return replace(shape, mask=parse_mask(self.mask, batch=shape.batch, seq_k=shape.seq_k, seq_q=shape.seq_q))

@@ -82,7 +82,7 @@ def test_paged_cases_take_no_modifiers_yet_in_one_line(modifier):
 def test_a_paged_workload_of_a_model_with_modifiers_is_refused():
     from harness.advisor.workload import Workload
 
-    with pytest.raises(ValueError, match="paged workloads take no modifiers yet; this one has sinks"):
+    with pytest.raises(ValueError, match="paged cases take no modifiers and no head_dim_v yet; got modifiers sink"):
         Workload(4, 64, 1, 64, kv_heads=8, seq_k=512, dtype="fp32", sinks=True, page_size=16)
 
 
