@@ -18,7 +18,7 @@ from harness.backends.paged_gather import GATHER_NOTE, gather_paged
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, MaskSpec
-from harness.spec.modifiers import alibi_bias, alibi_slopes
+from harness.spec.modifiers import additive_term, alibi_slopes
 
 #: messages of SDPA refusing a pinned kernel, and of cuDNN failing to build a plan for a shape it was offered
 #: (cudnn frontend graph or execution-plan errors raised at run time): both mean "this kernel cannot run this case"
@@ -42,18 +42,6 @@ def sdpa_mask_args(mask: MaskSpec | None, seq_q: int, seq_k: int, batch: int, de
     if isinstance(mask, Causal) or (isinstance(mask, CausalBottomRight) and seq_q == seq_k):
         return {"is_causal": True}
     return {"attn_mask": mask.materialize(seq_q, seq_k, device, batch=batch)}
-
-
-def sdpa_float_mask(mask: MaskSpec | None, seq_q: int, seq_k: int, batch: int, dtype: torch.dtype, device,
-                    alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
-    """The constant part of the modifiers' float attn_mask: the ALiBi term (heads, Sq, Sk) and the mask folded in as
-    -inf, (B|1, H|1, Sq, Sk) in `dtype`. SDPA adds attn_mask to the scaled scores, which is where both belong."""
-    additive = torch.zeros(1, 1, seq_q, seq_k, dtype=dtype, device=device)
-    if alibi_slopes is not None:
-        additive = additive + alibi_bias(alibi_slopes.to(device), seq_q, seq_k).to(dtype).unsqueeze(0)
-    if mask is not None:
-        additive = additive.masked_fill(~mask.materialize(seq_q, seq_k, device, batch=batch), float("-inf"))
-    return additive
 
 
 def sdpa_modifier_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, float_mask: torch.Tensor,
@@ -112,7 +100,7 @@ class _Sdpa(Backend):
         prefers cuDNN on sm90 with a recent cuDNN) or the pinned one, refused here with torch's reasons on CUDA."""
         if case.modifiers:  # the float mask's constant part; bias and sinks join it in the call (their grads)
             slopes = alibi_slopes(case.heads) if case.alibi else None
-            float_mask = sdpa_float_mask(case.mask, case.seq_q, case.seq_k, case.batch, case.dtype, device, slopes)
+            float_mask = additive_term(case.mask, case.seq_q, case.seq_k, case.batch, case.dtype, device, slopes)
             kwargs = {"attn_mask": float_mask}
         else:
             kwargs = sdpa_mask_args(case.mask, case.seq_q, case.seq_k, case.batch, device)

@@ -31,7 +31,7 @@ from harness.backends.flash_attn_package import flash_attn_is_foreign
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, Documents, MaskSpec, SlidingWindow, split_padding
-from harness.spec.modifiers import alibi_bias, alibi_slopes
+from harness.spec.modifiers import additive_term, alibi_slopes
 
 #: what xformers 0.0.35's wheel was built with (its cpp_lib.json: torch 2.10.0+cu128). Its extension _C.so uses
 #: only torch's stable ABI (CHANGELOG 0.0.34: "compatible with any later version"; setup.py -DTORCH_STABLE_ONLY),
@@ -225,11 +225,9 @@ def xformers_additive_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=
     A bias input joins it in the call (`with_bias`), so its gradient reaches the input."""
     *lead, sq, sk = shape
     out = torch.zeros(*lead, sq, (sk + 7) // 8 * 8, dtype=dtype, device=device)[..., :sk]
-    if slopes is not None:  # (H, Sq, Sk) -> the heads' dims of `shape`
-        out += alibi_bias(slopes.to(device), sq, sk).to(dtype).reshape(1, *lead[1:], sq, sk)
-    if mask is not None:
-        keep = mask.materialize(sq, sk, device, batch=lead[0])              # (B|1, 1, Sq, Sk)
-        out.masked_fill_(~keep.reshape(keep.shape[0], *([1] * (len(lead) - 1)), sq, sk).expand_as(out), float("-inf"))
+    constant = additive_term(mask, sq, sk, lead[0], dtype, device, slopes)    # (B|1, H|1, Sq, Sk)
+    heads = lead[1:] if constant.shape[1] > 1 else [1] * (len(lead) - 1)       # H -> the heads' dims of `shape`
+    out[...] = constant.reshape(constant.shape[0], *heads, sq, sk)            # broadcast into the padded storage
     return out
 
 

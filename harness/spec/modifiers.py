@@ -100,3 +100,17 @@ def alibi_bias(slopes: torch.Tensor, seq_q: int, seq_k: int, rows: tuple[int, in
 def bias_shape(kind: str, batch: int, heads: int, seq_q: int, seq_k: int) -> tuple[int, int, int, int]:
     """The canonical bias layout: (1 for "head" or batch for "full", heads, seq_q, seq_k)."""
     return (1 if kind == "head" else batch, heads, seq_q, seq_k)
+
+
+def additive_term(mask, seq_q: int, seq_k: int, batch: int, dtype: torch.dtype, device,
+                  slopes: torch.Tensor | None = None) -> torch.Tensor:
+    """The score-independent part of the modifiers as one additive tensor (B|1, H|1, Sq, Sk) in `dtype`: the ALiBi
+    term (heads, Sq, Sk) of `slopes` and the mask spec folded in as -inf. What a kernel that adds a float mask or
+    bias to the scaled scores (SDPA's attn_mask, xformers' tensor attn_bias) is given; a bias input is added to
+    it in the call, so its gradient reaches the input."""
+    additive = torch.zeros(1, 1, seq_q, seq_k, dtype=dtype, device=device)
+    if slopes is not None:
+        additive = additive + alibi_bias(slopes.to(device), seq_q, seq_k).to(dtype).unsqueeze(0)
+    if mask is not None:
+        additive = additive.masked_fill(~mask.materialize(seq_q, seq_k, device, batch=batch), float("-inf"))
+    return additive

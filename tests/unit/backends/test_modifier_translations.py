@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from harness import AttentionCase, make_inputs, reference_attention
 from harness.backends.flash_attn import FlashAttn2, fa2_documented_scores, fa2_modifier_args
 from harness.backends.flex import flex_score_mod, sink_corrected
-from harness.backends.sdpa import Sdpa, sdpa_float_mask, sdpa_modifier_inputs
+from harness.backends.sdpa import Sdpa, sdpa_modifier_inputs
 from harness.spec import alibi_slopes
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
-from harness.spec.modifiers import alibi_bias, softcap_scores
+from harness.spec.modifiers import additive_term, alibi_bias, softcap_scores
 
 #: eager flex on purpose (compiled CPU flex has no return_lse): its "unfused implementation" warning is expected
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -47,7 +47,7 @@ def test_sdpa_float_mask_and_sink_emulation_equal_the_spec(case):
     ref = reference_attention(case, inputs)
     leaves = _leaves(inputs)
     slopes = alibi_slopes(case.heads) if case.alibi else None
-    float_mask = sdpa_float_mask(case.mask, case.seq_q, case.seq_k, case.batch, torch.float64, "cpu", slopes)
+    float_mask = additive_term(case.mask, case.seq_q, case.seq_k, case.batch, torch.float64, "cpu", slopes)
     k, v, attn_mask = sdpa_modifier_inputs(leaves["q"], leaves["k"], leaves["v"], float_mask, leaves.get("bias"),
                                            leaves.get("sinks"))
     out = F.scaled_dot_product_attention(leaves["q"], k, v, attn_mask=attn_mask, enable_gqa=case.kv_heads != case.heads)
@@ -133,7 +133,7 @@ def test_xformers_additive_bias_equals_the_spec(case):
     leaf = None if bias is None else bias.clone().requires_grad_()
     total = constant if leaf is None else with_bias(constant, leaf)
     assert total.stride(-2) % 8 == 0  # rows padded to 8, as xformers' kernels want
-    expected = sdpa_float_mask(case.mask, case.seq_q, case.seq_k, case.batch, torch.float64, "cpu", slopes)
+    expected = additive_term(case.mask, case.seq_q, case.seq_k, case.batch, torch.float64, "cpu", slopes)
     expected = expected + (0 if bias is None else bias)
     torch.testing.assert_close(total, expected.expand(shape))
     if leaf is not None:  # the gradient reaches the bias input, summed over the batch for a "head" bias
