@@ -84,6 +84,11 @@ def physical_kv(cache: torch.Tensor) -> torch.Tensor:
 RECOMPILE_LIMIT = 100_000
 
 
+#: static shapes: on the CPU (torch 2.13) dynamic=True compiled 1/3 faster but its kernels ran a median 1.44x (up to
+#: 5.7x) slower and 19 of 35 default cases failed to compile (benchmarks/flex_compile_study.py, docs/measurements.md)
+DYNAMIC = False
+
+
 @lru_cache(maxsize=None)
 def _compiled_flex():
     from torch._dynamo import config as dynamo_config
@@ -98,7 +103,7 @@ def _compiled_flex():
             setattr(dynamo_config, attr, RECOMPILE_LIMIT)
     if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
         dynamo_config.fail_on_recompile_limit_hit = True
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention, dynamic=DYNAMIC)
 
 
 @register

@@ -11,7 +11,7 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.call import BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves
 from harness.execution.outcome import Failure, free
-from harness.measure.memory import peak_memory
+from harness.measure.memory import CPU_METHOD, cpu_peak, peak_memory
 from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig, measure
 
@@ -67,7 +67,10 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
             t.grad = None
 
     if phase == "fwd":
-        return Phase(None, forward)
+        def inference():  # as the correctness call runs it: a compiled backend guarded on grad mode compiles once
+            with torch.no_grad():
+                return forward()
+        return Phase(None, inference)
     if phase == "fwd+bwd":
         return Phase(reset, lambda: forward().backward(d_out))
     built: list = []
@@ -100,30 +103,54 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device) -> Ti
             with stage("inputs"):
                 inputs = call_inputs(timing.call, device)
             case, phase = timing.call.case, timing.phase
+            # On the CPU the round's first call (kept apart from the samples) is also its memory probe; elsewhere,
+            # or when the latency is already known (no first call), the probe is a call of its own.
+            folded = timing.known_memory is None and device.type == "cpu" and timing.estimate_ms is None
             if timing.known_memory is not None:
-                mem_bytes, mem_method = timing.known_memory
-            else:
+                result.peak_mem_bytes, result.mem_method = timing.known_memory
+            elif not folded:
                 with stage("peak memory"):
                     probe = phase_callables(backend, case, inputs, device, phase)
                     if probe.build is not None:
                         probe.build()
-                    mem_bytes, mem_method = peak_memory(probe.fn, device=device, setup=probe.setup)
+                    result.peak_mem_bytes, result.mem_method = peak_memory(probe.fn, device=device,
+                                                                           setup=probe.setup)
                     del probe
-            result.peak_mem_bytes, result.mem_method = mem_bytes, mem_method
-            budget = timing.cpu_mem_budget
-            if budget is not None and device.type == "cpu" and mem_bytes > budget:
-                result.failure = Failure("oom", f"needed {mem_bytes} bytes above inputs > CPU budget {budget}")
-                return result
+                if _over_budget(result, timing, device):
+                    return result
+
+            def probed(fn):
+                with stage("peak memory"):
+                    result.peak_mem_bytes, result.mem_method = cpu_peak(fn), CPU_METHOD
+                if _over_budget(result, timing, device):
+                    raise _OverBudget
+
             with stage("timing"):
                 timed = phase_callables(backend, case, inputs, device, phase)
                 result.measurement = measure(timed.fn, device=device, setup=timed.setup, config=timing.config,
-                                             estimate_ms=timing.estimate_ms, build=timed.build)
+                                             estimate_ms=timing.estimate_ms, build=timed.build,
+                                             first=probed if folded else None)
             result.compile_ms = backend.compile_time_ms()
+        except _OverBudget:  # the failure is set: the rest of the round is not run
+            return result
         except BaseException as exc:  # noqa: B036 - a backend's SystemExit or KeyboardInterrupt is this round's row
             failure = Failure.of(exc)
             result.failure = Failure(failure.status, f"during timing: {failure.reason}", failure.interrupted)
             free(device)
     return result
+
+
+class _OverBudget(Exception):
+    """The round's first call needed more CPU memory than the budget: its failure row is already set."""
+
+
+def _over_budget(result: TimingResult, timing: TimingCall, device: torch.device) -> bool:
+    """Set the round's oom failure when its peak memory is over the CPU budget; True then."""
+    budget = timing.cpu_mem_budget
+    if budget is not None and device.type == "cpu" and result.peak_mem_bytes > budget:
+        result.failure = Failure("oom", f"needed {result.peak_mem_bytes} bytes above inputs > CPU budget {budget}")
+        return True
+    return False
 
 
 def fidelity_of(backend: Backend, device: torch.device, case, seed: int):

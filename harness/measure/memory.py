@@ -23,10 +23,15 @@ def peak_memory(fn: Callable[[], object], *, device: torch.device,
         peak = torch.cuda.max_memory_allocated(device) - before
         del result
         return int(peak), "cuda-allocator-peak"
-    return _cpu_peak(fn), "cpu-profiler-peak"
+    return cpu_peak(fn), CPU_METHOD
 
 
-def _cpu_peak(fn) -> int:
+#: the method name of a CPU peak
+CPU_METHOD = "cpu-profiler-peak"
+
+
+def cpu_peak(fn: Callable[[], object]) -> int:
+    """Peak bytes allocated on the CPU during fn() above those live before it (fn's result is freed inside)."""
     # The CPU allocator keeps no statistics; the profiler records every allocation and free with its
     # size and time, so the running sum of those events, in time order, is the live-bytes curve.
     from torch.profiler import ProfilerActivity, profile

@@ -34,6 +34,37 @@ def test_repetitions_follow_the_budget():
     assert 3 <= m.n <= 20  # ~40 ms / ~2 ms, never fewer than min_reps
 
 
+def test_the_first_call_can_be_probed_and_is_no_sample():
+    order = []
+
+    def probe(fn):
+        order.append("probe")
+        fn()
+
+    m = measure(lambda: order.append("call"), device=CPU, config=TimingConfig(warmup_ms=0, budget_ms=5, min_reps=5),
+                first=probe)
+    assert order[:2] == ["probe", "call"] and order.count("probe") == 1  # the first call ran through it, once
+    assert m.n == order.count("call") - 1 - 2 - 1  # not the first, the two estimate calls or the one warm-up
+
+
+def test_a_slow_call_is_estimated_once():
+    """Above budget/min_reps every estimate gives min_reps repetitions, so a second estimate call is not made."""
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.03)  # 30 ms > 20 ms / 5
+
+    m = measure(slow, device=CPU, config=FAST)
+    assert m.n == FAST.min_reps
+    assert len(calls) == 1 + 1 + 1 + FAST.min_reps  # first, one estimate, one warm-up (5 ms < one call), samples
+
+
+def test_first_is_for_the_cpu_clock():
+    with pytest.raises(ValueError, match="first=.* is for the CPU clock"):
+        measure(lambda: None, device=torch.device("cuda"), first=lambda fn: fn())
+
+
 def test_bad_timing_config():
     with pytest.raises(ValueError, match="budgets must be finite and > 0"):
         TimingConfig(budget_ms=0)
