@@ -49,6 +49,13 @@ class Executor:
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
         return self._noted(run_call(backend, call, device), backend)
 
+    def compile_ahead(self, backend: Backend, calls: list[Call]) -> None:
+        """Compile a backend's calls ahead, beside the run (IsolatedExecutor); in this process nothing runs beside
+        the run, so nothing is done."""
+
+    def compiled_ahead(self) -> dict[str, dict]:
+        return {}
+
     def time(self, backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
         return self._noted(run_timing(backend, timing, device), backend)
 

@@ -257,6 +257,8 @@ class IsolatedExecutor(Executor):
     _available: dict[str, str | None] = field(default_factory=dict)
     #: how many workers were replaced after dying or timing out, per backend
     restarts: dict[str, int] = field(default_factory=dict)
+    #: backend name -> its compile-ahead (compile_ahead())
+    ahead: dict = field(default_factory=dict)
 
     isolated = True
 
@@ -305,8 +307,28 @@ class IsolatedExecutor(Executor):
         # a worker that could not start is the harness's failure, never the backend's absence
         return ("error" if worker is not None and worker.start_failure is not None else "unavailable"), reason
 
+    def compile_ahead(self, backend: Backend, calls: list[Call]) -> None:
+        """Compile `backend`'s calls ahead, last to first, in a worker of its own beside the run's (see
+        execution/compile_ahead.py); only on the CPU, where that worker costs a core, not a second CUDA context and
+        its memory beside the run's."""
+        if self.device.type != "cpu" or not calls or backend.name in self.ahead:
+            return
+        from harness.execution.compile_ahead import CompileAhead
+
+        self.ahead[backend.name] = CompileAhead(backend.name, calls, self._spec, self._ctx, self.timeout_s)
+
+    def stop_compiling_ahead(self) -> None:
+        """Before anything is timed: no compile may share the machine with a measurement."""
+        for ahead in self.ahead.values():
+            ahead.stop()
+
+    def compiled_ahead(self) -> dict[str, dict]:
+        return {name: ahead.summary() for name, ahead in self.ahead.items()}
+
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
         self._check(device)
+        if backend.name in self.ahead:
+            self.ahead[backend.name].claim(call.case.id)
         status, answer = self._ask(backend, "call", call.to_cpu(), self.timeout_for(call.case.id),
                                    f"running {backend.name} on {call.case.id}")
         return self._noted(answer if status == "ok" else CallResult(failure=answer), backend)
@@ -315,6 +337,7 @@ class IsolatedExecutor(Executor):
         self._check(device)
         from dataclasses import replace
 
+        self.stop_compiling_ahead()
         timing = replace(timing, call=timing.call.to_cpu())
         status, answer = self._ask(backend, "time", timing, self.timeout_for(timing.call.case.id),
                                    f"timing {backend.name} {timing.phase} on {timing.call.case.id}")
@@ -324,6 +347,7 @@ class IsolatedExecutor(Executor):
 
     def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any) -> Any:
         self._check(device)
+        self.stop_compiling_ahead()  # a task may time (the timing-fidelity check)
         status, answer = self._ask(backend, "run", (fn, args), self.timeout_s,
                                    f"running {getattr(fn, '__name__', 'a task')} for {backend.name}")
         if status != "ok":
@@ -340,6 +364,7 @@ class IsolatedExecutor(Executor):
             raise ValueError(f"this executor's workers run on {self.device}; asked for {device}")
 
     def close(self) -> None:
+        self.stop_compiling_ahead()
         for worker in self.workers.values():
             worker.stop()
         self.workers.clear()

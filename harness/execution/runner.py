@@ -89,6 +89,17 @@ def refusal(backend: Backend, case: AttentionCase, device: torch.device,
     return ("unsupported", "; ".join(reasons)) if reasons else None
 
 
+def backward_reason(backend: Backend, case: AttentionCase, device: torch.device) -> str:
+    """Why the correctness call of `backend` on `case` runs no backward ("" when it does)."""
+    return FORWARD_ONLY if case.page_size is not None else "; ".join(backend.backward_reasons(device))
+
+
+def correctness_call(backend: Backend, case: AttentionCase, device: torch.device, seed: int | None = 0,
+                     inputs: Inputs | None = None, arrangement: Arrangement | None = None) -> Call:
+    """The call that checks `backend` on `case` (a compile-ahead makes the same one, so its compile is the run's)."""
+    return Call(case, seed, inputs, backward=not backward_reason(backend, case, device), arrangement=arrangement)
+
+
 def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arrangement: Arrangement | None = None,
             executor: Executor = IN_PROCESS) -> BackendResult:
     """Run forward and backward of `backend` on the prepared case (through `executor`: here, or in its worker)
@@ -102,8 +113,8 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
     refused = refusal(backend, case, device, executor)
     if refused:
         return both(*refused)
-    bwd_reason = FORWARD_ONLY if case.page_size is not None else "; ".join(backend.backward_reasons(device))
-    call = Call(case, prepared.seed, prepared.inputs, backward=not bwd_reason, arrangement=arrangement)
+    bwd_reason = backward_reason(backend, case, device)
+    call = correctness_call(backend, case, device, prepared.seed, prepared.inputs, arrangement)
     answer = executor.call(backend, call, device)
     if answer.failure is not None and answer.failure.backward_only:  # the forward runs; only its backward cannot
         bwd_reason = answer.failure.reason

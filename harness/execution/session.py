@@ -122,7 +122,8 @@ class RunSession:
         reference, worker start-up, the backends' forward, judging, timing...), exclusive seconds and counts."""
         return {"wall_s": round(time.monotonic() - self._started, 3),
                 "tests_s": {k: round(v, 3) for k, v in self.test_seconds.items()},
-                "stages": {name: {"s": round(s, 3), "n": n} for name, (s, n) in stages.CLOCK.snapshot().items()}}
+                "stages": {name: {"s": round(s, 3), "n": n} for name, (s, n) in stages.CLOCK.snapshot().items()},
+                "compile_ahead": self.executor.compiled_ahead()}
 
     def save_env(self) -> None:
         write_env(self.run_dir, self.env)

@@ -18,6 +18,7 @@ from harness.backends.registry import get_backends, load_backend_module
 from harness.cli.options import add_to_pytest, timeouts
 from harness.execution.device import resolve_device
 from harness.execution.isolation import IsolatedExecutor
+from harness.execution.runner import correctness_call
 from harness.execution.session import RunSession
 from harness.launch.sharding import parse_shard, select_shard
 from harness.measure import stages
@@ -151,6 +152,23 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_collection_modifyitems(session, config, items):
     """Correctness first, then probes, then the benchmark; the order inside a stage is kept (stable sort)."""
     items.sort(key=_stage)
+
+
+def pytest_collection_finish(session):
+    """The correctness calls of backends that compile every new shape (flex) are compiled ahead, beside the run,
+    while it checks correctness (execution/compile_ahead.py); in the order the run will reach them."""
+    run = session.config.stash.get(_SESSION_KEY, None)
+    if run is None:
+        return
+    wanted: dict[str, tuple] = {}
+    for item in session.items:
+        params = item.callspec.params if item.originalname == "test_correctness" else {}
+        backend, case = params.get("backend"), params.get("case")
+        if backend is not None and backend.compiles_per_shape and not backend.can_run(case, run.device):
+            wanted.setdefault(backend.name, (backend, []))[1].append(correctness_call(backend, case, run.device,
+                                                                                      run.seed))
+    for backend, calls in wanted.values():
+        run.executor.compile_ahead(backend, calls)
 
 
 def pytest_generate_tests(metafunc):
