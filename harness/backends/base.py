@@ -1,4 +1,5 @@
-"""The Backend contract: capabilities declared as data, an optional `prepare` done once per case, one call."""
+"""The Backend contract: capabilities declared as data, a `Plan` prepared once per case (naming its kernels), one call;
+the probes' and the describing hooks apart."""
 
 from __future__ import annotations
 
