@@ -1,5 +1,4 @@
-"""The Backend contract: capabilities declared as data, a `Plan` prepared once per case (naming its kernels), one call;
-the probes' and the describing hooks apart."""
+"""The Backend contract: capabilities as data, a `Plan` prepared once per case naming its kernels, one call."""
 
 from __future__ import annotations
 
