@@ -9,6 +9,7 @@ from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
 from harness.store.load import load_results
 
-__all__ = ["AttentionCase", "Backend", "BackwardUnsupported", "Causal", "CausalBottomRight", "Inputs", "KeyPadding", "Plan", "SlidingWindow",
+__all__ = ["AttentionCase", "Backend", "BackwardUnsupported", "Causal", "CausalBottomRight", "Inputs", "KeyPadding",
+           "Plan", "SlidingWindow",
            "Unsupported", "all_backends", "check", "get_backends", "load_backend_module", "load_results",
            "make_inputs", "masks", "reference_attention", "register"]

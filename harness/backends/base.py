@@ -99,8 +99,9 @@ class DescriptionHooks:
 
     def mask_form(self, case: AttentionCase, device: torch.device) -> "MaskForm":
         """How this backend's own translation passes `case`'s mask to its kernel (the advisor's deployment checks)."""
-        return MaskForm(NOT_DESCRIBED, float("nan"), f"{self.name} has no mask_form(case, device): its mask translation "
-                                                     "is not described by the plugin")
+        return MaskForm(NOT_DESCRIBED, float("nan"),
+                        f"{self.name} has no mask_form(case, device): its mask translation is not described by "
+                        "the plugin")
 
     def compile_time_ms(self) -> float | None:
         """Compile time (ms) of the graph the last call used, for backends that compile; None otherwise."""
