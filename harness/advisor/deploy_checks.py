@@ -85,7 +85,7 @@ def compile_check(backend: Backend, case: AttentionCase, device: torch.device, *
     'error' is any other failure (e.g. the compiler backend's), with its message.
     """
     small = check_case(case)
-    q, k, v, d_out = backend_inputs(backend, make_inputs(small, device), requires_grad=training, case=small)
+    q, k, v, d_out = backend_inputs(backend, small, make_inputs(small, device), requires_grad=training)
     bound = BoundCall(backend, small, device)  # prepare runs before compiling: only the call is compiled
 
     def call(q, k, v):
@@ -152,7 +152,7 @@ def determinism_check(backend: Backend, case: AttentionCase, device: torch.devic
     try:
         call = BoundCall(backend, case, device)
         for _ in range(2):
-            q, k, v, d_out = backend_inputs(backend, inputs, requires_grad=training, case=case)
+            q, k, v, d_out = backend_inputs(backend, case, inputs, requires_grad=training)
             out = call(q, k, v)
             result = {"out": out.detach()}
             if training:

@@ -1,4 +1,4 @@
-"""The Backend contract: capabilities declared as data, an optional `prepare` done once per case, one call."""
+"""The Backend contract: capabilities as data, a `Plan` prepared once per case naming its kernels, one call."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from harness.backends.paged_gather import paged_case_of
 from harness.spec.case import AttentionCase, dtype_name
 from harness.spec.masks import MaskSpec
 from harness.spec.modifiers import MODIFIERS
@@ -27,21 +28,105 @@ class BackwardUnsupported(Unsupported):
     the case: the forward is then run and judged alone, and the backward recorded unsupported with this reason."""
 
 
-class Backend:
-    """An attention implementation.
+@dataclass(kw_only=True)
+class Plan:
+    """What `prepare` builds once per case, outside any timing, and hands `forward` as `prepared=`: a backend's own
+    plan subclasses it with its state (masks, biases, lengths, the wrapper). It names the kernels the call will run,
+    so the row records what ran wherever the call ran (a worker sends the names back with the call's result)."""
+
+    #: the forward's kernel, e.g. 'sdpa:flash' (the backend's name where it cannot tell)
+    op: str
+    #: the backward's kernel where it differs from the forward's ('' = the same)
+    backward_op: str = ""
+
+    def ops(self, training: bool) -> tuple[str, str]:
+        """(forward, backward) kernels of a call with gradients (`training`) or without; a backend whose kernel
+        depends on that (xformers: a training and an inference form) overrides this."""
+        return self.op, self.backward_op or self.op
+
+
+class ProbeHooks:
+    """The library's own calls, for the semantics and dropout probes (harness/probes), in the backend's layout: no
+    mask spec involved, so a probe observes what the library itself does. A backend lists the ones it offers in
+    `native_probes` and overrides them next to its mask translation."""
+
+    name: ClassVar[str] = ""
+    #: the library calls offered (subset of NATIVE_PROBES): native_causal, native_mask, native_dropout
+    native_probes: ClassVar[frozenset[str]] = frozenset()
+
+    def native_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
+        """The library's own causal switch (no mask spec)."""
+        raise NotImplementedError(f"{self.name} declares no native causal probe")
+
+    def native_mask(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+        """A dense (B|1, H|1, Sq, Sk) mask tensor, bool (True = attend) or additive, in the library's own form."""
+        raise NotImplementedError(f"{self.name} declares no native mask probe")
+
+    def native_dropout(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, p: float,
+                       scale: float) -> torch.Tensor:
+        """The library's own dropout at probability p."""
+        raise NotImplementedError(f"{self.name} declares no native dropout probe")
+
+
+class DescriptionHooks:
+    """What rows, `python -m harness backends` and the advisor read about a backend besides its results: the
+    version recorded, the kernels it can run here, how modifiers and masks reach its kernel, compile times."""
+
+    name: ClassVar[str] = ""
+    #: the distribution whose version is recorded (None = torch)
+    package: ClassVar[str | None] = None
+
+    def version(self) -> str:
+        dist = self.package
+        if dist is None:
+            return torch.__version__
+        try:
+            from importlib.metadata import version
+            return version(dist)
+        except Exception:
+            return "not installed"
+
+    def kernels(self) -> str:
+        """Which kernels this backend's calls can run here, where it can tell ('' otherwise): printed by
+        `python -m harness backends` under the backend's line."""
+        return ""
+
+    def modifier_path(self, case: AttentionCase) -> str:
+        """How `case`'s modifiers reach the kernel, for the row's modifier_path column (e.g. 'score_mod',
+        'attn_mask float', 'native softcap'); backends with a translation say which."""
+        return ", ".join(sorted(case.modifiers)) + " as forward keywords"
+
+    def mask_form(self, case: AttentionCase, device: torch.device) -> "MaskForm":
+        """How this backend's own translation passes `case`'s mask to its kernel (the advisor's deployment checks)."""
+        return MaskForm(NOT_DESCRIBED, float("nan"),
+                        f"{self.name} has no mask_form(case, device): its mask translation is not described by "
+                        "the plugin")
+
+    def compile_time_ms(self) -> float | None:
+        """Compile time (ms) of the graph the last call used, for backends that compile; None otherwise."""
+        return None
+
+
+class Backend(ProbeHooks, DescriptionHooks):
+    """An attention implementation: what it can run, declared as data; `prepare`, once per case; `forward`, timed.
 
     Subclasses set `name` and `layout` and implement `forward(q, k, v, *, mask, scale)` where q is
     (batch, heads, seq_q, head_dim) for layout 'bhsd' or (batch, seq_q, heads, head_dim) for 'bshd',
     k/v likewise with kv_heads and seq_k (v's last dim is the case's head_dim_v), and `mask` is a harness mask spec
-    or None. The output has q's layout and v's head dim. What a backend can run is declared as data (the class
-    attributes below); `can_run` derives the reasons from it, and `not_supported_reasons` may add case-specific ones.
+    or None. The output has q's layout and v's head dim. As in xformers' AttentionOpBase (xformers 0.0.35,
+    ops/fmha/common.py: capabilities as class data, `not_supported_reasons`, `supports = not reasons`), what a
+    backend can run is the class data below; `can_run` derives every reason from it, `not_supported_reasons` may
+    add case-specific ones, and `supports` is `not can_run(...)`. The probes' and the describing hooks sit apart
+    (ProbeHooks, DescriptionHooks).
 
     Modifiers (harness.spec.modifiers): a backend lists those it implements in `modifiers`; it is never called with
     any other (the case is `unsupported`, with the reason), and the declared ones reach `forward` as keyword
     arguments, only when the case uses them: `softcap` (float), `sinks` ((heads,) in the case's dtype, requires
     grad), `alibi_slopes` ((heads,) float32), `bias` ((batch or 1, heads, seq_q, seq_k) in the case's dtype,
-    requires grad; that canonical layout whatever the backend's). `supports_head_dim_v` says v may have another
-    head dim than q and k.
+    requires grad; that canonical layout whatever the backend's). A paged case (`paged_kv`) reaches it as
+    forward(q, k_cache, v_cache, *, mask, scale, block_table, cache_seqlens), caches (num_blocks, page_size,
+    kv_heads, head_dim), block_table (batch, max_blocks) int32, cache_seqlens (batch,) int32 (harness.spec.paged).
     """
 
     name: ClassVar[str] = ""
@@ -55,26 +140,33 @@ class Backend:
     #: device types that have a backward (None = every device the forward runs on)
     backward_devices: ClassVar[tuple[str, ...] | None] = None
     supports_gqa: ClassVar[bool] = True
-    #: the library calls offered for probes (subset of NATIVE_PROBES): native_causal, native_mask, native_dropout
-    native_probes: ClassVar[frozenset[str]] = frozenset()
     #: a deterministic backward: True (declared), a string saying whose documentation claims it, or None
     deterministic: ClassVar[bool | str | None] = None
     #: compiles every new shape (seconds each): suites give it fewer cases in the default matrix
     compiles_per_shape: ClassVar[bool] = False
-    #: the distribution whose version is recorded (None = torch)
-    package: ClassVar[str | None] = None
     #: the modifiers forward implements (a subset of harness.spec.modifiers.MODIFIERS)
     modifiers: ClassVar[frozenset[str]] = frozenset()
     #: why the library cannot do an undeclared modifier, where the backend knows (shown in the unsupported row)
     modifier_refusals: ClassVar[dict[str, str]] = {}
     #: v may have a head dim other than q/k's (case.head_dim_v)
     supports_head_dim_v: ClassVar[bool] = False
-    #: takes paged KV cases: forward(q, k_cache, v_cache, *, mask, scale, block_table, cache_seqlens) with caches
-    #: (num_blocks, page_size, kv_heads, head_dim), block_table (batch, max_blocks) int32, cache_seqlens (batch,)
-    #: int32 (harness.spec.paged); q and the output in this backend's layout
+    #: takes paged KV cases (see the class docstring); q and the output in this backend's layout
     paged_kv: ClassVar[bool] = False
     #: the page sizes its paged kernel takes are multiples of this (FA2: 256)
     page_size_multiple: ClassVar[int] = 1
+
+    def prepare(self, case: AttentionCase, device: torch.device) -> Plan | Any:
+        """Everything the call needs that depends only on (case, device) - native masks, biases, lengths, the op
+        to run - built once, outside any timing: a `Plan` naming the kernels (or any state: the row then names the
+        backend). Its result is passed to `forward` as `prepared=`; the default (None) passes nothing, so a backend
+        without `prepare` is called exactly as `forward(q, k, v, mask, scale)`."""
+        return None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: MaskSpec | None,
+                scale: float) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- what the class data implies: the reasons a case cannot run (override not_supported_reasons to add) --
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why this backend cannot run at all here (library missing, wrong device, GPU arch); None if it can."""
@@ -94,14 +186,6 @@ class Backend:
             reasons.append(f"GQA/MQA (kv_heads={case.kv_heads} != heads={case.heads}) not supported")
         return reasons
 
-    def backward_reasons(self, device: torch.device) -> list[str]:
-        """Why there is no backward here, from the capability data (empty = there is one)."""
-        if not self.supports_backward:
-            return [f"{self.name} has no backward"]
-        if self.backward_devices is not None and device.type not in self.backward_devices:
-            return [f"{self.name} has no backward on {device.type} (torch {torch.__version__})"]
-        return []
-
     def can_run(self, case: AttentionCase, device: torch.device, *, backward: bool = False,
                 dropout: bool = False) -> list[str]:
         """Every reason this backend cannot run `case` on `device` (empty = it can): the case's forward, plus its
@@ -117,6 +201,68 @@ class Backend:
             reasons.append(f"{self.name} has no dropout (no native_dropout probe)")
         return reasons
 
+    def supports(self, case: AttentionCase, device: torch.device, *, backward: bool = False,
+                 dropout: bool = False) -> bool:
+        return not self.can_run(case, device, backward=backward, dropout=dropout)
+
+    # -- the plumbing the harness calls around prepare and forward (a backend rarely overrides it) --
+
+    def prepared_plan(self, case: AttentionCase, device: torch.device) -> Plan | Any:
+        """prepare(case, device), or None when this backend's forward takes no `prepared` (a subclass that overrides
+        `forward` without it - a user wrapping a built-in backend - is called the plain way, and its parent's
+        prepare is skipped rather than built for nothing)."""
+        params = inspect.signature(type(self).forward).parameters
+        if "prepared" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return None
+        return self.prepare(case, device)
+
+    def plan_for(self, prepared: Plan | Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                 mask: MaskSpec | None, scale: float, **call_kwargs) -> Plan | Any:
+        """`prepared` as the harness built it, or - forward called directly, without it - the plan of the case the
+        call's tensors and keywords describe (`case_of`), built now; a paged call's own block table is used."""
+        if prepared is not None:
+            return prepared
+        case = self.case_of(q, k, v, mask=mask, scale=scale, **call_kwargs)
+        table = call_kwargs.get("block_table")
+        return self.prepare(case, q.device) if table is None else self.prepare(case, q.device, block_table=table)
+
+    def ops(self, plan: Plan | Any, training: bool) -> tuple[str, str]:
+        """(forward, backward) kernels a call with `plan` runs: the plan's own, or this backend's name where its
+        prepare returns no Plan."""
+        return plan.ops(training) if isinstance(plan, Plan) else (self.name, self.name)
+
+    def case_of(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None, *, mask: MaskSpec | None,
+                scale: float, block_table: torch.Tensor | None = None, cache_seqlens: torch.Tensor | None = None,
+                softcap: float | None = None, sinks: torch.Tensor | None = None,
+                alibi_slopes: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> AttentionCase:
+        """The case that tensors in this backend's layout and forward's keywords describe: for `prepare` when forward
+        is called without `prepared` (a user calling the backend directly). With a block_table, k is the paged cache
+        (num_blocks, page_size, kv_heads, head_dim)."""
+        canonical_q = self.from_layout(q)
+        if block_table is not None:
+            return paged_case_of(canonical_q, k, mask, scale)
+        k = self.from_layout(k)
+        b, h, sq, d = canonical_q.shape
+        return AttentionCase(b, h, sq, d, q.dtype, kv_heads=k.shape[1], seq_k=k.shape[2], mask=mask, scale=scale,
+                             head_dim_v=d if v is None else v.shape[-1], softcap=softcap, sinks=sinks is not None,
+                             alibi=alibi_slopes is not None,
+                             bias=None if bias is None else ("head" if bias.shape[0] == 1 else "full"))
+
+    def to_layout(self, x: torch.Tensor) -> torch.Tensor:
+        """Canonical (B, H, S, D) -> this backend's layout; done before timing, never inside `forward`."""
+        return x if self.layout == "bhsd" else x.transpose(1, 2)
+
+    def from_layout(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.layout == "bhsd" else x.transpose(1, 2)
+
+    def backward_reasons(self, device: torch.device) -> list[str]:
+        """Why there is no backward here, from the capability data (empty = there is one)."""
+        if not self.supports_backward:
+            return [f"{self.name} has no backward"]
+        if self.backward_devices is not None and device.type not in self.backward_devices:
+            return [f"{self.name} has no backward on {device.type} (torch {torch.__version__})"]
+        return []
+
     def modifier_reasons(self, case: AttentionCase) -> list[str]:
         """Why this backend cannot take `case`'s modifiers or value head dim, from the declarations (empty = it can)."""
         unknown = set(self.modifiers) - set(MODIFIERS)
@@ -130,94 +276,6 @@ class Backend:
                            + self.modifier_refusals.get("head_dim_v", f"{self.name} needs equal head dims "
                                                         "(supports_head_dim_v is False)"))
         return reasons
-
-    def modifier_path(self, case: AttentionCase) -> str:
-        """How `case`'s modifiers reach the kernel, for the row's modifier_path column (e.g. 'score_mod',
-        'attn_mask float', 'native softcap'); backends with a translation say which."""
-        return ", ".join(sorted(case.modifiers)) + " as forward keywords"
-
-    def version(self) -> str:
-        dist = self.package
-        if dist is None:
-            return torch.__version__
-        try:
-            from importlib.metadata import version
-            return version(dist)
-        except Exception:
-            return "not installed"
-
-    def kernels(self) -> str:
-        """Which kernels this backend's calls can run here, where it can tell ('' otherwise): printed by
-        `python -m harness backends` under the backend's line."""
-        return ""
-
-    def last_op(self) -> str:
-        """The kernel that actually ran on the last call, where the backend can tell (else its name)."""
-        return self.name
-
-    def last_backward_op(self) -> str:
-        """The kernel of the last call's backward, where it differs from the forward's (else last_op)."""
-        return self.last_op()
-
-    def case_of(self, q: torch.Tensor, k: torch.Tensor, mask: MaskSpec | None, scale: float) -> AttentionCase:
-        """The case that tensors in this backend's layout describe: for `prepare` when forward is called without
-        `prepared` (a user calling the backend directly)."""
-        q, k = self.from_layout(q), self.from_layout(k)
-        b, h, sq, d = q.shape
-        return AttentionCase(b, h, sq, d, q.dtype, kv_heads=k.shape[1], seq_k=k.shape[2], mask=mask, scale=scale)
-
-    def compile_time_ms(self) -> float | None:
-        """Compile time (ms) of the graph the last call used, for backends that compile; None otherwise."""
-        return None
-
-    def to_layout(self, x: torch.Tensor) -> torch.Tensor:
-        """Canonical (B, H, S, D) -> this backend's layout; done before timing, never inside `forward`."""
-        return x if self.layout == "bhsd" else x.transpose(1, 2)
-
-    def from_layout(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.layout == "bhsd" else x.transpose(1, 2)
-
-    def prepare(self, case: AttentionCase, device: torch.device) -> Any:
-        """Everything the call needs that depends only on (case, device) - native masks, biases, lengths, the op
-        to run - built once, outside any timing. Its result is passed to `forward` as `prepared=`; the default
-        (None) passes nothing, so a backend without `prepare` is called exactly as `forward(q, k, v, mask, scale)`."""
-        return None
-
-    def prepared_kwargs(self, case: AttentionCase, device: torch.device) -> dict[str, Any]:
-        """The keyword arguments `forward` gets besides mask and scale: {'prepared': prepare(...)} when this
-        backend prepares state and its forward takes it. A subclass that overrides `forward` without a `prepared`
-        parameter (a user wrapping a built-in backend) is called the plain way, and its parent's prepare is
-        skipped rather than built for nothing."""
-        params = inspect.signature(type(self).forward).parameters
-        if "prepared" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            return {}
-        state = self.prepare(case, device)
-        return {} if state is None else {"prepared": state}
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: MaskSpec | None,
-                scale: float) -> torch.Tensor:
-        raise NotImplementedError
-
-    # Library calls for the semantics and dropout probes, in this backend's layout; offered ones are listed in
-    # `native_probes` and overridden next to the backend's mask translation.
-    def native_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
-        """The library's own causal switch (no mask spec)."""
-        raise NotImplementedError(f"{self.name} declares no native causal probe")
-
-    def native_mask(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor,
-                    scale: float) -> torch.Tensor:
-        """A dense (B|1, H|1, Sq, Sk) mask tensor, bool (True = attend) or additive, in the library's own form."""
-        raise NotImplementedError(f"{self.name} declares no native mask probe")
-
-    def native_dropout(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, p: float,
-                       scale: float) -> torch.Tensor:
-        """The library's own dropout at probability p."""
-        raise NotImplementedError(f"{self.name} declares no native dropout probe")
-
-    def mask_form(self, case: AttentionCase, device: torch.device) -> "MaskForm":
-        """How this backend's own translation passes `case`'s mask to its kernel (deployment checks)."""
-        return MaskForm(NOT_DESCRIBED, float("nan"), f"{self.name} has no mask_form(case, device): its mask translation "
-                                                     "is not described by the plugin")
 
 
 #: the mask path of a backend that does not describe its translation (a plugin without `mask_form`)

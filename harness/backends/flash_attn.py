@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.backends.base import Backend, MaskForm, Plan, Unsupported
 from harness.backends.flash_attn_package import fa2_problem
 from harness.backends.registry import register
 from harness.spec.masks import (CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec,
@@ -147,26 +149,27 @@ class FlashAttn2(Backend):
         varlen = " + varlen" if any(k in args for k in ("key_lengths", "cu_seqlens_q")) else ""
         return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in shown.items()) + varlen)
 
-    def prepare(self, case, device) -> dict:
+    def prepare(self, case, device) -> Fa2Plan:
         """FA2's keywords for the mask, and for its varlen path the int32 cu_seqlens and the flat indices of the kept
         keys, all on the device: the call does no host work and no host-device traffic (a boolean-mask gather
         would synchronize)."""
         if case.page_size is not None:  # flash_attn_with_kvcache takes the block table and lengths as they come
-            return {"mode": "paged"}
-        return fa2_plan(case, device)
+            return Fa2Plan(op=self.name, call={"mode": "paged"})
+        return Fa2Plan(op=self.name, call=fa2_plan(case, device))
 
     def modifier_path(self, case):
         return " + ".join(f"native {m}{'_slopes' if m == 'alibi' else ''}=" for m in ("softcap", "alibi")
                           if m in case.modifiers)
 
-    def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None, softcap=None, alibi_slopes=None,
+    def forward(self, q, k, v, *, mask, scale, prepared: Fa2Plan | None = None, softcap=None, alibi_slopes=None,
                 block_table=None, cache_seqlens=None):
         from flash_attn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
         if block_table is not None:  # paged: k, v are the caches (num_blocks, page_size, kv_heads, head_dim)
             return fa2_paged_call(q, k, v, mask=mask, scale=scale, block_table=block_table,
                                   cache_seqlens=cache_seqlens)
-        plan = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
+        plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap,
+                             alibi_slopes=alibi_slopes).call
         b, sq, h, d = q.shape
         sk = k.shape[1]
         modifiers = fa2_modifier_args(softcap, alibi_slopes)
@@ -179,6 +182,14 @@ class FlashAttn2(Backend):
         out = flash_attn_varlen_func(q_flat, k_flat, v_flat, plan["cu_q"], plan["cu_k"], plan["max_q"],
                                      plan["max_k"], softmax_scale=scale, **plan["args"], **modifiers)
         return out.reshape(b, sq, h, d)
+
+
+@dataclass
+class Fa2Plan(Plan):
+    """fa2_plan's arguments of the call ({'mode': 'paged'} for a paged case: flash_attn_with_kvcache takes the block
+    table and lengths as they come)."""
+
+    call: dict
 
 
 def fa2_paged_call(q, k_cache, v_cache, *, mask, scale, block_table, cache_seqlens):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.backends.base import Backend, MaskForm, Plan, Unsupported
 from harness.backends.flash_attn import fa2_plan
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
@@ -67,8 +67,9 @@ def ragged_plan_args(case: AttentionCase) -> dict:
 
 
 @dataclass
-class FlashInferPlan:
-    """What plan() was given, on the CPU (kind: decode, paged-prefill or ragged), and the planned wrapper."""
+class FlashInferPlan(Plan):
+    """What plan() was given, on the CPU (kind: decode, paged-prefill or ragged), and the planned wrapper; `op` is
+    'flashinfer:<kind>'."""
 
     kind: str
     args: dict
@@ -87,14 +88,15 @@ def flashinfer_plan(case: AttentionCase, block_table: torch.Tensor | None = None
 
         table = paged_layout(case).block_table if block_table is None else block_table
         args = paged_plan_args(table, case.mask.lengths_tensor(), case.page_size, case.seq_q)
-        return FlashInferPlan("decode" if case.seq_q == 1 else "paged-prefill", args, causal=case.seq_q > 1)
+        kind = "decode" if case.seq_q == 1 else "paged-prefill"
+        return FlashInferPlan(kind, args, causal=case.seq_q > 1, op=f"flashinfer:{kind}")
     mask = flashinfer_mask(case.mask, case.seq_q, case.seq_k)
     if isinstance(case.mask, Documents) and mask["causal"] and any(
             k < q for q, k in zip(case.mask.q_lengths, case.mask.k_lengths)):
         raise Unsupported(f"FlashInfer causal needs kv_len >= qo_len in every request (prefill.cuh); {case.mask.id}")
     args = ragged_plan_args(case)
     keep = args.pop("keep")
-    return FlashInferPlan("ragged", args, mask["causal"], mask["window_left"], keep=keep)
+    return FlashInferPlan("ragged", args, mask["causal"], mask["window_left"], keep=keep, op="flashinfer:ragged")
 
 
 def jit_problem() -> str | None:
@@ -126,9 +128,6 @@ class FlashInfer(Backend):
     #: paged natively: the block table's pages in FlashInfer's CSR form (kv_indptr, kv_indices, kv_last_page_len)
     paged_kv = True
 
-    def __init__(self):
-        self._last_op = self.name
-
     def unavailable_reason(self, device):
         try:
             import flashinfer  # noqa: F401
@@ -145,9 +144,6 @@ class FlashInfer(Backend):
         except Unsupported as exc:
             reasons.append(str(exc))
         return reasons
-
-    def last_op(self) -> str:
-        return self._last_op
 
     def mask_form(self, case, device):
         plan = flashinfer_plan(case)
@@ -181,13 +177,7 @@ class FlashInfer(Backend):
     def forward(self, q, k, v, *, mask, scale, prepared: FlashInferPlan | None = None, block_table=None,
                 cache_seqlens=None):
         b, sq, h, d = q.shape
-        if prepared is None:  # called directly: plan from the tensors (and the table) given
-            from harness.backends.paged_gather import paged_case_of
-
-            case = (paged_case_of(self.from_layout(q), k, mask, scale) if block_table is not None
-                    else self.case_of(q, k, mask, scale))
-            prepared = self.prepare(case, q.device, block_table)
-        self._last_op = f"flashinfer:{prepared.kind}"
+        prepared = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, block_table=block_table)
         if prepared.kind == "decode":  # q (batch, heads, head_dim); the caches as they are (NHD pages)
             return prepared.wrapper.run(q.reshape(b, h, d), (k, v)).reshape(b, 1, h, d)
         if prepared.kind == "paged-prefill":

@@ -4,13 +4,13 @@ spec formulas its score_mod, and sinks a correction from the returned log-sum-ex
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
-from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.backends.base import Backend, MaskForm, Plan, Unsupported
 from harness.backends.registry import register
-from harness.backends.paged_gather import paged_case_of
 from harness.spec.masks import MaskSpec
 from harness.spec.modifiers import alibi_term, softcap_scores
 
@@ -106,6 +106,13 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=DYNAMIC)
 
 
+@dataclass
+class FlexPlan(Plan):
+    """The case's BlockMask on the device (None: no mask); a paged case's is over the physical cache."""
+
+    block_mask: object
+
+
 @register
 class Flex(Backend):
     name = "flex"
@@ -127,10 +134,6 @@ class Flex(Backend):
         #: milliseconds spent in the first (compiling) call of each (shape, mask) key, for reporting
         self.compile_ms: dict = {}
         self._last_key = None
-        self._last_op = self.name
-
-    def last_op(self) -> str:
-        return self._last_op
 
     def unavailable_reason(self, device):
         try:
@@ -177,12 +180,13 @@ class Flex(Backend):
                  if case.modifiers - {"sinks"} else "", "sinks: out * sigmoid(lse - sigma)" if case.sinks else ""]
         return " + ".join(p for p in parts if p)
 
-    def prepare(self, case, device) -> dict:
+    def prepare(self, case, device, block_table: torch.Tensor | None = None) -> FlexPlan:
         """The BlockMask of the case's mask on the device (built once per (mask, shape, device)); None: no mask.
-        A paged case's is over the physical cache, from the case's block table (the one its call gets)."""
+        A paged case's is over the physical cache, from `block_table` (default: the case's, the one its call gets)."""
         if case.page_size is not None:
-            return {"block_mask": self.paged_block_mask(case, device)}
-        return {"block_mask": self.block_mask(case.mask, case.batch, case.seq_q, case.seq_k, device)}
+            return FlexPlan(op=f"{self.name} (paged block mask over the physical cache)",
+                            block_mask=self.paged_block_mask(case, device, block_table))
+        return FlexPlan(op=self.name, block_mask=self.block_mask(case.mask, case.batch, case.seq_q, case.seq_k, device))
 
     def paged_block_mask(self, case, device, block_table: torch.Tensor | None = None):
         from torch.nn.attention.flex_attention import create_block_mask
@@ -198,16 +202,12 @@ class Flex(Backend):
                                                        layout.num_blocks * case.page_size, device=str(device))
         return self._block_masks[key]
 
-    def forward(self, q, k, v, *, mask, scale, prepared: dict | None = None, softcap=None, sinks=None,
+    def forward(self, q, k, v, *, mask, scale, prepared: FlexPlan | None = None, softcap=None, sinks=None,
                 alibi_slopes=None, bias=None, block_table=None, cache_seqlens=None):
+        block_mask = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap, sinks=sinks,
+                                   alibi_slopes=alibi_slopes, bias=bias, block_table=block_table).block_mask
         if block_table is not None:  # paged: attend the physical cache through a paged block mask
-            if prepared is None:
-                case = paged_case_of(q, k, mask, scale)
-                prepared = {"block_mask": self.paged_block_mask(case, q.device, block_table)}
             k, v = physical_kv(k), physical_kv(v)
-        self._last_op = self.name if block_table is None else f"{self.name} (paged block mask over the physical cache)"
-        prepared = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
-        block_mask = prepared["block_mask"]
         modifiers = dict(score_mod=flex_score_mod(q.shape[2], k.shape[2], softcap=softcap, alibi_slopes=alibi_slopes,
                                                   bias=bias, batch=q.shape[0]))
         if sinks is not None:

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from harness.backends.base import Backend, MaskForm
+from harness.backends.base import Backend, MaskForm, Plan
 from harness.backends.paged_gather import GATHER_NOTE, gather_paged
 from harness.backends.registry import register
 from harness.oracle.baseline import naive_attention, naive_rows
 from harness.spec.masks import MaskSpec
 from harness.spec.modifiers import MODIFIERS, alibi_bias, alibi_slopes
+
+
+@dataclass
+class NaivePlan(Plan):
+    """The dense bool mask (B|1, 1, Sq, Sk) and the ALiBi term (H, Sq, Sk) or None, on the device."""
+
+    allowed: torch.Tensor
+    alibi: torch.Tensor | None
 
 
 @register
@@ -21,30 +31,24 @@ class Naive(Backend):
     supports_head_dim_v = True
     paged_kv = True  # by gathering the pages through the block table, inside the timed call
 
-    def __init__(self):
-        self._last_op = self.name
-
-    def last_op(self) -> str:
-        return self._last_op
-
-    def prepare(self, case, device) -> dict:
-        """The dense bool mask (B|1, 1, Sq, Sk) and the ALiBi term (H, Sq, Sk) in the case's dtype on the device,
-        built once: the call only attends."""
+    def prepare(self, case, device) -> NaivePlan:
+        """The dense bool mask and the ALiBi term in the case's dtype on the device, built once: the call only
+        attends (a paged case's call gathers its pages first, inside the timed call)."""
         alibi = (alibi_bias(alibi_slopes(case.heads).to(device), case.seq_q, case.seq_k).to(case.dtype)
                  if case.alibi else None)
-        return {"allowed": case.key_mask(device), "alibi": alibi}
+        op = self.name if case.page_size is None else f"{self.name} ({GATHER_NOTE})"
+        return NaivePlan(op=op, allowed=case.key_mask(device), alibi=alibi)
 
-    def forward(self, q, k, v, *, mask: MaskSpec | None, scale: float, prepared: dict | None = None,
+    def forward(self, q, k, v, *, mask: MaskSpec | None, scale: float, prepared: NaivePlan | None = None,
                 softcap: float | None = None, sinks: torch.Tensor | None = None,
                 alibi_slopes: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                 block_table: torch.Tensor | None = None, cache_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-        self._last_op = self.name if block_table is None else f"{self.name} ({GATHER_NOTE})"
         if block_table is not None:  # paged: k, v are the caches; gather them, then attend as for any case
             k, v = gather_paged(k, v, block_table, cache_seqlens, mask, self.layout)
         if prepared is None:  # called directly: build the mask from the tensors' own sizes
             return naive_attention(q, k, v, mask, scale, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
                                    sinks=sinks)
-        return naive_rows(q, k, v, prepared["allowed"], scale, softcap=softcap, alibi=prepared["alibi"], bias=bias,
+        return naive_rows(q, k, v, prepared.allowed, scale, softcap=softcap, alibi=prepared.alibi, bias=bias,
                           sinks=sinks)
 
     def mask_form(self, case, device):

@@ -6,13 +6,13 @@ import contextlib
 import os
 import re
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness.backends.base import Backend, MaskForm, Unsupported
+from harness.backends.base import Backend, MaskForm, Plan, Unsupported
 from harness.backends.native_stderr import captured_stderr
 from harness.backends.paged_gather import GATHER_NOTE, gather_paged
 from harness.backends.registry import register
@@ -67,12 +67,10 @@ def _clean(text: str) -> str:
 
 
 @dataclass
-class SdpaPlan:
-    """What a call needs, built once: the mask arguments on the device and the kernel that will run."""
+class SdpaPlan(Plan):
+    """What a call needs, built once: the mask arguments on the device (and `op`, the kernel that will run)."""
 
     kwargs: dict
-    op: str
-    extra: dict = field(default_factory=dict)
 
 
 class _Sdpa(Backend):
@@ -87,9 +85,6 @@ class _Sdpa(Backend):
     kernel: SDPBackend | None = None
     cuda_only = False
 
-    def __init__(self):
-        self._last_op = self.name
-
     def unavailable_reason(self, device):
         if self.cuda_only and device.type != "cuda":
             return f"{self.name}: the {self.kernel.name} kernel is CUDA-only; device is {device.type}"
@@ -97,7 +92,8 @@ class _Sdpa(Backend):
 
     def prepare(self, case: AttentionCase, device: torch.device) -> SdpaPlan:
         """The mask arguments on the device, and which kernel runs: SDPA's own choice (torch._fused_sdp_choice, which
-        prefers cuDNN on sm90 with a recent cuDNN) or the pinned one, refused here with torch's reasons on CUDA."""
+        prefers cuDNN on sm90 with a recent cuDNN) or the pinned one, refused here with torch's reasons on CUDA; a
+        paged case's call gathers its pages first, inside the timed call (GATHER_NOTE)."""
         if case.modifiers:  # the float mask's constant part; bias and sinks join it in the call (their grads)
             slopes = alibi_slopes(case.heads) if case.alibi else None
             float_mask = additive_term(case.mask, case.seq_q, case.seq_k, case.batch, case.dtype, device, slopes)
@@ -110,24 +106,20 @@ class _Sdpa(Backend):
             choice = SDPBackend(torch._fused_sdp_choice(q, k, v, kwargs.get("attn_mask"), 0.0,
                                                         kwargs.get("is_causal", False), scale=case.scale,
                                                         enable_gqa=gqa))
-            return SdpaPlan(kwargs, f"sdpa:{_KERNEL_NAMES.get(choice, choice.name.lower())}")
-        if device.type == "cuda":  # torch's checks are compiled out on CPU: there the call says why it refuses
-            _refused_why(self.kernel, *_shaped(case, device), kwargs, gqa)
-        return SdpaPlan(kwargs, f"sdpa:{_KERNEL_NAMES[self.kernel]}")
-
-    def last_op(self) -> str:
-        return self._last_op
+            kernel = _KERNEL_NAMES.get(choice, choice.name.lower())
+        else:
+            if device.type == "cuda":  # torch's checks are compiled out on CPU: there the call says why it refuses
+                _refused_why(self.kernel, *_shaped(case, device), kwargs, gqa)
+            kernel = _KERNEL_NAMES[self.kernel]
+        gathered = "" if case.page_size is None else f" ({GATHER_NOTE})"
+        return SdpaPlan(op=f"sdpa:{kernel}{gathered}", kwargs=kwargs)
 
     def forward(self, q, k, v, *, mask, scale, prepared: SdpaPlan | None = None, sinks=None, alibi_slopes=None,
                 bias=None, block_table=None, cache_seqlens=None):
         if block_table is not None:  # paged: k, v are the caches; gather them, then attend as for any case
             k, v = gather_paged(k, v, block_table, cache_seqlens, mask, self.layout)
-        if prepared is None:
-            case = replace(self.case_of(q, k, mask, scale), head_dim_v=v.shape[-1], sinks=sinks is not None,
-                           alibi=alibi_slopes is not None, bias=None if bias is None else
-                           ("head" if bias.shape[0] == 1 else "full"))
-            prepared = self.prepare(case, q.device)
-        self._last_op = prepared.op if block_table is None else f"{prepared.op} ({GATHER_NOTE})"
+        prepared = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, sinks=sinks, alibi_slopes=alibi_slopes,
+                                 bias=bias)
         if sinks is None and bias is None:
             return self._call(q, k, v, scale=scale, **prepared.kwargs)
         k, v, attn_mask = sdpa_modifier_inputs(q, k, v, prepared.kwargs["attn_mask"], bias, sinks)

@@ -25,8 +25,7 @@ from typing import Callable
 import torch
 from torch.torch_version import TorchVersion
 
-from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Unsupported
-from harness.backends.paged_gather import paged_case_of
+from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Plan, Unsupported
 from harness.backends.flash_attn_package import flash_attn_is_foreign
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
@@ -269,19 +268,39 @@ class Form:
     bw: type | None
     gqa: str          # "none", "5d" (forward only) or "expand" (K/V repeated to every head)
     packed: bool      # Documents: the batch packed into one sequence
+    paged: bool = False  # the physical paged cache as one sequence of slots
 
     @property
     def op(self) -> tuple:
         return self.fw, self.bw
 
+    def op_names(self) -> tuple[str, str]:
+        """The (forward, backward) kernels the row records for a call of this form."""
+        how = (" (paged block-diagonal bias over the physical cache)" if self.paged else
+               " (GQA as 5-D, forward only)" if self.gqa == "5d" else
+               " (GQA with K/V expanded to every head)" if self.gqa == "expand" else "")
+        return _op_name(self.fw) + how, _op_name(self.bw)
+
 
 @dataclass
-class Plan:
-    """Both forms of a case; `backward_refused` says why there is no training form."""
+class XformersPlan(Plan):
+    """Both forms of a case; `backward_refused` says why there is no training form. The kernels are the training
+    form's in a call with gradients, the inference form's otherwise (xformers picks the backward op inside the
+    forward call, so the form decides both)."""
 
     inference: Form
     training: Form | None
     backward_refused: str = ""
+
+    def ops(self, training: bool) -> tuple[str, str]:
+        form = self.training if training and self.training is not None else self.inference
+        return form.op_names()
+
+
+def xformers_plan_of(inference: Form, training: Form | None, backward_refused: str = "") -> XformersPlan:
+    """The plan of two forms (`op` is the inference form's forward kernel, for a reader of the plan alone)."""
+    return XformersPlan(op=inference.op_names()[0], inference=inference, training=training,
+                        backward_refused=backward_refused)
 
 
 def _op_name(op) -> str:
@@ -300,7 +319,7 @@ def _first_lines(exc: Exception, n: int = 6) -> str:
 
 
 def xformers_plan(case: AttentionCase, device: torch.device,
-                  tensor: Callable[..., torch.Tensor] = torch.empty) -> Plan:
+                  tensor: Callable[..., torch.Tensor] = torch.empty) -> XformersPlan:
     """Choose the ops of both forms with xformers' own dispatcher. `tensor(shape, dtype, device)` makes the
     stand-in q/k/v the dispatcher inspects (shapes, dtype, strides, device); tests pass fakes that look like CUDA.
     Raises Unsupported when no forward op takes the case."""
@@ -348,9 +367,9 @@ def xformers_plan(case: AttentionCase, device: torch.device,
 
     inference = form("5d" if g > 1 else "none", needs_grad=False)
     try:
-        return Plan(inference, form("expand" if g > 1 else "none", needs_grad=True))
+        return xformers_plan_of(inference, form("expand" if g > 1 else "none", needs_grad=True))
     except BackwardUnsupported as exc:
-        return Plan(inference, None, str(exc))
+        return xformers_plan_of(inference, None, str(exc))
 
 
 def xformers_paged_bias(case: AttentionCase, block_table: torch.Tensor, device="cpu"):
@@ -385,7 +404,7 @@ def xformers_paged_plan(case: AttentionCase, device: torch.device,
         fw = fmha.dispatch._dispatch_fw(fmha.Inputs(query=q, key=k, value=k, attn_bias=bias, scale=case.scale), False)
     except NotImplementedError as exc:
         raise Unsupported(f"no xformers forward op for the paged bias: {_first_lines(exc, 12)[:600]}") from None
-    return Form(bias, fw, None, "5d" if g > 1 else "none", True)
+    return Form(bias, fw, None, "5d" if g > 1 else "none", True, paged=True)
 
 
 @register
@@ -406,9 +425,6 @@ class Xformers(Backend):
     paged_kv = True
     page_size_multiple = 256
 
-    def __init__(self):
-        self._last_op = self._last_backward_op = "xformers"
-
     def unavailable_reason(self, device):
         problem = load_problem()
         if problem and "not importable" in problem:
@@ -423,15 +439,12 @@ class Xformers(Backend):
         except Exception:  # not importable: unavailable_reason says why
             return ""
 
-    def last_op(self) -> str:
-        return self._last_op
-
-    def last_backward_op(self) -> str:
-        return self._last_backward_op
-
-    def prepare(self, case: AttentionCase, device: torch.device) -> Plan:
+    def prepare(self, case: AttentionCase, device: torch.device,
+                block_table: torch.Tensor | None = None) -> XformersPlan:
+        """Both forms, ops chosen by xformers' dispatcher; a paged case's over `block_table` (default: the case's)."""
         if case.page_size is not None:
-            return Plan(xformers_paged_plan(case, device), None, "paged KV is forward-only")
+            return xformers_plan_of(xformers_paged_plan(case, device, block_table=block_table), None,
+                                    "paged KV is forward-only")
         return xformers_plan(case, device)
 
     def mask_form(self, case, device):
@@ -472,13 +485,14 @@ class Xformers(Backend):
         return "tensor attn_bias (" + " + ".join([m for m in ("alibi", "bias") if m in case.modifiers]
                                                  + (["mask"] if case.mask is not None else [])) + ")"
 
-    def forward(self, q, k, v, *, mask, scale, prepared: Plan | None = None, alibi_slopes=None, bias=None,
+    def forward(self, q, k, v, *, mask, scale, prepared: XformersPlan | None = None, alibi_slopes=None, bias=None,
                 block_table=None, cache_seqlens=None):
         import xformers.ops as xops
 
+        plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, alibi_slopes=alibi_slopes, bias=bias,
+                             block_table=block_table)
         if block_table is not None:  # paged: the physical cache as one sequence of slots, q packed
-            form = prepared.inference if prepared is not None else xformers_paged_plan(
-                paged_case_of(self.from_layout(q), k, mask, scale), q.device, block_table=block_table)
+            form = plan.inference
             b, sq, h, d = q.shape
             hkv, g = k.shape[2], h // k.shape[2]
             k, v = (t.flatten(0, 1).unsqueeze(0) for t in (k, v))            # (1, num_blocks * P, Hkv, D)
@@ -486,10 +500,8 @@ class Xformers(Backend):
             if g > 1:
                 q = q.reshape(1, b * sq, hkv, g, d)
                 k, v = (t.unsqueeze(3).expand(*t.shape[:3], g, d) for t in (k, v))
-            self._last_op = _op_name(form.fw) + " (paged block-diagonal bias over the physical cache)"
             out = xops.memory_efficient_attention_forward(q, k, v, attn_bias=form.bias, scale=scale, op=form.fw)
             return out.reshape(b, sq, h, d)
-        plan = prepared if prepared is not None else self.prepare(self.case_of(q, k, mask, scale), q.device)
         training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if training and plan.training is None:
             raise BackwardUnsupported(plan.backward_refused)
@@ -504,9 +516,6 @@ class Xformers(Backend):
             k, v = (t.repeat_interleave(h // hkv, dim=2) for t in (k, v))
         if form.packed:  # BlockDiagonal masks take the batch packed into one sequence
             q, k, v = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v))
-        self._last_op = _op_name(form.fw) + (" (GQA as 5-D, forward only)" if form.gqa == "5d" else
-                                             " (GQA with K/V expanded to every head)" if form.gqa == "expand" else "")
-        self._last_backward_op = _op_name(form.bw)
         attn_bias = form.bias if bias is None else with_bias(form.bias.detach(), bias)
         out = xops.memory_efficient_attention(q, k, v, attn_bias=attn_bias, scale=scale, op=form.op)
         return out.reshape(b, sq, h, v.shape[-1])

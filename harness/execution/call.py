@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -35,27 +35,36 @@ class Arrangement(Protocol):
 
 
 class BoundCall:
-    """`backend` on `case`: prepared state built at construction, `__call__(q, k, v)` runs only the kernel's work.
+    """`backend` on `case`: its plan built at construction (Backend.prepare, untimed), `__call__(q, k, v)` runs only
+    the kernel's work, and `ops(training)` names the kernels that call runs (from the plan: the worker's answer
+    carries them back, so a row names what ran where it ran).
 
-    The case's modifiers reach `forward` as keyword arguments (Backend.forward), built here once: softcap a float,
-    alibi_slopes (heads,) float32 on the device, and the input tensors sinks/bias from `leaves` (modifier_leaves:
-    the tensors whose gradients are judged; default: the seed-0 inputs, without gradients). The runner never
-    binds a backend to a modifier it does not declare (Backend.can_run refuses first)."""
+    Every keyword argument the case implies reaches `forward` from one place, `case_kwargs` (Backend.forward): the
+    paged block_table/cache_seqlens, and the modifiers - softcap a float, alibi_slopes (heads,) float32 on the
+    device, and the input tensors sinks/bias from `leaves` (modifier_leaves: the tensors whose gradients are
+    judged; default: the seed-0 inputs, without gradients). The runner never binds a backend to a modifier it does
+    not declare (Backend.can_run refuses first)."""
 
     def __init__(self, backend: Backend, case: AttentionCase, device: torch.device,
                  arrangement: Arrangement | None = None, leaves: dict[str, torch.Tensor] | None = None):
         self.backend, self.case, self.arrangement = backend, case, arrangement
-        self._kwargs = {**backend.prepared_kwargs(case, device), **paged_kwargs(case, device)}
-        if case.modifiers:
-            if leaves is None and ({"sinks", "bias"} & case.modifiers):
-                leaves = modifier_leaves(make_inputs(case, device), requires_grad=False)
-            self._kwargs.update(modifier_kwargs(case, device, leaves or {}))
+        self.plan = backend.prepared_plan(case, device)
+        if leaves is None:
+            leaves = (modifier_leaves(make_inputs(case, device), requires_grad=False)
+                      if set(MODIFIER_GRADS) & case.modifiers else {})
+        self._kwargs = case_kwargs(case, device, leaves)
+        if self.plan is not None:
+            self._kwargs["prepared"] = self.plan
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.arrangement is not None:
             q, k, v = self.arrangement.inputs(q, k, v, self.backend.layout)
         out = self.backend.forward(q, k, v, mask=self.case.mask, scale=self.case.scale, **self._kwargs)
         return out if self.arrangement is None else self.arrangement.output(out)
+
+    def ops(self, training: bool) -> tuple[str, str]:
+        """(forward, backward) kernels a call with gradients (`training`) or without runs (Backend.ops)."""
+        return self.backend.ops(self.plan, training)
 
 
 def modifier_leaves(inputs: Inputs, requires_grad: bool) -> dict[str, torch.Tensor]:
@@ -64,9 +73,13 @@ def modifier_leaves(inputs: Inputs, requires_grad: bool) -> dict[str, torch.Tens
             if getattr(inputs, name) is not None}
 
 
-def modifier_kwargs(case: AttentionCase, device: torch.device, leaves: dict[str, torch.Tensor]) -> dict:
-    """forward's keyword arguments for the case's modifiers: softcap, sinks, alibi_slopes, bias (those present)."""
+def case_kwargs(case: AttentionCase, device: torch.device, leaves: dict[str, torch.Tensor]) -> dict:
+    """forward's keyword arguments that `case` implies besides mask and scale (those present): a paged case's
+    block_table and cache_seqlens (harness.spec.paged), softcap, alibi_slopes, and the leaves sinks and bias."""
     kwargs: dict = {}
+    if case.page_size is not None:
+        layout = paged_layout(case, device)
+        kwargs.update(block_table=layout.block_table, cache_seqlens=layout.cache_seqlens)
     if case.softcap is not None:
         kwargs["softcap"] = case.softcap
     if case.alibi:
@@ -75,20 +88,12 @@ def modifier_kwargs(case: AttentionCase, device: torch.device, leaves: dict[str,
     return kwargs
 
 
-def paged_kwargs(case: AttentionCase, device: torch.device) -> dict:
-    """The block_table and cache_seqlens a paged case's forward gets (none for a contiguous case)."""
-    if case.page_size is None:
-        return {}
-    layout = paged_layout(case, device)
-    return {"block_table": layout.block_table, "cache_seqlens": layout.cache_seqlens}
-
-
-def backend_inputs(backend: Backend, inputs: Inputs, requires_grad: bool,
-                   case: AttentionCase | None = None) -> tuple[torch.Tensor, ...]:
-    """Fresh copies of q, k, v, d_out in the backend's native layout (contiguous), outside any timing; for a paged
-    `case`, k and v are its k_cache and v_cache (harness.spec.paged)."""
+def backend_inputs(backend: Backend, case: AttentionCase, inputs: Inputs,
+                   requires_grad: bool) -> tuple[torch.Tensor, ...]:
+    """Fresh copies of `case`'s q, k, v, d_out in the backend's native layout (contiguous), outside any timing; for
+    a paged case, k and v are its k_cache and v_cache (harness.spec.paged)."""
     q, k, v, d_out = (backend.to_layout(t).detach().clone(memory_format=torch.contiguous_format) for t in inputs[:4])
-    if case is not None and case.page_size is not None:
+    if case.page_size is not None:
         k, v = paged_inputs(case, inputs.k.detach(), inputs.v.detach())[:2]
     return q.requires_grad_(requires_grad), k.requires_grad_(requires_grad), v.requires_grad_(requires_grad), d_out
 
@@ -138,8 +143,8 @@ class CallResult:
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     failure: Failure | None = None
     backward_failure: Failure | None = None
-    #: the kernels that ran (Backend.last_op after the forward, last_backward_op after the backward) and the
-    #: compile time of the graph, for backends that compile
+    #: the kernels that ran, named by the call's plan where the call ran (BoundCall.ops; set once the forward,
+    #: and the backward, answered), and the compile time of the graph, for backends that compile
     op: str = ""
     backward_op: str = ""
     compile_ms: float | None = None
@@ -197,17 +202,21 @@ def _grad_violation(name: str, grad: torch.Tensor, leaf: torch.Tensor) -> str | 
     return None
 
 
-def _entry(backend: Backend, call: Call, device: torch.device, leaves: dict[str, torch.Tensor]):
-    """The callable (q, k, v) -> out for the call's entry, prepared."""
+def _entry(backend: Backend, call: Call, device: torch.device,
+           leaves: dict[str, torch.Tensor]) -> tuple[Callable, tuple[str, str]]:
+    """The callable (q, k, v) -> out for the call's entry, prepared, and the (forward, backward) kernels it runs:
+    the plan's (BoundCall.ops); a native probe is the library's own call, named by the backend's name."""
     scale = call.case.scale
     if call.entry == "forward":
-        return BoundCall(backend, call.case, device, call.arrangement, leaves)
+        bound = BoundCall(backend, call.case, device, call.arrangement, leaves)
+        return bound, bound.ops(call.backward)
+    names = (backend.name, backend.name)
     if call.entry == "native_causal":
-        return lambda q, k, v: backend.native_causal(q, k, v, scale=scale)
+        return (lambda q, k, v: backend.native_causal(q, k, v, scale=scale)), names
     if call.entry == "native_mask":
         mask = call.mask.to(device)
-        return lambda q, k, v: backend.native_mask(q, k, v, mask=mask, scale=scale)
-    return lambda q, k, v: backend.native_dropout(q, k, v, p=call.p, scale=scale)
+        return (lambda q, k, v: backend.native_mask(q, k, v, mask=mask, scale=scale)), names
+    return (lambda q, k, v: backend.native_dropout(q, k, v, p=call.p, scale=scale)), names
 
 
 def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
@@ -218,17 +227,17 @@ def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
         try:
             with stage("inputs"):
                 inputs = call_inputs(call, device)
-                q, k, v, d_out = backend_inputs(backend, inputs, requires_grad=call.backward, case=call.case)
+                q, k, v, d_out = backend_inputs(backend, call.case, inputs, requires_grad=call.backward)
                 leaves = modifier_leaves(inputs, requires_grad=call.backward)
             with stage("prepare"):
-                fn = _entry(backend, call, device, leaves)
+                fn, (op, backward_op) = _entry(backend, call, device, leaves)
             grad_mode = contextlib.nullcontext() if call.backward else torch.no_grad()
             with grad_mode, stage("forward"):  # a compiling backend's first call includes its compile
                 out = fn(q, k, v)
         except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt from a backend become rows
             result.failure = Failure.of(exc)
             return result
-        result.op, result.compile_ms = backend.last_op(), backend.compile_time_ms()
+        result.op, result.compile_ms = op, backend.compile_time_ms()
         result.failure = contract_violation(out, q, v)
         if result.failure is not None:
             return result
@@ -242,7 +251,7 @@ def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
         except BaseException as exc:  # noqa: B036
             result.backward_failure = Failure.of(exc)
             return result
-        result.backward_op = backend.last_backward_op()
+        result.backward_op = backward_op
         problems = []
         judged = [*zip(GRADS, (q, k, v)), *((MODIFIER_GRADS[n], t) for n, t in leaves.items())]
         for name, leaf in judged:

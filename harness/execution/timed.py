@@ -55,7 +55,7 @@ class Phase:
 def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
     """The Phase of fwd (inference, no autograd), bwd (the backward alone, on a retained graph, with the shared
     dO) or fwd+bwd (one training step). Gradients are reset in setup; the backend's `prepare` runs here, once."""
-    q, k, v, d_out = backend_inputs(backend, inputs, requires_grad=phase != "fwd", case=case)
+    q, k, v, d_out = backend_inputs(backend, case, inputs, requires_grad=phase != "fwd")
     leaves = modifier_leaves(inputs, requires_grad=phase != "fwd")  # sinks/bias: their gradients are work too
     call = BoundCall(backend, case, device, leaves=leaves)
 
@@ -159,6 +159,6 @@ def fidelity_of(backend: Backend, device: torch.device, case, seed: int):
     from harness.measure.fidelity import fidelity
 
     call = BoundCall(backend, case, device)
-    q, k, v, _ = backend_inputs(backend, call_inputs(Call(case, seed), device), requires_grad=False, case=case)
+    q, k, v, _ = backend_inputs(backend, case, call_inputs(Call(case, seed), device), requires_grad=False)
     with device_scope(device), torch.no_grad(), stage("fidelity"):
         return fidelity(lambda: call(q, k, v), device)

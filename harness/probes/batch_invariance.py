@@ -94,7 +94,7 @@ def batch_invariance_check(backend: Backend, device: torch.device, case: Attenti
         inputs = make_inputs(case, device, seed)
         outs = []
         for c, x in ((case, inputs), alone(case, inputs)):
-            q, k, v, _ = backend_inputs(backend, x, requires_grad=False, case=c)
+            q, k, v, _ = backend_inputs(backend, c, x, requires_grad=False)
             with torch.no_grad():
                 outs.append(backend.from_layout(BoundCall(backend, c, device)(q, k, v)).detach().cpu())
         same, note = compare(outs[0][:1], outs[1])

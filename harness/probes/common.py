@@ -33,11 +33,12 @@ def tag_rows(rows: list[Row], tag: str) -> list[Row]:
 
 def probe_row(case: AttentionCase, backend: Backend, device: torch.device, *, tag: str, phase: str, status: str,
               observed: str = "", reason: str = "", checks: list[Check] | None = None, run_id: str = "",
-              **columns) -> Row:
-    """One row about `case` under `tag` (the id 'tag:<case id>' keeps it apart from the matrix's rows)."""
+              op: str = "", **columns) -> Row:
+    """One row about `case` under `tag` (the id 'tag:<case id>' keeps it apart from the matrix's rows); `op` names
+    the kernel that ran, as the call's result brought it back from where it ran (CallResult.op)."""
     return make_row(run_id=run_id, case=case, backend=backend.name, backend_version=backend.version(), phase=phase,
                     device=device, status=status, reason=reason, checks=checks or (), tag=tag, observed=observed,
-                    backend_op=backend.last_op() if status in ("pass", "fail") else "", **columns)
+                    backend_op=op if status in ("pass", "fail") else "", **columns)
 
 
 def refused(backend: Backend, case: AttentionCase, device: torch.device, executor: Executor = IN_PROCESS, *,

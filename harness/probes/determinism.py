@@ -38,9 +38,9 @@ def check_determinism(backend: Backend, device: torch.device, *, seed: int = 0, 
     """One 'determinism:<case id>' bwd row: pass/fail where claimed, observed otherwise."""
     case = determinism_case(probe_dtype(backend, device), device)
 
-    def row(status: str, observed: str = "", reason: str = "") -> Row:
+    def row(status: str, observed: str = "", reason: str = "", op: str = "") -> Row:
         return probe_row(case, backend, device, tag="determinism", phase="bwd", status=status, observed=observed,
-                         reason=reason, run_id=run_id)
+                         reason=reason, run_id=run_id, op=op)
 
     gate = refused(backend, case, device, executor, backward=True)
     if gate:
@@ -61,4 +61,5 @@ def check_determinism(backend: Backend, device: torch.device, *, seed: int = 0, 
     why = claim(backend)
     if why is None:
         return row("observed", observed, "no determinism claimed")
-    return row("fail" if differ else "pass", observed, "" if not differ else f"claimed deterministic ({why})")
+    return row("fail" if differ else "pass", observed, "" if not differ else f"claimed deterministic ({why})",
+               answer.backward_op)

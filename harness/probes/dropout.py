@@ -51,13 +51,14 @@ class _Refused(Exception):
 
 def _run(executor: Executor, backend: Backend, device: torch.device, inputs: Inputs, case: AttentionCase, seed: int,
          grad: bool):
-    """One seeded native_dropout call, canonical layout, CPU: (out, dV or None); the global RNG is left alone."""
+    """One seeded native_dropout call, canonical layout, CPU: (out, dV or None, the kernel that ran); the global RNG
+    is left alone."""
     answer = executor.call(backend, Call(case, None, inputs, entry="native_dropout", p=P, backward=grad,
                                          rng_seed=seed), device)
     failure = answer.failure or answer.backward_failure
     if failure is not None:
         raise _Refused(failure.reason)
-    return answer.out, answer.grads.get("dv")
+    return answer.out, answer.grads.get("dv"), answer.op
 
 
 def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
@@ -65,10 +66,10 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
     """Rows 'dropout:<case id>' fwd (statistics; RNG recorded in `observed`) and bwd (dV uses the forward mask)."""
     case = dropout_case(probe_dtype(backend, device))
 
-    def rows(fwd: tuple[str, str, str], bwd: tuple[str, str, str] | None = None) -> list[Row]:
+    def rows(fwd: tuple[str, str, str], bwd: tuple[str, str, str] | None = None, op: str = "") -> list[Row]:
         bwd = bwd or fwd
         return [probe_row(case, backend, device, tag="dropout", phase=phase, status=s, observed=obs, reason=why,
-                          run_id=run_id) for phase, (s, obs, why) in (("fwd", fwd), ("bwd", bwd))]
+                          run_id=run_id, op=op) for phase, (s, obs, why) in (("fwd", fwd), ("bwd", bwd))]
 
     gate = refused(backend, case, device, executor, dropout=True)
     if gate:
@@ -77,7 +78,8 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
     probs = reference_attention(case, inputs, grads=False).out.cpu()    # V = I: the undropped attention weights
     try:
         outs = [_run(executor, backend, device, inputs, case, seed + r, grad=False)[0].double() for r in range(REPEATS)]
-        again = _run(executor, backend, device, inputs, case, seed, grad=False)[0].double()
+        again, _, op = _run(executor, backend, device, inputs, case, seed, grad=False)
+        again = again.double()
     except _Refused as exc:  # a library that refuses dropout here (e.g. a kernel without it) says so
         return rows(("unsupported", "refused", str(exc)))
 
@@ -104,15 +106,15 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
 
     no_backward = backend.backward_reasons(device)
     if no_backward:
-        return rows(fwd, ("unsupported", "", "; ".join(no_backward)))
+        return rows(fwd, ("unsupported", "", "; ".join(no_backward)), op)
     try:
-        out, dv = _run(executor, backend, device, inputs, case, seed, grad=True)
+        out, dv, op = _run(executor, backend, device, inputs, case, seed, grad=True)
     except _Refused as exc:
-        return rows(fwd, ("error", "", str(exc)))
+        return rows(fwd, ("error", "", str(exc)), op)
     out64, dv64 = out.to("cpu", torch.float64), dv.to("cpu", torch.float64)
     expected_dv = out64.transpose(-1, -2) @ inputs.d_out.to("cpu", torch.float64)   # P_dropped^T dO
     err = float((dv64 - expected_dv).abs().max())
     tol = RTOL[case.dtype] * 10 * max(1.0, float(expected_dv.abs().max()))
     bwd = ("pass" if err <= tol else "fail", f"max|dV - P_dropped^T dO| = {err:.3g} (tol {tol:.3g})",
            "" if err <= tol else "backward does not use the forward's dropout mask")
-    return rows(fwd, bwd)
+    return rows(fwd, bwd, op)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from harness.backends.base import Backend
+from harness.execution.call import BoundCall
 from harness.execution.executor import CallFailed, Executor
 from harness.execution.outcome import exception_text
 from harness.probes.common import probe_dtype, probe_row
@@ -35,7 +36,8 @@ KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
 
 
 def probe(backend: Backend, device: torch.device, shape: str) -> dict:
-    """Run forward and backward on one empty shape where called: {'status', 'observed', 'reason'}."""
+    """Run forward and backward on one empty shape where called: {'status', 'observed', 'reason', 'op'} (op: the
+    kernel that ran, named by the backend's plan)."""
     if shape not in SHAPES:
         raise ValueError(f"unknown empty shape {shape!r}; allowed: {', '.join(SHAPES)}")
     b, h, sq, sk, d = SHAPES[shape]
@@ -49,9 +51,10 @@ def probe(backend: Backend, device: torch.device, shape: str) -> dict:
     q, k, v = (backend.to_layout(t).contiguous().requires_grad_(grad) for t in canon)
     # No AttentionCase describes an empty problem, so the backend's prepared state (its plan for an unmasked call,
     # which depends on no size) comes from the nearest non-empty case; the kernel itself sees the empty tensors.
-    stand_in = AttentionCase(max(b, 1), h, max(sq, 1), d, dtype, seq_k=max(sk, 1))
+    stand_in = AttentionCase(max(b, 1), h, max(sq, 1), d, dtype, seq_k=max(sk, 1))  # unmasked, scale d ** -0.5
     try:
-        out = backend.forward(q, k, v, mask=None, scale=d ** -0.5, **backend.prepared_kwargs(stand_in, device))
+        call = BoundCall(backend, stand_in, device)
+        out = call(q, k, v)
         out_c = backend.from_layout(out.detach())
         if grad:
             out.backward(torch.ones_like(out))
@@ -69,7 +72,8 @@ def probe(backend: Backend, device: torch.device, shape: str) -> dict:
         if g is not None and (g.shape != t.shape or not bool(torch.isfinite(g).all())):
             problems.append(f"d{name} has shape {tuple(g.shape)} or NaN/inf")
     observed = f"out {tuple(out_c.shape)}" + ("" if grad else "; no backward")
-    return {"status": "fail" if problems else "pass", "observed": observed, "reason": "; ".join(problems)}
+    return {"status": "fail" if problems else "pass", "observed": observed, "reason": "; ".join(problems),
+            "op": call.ops(grad)[0]}
 
 
 def probe_all(backends: list[Backend], device: torch.device, executor: Executor) -> dict:
@@ -98,5 +102,6 @@ def empty_row(backend: Backend, shape: str, outcome: dict, device: torch.device,
     # the stand-in case only carries the other columns; the real sizes include the zero
     return probe_row(stand_in, backend, device, tag="", phase="fwd+bwd", status=outcome["status"],
                      observed=outcome.get("observed", ""), reason=outcome.get("reason", ""), run_id=run_id,
+                     op=outcome.get("op", ""),
                      batch=b, seq_q=sq, seq_k=sk,
                      case_id=f"edge:empty-{shape}:{dtype_name(dtype)}-b{b}-h{h}-s{sq}x{sk}-d{d}")

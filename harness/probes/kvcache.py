@@ -65,10 +65,12 @@ def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: tor
     rows: list[Row] = []
     outs, dq, dk, dv = [], [], 0, 0
     have_grads = True
+    ops: dict[str, str] = {}                                            # phase -> the kernel the chunks ran
     for i, (start, stop) in enumerate(chunk_bounds(full.seq_q, chunks)):
         prepared = prepare_case(_piece(full, start, stop), device, inputs=_slice(inputs, start, stop))
         result = execute(backend, prepared, run_id, executor=executor)
         rows += tag_rows(result.rows, f"prefill:chunk{i + 1}of{chunks}")
+        ops = {row.phase: row.backend_op for row in result.rows}
         if result.out is None:
             return rows                                                 # the chunk rows already say why
         outs.append(result.out)
@@ -87,10 +89,11 @@ def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: tor
     tag = f"prefill:assembled{chunks}"
     fwd = check("out", torch.cat(outs, dim=2), ref.out)
     rows.append(probe_row(full, backend, device, tag=tag, phase="fwd", status="pass" if fwd.passed else "fail",
-                          reason="" if fwd.passed else fwd.describe(), checks=[fwd], run_id=run_id))
+                          reason="" if fwd.passed else fwd.describe(), checks=[fwd], run_id=run_id,
+                          op=ops.get("fwd", "")))
     if have_grads:
         grads = [check("dq", torch.cat(dq, dim=2), ref.dq), check("dk", dk, ref.dk), check("dv", dv, ref.dv)]
         bad = [c.describe() for c in grads if not c.passed]
         rows.append(probe_row(full, backend, device, tag=tag, phase="bwd", status="fail" if bad else "pass",
-                              reason="; ".join(bad), checks=grads, run_id=run_id))
+                              reason="; ".join(bad), checks=grads, run_id=run_id, op=ops.get("bwd", "")))
     return rows

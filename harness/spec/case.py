@@ -11,6 +11,7 @@ import torch
 from harness.spec import modifiers as mods
 from harness.spec.masks import MaskSpec
 from harness.spec.paged import validate_paged_case
+from harness.store.schema import GRADS
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -116,7 +117,7 @@ class AttentionCase:
     @property
     def grads(self) -> tuple[str, ...]:
         """The gradients judged for this case: dq, dk, dv, then dsinks and dbias where the case has them."""
-        return ("dq", "dk", "dv") + tuple(g for m, g in mods.MODIFIER_GRADS.items() if m in self.modifiers)
+        return GRADS + tuple(g for m, g in mods.MODIFIER_GRADS.items() if m in self.modifiers)
 
     @property
     def default_scale(self) -> bool:

@@ -53,7 +53,7 @@ def test_item9_plain_sdpa_records_the_kernel_sdpa_chose(monkeypatch):
     assert plan.op == "sdpa:cudnn"
     q = k = v = torch.randn(2, 4, 64, 32)
     backend.forward(q, k, v, mask=Causal(), scale=CASE.scale, prepared=plan)
-    assert backend.last_op() == "sdpa:cudnn"
+    assert backend.ops(plan, training=False) == ("sdpa:cudnn", "sdpa:cudnn")
 
 
 def test_item10_cudnn_plan_errors_are_refusals_not_errors():

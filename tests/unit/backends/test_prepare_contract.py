@@ -50,7 +50,7 @@ MASKS = [None, Causal(), CausalBottomRight(), SlidingWindow(3, 0), KeyPadding((5
 
 
 def _call_under_spy(backend, case, prepared):
-    q, k, v, _ = backend_inputs(backend, make_inputs(case), requires_grad=True)
+    q, k, v, _ = backend_inputs(backend, case, make_inputs(case), requires_grad=True)
     with Spy() as spy:
         out = backend.forward(q, k, v, mask=case.mask, scale=case.scale, prepared=prepared)
     return spy, out

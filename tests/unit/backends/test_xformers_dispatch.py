@@ -113,6 +113,18 @@ def test_gqa_runs_5d_for_inference_and_expanded_k_v_for_training():
     assert plan.training.gqa == "expand" and (_names(plan.training.fw), _names(plan.training.bw)) == ("fa2F", "fa2B")
 
 
+def test_the_plan_names_the_kernels_of_a_call_with_and_without_gradients():
+    """The row's backend_op comes from the plan (Plan.ops), wherever the call ran: the inference form's forward op
+    without gradients, the training form's forward and backward ops with them."""
+    case = AttentionCase(2, 8, 127, 64, "bf16", kv_heads=2, mask=Causal())
+    with sm90():
+        plan = xformers_plan(case, CPU, cuda_tensor)
+        inference, training = plan.ops(training=False), plan.ops(training=True)
+    assert inference[0].startswith("xformers:fa2F") and inference[0].endswith("(GQA as 5-D, forward only)")
+    assert training[0].startswith("xformers:fa2F") and training[0].endswith("(GQA with K/V expanded to every head)")
+    assert training[1].startswith("xformers:fa2B") and plan.op == inference[0]
+
+
 def test_the_5d_gqa_form_has_no_backward_op_which_is_why_training_expands():
     """The reviewed defect: with 5-D inputs and gradients, the forward call itself raised (xformers chooses the
     backward op during the forward; fa3B, fa2B and cutlassB have SUPPORTS_BMGHK=False)."""

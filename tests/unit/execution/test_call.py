@@ -6,10 +6,11 @@ import pickle
 import pytest
 import torch
 
-from harness.backends.base import Backend
+from harness.backends.base import Backend, Plan
 from harness.execution.call import Call, _grad_violation, contract_violation, run_call
 from harness.execution.isolation import INLINE_BYTES, _Pickler
 from harness.spec.case import AttentionCase, make_inputs
+from harness.oracle.baseline import naive_attention
 from harness.spec.masks import Causal
 
 CPU = torch.device("cpu")
@@ -91,3 +92,35 @@ def test_a_sticky_cuda_error_ends_the_worker_after_its_reply(monkeypatch):
     assert isolation._cuda_broken(CPU) is False
     process = type("P", (), {"exitcode": 3})()
     assert "sticky CUDA error" in isolation._death(process)
+
+
+class Planned(Backend):
+    """Names its kernels in its plan (harness.Plan), as a built-in backend does."""
+
+    name = "planned"
+
+    def prepare(self, case, device):
+        return Plan(op="planned:fwd-kernel", backward_op="planned:bwd-kernel")
+
+    def forward(self, q, k, v, *, mask, scale, prepared=None):
+        self.plan_for(prepared, q, k, v, mask=mask, scale=scale)
+        return naive_attention(q, k, v, mask, scale)
+
+
+class Stateful(Planned):
+    """Prepares state that is not a Plan: its rows name the backend."""
+
+    name = "stateful"
+
+    def prepare(self, case, device):
+        return {"anything": 1}
+
+
+@pytest.mark.parametrize("backend, ops", [(Planned(), ("planned:fwd-kernel", "planned:bwd-kernel")),
+                                          (Stateful(), ("stateful", "stateful"))], ids=lambda x: getattr(x, "name", ""))
+def test_the_result_names_the_kernels_the_plan_names(backend, ops):
+    result = run_call(backend, Call(CASE, backward=True), CPU)
+    assert result.failure is None and result.backward_failure is None
+    assert (result.op, result.backward_op) == ops
+    native = run_call(backend, Call(CASE, entry="native_causal"), CPU)  # not offered: an error, named nothing
+    assert native.failure is not None and native.op == ""

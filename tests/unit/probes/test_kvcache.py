@@ -64,3 +64,25 @@ def test_chunk_bounds_cover_the_sequence():
 def test_kv_checks_want_a_square_causal_case():
     with pytest.raises(ValueError, match="square causal case"):
         decode_rows(Naive(), AttentionCase(1, 2, 4, 16, "fp32", seq_k=6, mask=Causal()), CPU)
+
+
+def test_rows_name_the_kernel_the_worker_ran_under_isolation(tmp_path):
+    """The kernel a row records comes back with the call's result (the plan names it where the call ran): under
+    isolation the assembled prefill rows said the supervisor's idle backend's default name ('sdpa-math'), now the
+    kernel the worker's plan ran ('sdpa:math'), as in process."""
+    from harness.execution.isolation import IsolatedExecutor
+
+    from harness.backends.sdpa import SdpaMath
+
+    case = AttentionCase(1, 2, 8, 16, "fp32", mask=Causal())
+    executor = IsolatedExecutor(CPU, modules=(), log_dir=str(tmp_path / "workers"))
+    try:  # a fresh instance here, first: nothing in this process has called it
+        isolated = prefill_rows(SdpaMath(), case, 2, CPU, executor=executor)
+    finally:
+        executor.close()
+    in_process = prefill_rows(SdpaMath(), case, 2, CPU)
+    for rows in (in_process, isolated):
+        assert {r.status for r in rows} == {"pass"}
+        assert {(r.case_id.split(":")[1], r.phase): r.backend_op for r in rows} == {
+            (piece, phase): "sdpa:math" for piece in ("chunk1of2", "chunk2of2", "assembled2")
+            for phase in ("fwd", "bwd")}
