@@ -26,7 +26,7 @@ def child(matrix: str, mode: str, repeats: int) -> None:
     import torch
 
     from harness.backends import flex
-    from harness.execution.call import backend_inputs, modifier_kwargs, modifier_leaves, paged_kwargs
+    from harness.execution.call import backend_inputs, case_kwargs, modifier_leaves
     from harness.spec.case import make_inputs
     from harness.spec.matrices import build_matrix
 
@@ -38,8 +38,8 @@ def child(matrix: str, mode: str, repeats: int) -> None:
         if backend.can_run(case, device):
             continue
         inputs = make_inputs(case, device, 0)
-        kwargs = {**modifier_kwargs(case, device, modifier_leaves(inputs, False)), **paged_kwargs(case, device)}
-        q, k, v, _ = backend_inputs(backend, inputs, False, case)
+        kwargs = case_kwargs(case, device, modifier_leaves(inputs, False))
+        q, k, v, _ = backend_inputs(backend, case, inputs, False)
         plan = backend.prepare(case, device)
         call = lambda: backend.forward(q, k, v, mask=case.mask, scale=case.scale, prepared=plan, **kwargs)  # noqa: E731
         start = time.perf_counter()
