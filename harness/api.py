@@ -11,12 +11,11 @@ from harness.backends.base import Backend
 from harness.backends.registry import get_backends
 from harness.execution.device import resolve_device
 from harness.execution.executor import Executor
-from harness.execution.runner import execute, prepare_case
+from harness.execution.session import RunSession
 from harness.spec.case import AttentionCase
 from harness.spec.matrices import build_matrix, resolve_matrix
 from harness.spec.presets import quick_cases
 from harness.store.schema import COLUMNS, Row
-from harness.store.writer import ResultsWriter
 
 
 def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable[AttentionCase] | str = "smoke",
@@ -44,7 +43,6 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
         chosen = get_backends(backends)
     else:
         chosen = [b if isinstance(b, Backend) else get_backends([b])[0] for b in backends]
-    writer = ResultsWriter(results_path) if results_path else None
     # a fresh in-process executor per call: what it remembers (a KeyboardInterrupt inside a backend, which stops
     # this call after writing its row) must not stop the next call in the same process
     executor: Executor = Executor()
@@ -53,17 +51,22 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
 
         executor = IsolatedExecutor(dev, timeout_s=call_timeout_s or DEFAULT_TIMEOUT_S,
                                     log_dir=str(Path(results_path).parent / "workers") if results_path else None)
+    # a session without a run folder: rows go to results_path alone, when given
+    session = RunSession(dev, None, seed, run_id=run_id, executor=executor, results_path=results_path)
+    return check_in_session(session, chosen, case_list)
+
+
+def check_in_session(session: RunSession, backends: Iterable[Backend], cases: Iterable[AttentionCase]) -> pd.DataFrame:
+    """`check`'s work in a session the caller built (`python -m harness check`: RunSession.from_options, with its
+    run folder): every backend on every case, case-major, rows written as each finishes; the session is finished
+    at the end. A KeyboardInterrupt inside a backend stops it once that row is written."""
     rows: list[Row] = []
     try:
-        for case in case_list:
-            prepared = prepare_case(case, dev, seed)
-            for backend in chosen:
-                result = execute(backend, prepared, run_id, executor=executor)
-                rows.extend(result.rows)
-                if writer:
-                    writer.write(result.rows)
-                if executor.interrupted:
-                    raise KeyboardInterrupt(f"{executor.interrupted}; the rows so far are written")
+        for case in cases:
+            for backend in backends:
+                rows.extend(session.check(case, backend).rows)
+                if session.executor.interrupted:
+                    raise KeyboardInterrupt(f"{session.executor.interrupted}; the rows so far are written")
     finally:
-        executor.close()
+        session.finish()
     return pd.DataFrame([r.as_dict() for r in rows]).reindex(columns=[c for c in COLUMNS if c != "schema_version"])

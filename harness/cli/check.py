@@ -4,39 +4,35 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.options import add_to_argparse, timeouts
+from harness.cli.options import add_to_argparse
 
 
 def _check(args: argparse.Namespace) -> int:
-    from harness.api import check
+    from harness.api import check_in_session
     from harness.backends.registry import get_backends, load_backend_module
     from harness.execution.cost import check_cost
     from harness.execution.device import resolve_device
+    from harness.execution.session import RunSession
     from harness.spec.matrices import build_matrix, resolve_matrix
     from harness.spec.presets import quick_cases
-    from harness.store.environment import environment, new_run_id
-    from harness.store.run_dir import RESULTS, results_root, write_env
+    from harness.store.run_dir import results_root
     from harness.store.schema import NOT_RUN, worst_status
 
     for module in args.backend_module:
         load_backend_module(module)
-    get_backends(args.backends)  # a misspelled name is refused before a run folder is made
-    default, overrides = timeouts(args.call_timeout_s)
-    if overrides:
-        raise ValueError("check takes one --call-timeout-s SECONDS for every call (no CASE_PATTERN=SECONDS)")
+    backends = get_backends(args.backends)  # a misspelled name is refused before a run folder is made
     device = resolve_device(args.device)
     cases = quick_cases(args.preset, args.hf_config, batch=args.batch, seq=args.seq)
     if cases is not None and args.matrix != "smoke":
         raise ValueError(f"--matrix {args.matrix} and --preset/--hf-config both choose the cases; give one")
-    cases = cases if cases is not None else build_matrix(resolve_matrix(args.matrix, device.type))
+    matrix = resolve_matrix(args.matrix, device.type)
+    cases = cases if cases is not None else build_matrix(matrix)
     check_cost(cases, device, allow=args.allow_expensive)
-    # a run folder like the suites': `python -m harness report` and `compare` take it
-    run_id = new_run_id()
-    path = results_root(args.results_dir) / run_id / RESULTS
-    path.parent.mkdir()
-    write_env(path.parent, environment(device))
-    df = check(args.backends, cases, args.device, results_path=path, seed=args.seed, run_id=run_id,
-               isolate=args.isolate, call_timeout_s=default)
+    results_root(args.results_dir)  # a results dir that is a file or cannot be written is refused in one line
+    # a run folder like the suites', built the same way: `python -m harness report` and `compare` take it
+    session = RunSession.from_options(args, device, cases, matrix)
+    path = session.writer.path
+    df = check_in_session(session, backends, cases)
     per_case = df.groupby(["backend", "case_id"]).status.agg(worst_status)
     summary = per_case.groupby(level=0).value_counts().unstack(fill_value=0)
     print(summary.to_string())

@@ -148,11 +148,3 @@ def compare_config(args: argparse.Namespace):
 
 
 COMPARE_THRESHOLDS = ("min_effect", "confidence", "noise_z", "abs_floor_ms", "err_growth")
-
-
-def timeouts(args_or_option: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:
-    """(default seconds, (pattern, seconds) overrides) from the --call-timeout-s values, last one winning."""
-    from harness.execution.isolation import DEFAULT_TIMEOUT_S
-
-    default = next((s for p, s in reversed(args_or_option) if p == "*"), DEFAULT_TIMEOUT_S)
-    return default, tuple((p, s) for p, s in reversed(args_or_option) if p != "*")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.cli.options import add_to_argparse, positive_int, timeouts
+from harness.cli.options import add_to_argparse, positive_int
 from harness.spec.masks import MASK_NAMES
 
 SHAPE_FLAGS = ("batch", "heads", "kv_heads", "seq", "seq_k", "head_dim")
@@ -23,7 +23,7 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.advisor.workload import Workload, load_workloads, model_workloads
     from harness.backends.registry import load_backend_module
     from harness.execution.device import resolve_device
-    from harness.execution.isolation import IsolatedExecutor
+    from harness.execution.isolation import IsolatedExecutor, timeouts
     from harness.execution.cost import check_cost
     from harness.measure.timing import TimingConfig
     from harness.spec.presets import model_shape

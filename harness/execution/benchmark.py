@@ -12,6 +12,7 @@ from harness.backends.base import Backend
 from harness.execution.call import Call
 from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.outcome import BackendResult
+from harness.execution.rounds import Round
 from harness.execution.timed import TimingCall
 from harness.measure.bandwidth import roofline_columns
 from harness.measure.flops import attention_flops
@@ -64,13 +65,14 @@ def phase_verdict(verdict: BackendResult, phase: str) -> tuple[str, str]:
 
 def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: BackendResult, *,
                   config: TimingConfig, peaks: dict[str, float], run_id: str = "",
-                  cpu_mem_budget: int | None = None, prior: Measurement | None = None,
-                  known_memory: tuple[int, str] | None = None, executor: Executor = IN_PROCESS,
+                  cpu_mem_budget: int | None = None, timing_round: Round = Round(), executor: Executor = IN_PROCESS,
                   bw_peak: float | None = None) -> PerfResult:
-    """Time one phase (one round) of a verified backend and build its results row.
+    """Time one phase (one round) of a verified backend and build its results row, final as built: every
+    outcome (not timed, failed, timed) goes through the one `row` below, given the round and what the key's
+    earlier rounds found.
 
-    prior: this key's earlier rounds in the run, pooled into the row's latency columns.
-    known_memory: (bytes, method) measured in an earlier round; peak memory is then not measured again.
+    timing_round: which round this is; its `pooled` earlier rounds go into the row's latency columns, its `memory`
+    (bytes, method) is not measured again, and a `suspicious_reason` of an earlier round stays on the row.
     bw_peak: the measured copy bandwidth (GB/s): the ceiling a memory-bound row is judged against.
 
     The row's timing_status/timing_reason say how timing ended; its correctness status is left alone (fwd and bwd
@@ -84,14 +86,19 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
                        "err_ratio": max((r.err_ratio or 0.0) for r in verdict.rows)}
 
     def row(timing_status: str, timing_reason: str = "", **more) -> Row:
+        if timing_status != "timed":
+            timing_reason = timing_round.ended(timing_reason)
+        elif not more["suspicious"] and timing_round.suspicious_reason:  # once flagged, stays flagged, with its why
+            more["suspicious"], timing_reason = True, timing_round.suspicious_reason
         return make_row(run_id=run_id, case=case, backend=backend.name, backend_version=backend.version(),
                         phase=phase, device=device, timing_status=timing_status, timing_reason=timing_reason,
                         **correctness, **more)
 
     if status != "pass":
         return PerfResult(row("not-timed", f"not timed: {reason}"), None)
+    prior = timing_round.pooled
     timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase, config,
-                        estimate_ms=prior.median if prior is not None else None, known_memory=known_memory,
+                        estimate_ms=prior.median if prior is not None else None, known_memory=timing_round.memory,
                         cpu_mem_budget=cpu_mem_budget)
     answer = executor.time(backend, timing, device)
     if answer.failure is not None:

@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 import torch
 
 from harness.backends.base import Backend
+from harness.execution.cache import LRU, cached
 from harness.execution.outcome import Failure
 from harness.measure.stages import stage
 from harness.spec.case import AttentionCase, Inputs, make_inputs
@@ -154,20 +155,12 @@ class CallResult:
         return any(f is not None and f.interrupted for f in (self.failure, self.backward_failure))
 
 
-# Inputs a worker (or this process) generated last, by (case, seed, device): a call and the timing rounds of the
-# same case reuse them instead of drawing them again.
-_INPUTS: dict = {}
-
-
-def call_inputs(call: Call, device: torch.device) -> Inputs:
-    """The call's inputs on `device`: given ones moved there, or the seeded ones drawn (kept for the next call)."""
+def call_inputs(call: Call, device: torch.device, drawn: LRU | None = None) -> Inputs:
+    """The call's inputs on `device`: given ones moved there, or the seeded ones drawn - kept in `drawn` (the
+    inputs its process drew last, cache.DRAWN_INPUTS) for the next call and timing rounds of the same case."""
     if call.inputs is not None:
         return call.inputs.map(lambda t: t.to(device))
-    key = (call.case, call.seed, str(device))
-    if key not in _INPUTS:
-        _INPUTS.clear()  # one case at a time: inputs of a large case are large
-        _INPUTS[key] = make_inputs(call.case, device, call.seed)
-    return _INPUTS[key]
+    return cached(drawn, (call.case, call.seed, str(device)), lambda: make_inputs(call.case, device, call.seed))
 
 
 def device_scope(device: torch.device):
@@ -219,14 +212,14 @@ def _entry(backend: Backend, call: Call, device: torch.device,
     return (lambda q, k, v: backend.native_dropout(q, k, v, p=call.p, scale=scale)), names
 
 
-def run_call(backend: Backend, call: Call, device: torch.device) -> CallResult:
+def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | None = None) -> CallResult:
     """Run the call on `device` and return its outputs (CPU, canonical layout) or its failure; never raises for
-    anything the backend does."""
+    anything the backend does. Seeded inputs are drawn through `drawn` (call_inputs)."""
     with device_scope(device), _seeded(call.rng_seed, device):
         result = CallResult()
         try:
             with stage("inputs"):
-                inputs = call_inputs(call, device)
+                inputs = call_inputs(call, device, drawn)
                 q, k, v, d_out = backend_inputs(backend, call.case, inputs, requires_grad=call.backward)
                 leaves = modifier_leaves(inputs, requires_grad=call.backward)
             with stage("prepare"):

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 
 from harness.backends.base import Backend
+from harness.execution.cache import DRAWN_INPUTS, LRU
 from harness.execution.call import Call, CallResult, run_call
 from harness.execution.outcome import Failure, exception_text
 from harness.execution.timed import TimingCall, TimingResult, run_timing
@@ -28,6 +29,10 @@ class Executor:
     #: set when a backend call raised KeyboardInterrupt: its row is recorded, then the run stops (see the plugin)
     interrupted: str | None = None
 
+    def __init__(self):
+        #: the inputs this executor drew from a seed last (cache.DRAWN_INPUTS), its own: gone with it
+        self.drawn = LRU(DRAWN_INPUTS)
+
     def _noted(self, result: CallResult | TimingResult, backend: Backend):
         """`result` as is, remembering a KeyboardInterrupt inside the backend."""
         if result.interrupted:
@@ -47,7 +52,7 @@ class Executor:
         return ("unavailable", reason) if reason else None
 
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
-        return self._noted(run_call(backend, call, device), backend)
+        return self._noted(run_call(backend, call, device, self.drawn), backend)
 
     def compile_ahead(self, backend: Backend, calls: list[Call]) -> None:
         """Compile a backend's calls ahead, beside the run (IsolatedExecutor); in this process nothing runs beside
@@ -57,7 +62,7 @@ class Executor:
         return {}
 
     def time(self, backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
-        return self._noted(run_timing(backend, timing, device), backend)
+        return self._noted(run_timing(backend, timing, device, self.drawn), backend)
 
     def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any) -> Any:
         """fn(backend, device, *args) - our own code around a backend (a probe, a deployment check); anything it

@@ -43,6 +43,13 @@ DEFAULT_TIMEOUT_S = 300.0
 START_TIMEOUT_S = 180.0
 
 
+def timeouts(values: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """(default seconds, (pattern, seconds) overrides) from the --call-timeout-s values (cli.options.call_timeout
+    parses each), last one winning."""
+    default = next((s for p, s in reversed(values) if p == "*"), DEFAULT_TIMEOUT_S)
+    return default, tuple((p, s) for p, s in reversed(values) if p != "*")
+
+
 #: tensors up to this size travel as bytes in the message: below it, copying is cheaper than a shared-memory
 #: segment and the file descriptor handed over for it. Measured here (benchmarks/worker_transfer.py, four tensors
 #: a call): 64 KiB each 1.2 ms inline against 3.8 ms; 256 KiB 7.3 against 5.6; 1 MiB 32 against 8.5; 8 MiB 209
@@ -115,6 +122,7 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle; a worker finishes its call
     _redirect_output(spec.log_dir, backend_name)
     from harness.backends.registry import all_backends, load_backend_module
+    from harness.execution.cache import DRAWN_INPUTS, LRU
     from harness.execution.call import run_call
     from harness.execution.timed import allow_backward_replay, run_timing
 
@@ -134,6 +142,7 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
         _send(conn, ("failed", Failure.of(exc)))
         return
     _send(conn, ("ready", None))
+    drawn = LRU(DRAWN_INPUTS)  # the worker's own: a call and the timing rounds of its case share the seeded inputs
     while True:
         try:
             kind, payload = _recv(conn)
@@ -147,9 +156,9 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
                 if kind == "available":
                     reply = ("ok", backend.unavailable_reason(device))
                 elif kind == "call":
-                    reply = ("ok", run_call(backend, payload, device))
+                    reply = ("ok", run_call(backend, payload, device, drawn))
                 elif kind == "time":
-                    reply = ("ok", run_timing(backend, payload, device))
+                    reply = ("ok", run_timing(backend, payload, device, drawn))
                 else:
                     fn, args = payload
                     reply = ("ok", fn(backend, device, *args))

@@ -23,10 +23,11 @@ from harness.store.schema import Row
 
 
 def verdict_row(prepared: PreparedCase, backend: Backend, phase: str, status: str, reason: str = "",
-                checks: list[Check] | None = None, run_id: str = "", op: str = "") -> Row:
-    """A correctness row of `backend` on the prepared case; `op` names the kernel that ran when it answered."""
+                checks: list[Check] | None = None, run_id: str = "", op: str = "", tag: str = "") -> Row:
+    """A correctness row of `backend` on the prepared case; `op` names the kernel that ran when it answered; a
+    probe's `tag` keys the row 'tag:<case id>' (make_row)."""
     return make_row(run_id=run_id, case=prepared.case, backend=backend.name, backend_version=backend.version(),
-                    phase=phase, device=prepared.device, status=status, reason=reason, checks=checks or (),
+                    phase=phase, device=prepared.device, status=status, reason=reason, checks=checks or (), tag=tag,
                     backend_op=op if status in ("pass", "fail") else "",
                     modifier_path=backend.modifier_path(prepared.case)
                     if prepared.case.modifiers and status in ("pass", "fail") else None,
@@ -101,13 +102,13 @@ def correctness_call(backend: Backend, case: AttentionCase, device: torch.device
 
 
 def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arrangement: Arrangement | None = None,
-            executor: Executor = IN_PROCESS) -> BackendResult:
+            executor: Executor = IN_PROCESS, tag: str = "") -> BackendResult:
     """Run forward and backward of `backend` on the prepared case (through `executor`: here, or in its worker)
-    and judge both phases against the reference."""
+    and judge both phases against the reference; a probe's `tag` keys its rows 'tag:<case id>' as they are built."""
     case, device = prepared.case, prepared.device
 
     def both(status: str, reason: str, op: str = "") -> BackendResult:
-        return BackendResult([verdict_row(prepared, backend, p, status, reason, run_id=run_id, op=op)
+        return BackendResult([verdict_row(prepared, backend, p, status, reason, run_id=run_id, op=op, tag=tag)
                               for p in ("fwd", "bwd")])
 
     refused = refusal(backend, case, device, executor)
@@ -122,19 +123,21 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
     if answer.failure is not None:  # raised, died, timed out, or broke the output contract
         free(device)
         return both(answer.failure.status, answer.failure.reason, answer.op)
-    result = _judged_forward(backend, prepared, answer, run_id)
+    result = _judged_forward(backend, prepared, answer, run_id, tag)
     if bwd_reason:
-        result.rows.append(verdict_row(prepared, backend, "bwd", "unsupported", bwd_reason, run_id=run_id))
+        result.rows.append(verdict_row(prepared, backend, "bwd", "unsupported", bwd_reason, run_id=run_id, tag=tag))
     elif answer.backward_failure is not None:
         free(device)
         result.rows.append(verdict_row(prepared, backend, "bwd", answer.backward_failure.status,
-                                       answer.backward_failure.reason, run_id=run_id, op=answer.backward_op))
+                                       answer.backward_failure.reason, run_id=run_id, op=answer.backward_op,
+                                       tag=tag))
     else:
-        result.rows.append(_judged_backward(backend, prepared, answer, result, run_id))
+        result.rows.append(_judged_backward(backend, prepared, answer, result, run_id, tag))
     return result
 
 
-def _judged_forward(backend: Backend, prepared: PreparedCase, answer: CallResult, run_id: str) -> BackendResult:
+def _judged_forward(backend: Backend, prepared: PreparedCase, answer: CallResult, run_id: str,
+                    tag: str) -> BackendResult:
     case = prepared.case
     note = prepared.note_for(backend.name)
     with stage("judging"):
@@ -143,12 +146,12 @@ def _judged_forward(backend: Backend, prepared: PreparedCase, answer: CallResult
     result = BackendResult([], {"out": check}, answer.out)
     reason = "; ".join(filter(None, [None if check.passed else check.describe(), note]))
     result.rows.append(verdict_row(prepared, backend, "fwd", "pass" if check.passed else "fail", reason, [check],
-                                   run_id, op=answer.op))
+                                   run_id, op=answer.op, tag=tag))
     return result
 
 
 def _judged_backward(backend: Backend, prepared: PreparedCase, answer: CallResult, result: BackendResult,
-                     run_id: str) -> Row:
+                     run_id: str, tag: str) -> Row:
     case = prepared.case
     checks = []
     for name in case.grads:
@@ -160,4 +163,4 @@ def _judged_backward(backend: Backend, prepared: PreparedCase, answer: CallResul
     failed = [c.describe() for c in checks if not c.passed]
     return verdict_row(prepared, backend, "bwd", "fail" if failed else "pass",
                        "; ".join(filter(None, failed + [prepared.note_for(backend.name)])), checks, run_id,
-                       op=answer.backward_op)
+                       op=answer.backward_op, tag=tag)

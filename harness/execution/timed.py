@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from harness.backends.base import Backend
+from harness.execution.cache import LRU
 from harness.execution.call import BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves
 from harness.execution.outcome import Failure, free
 from harness.measure.memory import CPU_METHOD, cpu_peak, peak_memory
@@ -95,13 +96,14 @@ def allow_backward_replay() -> None:
         functorch_config.donated_buffer = False
 
 
-def run_timing(backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
-    """Measure one round; every failure (raised, oom, over the CPU budget) comes back as a Failure."""
+def run_timing(backend: Backend, timing: TimingCall, device: torch.device, drawn: LRU | None = None) -> TimingResult:
+    """Measure one round; every failure (raised, oom, over the CPU budget) comes back as a Failure. Seeded inputs
+    are drawn through `drawn` (call_inputs)."""
     result = TimingResult()
     with device_scope(device):
         try:
             with stage("inputs"):
-                inputs = call_inputs(timing.call, device)
+                inputs = call_inputs(timing.call, device, drawn)
             case, phase = timing.call.case, timing.phase
             # On the CPU the round's first call (kept apart from the samples) is also its memory probe; elsewhere,
             # or when the latency is already known (no first call), the probe is a call of its own.

@@ -26,11 +26,6 @@ def probe_dtype(backend: Backend, device: torch.device) -> torch.dtype:
     return backend.dtypes[0]
 
 
-def tag_rows(rows: list[Row], tag: str) -> list[Row]:
-    """Rows of `runner.execute` re-keyed under `tag` (same columns otherwise): 'docs' -> 'docs:<case id>'."""
-    return [row.with_(case_id=f"{tag}:{row.case_id}") for row in rows]
-
-
 def probe_row(case: AttentionCase, backend: Backend, device: torch.device, *, tag: str, phase: str, status: str,
               observed: str = "", reason: str = "", checks: list[Check] | None = None, run_id: str = "",
               op: str = "", **columns) -> Row:

@@ -17,10 +17,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cache import LRU
+from harness.execution.cache import LRU, cached
 from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.runner import execute, prepare_case
-from harness.probes.common import tag_rows
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.masks import MaskSpec, parse_mask
 from harness.store.schema import Row
@@ -132,21 +131,15 @@ def edge_inputs(edge: EdgeCase, device: torch.device, seed: int = 0) -> Inputs:
     return Inputs(*(t.to(device) for t in (*scaled, base.d_out)))
 
 
-# The reference and naive baseline of the last two edge cases: the suite runs them case-major, backend by backend.
-_PREPARED = LRU(2)
-
-
-def _prepared(edge: EdgeCase, device: torch.device, seed: int):
-    return _PREPARED.get((edge, str(device), seed),
-                         lambda: prepare_case(edge.case, device, inputs=edge_inputs(edge, device, seed)))
-
-
 def run_edge(edge: EdgeCase, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
-             executor: Executor = IN_PROCESS) -> list[Row]:
-    """Forward and backward of `backend` on the edge case, judged against the float64 reference: rows 'edge:...'."""
+             executor: Executor = IN_PROCESS, cache: LRU | None = None) -> list[Row]:
+    """Forward and backward of `backend` on the edge case, judged against the float64 reference: rows 'edge:...'.
+    The edge case's reference and naive baseline are kept in `cache` (the run's prepared cases: the suite runs
+    edge cases case-major, backend by backend), else computed for this call alone."""
     arrangement = None if edge.arrange == "plain" else Arranged(edge.arrange)
-    prepared = _prepared(edge, device, seed)
-    return tag_rows(execute(backend, prepared, run_id, arrangement=arrangement, executor=executor).rows, edge.tag)
+    prepared = cached(cache, (edge, str(device), seed),
+                      lambda: prepare_case(edge.case, device, inputs=edge_inputs(edge, device, seed)))
+    return execute(backend, prepared, run_id, arrangement=arrangement, executor=executor, tag=edge.tag).rows
 
 
 def _case(dtype: str, seq_q: int, head_dim: int = 64, mask: str | MaskSpec = "none", *, batch: int = 2,

@@ -17,7 +17,7 @@ from harness.backends.base import Backend
 from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.runner import execute, prepare_case
 from harness.oracle.verdict import judge
-from harness.probes.common import probe_row, tag_rows
+from harness.probes.common import probe_row
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.masks import Causal, CausalBottomRight
 from harness.store.schema import GRADS, Row
@@ -46,7 +46,7 @@ def decode_rows(backend: Backend, case: AttentionCase, device: torch.device, *, 
     inputs = make_inputs(full, device, seed)
     piece = _piece(full, full.seq_q - 1, full.seq_q)
     prepared = prepare_case(piece, device, inputs=_slice(inputs, full.seq_q - 1, full.seq_q))
-    return tag_rows(execute(backend, prepared, run_id, executor=executor).rows, "decode")
+    return execute(backend, prepared, run_id, executor=executor, tag="decode").rows
 
 
 def chunk_bounds(seq: int, chunks: int) -> list[tuple[int, int]]:
@@ -68,8 +68,8 @@ def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: tor
     ops: dict[str, str] = {}                                            # phase -> the kernel the chunks ran
     for i, (start, stop) in enumerate(chunk_bounds(full.seq_q, chunks)):
         prepared = prepare_case(_piece(full, start, stop), device, inputs=_slice(inputs, start, stop))
-        result = execute(backend, prepared, run_id, executor=executor)
-        rows += tag_rows(result.rows, f"prefill:chunk{i + 1}of{chunks}")
+        result = execute(backend, prepared, run_id, executor=executor, tag=f"prefill:chunk{i + 1}of{chunks}")
+        rows += result.rows
         ops = {row.phase: row.backend_op for row in result.rows}
         if result.out is None:
             return rows                                                 # the chunk rows already say why

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cache import LRU
+from harness.execution.cache import LRU, cached
 from harness.execution.call import Call
 from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.outcome import BackendResult
@@ -37,12 +37,21 @@ SCALE = 0.3
 
 @dataclass(frozen=True)
 class Probe:
-    """Who is asked (backend), where (device), with which inputs (seed), and where its calls run (executor)."""
+    """Who is asked (backend), where (device), with which inputs (seed), where its calls run (executor), and
+    where runs shared by several questions are kept (the run's probe cache; None: each question runs its own)."""
 
     backend: Backend
     device: torch.device
     seed: int = 0
     executor: Executor = IN_PROCESS
+    cache: LRU | None = None
+
+    def cached(self, key: tuple, make: Callable):
+        return cached(self.cache, key, make)
+
+    def prepared(self, case: AttentionCase) -> PreparedCase:
+        return self.cached(("prepared", case, str(self.device), self.seed),
+                           lambda: prepare_case(case, self.device, self.seed))
 
     def call(self, case: AttentionCase, inputs: Inputs, **call) -> tuple[torch.Tensor | None, str]:
         """(output in canonical layout, or None; why not) of one call on given inputs, without gradients."""
@@ -96,25 +105,13 @@ def _state(check: Check) -> str:
     return "NaN" if check.nonfinite else ("ok" if check.passed else f"wrong(err {check.err:.2g})")
 
 
-# Probe runs shared by several questions, kept for the few backends asked in a row (small tensors only).
-_CACHE = LRU(8)
-
-
-def _cached(key: tuple, make: Callable):
-    return _CACHE.get(key, make)
-
-
-def _prepared(case: AttentionCase, device: torch.device, seed: int) -> PreparedCase:
-    return _cached(("prepared", case, str(device), seed), lambda: prepare_case(case, device, seed))
-
-
 def _spec_run(probe: Probe) -> tuple[PreparedCase, BackendResult, Answer | None]:
     """The semantics case through the backend's own mask translation, forward and backward, and the answer
     to give instead when that run produced no output (see _result_failure)."""
     backend, device, seed = probe.backend, probe.device, probe.seed
-    prepared = _prepared(semantics_case(probe_dtype(backend, device)), device, seed)
-    result = _cached(("spec", backend, str(device), seed),
-                     lambda: execute(backend, prepared, executor=probe.executor))
+    prepared = probe.prepared(semantics_case(probe_dtype(backend, device)))
+    result = probe.cached(("spec", backend, str(device), seed),
+                          lambda: execute(backend, prepared, executor=probe.executor))
     return prepared, result, _result_failure(result)
 
 
@@ -197,7 +194,7 @@ def _which(probe: Probe, case: AttentionCase, candidates: dict[str, MaskSpec | N
     skip = _native(probe, "causal", case)
     if skip:
         return skip
-    prepared = {name: _prepared(replace(case, mask=m), probe.device, probe.seed) for name, m in candidates.items()}
+    prepared = {name: probe.prepared(replace(case, mask=m)) for name, m in candidates.items()}
     inputs = next(iter(prepared.values())).inputs                       # same seed and shapes: same inputs
     out, why = probe.call(case, inputs, entry="native_causal")
     if out is None:
@@ -227,7 +224,7 @@ def _mask_runs(probe: Probe) -> dict[str, tuple[torch.Tensor | None, str]]:
     """native_mask with the semantics case's mask as bool, additive -inf and additive finfo.min tensors:
     {form: (output or None, why not)} - refusing a mask kind is an answer."""
     case = semantics_case(probe_dtype(probe.backend, probe.device))
-    prepared = _prepared(case, probe.device, probe.seed)
+    prepared = probe.prepared(case)
     dense = case.key_mask(probe.device)                                 # (B, 1, Sq, Sk)
     zeros = torch.zeros(dense.shape, dtype=case.dtype, device=probe.device)
     forms = {"bool": dense, "additive": zeros.masked_fill(~dense, float("-inf")),
@@ -236,7 +233,7 @@ def _mask_runs(probe: Probe) -> dict[str, tuple[torch.Tensor | None, str]]:
 
 
 def _mask_outputs(probe: Probe) -> dict[str, tuple[torch.Tensor | None, str]]:
-    return _cached(("mask", probe.backend, str(probe.device), probe.seed), lambda: _mask_runs(probe))
+    return probe.cached(("mask", probe.backend, str(probe.device), probe.seed), lambda: _mask_runs(probe))
 
 
 def mask_kinds(probe: Probe) -> tuple[AttentionCase, Answer]:
@@ -245,7 +242,7 @@ def mask_kinds(probe: Probe) -> tuple[AttentionCase, Answer]:
     skip = _native(probe, "mask", case)
     if skip:
         return case, skip
-    prepared = _prepared(case, probe.device, probe.seed)
+    prepared = probe.prepared(case)
     outs = _mask_outputs(probe)
     parts, reasons, checks = [], [], []
     for name in ("bool", "additive"):
@@ -265,7 +262,7 @@ def finite_negative_mask(probe: Probe) -> tuple[AttentionCase, Answer]:
     skip = _native(probe, "mask", case)
     if skip:
         return case, skip
-    prepared = _prepared(case, probe.device, probe.seed)
+    prepared = probe.prepared(case)
     out, why = _mask_outputs(probe)["finfo.min"]
     if out is None:
         return case, Answer("observed", "refused", why)
@@ -294,13 +291,14 @@ QUESTIONS.update(MODIFIER_QUESTIONS)
 
 
 def ask(question: str, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
-        executor: Executor = IN_PROCESS) -> Row:
+        executor: Executor = IN_PROCESS, cache: LRU | None = None) -> Row:
     """Answer one question for one backend as a CSV row (case_id 'semantics:<question>:<case id>'); its calls
-    run through `executor` (this process, or the backend's worker)."""
+    run through `executor` (this process, or the backend's worker); runs shared by questions are kept in `cache`
+    (the run's probe cache), else made for this question alone."""
     if question not in QUESTIONS:
         raise ValueError(f"unknown semantics question {question!r}; allowed: {', '.join(QUESTIONS)}")
     phase, question_fn = QUESTIONS[question]
-    probe = Probe(backend, device, seed, executor)
+    probe = Probe(backend, device, seed, executor, cache)
     case = semantics_case(probe_dtype(backend, device))
     answer = _skip(probe, case)
     if answer is None:

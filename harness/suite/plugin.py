@@ -15,14 +15,12 @@ import pytest
 import torch
 
 from harness.backends.registry import get_backends, load_backend_module
-from harness.cli.options import add_to_pytest, timeouts
+from harness.cli.options import add_to_pytest
 from harness.execution.device import resolve_device
-from harness.execution.isolation import IsolatedExecutor
 from harness.execution.runner import correctness_call
 from harness.execution.session import RunSession
 from harness.launch.sharding import parse_shard, select_shard
 from harness.measure import stages
-from harness.measure.timing import TimingConfig
 from harness.execution.cost import check_cost
 from harness.spec.matrices import AUTO, build_matrix, resolve_matrix
 from harness.spec.presets import model_shape
@@ -60,23 +58,7 @@ def pytest_configure(config):
     if config.option.threads is not None:
         torch.set_num_threads(config.option.threads)  # fixed for the whole run, recorded in env and rows
     if getattr(config, "workerinput", None) is None and not config.option.collectonly:
-        budget = config.option.cpu_mem_budget_gb
-        session = RunSession(device, Path(config.option.results_dir), config.option.seed,
-                             timing=TimingConfig(warmup_ms=config.option.timing_budget_ms / 4,
-                                                 budget_ms=config.option.timing_budget_ms,
-                                                 cuda_graph=config.option.cuda_graph),
-                             cpu_mem_budget=None if budget is None else int(budget * 2 ** 30),
-                             rounds=config.option.rounds)
-        if config.option.benchmark_enabled:
-            session.measure_peaks(sorted({c.dtype for c in config._harness_cases}, key=str))
-        if config.option.isolate:
-            default, overrides = timeouts(config.option.call_timeout_s)
-            session.executor = IsolatedExecutor(device, timeout_s=default, timeouts=overrides,
-                                                log_dir=str(session.run_dir / "workers"))
-        option = config.option
-        session.describe_cases({"preset": option.preset} if option.preset else
-                               {"hf_config": str(Path(option.hf_config).resolve())} if option.hf_config else
-                               {"matrix": config._harness_matrix}, list(option.backend_module))
+        session = RunSession.from_options(config.option, device, config._harness_cases, config._harness_matrix)
         config.stash[_SESSION_KEY] = session
         if config.getoption("benchmark_storage", None) == "file://./.benchmarks":
             # pytest-benchmark's own --benchmark-compare must only compare like with like: one store per testbed
@@ -146,7 +128,7 @@ def pytest_runtest_protocol(item, nextitem):
         if session is not None:
             index = _stage(item)
             name = STAGES[index] if index < len(STAGES) else "other tests"
-            session.test_seconds[name] = session.test_seconds.get(name, 0.0) + time.perf_counter() - start
+            session.recorder.add_test_seconds(name, time.perf_counter() - start)
 
 
 def pytest_collection_modifyitems(session, config, items):

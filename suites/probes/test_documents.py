@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Documents
-from harness.probes.common import tag_rows
 from harness.execution.runner import execute
 from harness.suite.probes import conclude, parametrize, tier
 
@@ -35,7 +34,7 @@ def pytest_generate_tests(metafunc):
 
 
 def test_documents(doc_case, backend, run_session):
-    result = execute(backend, run_session.prepared(doc_case), run_session.run_id, executor=run_session.executor)
-    rows = tag_rows(result.rows, "docs")
+    rows = execute(backend, run_session.prepared(doc_case), run_session.run_id, executor=run_session.executor,
+                   tag="docs").rows
     run_session.writer.write(rows)
     conclude(rows)

@@ -25,7 +25,7 @@ def pytest_generate_tests(metafunc):
 
 def test_edge_case(edge, backend, run_session):
     rows = run_edge(edge, backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id,
-                    executor=run_session.executor)
+                    executor=run_session.executor, cache=run_session.cache.prepared)
     run_session.writer.write(rows)
     conclude(rows, dict(edge.known_failures).get(backend.name))
 

@@ -16,7 +16,7 @@ def pytest_generate_tests(metafunc):
 
 def test_semantics(backend, question, run_session):
     row = ask(question, backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id,
-              executor=run_session.executor)
+              executor=run_session.executor, cache=run_session.cache.probe_runs)
     run_session.writer.write([row])
     print(describe(row))
     conclude([row])

@@ -5,7 +5,8 @@ import argparse
 import pytest
 
 from harness.cli.main import main
-from harness.cli.options import OPTIONS, add_to_argparse, call_timeout, timeouts
+from harness.cli.options import OPTIONS, add_to_argparse, call_timeout
+from harness.execution.isolation import timeouts
 
 
 @pytest.mark.parametrize("flag, value, message", [

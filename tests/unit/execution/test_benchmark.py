@@ -12,14 +12,14 @@ import torch
 from harness import AttentionCase
 from harness.backends.base import Backend
 from harness.backends.registry import get_backends
-from harness.execution.benchmark import PerfResult, measure_phase
+from harness.execution.benchmark import measure_phase
 from harness.execution.device import resolve_device
 from harness.execution.runner import execute, prepare_case
+from harness.execution.rounds import Round, RoundSchedule
 from harness.execution.session import RunSession
 from harness.measure.timing import Measurement, TimingConfig
 from harness.spec.masks import Causal
 from harness.store.load import load_results, load_samples
-from harness.store.schema import Row
 
 CPU = resolve_device("cpu")
 FAST = TimingConfig(warmup_ms=5, budget_ms=20, min_reps=5)
@@ -91,7 +91,8 @@ def test_memory_growth_separates_materialized_from_fused():
 def test_later_rounds_pool_samples_and_reuse_memory():
     case = AttentionCase(1, 2, 64, 32, "fp32", mask=Causal())
     first = _perf("sdpa-flash", case, "fwd")
-    second = _perf("sdpa-flash", case, "fwd", prior=first.measurement, known_memory=(12345, "from round 1"))
+    second = _perf("sdpa-flash", case, "fwd", timing_round=Round(1, 2, first.measurement,
+                                                                 memory=(12345, "from round 1")))
     row = second.row
     assert row.rounds == 2 and row.n_samples == first.measurement.n + second.measurement.n
     assert (row.peak_mem_bytes, row.mem_method) == (12345, "from round 1")
@@ -102,10 +103,10 @@ def test_later_rounds_pool_samples_and_reuse_memory():
 def test_round_timing_splits_the_budget(tmp_path):
     session = RunSession(CPU, tmp_path, timing=TimingConfig(warmup_ms=20, budget_ms=90, min_reps=10, max_reps=500),
                          rounds=3)
-    t = session.round_timing
+    t = session.schedule.round_timing
     assert (t.warmup_ms, t.budget_ms, t.min_reps, t.max_reps) == (pytest.approx(20 / 3), 30, 4, 167)
     assert json.loads((session.run_dir / "env.json").read_text())["rounds"] == 3
-    assert RunSession(CPU, tmp_path / "a", rounds=1).round_timing == RunSession(CPU, tmp_path / "b").timing
+    assert RoundSchedule(session.schedule.timing, 1).round_timing == session.schedule.timing
     with pytest.raises(ValueError, match="rounds=0"):
         RunSession(CPU, tmp_path, rounds=0)
 
@@ -196,18 +197,38 @@ def test_a_later_round_run_alone_is_timed(tmp_path):
     assert bench.calls == 1 and session.perf_rows[("fp32-b1-h2-s32-d16-none", "toggle", "fwd")].rounds == 1
 
 
-def test_a_key_once_suspicious_stays_suspicious_with_its_reason(tmp_path):
-    """Rows fold (later non-empty values win), so a later round could not clear the reason: keep both."""
-    session = RunSession(CPU, tmp_path)
-    base = Row(run_id="", case_id="fp32-b1-h2-s32-d16-none", backend="x", phase="fwd", status="pass",
-               peak_mem_bytes=1, mem_method="m")
-    first, second = Measurement((1.0,), "cpu-clock", 1), Measurement((2.0,), "cpu-clock", 1)
-    session.record_perf(PerfResult(base.with_(suspicious=True, timing_status="timed",
-                                              timing_reason="suspicious: 9 TFLOP/s"), first, first))
-    session.record_perf(PerfResult(base.with_(suspicious=False, timing_status="timed"), second,
-                                   Measurement.merge([first, second])), round_index=1)
-    row = load_results(session.run_dir).iloc[0]
-    assert bool(row.suspicious) and row.timing_reason == "suspicious: 9 TFLOP/s"
+def test_a_key_once_suspicious_stays_suspicious_with_its_reason():
+    """Rows fold (later non-empty values win), so a later round could not clear the reason: the builder carries
+    an earlier round's flag and reason onto the row it builds (peaks large enough that this round is not)."""
+    case = AttentionCase(1, 2, 32, 16, "fp32")
+    earlier = Measurement((1.0,), "cpu-clock", 1)
+    res = _perf("sdpa-math", case, "fwd", timing_round=Round(1, 2, earlier, "suspicious: 9 TFLOP/s"))
+    assert res.row.timing_status == "timed" and res.row.suspicious
+    assert res.row.timing_reason == "suspicious: 9 TFLOP/s"
+    plain = _perf("sdpa-math", case, "fwd", timing_round=Round(1, 2, earlier))
+    assert plain.row.timing_status == "timed" and not plain.row.suspicious and plain.row.timing_reason == ""
+
+
+def test_a_round_that_ends_its_key_says_which_round_as_built():
+    """A later round's failure row names its round; a first round's, or a round run alone, does not."""
+    backend, prepared = _Toggle(), prepare_case(AttentionCase(1, 2, 32, 16, "fp32"), CPU)
+    verdict = execute(backend, prepared)
+    backend.fail = True  # correct, then failing while timed
+
+    def timed(timing_round):
+        return measure_phase(backend, prepared, "fwd", verdict, config=FAST, peaks={}, timing_round=timing_round)
+
+    later = timed(Round(1, 3, Measurement((1.0,), "cpu-clock", 1)))
+    assert later.row.timing_status == "error" and later.measurement is None
+    assert later.row.timing_reason.startswith("round 2 of 3: during timing: RuntimeError")
+    assert later.row.timing_reason.endswith("; the latency columns pool the rounds timed before it")
+    alone = timed(Round(2, 3))
+    assert alone.row.timing_reason.startswith("during timing: RuntimeError")
+
+
+def test_a_round_outside_its_count_is_refused():
+    with pytest.raises(ValueError, match="round index=3 of count=3"):
+        Round(3, 3)
 
 
 def test_the_first_timed_call_is_the_cpu_memory_probe(monkeypatch):

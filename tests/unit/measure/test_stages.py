@@ -107,7 +107,7 @@ def test_a_session_records_where_its_time_went(tmp_path):
     session = RunSession(CPU, tmp_path)
     case = AttentionCase(1, 2, 16, 8, "fp32")
     session.check(case, Naive())
-    session.test_seconds["correctness"] = 1.5
+    session.recorder.add_test_seconds("correctness", 1.5)
     session.finish()
     spent = json.loads((session.run_dir / "env.json").read_text())["time_spent"]
     assert spent["tests_s"] == {"correctness": 1.5} and spent["wall_s"] > 0

@@ -1,0 +1,71 @@
+"""What a run leaves behind: its id and folder, the results and samples writers, env.json and where time went."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterable
+
+from harness.measure import stages
+from harness.store.load import compact
+from harness.store.run_dir import RESULTS, SAMPLES, write_env
+from harness.store.schema import Row, TimingKey
+from harness.store.writer import ResultsWriter, SamplesWriter
+
+
+class RunRecorder:
+    """Writes a run's rows as they are made, its samples and env.json, in `run_dir` (results.csv, samples.csv).
+
+    Without a run folder (harness.check from Python) rows go only to `results_path` when given, and no samples
+    or env.json are kept. Every row is flushed as it is written, so a run stopped half-way keeps what it did.
+    """
+
+    def __init__(self, run_id: str, run_dir: Path | None = None, env: dict | None = None, *,
+                 results_path: Path | None = None):
+        if run_dir is not None and results_path is not None:
+            raise ValueError("a recorder writes to a run folder or to one results_path, not both")
+        self.run_id, self.run_dir = run_id, None if run_dir is None else Path(run_dir)
+        self._started = time.monotonic()
+        if run_dir is not None:  # a run's time_spent starts with it; a folder-less check leaves the clock alone
+            stages.CLOCK.reset()
+        #: seconds spent in each suite stage's tests (correctness, probes, benchmark), from pytest's reports
+        self.test_seconds: dict[str, float] = {}
+        self.env: dict = dict(env or {})
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            results_path = self.run_dir / RESULTS
+        self.writer = None if results_path is None else ResultsWriter(results_path)
+        self.samples = None if self.run_dir is None else SamplesWriter(self.run_dir / SAMPLES)
+        self.save_env()
+
+    def write(self, rows: Iterable[Row]) -> None:
+        if self.writer is not None:
+            self.writer.write(rows)
+
+    def write_samples(self, key: TimingKey, samples_ms: Iterable[float], round_index: int) -> None:
+        """One round's raw samples of `key`, labelled with its round (kept only in a run folder)."""
+        if self.samples is not None:
+            self.samples.write(self.run_id, *key, samples_ms, round_index=round_index)
+
+    def add_test_seconds(self, stage_name: str, seconds: float) -> None:
+        self.test_seconds[stage_name] = self.test_seconds.get(stage_name, 0.0) + seconds
+
+    def time_spent(self) -> dict:
+        """Where the run's wall time went so far: per suite stage, and per harness stage (measure.stages: the
+        reference, worker start-up, the backends' forward, judging, timing...), exclusive seconds and counts."""
+        return {"wall_s": round(time.monotonic() - self._started, 3),
+                "tests_s": {k: round(v, 3) for k, v in self.test_seconds.items()},
+                "stages": {name: {"s": round(s, 3), "n": n} for name, (s, n) in stages.CLOCK.snapshot().items()}}
+
+    def save_env(self) -> None:
+        if self.run_dir is not None:
+            write_env(self.run_dir, self.env)
+
+    def finish(self, beside_the_run: dict | None = None, **env: object) -> None:
+        """Record the end-of-run facts `env` and the time spent (with what ran beside the run, outside its stage
+        clock: the executor's compile-ahead), then fold the results file to one row per key."""
+        self.env.update(env)
+        self.env["time_spent"] = {**self.time_spent(), "compile_ahead": beside_the_run or {}}
+        self.save_env()
+        if self.run_dir is not None:
+            compact(self.writer.path)

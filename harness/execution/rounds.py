@@ -1,0 +1,74 @@
+"""The timing rounds of a run: each key's share of the budget, what its earlier rounds found, whether it goes on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.measure.timing import Measurement, TimingConfig
+from harness.store.schema import Row, TimingKey
+
+
+@dataclass(frozen=True)
+class Round:
+    """Which round of a key is timed, and what the key's earlier rounds found: everything the one perf-row builder
+    (execution.benchmark.measure_phase) needs to build a row that is final, with nothing patched after it.
+
+    pooled: the earlier rounds' samples pooled (None: no earlier round of the key was timed).
+    suspicious_reason: why an earlier round was flagged suspicious (faster than its roofline); the results file
+    folds rows, later non-empty values winning, so a later round must carry the flag and its reason on.
+    memory: (peak bytes, method) measured in an earlier round: memory does not change between rounds.
+    """
+
+    index: int = 0
+    count: int = 1
+    pooled: Measurement | None = None
+    suspicious_reason: str = ""
+    memory: tuple[int, str] | None = None
+
+    def __post_init__(self):
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"round index={self.index!r} of count={self.count!r}: must be 0 <= index < count")
+
+    def ended(self, reason: str) -> str:
+        """The timing reason of a round that ended its key: after timed rounds, which round it was and that the
+        row's latency columns (folded from the earlier rows) pool those."""
+        if self.pooled is None:
+            return reason
+        return (f"round {self.index + 1} of {self.count}: {reason}; the latency columns pool the rounds timed "
+                "before it")
+
+
+class RoundSchedule:
+    """Times every key in `count` rounds spread over the run (the suite orders them round-major), so a key's
+    samples see the run's changing conditions and compare can tell a transient from a regression; each round
+    gets 1/count of the budget, and a key whose round was not timed (failed, refused) has no later round."""
+
+    def __init__(self, timing: TimingConfig, count: int = 1):
+        if count < 1:
+            raise ValueError(f"rounds={count!r}: must be >= 1")
+        self.timing, self.count = timing, count
+        #: timing key -> its latest perf row, for the end-of-run summary
+        self.rows: dict[TimingKey, Row] = {}
+        self._pooled: dict[TimingKey, Measurement] = {}
+        self._memory: dict[TimingKey, tuple[int, str]] = {}
+
+    @property
+    def round_timing(self) -> TimingConfig:
+        """One round's share of the timing budget: all rounds together cost about what one round would."""
+        return self.timing.share(self.count)
+
+    def next(self, key: TimingKey, index: int) -> Round | None:
+        """Round `index` of `key` with what its earlier rounds found, or None when an earlier round ended the key
+        (its row says why). A round run alone (no earlier round ran) is timed as a first one."""
+        before = self.rows.get(key)
+        if before is not None and before.timing_status != "timed":
+            return None
+        suspicious = before.timing_reason if before is not None and before.suspicious else ""
+        return Round(index, self.count, self._pooled.get(key), suspicious or "", self._memory.get(key))
+
+    def record(self, row: Row, pooled: Measurement | None) -> None:
+        """Remember a round's final row and, when it was timed, the pooled measurement and its memory."""
+        if pooled is not None:
+            self._pooled[row.key] = pooled
+            self._memory.setdefault(row.key, (row.peak_mem_bytes, row.mem_method))
+        self.rows[row.key] = row

@@ -1,0 +1,168 @@
+"""The run session built from the options (the suites' and check's one entry) and its parts: the recorder (run dir,
+writers, env.json), the verdict memory, the timing-round schedule and the run's caches (CPU, no timing)."""
+
+import ast
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.backends.naive import Naive
+from harness.execution.cache import LRU, RunCaches, cached
+from harness.execution.executor import Executor
+from harness.execution.isolation import IsolatedExecutor
+from harness.execution.outcome import BackendResult
+from harness.execution.recorder import RunRecorder
+from harness.execution.rounds import Round, RoundSchedule
+from harness.execution.session import RunSession
+from harness.execution.verdicts import VerdictMemory
+from harness.measure.timing import Measurement, TimingConfig
+from harness.spec.case import AttentionCase
+from harness.store.load import load_results
+from harness.store.schema import Row, TimingKey
+
+CPU = torch.device("cpu")
+CASE = AttentionCase(1, 2, 8, 8, "fp32")
+HARNESS = Path(__file__).resolve().parents[3] / "harness"
+
+
+def _options(tmp_path, **given) -> Namespace:
+    """The names cli/options.py defines, as check's parser leaves them (no timing options)."""
+    base = dict(results_dir=str(tmp_path), seed=3, isolate=False, call_timeout_s=[], preset=None, hf_config=None,
+                backend_module=[])
+    return Namespace(**{**base, **given})
+
+
+def test_from_options_builds_the_whole_session_before_it_is_handed_out(tmp_path):
+    """Executor, timing, rounds and the cases' description come from the options; nothing is assigned later."""
+    options = _options(tmp_path, isolate=True, call_timeout_s=[("*", 40.0), ("bf16-*", 900.0)],
+                       timing_budget_ms=80.0, cuda_graph=False, rounds=2, cpu_mem_budget_gb=0.5,
+                       benchmark_enabled=False)
+    session = RunSession.from_options(options, CPU, [CASE], "smoke")
+    try:
+        assert isinstance(session.executor, IsolatedExecutor)
+        assert (session.executor.timeout_s, session.executor.timeouts) == (40.0, (("bf16-*", 900.0),))
+        assert session.executor.log_dir == str(session.run_dir / "workers")
+        assert session.schedule.timing == TimingConfig(warmup_ms=20.0, budget_ms=80.0)
+        assert session.rounds == 2 and session.cpu_mem_budget == 2 ** 29 and session.seed == 3
+        env = json.loads((session.run_dir / "env.json").read_text())
+        assert env["cases"] == {"matrix": "smoke"} and env["rounds"] == 2 and env["seed"] == 3
+        assert env["run_id"] == session.run_id == session.run_dir.name
+    finally:
+        session.finish()
+
+
+def test_from_options_without_timing_options_is_check_s_session(tmp_path):
+    session = RunSession.from_options(_options(tmp_path, preset="llama-3-8b"), CPU, [CASE], "smoke")
+    assert type(session.executor) is Executor and session.rounds == 1
+    assert session.schedule.timing == TimingConfig() and session.env["cases"] == {"preset": "llama-3-8b"}
+    result = session.check(CASE, Naive())
+    session.finish()
+    assert [r.status for r in result.rows] == ["pass", "pass"]
+    assert list(load_results(session.run_dir).status) == ["pass", "pass"]
+    assert "time_spent" in json.loads((session.run_dir / "env.json").read_text())
+
+
+def test_a_folderless_session_writes_only_its_results_path(tmp_path):
+    path = tmp_path / "rows.csv"
+    session = RunSession(CPU, None, run_id="", results_path=path)
+    session.check(CASE, Naive())
+    session.finish()
+    assert session.run_dir is None and sorted(p.name for p in tmp_path.iterdir()) == ["rows.csv"]
+    assert len(load_results(path)) == 2
+
+
+def test_the_plugin_builds_its_session_with_from_options():
+    """The plugin only wires pytest hooks: it neither constructs a RunSession nor assigns its parts."""
+    source = (HARNESS / "suite" / "plugin.py").read_text()
+    assert "RunSession.from_options(" in source
+    assert "RunSession(" not in source.replace("RunSession.from_options(", "")
+    assert "session.executor =" not in source and "describe_cases" not in source and "measure_peaks" not in source
+
+
+def test_the_verdict_memory_keeps_verdicts_without_tensors():
+    memory, backend = VerdictMemory(), Naive()
+    row = Row(run_id="", case_id=CASE.id, backend="naive", phase="fwd", status="pass")
+    memory.remember(CASE, backend, BackendResult([row], {}, torch.ones(2)))
+    assert memory.get(CASE, backend).out is None and memory.get(CASE, backend).rows == [row]
+    assert memory.get(AttentionCase(1, 2, 16, 8, "fp32"), backend) is None and len(memory) == 1
+
+
+def test_a_later_benchmark_round_reads_the_verdict_the_session_remembers(tmp_path):
+    session = RunSession(CPU, tmp_path)
+    first = session.verdict(CASE, Naive())
+    assert session.verdict(CASE, Naive()) is session.verdicts.get(CASE, Naive()) and first.out is None
+    session.finish()
+    assert len(load_results(session.run_dir)) == 2  # judged once
+
+
+def _row(status="timed", suspicious=False, reason="", mem=(10, "m")) -> Row:
+    return Row(run_id="", case_id=CASE.id, backend="x", phase="fwd", status=None, timing_status=status,
+               timing_reason=reason, suspicious=suspicious, peak_mem_bytes=mem[0], mem_method=mem[1])
+
+
+def test_the_schedule_hands_each_round_what_the_earlier_rounds_found():
+    schedule, key = RoundSchedule(TimingConfig(), 3), TimingKey(CASE.id, "x", "fwd")
+    assert schedule.next(key, 0) == Round(0, 3)
+    one = Measurement((1.0,), "cpu-clock", 1)
+    schedule.record(_row(suspicious=True, reason="suspicious: 9 TFLOP/s"), one)
+    assert schedule.next(key, 1) == Round(1, 3, one, "suspicious: 9 TFLOP/s", (10, "m"))
+    two = Measurement.merge([one, Measurement((2.0,), "cpu-clock", 1)])
+    schedule.record(_row(suspicious=True, reason="suspicious: 9 TFLOP/s", mem=(10, "m")), two)
+    assert schedule.next(key, 2).pooled is two and schedule.rows[key].suspicious
+    schedule.record(_row(status="error", reason="round 3 of 3: ..."), None)
+    assert schedule.next(key, 2) is None  # a round not timed ends its key
+    with pytest.raises(ValueError, match="rounds=0"):
+        RoundSchedule(TimingConfig(), 0)
+
+
+def test_the_recorder_keeps_samples_and_env_only_in_a_run_folder(tmp_path):
+    key = TimingKey(CASE.id, "x", "fwd")
+    folder = RunRecorder("r1", tmp_path / "r1", {"a": 1})
+    folder.write([_row()])
+    folder.write_samples(key, [1.0, 2.0], round_index=1)
+    folder.add_test_seconds("benchmark", 2.0)
+    folder.finish(clocks_end={})
+    env = json.loads((tmp_path / "r1" / "env.json").read_text())
+    assert env["a"] == 1 and env["time_spent"]["tests_s"] == {"benchmark": 2.0}
+    assert len((tmp_path / "r1" / "samples.csv").read_text().splitlines()) == 3
+    bare = RunRecorder("r2")
+    bare.write([_row()])
+    bare.write_samples(key, [1.0], round_index=0)
+    bare.finish()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r1"]
+    with pytest.raises(ValueError, match="run folder or to one results_path"):
+        RunRecorder("r3", tmp_path / "r3", results_path=tmp_path / "x.csv")
+
+
+def test_caches_are_bounded_and_die_with_their_session(tmp_path):
+    made = []
+    lru = LRU(2)
+    for key in "abca":
+        lru.get(key, lambda k=key: made.append(k) or k)
+    assert made == ["a", "b", "c", "a"] and len(lru) == 2  # 'a' was evicted by 'c', then made again
+    assert cached(None, "a", lambda: 1) == 1  # no cache: made afresh
+    session = RunSession(CPU, tmp_path)
+    session.prepared(CASE)
+    assert CASE in session.cache.prepared
+    session.finish()
+    assert len(session.cache.prepared) == 0
+    assert isinstance(RunSession(CPU, tmp_path / "b").cache, RunCaches)
+    assert Executor().drawn is not Executor().drawn  # each executor draws its own inputs
+
+
+def test_no_module_keeps_a_cache_of_its_own():
+    """Inputs and prepared cases are cached only in a run's (or a worker's) LRUs, never in a module-level dict or
+    LRU that outlives the run: every `LRU(...)` is made inside a function, a class or a dataclass field."""
+    #: process-wide on purpose, and no cache: the backends registered by name (plugin modules add to it)
+    allowed = {"backends/registry.py: _REGISTRY: dict[str, Backend] = {}"}
+    offenders = []
+    for path in HARNESS.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                text = ast.unparse(node.value)
+                if text.startswith(("LRU(", "{}", "dict(", "OrderedDict(")):
+                    offenders.append(f"{path.relative_to(HARNESS)}: {ast.unparse(node)}")
+    assert set(offenders) <= allowed, sorted(set(offenders) - allowed)
