@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from harness.compare import gate
-from harness.spec.matrices import AUTO, MATRICES
+from harness.spec.matrices import AUTO, MATRICES, resolve_matrix
 from harness.spec.presets import PRESETS
 
 
@@ -72,7 +72,8 @@ _OPTIONS = [
     Option("--backends", "comma-separated backend names, or 'all'", {"default": "all"}),
     Option("--backend-module", "module name or .py path registering extra backends (repeatable)",
            {"action": "append", "default": []}),
-    Option("--matrix", f"case matrix: {AUTO} (gpu on a CUDA device, default elsewhere), {', '.join(MATRICES)}",
+    Option("--matrix", f"case matrix: {AUTO} ({resolve_matrix(AUTO, 'cuda')} on a CUDA device, "
+                       f"{resolve_matrix(AUTO, 'cpu')} elsewhere), {', '.join(MATRICES)}",
            {"default": AUTO}),
     Option("--preset", f"cases from a model's attention shape instead of a matrix: {', '.join(PRESETS)}"),
     Option("--hf-config", "cases from a local transformers config.json (num_attention_heads, num_key_value_heads, "
