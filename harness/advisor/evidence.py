@@ -25,7 +25,7 @@ from harness.store.schema import Row
 
 #: At least 15 repetitions per backend: compare's alpha (0.002) needs >= 7 samples per side before any difference
 #: can be significant at all, and twice that before a noisy CPU's differences can be; with fewer every pair would
-#: be "inconclusive", i.e. tied.
+#: be "undecided", i.e. tied.
 TIMING = TimingConfig(warmup_ms=50.0, budget_ms=500.0, min_reps=15)
 
 

@@ -16,7 +16,7 @@ from harness.backends.registry import get_backends
 from harness.probes.batch_invariance import batch_invariance_check
 from harness.execution.executor import IN_PROCESS, CallFailed, Executor
 from harness.execution.device import resolve_device
-from harness.measure.stats import CompareConfig
+from harness.measure.stats import TieConfig
 from harness.measure.timing import TimingConfig
 from harness.store.environment import device_name
 
@@ -28,7 +28,7 @@ REQUIREMENTS = ("batch-invariant",)
 def recommend_workload(workload: Workload, *, backends: str | list[str] | None = None, device: str | None = None,
                        results: str | Path | None = None, seed: int = 0, timing: TimingConfig = TIMING,
                        checks: bool = True, compile_backend: str = "inductor",
-                       cfg: CompareConfig = CompareConfig(), executor: Executor | None = None,
+                       cfg: TieConfig = TieConfig(), executor: Executor | None = None,
                        require: tuple[str, ...] = (), progress: Progress | None = None) -> Recommendation:
     """The ranked backends of one workload (see rank_backends), with the workload, device and notes. Backend calls
     run through `executor` (default: this process; the CLI isolates them in worker processes). `require`

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from harness.compare import gate
+from harness.measure import stats
 from harness.spec.matrices import AUTO, MATRICES, resolve_matrix
 from harness.spec.presets import PRESETS
 
@@ -107,16 +107,16 @@ _OPTIONS = [
                                "error row (default: 300); CASE_PATTERN=SECONDS for cases whose id matches "
                                "(fnmatch), e.g. 'bf16-b4-*=900'; repeatable", {"action": "append", "default": []},
            call_timeout),
-    # the gate's thresholds (harness/compare/gate.py says why each default)
+    # the gate's thresholds (harness/measure/stats.py says why each default)
     Option("--min-effect", "smallest ratio change that counts (a key's noise model may raise it, never lower it)",
-           {"default": gate.MIN_EFFECT}, nonnegative_float),
-    Option("--confidence", "two-sided confidence of each key's ratio interval", {"default": gate.CONFIDENCE},
+           {"default": stats.MIN_RUN_CHANGE}, nonnegative_float),
+    Option("--confidence", "two-sided confidence of each key's ratio interval", {"default": stats.CONFIDENCE},
            probability),
     Option("--noise-z", "a key's margin is at least this many A/A standard deviations of its noise model",
-           {"default": gate.NOISE_Z}, nonnegative_float),
-    Option("--abs-floor-ms", "smallest median change (ms) that counts", {"default": gate.ABS_FLOOR_MS},
+           {"default": stats.NOISE_Z}, nonnegative_float),
+    Option("--abs-floor-ms", "smallest median change (ms) that counts", {"default": stats.ABS_FLOOR_MS},
            nonnegative_float),
-    Option("--err-growth", "err_ratio increase flagged as worse", {"default": gate.ERR_GROWTH}, nonnegative_float),
+    Option("--err-growth", "err_ratio increase flagged as worse", {"default": stats.ERR_GROWTH}, nonnegative_float),
 ]
 OPTIONS: dict[str, Option] = {o.flag.lstrip("-").replace("-", "_"): o for o in _OPTIONS}
 
@@ -144,7 +144,7 @@ def add_to_pytest(group, *names: str, defaults: dict | None = None) -> None:
 
 def compare_config(args: argparse.Namespace):
     """The GateConfig the gate's thresholds on the command line describe."""
-    return gate.GateConfig(min_effect=args.min_effect, confidence=args.confidence, noise_z=args.noise_z,
+    return stats.GateConfig(min_effect=args.min_effect, confidence=args.confidence, noise_z=args.noise_z,
                            abs_floor_ms=args.abs_floor_ms, err_growth=args.err_growth)
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from harness.cli.main import main
-from harness.compare.gate import GateConfig, KeyNoise, _u_counts, gate_verdict, shift_interval
+from harness.measure.stats import GateConfig, KeyNoise, _u_counts, gate_verdict, shift_interval
 from harness.compare.runs import EXIT_OK, EXIT_REGRESSION, EXIT_UNDECIDED, MismatchedTestbeds, compare_runs, \
     run_warnings
 from tests.fixtures.noise_models import FakeTimer, Noise, synthetic_cases, synthetic_run
