@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from harness.measure import stats
+from harness.execution.isolation import DEFAULT_TIMEOUT_S
+from harness.measure import stats, timing
 from harness.spec.matrices import AUTO, MATRICES, resolve_matrix
 from harness.spec.presets import PRESETS
 
@@ -64,8 +65,10 @@ class Option:
         if self.parse is not None:
             kwargs["type"] = self.parse
         default = kwargs.get("default")
-        shown = "" if default in (None, False, []) or kwargs.get("action") else f" (default: {default})"
-        return {**kwargs, "help": self.help + shown}
+        # argparse reads the value itself (%(default)s), so help never repeats a default by hand; a literal %
+        # in the text is doubled for argparse's formatting
+        shown = "" if default in (None, False, []) or kwargs.get("action") else " (default: %(default)s)"
+        return {**kwargs, "help": self.help.replace("%", "%%") + shown}
 
 
 _OPTIONS = [
@@ -89,7 +92,8 @@ _OPTIONS = [
     Option("--seed", "input seed", {"default": 0}, seed),
     Option("--threads", "CPU threads for torch (default: torch's choice); recorded", {}, positive_int),
     Option("--timing-budget-ms", "time budget per timed key in ms, split over --rounds; repetitions = budget / "
-                                 "estimated latency", {"default": 100.0}, positive_float),
+                                 f"estimated latency, after a warm-up of {timing.WARMUP_SHARE:.0%} of the budget",
+           {"default": timing.BUDGET_MS}, positive_float),
     Option("--rounds", "measurement rounds per timed (case, backend, phase), spread over the run, each with "
                        "1/rounds of the budget; compare needs >= 2 to tell a transient from a regression",
            {"default": 3}, positive_int),
@@ -104,8 +108,8 @@ _OPTIONS = [
     Option("--no-isolate", "run backends in this process instead of supervised worker processes (debugging; a "
                            "crash or hang of a backend then ends the run)", {"action": "store_false", "dest": "isolate"}),
     Option("--call-timeout-s", "seconds one backend call may run before its worker is killed and the call is an "
-                               "error row (default: 300); CASE_PATTERN=SECONDS for cases whose id matches "
-                               "(fnmatch), e.g. 'bf16-b4-*=900'; repeatable", {"action": "append", "default": []},
+                               f"error row (default: {DEFAULT_TIMEOUT_S:g}); CASE_PATTERN=SECONDS for cases whose id "
+                               "matches (fnmatch), e.g. 'bf16-b4-*=900'; repeatable", {"action": "append", "default": []},
            call_timeout),
     # the gate's thresholds (harness/measure/stats.py says why each default)
     Option("--min-effect", "smallest ratio change that counts (a key's noise model may raise it, never lower it)",
@@ -153,7 +157,5 @@ COMPARE_THRESHOLDS = ("min_effect", "confidence", "noise_z", "abs_floor_ms", "er
 
 def timeouts(args_or_option: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:
     """(default seconds, (pattern, seconds) overrides) from the --call-timeout-s values, last one winning."""
-    from harness.execution.isolation import DEFAULT_TIMEOUT_S
-
     default = next((s for p, s in reversed(args_or_option) if p == "*"), DEFAULT_TIMEOUT_S)
     return default, tuple((p, s) for p, s in reversed(args_or_option) if p != "*")

@@ -61,9 +61,8 @@ def pytest_configure(config):
     if getattr(config, "workerinput", None) is None and not config.option.collectonly:
         budget = config.option.cpu_mem_budget_gb
         session = RunSession(device, Path(config.option.results_dir), config.option.seed,
-                             timing=TimingConfig(warmup_ms=config.option.timing_budget_ms / 4,
-                                                 budget_ms=config.option.timing_budget_ms,
-                                                 cuda_graph=config.option.cuda_graph),
+                             timing=TimingConfig.for_budget(config.option.timing_budget_ms,
+                                                            cuda_graph=config.option.cuda_graph),
                              cpu_mem_budget=None if budget is None else int(budget * 2 ** 30),
                              rounds=config.option.rounds)
         if config.option.benchmark_enabled:
