@@ -17,17 +17,11 @@ from harness.execution.benchmark import measure_phase
 from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.runner import execute, prepare_case
 from harness.measure.bandwidth import copy_bandwidth_gbps
-from harness.measure.timing import TimingConfig
+from harness.measure.timing import ADVISOR_TIMING, TimingConfig
 from harness.spec.case import AttentionCase
 from harness.store.environment import testbed_id
 from harness.store.load import load_results, load_samples
 from harness.store.schema import Row
-
-#: At least 15 repetitions per backend: compare's alpha (0.002) needs >= 7 samples per side before any difference
-#: can be significant at all, and twice that before a noisy CPU's differences can be; with fewer every pair would
-#: be "inconclusive", i.e. tied.
-TIMING = TimingConfig(warmup_ms=50.0, budget_ms=500.0, min_reps=15)
-
 
 @dataclass
 class Evidence:
@@ -71,7 +65,7 @@ def _phase_status(rows: list[Row], training: bool) -> tuple[str, str, float]:
 
 
 def measure_now(case: AttentionCase, backends: list[Backend], device: torch.device, *, training: bool,
-                seed: int = 0, timing: TimingConfig = TIMING, executor: Executor = IN_PROCESS,
+                seed: int = 0, timing: TimingConfig = ADVISOR_TIMING, executor: Executor = IN_PROCESS,
                 progress: Callable[[str], object] | None = None) -> dict[str, Evidence]:
     """Correctness first (execute against the float64 reference), then timing and memory of the verified only.
     `progress` is told each step as it ends: the reference and baseline, then each backend."""

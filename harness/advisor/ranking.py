@@ -11,14 +11,14 @@ import pandas as pd
 
 from harness.advisor.deploy_checks import CHECK_COLUMNS
 from harness.advisor.evidence import Evidence
-from harness.measure.stats import CompareConfig, iqr, timing_verdict
+from harness.measure.stats import TieConfig, iqr, timing_verdict
 
 #: timing verdicts that mean "not shown to differ": such a pair is tied
-TIED = ("unchanged", "inconclusive")
+TIED = ("unchanged", "undecided")
 #: the advisor's one vocabulary for how a backend compares with another in this run (compare's statistic decides;
 #: "unchanged" is the gate's word for two runs, not for two backends); a tie the samples were too noisy to settle
 #: says so
-ADVISOR_WORDS = {"unchanged": "tied", "inconclusive": "tied (too noisy to tell)", "slower": "slower",
+ADVISOR_WORDS = {"unchanged": "tied", "undecided": "tied (too noisy to tell)", "slower": "slower",
                  "faster": "faster"}
 COLUMNS = ("rank", "tie_group", "backend", "status", "reason", "err_ratio", "latency_ms", "iqr_ms", "n_samples",
            "gbps", "pct_of_bw_peak", "vs_fastest", "anchor", "p_value", "timing_verdict", "peak_mem_bytes",
@@ -61,11 +61,11 @@ def preference(e: Evidence) -> tuple:
     return memory, e.checks.get("deterministic") != "yes", e.package is not None, e.median
 
 
-def tie_groups(evidence: Iterable[Evidence], cfg: CompareConfig = CompareConfig()) -> list[list[Evidence]]:
+def tie_groups(evidence: Iterable[Evidence], cfg: TieConfig = TieConfig()) -> list[list[Evidence]]:
     """Eligible backends in tie groups, fastest group first, each sorted by `preference`.
 
     A group is the fastest remaining backend (by median) and every remaining one that compare's timing_verdict
-    does not find slower than it (unchanged or inconclusive); ties are judged against that anchor only.
+    does not find slower than it (unchanged or undecided); ties are judged against that anchor only.
     """
     remaining = sorted((e for e in evidence if e.eligible), key=lambda e: e.median)
     groups = []
@@ -78,7 +78,7 @@ def tie_groups(evidence: Iterable[Evidence], cfg: CompareConfig = CompareConfig(
     return groups
 
 
-def rank_backends(evidence: Iterable[Evidence], cfg: CompareConfig = CompareConfig()) -> Recommendation:
+def rank_backends(evidence: Iterable[Evidence], cfg: TieConfig = TieConfig()) -> Recommendation:
     """The ranked table (COLUMNS): eligible backends by tie group then preference, excluded ones after with their
     status and reason. `anchor`, `p_value` and `timing_verdict` say how each row compared with the fastest of its
     tie group (what decided the tie); `vs_fastest` is its median over the overall fastest one's. With the winner
@@ -128,7 +128,7 @@ def _decider(winner: Evidence, runner_up: Evidence) -> str:
 
 
 def explain(groups: list[list[Evidence]], fastest: Evidence | None, excluded: list[Evidence],
-            cfg: CompareConfig = CompareConfig()) -> tuple[str | None, str]:
+            cfg: TieConfig = TieConfig()) -> tuple[str | None, str]:
     """(winner, one paragraph saying why) for tie groups from `tie_groups`."""
     if not groups:
         names = ", ".join(f"{e.backend} ({e.status})" for e in excluded) or "none given"
@@ -153,7 +153,7 @@ def explain(groups: list[list[Evidence]], fastest: Evidence | None, excluded: li
     text = (f"{winner.backend} ({versus(winner)}) is tied within noise with {others} (compare's rule: a difference "
             f"counts only when p < {cfg.alpha:g} and the medians differ by {cfg.min_effect:.0%} or more); among the "
             f"tied it is chosen " + ", ".join(f"over {e.backend} for {_decider(winner, e)}" for e in tied))
-    if any(v.verdict == "inconclusive" for v in verdicts.values()):
+    if any(v.verdict == "undecided" for v in verdicts.values()):
         text += ("; a tie 'too noisy to tell' is a difference the samples could not confirm: rerun on a quieter "
                  "machine or with a larger --timing-budget-ms")
     return winner.backend, text

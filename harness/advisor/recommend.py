@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from harness.advisor.deploy_checks import check_case, deployment_checks, mask_path
-from harness.advisor.evidence import TIMING, evidence_from_run, measure_now
+from harness.advisor.evidence import evidence_from_run, measure_now
 from harness.advisor.progress import Progress
 from harness.advisor.ranking import Overall, Recommendation, overall, rank_backends
 from harness.advisor.workload import Workload
@@ -16,8 +16,8 @@ from harness.backends.registry import get_backends
 from harness.probes.batch_invariance import batch_invariance_check
 from harness.execution.executor import IN_PROCESS, CallFailed, Executor
 from harness.execution.device import resolve_device
-from harness.measure.stats import CompareConfig
-from harness.measure.timing import TimingConfig
+from harness.measure.stats import TieConfig
+from harness.measure.timing import ADVISOR_TIMING, TimingConfig
 from harness.store.environment import device_name
 
 
@@ -26,9 +26,9 @@ REQUIREMENTS = ("batch-invariant",)
 
 
 def recommend_workload(workload: Workload, *, backends: str | list[str] | None = None, device: str | None = None,
-                       results: str | Path | None = None, seed: int = 0, timing: TimingConfig = TIMING,
+                       results: str | Path | None = None, seed: int = 0, timing: TimingConfig = ADVISOR_TIMING,
                        checks: bool = True, compile_backend: str = "inductor",
-                       cfg: CompareConfig = CompareConfig(), executor: Executor | None = None,
+                       cfg: TieConfig = TieConfig(), executor: Executor | None = None,
                        require: tuple[str, ...] = (), progress: Progress | None = None) -> Recommendation:
     """The ranked backends of one workload (see rank_backends), with the workload, device and notes. Backend calls
     run through `executor` (default: this process; the CLI isolates them in worker processes). `require`
@@ -82,7 +82,7 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
 def recommend(batch: int, heads: int, seq: int, head_dim: int, *, kv_heads: int | None = None,
               seq_k: int | None = None, dtype: str = "bf16", mask: str = "causal", training: bool = False,
               results: str | Path | None = None, backends: str | list[str] | None = None, device: str | None = None,
-              seed: int = 0, timing: TimingConfig = TIMING, checks: bool = True,
+              seed: int = 0, timing: TimingConfig = ADVISOR_TIMING, checks: bool = True,
               compile_backend: str = "inductor") -> Recommendation:
     """Ranked backends for one shape on this machine: q (batch, heads, seq, head_dim), k/v (batch, kv_heads,
     seq_k, head_dim). `.table` has one row per backend; `.winner` and `.explanation` say which and why."""

@@ -10,11 +10,12 @@ import argparse
 from pathlib import Path
 
 from harness.cli.options import COMPARE_THRESHOLDS, add_to_argparse, compare_config, positive_float
+from harness.compare.remeasure import RemeasureConfig
 
 
 def _compare(args: argparse.Namespace) -> int:
     from harness.compare.noise import NoiseModel
-    from harness.compare.remeasure import RemeasureConfig, remeasure
+    from harness.compare.remeasure import remeasure
     from harness.compare.report import terminal_table, write_report
     from harness.compare.runs import compare_runs
     from harness.store.run_dir import resolve_run
@@ -50,8 +51,8 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--remeasure", action="store_true",
                    help="re-time the slower and undecided keys with the base and the new code in pairs (the new "
                         "code is this checkout: the new run's), until each is decided or the budget ends")
-    p.add_argument("--remeasure-budget-s", type=positive_float, default=120.0,
-                   help="time budget of --remeasure in seconds (default: 120)")
+    p.add_argument("--remeasure-budget-s", type=positive_float, default=RemeasureConfig.budget_s,
+                   help="time budget of --remeasure in seconds (default: %(default)s)")
     p.add_argument("--base-checkout", default=None,
                    help="with --remeasure: a checkout of the base run's commit (e.g. `git worktree add DIR BASE`); its "
                         "code is timed in pairs with the new code (default: this checkout when the base run was made "

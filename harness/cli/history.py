@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from harness.cli.options import nonnegative_float, positive_float
+from harness.measure import stats
 
 
 def _history(args: argparse.Namespace) -> int:
@@ -46,7 +47,7 @@ def _history(args: argparse.Namespace) -> int:
 def add_subcommand(subparsers) -> None:
     p = subparsers.add_parser("history", help="summarize every run under a results directory; --noise builds the "
                                               "gate's noise model, --changes finds change points per key")
-    p.add_argument("results_dir", nargs="?", default="results", help="directory of run dirs (default: results)")
+    p.add_argument("results_dir", nargs="?", default="results", help="directory of run dirs (default: %(default)s)")
     p.add_argument("--testbed", default=None, help="only the runs of this testbed id")
     p.add_argument("--noise", action="store_true",
                    help="(re)build each testbed's noise model (every key's A/A spread) into RESULTS_DIR/noise/")
@@ -54,8 +55,8 @@ def add_subcommand(subparsers) -> None:
                    help="change-point detection per key over the runs (ruptures PELT); writes changes.csv and a "
                         "trend figure per changed key under RESULTS_DIR/history/")
     p.add_argument("--all-trends", action="store_true", help="with --changes: a trend figure for every key")
-    p.add_argument("--penalty", type=positive_float, default=12.0,
-                   help="PELT penalty on the standardized series (default: 12; lower finds smaller steps)")
-    p.add_argument("--min-effect", type=nonnegative_float, default=0.10,
-                   help="smallest step (ratio of medians) reported (default: 0.10)")
+    p.add_argument("--penalty", type=positive_float, default=stats.PENALTY,
+                   help="PELT penalty on the standardized series (default: %(default)s; lower finds smaller steps)")
+    p.add_argument("--min-effect", type=nonnegative_float, default=stats.MIN_RUN_CHANGE,
+                   help="smallest step (ratio of medians) reported (default: %(default)s)")
     p.set_defaults(func=_history)

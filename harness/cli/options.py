@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from harness.compare import gate
-from harness.spec.matrices import AUTO, MATRICES
+from harness.execution.isolation import DEFAULT_TIMEOUT_S
+from harness.measure import stats, timing
+from harness.spec.matrices import AUTO, MATRICES, resolve_matrix
 from harness.spec.presets import PRESETS
 
 
@@ -64,15 +65,18 @@ class Option:
         if self.parse is not None:
             kwargs["type"] = self.parse
         default = kwargs.get("default")
-        shown = "" if default in (None, False, []) or kwargs.get("action") else f" (default: {default})"
-        return {**kwargs, "help": self.help + shown}
+        # argparse reads the value itself (%(default)s), so help never repeats a default by hand; a literal %
+        # in the text is doubled for argparse's formatting
+        shown = "" if default in (None, False, []) or kwargs.get("action") else " (default: %(default)s)"
+        return {**kwargs, "help": self.help.replace("%", "%%") + shown}
 
 
 _OPTIONS = [
     Option("--backends", "comma-separated backend names, or 'all'", {"default": "all"}),
     Option("--backend-module", "module name or .py path registering extra backends (repeatable)",
            {"action": "append", "default": []}),
-    Option("--matrix", f"case matrix: {AUTO} (gpu on a CUDA device, default elsewhere), {', '.join(MATRICES)}",
+    Option("--matrix", f"case matrix: {AUTO} ({resolve_matrix(AUTO, 'cuda')} on a CUDA device, "
+                       f"{resolve_matrix(AUTO, 'cpu')} elsewhere), {', '.join(MATRICES)}",
            {"default": AUTO}),
     Option("--preset", f"cases from a model's attention shape instead of a matrix: {', '.join(PRESETS)}"),
     Option("--hf-config", "cases from a local transformers config.json (num_attention_heads, num_key_value_heads, "
@@ -88,7 +92,8 @@ _OPTIONS = [
     Option("--seed", "input seed", {"default": 0}, seed),
     Option("--threads", "CPU threads for torch (default: torch's choice); recorded", {}, positive_int),
     Option("--timing-budget-ms", "time budget per timed key in ms, split over --rounds; repetitions = budget / "
-                                 "estimated latency", {"default": 100.0}, positive_float),
+                                 f"estimated latency, after a warm-up of {timing.WARMUP_SHARE:.0%} of the budget",
+           {"default": timing.BUDGET_MS}, positive_float),
     Option("--rounds", "measurement rounds per timed (case, backend, phase), spread over the run, each with "
                        "1/rounds of the budget; compare needs >= 2 to tell a transient from a regression",
            {"default": 3}, positive_int),
@@ -103,19 +108,19 @@ _OPTIONS = [
     Option("--no-isolate", "run backends in this process instead of supervised worker processes (debugging; a "
                            "crash or hang of a backend then ends the run)", {"action": "store_false", "dest": "isolate"}),
     Option("--call-timeout-s", "seconds one backend call may run before its worker is killed and the call is an "
-                               "error row (default: 300); CASE_PATTERN=SECONDS for cases whose id matches "
-                               "(fnmatch), e.g. 'bf16-b4-*=900'; repeatable", {"action": "append", "default": []},
+                               f"error row (default: {DEFAULT_TIMEOUT_S:g}); CASE_PATTERN=SECONDS for cases whose id "
+                               "matches (fnmatch), e.g. 'bf16-b4-*=900'; repeatable", {"action": "append", "default": []},
            call_timeout),
-    # the gate's thresholds (harness/compare/gate.py says why each default)
+    # the gate's thresholds (harness/measure/stats.py says why each default)
     Option("--min-effect", "smallest ratio change that counts (a key's noise model may raise it, never lower it)",
-           {"default": gate.MIN_EFFECT}, nonnegative_float),
-    Option("--confidence", "two-sided confidence of each key's ratio interval", {"default": gate.CONFIDENCE},
+           {"default": stats.MIN_RUN_CHANGE}, nonnegative_float),
+    Option("--confidence", "two-sided confidence of each key's ratio interval", {"default": stats.CONFIDENCE},
            probability),
     Option("--noise-z", "a key's margin is at least this many A/A standard deviations of its noise model",
-           {"default": gate.NOISE_Z}, nonnegative_float),
-    Option("--abs-floor-ms", "smallest median change (ms) that counts", {"default": gate.ABS_FLOOR_MS},
+           {"default": stats.NOISE_Z}, nonnegative_float),
+    Option("--abs-floor-ms", "smallest median change (ms) that counts", {"default": stats.ABS_FLOOR_MS},
            nonnegative_float),
-    Option("--err-growth", "err_ratio increase flagged as worse", {"default": gate.ERR_GROWTH}, nonnegative_float),
+    Option("--err-growth", "err_ratio increase flagged as worse", {"default": stats.ERR_GROWTH}, nonnegative_float),
 ]
 OPTIONS: dict[str, Option] = {o.flag.lstrip("-").replace("-", "_"): o for o in _OPTIONS}
 
@@ -143,7 +148,7 @@ def add_to_pytest(group, *names: str, defaults: dict | None = None) -> None:
 
 def compare_config(args: argparse.Namespace):
     """The GateConfig the gate's thresholds on the command line describe."""
-    return gate.GateConfig(min_effect=args.min_effect, confidence=args.confidence, noise_z=args.noise_z,
+    return stats.GateConfig(min_effect=args.min_effect, confidence=args.confidence, noise_z=args.noise_z,
                            abs_floor_ms=args.abs_floor_ms, err_growth=args.err_growth)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.cli.options import add_to_argparse, positive_int
+from harness.measure.timing import ADVISOR_TIMING, TimingConfig
 from harness.spec.masks import MASK_NAMES
 
 SHAPE_FLAGS = ("batch", "heads", "kv_heads", "seq", "seq_k", "head_dim")
@@ -17,7 +18,6 @@ SHAPE_FLAGS = ("batch", "heads", "kv_heads", "seq", "seq_k", "head_dim")
 def _recommend(args: argparse.Namespace) -> int:
     import torch
 
-    from harness.advisor.evidence import TIMING
     from harness.advisor.recommend import recommend_many
     from harness.advisor.table import format_overall, format_table
     from harness.advisor.workload import Workload, load_workloads, model_workloads
@@ -25,7 +25,6 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.execution.device import resolve_device
     from harness.execution.isolation import IsolatedExecutor, timeouts
     from harness.execution.cost import check_cost
-    from harness.measure.timing import TimingConfig
     from harness.spec.presets import model_shape
 
     for module in args.backend_module:
@@ -68,8 +67,7 @@ def _recommend(args: argparse.Namespace) -> int:
     # what the advisor's own reference and baseline will cost here, before anything runs
     cost = check_cost([w.case() for w in workloads], resolve_device(args.device), allow=args.allow_expensive)
     print(cost.summary())
-    timing = TIMING if args.timing_budget_ms is None else TimingConfig(
-        warmup_ms=TIMING.warmup_ms, budget_ms=args.timing_budget_ms, min_reps=TIMING.min_reps)
+    timing = TimingConfig.for_budget(args.timing_budget_ms, min_reps=ADVISOR_TIMING.min_reps)
     executor = None
     if args.isolate:  # every backend call in a supervised worker: a crash or hang is a row, not the end
         default, overrides = timeouts(args.call_timeout_s)
@@ -111,7 +109,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     add_to_argparse(shape, "seq")
     shape.add_argument("--seq-k", type=positive_int, help="key length (default: --seq)")
     shape.add_argument("--head-dim", type=positive_int)
-    shape.add_argument("--dtype", default="bf16", help="fp32, fp16, bf16 or fp64 (default: bf16)")
+    shape.add_argument("--dtype", default="bf16", help="fp32, fp16, bf16 or fp64 (default: %(default)s)")
     shape.add_argument("--mask", default=None, help=f"one of {', '.join(MASK_NAMES)}, or windowN (default: causal)")
     shape.add_argument("--training", action="store_true", help="time forward+backward (default: forward only)")
     shape.add_argument("--decode", action="store_true",
@@ -127,10 +125,10 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--results", type=Path, default=None,
                    help="a run dir to take the workload's verdicts and samples from when it was measured there on "
                         "this testbed; otherwise they are measured now")
-    # the advisor times each backend once, with a larger budget than a suite's per-round share (evidence.TIMING)
+    # the advisor times each backend once, with a larger budget than a suite's key (measure/timing.ADVISOR_TIMING)
     add_to_argparse(shape, "preset", "hf_config")
     add_to_argparse(p, "backends", "backend_module", "device", "seed", "threads", "timing_budget_ms", "no_isolate",
-                    "call_timeout_s", "allow_expensive", defaults={"timing_budget_ms": None})
+                    "call_timeout_s", "allow_expensive", defaults={"timing_budget_ms": ADVISOR_TIMING.budget_ms})
     p.add_argument("--checks", action=argparse.BooleanOptionalAction, default=True,
                    help="run the deployment checks (--no-checks: correctness and timing only)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the fullgraph check")

@@ -1,48 +1,26 @@
 """Change points in a testbed's history: per key, where its latency over the stored runs steps to a new level,
 found with ruptures' PELT, with the dates, git SHAs and versions on each side; and a trend figure per key.
 
-Method: a key's run medians in run order, on a log scale, standardized by a robust noise estimate (the MAD of
-successive differences, which a step does not inflate); PELT with the l1 cost (a median per segment, so an
-outlier run pulls nothing), segments of at least three runs (one noisy run cannot be a segment) and a BIC-like
-penalty. A change is reported when the medians on its two sides differ by at least the minimum effect.
-ruptures (Truong, Oudre & Vayatis 2020) needs only numpy and scipy; apache-otava's E-divisive method was the
-alternative, but its package pins numpy==2.2.0.* and pulls cloud clients.
+Method: a key's run medians in run order, split by measure/stats.change_points (PELT on the log series); a
+change is reported when the medians on its two sides differ by more than a change between runs must
+(stats.counts_as_change beyond MIN_RUN_CHANGE). ruptures (Truong, Oudre & Vayatis 2020) needs only numpy and
+scipy; apache-otava's E-divisive method was the alternative, but its package pins numpy==2.2.0.* and pulls cloud
+clients.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from harness.measure.stats import MIN_RUN_CHANGE, PENALTY, change_points, counts_as_change
 from harness.store.schema import KEY
 
-#: PELT penalty on the standardized series: ~12 keeps pure noise of 30 runs free of change points (the test
-#: plants both); lower finds smaller steps and more false ones
-PENALTY = 12.0
-MIN_SIZE = 3
-#: smallest step (ratio of segment medians) reported
-MIN_EFFECT = 0.10
-#: the noise estimate's floor (log scale): timer-resolution-flat series must not make every wiggle a step
-SIGMA_FLOOR = 0.01
 SIDES = ("started", "run_id", "git_sha", "torch", "backend_version")
 CHANGE_COLUMNS = ("testbed_id", *KEY, "runs", "at_run", "before_ms", "after_ms", "ratio",
                   *(f"{s}_{side}" for side in ("before", "after") for s in SIDES))
-
-
-def change_points(latency_ms: np.ndarray, penalty: float = PENALTY, min_size: int = MIN_SIZE) -> list[int]:
-    """Indices where a new level starts in a series of run latencies (ms), oldest first."""
-    import ruptures as rpt
-
-    y = np.log(np.asarray(latency_ms, float))
-    if len(y) < 2 * min_size:
-        return []
-    sigma = max(1.4826 * float(np.median(np.abs(np.diff(y) - np.median(np.diff(y))))) / math.sqrt(2), SIGMA_FLOOR)
-    z = ((y - np.median(y)) / sigma).reshape(-1, 1)
-    ends = rpt.Pelt(model="l1", min_size=min_size, jump=1).fit(z).predict(pen=penalty)
-    return [e for e in ends if e < len(y)]
 
 
 def key_series(history: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
@@ -57,7 +35,7 @@ def key_series(history: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
 
 
 def detect_changes(history: pd.DataFrame, *, testbed: str | None = None, penalty: float = PENALTY,
-                   min_effect: float = MIN_EFFECT) -> pd.DataFrame:
+                   min_effect: float = MIN_RUN_CHANGE) -> pd.DataFrame:
     """One row per change point of every key (of `testbed`, or every testbed): where, by how much, and the
     dates, SHAs and versions of the runs on each side."""
     if testbed is not None:
@@ -68,7 +46,7 @@ def detect_changes(history: pd.DataFrame, *, testbed: str | None = None, penalty
         bounds = [0, *change_points(ms, penalty), len(ms)]
         for left, at, right in zip(bounds, bounds[1:], bounds[2:]):
             before, after = float(np.median(ms[left:at])), float(np.median(ms[at:right]))
-            if max(after / before, before / after) < 1 + min_effect:
+            if not counts_as_change(before, after, after / before, 1 + min_effect):
                 continue
             sides = {f"{s}_{side}": runs.iloc[i].get(s) for side, i in (("before", at - 1), ("after", at))
                      for s in SIDES}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harness.compare.gate import GateConfig
+from harness.measure.stats import GateConfig
 from harness.store.schema import BAD, NOT_RUN
 
 CORRECTNESS = ("same", "worse", "lost", "better", "")

@@ -16,13 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.compare.gate import KeyNoise
+from harness.measure.stats import KeyNoise, robust_sd
 from harness.store.load import load_samples
 from harness.store.schema import KEY
 
 NOISE_DIR = "noise"
-#: MAD -> standard deviation for normal data; robust to the odd burst run
-MAD_SCALE = 1.4826
 #: fewest same-code run medians (beyond one per group) before their spread is trusted over the rounds'
 MIN_REPEATS = 3
 
@@ -33,11 +31,6 @@ def noise_path(results_dir: str | Path, testbed: str) -> Path:
 
 def _key_text(key: tuple) -> str:
     return "|".join(map(str, key))
-
-
-def _robust_sd(deviations: np.ndarray) -> float:
-    """Standard deviation of deviations from their group centres, from their median absolute value."""
-    return float(MAD_SCALE * np.median(np.abs(deviations))) if len(deviations) else math.nan
 
 
 def key_spreads(history: pd.DataFrame) -> pd.DataFrame:
@@ -76,10 +69,10 @@ def key_spreads(history: pd.DataFrame) -> pd.DataFrame:
         repeats = len(per_run) - same_code.ngroups
         if repeats >= MIN_REPEATS:
             # run medians of unchanged code: their spread is the A/A spread of one side; a ratio has two
-            sigma, source = math.sqrt(2) * _robust_sd(deviations) * math.sqrt(len(deviations) / repeats), "runs"
+            sigma, source = math.sqrt(2) * robust_sd(deviations) * math.sqrt(len(deviations) / repeats), "runs"
         else:
             # one run's rounds only: the spread of a median of n_rounds rounds, both sides
-            sigma, source = math.sqrt(2) * _robust_sd(within) / math.sqrt(max(n_rounds, 1.0)), "rounds"
+            sigma, source = math.sqrt(2) * robust_sd(within) / math.sqrt(max(n_rounds, 1.0)), "rounds"
         rows.append({"key": _key_text(key), "aa_sigma": sigma, "source": source, "runs": len(per_run)})
     return pd.DataFrame(rows)
 

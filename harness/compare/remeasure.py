@@ -30,8 +30,8 @@ from typing import Protocol
 
 import numpy as np
 
-from harness.compare.gate import FAMILY_ALPHA, gate_verdict, paired_verdict
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
+from harness.measure.stats import FAMILY_ALPHA, gate_verdict, paired_verdict
 from harness.store.environment import LIBRARIES, REPO_ROOT, git_state, library_versions
 from harness.store.run_dir import read_env
 from harness.store.writer import SamplesWriter

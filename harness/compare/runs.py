@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 
 from harness.compare.decision import correctness_change
-from harness.compare.gate import GateConfig, GateVerdict, gate_verdict
 from harness.compare.noise import NoiseModel
+from harness.measure.stats import VERDICTS as TIMING_VERDICTS
+from harness.measure.stats import GateConfig, GateVerdict, gate_verdict
 from harness.store.load import load_results, load_samples
 from harness.store.run_dir import read_env
 from harness.store.schema import KEY
@@ -19,7 +20,8 @@ from harness.store.schema import KEY
 #: a run that started or ended with a 1-minute load average above this many times the CPU count shared its
 #: machine with other work; its timings are flagged as unreliable in the report
 BUSY_LOAD_PER_CPU = 1.0
-VERDICTS = ("slower", "faster", "unchanged", "undecided", "not-timed", "missing", "new-only")
+#: a key's verdict in compare.csv: the timing verdicts, or a key present in one run only
+VERDICTS = (*TIMING_VERDICTS, "missing", "new-only")
 COMPARE_COLUMNS = (*KEY, "verdict", "correctness", "regression", "base_ms", "new_ms", "ratio", "ratio_low",
                    "ratio_high", "margin", "n_base", "n_new", "rounds_base", "rounds_new", "remeasured", "first_verdict", "status_base",
                    "status_new", "err_ratio_base", "err_ratio_new", "note")

@@ -76,8 +76,8 @@ class RunSession:
             executor = IsolatedExecutor(device, timeout_s=default, timeouts=overrides,
                                         log_dir=str(root / run_id / "workers"))
         budget_ms = getattr(options, "timing_budget_ms", None)
-        timing = TimingConfig() if budget_ms is None else TimingConfig(
-            warmup_ms=budget_ms / 4, budget_ms=budget_ms, cuda_graph=options.cuda_graph)
+        timing = TimingConfig() if budget_ms is None else TimingConfig.for_budget(budget_ms,
+                                                                                   cuda_graph=options.cuda_graph)
         mem_gb = getattr(options, "cpu_mem_budget_gb", None)
         session = cls(device, root, options.seed, run_id=run_id, timing=timing, executor=executor,
                       cpu_mem_budget=None if mem_gb is None else int(mem_gb * 2 ** 30),

@@ -13,6 +13,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from harness.measure.stats import MIN_SAMPLES, iqr, round_medians
+
 #: IQR/median above this marks a measurement as noisy (torch.utils.benchmark warns at the same 10%)
 NOISE_THRESHOLD = 0.10
 #: bytes written before each GPU repetition: larger than any current GPU's L2 (H100/H200 have 50-60 MB)
@@ -71,16 +73,14 @@ class Measurement:
 
     @property
     def iqr(self) -> float:
-        q1, q3 = np.percentile(self.samples_ms, [25, 75])
-        return float(q3 - q1)
+        return iqr(self.samples_ms)
 
     @property
     def min(self) -> float:
         return float(np.min(self.samples_ms))
 
     def round_medians(self) -> list[float]:
-        samples, labels = np.asarray(self.samples_ms, float), np.asarray(self.rounds_index())
-        return [float(np.median(samples[labels == r])) for r in sorted(set(labels.tolist()))]
+        return round_medians(self.samples_ms, self.rounds_index()).tolist()
 
     @property
     def round_spread(self) -> float:
@@ -100,16 +100,33 @@ class Measurement:
                 "timing_mode": self.mode, "threads": self.threads}
 
 
+#: a suite run's time budget per timed key, all its rounds together (--timing-budget-ms): triton's do_bench
+#: default (rep=100 ms); on the CPU default matrix's ~550 keys that is ~1 minute of repetitions, and keys slower
+#: than budget / MIN_REPS get MIN_REPS instead
+BUDGET_MS = 100.0
+#: warm-up before the repetitions, as a share of the budget: do_bench's warmup=25 ms of its rep=100 ms
+WARMUP_SHARE = 0.25
+#: fewest repetitions of a call: what a timing verdict needs a side (a stall can fool 5)
+MIN_REPS = MIN_SAMPLES
+#: at most this many repetitions a call: a 0.01 ms key would otherwise take 10,000 at the budget
+MAX_REPS = 500
+
+
 @dataclass(frozen=True)
 class TimingConfig:
-    """Time budgets (ms) turned into repetition counts per call, as triton's do_bench does."""
+    """Time budgets (ms) turned into repetition counts per call, as triton's do_bench does. The defaults are a
+    suite run's (`pytest suites --benchmark`); ADVISOR_TIMING below is the advisor's."""
 
-    warmup_ms: float = 50.0
-    budget_ms: float = 200.0
-    #: 10: compare's rank test needs >= 10 samples a side to call anything (and a stall can fool 5)
-    min_reps: int = 10
-    max_reps: int = 500
+    warmup_ms: float = BUDGET_MS * WARMUP_SHARE
+    budget_ms: float = BUDGET_MS
+    min_reps: int = MIN_REPS
+    max_reps: int = MAX_REPS
     cuda_graph: bool = False
+
+    @classmethod
+    def for_budget(cls, budget_ms: float, **more) -> "TimingConfig":
+        """The config of a time budget (ms), with WARMUP_SHARE of it as warm-up."""
+        return cls(budget_ms * WARMUP_SHARE, budget_ms, **more)
 
     def __post_init__(self):
         if not (self.warmup_ms >= 0 and self.budget_ms > 0 and math.isfinite(self.warmup_ms)
@@ -121,6 +138,12 @@ class TimingConfig:
         min_reps = math.ceil(self.min_reps / rounds)
         return TimingConfig(self.warmup_ms / rounds, self.budget_ms / rounds, min_reps,
                             max(min_reps, math.ceil(self.max_reps / rounds)), self.cuda_graph)
+
+
+#: the advisor's budget per backend (`recommend`): one workload and a few backends, so 5x a suite key's, and at
+#: least 15 repetitions: its alpha (0.002) needs >= 7 samples a side before any difference can be significant at
+#: all, and twice that before a noisy CPU's can be; with fewer every pair would be "undecided", i.e. tied
+ADVISOR_TIMING = TimingConfig.for_budget(500.0, min_reps=15)
 
 
 def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:

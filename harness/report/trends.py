@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.compare.changes import (MIN_SIZE, change_points, detect_changes, key_series, plot_trend,
-                                     trend_file)
+from harness.compare.changes import detect_changes, key_series, plot_trend, trend_file
 from harness.compare.history import load_history
+from harness.measure.stats import MIN_SEGMENT, change_points
 from harness.store.run_dir import is_run_dir
 from harness.store.schema import KEY
 
@@ -26,8 +26,8 @@ class Trends:
     changes: pd.DataFrame = field(default_factory=pd.DataFrame)
     figures: list[Path] = field(default_factory=list)
 
-    #: runs change-point detection needs: two segments of MIN_SIZE
-    needed: int = 2 * MIN_SIZE
+    #: runs change-point detection needs: two segments of MIN_SEGMENT
+    needed: int = 2 * MIN_SEGMENT
 
     @property
     def enough(self) -> bool:

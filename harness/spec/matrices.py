@@ -9,29 +9,20 @@ that keeps the CPU matrices' odd sizes and edges.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import product
+from typing import Callable
 
 from harness.spec.case import AttentionCase, parse_dtype
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow, parse_mask
 from harness.spec.paged import paged_case
 
-MATRICES = ("smoke", "default", "full", "gpu-smoke", "gpu", "gpu-full")
 #: --matrix auto: the GPU matrix on a CUDA device, the CPU default elsewhere
 AUTO = "auto"
 #: the masks the CPU matrices ask every question with (fixed: newer names must not grow the CPU matrices)
 CPU_MASKS = ("none", "causal", "causal-br", "window", "keypad", "causal+keypad")
 #: tokens per batch in the GPU matrices: batch = TOKENS // seq, as FlashAttention's benchmarks do
 TOKENS = 16384
-
-
-def resolve_matrix(name: str, device_type: str) -> str:
-    """'auto' -> 'gpu' on CUDA, 'default' elsewhere; a named matrix is kept (and checked)."""
-    if name == AUTO:
-        return "gpu" if device_type == "cuda" else "default"
-    if name not in MATRICES:
-        raise ValueError(f"unknown matrix {name!r}; allowed: {AUTO}, {', '.join(MATRICES)}")
-    return name
 
 
 def _cases(dtypes, shapes, masks, head_dims, heads=((4, 4),), batch=2) -> list[AttentionCase]:
@@ -118,83 +109,156 @@ def _gpu_model_cases(seqs) -> list[AttentionCase]:
             + _with(_tokens(["bf16"], seqs, ["causal"], [MHA_128]), alibi=True))
 
 
+def _smoke() -> list[AttentionCase]:
+    return (_cases(["fp32", "bf16"], [(64, 64), (17, 33)], ["none", "causal"], [32])
+            # the paths a real model takes that the masks above do not: GQA (Llama-style 2:1 here) and
+            # padded keys (a batch of unequal lengths)
+            + _cases(["bf16"], [(64, 64)], ["causal"], [32], heads=((4, 2),))
+            + _cases(["fp32"], [(17, 33)], ["keypad"], [32]))
+
+
+def _default() -> list[AttentionCase]:
+    # ~40 cases: flex compiles each distinct (shape, dtype, mask) for ~4 s on 2 CPU cores, so every
+    # question is asked once, in the dtype where it is most telling, rather than in every dtype.
+    return (
+        # every mask on both non-square shapes (fp32) and on a square one (bf16)
+        _cases(["fp32"], [(113, 203), (203, 113)], CPU_MASKS, [64])
+        + _cases(["bf16"], [(128, 128)], CPU_MASKS, [64])
+        + _cases(["fp16"], [(128, 128)], ["none", "causal"], [64])
+        # head dims, odd ones included
+        + _cases(["bf16"], [(129, 129)], ["causal"], [32, 40, 59, 80, 96, 111, 128, 256])
+        + _cases(["fp32"], [(129, 129)], ["none"], [40, 111])
+        # single-token queries (decode), tiny and off-tile long sequences
+        + _cases(["fp32"], [(1, 1), (1, 257), (17, 17), (1023, 1023)], ["causal-br"], [64])
+        + _cases(["bf16"], [(1023, 1023)], ["none"], [64])
+        # sequence doubling, so memory growth (O(n^2) materialized vs O(n) fused) shows in one run
+        + _cases(["fp32"], [(512, 512), (1024, 1024), (2048, 2048)], ["none"], [64])
+        # GQA / MQA
+        + _cases(["fp32", "bf16"], [(127, 127)], ["causal"], [64], heads=((8, 2), (8, 1)))
+        # attention modifiers (softcap, sinks, ALiBi, bias, head_dim_v)
+        + _cpu_modifier_cases()
+        # paged KV: a decode step (fp32) and a 4-token verification (bf16) over shuffled pages of 16
+        + _paged([200], [1], [16], dtype="fp32", shape=(8, 2, 64), batch=3)
+        + _paged([200], [4], [16], shape=(8, 2, 64), batch=3)
+    )
+
+
+def _full() -> list[AttentionCase]:
+    return (
+        _default()
+        + _cases(["fp32", "fp16", "bf16"], [(128, 128), (113, 203), (203, 113)], CPU_MASKS, [64])
+        + _cases(["fp32", "bf16"], [(129, 129)], ["none", "causal"], [32, 40, 59, 80, 96, 111, 128, 256])
+        + _cases(["fp32", "fp16", "bf16"], [(1, 239), (239, 1), (2, 2), (1025, 1025), (1023, 1024)],
+                 CPU_MASKS, [64, 128])
+        + _cases(["fp16", "bf16"], [(2048, 2048), (4096, 4096)], ["none", "causal"], [64, 128])
+        + _cases(["fp32", "fp16", "bf16"], [(257, 257)], ["none", "causal", "window"],
+                 [40, 59, 80, 96, 111, 160, 192, 224, 256])
+        + _cases(["fp16", "bf16"], [(511, 1023)], CPU_MASKS, [128], heads=((8, 8), (8, 2), (8, 1)))
+    )
+
+
+def _gpu_smoke() -> list[AttentionCase]:
+    # a minute or two on an H100: the main paths once each, and a little of the correctness slice
+    return (_tokens(["bf16"], [1024, 4096], ["none", "causal"], [MHA_128])
+            + _tokens(["fp16"], [4096], ["causal"], [MHA_128])
+            + _tokens(["bf16"], [4096], ["causal"], [GQA_32_8])
+            + _tokens(["bf16"], [4096], ["docs-causal"], [MHA_128])
+            + _decode([8192])
+            + _paged([8192], [1], [16, 256]) + _paged([8192], [4], [256])
+            + _cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64])
+            + _cases(["fp16"], [(129, 129)], ["causal"], [80])
+            + _gpu_model_cases([4096]))
+
+
+def _gpu() -> list[AttentionCase]:
+    return (_tokens(["bf16"], [512, 1024, 2048, 4096, 8192, 16384], ["none", "causal"], [MHA_64, MHA_128])
+            + _tokens(["fp16"], [1024, 4096, 16384], ["none", "causal"], [MHA_128])
+            + _tokens(["bf16"], [1024, 4096, 16384], ["causal"], [MHA_256])
+            + _tokens(["bf16"], [2048, 8192], ["causal"], [GQA_32_8, MQA])
+            + _tokens(["bf16"], [4096, 16384], GPU_MASKS, [MHA_128])
+            + _decode([1024, 4096, 16384, 65536, 131072])
+            + _gpu_model_cases([4096, 16384])
+            + _with(_cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64]), bias="head")
+            + _paged([1024, 4096, 16384, 65536, 131072], [1], [16, 256])
+            + _paged([4096, 32768], [4, 8], [16, 256])
+            + _gpu_correctness_slice())
+
+
+def _gpu_full() -> list[AttentionCase]:
+    return (_gpu()
+            + _tokens(["bf16", "fp16"], [32768, 65536], ["none", "causal"], [MHA_128, MHA_64])
+            + _tokens(["fp16"], [512, 2048, 8192], ["none", "causal"], [MHA_64, MHA_128])
+            + _tokens(["bf16", "fp16"], [512, 2048, 8192, 32768], ["causal"], [MHA_256])
+            + _tokens(["bf16", "fp16"], [1024, 4096, 16384, 32768], ["causal"], [GQA_32_8, MQA])
+            + _tokens(["bf16", "fp16"], [1024, 8192, 32768], GPU_MASKS + ("docs",), [MHA_128, GQA_32_8])
+            + _decode([1024, 4096, 16384, 65536, 131072], cached_tokens=524288)
+            + _cases(["fp16"], [(1, 239), (239, 1), (2, 2), (1025, 1025), (1023, 1024)], CPU_MASKS, [64, 128])
+            + _cases(["bf16"], [(257, 257)], ["none", "causal", "window"], [40, 59, 80, 96, 111, 160, 192, 256]))
+
+
+#: how long a matrix runs, which also sets how far the probe suites go with it: "smoke" is a first look in
+#: minutes, so the probe suites (which would take longer than its cases) are off; "default" is the main job,
+#: with the probes' default tier; "full" takes hours, with the probes' full tier
+RUNTIME_CLASSES = ("smoke", "default", "full")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A named case matrix: what builds its cases, the device it is sized for, its runtime class, what is in it
+    (docs/timing.md's matrix table lists exactly these, checked by tests/unit/spec/test_matrices.py)."""
+
+    name: str
+    build: Callable[[], list[AttentionCase]]
+    device: str
+    runtime: str
+    description: str
+
+    def __post_init__(self):
+        if self.device not in DEVICES or self.runtime not in RUNTIME_CLASSES:
+            raise ValueError(f"matrix {self.name!r}: device={self.device!r} (allowed: {', '.join(DEVICES)}), "
+                             f"runtime={self.runtime!r} (allowed: {', '.join(RUNTIME_CLASSES)})")
+
+
+#: every named matrix, in the order the help and the docs list them
+REGISTRY: dict[str, Matrix] = {m.name: m for m in (
+    Matrix("smoke", _smoke, "cpu", "smoke",
+           "fp32/bf16, two shapes, none/causal, one GQA (4/2 heads) and one key-padding case"),
+    Matrix("default", _default, "cpu", "default",
+           "every mask on non-square shapes, odd head dims, decode, GQA/MQA, seq doubling to 2048; 7 modifier cases "
+           "([variants.md](variants.md)) and 2 paged decode/verification cases ([serving.md](serving.md))"),
+    Matrix("full", _full, "cpu", "full", "every dtype × mask × shape, head dims 32–256, seq to 4096"),
+    Matrix("gpu-smoke", _gpu_smoke, "cuda", "smoke",
+           "bf16/fp16 at 1k/4k, GQA, packed docs, one decode, two odd shapes; Gemma-2/gpt-oss/DeepSeek-V3/ALiBi "
+           "model shapes; 3 paged cases"),
+    Matrix("gpu", _gpu, "cuda", "default",
+           "bf16 (+fp16), 16k tokens a batch, seq 512–16k, H·D = 2048 (d 64/128/256), GQA 32/8, MQA, "
+           "causal/none/window/docs/keypad, decode over 1k–128k KV, a correctness slice of the CPU matrices' odd "
+           "sizes, the model shapes with modifiers, paged decode (pages 16/256, 1k–128k) and verification "
+           "(q_len 4/8)"),
+    Matrix("gpu-full", _gpu_full, "cuda", "full", "`gpu` plus 32k/64k, fp16 everywhere, more masks and GQA shapes"),
+)}
+MATRICES = tuple(REGISTRY)
+
+
+def matrix(name: str) -> Matrix:
+    """The registered matrix of that name (not 'auto': resolve_matrix first)."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown matrix {name!r}; allowed: {', '.join(MATRICES)}")
+    return REGISTRY[name]
+
+
+def resolve_matrix(name: str, device_type: str) -> str:
+    """'auto' -> the main job's matrix for the device ('gpu' on CUDA, 'default' elsewhere); a named matrix is
+    kept (and checked)."""
+    if name == AUTO:
+        device = "cuda" if device_type == "cuda" else "cpu"
+        return next(m.name for m in REGISTRY.values() if m.device == device and m.runtime == "default")
+    if name not in MATRICES:
+        raise ValueError(f"unknown matrix {name!r}; allowed: {AUTO}, {', '.join(MATRICES)}")
+    return name
+
+
 def build_matrix(name: str) -> list[AttentionCase]:
     """The cases of a named matrix, de-duplicated, in a stable order."""
-    if name == "smoke":
-        cases = (_cases(["fp32", "bf16"], [(64, 64), (17, 33)], ["none", "causal"], [32])
-                 # the paths a real model takes that the masks above do not: GQA (Llama-style 2:1 here) and
-                 # padded keys (a batch of unequal lengths)
-                 + _cases(["bf16"], [(64, 64)], ["causal"], [32], heads=((4, 2),))
-                 + _cases(["fp32"], [(17, 33)], ["keypad"], [32]))
-    elif name == "default":
-        # ~40 cases: flex compiles each distinct (shape, dtype, mask) for ~4 s on 2 CPU cores, so every
-        # question is asked once, in the dtype where it is most telling, rather than in every dtype.
-        cases = (
-            # every mask on both non-square shapes (fp32) and on a square one (bf16)
-            _cases(["fp32"], [(113, 203), (203, 113)], CPU_MASKS, [64])
-            + _cases(["bf16"], [(128, 128)], CPU_MASKS, [64])
-            + _cases(["fp16"], [(128, 128)], ["none", "causal"], [64])
-            # head dims, odd ones included
-            + _cases(["bf16"], [(129, 129)], ["causal"], [32, 40, 59, 80, 96, 111, 128, 256])
-            + _cases(["fp32"], [(129, 129)], ["none"], [40, 111])
-            # single-token queries (decode), tiny and off-tile long sequences
-            + _cases(["fp32"], [(1, 1), (1, 257), (17, 17), (1023, 1023)], ["causal-br"], [64])
-            + _cases(["bf16"], [(1023, 1023)], ["none"], [64])
-            # sequence doubling, so memory growth (O(n^2) materialized vs O(n) fused) shows in one run
-            + _cases(["fp32"], [(512, 512), (1024, 1024), (2048, 2048)], ["none"], [64])
-            # GQA / MQA
-            + _cases(["fp32", "bf16"], [(127, 127)], ["causal"], [64], heads=((8, 2), (8, 1)))
-            # attention modifiers (softcap, sinks, ALiBi, bias, head_dim_v)
-            + _cpu_modifier_cases()
-            # paged KV: a decode step (fp32) and a 4-token verification (bf16) over shuffled pages of 16
-            + _paged([200], [1], [16], dtype="fp32", shape=(8, 2, 64), batch=3)
-            + _paged([200], [4], [16], shape=(8, 2, 64), batch=3)
-        )
-    elif name == "full":
-        cases = (
-            build_matrix("default")
-            + _cases(["fp32", "fp16", "bf16"], [(128, 128), (113, 203), (203, 113)], CPU_MASKS, [64])
-            + _cases(["fp32", "bf16"], [(129, 129)], ["none", "causal"], [32, 40, 59, 80, 96, 111, 128, 256])
-            + _cases(["fp32", "fp16", "bf16"], [(1, 239), (239, 1), (2, 2), (1025, 1025), (1023, 1024)],
-                     CPU_MASKS, [64, 128])
-            + _cases(["fp16", "bf16"], [(2048, 2048), (4096, 4096)], ["none", "causal"], [64, 128])
-            + _cases(["fp32", "fp16", "bf16"], [(257, 257)], ["none", "causal", "window"],
-                     [40, 59, 80, 96, 111, 160, 192, 224, 256])
-            + _cases(["fp16", "bf16"], [(511, 1023)], CPU_MASKS, [128], heads=((8, 8), (8, 2), (8, 1)))
-        )
-    elif name == "gpu-smoke":
-        # a minute or two on an H100: the main paths once each, and a little of the correctness slice
-        cases = (_tokens(["bf16"], [1024, 4096], ["none", "causal"], [MHA_128])
-                 + _tokens(["fp16"], [4096], ["causal"], [MHA_128])
-                 + _tokens(["bf16"], [4096], ["causal"], [GQA_32_8])
-                 + _tokens(["bf16"], [4096], ["docs-causal"], [MHA_128])
-                 + _decode([8192])
-                 + _paged([8192], [1], [16, 256]) + _paged([8192], [4], [256])
-                 + _cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64])
-                 + _cases(["fp16"], [(129, 129)], ["causal"], [80])
-                 + _gpu_model_cases([4096]))
-    elif name == "gpu":
-        cases = (_tokens(["bf16"], [512, 1024, 2048, 4096, 8192, 16384], ["none", "causal"], [MHA_64, MHA_128])
-                 + _tokens(["fp16"], [1024, 4096, 16384], ["none", "causal"], [MHA_128])
-                 + _tokens(["bf16"], [1024, 4096, 16384], ["causal"], [MHA_256])
-                 + _tokens(["bf16"], [2048, 8192], ["causal"], [GQA_32_8, MQA])
-                 + _tokens(["bf16"], [4096, 16384], GPU_MASKS, [MHA_128])
-                 + _decode([1024, 4096, 16384, 65536, 131072])
-                 + _gpu_model_cases([4096, 16384])
-                 + _with(_cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64]), bias="head")
-                 + _paged([1024, 4096, 16384, 65536, 131072], [1], [16, 256])
-                 + _paged([4096, 32768], [4, 8], [16, 256])
-                 + _gpu_correctness_slice())
-    elif name == "gpu-full":
-        cases = (build_matrix("gpu")
-                 + _tokens(["bf16", "fp16"], [32768, 65536], ["none", "causal"], [MHA_128, MHA_64])
-                 + _tokens(["fp16"], [512, 2048, 8192], ["none", "causal"], [MHA_64, MHA_128])
-                 + _tokens(["bf16", "fp16"], [512, 2048, 8192, 32768], ["causal"], [MHA_256])
-                 + _tokens(["bf16", "fp16"], [1024, 4096, 16384, 32768], ["causal"], [GQA_32_8, MQA])
-                 + _tokens(["bf16", "fp16"], [1024, 8192, 32768], GPU_MASKS + ("docs",), [MHA_128, GQA_32_8])
-                 + _decode([1024, 4096, 16384, 65536, 131072], cached_tokens=524288)
-                 + _cases(["fp16"], [(1, 239), (239, 1), (2, 2), (1025, 1025), (1023, 1024)], CPU_MASKS, [64, 128])
-                 + _cases(["bf16"], [(257, 257)], ["none", "causal", "window"], [40, 59, 80, 96, 111, 160, 192, 256]))
-    else:
-        raise ValueError(f"unknown matrix {name!r}; allowed: {', '.join(MATRICES)}")
-    return list(dict.fromkeys(cases))
+    return list(dict.fromkeys(matrix(name).build()))

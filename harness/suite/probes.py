@@ -5,18 +5,21 @@ from __future__ import annotations
 import pytest
 
 from harness.launch.sharding import parse_shard
+from harness.spec.matrices import REGISTRY
 from harness.store.schema import Row
 
 
 def tier(config) -> str | None:
-    """'default' or 'full' when these suites run in this session; None when they do not (a smoke matrix, or a
-    shard other than 0: they have no cases to shard, so shard 0 alone runs them)."""
-    matrix = config._harness_matrix
-    if matrix in ("smoke", "gpu-smoke"):
+    """The probes' tier, 'default' or 'full' (the matrix's runtime class, spec/matrices.REGISTRY), when these
+    suites run in this session; None when they do not (a smoke matrix, or a shard other than 0: they have no
+    cases to shard, so shard 0 alone runs them)."""
+    # a model preset's cases ("model NAME") are the main job's size: the default tier
+    runtime = REGISTRY[name].runtime if (name := config._harness_matrix) in REGISTRY else "default"
+    if runtime == "smoke":
         return None
     if config.option.shard and parse_shard(config.option.shard)[0] != 0:
         return None
-    return "full" if matrix in ("full", "gpu-full") else "default"
+    return runtime
 
 
 def parametrize(metafunc, names: tuple[str, ...], values: list[tuple], ids: list[str]) -> None:

@@ -74,8 +74,8 @@ def test_clearly_faster_backend_is_sole_winner_despite_more_memory():
     assert "significantly ahead" in rec.explanation
 
 
-def test_too_few_samples_are_inconclusive_hence_tied():
-    # 5 vs 5 samples cannot reach p < 0.002 even fully separated: compare says inconclusive, so they tie
+def test_too_few_samples_are_undecided_hence_tied():
+    # 5 vs 5 samples cannot reach p < 0.002 even fully separated: the statistic says undecided, so they tie
     rec = rank_backends([ev("a", 1.0, samples_ms=samples(1.0, 1, n=5)), ev("b", 2.0, samples_ms=samples(2.0, 2, n=5),
                                                                           mem=MiB / 2)])
     t = by_backend(rec.table)

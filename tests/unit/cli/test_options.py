@@ -54,3 +54,25 @@ def test_the_top_level_help_describes_the_tool(capsys):
     out = capsys.readouterr().out
     assert "Check attention kernels" in out and "float64 reference" in out and "recommend" in out
     assert "parser" not in out and "one module per command" not in out
+
+
+def _actions():
+    """Every argument of every `python -m harness` command, with its command's name."""
+    from harness.cli.main import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            yield name, action
+
+
+def test_help_texts_read_their_defaults_never_repeat_them_by_hand():
+    # argparse's %(default)s writes the value a flag really has; "(default: 300)" typed beside default=300 goes
+    # stale when the constant moves (issue 22)
+    stale = [f"{name} {a.option_strings or a.dest}: {a.help!r}" for name, a in _actions()
+             if a.help and "default:" in a.help.lower() and a.default not in (None, False, [], argparse.SUPPRESS)
+             and "%(default)" not in a.help]
+    assert not stale, stale
+    shown = {a.dest: a for name, a in _actions() if name == "recommend"}
+    assert shown["timing_budget_ms"].default == 500.0 and "%(default)s" in shown["timing_budget_ms"].help

@@ -6,9 +6,10 @@ import pandas as pd
 import pytest
 
 from harness.cli.main import main
-from harness.compare.changes import change_points, detect_changes
+from harness.compare.changes import detect_changes
 from harness.compare.history import load_history
 from harness.compare.noise import NoiseModel, build_noise_model, noise_path
+from harness.measure.stats import change_points
 from tests.fixtures.regress_fixtures import key, write_run
 
 KEYS = [key(0), key(1, backend="sdpa-math"), key(2, phase="fwd+bwd")]

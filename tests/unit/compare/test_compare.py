@@ -10,10 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.cli.main import main
-from harness.compare.gate import GateConfig, KeyNoise, _u_counts, gate_verdict, shift_interval
+from harness.cli.main import build_parser, main
 from harness.compare.runs import EXIT_OK, EXIT_REGRESSION, EXIT_UNDECIDED, MismatchedTestbeds, compare_runs, \
     run_warnings
+from harness.measure import stats
+from harness.measure.stats import GateConfig, KeyNoise, _u_counts, gate_verdict, shift_interval
 from tests.fixtures.noise_models import FakeTimer, Noise, synthetic_cases, synthetic_run
 from tests.fixtures.regress_fixtures import key, lognormal, write_run
 
@@ -231,6 +232,27 @@ def test_busy_or_throttled_runs_are_warned_about(tmp_path, capsys):
         "new run: end: GPU clock throttle reasons 0x4"]
     res = harness(capsys, "compare", str(base), str(new))
     assert res.returncode == 0 and "WARNING new run: start: load average 5.2" in res.stdout
+
+
+def test_one_change_rule_and_one_word_for_the_gate_the_history_and_the_advisor():
+    """measure/stats.py decides every timing verdict: one rule for 'beyond the margin', one vocabulary, and each
+    minimum effect defined once - MIN_RUN_CHANGE between runs, MIN_BACKEND_DIFFERENCE between backends of a run."""
+    from harness.advisor.ranking import ADVISOR_WORDS, TIED
+    from harness.compare.changes import detect_changes
+
+    assert stats.counts_as_change(1.0, 1.11, 1.11, 1.1) and stats.counts_as_change(1.11, 1.0, 1 / 1.11, 1.1)
+    assert not stats.counts_as_change(1.0, 1.09, 1.09, 1.1)
+    assert not stats.counts_as_change(1.0, 1 / 1.09, 1 / 1.09, 1.1)
+    assert not stats.counts_as_change(0.0005, 0.001, 2.0, 1.1, abs_floor_ms=stats.ABS_FLOOR_MS)  # below the floor
+    flat, moved = [1.0] * 20, [1.2] * 20
+    assert gate_verdict(flat, moved, base_rounds=[0] * 20, new_rounds=[0] * 20).verdict == "undecided"
+    assert stats.timing_verdict(flat[:5], moved[:5]).verdict == "undecided"  # the advisor's word is the gate's
+    assert set(TIED) | set(ADVISOR_WORDS) <= set(stats.VERDICTS)
+    defaults = {name: sub.get_default("min_effect") for name, sub in next(
+        a for a in build_parser()._actions if a.dest == "command").choices.items() if name in ("compare", "history")}
+    assert defaults == {"compare": stats.MIN_RUN_CHANGE, "history": stats.MIN_RUN_CHANGE}
+    assert GateConfig().min_effect == detect_changes.__kwdefaults__["min_effect"] == stats.MIN_RUN_CHANGE == 0.10
+    assert stats.TieConfig().min_effect == stats.MIN_BACKEND_DIFFERENCE == 0.05
 
 
 def test_bad_thresholds_are_errors(tmp_path, capsys):

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.compare.gate import GateConfig, paired_verdict
+from harness.measure.stats import GateConfig, paired_verdict
 from harness.compare.remeasure import RemeasureConfig, base_timer_for, code_mismatch, current_code, remeasure
 from harness.compare.runs import EXIT_OK, EXIT_REGRESSION, EXIT_UNDECIDED, compare_runs
 from tests.fixtures.noise_models import FakeTimer, Machine, Noise, synthetic_cases, synthetic_run
@@ -72,7 +72,7 @@ def test_a_burst_on_one_side_for_a_round_does_not_make_a_regression(tmp_path):
               cases=synthetic_cases(), log=lambda *_: None)
     rows = cmp.rows[cmp.rows.remeasured.astype(bool)]
     assert set(rows.verdict) == {"unchanged"} and cmp.exit_code() == EXIT_OK
-    assert rows.rounds_new.max() > 4  # the burst made the first four pairs inconclusive for some keys
+    assert rows.rounds_new.max() > 4  # the burst left the first four pairs undecided for some keys
 
 
 def test_the_budget_leaves_keys_undecided_and_the_gate_says_so(tmp_path):
