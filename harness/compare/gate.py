@@ -32,6 +32,7 @@ import numpy as np
 
 # the same floors as the advisor's within-run statistics (why each: measure/stats.py)
 from harness.measure.stats import ABS_FLOOR_MS, ERR_GROWTH, KeyComparison
+from harness.store.schema import NOT_TIMED
 
 #: smallest ratio of medians that counts; the testbed's noise model may raise it per key, never lower it.
 #: 10 % as asv's default factor: whole runs on a shared 2-core VM drift by ~5 %
@@ -45,7 +46,7 @@ FAMILY_ALPHA = 0.05
 #: under normal noise; bursts beyond that are what re-measurement is for)
 NOISE_Z = 3.0
 
-GATE_VERDICTS = ("slower", "faster", "unchanged", "undecided", "not-timed")
+GATE_VERDICTS = ("slower", "faster", "unchanged", "undecided", NOT_TIMED)
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def gate_verdict(base_ms, new_ms, cfg: GateConfig = GateConfig(), *, base_rounds
     counts = dict(n_base=len(base), n_new=len(new), rounds_base=len(np.unique(base_rounds)),
                   rounds_new=len(np.unique(new_rounds)), margin=margin_for(cfg, noise))
     if len(base) == 0 and len(new) == 0:
-        return GateVerdict("not-timed", **counts)
+        return GateVerdict(NOT_TIMED, **counts)
     if len(base) == 0 or len(new) == 0:
         return GateVerdict("undecided", f"timed only in the {'new' if len(new) else 'base'} run", **counts)
     x, y = round_medians(base, base_rounds), round_medians(new, new_rounds)

@@ -14,12 +14,12 @@ from harness.compare.gate import GateConfig, GateVerdict, gate_verdict
 from harness.compare.noise import NoiseModel
 from harness.store.load import load_results, load_samples
 from harness.store.run_dir import read_env
-from harness.store.schema import KEY
+from harness.store.schema import KEY, NOT_TIMED
 
 #: a run that started or ended with a 1-minute load average above this many times the CPU count shared its
 #: machine with other work; its timings are flagged as unreliable in the report
 BUSY_LOAD_PER_CPU = 1.0
-VERDICTS = ("slower", "faster", "unchanged", "undecided", "not-timed", "missing", "new-only")
+VERDICTS = ("slower", "faster", "unchanged", "undecided", NOT_TIMED, "missing", "new-only")
 COMPARE_COLUMNS = (*KEY, "verdict", "correctness", "regression", "base_ms", "new_ms", "ratio", "ratio_low",
                    "ratio_high", "margin", "n_base", "n_new", "rounds_base", "rounds_new", "remeasured", "first_verdict", "status_base",
                    "status_new", "err_ratio_base", "err_ratio_new", "note")

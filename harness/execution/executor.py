@@ -11,6 +11,7 @@ from harness.backends.base import Backend
 from harness.execution.call import Call, CallResult, run_call
 from harness.execution.outcome import Failure, exception_text
 from harness.execution.timed import TimingCall, TimingResult, run_timing
+from harness.store.schema import UNAVAILABLE
 
 
 class CallFailed(Exception):
@@ -44,7 +45,7 @@ class Executor:
         """(status, reason) when `backend` cannot run on `device` at all: 'unavailable' (not installed, wrong
         device, a broken availability check), or 'error' where the harness itself could not set it up."""
         reason = self.unavailable_reason(backend, device)
-        return ("unavailable", reason) if reason else None
+        return (UNAVAILABLE, reason) if reason else None
 
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
         return self._noted(run_call(backend, call, device), backend)

@@ -22,7 +22,7 @@ from harness.spec.case import AttentionCase, make_inputs
 from harness.store.environment import REPO_ROOT, environment, new_run_id
 from harness.store.load import compact
 from harness.store.run_dir import RESULTS, SAMPLES, write_env
-from harness.store.schema import Row, TimingKey
+from harness.store.schema import TIMED, Row, TimingKey
 from harness.store.writer import ResultsWriter, SamplesWriter
 
 
@@ -170,7 +170,7 @@ class RunSession:
         round of this key already ended it (its row says why)."""
         key = TimingKey(case.id, backend.name, phase)
         before = self.perf_rows.get(key)  # None: no earlier round of this key ran (e.g. this item run alone)
-        if before is not None and before.timing_status != "timed":
+        if before is not None and before.timing_status != TIMED:
             return None
         result = measure_phase(backend, self.timing_inputs(case), phase, self.verdict(case, backend),
                                config=self.round_timing, peaks=self.peaks, run_id=self.run_id,
@@ -191,7 +191,7 @@ class RunSession:
         row = result.row
         key = row.key
         before = self.perf_rows.get(key)
-        if before is not None and before.suspicious and row.timing_status == "timed" and not row.suspicious:
+        if before is not None and before.suspicious and row.timing_status == TIMED and not row.suspicious:
             row = row.with_(suspicious=True, timing_reason=before.timing_reason)
         self.writer.write([row])
         if result.measurement is not None:

@@ -14,6 +14,7 @@ from harness.execution.outcome import Failure, free
 from harness.measure.memory import peak_memory
 from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig, measure
+from harness.store.schema import FWD, FWD_BWD, OOM
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,8 @@ class Phase:
 def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
     """The Phase of fwd (inference, no autograd), bwd (the backward alone, on a retained graph, with the shared
     dO) or fwd+bwd (one training step). Gradients are reset in setup; the backend's `prepare` runs here, once."""
-    q, k, v, d_out = backend_inputs(backend, inputs, requires_grad=phase != "fwd", case=case)
-    leaves = modifier_leaves(inputs, requires_grad=phase != "fwd")  # sinks/bias: their gradients are work too
+    q, k, v, d_out = backend_inputs(backend, inputs, requires_grad=phase != FWD, case=case)
+    leaves = modifier_leaves(inputs, requires_grad=phase != FWD)  # sinks/bias: their gradients are work too
     call = BoundCall(backend, case, device, leaves=leaves)
 
     def forward():
@@ -66,9 +67,9 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         for t in (q, k, v, *leaves.values()):
             t.grad = None
 
-    if phase == "fwd":
+    if phase == FWD:
         return Phase(None, forward)
-    if phase == "fwd+bwd":
+    if phase == FWD_BWD:
         return Phase(reset, lambda: forward().backward(d_out))
     built: list = []
 
@@ -112,7 +113,7 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device) -> Ti
             result.peak_mem_bytes, result.mem_method = mem_bytes, mem_method
             budget = timing.cpu_mem_budget
             if budget is not None and device.type == "cpu" and mem_bytes > budget:
-                result.failure = Failure("oom", f"needed {mem_bytes} bytes above inputs > CPU budget {budget}")
+                result.failure = Failure(OOM, f"needed {mem_bytes} bytes above inputs > CPU budget {budget}")
                 return result
             with stage("timing"):
                 timed = phase_callables(backend, case, inputs, device, phase)

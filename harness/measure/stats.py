@@ -12,6 +12,7 @@ from math import comb
 
 import numpy as np
 from scipy.stats import mannwhitneyu, ttest_ind
+from harness.store.schema import NOT_TIMED
 
 #: significance level of the two-sided Mann-Whitney U test on raw samples (asv uses the same 0.002): one test per
 #: timed key, hundreds per compare, so 0.05 would call ~5% of unchanged keys "significant" by chance alone
@@ -29,7 +30,7 @@ ERR_GROWTH = 0.25
 #: inside one transient
 MIN_SAMPLES = 10
 
-TIMING_VERDICTS = ("slower", "faster", "unchanged", "inconclusive", "not-timed")
+TIMING_VERDICTS = ("slower", "faster", "unchanged", "inconclusive", NOT_TIMED)
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def timing_verdict(base, new, cfg: CompareConfig = CompareConfig(), *, base_roun
     counts = dict(n_base=len(base), n_new=len(new), rounds_base=len(np.unique(base_rounds)),
                   rounds_new=len(np.unique(new_rounds)))
     if len(base) == 0 and len(new) == 0:
-        return TimingVerdict("not-timed", **counts)
+        return TimingVerdict(NOT_TIMED, **counts)
     if len(base) == 0 or len(new) == 0:
         return TimingVerdict("inconclusive", f"samples only in the {'new' if len(new) else 'base'} run", **counts)
     base_ms, new_ms = float(np.median(base)), float(np.median(new))
