@@ -29,10 +29,14 @@ class Executor:
     #: set when a backend call raised KeyboardInterrupt: its row is recorded, then the run stops (see the plugin)
     interrupted: str | None = None
 
+    def _note_interrupt(self, backend: Backend) -> None:
+        """Remember that `backend` raised KeyboardInterrupt inside a call (this wording is what stops the run)."""
+        self.interrupted = f"{backend.name} raised KeyboardInterrupt inside a call"
+
     def _noted(self, result: CallResult | TimingResult, backend: Backend):
         """`result` as is, remembering a KeyboardInterrupt inside the backend."""
         if result.interrupted:
-            self.interrupted = f"{backend.name} raised KeyboardInterrupt inside a call"
+            self._note_interrupt(backend)
         return result
 
     def unavailable_reason(self, backend: Backend, device: torch.device) -> str | None:
@@ -61,7 +65,7 @@ class Executor:
         except BaseException as exc:  # noqa: B036
             failure = Failure.of(exc)
             if failure.interrupted:
-                self.interrupted = f"{backend.name} raised KeyboardInterrupt inside a call"
+                self._note_interrupt(backend)
             raise CallFailed(failure) from exc
 
     def worker_restarts(self) -> dict[str, int]:

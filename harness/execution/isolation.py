@@ -329,7 +329,7 @@ class IsolatedExecutor(Executor):
                                    f"running {getattr(fn, '__name__', 'a task')} for {backend.name}")
         if status != "ok":
             if answer.interrupted:
-                self.interrupted = f"{backend.name} raised KeyboardInterrupt inside a call"
+                self._note_interrupt(backend)
             raise CallFailed(answer)
         return answer
 
