@@ -3,7 +3,9 @@
 Order (lowest first): spec, oracle, backends, measure, store, execution, probes, compare, launch, advisor, report,
 cli, suite (the two front ends: options are defined once in cli and fed to the pytest plugin too). The results
 schema (harness.store.schema) is the shared vocabulary, importable from anywhere; top-level modules (the public
-API, `__main__`, old import paths) may import anything.
+API `harness.api`, `__main__`, and the public faces `harness`, `harness.masks`, `harness.recommend`, which only
+re-export) may import anything. No layer imports a face: user code has one path per thing (the face), the package's
+own code imports the module that defines it.
 """
 
 import ast
@@ -17,6 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "harness"
 LAYERS = ("spec", "oracle", "backends", "measure", "store", "execution", "probes", "compare", "launch", "advisor",
           "report", "cli", "suite")
 ANYWHERE = ("harness.store.schema",)
+#: top-level modules that only re-export what the layers define, for users
+FACES = ("harness", "harness.masks", "harness.recommend")
 
 
 def _modules():
@@ -43,8 +47,7 @@ def _layer(module: str) -> str | None:
 
 def test_every_module_sits_in_a_layer_folder_or_is_top_level_api():
     top = {m for m, p in _modules() if _layer(m) is None}
-    assert top == {"harness", "harness.__main__", "harness.api", "harness.case", "harness.masks",
-                   "harness.recommend"}, top
+    assert top == {"harness", "harness.__main__", "harness.api", "harness.masks", "harness.recommend"}, top
     assert {_layer(m) for m, _ in _modules()} - {None} == set(LAYERS)
 
 
@@ -56,6 +59,24 @@ def test_imports_flow_down_the_layers(module, path):
     upward = [name for name in _imports(path) if name not in ANYWHERE and _layer(name) is not None
               and LAYERS.index(_layer(name)) > LAYERS.index(mine)]
     assert not upward, f"{module} ({mine}) imports from higher layers: {upward}"
+    faces = [name for name in _imports(path) if name in FACES]
+    assert not faces, f"{module} ({mine}) imports a public face {faces}: import the module that defines the thing"
+
+
+def test_the_public_faces_export_every_mask_family_and_the_advisors_entry_points():
+    """harness.masks is where users take mask specs from (README, docs/serving.md): a new family in spec/masks
+    must be exported there too; harness.recommend is the advisor from Python."""
+    import harness
+    from harness import masks, recommend
+    from harness.advisor import recommend as advisor
+    from harness.spec import masks as spec_masks
+
+    families = {name for name, obj in vars(spec_masks).items()
+                if isinstance(obj, type) and issubclass(obj, spec_masks.MaskSpec)}
+    assert families <= set(masks.__all__), families - set(masks.__all__)
+    assert all(getattr(masks, name) is getattr(spec_masks, name) for name in masks.__all__)
+    assert recommend.recommend is advisor.recommend and recommend.recommend_workload is advisor.recommend_workload
+    assert harness.masks is masks and harness.recommend is recommend and set(harness.__all__) <= set(dir(harness))
 
 
 # --- the vocabulary is spelled once: phases and statuses are harness.store.schema's names everywhere else ---
