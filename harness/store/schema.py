@@ -25,6 +25,8 @@ STATUSES = (PASS, FAIL, UNSUPPORTED, UNAVAILABLE, ERROR, OOM, OBSERVED)
 STATUS_ORDER = (ERROR, OOM, FAIL, PASS, UNSUPPORTED, UNAVAILABLE, OBSERVED)
 #: the backend ran and got it wrong, or died trying
 BAD = (FAIL, ERROR, OOM)
+#: what fails a check or a test: a wrong answer or a raise (out of memory is the device's limit: a skip)
+FAILING = (FAIL, ERROR)
 #: the backend ran the case and its answer was judged (the rows that name the kernel that ran)
 JUDGED = (PASS, FAIL)
 #: the backend did not run the case, with a reason

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.store.schema import ERROR, FAIL, OBSERVED, OOM, PASS, Row
-
-#: the backend answered wrongly or raised: the test fails
-FAILING = (FAIL, ERROR)
+from harness.store.schema import FAILING, OBSERVED, OOM, PASS, Row
 
 
 def conclude(rows: list[Row], known_failure: str | None = None) -> None:
