@@ -19,7 +19,7 @@ from harness.measure.cuda_graph import graphed
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.masks import MASK_NAMES, parse_mask
 from harness.store.environment import REPO_ROOT
-from harness.store.schema import FWD, FWD_BWD, GRADS, UNSUPPORTED
+from harness.store.schema import FWD, FWD_BWD, GRADS
 
 #: compile checks run on a shrunken copy of the workload (same dtype, head_dim, mask kind, GQA or not):
 #: graph breaks follow the code path, which these decide, not the sizes; a full-size inductor compile on CPU
@@ -177,7 +177,7 @@ def mask_path(backend: Backend, device: torch.device, case: AttentionCase) -> di
     try:
         return backend.mask_form(case, device).as_columns()
     except Unsupported as exc:
-        return MaskForm(UNSUPPORTED, math.nan, str(exc)[:160]).as_columns()
+        return MaskForm("unsupported", math.nan, str(exc)[:160]).as_columns()
     except Exception as exc:  # e.g. xformers not importable: its translation cannot be asked
         return MaskForm("unknown", math.nan, f"translation failed: {exception_text(exc, 120)}").as_columns()
 

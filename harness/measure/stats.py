@@ -12,6 +12,7 @@ from math import comb
 
 import numpy as np
 from scipy.stats import mannwhitneyu, ttest_ind
+
 from harness.store.schema import NOT_TIMED
 
 #: significance level of the two-sided Mann-Whitney U test on raw samples (asv uses the same 0.002): one test per

@@ -89,6 +89,8 @@ VOCABULARY = frozenset(schema.PHASES) | frozenset(schema.STATUSES) | frozenset(s
 #: so a new literal of that word in the same file still fails, and an entry nobody needs any more fails too.
 OTHER_SENSES = {
     ("harness/advisor/deploy_checks.py", "error"): (2, "a deployment check's answer (yes / no / error)"),
+    ("harness/advisor/deploy_checks.py", "unsupported"): (1, "a mask path (MaskForm: native, dense, none, unsupported, "
+                                                           "unknown), the mask_path column, not a row status"),
     ("harness/advisor/recommend.py", "error"): (4, "the deployment checks' answers when the backend's worker died"),
     ("harness/probes/batch_invariance.py", "error"): (2, "the batch_invariant check's answers (yes / no / error)"),
     ("harness/store/environment.py", "unavailable"): (1, "where a device fact came from: nvml, nvidia-smi or neither"),
