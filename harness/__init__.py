@@ -4,12 +4,12 @@ from harness.api import check
 from harness.backends.base import Backend, BackwardUnsupported, Plan, Unsupported
 from harness.backends.registry import all_backends, get_backends, load_backend_module, register
 from harness.oracle.reference import reference_attention
-from harness import masks
+from harness import masks, recommend
 from harness.spec.case import AttentionCase, Inputs, make_inputs
-from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
+from harness.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
 from harness.store.load import load_results
 
 __all__ = ["AttentionCase", "Backend", "BackwardUnsupported", "Causal", "CausalBottomRight", "Inputs", "KeyPadding",
            "Plan", "SlidingWindow",
            "Unsupported", "all_backends", "check", "get_backends", "load_backend_module", "load_results",
-           "make_inputs", "masks", "reference_attention", "register"]
+           "make_inputs", "masks", "recommend", "reference_attention", "register"]

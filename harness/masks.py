@@ -1,4 +1,8 @@
-"""Old import path of the mask specs (now harness.spec.masks), kept for code that imports harness.masks."""
+"""The mask specs a user builds cases with (the public face of harness.spec.masks, where each family lives)."""
 
-from harness.spec.masks import *  # noqa: F401,F403
-from harness.spec.masks import __all__  # noqa: F401
+from harness.spec.masks import (MASK_NAMES, And, CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding,
+                                MaskSpec, SlidingWindow, parse_mask)
+
+# the backends' and measurements' helpers (split_padding, count_attended_pairs) stay in harness.spec.masks
+__all__ = ["MASK_NAMES", "And", "CacheCausal", "Causal", "CausalBottomRight", "Documents", "KeyPadding", "MaskSpec",
+           "SlidingWindow", "parse_mask"]

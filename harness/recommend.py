@@ -1,6 +1,7 @@
-"""Old import path of the advisor's Python entry points (now harness.advisor.recommend), kept for user code."""
+"""The advisor from Python (the public face of harness.advisor): recommend a backend for a workload."""
 
-from harness.advisor.recommend import recommend, recommend_many, recommend_workload  # noqa: F401
-from harness.advisor.workload import Workload, load_workloads  # noqa: F401
+from harness.advisor.ranking import Recommendation
+from harness.advisor.recommend import recommend, recommend_many, recommend_workload
+from harness.advisor.workload import Workload, load_workloads
 
-__all__ = ["Workload", "load_workloads", "recommend", "recommend_many", "recommend_workload"]
+__all__ = ["Recommendation", "Workload", "load_workloads", "recommend", "recommend_many", "recommend_workload"]

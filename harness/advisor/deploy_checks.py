@@ -19,7 +19,7 @@ from harness.measure.cuda_graph import graphed
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.masks import MASK_NAMES, parse_mask
 from harness.store.environment import REPO_ROOT
-from harness.store.schema import GRADS
+from harness.store.schema import FWD, FWD_BWD, GRADS
 
 #: compile checks run on a shrunken copy of the workload (same dtype, head_dim, mask kind, GQA or not):
 #: graph breaks follow the code path, which these decide, not the sizes; a full-size inductor compile on CPU
@@ -130,7 +130,7 @@ def cuda_graph_check(backend: Backend, case: AttentionCase, device: torch.device
     if device.type != "cuda":
         return f"n/a ({device.type})"
     # the harness's own --cuda-graph capture, so "capturable" means that works
-    phase = phase_callables(backend, case, inputs, device, "fwd+bwd" if training else "fwd")
+    phase = phase_callables(backend, case, inputs, device, FWD_BWD if training else FWD)
     setup = phase.setup or (lambda: None)
     try:
         replay = graphed(phase.fn, setup, device, phase.build)

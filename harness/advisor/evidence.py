@@ -21,7 +21,7 @@ from harness.measure.timing import ADVISOR_TIMING, TimingConfig
 from harness.spec.case import AttentionCase
 from harness.store.environment import testbed_id
 from harness.store.load import load_results, load_samples
-from harness.store.schema import Row
+from harness.store.schema import FWD, FWD_BWD, PASS, UNAVAILABLE, VERDICT_PHASES, Row
 
 @dataclass
 class Evidence:
@@ -43,7 +43,7 @@ class Evidence:
     @property
     def eligible(self) -> bool:
         """Only a backend verified correct on the workload and timed on it can be recommended."""
-        return self.status == "pass" and len(self.samples_ms) > 0
+        return self.status == PASS and len(self.samples_ms) > 0
 
     @property
     def median(self) -> float:
@@ -53,15 +53,15 @@ class Evidence:
 def _phase_status(rows: list[Row], training: bool) -> tuple[str, str, float]:
     """(status, reason, err_ratio) over the phases the workload uses: fwd, plus bwd when training."""
     by_phase = {r.phase: r for r in rows}
-    phases = ("fwd", "bwd") if training else ("fwd",)
+    phases = VERDICT_PHASES if training else (FWD,)
     errs = [math.nan if by_phase[p].err_ratio is None else float(by_phase[p].err_ratio) for p in phases]
     err = max((e for e in errs if math.isfinite(e)), default=math.nan)
     same = len({(by_phase[p].status, by_phase[p].reason or "") for p in phases}) == 1
     for p in phases:
-        if by_phase[p].status != "pass":
+        if by_phase[p].status != PASS:
             reason = by_phase[p].reason or ""
             return by_phase[p].status, reason if same else f"{p}: {reason}", err
-    return "pass", "", err
+    return PASS, "", err
 
 
 def measure_now(case: AttentionCase, backends: list[Backend], device: torch.device, *, training: bool,
@@ -72,17 +72,17 @@ def measure_now(case: AttentionCase, backends: list[Backend], device: torch.devi
     progress = progress or (lambda what: None)
     prepared = prepare_case(case, device, seed)
     progress(f"{case.id}: float64 reference and naive baseline")
-    phase = "fwd+bwd" if training else "fwd"
+    phase = FWD_BWD if training else FWD
     bw_peak = copy_bandwidth_gbps(device)  # the ceiling the % of bandwidth column is against
     out = {}
     for backend in backends:
         verdict = execute(backend, prepared, executor=executor)
         status, reason, err = _phase_status(verdict.rows, training)
-        if status == "unavailable":  # say too what the backend could not do on this workload where it is available
+        if status == UNAVAILABLE:  # say too what the backend could not do on this workload where it is available
             more = backend.can_run(case, device)
             reason += f"; and on this workload: {'; '.join(more)}" if more else ""
         e = Evidence(backend.name, status, reason, err, package=backend.package)
-        if status == "pass":
+        if status == PASS:
             perf = measure_phase(backend, prepared, phase, verdict, config=timing, peaks={}, executor=executor,
                                  bw_peak=bw_peak)
             if perf.measurement is None:  # oom or an error while timing
@@ -114,7 +114,7 @@ def evidence_from_run(run_dir: str | Path, case: AttentionCase, phase: str, back
     out = {}
     for backend in backends:
         match = rows[rows.backend == backend.name]
-        if match.empty or (match.iloc[0].status == "pass" and not by_backend.get(backend.name)):
+        if match.empty or (match.iloc[0].status == PASS and not by_backend.get(backend.name)):
             continue
         r = match.iloc[0]
         out[backend.name] = Evidence(backend.name, str(r.status), "" if pd.isna(r.reason) else str(r.reason),

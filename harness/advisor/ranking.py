@@ -12,6 +12,7 @@ import pandas as pd
 from harness.advisor.deploy_checks import CHECK_COLUMNS
 from harness.advisor.evidence import Evidence
 from harness.measure.stats import TieConfig, iqr, timing_verdict
+from harness.store.schema import NOT_TIMED, PASS
 
 #: timing verdicts that mean "not shown to differ": such a pair is tied
 TIED = ("unchanged", "undecided")
@@ -97,8 +98,8 @@ def rank_backends(evidence: Iterable[Evidence], cfg: TieConfig = TieConfig()) ->
                              timing_verdict=ADVISOR_WORDS.get(vs.verdict, vs.verdict) if vs else "anchor"))
     for e in evidence:
         if not e.eligible:
-            reason = e.reason or ("verified but has no timing samples" if e.status == "pass" else "")
-            rows.append(_row(e, status=e.status if e.status != "pass" else "not-timed", reason=reason))
+            reason = e.reason or ("verified but has no timing samples" if e.status == PASS else "")
+            rows.append(_row(e, status=e.status if e.status != PASS else NOT_TIMED, reason=reason))
     df = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     winner, explanation = explain(groups, fastest, [e for e in evidence if not e.eligible], cfg)
     return Recommendation(df, winner, explanation)

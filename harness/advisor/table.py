@@ -7,6 +7,7 @@ import math
 import pandas as pd
 
 from harness.advisor.ranking import Overall, Recommendation
+from harness.store.schema import FWD_BWD
 
 
 def _bytes(n: float) -> str:
@@ -57,7 +58,7 @@ def _num(value: float, fmt: str, suffix: str = "") -> str:
 def format_table(rec: Recommendation) -> str:
     """The ranked backends, the winner and why, the ties, every exclusion with its reason, and the check notes."""
     df = rec.table
-    kind = "training (fwd+bwd)" if rec.phase == "fwd+bwd" else "inference (fwd)"
+    kind = "training (fwd+bwd)" if rec.phase == FWD_BWD else "inference (fwd)"
     shape = rec.case_id if rec.workload == rec.case_id else f"{rec.workload} ({rec.case_id})"
     threads = f"{rec.threads} thread" + ("s" if rec.threads != 1 else "")
     lines = [f"workload {shape}: {kind} on {rec.device} ({rec.device_name}, {threads})"]

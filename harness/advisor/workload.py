@@ -9,6 +9,7 @@ from harness.spec.case import AttentionCase
 from harness.spec.masks import MASK_NAMES, parse_mask
 from harness.spec.presets import ModelShape
 from harness.spec.paged import paged_case
+from harness.store.schema import FWD, FWD_BWD
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Workload:
 
     @property
     def phase(self) -> str:
-        return "fwd+bwd" if self.training else "fwd"
+        return FWD_BWD if self.training else FWD
 
     @property
     def label(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from harness.cli.options import add_to_argparse
+from harness.store.schema import FAILING
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -36,7 +37,7 @@ def _check(args: argparse.Namespace) -> int:
     per_case = df.groupby(["backend", "case_id"]).status.agg(worst_status)
     summary = per_case.groupby(level=0).value_counts().unstack(fill_value=0)
     print(summary.to_string())
-    bad = df[df.status.isin(["fail", "error"])]
+    bad = df[df.status.isin(FAILING)]
     for row in bad.itertuples():
         print(f"{row.status.upper()} {row.backend} {row.case_id} [{row.phase}]: {row.reason}")
     not_run = df[df.status.isin(NOT_RUN)].drop_duplicates(["backend", "status", "reason"])

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from harness.cli.selftest_plan import STEP_KEYS, Step, choose, fit, steps, timeout_for
 from harness.measure.stages import time_lines
+from harness.store.schema import ERROR, UNAVAILABLE
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILT_IN = ("naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "xformers",
@@ -61,8 +62,8 @@ def _rows_summary(results: Path) -> tuple[str, int]:
         return "no results", 1
     df = pd.concat([pd.read_csv(c) for c in csvs], ignore_index=True)
     counts = df.status.value_counts().to_dict()
-    errors = df[((df.status == "error") & df.backend.isin(BUILT_IN))
-                | ((df.backend == "naive") & (df.status == "unavailable"))]
+    errors = df[((df.status == ERROR) & df.backend.isin(BUILT_IN))
+                | ((df.backend == "naive") & (df.status == UNAVAILABLE))]
     return ", ".join(f"{k} {v}" for k, v in counts.items()), len(errors)
 
 

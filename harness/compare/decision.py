@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from harness.measure.stats import GateConfig
-from harness.store.schema import BAD, NOT_RUN
+from harness.store.schema import BAD, NOT_RUN, PASS
 
 CORRECTNESS = ("same", "worse", "lost", "better", "")
 
@@ -33,8 +33,8 @@ def correctness_change(base: pd.Series, new: pd.Series, cfg: GateConfig = GateCo
         notes.append(f"err_ratio {b_ratio:.3g}->{n_ratio:.3g} (+{n_ratio - b_ratio:.2f} of the tolerance)")
     if worse:
         return "worse", "; ".join(notes)
-    if b == "pass" and n in NOT_RUN:
+    if b == PASS and n in NOT_RUN:
         return "lost", f"pass->{n}: {new.get('reason', '')}".rstrip(": ")
-    if b in BAD and n == "pass":
+    if b in BAD and n == PASS:
         return "better", f"{b}->pass"
     return "same", ""

@@ -9,7 +9,7 @@ import pandas as pd
 
 from harness.store.load import load_results
 from harness.store.run_dir import is_run_dir, read_env
-from harness.store.schema import BAD
+from harness.store.schema import BAD, FAIL, PASS, TIMED
 
 #: env.json fields added to every row (a row's own non-empty value wins where the schema has the column)
 ENV_FIELDS = ("testbed_id", "host", "device_type", "device_name", "cpu_model", "torch", "torch_git", "cuda",
@@ -68,15 +68,15 @@ def summarize(history: pd.DataFrame) -> pd.DataFrame:
     """One line per run: when, where, what, how many rows and verdicts, and how many rows carry timings."""
     if history.empty:
         return pd.DataFrame(columns=["run_id", "started", "host", "testbed_id", "device_name", "torch", "git_sha",
-                                     "rows", "cases", "backends", "pass", "fail", "timed"])
+                                     "rows", "cases", "backends", PASS, FAIL, TIMED])
     timed = history["latency_ms"].notna() if "latency_ms" in history else pd.Series(False, index=history.index)
-    g = history.assign(_pass=history.status.eq("pass"), _fail=history.status.isin(BAD),
+    g = history.assign(_pass=history.status.eq(PASS), _fail=history.status.isin(BAD),
                        _timed=timed).groupby("run_dir", sort=False)
     out = pd.DataFrame({
         "run_id": g.run_id.first(), "started": g.started.first(), "host": g.host.first(),
         "testbed_id": g.testbed_id.first(), "device_name": g.device_name.first(), "torch": g.torch.first(),
         "git_sha": g.git_sha.first().astype(str).str[:8], "rows": g.size(), "cases": g.case_id.nunique(),
-        "backends": g.backend.nunique(), "pass": g._pass.sum(), "fail": g._fail.sum(), "timed": g._timed.sum(),
+        "backends": g.backend.nunique(), PASS: g._pass.sum(), FAIL: g._fail.sum(), TIMED: g._timed.sum(),
     }).reset_index(drop=True)
     return out.sort_values("started", na_position="first").reset_index(drop=True)
 

@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 
 from harness.compare.runs import Comparison, ratio_spread
+from harness.store.schema import NOT_TIMED
 
 #: rows worth showing first, in this order; "unchanged"/"not-timed" with "same" correctness are only counted
-_ORDER = {"slower": 0, "missing": 1, "undecided": 2, "faster": 3, "new-only": 5, "unchanged": 6, "not-timed": 7}
+_ORDER = {"slower": 0, "missing": 1, "undecided": 2, "faster": 3, "new-only": 5, "unchanged": 6, NOT_TIMED: 7}
 _SHOWN = ["case_id", "backend", "phase", "verdict", "correctness", "base_ms", "new_ms", "ratio", "interval",
           "margin", "rounds", "note"]
 
@@ -40,7 +41,7 @@ def header(cmp: Comparison) -> str:
 
 def notable(df: pd.DataFrame) -> pd.DataFrame:
     """Rows that are not plainly unchanged, regressions first."""
-    keep = df[(~df.verdict.isin(["unchanged", "not-timed"])) | (~df.correctness.isin(["same", ""]))]
+    keep = df[(~df.verdict.isin(["unchanged", NOT_TIMED])) | (~df.correctness.isin(["same", ""]))]
     rank = keep.verdict.map(_ORDER).fillna(9) - 10 * keep.regression.astype(int)
     return keep.assign(_rank=rank).sort_values(["_rank", "ratio"], ascending=[True, False]).drop(columns="_rank")
 

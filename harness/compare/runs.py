@@ -15,7 +15,7 @@ from harness.measure.stats import VERDICTS as TIMING_VERDICTS
 from harness.measure.stats import GateConfig, GateVerdict, gate_verdict
 from harness.store.load import load_results, load_samples
 from harness.store.run_dir import read_env
-from harness.store.schema import KEY
+from harness.store.schema import KEY, NOT_TIMED
 
 #: a run that started or ended with a 1-minute load average above this many times the CPU count shared its
 #: machine with other work; its timings are flagged as unreliable in the report

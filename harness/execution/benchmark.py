@@ -19,7 +19,7 @@ from harness.measure.flops import attention_flops
 from harness.measure.timing import Measurement, TimingConfig
 from harness.spec.case import AttentionCase, Inputs, dtype_name
 from harness.store.rows import make_row
-from harness.store.schema import Row
+from harness.store.schema import FWD_BWD, NOT_TIMED, PASS, TIMED, VERDICT_PHASES, Row
 
 
 @dataclass
@@ -55,12 +55,12 @@ class InputsOnly:
 def phase_verdict(verdict: BackendResult, phase: str) -> tuple[str, str]:
     """(correctness status, reason) that gates timing: a phase is timed only when its correctness passed (fwd+bwd:
     both); the reason names the phase that did not."""
-    needed = ["fwd", "bwd"] if phase == "fwd+bwd" else [phase]
+    needed = list(VERDICT_PHASES) if phase == FWD_BWD else [phase]
     for p in needed:
         row = verdict.row(p)
-        if row.status != "pass":
+        if row.status != PASS:
             return row.status, f"{p} is {row.status}: {row.reason}"
-    return "pass", ""
+    return PASS, ""
 
 
 def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: BackendResult, *,
@@ -81,12 +81,12 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     case, device = prepared.case, prepared.device
     status, reason = phase_verdict(verdict, phase)
     correctness: dict = {"status": None, "reason": None}
-    if phase == "fwd+bwd":  # a key of its own: carry the correctness of both phases it is made of
+    if phase == FWD_BWD:  # a key of its own: carry the correctness of both phases it is made of
         correctness = {"status": status, "reason": reason,
                        "err_ratio": max((r.err_ratio or 0.0) for r in verdict.rows)}
 
     def row(timing_status: str, timing_reason: str = "", **more) -> Row:
-        if timing_status != "timed":
+        if timing_status != TIMED:
             timing_reason = timing_round.ended(timing_reason)
         elif not more["suspicious"] and timing_round.suspicious_reason:  # once flagged, stays flagged, with its why
             more["suspicious"], timing_reason = True, timing_round.suspicious_reason
@@ -94,8 +94,8 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
                         phase=phase, device=device, timing_status=timing_status, timing_reason=timing_reason,
                         **correctness, **more)
 
-    if status != "pass":
-        return PerfResult(row("not-timed", f"not timed: {reason}"), None)
+    if status != PASS:
+        return PerfResult(row(NOT_TIMED, f"not timed: {reason}"), None)
     prior = timing_round.pooled
     timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase, config,
                         estimate_ms=prior.median if prior is not None else None, known_memory=timing_round.memory,
@@ -113,7 +113,7 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     pct = 100.0 * tflops / peak if peak else float("nan")
     roof = roofline_columns(case, phase, flops, latency, peak, bw_peak)  # judged against the ceiling that binds it
     why = roof.pop("why").replace("matmul peak", f"{dtype_name(case.dtype)} matmul peak")
-    result = row("timed", why, **{**pooled.latency_columns(), "timing_mode": m.mode, "threads": m.threads},
+    result = row(TIMED, why, **{**pooled.latency_columns(), "timing_mode": m.mode, "threads": m.threads},
                  peak_mem_bytes=mem_bytes, mem_method=mem_method, flops=flops, tflops=tflops, pct_of_peak=pct,
                  compile_ms=answer.compile_ms, **roof)
     return PerfResult(result, m, pooled)

@@ -21,7 +21,7 @@ from harness.measure.stages import stage
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.modifiers import MODIFIER_GRADS, alibi_slopes
 from harness.spec.paged import paged_inputs, paged_layout
-from harness.store.schema import GRADS
+from harness.store.schema import ERROR, FAIL, GRADS
 
 ENTRIES = ("forward", "native_causal", "native_mask", "native_dropout")
 
@@ -173,7 +173,7 @@ def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor) -> Failure
     """Why `out` breaks the Backend contract (a tensor of q's dtype, device and strided layout, shaped like q with
     v's head dim), or None. A non-tensor is an error; a tensor of the wrong kind is a wrong answer (fail)."""
     if not isinstance(out, torch.Tensor):
-        return Failure("error", f"forward returned {type(out).__name__}, not a tensor")
+        return Failure(ERROR, f"forward returned {type(out).__name__}, not a tensor")
     expected = (*q.shape[:-1], v.shape[-1])
     problems = []
     if out.dtype != q.dtype:
@@ -185,7 +185,7 @@ def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor) -> Failure
         problems.append(f"output layout {out.layout}, expected torch.strided")
     if tuple(out.shape) != tuple(expected):
         problems.append(f"output shape {tuple(out.shape)}, expected {tuple(expected)}")
-    return Failure("fail", "; ".join(problems)) if problems else None
+    return Failure(FAIL, "; ".join(problems)) if problems else None
 
 
 def _grad_violation(name: str, grad: torch.Tensor, leaf: torch.Tensor) -> str | None:
@@ -256,7 +256,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
                 with stage("to host"):  # sinks and bias are canonical in every layout
                     result.grads[name] = (backend.from_layout(grad) if name in GRADS else grad).cpu()
         if problems:
-            result.backward_failure = Failure("fail", "; ".join(problems))
+            result.backward_failure = Failure(FAIL, "; ".join(problems))
         return result
 
 

@@ -17,6 +17,7 @@ from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
 from harness.oracle.reference import block_rows, reference_attention, reference_flops, reference_budget
 from harness.spec.case import AttentionCase, make_inputs
 from harness.store.environment import available_memory
+from harness.store.schema import BWD, FWD
 
 #: a matrix whose reference would take longer than this is refused unless the override flag is given
 LIMIT_S = 3600.0
@@ -53,7 +54,7 @@ class CaseCost:
         reference = (4 * q_elems + 6 * kv_elems) * 8 + 2 * case.batch * case.heads * block * case.seq_k * 8
         one_row = SCORE_TENSORS * case.batch * case.heads * case.seq_k * case.dtype.itemsize
         baseline = min(dense_bytes(case), max(baseline_budget_bytes, one_row))
-        return cls(case, attention_flops(case, "fwd"), attention_flops(case, "bwd"), reference_flops(case),
+        return cls(case, attention_flops(case, FWD), attention_flops(case, BWD), reference_flops(case),
                    inputs, reference, baseline + inputs)
 
     @property

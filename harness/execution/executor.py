@@ -12,6 +12,7 @@ from harness.execution.cache import DRAWN_INPUTS, LRU
 from harness.execution.call import Call, CallResult, run_call
 from harness.execution.outcome import Failure, exception_text
 from harness.execution.timed import TimingCall, TimingResult, run_timing
+from harness.store.schema import UNAVAILABLE
 
 
 class CallFailed(Exception):
@@ -33,10 +34,14 @@ class Executor:
         #: the inputs this executor drew from a seed last (cache.DRAWN_INPUTS), its own: gone with it
         self.drawn = LRU(DRAWN_INPUTS)
 
+    def _note_interrupt(self, backend: Backend) -> None:
+        """Remember that `backend` raised KeyboardInterrupt inside a call (this wording is what stops the run)."""
+        self.interrupted = f"{backend.name} raised KeyboardInterrupt inside a call"
+
     def _noted(self, result: CallResult | TimingResult, backend: Backend):
         """`result` as is, remembering a KeyboardInterrupt inside the backend."""
         if result.interrupted:
-            self.interrupted = f"{backend.name} raised KeyboardInterrupt inside a call"
+            self._note_interrupt(backend)
         return result
 
     def unavailable_reason(self, backend: Backend, device: torch.device) -> str | None:
@@ -49,7 +54,7 @@ class Executor:
         """(status, reason) when `backend` cannot run on `device` at all: 'unavailable' (not installed, wrong
         device, a broken availability check), or 'error' where the harness itself could not set it up."""
         reason = self.unavailable_reason(backend, device)
-        return ("unavailable", reason) if reason else None
+        return (UNAVAILABLE, reason) if reason else None
 
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
         return self._noted(run_call(backend, call, device, self.drawn), backend)
@@ -72,7 +77,7 @@ class Executor:
         except BaseException as exc:  # noqa: B036
             failure = Failure.of(exc)
             if failure.interrupted:
-                self.interrupted = f"{backend.name} raised KeyboardInterrupt inside a call"
+                self._note_interrupt(backend)
             raise CallFailed(failure) from exc
 
     def worker_restarts(self) -> dict[str, int]:

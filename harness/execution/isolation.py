@@ -36,6 +36,7 @@ from harness.execution.executor import CallFailed, Executor
 from harness.execution.outcome import Failure
 from harness.execution.timed import TimingCall, TimingResult
 from harness.measure.stages import CLOCK, stage
+from harness.store.schema import ERROR, UNAVAILABLE
 
 #: seconds a call may run before its worker is killed (--call-timeout-s): generous, a first compile can take minutes
 DEFAULT_TIMEOUT_S = 300.0
@@ -228,10 +229,10 @@ class Worker:
                 pass
         elif not ready:
             self.kill()
-            return "failed", Failure("error", f"timed out after {timeout:g} s while {doing} (--call-timeout-s); "
+            return "failed", Failure(ERROR, f"timed out after {timeout:g} s while {doing} (--call-timeout-s); "
                                               "the worker was killed and is restarted for the next call")
         self.process.join(timeout=5)
-        return "failed", Failure("error", f"{_death(self.process)} while {doing}; restarted for the next call")
+        return "failed", Failure(ERROR, f"{_death(self.process)} while {doing}; restarted for the next call")
 
     def ask(self, kind: str, payload: Any, timeout: float, doing: str) -> tuple[str, Any]:
         """Send a request and wait for (status, answer); the worker's own stage times join this process's clock,
@@ -241,7 +242,7 @@ class Worker:
                 _send(self.conn, (kind, payload))
             except (OSError, ValueError):  # died before this request
                 self.process.join(timeout=5)
-                return "failed", Failure("error", f"{_death(self.process)} before {doing}")
+                return "failed", Failure(ERROR, f"{_death(self.process)} before {doing}")
             reply = self._receive(timeout, doing)
             if len(reply) == 3:  # a worker's reply; one made up here (death, timeout) has no times
                 CLOCK.merge(reply[2])
@@ -314,7 +315,7 @@ class IsolatedExecutor(Executor):
             return None
         worker = self.workers.get(backend.name)
         # a worker that could not start is the harness's failure, never the backend's absence
-        return ("error" if worker is not None and worker.start_failure is not None else "unavailable"), reason
+        return (ERROR if worker is not None and worker.start_failure is not None else UNAVAILABLE), reason
 
     def compile_ahead(self, backend: Backend, calls: list[Call]) -> None:
         """Compile `backend`'s calls ahead, last to first, in a worker of its own beside the run's (see
@@ -361,7 +362,7 @@ class IsolatedExecutor(Executor):
                                    f"running {getattr(fn, '__name__', 'a task')} for {backend.name}")
         if status != "ok":
             if answer.interrupted:
-                self.interrupted = f"{backend.name} raised KeyboardInterrupt inside a call"
+                self._note_interrupt(backend)
             raise CallFailed(answer)
         return answer
 

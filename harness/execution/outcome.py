@@ -9,16 +9,16 @@ import torch
 
 from harness.backends.base import BackwardUnsupported, Unsupported
 from harness.oracle.verdict import Check
-from harness.store.schema import Row, worst_status
+from harness.store.schema import ERROR, OOM, UNSUPPORTED, Row, worst_status
 
 
 def failure_status(exc: BaseException) -> tuple[str, str]:
     """(status, reason) of a backend call that raised: unsupported, oom (with the size attempted) or error."""
     if isinstance(exc, Unsupported):
-        return "unsupported", str(exc)
+        return UNSUPPORTED, str(exc)
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-        return "oom", f"out of memory: {str(exc).splitlines()[0][:300]}"
-    return "error", exception_text(exc)
+        return OOM, f"out of memory: {str(exc).splitlines()[0][:300]}"
+    return ERROR, exception_text(exc)
 
 
 def exception_text(exc: BaseException, limit: int = 400) -> str:
@@ -41,11 +41,11 @@ class Failure:
     @staticmethod
     def of(exc: BaseException) -> "Failure":
         if isinstance(exc, BackwardUnsupported):
-            return Failure("unsupported", str(exc), backward_only=True)
+            return Failure(UNSUPPORTED, str(exc), backward_only=True)
         if isinstance(exc, KeyboardInterrupt):
-            return Failure("error", "KeyboardInterrupt inside the backend call", interrupted=True)
+            return Failure(ERROR, "KeyboardInterrupt inside the backend call", interrupted=True)
         if isinstance(exc, SystemExit):  # a backend must not end the run: it is an error of this call
-            return Failure("error", f"SystemExit({exc.code!r}) raised inside the backend call")
+            return Failure(ERROR, f"SystemExit({exc.code!r}) raised inside the backend call")
         return Failure(*failure_status(exc))
 
 

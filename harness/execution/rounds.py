@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.measure.timing import Measurement, TimingConfig
-from harness.store.schema import Row, TimingKey
+from harness.store.schema import TIMED, Row, TimingKey
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class RoundSchedule:
         """Round `index` of `key` with what its earlier rounds found, or None when an earlier round ended the key
         (its row says why). A round run alone (no earlier round ran) is timed as a first one."""
         before = self.rows.get(key)
-        if before is not None and before.timing_status != "timed":
+        if before is not None and before.timing_status != TIMED:
             return None
         suspicious = before.timing_reason if before is not None and before.suspicious else ""
         return Round(index, self.count, self._pooled.get(key), suspicious or "", self._memory.get(key))

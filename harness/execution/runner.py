@@ -19,7 +19,7 @@ from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.paged import FORWARD_ONLY, reference_inputs as paged_reference_inputs
 from harness.store.rows import make_row
 from harness.store.environment import available_memory
-from harness.store.schema import Row
+from harness.store.schema import BWD, FAIL, FWD, JUDGED, PASS, UNSUPPORTED, VERDICT_PHASES, Row
 
 
 def verdict_row(prepared: PreparedCase, backend: Backend, phase: str, status: str, reason: str = "",
@@ -28,9 +28,9 @@ def verdict_row(prepared: PreparedCase, backend: Backend, phase: str, status: st
     probe's `tag` keys the row 'tag:<case id>' (make_row)."""
     return make_row(run_id=run_id, case=prepared.case, backend=backend.name, backend_version=backend.version(),
                     phase=phase, device=prepared.device, status=status, reason=reason, checks=checks or (), tag=tag,
-                    backend_op=op if status in ("pass", "fail") else "",
+                    backend_op=op if status in JUDGED else "",
                     modifier_path=backend.modifier_path(prepared.case)
-                    if prepared.case.modifiers and status in ("pass", "fail") else None,
+                    if prepared.case.modifiers and status in JUDGED else None,
                     baseline=prepared.baseline if checks and backend.name != BASELINE_BACKEND else None)
 
 
@@ -87,7 +87,7 @@ def refusal(backend: Backend, case: AttentionCase, device: torch.device,
     if refused:
         return refused
     reasons = backend.can_run(case, device)
-    return ("unsupported", "; ".join(reasons)) if reasons else None
+    return (UNSUPPORTED, "; ".join(reasons)) if reasons else None
 
 
 def backward_reason(backend: Backend, case: AttentionCase, device: torch.device) -> str:
@@ -109,7 +109,7 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
 
     def both(status: str, reason: str, op: str = "") -> BackendResult:
         return BackendResult([verdict_row(prepared, backend, p, status, reason, run_id=run_id, op=op, tag=tag)
-                              for p in ("fwd", "bwd")])
+                              for p in VERDICT_PHASES])
 
     refused = refusal(backend, case, device, executor)
     if refused:
@@ -125,10 +125,10 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
         return both(answer.failure.status, answer.failure.reason, answer.op)
     result = _judged_forward(backend, prepared, answer, run_id, tag)
     if bwd_reason:
-        result.rows.append(verdict_row(prepared, backend, "bwd", "unsupported", bwd_reason, run_id=run_id, tag=tag))
+        result.rows.append(verdict_row(prepared, backend, BWD, UNSUPPORTED, bwd_reason, run_id=run_id, tag=tag))
     elif answer.backward_failure is not None:
         free(device)
-        result.rows.append(verdict_row(prepared, backend, "bwd", answer.backward_failure.status,
+        result.rows.append(verdict_row(prepared, backend, BWD, answer.backward_failure.status,
                                        answer.backward_failure.reason, run_id=run_id, op=answer.backward_op,
                                        tag=tag))
     else:
@@ -145,7 +145,7 @@ def _judged_forward(backend: Backend, prepared: PreparedCase, answer: CallResult
                       prepared.naive_error("out", backend.name))
     result = BackendResult([], {"out": check}, answer.out)
     reason = "; ".join(filter(None, [None if check.passed else check.describe(), note]))
-    result.rows.append(verdict_row(prepared, backend, "fwd", "pass" if check.passed else "fail", reason, [check],
+    result.rows.append(verdict_row(prepared, backend, FWD, PASS if check.passed else FAIL, reason, [check],
                                    run_id, op=answer.op, tag=tag))
     return result
 
@@ -161,6 +161,6 @@ def _judged_backward(backend: Backend, prepared: PreparedCase, answer: CallResul
                                 prepared.naive_error(name, backend.name)))
         result.checks[name] = checks[-1]
     failed = [c.describe() for c in checks if not c.passed]
-    return verdict_row(prepared, backend, "bwd", "fail" if failed else "pass",
+    return verdict_row(prepared, backend, BWD, FAIL if failed else PASS,
                        "; ".join(filter(None, failed + [prepared.note_for(backend.name)])), checks, run_id,
                        op=answer.backward_op, tag=tag)

@@ -15,6 +15,7 @@ from harness.execution.outcome import Failure, free
 from harness.measure.memory import CPU_METHOD, cpu_peak, peak_memory
 from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig, measure
+from harness.store.schema import FWD, FWD_BWD, OOM
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,8 @@ class Phase:
 def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
     """The Phase of fwd (inference, no autograd), bwd (the backward alone, on a retained graph, with the shared
     dO) or fwd+bwd (one training step). Gradients are reset in setup; the backend's `prepare` runs here, once."""
-    q, k, v, d_out = backend_inputs(backend, case, inputs, requires_grad=phase != "fwd")
-    leaves = modifier_leaves(inputs, requires_grad=phase != "fwd")  # sinks/bias: their gradients are work too
+    q, k, v, d_out = backend_inputs(backend, case, inputs, requires_grad=phase != FWD)
+    leaves = modifier_leaves(inputs, requires_grad=phase != FWD)  # sinks/bias: their gradients are work too
     call = BoundCall(backend, case, device, leaves=leaves)
 
     def forward():
@@ -67,12 +68,12 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         for t in (q, k, v, *leaves.values()):
             t.grad = None
 
-    if phase == "fwd":
+    if phase == FWD:
         def inference():  # as the correctness call runs it: a compiled backend guarded on grad mode compiles once
             with torch.no_grad():
                 return forward()
         return Phase(None, inference)
-    if phase == "fwd+bwd":
+    if phase == FWD_BWD:
         return Phase(reset, lambda: forward().backward(d_out))
     built: list = []
 
@@ -150,7 +151,7 @@ def _over_budget(result: TimingResult, timing: TimingCall, device: torch.device)
     """Set the round's oom failure when its peak memory is over the CPU budget; True then."""
     budget = timing.cpu_mem_budget
     if budget is not None and device.type == "cpu" and result.peak_mem_bytes > budget:
-        result.failure = Failure("oom", f"needed {result.peak_mem_bytes} bytes above inputs > CPU budget {budget}")
+        result.failure = Failure(OOM, f"needed {result.peak_mem_bytes} bytes above inputs > CPU budget {budget}")
         return True
     return False
 

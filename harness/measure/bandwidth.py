@@ -8,14 +8,14 @@ import torch
 from harness.measure.timing import TimingConfig, measure
 from harness.spec.case import AttentionCase
 from harness.spec.masks import MaskSpec
-from harness.store.schema import PHASES
+from harness.store.schema import BWD, FWD, FWD_BWD, PHASES
 
 #: bytes of the copied buffer: far above any L2 (50 MB on H100/H200) and the 2-core CPU's last-level cache, so the
 #: copy streams from memory; a CPU copy of 64 MiB takes ~10-30 ms, cheap enough to run at every start
 COPY_BYTES = {"cuda": 2 ** 30, "cpu": 64 * 2 ** 20}
 #: the phases' minimal traffic in units of the forward's tensors: the backward reads Q, K, V, O, dO and writes
 #: dQ, dK, dV (each tensor once), twice the forward's Q + K + V + O
-PHASE_TRAFFIC = {"fwd": 1, "bwd": 2, "fwd+bwd": 3}
+PHASE_TRAFFIC = {FWD: 1, BWD: 2, FWD_BWD: 3}
 
 
 def visible_keys(mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, block: int = 1024) -> int:
@@ -39,7 +39,7 @@ def visible_keys(mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, bloc
     return int(seen.sum()) * (batch if seen.shape[0] == 1 else 1)
 
 
-def bytes_moved(case: AttentionCase, phase: str = "fwd") -> int:
+def bytes_moved(case: AttentionCase, phase: str = FWD) -> int:
     """The least traffic of one call in the case's dtype: Q + visible K + visible V + O, K and V counted once per kv
     head (GQA's query heads share them), each tensor read or written once; the backward twice that."""
     if phase not in PHASES:

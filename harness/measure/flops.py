@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from harness.spec.case import AttentionCase
 from harness.spec.masks import count_attended_pairs
-from harness.store.schema import PHASES
+from harness.store.schema import BWD, FWD, FWD_BWD, PHASES
 
 #: backward does 2.5x the forward's matmul work (dS, dP, dQ, dK, dV against S and O in the forward)
 BACKWARD_FACTOR = 2.5
-PHASE_FACTOR = {"fwd": 1.0, "bwd": BACKWARD_FACTOR, "fwd+bwd": 1.0 + BACKWARD_FACTOR}
+PHASE_FACTOR = {FWD: 1.0, BWD: BACKWARD_FACTOR, FWD_BWD: 1.0 + BACKWARD_FACTOR}
 
 
 def attention_flops(case: AttentionCase, phase: str) -> int:

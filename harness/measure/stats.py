@@ -36,6 +36,8 @@ from math import comb
 
 import numpy as np
 
+from harness.store.schema import NOT_TIMED
+
 #: smallest ratio of medians that counts as a change of one key from one run to another (the gate, re-measured
 #: pairs, change points over a history): 10 %, asv's default factor, because whole runs on a shared 2-core VM
 #: drift by ~5 %; the gate's noise model may raise it per key, never lower it
@@ -81,7 +83,7 @@ _SLACK = 1e-12
 
 #: how one key's (or backend's) timing compares with another's; the advisor shows slower/faster/unchanged as
 #: slower/faster/tied (advisor/ranking.ADVISOR_WORDS)
-VERDICTS = ("slower", "faster", "unchanged", "undecided", "not-timed")
+VERDICTS = ("slower", "faster", "unchanged", "undecided", NOT_TIMED)
 _NOT_POSITIVE = "a round median is not positive: timer resolution too coarse"
 _LEVEL = lambda v: 0 < v < 1  # noqa: E731
 _NONNEGATIVE = lambda v: math.isfinite(v) and v >= 0  # noqa: E731
@@ -249,7 +251,7 @@ def timing_verdict(base, new, cfg: TieConfig = TieConfig(), *, base_rounds=None,
 
     base, new, base_rounds, new_rounds, counts = _labelled(base, new, base_rounds, new_rounds)
     if len(base) == 0 and len(new) == 0:
-        return TimingVerdict("not-timed", **counts)
+        return TimingVerdict(NOT_TIMED, **counts)
     if len(base) == 0 or len(new) == 0:
         return TimingVerdict("undecided", f"samples only in the {'new' if len(new) else 'base'} run", **counts)
     base_ms, new_ms = float(np.median(base)), float(np.median(new))
@@ -348,7 +350,7 @@ def gate_verdict(base_ms, new_ms, cfg: GateConfig = GateConfig(), *, base_rounds
     base, new, base_rounds, new_rounds, counts = _labelled(base_ms, new_ms, base_rounds, new_rounds)
     counts["margin"] = margin = margin_for(cfg, noise)
     if len(base) == 0 and len(new) == 0:
-        return GateVerdict("not-timed", **counts)
+        return GateVerdict(NOT_TIMED, **counts)
     if len(base) == 0 or len(new) == 0:
         return GateVerdict("undecided", f"timed only in the {'new' if len(new) else 'base'} run", **counts)
     x, y = round_medians(base, base_rounds), round_medians(new, new_rounds)

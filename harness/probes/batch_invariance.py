@@ -19,7 +19,7 @@ from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.masks import And, Causal, KeyPadding, MaskSpec
 from harness.spec.masks.padding import PerSequenceLengths
 from harness.spec.paged import cache_lengths, paged_case
-from harness.store.schema import Row
+from harness.store.schema import ERROR, FWD, OBSERVED, Row
 
 KINDS = ("prefill", "decode", "paged-decode")
 INVARIANCE = ("yes", "no", "error")
@@ -68,7 +68,7 @@ def check_batch_invariance(backend: Backend, kind: str, device: torch.device, *,
     tag = f"batch-invariance-{kind}"
 
     def row(status: str, observed: str = "", reason: str = "") -> Row:
-        return probe_row(case, backend, device, tag=tag, phase="fwd", status=status, observed=observed,
+        return probe_row(case, backend, device, tag=tag, phase=FWD, status=status, observed=observed,
                          reason=reason, run_id=run_id)
 
     inputs = make_inputs(case, "cpu", seed)
@@ -80,10 +80,10 @@ def check_batch_invariance(backend: Backend, kind: str, device: torch.device, *,
     for c, x in pair:
         answer = executor.call(backend, Call(c, None, x), device)
         if answer.failure is not None:
-            return row("error", "", answer.failure.reason)
+            return row(ERROR, "", answer.failure.reason)
         outs.append(answer.out)
     _, seen = compare(outs[0][:1], outs[1])
-    return row("observed", seen, "recorded: no backend promises batch invariance")
+    return row(OBSERVED, seen, "recorded: no backend promises batch invariance")
 
 
 def batch_invariance_check(backend: Backend, device: torch.device, case: AttentionCase, seed: int = 0) -> dict:

@@ -10,7 +10,7 @@ from harness.execution.runner import refusal
 from harness.oracle.verdict import Check
 from harness.spec.case import AttentionCase
 from harness.store.rows import make_row
-from harness.store.schema import Row
+from harness.store.schema import JUDGED, UNSUPPORTED, Row
 
 #: what `classify` can answer about a block of output or gradient values
 CLASSES = ("0", "NaN", "inf", "mean(V)", "garbage")
@@ -33,7 +33,7 @@ def probe_row(case: AttentionCase, backend: Backend, device: torch.device, *, ta
     the kernel that ran, as the call's result brought it back from where it ran (CallResult.op)."""
     return make_row(run_id=run_id, case=case, backend=backend.name, backend_version=backend.version(), phase=phase,
                     device=device, status=status, reason=reason, checks=checks or (), tag=tag, observed=observed,
-                    backend_op=op if status in ("pass", "fail") else "", **columns)
+                    backend_op=op if status in JUDGED else "", **columns)
 
 
 def refused(backend: Backend, case: AttentionCase, device: torch.device, executor: Executor = IN_PROCESS, *,
@@ -43,7 +43,7 @@ def refused(backend: Backend, case: AttentionCase, device: torch.device, executo
     if gate:
         return gate
     reasons = backend.can_run(case, device, backward=backward, dropout=dropout)
-    return ("unsupported", "; ".join(reasons)) if reasons else None
+    return (UNSUPPORTED, "; ".join(reasons)) if reasons else None
 
 
 def classify(values: torch.Tensor, mean_v: torch.Tensor | None = None) -> str:

@@ -14,7 +14,7 @@ from harness.execution.executor import IN_PROCESS, Executor
 from harness.probes.common import probe_dtype, probe_row, refused
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal
-from harness.store.schema import GRADS, Row
+from harness.store.schema import BWD, ERROR, FAIL, GRADS, OBSERVED, PASS, Row
 
 REPEATS = 3
 
@@ -39,7 +39,7 @@ def check_determinism(backend: Backend, device: torch.device, *, seed: int = 0, 
     case = determinism_case(probe_dtype(backend, device), device)
 
     def row(status: str, observed: str = "", reason: str = "", op: str = "") -> Row:
-        return probe_row(case, backend, device, tag="determinism", phase="bwd", status=status, observed=observed,
+        return probe_row(case, backend, device, tag="determinism", phase=BWD, status=status, observed=observed,
                          reason=reason, run_id=run_id, op=op)
 
     gate = refused(backend, case, device, executor, backward=True)
@@ -50,7 +50,7 @@ def check_determinism(backend: Backend, device: torch.device, *, seed: int = 0, 
         answer = executor.call(backend, Call(case, seed, backward=True), device)
         failure = answer.failure or answer.backward_failure
         if failure is not None:
-            return row("error", "", failure.reason)
+            return row(ERROR, "", failure.reason)
         runs.append({"out": answer.out, **answer.grads})
     differ = []
     for name in ("out", *GRADS):
@@ -60,6 +60,6 @@ def check_determinism(backend: Backend, device: torch.device, *, seed: int = 0, 
     observed = (f"bitwise equal over {REPEATS} runs" if not differ else "differs: " + ", ".join(differ))
     why = claim(backend)
     if why is None:
-        return row("observed", observed, "no determinism claimed")
-    return row("fail" if differ else "pass", observed, "" if not differ else f"claimed deterministic ({why})",
+        return row(OBSERVED, observed, "no determinism claimed")
+    return row(FAIL if differ else PASS, observed, "" if not differ else f"claimed deterministic ({why})",
                answer.backward_op)

@@ -22,7 +22,7 @@ from harness.execution.executor import IN_PROCESS, Executor
 from harness.oracle.reference import reference_attention
 from harness.probes.common import probe_dtype, probe_row, refused
 from harness.spec.case import AttentionCase, Inputs, make_inputs
-from harness.store.schema import Row
+from harness.store.schema import BWD, ERROR, FAIL, FWD, PASS, UNSUPPORTED, Row
 
 P = 0.25
 REPEATS = 8
@@ -69,7 +69,7 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
     def rows(fwd: tuple[str, str, str], bwd: tuple[str, str, str] | None = None, op: str = "") -> list[Row]:
         bwd = bwd or fwd
         return [probe_row(case, backend, device, tag="dropout", phase=phase, status=s, observed=obs, reason=why,
-                          run_id=run_id, op=op) for phase, (s, obs, why) in (("fwd", fwd), ("bwd", bwd))]
+                          run_id=run_id, op=op) for phase, (s, obs, why) in ((FWD, fwd), (BWD, bwd))]
 
     gate = refused(backend, case, device, executor, dropout=True)
     if gate:
@@ -81,7 +81,7 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
         again, _, op = _run(executor, backend, device, inputs, case, seed, grad=False)
         again = again.double()
     except _Refused as exc:  # a library that refuses dropout here (e.g. a kernel without it) says so
-        return rows(("unsupported", "refused", str(exc)))
+        return rows((UNSUPPORTED, "refused", str(exc)))
 
     counted = probs > _MIN_WEIGHT
     kept = torch.stack([o != 0 for o in outs])
@@ -102,19 +102,19 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
     digest = hashlib.sha1(kept[0].numpy().tobytes()).hexdigest()[:12]
     observed = (f"kept {frac:.4f} (1-p={1 - P}, bound {bound:.4f}); mean row sum {float(sums.mean()):.4f}; "
                 f"seed {seed} mask sha1 {digest}; same seed repeats: {'yes' if torch.equal(again, outs[0]) else 'no'}")
-    fwd = ("fail" if failures else "pass", observed, "; ".join(failures))
+    fwd = (FAIL if failures else PASS, observed, "; ".join(failures))
 
     no_backward = backend.backward_reasons(device)
     if no_backward:
-        return rows(fwd, ("unsupported", "", "; ".join(no_backward)), op)
+        return rows(fwd, (UNSUPPORTED, "", "; ".join(no_backward)), op)
     try:
         out, dv, op = _run(executor, backend, device, inputs, case, seed, grad=True)
     except _Refused as exc:
-        return rows(fwd, ("error", "", str(exc)), op)
+        return rows(fwd, (ERROR, "", str(exc)), op)
     out64, dv64 = out.to("cpu", torch.float64), dv.to("cpu", torch.float64)
     expected_dv = out64.transpose(-1, -2) @ inputs.d_out.to("cpu", torch.float64)   # P_dropped^T dO
     err = float((dv64 - expected_dv).abs().max())
     tol = RTOL[case.dtype] * 10 * max(1.0, float(expected_dv.abs().max()))
-    bwd = ("pass" if err <= tol else "fail", f"max|dV - P_dropped^T dO| = {err:.3g} (tol {tol:.3g})",
+    bwd = (PASS if err <= tol else FAIL, f"max|dV - P_dropped^T dO| = {err:.3g} (tol {tol:.3g})",
            "" if err <= tol else "backward does not use the forward's dropout mask")
     return rows(fwd, bwd, op)

@@ -16,7 +16,7 @@ from harness.execution.executor import CallFailed, Executor
 from harness.execution.outcome import exception_text
 from harness.probes.common import probe_dtype, probe_row
 from harness.spec.case import AttentionCase, dtype_name
-from harness.store.schema import Row
+from harness.store.schema import ERROR, FAIL, FWD_BWD, PASS, UNAVAILABLE, UNSUPPORTED, Row
 
 #: name -> (batch, heads, seq_q, seq_k, head_dim)
 SHAPES: dict[str, tuple[int, int, int, int, int]] = {
@@ -44,7 +44,7 @@ def probe(backend: Backend, device: torch.device, shape: str) -> dict:
     dtype = probe_dtype(backend, device)
     reason = backend.unavailable_reason(device)
     if reason:
-        return {"status": "unavailable", "observed": "", "reason": reason}
+        return dict(status=UNAVAILABLE, observed="", reason=reason)
     gen = torch.Generator().manual_seed(0)
     canon = [torch.randn(s, generator=gen).to(device, dtype) for s in ((b, h, sq, d), (b, h, sk, d), (b, h, sk, d))]
     grad = not backend.backward_reasons(device)
@@ -59,7 +59,7 @@ def probe(backend: Backend, device: torch.device, shape: str) -> dict:
         if grad:
             out.backward(torch.ones_like(out))
     except Exception as exc:  # refusing an empty problem cleanly is allowed
-        return {"status": "unsupported", "observed": "refused", "reason": exception_text(exc)}
+        return dict(status=UNSUPPORTED, observed="refused", reason=exception_text(exc))
     problems = []
     if tuple(out_c.shape) != (b, h, sq, d):
         problems.append(f"output shape {tuple(out_c.shape)} != {(b, h, sq, d)}")
@@ -72,8 +72,8 @@ def probe(backend: Backend, device: torch.device, shape: str) -> dict:
         if g is not None and (g.shape != t.shape or not bool(torch.isfinite(g).all())):
             problems.append(f"d{name} has shape {tuple(g.shape)} or NaN/inf")
     observed = f"out {tuple(out_c.shape)}" + ("" if grad else "; no backward")
-    return {"status": "fail" if problems else "pass", "observed": observed, "reason": "; ".join(problems),
-            "op": call.ops(grad)[0]}
+    return dict(status=FAIL if problems else PASS, observed=observed, reason="; ".join(problems),
+                op=call.ops(grad)[0])
 
 
 def probe_all(backends: list[Backend], device: torch.device, executor: Executor) -> dict:
@@ -84,13 +84,13 @@ def probe_all(backends: list[Backend], device: torch.device, executor: Executor)
         refused = executor.refusal(backend, device)
         for shape in SHAPES:
             if refused:
-                results[(backend.name, shape)] = {"status": refused[0], "observed": "", "reason": refused[1]}
+                results[(backend.name, shape)] = dict(status=refused[0], observed="", reason=refused[1])
                 continue
             try:
                 results[(backend.name, shape)] = executor.run(backend, probe, device, shape)
             except CallFailed as exc:
-                results[(backend.name, shape)] = {"status": "error", "observed": "crash",
-                                                  "reason": f"{exc.failure.reason} (instead of raising an exception)"}
+                results[(backend.name, shape)] = dict(status=ERROR, observed="crash",
+                                                      reason=f"{exc.failure.reason} (instead of raising an exception)")
     return results
 
 
@@ -100,8 +100,6 @@ def empty_row(backend: Backend, shape: str, outcome: dict, device: torch.device,
     dtype = probe_dtype(backend, device)
     stand_in = AttentionCase(max(b, 1), h, max(sq, 1), d, dtype, seq_k=max(sk, 1))
     # the stand-in case only carries the other columns; the real sizes include the zero
-    return probe_row(stand_in, backend, device, tag="", phase="fwd+bwd", status=outcome["status"],
-                     observed=outcome.get("observed", ""), reason=outcome.get("reason", ""), run_id=run_id,
-                     op=outcome.get("op", ""),
+    return probe_row(stand_in, backend, device, tag="", phase=FWD_BWD, **outcome, run_id=run_id,
                      batch=b, seq_q=sq, seq_k=sk,
                      case_id=f"edge:empty-{shape}:{dtype_name(dtype)}-b{b}-h{h}-s{sq}x{sk}-d{d}")

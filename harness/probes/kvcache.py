@@ -20,7 +20,7 @@ from harness.oracle.verdict import judge
 from harness.probes.common import probe_row
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.masks import Causal, CausalBottomRight
-from harness.store.schema import GRADS, Row
+from harness.store.schema import BWD, FAIL, FWD, GRADS, PASS, Row
 
 
 def _slice(inputs: Inputs, start: int, stop: int) -> Inputs:
@@ -88,12 +88,12 @@ def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: tor
 
     tag = f"prefill:assembled{chunks}"
     fwd = check("out", torch.cat(outs, dim=2), ref.out)
-    rows.append(probe_row(full, backend, device, tag=tag, phase="fwd", status="pass" if fwd.passed else "fail",
+    rows.append(probe_row(full, backend, device, tag=tag, phase=FWD, status=PASS if fwd.passed else FAIL,
                           reason="" if fwd.passed else fwd.describe(), checks=[fwd], run_id=run_id,
-                          op=ops.get("fwd", "")))
+                          op=ops.get(FWD, "")))
     if have_grads:
         grads = [check("dq", torch.cat(dq, dim=2), ref.dq), check("dk", dk, ref.dk), check("dv", dv, ref.dv)]
         bad = [c.describe() for c in grads if not c.passed]
-        rows.append(probe_row(full, backend, device, tag=tag, phase="bwd", status="fail" if bad else "pass",
-                              reason="; ".join(bad), checks=grads, run_id=run_id, op=ops.get("bwd", "")))
+        rows.append(probe_row(full, backend, device, tag=tag, phase=BWD, status=FAIL if bad else PASS,
+                              reason="; ".join(bad), checks=grads, run_id=run_id, op=ops.get(BWD, "")))
     return rows

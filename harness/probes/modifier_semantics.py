@@ -15,6 +15,7 @@ from harness.probes.common import classify, probe_dtype
 from harness.spec.case import AttentionCase, Inputs
 from harness.spec.masks import KeyPadding
 from harness.spec.modifiers import alibi_slopes, softcap_scores
+from harness.store.schema import FWD, OBSERVED
 
 #: batch element 0 sees no key (empty rows), element 1 its first 4 of 7
 PADDING = KeyPadding((0, 4))
@@ -52,14 +53,14 @@ def _which(probe, case: AttentionCase, candidates: dict):
     prepared = probe.prepared(case)
     out, why = probe.call(case, prepared.inputs)
     if out is None:
-        return Answer("observed", "refused", why)
+        return Answer(OBSERVED, "refused", why)
     naive = prepared.naive_error("out", probe.backend.name)
     checks = {name: judge("out", out, ref(prepared.inputs), case.dtype, naive) for name, ref in candidates.items()}
     for name, check in checks.items():
         if check.passed:
-            return Answer("observed", name, checks=[check])
+            return Answer(OBSERVED, name, checks=[check])
     errs = ", ".join(f"{name} {c.err:.3g}" for name, c in checks.items())
-    return Answer("observed", "neither", f"err vs {errs}", list(checks.values()))
+    return Answer(OBSERVED, "neither", f"err vs {errs}", list(checks.values()))
 
 
 def softcap_order(probe) -> tuple[AttentionCase, object]:
@@ -93,16 +94,16 @@ def sink_empty_rows(probe) -> tuple[AttentionCase, object]:
     prepared = probe.prepared(case)
     out, why = probe.call(case, prepared.inputs)
     if out is None:
-        return case, Answer("observed", "refused", why)
+        return case, Answer(OBSERVED, "refused", why)
     empty = ~case.key_mask().any(-1).expand(case.batch, case.heads, case.seq_q)
     v = prepared.inputs.v.to("cpu", torch.float64).repeat_interleave(case.heads // case.kv_heads, dim=1)
     mean_v = v.mean(2, keepdim=True).expand(case.batch, case.heads, case.seq_q, case.head_dim_v)
-    return case, Answer("observed", f"out={classify(out.cpu()[empty], mean_v[empty])}")
+    return case, Answer(OBSERVED, f"out={classify(out.cpu()[empty], mean_v[empty])}")
 
 
 #: question name -> (phase of its row, probe), joined to semantics.QUESTIONS
 MODIFIER_QUESTIONS = {
-    "softcap-order": ("fwd", softcap_order),
-    "alibi-convention": ("fwd", alibi_convention),
-    "sink-empty-rows": ("fwd", sink_empty_rows),
+    "softcap-order": (FWD, softcap_order),
+    "alibi-convention": (FWD, alibi_convention),
+    "sink-empty-rows": (FWD, sink_empty_rows),
 }

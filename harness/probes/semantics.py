@@ -27,7 +27,7 @@ from harness.oracle.verdict import Check, judge
 from harness.probes.common import classify, probe_dtype, probe_row, refused
 from harness.spec.case import AttentionCase, Inputs
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, MaskSpec
-from harness.store.schema import Row
+from harness.store.schema import BWD, ERROR, FWD, FWD_BWD, NOT_RUN, OBSERVED, UNSUPPORTED, Row
 
 #: batch element 0 sees no key at all (empty rows); element 1 sees keys 0-3 of 7 (partial rows)
 PADDING = KeyPadding((0, 4))
@@ -124,9 +124,9 @@ def _result_failure(result: BackendResult) -> Answer | None:
     """A run that did not produce an output: unsupported/unavailable stay so; an exception is the answer."""
     if result.out is not None:
         return None
-    if result.status in ("unsupported", "unavailable"):
+    if result.status in NOT_RUN:
         return Answer(result.status, "", result.reasons)
-    return Answer("observed", "error", result.reasons)
+    return Answer(OBSERVED, ERROR, result.reasons)
 
 
 def fully_masked_rows(probe: Probe) -> tuple[AttentionCase, Answer]:
@@ -142,8 +142,8 @@ def fully_masked_rows(probe: Probe) -> tuple[AttentionCase, Answer]:
         dk, dv = _state(result.checks["dk"]), _state(result.checks["dv"])
         parts.append(f"dk,dv={dk}" if dk == dv else f"dk={dk} dv={dv}")
     else:
-        parts.append(f"grads={result.row('bwd').status}")
-    return case, Answer("observed", " ".join(parts), result.reasons, list(result.checks.values()))
+        parts.append(f"grads={result.row(BWD).status}")
+    return case, Answer(OBSERVED, " ".join(parts), result.reasons, list(result.checks.values()))
 
 
 def scale_honoured(probe: Probe) -> tuple[AttentionCase, Answer]:
@@ -154,11 +154,11 @@ def scale_honoured(probe: Probe) -> tuple[AttentionCase, Answer]:
         return case, failed
     check = _judge_visible(result.out, prepared.reference.out, prepared, probe.backend)
     if check.passed:
-        return case, Answer("observed", "honoured", checks=[check])
+        return case, Answer(OBSERVED, "honoured", checks=[check])
     default = reference_attention(replace(case, scale=None), prepared.inputs, grads=False).out.cpu()
     if _judge_visible(result.out, default, prepared, probe.backend).passed:
-        return case, Answer("observed", "ignored (used 1/sqrt(head_dim))", checks=[check])
-    return case, Answer("observed", f"wrong (err {check.err:.3g})", checks=[check])
+        return case, Answer(OBSERVED, "ignored (used 1/sqrt(head_dim))", checks=[check])
+    return case, Answer(OBSERVED, f"wrong (err {check.err:.3g})", checks=[check])
 
 
 def nan_in_masked_kv(probe: Probe) -> tuple[AttentionCase, Answer]:
@@ -177,7 +177,7 @@ def nan_in_masked_kv(probe: Probe) -> tuple[AttentionCase, Answer]:
             parts.append(f"{name}=error ({why})")
         else:
             parts.append(f"{name}={'leaks' if bool(_visible(out, case).isnan().any()) else 'contained'}")
-    return case, Answer("observed", " ".join(parts))
+    return case, Answer(OBSERVED, " ".join(parts))
 
 
 def _native(probe: Probe, native: str, case: AttentionCase) -> Answer | None:
@@ -185,7 +185,7 @@ def _native(probe: Probe, native: str, case: AttentionCase) -> Answer | None:
     if skip:
         return skip
     if native not in probe.backend.native_probes:
-        return Answer("unsupported", "", f"{probe.backend.name} has no native_{native} probe: it takes mask specs only")
+        return Answer(UNSUPPORTED, "", f"{probe.backend.name} has no native_{native} probe: it takes mask specs only")
     return None
 
 
@@ -198,14 +198,14 @@ def _which(probe: Probe, case: AttentionCase, candidates: dict[str, MaskSpec | N
     inputs = next(iter(prepared.values())).inputs                       # same seed and shapes: same inputs
     out, why = probe.call(case, inputs, entry="native_causal")
     if out is None:
-        return Answer("observed", "refused", why)
+        return Answer(OBSERVED, "refused", why)
     checks = {name: judge("out", out, p.reference.out, case.dtype, _naive_err(p, probe.backend, "out"))
               for name, p in prepared.items()}
     for name, check in checks.items():
         if check.passed:
-            return Answer("observed", name, checks=[check])
+            return Answer(OBSERVED, name, checks=[check])
     errs = ", ".join(f"{name} {c.err:.3g}" for name, c in checks.items())
-    return Answer("observed", "neither", f"err vs {errs}", list(checks.values()))
+    return Answer(OBSERVED, "neither", f"err vs {errs}", list(checks.values()))
 
 
 def causal_non_square(probe: Probe) -> tuple[AttentionCase, Answer]:
@@ -253,7 +253,7 @@ def mask_kinds(probe: Probe) -> tuple[AttentionCase, Answer]:
             continue
         checks.append(_judge_visible(out, prepared.reference.out, prepared, probe.backend))
         parts.append(f"{name}={_state(checks[-1])}")
-    return case, Answer("observed", " ".join(parts), "; ".join(reasons), checks)
+    return case, Answer(OBSERVED, " ".join(parts), "; ".join(reasons), checks)
 
 
 def finite_negative_mask(probe: Probe) -> tuple[AttentionCase, Answer]:
@@ -265,22 +265,22 @@ def finite_negative_mask(probe: Probe) -> tuple[AttentionCase, Answer]:
     prepared = probe.prepared(case)
     out, why = _mask_outputs(probe)["finfo.min"]
     if out is None:
-        return case, Answer("observed", "refused", why)
+        return case, Answer(OBSERVED, "refused", why)
     check = _judge_visible(out, prepared.reference.out, prepared, probe.backend)
     empty = _empty_rows(case)
     full = classify(out[empty], _mean_v(case, prepared.inputs)[empty])
-    return case, Answer("observed", f"partial rows={_state(check)} masked rows={full}", checks=[check])
+    return case, Answer(OBSERVED, f"partial rows={_state(check)} masked rows={full}", checks=[check])
 
 
 #: question name -> (phase of its row, probe)
 QUESTIONS: dict[str, tuple[str, Callable]] = {
-    "fully-masked-rows": ("fwd+bwd", fully_masked_rows),
-    "causal-non-square": ("fwd", causal_non_square),
-    "decode-causal": ("fwd", decode_causal),
-    "finite-negative-mask": ("fwd", finite_negative_mask),
-    "mask-kinds": ("fwd", mask_kinds),
-    "scale": ("fwd", scale_honoured),
-    "nan-in-masked-kv": ("fwd", nan_in_masked_kv),
+    "fully-masked-rows": (FWD_BWD, fully_masked_rows),
+    "causal-non-square": (FWD, causal_non_square),
+    "decode-causal": (FWD, decode_causal),
+    "finite-negative-mask": (FWD, finite_negative_mask),
+    "mask-kinds": (FWD, mask_kinds),
+    "scale": (FWD, scale_honoured),
+    "nan-in-masked-kv": (FWD, nan_in_masked_kv),
 }
 
 # The modifiers' questions live in their own module, which builds on this one's Probe and Answer: joined here, after

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from harness.report.data import GROUP_KEYS, SEMANTICS_PREFIX, Run, mask_kind
-from harness.store.schema import BAD, NOT_RUN, PHASES, VERDICT_PHASES
+from harness.store.schema import BAD, BWD, FWD, FWD_BWD, NOT_RUN, PASS, PHASES, VERDICT_PHASES
 
 
 def shape_groups(df: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
@@ -107,7 +107,7 @@ def correct_cases(run: Run) -> pd.DataFrame:
     """(case_id, backend) -> whether fwd and bwd verdicts passed (NaN phase verdict = not run)."""
     rows = run.verdicts[run.verdicts.phase.isin(VERDICT_PHASES)]
     wide = rows.pivot_table(index=["case_id", "backend"], columns="phase", values="status", aggfunc="first")
-    return wide.reindex(columns=list(VERDICT_PHASES)).eq("pass")
+    return wide.reindex(columns=list(VERDICT_PHASES)).eq(PASS)
 
 
 def timed_correct(run: Run) -> pd.DataFrame:
@@ -121,7 +121,7 @@ def timed_correct(run: Run) -> pd.DataFrame:
         verdict = ok.loc[(r.case_id, r.backend)] if (r.case_id, r.backend) in ok.index else None
         if verdict is None:
             return False
-        return bool(verdict["fwd"] and verdict["bwd"]) if r.phase == "fwd+bwd" else bool(verdict.get(r.phase))
+        return bool(verdict[FWD] and verdict[BWD]) if r.phase == FWD_BWD else bool(verdict.get(r.phase))
     return rows[rows.apply(passed, axis=1)]
 
 
@@ -159,9 +159,9 @@ def headline(run: Run) -> pd.DataFrame:
             continue
         statuses = per_case.loc[backend]
         bad = statuses.map(lambda s: bool(s & set(BAD)))
-        passed = statuses.map(lambda s: "pass" in s) & ~bad
+        passed = statuses.map(lambda s: PASS in s) & ~bad
         rows = run.cases[run.cases.backend == backend]
-        partial = passed & statuses.map(lambda s: bool(s & {"unsupported", "unavailable"}))
+        partial = passed & statuses.map(lambda s: bool(s & set(NOT_RUN)))
         entry = {"backend": backend, "cases": len(statuses), "passed": int(passed.sum()),
                  "of which partly run": int(partial.sum()), "failed": int(bad.sum()),
                  "not run": int((~passed & ~bad).sum())}
@@ -183,7 +183,7 @@ def failures(run: Run) -> pd.DataFrame:
     cols = ["backend", "case_id", "phase", "status", "err_ratio", "reason"]
     rows = run.cases[run.cases.status.isin(BAD)]
     # a fwd+bwd row that was not timed because fwd or bwd failed repeats that failure; list it once
-    repeat = (rows.phase == "fwd+bwd") & rows.reason.fillna("").astype(str).str.startswith("not timed:")
+    repeat = (rows.phase == FWD_BWD) & rows.reason.fillna("").astype(str).str.startswith("not timed:")
     return rows.loc[~repeat, cols].reset_index(drop=True)
 
 
@@ -209,6 +209,6 @@ def modifier_support(run: Run) -> pd.DataFrame:
         paths = sorted(set(g.modifier_path.dropna().astype(str)) - {""})
         out.append({"backend": backend, "modifiers": kind,
                     "statuses": ", ".join(f"{s} {n}" for s, n in counts.items()),
-                    "path": "; ".join(paths), "reason": "; ".join(sorted(set(g.reason[g.status != "pass"]
+                    "path": "; ".join(paths), "reason": "; ".join(sorted(set(g.reason[g.status != PASS]
                                                                               .dropna().astype(str)) - {""}))[:200]})
     return pd.DataFrame(out)

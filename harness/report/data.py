@@ -14,7 +14,7 @@ from harness.measure.fidelity import FIDELITY_TAG
 from harness.spec.case import dtype_name, parse_dtype
 from harness.store.load import load_results, load_samples
 from harness.store.run_dir import read_env
-from harness.store.schema import COLUMNS, KEY, VERDICT_PHASES
+from harness.store.schema import COLUMNS, KEY, OBSERVED, VERDICT_PHASES
 
 SEMANTICS_PREFIX = "semantics:"
 NUMERIC = ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "err_ratio", "latency_ms", "latency_iqr_ms",
@@ -145,7 +145,7 @@ def _read(run_dir: Path) -> pd.DataFrame:
     df["status"] = df.status.fillna("").astype(str)
     df["phase"] = df.phase.fillna("").astype(str)
     # observations, not attention cases: semantics answers, probe findings and the timing-fidelity row
-    df["is_semantics"] = (df.status == "observed") | df.case_id.astype(str).str.startswith(SEMANTICS_PREFIX)
+    df["is_semantics"] = (df.status == OBSERVED) | df.case_id.astype(str).str.startswith(SEMANTICS_PREFIX)
     # the fidelity row measures the timer, not a backend's convention: shown with the environment instead
     df["is_fidelity"] = df.case_id.astype(str).str.startswith(FIDELITY_TAG + ":")
     df["mask_kind"] = df["mask"].map(mask_kind)

@@ -17,6 +17,7 @@ from harness.report.analysis import (answered, failures, headline, modifier_supp
                                      short_cell, winners)
 from harness.report.data import Run, load_run, peak_tflops
 from harness.report.trends import Trends, run_trends
+from harness.store.schema import PHASES
 
 FAILURE_LINKS = 5  # per backend in the headline; the rest are one click away in the failures section
 
@@ -224,11 +225,11 @@ def _winners_table(run: Run) -> pd.DataFrame:
     table = table.assign(cell=[cell(r) for r in table.itertuples()])
     shape = ["dtype", "head_dim", "mask", "modifier_kind", "batch", "heads", "kv_heads", "seq_q", "seq_k"]
     wide = table.pivot_table(index=shape, columns="phase", values="cell", aggfunc="first", sort=False)
-    wide = wide.reindex(columns=[p for p in ("fwd", "bwd", "fwd+bwd") if p in wide.columns]).reset_index()
+    wide = wide.reindex(columns=[p for p in PHASES if p in wide.columns]).reset_index()
     if (wide.kv_heads == wide.heads).all():
         wide = wide.drop(columns=["kv_heads"])
     wide.columns.name = None
-    return wide.rename(columns={p: f"{p} winner" for p in ("fwd", "bwd", "fwd+bwd")})
+    return wide.rename(columns={p: f"{p} winner" for p in PHASES})
 
 
 def report_blocks(run: Run, figures: dict[str, list[Path]], trends: Trends | None = None) -> list:

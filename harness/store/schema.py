@@ -13,24 +13,33 @@ SCHEMA_VERSION = 3
 #: a result is one (case, backend, phase)
 KEY = ("case_id", "backend", "phase")
 
-#: every status a row can have, and what they mean:
-#: pass/fail - judged against the reference; error - raised or died; oom - out of memory;
-#: unsupported - the backend cannot take this case; unavailable - it cannot run here at all;
-#: observed - a semantics answer, recorded rather than judged
-STATUSES = ("pass", "fail", "unsupported", "unavailable", "error", "oom", "observed")
+# The vocabulary is spelled here once; code everywhere else uses these names (tests/unit/test_architecture.py
+# fails on a phase or status written as a literal outside this module).
+#: the statuses a row can have: judged against the reference (pass/fail); raised or died (error); out of memory
+#: (oom); the backend cannot take this case (unsupported) or cannot run here at all (unavailable); a semantics
+#: answer, recorded rather than judged (observed)
+PASS, FAIL, ERROR, OOM = "pass", "fail", "error", "oom"
+UNSUPPORTED, UNAVAILABLE, OBSERVED = "unsupported", "unavailable", "observed"
+STATUSES = (PASS, FAIL, UNSUPPORTED, UNAVAILABLE, ERROR, OOM, OBSERVED)
 #: worst first: the status of a (case, backend) made of several phase rows is the first one present
-STATUS_ORDER = ("error", "oom", "fail", "pass", "unsupported", "unavailable", "observed")
+STATUS_ORDER = (ERROR, OOM, FAIL, PASS, UNSUPPORTED, UNAVAILABLE, OBSERVED)
 #: the backend ran and got it wrong, or died trying
-BAD = ("fail", "error", "oom")
+BAD = (FAIL, ERROR, OOM)
+#: what fails a check or a test: a wrong answer or a raise (out of memory is the device's limit: a skip)
+FAILING = (FAIL, ERROR)
+#: the backend ran the case and its answer was judged (the rows that name the kernel that ran)
+JUDGED = (PASS, FAIL)
 #: the backend did not run the case, with a reason
-NOT_RUN = ("unsupported", "unavailable")
+NOT_RUN = (UNSUPPORTED, UNAVAILABLE)
 #: fwd = inference call; bwd = the backward alone; fwd+bwd = one training step (timing only)
-PHASES = ("fwd", "bwd", "fwd+bwd")
+FWD, BWD, FWD_BWD = "fwd", "bwd", "fwd+bwd"
+PHASES = (FWD, BWD, FWD_BWD)
 #: phases that carry a correctness verdict
-VERDICT_PHASES = ("fwd", "bwd")
+VERDICT_PHASES = (FWD, BWD)
 #: how the benchmark stage ended for a key, apart from its correctness: timed; not-timed (its correctness did not
 #: pass); unsupported, error or oom while timing
-TIMING_STATUSES = ("timed", "not-timed", "unsupported", "error", "oom")
+TIMED, NOT_TIMED = "timed", "not-timed"
+TIMING_STATUSES = (TIMED, NOT_TIMED, UNSUPPORTED, ERROR, OOM)
 #: the quantities judged against the reference (dsinks/dbias only where the case has sinks/bias)
 QUANTITIES = ("out", "dq", "dk", "dv", "dsinks", "dbias")
 #: what limits a timed row (its `bound` column): the matmul peak or the memory bandwidth

@@ -25,7 +25,7 @@ from harness.execution.cost import check_cost
 from harness.spec.matrices import AUTO, build_matrix, resolve_matrix
 from harness.spec.presets import model_shape
 from harness.store.run_dir import results_root
-from harness.store.schema import PHASES, STATUSES
+from harness.store.schema import OBSERVED, PHASES, STATUSES
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
 #: suites/<stage>/test_*.py run in this order
@@ -229,7 +229,7 @@ def summary_lines(session: RunSession) -> list[str]:
         naive = session.perf_rows.get((case_id, "naive", phase))
         if row.latency_ms and naive is not None and naive.latency_ms:
             speedups[backend][phase].append(naive.latency_ms / row.latency_ms)
-    statuses = [s for s in STATUSES if s != "observed"]  # observed: a probe's finding, not a verdict
+    statuses = [s for s in STATUSES if s != OBSERVED]  # observed: a probe's finding, not a verdict
     width = max(16, *map(len, counts))
     header = f"{'backend':<{width}}" + "".join(f"{s:>{len(s) + 2}}" for s in statuses)
     if session.perf_rows:

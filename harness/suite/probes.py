@@ -6,7 +6,6 @@ import pytest
 
 from harness.launch.sharding import parse_shard
 from harness.spec.matrices import REGISTRY
-from harness.store.schema import Row
 
 
 def tier(config) -> str | None:
@@ -31,21 +30,3 @@ def parametrize(metafunc, names: tuple[str, ...], values: list[tuple], ids: list
         return
     metafunc.parametrize(names, values, ids=ids)
 
-
-def conclude(rows: list[Row], known_failure: str | None = None) -> None:
-    """Turn written rows into the test outcome: fail/error fails, nothing judged skips with the reasons.
-
-    `known_failure` is a documented limitation (e.g. naive attention overflowing fp16 by design): the test
-    then must fail, and is reported as xfail; if it passes, the claim is stale and the test fails.
-    """
-    statuses = {r.status for r in rows}
-    bad = [f"{r.phase}: {r.status}: {r.reason}" for r in rows if r.status in ("fail", "error")]
-    if known_failure is not None:
-        if bad:
-            pytest.xfail(f"known limitation: {known_failure} ({'; '.join(bad)[:300]})")
-        pytest.fail(f"expected to fail (known limitation: {known_failure}) but did not", pytrace=False)
-    if bad:
-        pytest.fail("; ".join(bad), pytrace=False)
-    if not statuses & {"pass", "observed"}:
-        reasons = sorted({f"{r.status}: {r.reason}" for r in rows})
-        pytest.skip("; ".join(reasons)[:500])

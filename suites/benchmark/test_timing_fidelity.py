@@ -12,6 +12,7 @@ from harness.measure.fidelity import FIDELITY_TAG
 from harness.spec.masks import Causal
 from harness.store.rows import make_row
 from harness.suite.benchmark_fixture import record_samples
+from harness.store.schema import FWD, OBSERVED
 
 
 def test_timing_fidelity(request, run_session, benchmark):
@@ -26,8 +27,8 @@ def test_timing_fidelity(request, run_session, benchmark):
     backend = get_backends(["sdpa"])[0]
     result = run_session.executor.run(backend, fidelity_of, device, case, run_session.seed)
     run_session.writer.write([make_row(
-        run_id=run_session.run_id, case=case, backend=backend.name, backend_version=backend.version(), phase="fwd",
-        device=device, status="observed", tag=FIDELITY_TAG, observed=result.describe(),
+        run_id=run_session.run_id, case=case, backend=backend.name, backend_version=backend.version(), phase=FWD,
+        device=device, status=OBSERVED, tag=FIDELITY_TAG, observed=result.describe(),
         **result.harness.latency_columns())])
     run_session.env.setdefault("timing_fidelity", []).append({"case_id": case.id, **result.columns()})
     run_session.save_env()

@@ -4,7 +4,8 @@ paged decode), recorded next to the determinism probe."""
 from __future__ import annotations
 
 from harness.probes.batch_invariance import KINDS, check_batch_invariance
-from harness.suite.probes import conclude, parametrize, tier
+from harness.suite.outcome import conclude
+from harness.suite.probes import parametrize, tier
 
 
 def pytest_generate_tests(metafunc):

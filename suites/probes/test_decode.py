@@ -6,7 +6,8 @@ from __future__ import annotations
 from harness.spec.case import AttentionCase
 from harness.probes.kvcache import decode_rows, prefill_rows
 from harness.spec.masks import Causal
-from harness.suite.probes import conclude, parametrize, tier
+from harness.suite.outcome import conclude
+from harness.suite.probes import parametrize, tier
 
 
 def kv_cases(level: str) -> list[tuple[AttentionCase, int]]:

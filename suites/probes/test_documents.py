@@ -6,7 +6,8 @@ from __future__ import annotations
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Documents
 from harness.execution.runner import execute
-from harness.suite.probes import conclude, parametrize, tier
+from harness.suite.outcome import conclude
+from harness.suite.probes import parametrize, tier
 
 
 def doc_cases(level: str) -> list[tuple[AttentionCase, bool]]:

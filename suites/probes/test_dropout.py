@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from harness.probes.determinism import check_determinism
 from harness.probes.dropout import check_dropout
-from harness.suite.probes import conclude, parametrize
+from harness.suite.outcome import conclude
+from harness.suite.probes import parametrize
 
 
 def pytest_generate_tests(metafunc):

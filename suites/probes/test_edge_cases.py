@@ -7,7 +7,8 @@ import pytest
 
 from harness.probes.edge_cases import edge_cases, run_edge
 from harness.probes.empty import KNOWN_FAILURES, SHAPES, empty_row, probe_all
-from harness.suite.probes import conclude, parametrize, tier
+from harness.suite.outcome import conclude
+from harness.suite.probes import parametrize, tier
 
 
 def pytest_generate_tests(metafunc):

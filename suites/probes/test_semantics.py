@@ -4,7 +4,8 @@ bool vs additive masks, scale, NaN in masked K/V): each answer is an 'observed' 
 from __future__ import annotations
 
 from harness.probes.semantics import QUESTIONS, ask, describe
-from harness.suite.probes import conclude, parametrize
+from harness.suite.outcome import conclude
+from harness.suite.probes import parametrize
 
 
 def pytest_generate_tests(metafunc):

@@ -3,7 +3,9 @@
 Order (lowest first): spec, oracle, backends, measure, store, execution, probes, compare, launch, advisor, report,
 cli, suite (the two front ends: options are defined once in cli and fed to the pytest plugin too). The results
 schema (harness.store.schema) is the shared vocabulary, importable from anywhere; top-level modules (the public
-API, `__main__`, old import paths) may import anything.
+API `harness.api`, `__main__`, and the public faces `harness`, `harness.masks`, `harness.recommend`, which only
+re-export) may import anything. No layer imports a face: user code has one path per thing (the face), the package's
+own code imports the module that defines it.
 """
 
 import ast
@@ -11,10 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from harness.store import schema
+
 PACKAGE = Path(__file__).resolve().parents[2] / "harness"
 LAYERS = ("spec", "oracle", "backends", "measure", "store", "execution", "probes", "compare", "launch", "advisor",
           "report", "cli", "suite")
 ANYWHERE = ("harness.store.schema",)
+#: top-level modules that only re-export what the layers define, for users
+FACES = ("harness", "harness.masks", "harness.recommend")
 
 
 def _modules():
@@ -41,8 +47,7 @@ def _layer(module: str) -> str | None:
 
 def test_every_module_sits_in_a_layer_folder_or_is_top_level_api():
     top = {m for m, p in _modules() if _layer(m) is None}
-    assert top == {"harness", "harness.__main__", "harness.api", "harness.case", "harness.masks",
-                   "harness.recommend"}, top
+    assert top == {"harness", "harness.__main__", "harness.api", "harness.masks", "harness.recommend"}, top
     assert {_layer(m) for m, _ in _modules()} - {None} == set(LAYERS)
 
 
@@ -54,3 +59,80 @@ def test_imports_flow_down_the_layers(module, path):
     upward = [name for name in _imports(path) if name not in ANYWHERE and _layer(name) is not None
               and LAYERS.index(_layer(name)) > LAYERS.index(mine)]
     assert not upward, f"{module} ({mine}) imports from higher layers: {upward}"
+    faces = [name for name in _imports(path) if name in FACES]
+    assert not faces, f"{module} ({mine}) imports a public face {faces}: import the module that defines the thing"
+
+
+def test_the_public_faces_export_every_mask_family_and_the_advisors_entry_points():
+    """harness.masks is where users take mask specs from (README, docs/serving.md): a new family in spec/masks
+    must be exported there too; harness.recommend is the advisor from Python."""
+    import harness
+    from harness import masks, recommend
+    from harness.advisor import recommend as advisor
+    from harness.spec import masks as spec_masks
+
+    families = {name for name, obj in vars(spec_masks).items()
+                if isinstance(obj, type) and issubclass(obj, spec_masks.MaskSpec)}
+    assert families <= set(masks.__all__), families - set(masks.__all__)
+    assert all(getattr(masks, name) is getattr(spec_masks, name) for name in masks.__all__)
+    assert recommend.recommend is advisor.recommend and recommend.recommend_workload is advisor.recommend_workload
+    assert harness.masks is masks and harness.recommend is recommend and set(harness.__all__) <= set(dir(harness))
+
+
+# --- the vocabulary is spelled once: phases and statuses are harness.store.schema's names everywhere else ---
+
+ROOT = PACKAGE.parent
+SCHEMA = PACKAGE / "store" / "schema.py"
+#: the words a row's phase, status or timing_status can take, as the schema defines them
+VOCABULARY = frozenset(schema.PHASES) | frozenset(schema.STATUSES) | frozenset(schema.TIMING_STATUSES)
+#: the same spelling in another sense: (file, word) -> (how many times, what it means there). The count is exact,
+#: so a new literal of that word in the same file still fails, and an entry nobody needs any more fails too.
+OTHER_SENSES = {
+    ("harness/advisor/deploy_checks.py", "error"): (2, "a deployment check's answer (yes / no / error)"),
+    ("harness/advisor/deploy_checks.py", "unsupported"): (1, "a mask path (MaskForm: native, dense, none, unsupported, "
+                                                           "unknown), the mask_path column, not a row status"),
+    ("harness/advisor/recommend.py", "error"): (4, "the deployment checks' answers when the backend's worker died"),
+    ("harness/probes/batch_invariance.py", "error"): (2, "the batch_invariant check's answers (yes / no / error)"),
+    ("harness/store/environment.py", "unavailable"): (1, "where a device fact came from: nvml, nvidia-smi or neither"),
+    ("harness/store/load.py", "observed"): (1, "the name of the `observed` column, read verbatim"),
+}
+
+
+def vocabulary_literals(source: str) -> list[tuple[int, str]]:
+    """(line, word) of every string constant in `source` that is a phase or status word. Documentation (a string
+    standing alone as a statement: docstrings) does not count, nor do comments (they are not in the tree)."""
+    tree = ast.parse(source)
+    docs = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+    return sorted((node.lineno, node.value) for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                  and isinstance(node.value, str) and node.value in VOCABULARY and id(node) not in docs)
+
+
+def _code_files():
+    for top in ("harness", "suites"):
+        yield from (p for p in sorted((ROOT / top).rglob("*.py")) if p != SCHEMA)
+
+
+def test_vocabulary_literals_finds_a_planted_phase_or_status_and_ignores_documentation():
+    snippet = ('"""Compares with "pass"."""\n'
+               'def f(row):\n'
+               '    """Rows whose phase is "fwd"."""\n'
+               '    # a comment naming "error"\n'
+               '    return row.phase == "fwd" and row.status in ("pass", "oom")\n'
+               'LABEL = "fwd pass"\n')
+    assert vocabulary_literals(snippet) == [(5, "fwd"), (5, "oom"), (5, "pass")]
+    assert vocabulary_literals("from harness.store.schema import FWD\nok = row.phase == FWD\n") == []
+
+
+def test_no_phase_or_status_literal_outside_the_schema():
+    found: dict[tuple[str, str], list[int]] = {}
+    for path in _code_files():
+        for line, word in vocabulary_literals(path.read_text()):
+            found.setdefault((path.relative_to(ROOT).as_posix(), word), []).append(line)
+    wrong = [f"{file}:{lines} {word!r}" + (f" (allowed {OTHER_SENSES[file, word][0]}: {OTHER_SENSES[file, word][1]})"
+                                           if (file, word) in OTHER_SENSES else "")
+             for (file, word), lines in sorted(found.items())
+             if len(lines) != OTHER_SENSES.get((file, word), (0, ""))[0]]
+    stale = [f"{file} {word!r}" for file, word in OTHER_SENSES if (file, word) not in found]
+    assert not wrong, "use harness.store.schema's names (PASS, FWD, NOT_TIMED, ...) instead of: " + "; ".join(wrong)
+    assert not stale, f"OTHER_SENSES entries no file needs any more: {stale}"

@@ -15,7 +15,7 @@ from matplotlib.ticker import LogFormatterSciNotation, NullFormatter
 from harness.report.plots.style import backend_color, backend_style, new_figure
 from harness.report.analysis import case_label, group_label, split_series
 from harness.report.data import Run, peak_tflops
-from harness.store.schema import PHASES
+from harness.store.schema import PHASES, VERDICT_PHASES
 
 GROUPS_PER_PAGE = 4  # rows of panels per PNG: more makes labels unreadable at report width
 CASES_PER_PAGE = 48  # columns of a per-case dot plot before its labels overlap
@@ -347,7 +347,7 @@ METRICS = {
                      case_title="Throughput: TFLOP/s (dashed: each dtype's measured matmul peak)"),
     "err_ratio": Metric("err_ratio", "Error / tolerance (max over out, dq, dk, dv; > 1 fails)", "err_ratio",
                         "error / tolerance", decorate=_ratio_decoration, case_decorate=_ratio_decoration,
-                        timing_flags=False, phases=("fwd", "bwd")),
+                        timing_flags=False, phases=VERDICT_PHASES),
 }
 
 

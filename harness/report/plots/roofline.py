@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from harness.report.data import Run, peak_tflops
 from harness.report.plots.metrics import Metric, metric_figures
 from harness.report.plots.style import backend_color, new_figure
+from harness.store.schema import FWD
 
 #: a decode step (1 query) or a speculative-decoding verification (2-8 queries) over a KV cache
 DECODE_MAX_QUERIES = 8
@@ -69,7 +70,7 @@ def _bandwidth_decoration(ax, rows, run: Run) -> None:
 
 
 BANDWIDTH = Metric("bandwidth", "Decode and verification: GB/s moved against the measured copy bandwidth", "gbps",
-                   "GB/s", decorate=_bandwidth_decoration, case_decorate=_bandwidth_decoration, phases=("fwd",))
+                   "GB/s", decorate=_bandwidth_decoration, case_decorate=_bandwidth_decoration, phases=(FWD,))
 
 
 def bandwidth_figures(run: Run) -> list[tuple[str, Figure]]:

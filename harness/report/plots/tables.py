@@ -11,23 +11,24 @@ from matplotlib.patches import Patch, Rectangle
 from harness.report.plots.style import backend_color, new_figure
 from harness.report.analysis import answered, semantics_table, short_cell, support_counts
 from harness.report.data import Run
+from harness.store.schema import ERROR, FAIL, OOM, PASS, UNAVAILABLE, UNSUPPORTED
 
 # worst first: the colour of a cell is that of the worst status in it
-_STATUS_COLOURS = {"fail": "#d62728", "error": "#8b0000", "oom": "#ff7f0e", "pass": "#2ca02c",
-                   "unsupported": "#c7c7c7", "unavailable": "#f0f0f0"}
-_SHORT = {"pass": "pass", "fail": "fail", "error": "error", "oom": "oom", "unsupported": "unsup", "unavailable": "unavail"}
+_STATUS_COLOURS = {FAIL: "#d62728", ERROR: "#8b0000", OOM: "#ff7f0e", PASS: "#2ca02c",
+                   UNSUPPORTED: "#c7c7c7", UNAVAILABLE: "#f0f0f0"}
+_SHORT = {PASS: PASS, FAIL: FAIL, ERROR: ERROR, OOM: OOM, UNSUPPORTED: "unsup", UNAVAILABLE: "unavail"}
 
 
 def _cell_colour(counts: dict) -> str:
     if not counts:
         return "white"
-    for status in ("error", "fail", "oom"):
+    for status in (ERROR, FAIL, OOM):
         if counts.get(status):
             return _STATUS_COLOURS[status]
-    if counts.get("pass"):
+    if counts.get(PASS):
         # pass on some phases, not run on others (e.g. no backward): a lighter green says "partial"
-        return "#98df8a" if set(counts) - {"pass"} else _STATUS_COLOURS["pass"]
-    return _STATUS_COLOURS["unsupported" if counts.get("unsupported") else "unavailable"]
+        return "#98df8a" if set(counts) - {PASS} else _STATUS_COLOURS[PASS]
+    return _STATUS_COLOURS[UNSUPPORTED if counts.get(UNSUPPORTED) else UNAVAILABLE]
 
 
 def support_figure(run: Run) -> list[tuple[str, Figure]]:

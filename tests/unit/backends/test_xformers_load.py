@@ -105,3 +105,17 @@ def test_kernels_say_which_library_each_op_family_calls():
 def get_xformers():
     from harness.backends.registry import get_backends
     return get_backends(["xformers"])[0]
+
+
+def test_an_extension_that_does_not_load_makes_the_backend_unavailable_with_xformers_own_cause(monkeypatch):
+    """A wheel whose extension does not load (xformers/__init__.py `_has_cpp_library` False, the cause kept in
+    xformers/_cpp_lib.py `_cpp_library_load_exception`): the backend is unavailable with that cause, not a guess."""
+    from harness.backends.registry import get_backends
+
+    fake = types.SimpleNamespace(_has_cpp_library=False, __version__="0.0.35")
+    monkeypatch.setattr(xformers_module, "_import_xformers", lambda: fake)
+    monkeypatch.setattr(cpp_lib, "_cpp_library_load_exception", OSError("libfoo.so: cannot open shared object"))
+    problem = xformers_module.load_problem()
+    assert "could not load its extension _C.so (OSError: libfoo.so: cannot open shared object)" in problem
+    backend = get_backends(["xformers"])[0]
+    assert backend.unavailable_reason(torch.device("cuda")) == problem  # unavailable, with xformers' words

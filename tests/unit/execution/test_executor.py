@@ -33,3 +33,17 @@ def test_an_interrupt_stops_its_own_check_and_not_the_next():
 def test_every_session_gets_its_own_in_process_executor(tmp_path):
     a, b = (RunSession(torch.device("cpu"), tmp_path / name) for name in "ab")
     assert isinstance(a.executor, Executor) and a.executor is not b.executor
+
+
+def test_an_unavailable_backend_is_refused_as_unavailable_with_its_reason():
+    from harness.backends.naive import Naive
+    from harness.execution.runner import refusal
+
+    class Absent(Naive):
+        name = "absent"
+
+        def unavailable_reason(self, device):
+            return "absent: not installed"
+
+    assert refusal(Absent(), AttentionCase(1, 2, 8, 8, "fp32"), torch.device("cpu"), Executor()) == (
+        "unavailable", "absent: not installed")

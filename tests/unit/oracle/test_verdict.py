@@ -1,4 +1,5 @@
-"""The chunked comparison gives exactly what the whole-tensor formula gives, NaN and inf included."""
+"""harness.oracle.verdict.compare: the chunked comparison gives exactly what the whole-tensor formula gives, NaN
+and inf included."""
 
 import math
 

@@ -1,0 +1,116 @@
+"""harness.suite.plugin with small fakes for pytest's objects: stage order, the parametrization's order and ids,
+the run stopping after a backend's KeyboardInterrupt, which cases a session runs, and the summary's counts."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness.spec.case import AttentionCase
+from harness.spec.matrices import build_matrix
+from harness.store.schema import BWD, FAIL, FWD, FWD_BWD, PASS, PHASES, UNAVAILABLE, Row
+from harness.suite import plugin
+
+ROOT = Path(__file__).resolve().parents[3]
+CASES = [AttentionCase(1, 2, 8, 8, "fp32"), AttentionCase(1, 2, 16, 8, "fp32")]
+BACKENDS = [SimpleNamespace(name="naive"), SimpleNamespace(name="sdpa")]
+
+
+def test_items_run_correctness_then_probes_then_benchmark_keeping_their_order_within_a_stage():
+    paths = ["suites/benchmark/test_performance.py", "suites/probes/test_semantics.py",
+             "suites/correctness/test_correctness.py", "suites/probes/test_decode.py", "tests/unit/test_other.py",
+             "suites/correctness/test_correctness.py"]
+    items = [SimpleNamespace(path=ROOT / p, n=i) for i, p in enumerate(paths)]
+    plugin.pytest_collection_modifyitems(None, None, items)
+    assert [i.n for i in items] == [2, 5, 1, 3, 0, 4]
+
+
+class FakeMetafunc:
+    def __init__(self, fixturenames, rounds=1):
+        self.fixturenames = fixturenames
+        self.config = SimpleNamespace(_harness_cases=CASES, _harness_backends=BACKENDS,
+                                      option=SimpleNamespace(rounds=rounds))
+        self.calls = []
+
+    def parametrize(self, names, values, ids):
+        self.calls.append((names, values, ids))
+
+
+def test_correctness_is_parametrized_case_major_so_each_reference_is_computed_once():
+    metafunc = FakeMetafunc(["case", "backend", "run_session"])
+    plugin.pytest_generate_tests(metafunc)
+    (names, values, ids), = metafunc.calls
+    assert names == ("case", "backend")
+    assert [(c.id, b.name) for c, b in values] == [(CASES[0].id, "naive"), (CASES[0].id, "sdpa"),
+                                                   (CASES[1].id, "naive"), (CASES[1].id, "sdpa")]
+    assert ids[1] == f"sdpa-{CASES[0].id}"
+
+
+def test_benchmark_rounds_are_round_major_and_the_last_round_keeps_the_plain_id():
+    metafunc = FakeMetafunc(["case", "backend", "phase", "perf_round"], rounds=2)
+    plugin.pytest_generate_tests(metafunc)
+    (names, values, ids), = metafunc.calls
+    per_round = len(CASES) * len(BACKENDS) * len(PHASES)
+    assert names == ("case", "backend", "phase", "perf_round") and len(values) == 2 * per_round
+    assert {r for *_, r in values[:per_round]} == {0} and {r for *_, r in values[per_round:]} == {1}
+    assert ids[0] == f"naive-{CASES[0].id}-{FWD}-round1of2"
+    assert ids[per_round] == f"naive-{CASES[0].id}-{FWD}"  # what pytest-benchmark stores: independent of --rounds
+    assert len(set(ids)) == len(ids)
+
+
+def test_tests_without_case_and_backend_are_not_parametrized():
+    metafunc = FakeMetafunc(["tmp_path"])
+    plugin.pytest_generate_tests(metafunc)
+    assert metafunc.calls == []
+
+
+def _item_with(session):
+    stash = pytest.Stash()
+    if session is not None:
+        stash[plugin._SESSION_KEY] = session
+    return SimpleNamespace(config=SimpleNamespace(stash=stash), session=SimpleNamespace(shouldstop=False))
+
+
+def test_the_run_stops_after_the_test_whose_backend_raised_keyboard_interrupt():
+    calm = _item_with(SimpleNamespace(executor=SimpleNamespace(interrupted=None)))
+    plugin.pytest_runtest_teardown(calm, None)
+    assert calm.session.shouldstop is False
+    interrupted = _item_with(SimpleNamespace(executor=SimpleNamespace(interrupted="sdpa raised KeyboardInterrupt")))
+    plugin.pytest_runtest_teardown(interrupted, None)
+    assert interrupted.session.shouldstop == "sdpa raised KeyboardInterrupt"
+    plugin.pytest_runtest_teardown(_item_with(None), None)  # no session (collect-only, an xdist worker): nothing
+
+
+def test_a_session_runs_the_named_matrix_or_the_presets_cases_but_not_both():
+    cpu = torch.device("cpu")
+    matrix, cases = plugin.suite_cases(SimpleNamespace(preset=None, hf_config=None, matrix="smoke"), cpu)
+    assert matrix == "smoke" and [c.id for c in cases] == [c.id for c in build_matrix("smoke")]
+    assert plugin.suite_cases(SimpleNamespace(preset=None, hf_config=None, matrix="auto"), cpu)[0] == "default"
+    matrix, cases = plugin.suite_cases(SimpleNamespace(preset="llama-3-8b", hf_config=None, matrix="auto"), cpu)
+    assert matrix == "model llama-3-8b" and {(c.heads, c.kv_heads, c.head_dim) for c in cases} == {(32, 8, 128)}
+    with pytest.raises(ValueError, match="--matrix smoke and --preset/--hf-config both choose the cases; give one"):
+        plugin.suite_cases(SimpleNamespace(preset="llama-3-8b", hf_config=None, matrix="smoke"), cpu)
+
+
+def _perf(case_id, backend, phase, latency_ms):
+    return Row(run_id="r", case_id=case_id, backend=backend, phase=phase, latency_ms=latency_ms)
+
+
+def test_the_summary_counts_cases_by_status_and_gives_the_median_speedup_over_naive_per_phase():
+    verdicts = {("c1", "naive"): SimpleNamespace(status=PASS), ("c2", "naive"): SimpleNamespace(status=PASS),
+                ("c1", "sdpa"): SimpleNamespace(status=PASS), ("c2", "sdpa"): SimpleNamespace(status=FAIL),
+                ("c1", "flash"): SimpleNamespace(status=UNAVAILABLE)}
+    perf = {r.key: r for r in [_perf("c1", "naive", FWD, 4.0), _perf("c1", "sdpa", FWD, 1.0),
+                               _perf("c2", "naive", FWD, 6.0), _perf("c2", "sdpa", FWD, 2.0),
+                               _perf("c1", "naive", BWD, 3.0), _perf("c1", "sdpa", BWD, 1.5)]}
+    header, naive, sdpa, flash, legend = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows=perf))
+    columns = header.split()
+    assert columns[:8] == ["backend", "pass", "fail", "unsupported", "unavailable", "error", "oom", "speedup"]
+    assert naive.split()[:7] == ["naive", "2", "0", "0", "0", "0", "0"]
+    # sdpa: one pass, one fail; speedups fwd 4x and 3x (median 3.50), bwd 2x, no fwd+bwd timed
+    assert sdpa.split() == ["sdpa", "1", "1", "0", "0", "0", "0", "3.50", "2.00", "-"]
+    assert flash.split() == ["flash", "0", "0", "0", "1", "0", "0", "-", "-", "-"]
+    assert header.endswith(f"speedup vs naive {FWD_BWD}") and "speedup vs naive:" in legend
+    untimed = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows={}))
+    assert "speedup" not in untimed[0] and len(untimed[1].split()) == 7
