@@ -22,10 +22,12 @@ from harness.execution.executor import IN_PROCESS, Executor
 from harness.execution.runner import execute, prepare_case
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.masks import MaskSpec, parse_mask
+from harness.spec.matrices import RUNTIME_CLASSES
 from harness.store.schema import Row
 
 ARRANGEMENTS = ("plain", "noncontig", "fused-qkv", "expanded-kv", "nan-tail")
-TIERS = ("default", "full")
+#: the runtime classes that run probes (a smoke matrix runs none: spec/matrices.RUNTIME_CLASSES)
+TIERS = RUNTIME_CLASSES[1:]
 #: extra NaN-filled positions past the end of K/V storage in 'nan-tail' (more than a typical 16-key tile edge)
 NAN_TAIL = 37
 
