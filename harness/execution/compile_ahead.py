@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.execution.call import Call
-from harness.execution.isolation import START_TIMEOUT_S, Worker, WorkerSpec, _send
+from harness.execution.isolation import START_TIMEOUT_S, Worker, WorkerSpec
 
 
 class CompileAhead:
@@ -65,9 +65,8 @@ class CompileAhead:
                 if call is None:
                     self.why_ended = "met the run"
                     return
-                # Its replies are not merged into the run's stage clock: this work runs beside the run's.
-                _send(self._worker.conn, ("call", call.to_cpu()))
-                reply = self._worker._receive(self.timeout_s, f"compiling {self.backend_name} on {call.case.id} ahead")
+                reply = self._worker.ask("call", call.to_cpu(), self.timeout_s,
+                                         f"compiling {self.backend_name} on {call.case.id} ahead", beside_the_run=True)
                 if reply[0] != "ok":
                     if not self._stopped.is_set():
                         self.why_ended = f"ended at {call.case.id}: {reply[1].reason}"

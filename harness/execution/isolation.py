@@ -13,6 +13,7 @@ log file under the run directory rather than the terminal.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fnmatch
 import multiprocessing as mp
 import multiprocessing.connection
@@ -234,17 +235,19 @@ class Worker:
         self.process.join(timeout=5)
         return "failed", Failure(ERROR, f"{_death(self.process)} while {doing}; restarted for the next call")
 
-    def ask(self, kind: str, payload: Any, timeout: float, doing: str) -> tuple[str, Any]:
+    def ask(self, kind: str, payload: Any, timeout: float, doing: str, *,
+            beside_the_run: bool = False) -> tuple[str, Any]:
         """Send a request and wait for (status, answer); the worker's own stage times join this process's clock,
-        and "worker pipe" is left with the rest: pickling, shared memory, the pipe."""
-        with stage("worker pipe"):
+        and "worker pipe" is left with the rest: pickling, shared memory, the pipe. beside_the_run: work that runs
+        in parallel with the run (compile-ahead, from a thread) stays off its clock."""
+        with contextlib.nullcontext() if beside_the_run else stage("worker pipe"):
             try:
                 _send(self.conn, (kind, payload))
             except (OSError, ValueError):  # died before this request
                 self.process.join(timeout=5)
                 return "failed", Failure(ERROR, f"{_death(self.process)} before {doing}")
             reply = self._receive(timeout, doing)
-            if len(reply) == 3:  # a worker's reply; one made up here (death, timeout) has no times
+            if len(reply) == 3 and not beside_the_run:  # a worker's reply; one made up here has no times
                 CLOCK.merge(reply[2])
         return reply[0], reply[1]
 

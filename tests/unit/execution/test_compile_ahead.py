@@ -9,6 +9,7 @@ from harness.backends.registry import get_backends
 from harness.execution.call import Call
 from harness.execution.isolation import IsolatedExecutor
 from harness.execution.timed import TimingCall
+from harness.measure.stages import CLOCK
 from harness.measure.timing import TimingConfig
 from harness.spec.case import AttentionCase
 
@@ -24,6 +25,7 @@ def _wait(ahead, seconds: float = 60.0) -> None:
 def test_it_runs_the_calls_last_to_first_and_meets_the_run():
     executor = IsolatedExecutor(CPU)
     naive = get_backends(["naive"])[0]
+    CLOCK.reset()
     try:
         executor.compile_ahead(naive, [Call(c, 0) for c in CASES])
         executor.call(naive, Call(CASES[0], 0), CPU)  # the run reaches the first case: the compile-ahead skips it
@@ -31,6 +33,7 @@ def test_it_runs_the_calls_last_to_first_and_meets_the_run():
         _wait(ahead)
         assert ahead.done == [CASES[2].id, CASES[1].id]
         assert executor.compiled_ahead()["naive"]["ended"] == "met the run"
+        assert CLOCK.snapshot()["forward"][1] == 1  # its calls ran beside the run: off the run's stage clock
     finally:
         executor.close()
 
