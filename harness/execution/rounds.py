@@ -54,8 +54,13 @@ class RoundSchedule:
 
     @property
     def round_timing(self) -> TimingConfig:
-        """One round's share of the timing budget: all rounds together cost about what one round would."""
+        """The first round's share of the timing budget (the run's env records it; a re-measurement times each
+        round with it): all rounds together cost about what one round would."""
         return self.timing.share(self.count)
+
+    def timing_of(self, index: int) -> TimingConfig:
+        """Round `index`'s share: the min_reps repetitions of a slow key are split over the rounds, not repeated."""
+        return self.timing.share(self.count, index)
 
     def next(self, key: TimingKey, index: int) -> Round | None:
         """Round `index` of `key` with what its earlier rounds found, or None when an earlier round ended the key

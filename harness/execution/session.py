@@ -202,7 +202,7 @@ class RunSession:
         if timing_round is None:
             return None
         result = measure_phase(backend, self.timing_inputs(case), phase, self.verdict(case, backend),
-                               config=self.schedule.round_timing, peaks=self.peaks, run_id=self.run_id,
+                               config=self.schedule.timing_of(round_index), peaks=self.peaks, run_id=self.run_id,
                                cpu_mem_budget=self.cpu_mem_budget, timing_round=timing_round,
                                executor=self.executor, bw_peak=self.bw_peak)
         self.recorder.write([result.row])

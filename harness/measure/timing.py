@@ -133,9 +133,12 @@ class TimingConfig:
                 and math.isfinite(self.budget_ms) and 1 <= self.min_reps <= self.max_reps):
             raise ValueError(f"timing config {self}: budgets must be finite and > 0 and 1 <= min_reps <= max_reps")
 
-    def share(self, rounds: int) -> "TimingConfig":
-        """One round's share of this budget when a key is timed in `rounds` rounds: together about one round's cost."""
-        min_reps = math.ceil(self.min_reps / rounds)
+    def share(self, rounds: int, index: int = 0) -> "TimingConfig":
+        """Round `index`'s share of this budget when a key is timed in `rounds` rounds: together about one round's
+        cost, and min_reps repetitions in all (10 over 3 rounds: 4, 3, 3), never fewer than one a round."""
+        if not 0 <= index < rounds:
+            raise ValueError(f"round index={index!r} of rounds={rounds!r}: must be 0 <= index < rounds")
+        min_reps = max(1, self.min_reps // rounds + (index < self.min_reps % rounds))
         return TimingConfig(self.warmup_ms / rounds, self.budget_ms / rounds, min_reps,
                             max(min_reps, math.ceil(self.max_reps / rounds)), self.cuda_graph)
 
@@ -183,15 +186,19 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None, wr
         fn() if wrap is None else wrap(fn)
         return (time.perf_counter_ns() - start) / 1e6
 
-    first = float("nan")
+    first, estimate_calls = float("nan"), 0
     if estimate is None:
         first = once(wrap_first)  # may include compilation or lazy init: kept apart from the samples
-        estimate = once()
+        estimate, estimate_calls = once(), 1
         # A second look matters only where the estimate sizes the repetitions: at or above budget/min_reps every
         # estimate gives min_reps, and for a slow call (a 1.6 s naive bf16 training step) it cost a whole call.
         if estimate < cfg.budget_ms / cfg.min_reps:
-            estimate = min(estimate, once())
+            estimate, estimate_calls = min(estimate, once()), 2
     warmup, reps = _reps(estimate, cfg)
+    # The estimate calls ran warm, right before the repetitions: they are warm-up already. A call slower than the
+    # warm-up budget then needs no more (one call of it was the whole warm-up); a known estimate (a later round,
+    # caches gone cold since) still gets its one call.
+    warmup = max(warmup - estimate_calls, 0 if estimate_calls else 1)
     for _ in range(warmup):
         once()
     samples = tuple(once() for _ in range(reps))

@@ -105,6 +105,9 @@ def test_round_timing_splits_the_budget(tmp_path):
                          rounds=3)
     t = session.schedule.round_timing
     assert (t.warmup_ms, t.budget_ms, t.min_reps, t.max_reps) == (pytest.approx(20 / 3), 30, 4, 167)
+    # a slow key's min_reps are split over the rounds (4, 3, 3), so the rounds together take min_reps, not 12
+    assert [session.schedule.timing_of(i).min_reps for i in range(3)] == [4, 3, 3]
+    assert session.schedule.timing_of(0) == t
     assert json.loads((session.run_dir / "env.json").read_text())["rounds"] == 3
     assert RoundSchedule(session.schedule.timing, 1).round_timing == session.schedule.timing
     with pytest.raises(ValueError, match="rounds=0"):

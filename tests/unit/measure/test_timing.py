@@ -44,7 +44,7 @@ def test_the_first_call_can_be_probed_and_is_no_sample():
     m = measure(lambda: order.append("call"), device=CPU, config=TimingConfig(warmup_ms=0, budget_ms=5, min_reps=5),
                 first=probe)
     assert order[:2] == ["probe", "call"] and order.count("probe") == 1  # the first call ran through it, once
-    assert m.n == order.count("call") - 1 - 2 - 1  # not the first, the two estimate calls or the one warm-up
+    assert m.n == order.count("call") - 1 - 2  # not the first or the two estimate calls (the warm-up: 0 ms)
 
 
 def test_a_slow_call_is_estimated_once():
@@ -57,7 +57,29 @@ def test_a_slow_call_is_estimated_once():
 
     m = measure(slow, device=CPU, config=FAST)
     assert m.n == FAST.min_reps
-    assert len(calls) == 1 + 1 + 1 + FAST.min_reps  # first, one estimate, one warm-up (5 ms < one call), samples
+    assert len(calls) == 1 + 1 + FAST.min_reps  # first, one estimate (the warm-up: 5 ms < that call), samples
+
+
+def test_the_estimate_calls_count_as_warm_up(monkeypatch):
+    """A fake clock (each call 1 ms): a 10 ms warm-up budget takes 10 calls, the two estimate calls among them;
+    a call slower than the warm-up budget gets none beyond its estimate; a known estimate still gets one."""
+    import harness.measure.timing as timing
+
+    now, calls = [0], []
+
+    def call():
+        calls.append(1)
+        now[0] += 1_000_000
+
+    monkeypatch.setattr(timing.time, "perf_counter_ns", lambda: now[0])
+    measure(call, device=CPU, config=TimingConfig(warmup_ms=10, budget_ms=20, min_reps=5))
+    assert len(calls) == 1 + 10 + 20  # first; 2 estimate + 8 warm-up calls; 20 repetitions of 1 ms
+    calls.clear()
+    measure(call, device=CPU, config=TimingConfig(warmup_ms=0.5, budget_ms=2, min_reps=5))
+    assert len(calls) == 1 + 1 + 5  # first; one estimate (1 ms >= 2 ms / 5), which was the whole warm-up; min_reps
+    calls.clear()
+    measure(call, device=CPU, config=TimingConfig(warmup_ms=0.5, budget_ms=2, min_reps=5), estimate_ms=1.0)
+    assert len(calls) == 1 + 5
 
 
 def test_first_is_for_the_cpu_clock():
@@ -134,4 +156,4 @@ def test_a_known_estimate_skips_the_first_call_and_the_estimate():
     assert (m.n, len(calls)) == (3, 1 + 3)  # one warmup call, then the repetitions
     assert m.first_call_ms != m.first_call_ms  # nan: there was no first call to report
     calls.clear()
-    assert measure(lambda: calls.append(1), device=CPU, config=cfg).n == 3 and len(calls) == 1 + 2 + 1 + 3
+    assert measure(lambda: calls.append(1), device=CPU, config=cfg).n == 3 and len(calls) == 1 + 2 + 3
