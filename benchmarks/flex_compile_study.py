@@ -22,7 +22,9 @@ import tempfile
 import time
 
 
-def child(matrix: str, mode: str, repeats: int) -> None:
+def flex_forwards(matrix: str):
+    """(case, forward) for each case of the matrix flex supports on the CPU, as the correctness stage calls it: the
+    harness's own Flex backend, its BlockMask and score_mod, seeded inputs."""
     import torch
 
     from harness.backends import flex
@@ -30,10 +32,7 @@ def child(matrix: str, mode: str, repeats: int) -> None:
     from harness.spec.case import make_inputs
     from harness.spec.matrices import build_matrix
 
-    flex.DYNAMIC = mode == "dynamic"
-    backend = flex.Flex()
-    device = torch.device("cpu")
-    out = []
+    backend, device = flex.Flex(), torch.device("cpu")
     for case in build_matrix(matrix):
         if backend.can_run(case, device):
             continue
@@ -41,7 +40,15 @@ def child(matrix: str, mode: str, repeats: int) -> None:
         kwargs = case_kwargs(case, device, modifier_leaves(inputs, False))
         q, k, v, _ = backend_inputs(backend, case, inputs, False)
         plan = backend.prepare(case, device)
-        call = lambda: backend.forward(q, k, v, mask=case.mask, scale=case.scale, prepared=plan, **kwargs)  # noqa: E731
+        yield case, lambda: backend.forward(q, k, v, mask=case.mask, scale=case.scale, prepared=plan, **kwargs)
+
+
+def child(matrix: str, mode: str, repeats: int) -> None:
+    from harness.backends import flex
+
+    flex.DYNAMIC = mode == "dynamic"
+    out = []
+    for case, call in flex_forwards(matrix):
         start = time.perf_counter()
         try:
             call()

@@ -27,25 +27,17 @@ from pathlib import Path
 def child(matrix: str, cases: int, hook: bool) -> None:
     import torch
 
-    from harness.backends import flex, inductor_headers
-    from harness.execution.call import backend_inputs, case_kwargs, modifier_leaves
-    from harness.spec.case import make_inputs
-    from harness.spec.matrices import build_matrix
+    from flex_compile_study import flex_forwards  # this directory: run as a script
+    from harness.backends import inductor_headers
 
     if not hook:
         inductor_headers._installed.append(False)  # inductor's own header only
-    backend, device, seconds, ran = flex.Flex(), torch.device("cpu"), 0.0, 0
-    for case in build_matrix(matrix):
-        if backend.can_run(case, device):
-            continue
-        inputs = make_inputs(case, device, 0)
-        kwargs = case_kwargs(case, device, modifier_leaves(inputs, False))
-        q, k, v, _ = backend_inputs(backend, case, inputs, False)
+    seconds, ran = 0.0, 0
+    for _, forward in flex_forwards(matrix):
         start = time.perf_counter()
         try:
             with torch.no_grad():
-                backend.forward(q, k, v, mask=case.mask, scale=case.scale, prepared=backend.prepare(case, device),
-                                **kwargs)
+                forward()
         except Exception:  # an unsupported combination compiles nothing to compare
             continue
         seconds += time.perf_counter() - start

@@ -43,6 +43,10 @@ from harness.store.schema import ERROR, UNAVAILABLE
 DEFAULT_TIMEOUT_S = 300.0
 #: seconds a worker may take to start (import torch, the backend and plugin modules)
 START_TIMEOUT_S = 180.0
+#: what the forkserver imports once, so that every worker forked from it starts with it: torch._inductor is 1.5-1.9 s
+#: of CPU a process (torch 2.13), imported by the memory profiler's first use (torch.profiler asks torch for
+#: attributes that load it) and by every compile - a dozen workers a CPU run, each paying it again otherwise
+FORKSERVER_PRELOAD = ("harness.execution.isolation", "torch._inductor")
 
 
 def timeouts(values: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:
@@ -278,7 +282,7 @@ class IsolatedExecutor(Executor):
     def __post_init__(self):
         self.device = indexed(torch.device(self.device))
         self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["harness.execution.isolation"])
+        self._ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
         self._spec = WorkerSpec(str(self.device), tuple(self.modules), self.threads or torch.get_num_threads(),
                                 self.log_dir)
         atexit.register(self.close)

@@ -110,6 +110,10 @@ WARMUP_SHARE = 0.25
 MIN_REPS = MIN_SAMPLES
 #: at most this many repetitions a call: a 0.01 ms key would otherwise take 10,000 at the budget
 MAX_REPS = 500
+#: a CPU call at least this long (ms) is its own warm-up in a later round: its first repetition after other keys ran
+#: was not slower than the next ones (median ratio 0.997 and 1.007 on two 0.3-0.8 s keys,
+#: benchmarks/slow_call_warmup_study.py), and a warm-up call of it cost a whole call (a 1.6 s training step)
+SELF_WARMING_MS = 100.0
 
 
 @dataclass(frozen=True)
@@ -194,11 +198,12 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None, wr
         # estimate gives min_reps, and for a slow call (a 1.6 s naive bf16 training step) it cost a whole call.
         if estimate < cfg.budget_ms / cfg.min_reps:
             estimate, estimate_calls = min(estimate, once()), 2
-    warmup, reps = _reps(estimate, cfg)
+    _, reps = _reps(estimate, cfg)
+    warmup = int(cfg.warmup_ms / max(estimate, 1e-3))  # the warm-up budget's calls
     # The estimate calls ran warm, right before the repetitions: they are warm-up already. A call slower than the
     # warm-up budget then needs no more (one call of it was the whole warm-up); a known estimate (a later round,
-    # caches gone cold since) still gets its one call.
-    warmup = max(warmup - estimate_calls, 0 if estimate_calls else 1)
+    # caches gone cold since) still gets its one call, unless the call is long enough to warm itself.
+    warmup = max(warmup - estimate_calls, 0 if estimate_calls or estimate >= SELF_WARMING_MS else 1)
     for _ in range(warmup):
         once()
     samples = tuple(once() for _ in range(reps))

@@ -27,3 +27,21 @@ def test_a_worker_that_cannot_start_gives_an_error_row_not_unavailable(tmp_path)
         assert refusal(Naive(), case, CPU, executor) is None  # the other workers are unaffected
     finally:
         executor.close()
+
+
+def _preloaded(backend, device, *modules):
+    import sys
+
+    return [m for m in modules if m in sys.modules]
+
+
+def test_workers_start_with_what_the_forkserver_preloaded(tmp_path):
+    """torch._inductor is imported once by the forkserver, not by each worker's first profile or compile (1.5-1.9 s
+    of CPU each, torch 2.13: torch.profiler's prepare_trace reaches it through torch.__getattr__)."""
+    from harness.execution.isolation import FORKSERVER_PRELOAD
+
+    executor = IsolatedExecutor(CPU, log_dir=str(tmp_path / "workers"))
+    try:
+        assert executor.run(Naive(), _preloaded, CPU, *FORKSERVER_PRELOAD) == list(FORKSERVER_PRELOAD)
+    finally:
+        executor.close()

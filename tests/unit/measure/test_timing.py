@@ -80,6 +80,10 @@ def test_the_estimate_calls_count_as_warm_up(monkeypatch):
     calls.clear()
     measure(call, device=CPU, config=TimingConfig(warmup_ms=0.5, budget_ms=2, min_reps=5), estimate_ms=1.0)
     assert len(calls) == 1 + 5
+    calls.clear()  # a later round of a call that warms itself (>= SELF_WARMING_MS): its repetitions only
+    measure(call, device=CPU, config=TimingConfig(warmup_ms=0.5, budget_ms=2, min_reps=5),
+            estimate_ms=timing.SELF_WARMING_MS)
+    assert len(calls) == 5
 
 
 def test_first_is_for_the_cpu_clock():
