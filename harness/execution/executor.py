@@ -69,9 +69,11 @@ class Executor:
     def time(self, backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
         return self._noted(run_timing(backend, timing, device, self.drawn), backend)
 
-    def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any) -> Any:
+    def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any,
+            times: bool = True) -> Any:
         """fn(backend, device, *args) - our own code around a backend (a probe, a deployment check); anything it
-        raises comes back as CallFailed, as it would from a worker."""
+        raises comes back as CallFailed, as it would from a worker. times=False: fn times nothing, so work beside
+        the run (a compile-ahead) may go on."""
         try:
             return fn(backend, device, *args)
         except BaseException as exc:  # noqa: B036

@@ -1,7 +1,7 @@
 """The pytest plugin behind `pytest suites`: options, parametrization, stage order, the run session, the summary.
 
 suites/conftest.py loads it with `pytest_plugins = ["harness.suite.plugin"]`. Items run in stage order:
-correctness, then probes, then the benchmark (which times only what correctness passed).
+the probes, then correctness, then the benchmark (which times only what correctness passed).
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ from harness.store.run_dir import results_root
 from harness.store.schema import OBSERVED, PHASES, STATUSES
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
-#: suites/<stage>/test_*.py run in this order
-STAGES = ("correctness", "probes", "benchmark")
+#: suites/<stage>/test_*.py run in this order. The probes go first, though they judge nothing the others need:
+#: their flex graphs compile on the run's worker while a compile-ahead worker (execution/compile_ahead.py) fills
+#: the cache with the correctness matrix's on the other core, which would otherwise sit idle through the probes.
+#: The benchmark goes last: it times only what correctness passed, and nothing may compile beside it.
+STAGES = ("probes", "correctness", "benchmark")
 
 
 def pytest_addoption(parser):
@@ -132,7 +135,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Correctness first, then probes, then the benchmark; the order inside a stage is kept (stable sort)."""
+    """The probes, then correctness, then the benchmark (STAGES); the order inside a stage is kept (stable sort)."""
     items.sort(key=_stage)
 
 

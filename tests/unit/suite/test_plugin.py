@@ -17,13 +17,13 @@ CASES = [AttentionCase(1, 2, 8, 8, "fp32"), AttentionCase(1, 2, 16, 8, "fp32")]
 BACKENDS = [SimpleNamespace(name="naive"), SimpleNamespace(name="sdpa")]
 
 
-def test_items_run_correctness_then_probes_then_benchmark_keeping_their_order_within_a_stage():
+def test_items_run_probes_then_correctness_then_benchmark_keeping_their_order_within_a_stage():
     paths = ["suites/benchmark/test_performance.py", "suites/probes/test_semantics.py",
              "suites/correctness/test_correctness.py", "suites/probes/test_decode.py", "tests/unit/test_other.py",
              "suites/correctness/test_correctness.py"]
     items = [SimpleNamespace(path=ROOT / p, n=i) for i, p in enumerate(paths)]
     plugin.pytest_collection_modifyitems(None, None, items)
-    assert [i.n for i in items] == [2, 5, 1, 3, 0, 4]
+    assert [i.n for i in items] == [1, 3, 2, 5, 0, 4]
 
 
 class FakeMetafunc:
