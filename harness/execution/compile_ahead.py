@@ -4,8 +4,9 @@ runs them from the first; where they meet, each call the other compiled is a cac
 
 Why: on the CPU a flex graph is one g++ compile of ~7-9 s on one core (torch 2.13: ~310 s for the 35 forward
 graphs of the default matrix, benchmarks/flex_compile_study.py), and the run's other work leaves the second core
-idle meanwhile. It runs only while the run checks correctness: the executor stops it (kills its worker) before
-anything is timed, so no timing shares the machine with a compile.
+idle meanwhile - most of all through the probes, which the suite runs first for that reason (suite/plugin.py
+STAGES). It runs only while nothing is timed: the executor stops it (kills its worker) before the first timing or a
+task that times, so no timing shares the machine with a compile.
 """
 
 from __future__ import annotations

@@ -141,7 +141,8 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_collection_finish(session):
     """The correctness calls of backends that compile every new shape (flex) are compiled ahead, beside the run,
-    while it checks correctness (execution/compile_ahead.py); in the order the run will reach them."""
+    while it runs the probes and checks correctness (execution/compile_ahead.py); in the order the run will reach
+    them."""
     run = session.config.stash.get(_SESSION_KEY, None)
     if run is None:
         return

@@ -56,6 +56,27 @@ def test_timing_stops_it_first():
         executor.close()
 
 
+def _untimed_task(backend, device):
+    return backend.name
+
+
+def test_a_task_that_times_stops_it_and_one_that_times_nothing_does_not():
+    """The empty-tensor probes run as tasks (executor.run) while the compile-ahead fills the cache for correctness:
+    run(times=False) leaves it going; a task that may time (the fidelity check) stops it."""
+    executor = IsolatedExecutor(CPU)
+    naive = get_backends(["naive"])[0]
+    try:
+        slow = [Call(AttentionCase(1, 4, 1024 + i, 64, "fp32"), 0) for i in range(200)]
+        executor.compile_ahead(naive, slow)
+        ahead = executor.ahead["naive"]
+        assert executor.run(naive, _untimed_task, CPU, times=False) == "naive"
+        assert ahead._thread.is_alive()
+        assert executor.run(naive, _untimed_task, CPU) == "naive"
+        assert not ahead._thread.is_alive()
+    finally:
+        executor.close()
+
+
 def test_in_process_nothing_runs_beside_the_run():
     from harness.execution.executor import Executor
 
