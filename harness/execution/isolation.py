@@ -43,10 +43,13 @@ from harness.store.schema import ERROR, UNAVAILABLE
 DEFAULT_TIMEOUT_S = 300.0
 #: seconds a worker may take to start (import torch, the backend and plugin modules)
 START_TIMEOUT_S = 180.0
-#: what the forkserver imports once, so that every worker forked from it starts with it: torch._inductor is 1.5-1.9 s
-#: of CPU a process (torch 2.13), imported by the memory profiler's first use (torch.profiler asks torch for
-#: attributes that load it) and by every compile - a dozen workers a CPU run, each paying it again otherwise
-FORKSERVER_PRELOAD = ("harness.execution.isolation", "torch._inductor")
+#: what the forkserver imports once, so that every worker forked from it starts with it
+FORKSERVER_PRELOAD = ("harness.execution.isolation",)
+#: what a CPU run that times preloads too (IsolatedExecutor.preload): torch._inductor is 1.5-1.9 s of CPU a process
+#: (torch 2.13), imported by the memory profiler's first use (torch.profiler asks torch for attributes that load it)
+#: and by every compile - each timed worker would pay it again. Not preloaded elsewhere: it made a process's first
+#: worker start 1.4-3.4 s later, a loss for a short run whose workers never profile
+PROFILER_PRELOAD = ("torch._inductor",)
 
 
 def timeouts(values: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:
@@ -261,6 +264,8 @@ class IsolatedExecutor(Executor):
     """Runs each backend's calls in its own supervised worker on `device` (see the module docstring).
 
     timeouts: (case id pattern, seconds) overrides of `timeout_s`, first match wins (fnmatch patterns).
+    preload: modules the forkserver imports besides FORKSERVER_PRELOAD (a process starts its forkserver once: the
+    first executor's list is the one used).
     """
 
     device: torch.device
@@ -270,6 +275,7 @@ class IsolatedExecutor(Executor):
     timeout_s: float = DEFAULT_TIMEOUT_S
     timeouts: tuple[tuple[str, float], ...] = ()
     log_dir: str | None = None
+    preload: tuple[str, ...] = ()
     workers: dict[str, Worker] = field(default_factory=dict)
     _available: dict[str, str | None] = field(default_factory=dict)
     #: how many workers were replaced after dying or timing out, per backend
@@ -282,7 +288,7 @@ class IsolatedExecutor(Executor):
     def __post_init__(self):
         self.device = indexed(torch.device(self.device))
         self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+        self._ctx.set_forkserver_preload([*FORKSERVER_PRELOAD, *self.preload])
         self._spec = WorkerSpec(str(self.device), tuple(self.modules), self.threads or torch.get_num_threads(),
                                 self.log_dir)
         atexit.register(self.close)

@@ -67,14 +67,16 @@ class RunSession:
         ready to run `cases` (from `matrix`, or --preset/--hf-config): its executor (supervised workers unless
         --no-isolate, with --call-timeout-s), the cases' description in env.json, and with --benchmark the device's
         measured peaks. A front end without the timing options (check) gets TimingConfig's defaults."""
-        from harness.execution.isolation import IsolatedExecutor, timeouts
+        from harness.execution.isolation import PROFILER_PRELOAD, IsolatedExecutor, timeouts
 
         run_id, root = new_run_id(), Path(options.results_dir)
         executor = Executor()
+        timed = getattr(options, "benchmark_enabled", False)
         if options.isolate:
             default, overrides = timeouts(options.call_timeout_s)
             executor = IsolatedExecutor(device, timeout_s=default, timeouts=overrides,
-                                        log_dir=str(root / run_id / "workers"))
+                                        log_dir=str(root / run_id / "workers"),
+                                        preload=PROFILER_PRELOAD if timed and device.type == "cpu" else ())
         budget_ms = getattr(options, "timing_budget_ms", None)
         timing = TimingConfig() if budget_ms is None else TimingConfig.for_budget(budget_ms,
                                                                                    cuda_graph=options.cuda_graph)
@@ -82,7 +84,7 @@ class RunSession:
         session = cls(device, root, options.seed, run_id=run_id, timing=timing, executor=executor,
                       cpu_mem_budget=None if mem_gb is None else int(mem_gb * 2 ** 30),
                       rounds=getattr(options, "rounds", 1))
-        if getattr(options, "benchmark_enabled", False):
+        if timed:
             session.measure_peaks(sorted({c.dtype for c in cases}, key=str))
         session.describe_cases({"preset": options.preset} if options.preset else
                                {"hf_config": str(Path(options.hf_config).resolve())} if options.hf_config else

@@ -111,7 +111,7 @@ MIN_REPS = MIN_SAMPLES
 #: at most this many repetitions a call: a 0.01 ms key would otherwise take 10,000 at the budget
 MAX_REPS = 500
 #: a CPU call at least this long (ms) is its own warm-up in a later round: its first repetition after other keys ran
-#: was not slower than the next ones (median ratio 0.997 and 1.007 on two 0.3-0.8 s keys,
+#: was not slower than the next ones (median ratio 1.005 and 1.012 on two 0.3-0.8 s keys,
 #: benchmarks/slow_call_warmup_study.py), and a warm-up call of it cost a whole call (a 1.6 s training step)
 SELF_WARMING_MS = 100.0
 
