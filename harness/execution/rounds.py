@@ -56,7 +56,7 @@ class RoundSchedule:
     def round_timing(self) -> TimingConfig:
         """The first round's share of the timing budget (the run's env records it; a re-measurement times each
         round with it): all rounds together cost about what one round would."""
-        return self.timing.share(self.count)
+        return self.timing_of(0)
 
     def timing_of(self, index: int) -> TimingConfig:
         """Round `index`'s share: the min_reps repetitions of a slow key are split over the rounds, not repeated."""

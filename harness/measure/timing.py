@@ -154,8 +154,9 @@ ADVISOR_TIMING = TimingConfig.for_budget(500.0, min_reps=15)
 
 
 def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
+    """(calls that fill the warm-up budget - each clock sets its own floor -, repetitions within the budget)."""
     estimate_ms = max(estimate_ms, 1e-3)
-    warmup = max(1, int(cfg.warmup_ms / estimate_ms))
+    warmup = int(cfg.warmup_ms / estimate_ms)
     reps = int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / estimate_ms)))
     return warmup, reps
 
@@ -198,8 +199,7 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None, wr
         # estimate gives min_reps, and for a slow call (a 1.6 s naive bf16 training step) it cost a whole call.
         if estimate < cfg.budget_ms / cfg.min_reps:
             estimate, estimate_calls = min(estimate, once()), 2
-    _, reps = _reps(estimate, cfg)
-    warmup = int(cfg.warmup_ms / max(estimate, 1e-3))  # the warm-up budget's calls
+    warmup, reps = _reps(estimate, cfg)
     # The estimate calls ran warm, right before the repetitions: they are warm-up already. A call slower than the
     # warm-up budget then needs no more (one call of it was the whole warm-up); a known estimate (a later round,
     # caches gone cold since) still gets its one call, unless the call is long enough to warm itself.
@@ -241,7 +241,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None =
             torch.cuda.synchronize(device)
             estimate = est_start.elapsed_time(est_end) / 5
         warmup, reps = _reps(estimate, cfg)
-        for _ in range(warmup):
+        for _ in range(max(1, warmup)):  # do_bench's floor: at least one call
             setup()
             target()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
