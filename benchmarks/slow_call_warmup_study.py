@@ -1,4 +1,5 @@
-"""Is a slow CPU call's first repetition, after other heavy keys ran, slower than its next ones? (SELF_WARMING_MS)
+"""Is a slow CPU call's first repetition, after other heavy keys ran or after its profiled first call, slower than
+its next ones? (SELF_WARMING_MS, and the estimate call counted as a sample)
 
     python benchmarks/slow_call_warmup_study.py [--rounds 6]
 
@@ -7,6 +8,10 @@ A later timing round of a key gets no warm-up call when the call takes at least 
 fwd) are timed in rounds, with another heavy key (sdpa-math fp32 s2048 fwd+bwd) run twice between them, as the
 suite interleaves keys; per round, the first call over the median of the next three. Ratios near 1 (within the
 calls' own noise): the first call needs no warm-up call before it.
+
+Second part: a round 1 as the harness runs it on the CPU - fresh inputs, the first call under the memory profiler
+(cpu_peak), then the estimate call - and the estimate call over the median of the next three. Ratios near 1: the
+estimate call of a slow key is a sample like the next ones (harness/measure/timing.py counts it as the first).
 """
 
 from __future__ import annotations
@@ -20,25 +25,32 @@ import torch
 from harness.backends.registry import get_backends
 from harness.execution.call import Call, call_inputs
 from harness.execution.timed import phase_callables
+from harness.measure.memory import cpu_peak
 from harness.spec.case import AttentionCase
 
 CPU = torch.device("cpu")
 
 
-def timed_key(backend: str, case: AttentionCase, phase: str):
-    """One call of the key, timed as the harness times it (setup outside the clock), in ms."""
+def timed_key(backend: str, case: AttentionCase, phase: str, seed: int = 0):
+    """One call of the key, timed as the harness times it (setup outside the clock), in ms; once(profiled=True)
+    runs it under the memory profiler, as a CPU round's first call is."""
     (impl,) = get_backends([backend])
-    phase_fn = phase_callables(impl, case, call_inputs(Call(case, 0), CPU, None), CPU, phase)
+    phase_fn = phase_callables(impl, case, call_inputs(Call(case, seed), CPU, None), CPU, phase)
     if phase_fn.build is not None:
         phase_fn.build()
 
-    def once() -> float:
+    def once(profiled: bool = False) -> float:
         if phase_fn.setup is not None:
             phase_fn.setup()
         start = time.perf_counter_ns()
-        phase_fn.fn()
+        cpu_peak(phase_fn.fn) if profiled else phase_fn.fn()
         return (time.perf_counter_ns() - start) / 1e6
     return once
+
+
+def report(ratios: dict[str, list[float]], what: str) -> None:
+    for name, values in ratios.items():
+        print(f"{name}: {what}: {' '.join(f'{r:.3f}' for r in values)}; median {statistics.median(values):.3f}")
 
 
 def main() -> None:
@@ -57,9 +69,18 @@ def main() -> None:
             between(), between()
             first = once()
             ratios[name].append(first / statistics.median([once() for _ in range(3)]))
-    for name, values in ratios.items():
-        print(f"{name}: first / median of the next 3: {' '.join(f'{r:.3f}' for r in values)}; "
-              f"median {statistics.median(values):.3f}")
+    report(ratios, "first / median of the next 3")
+    shapes = {"naive bf16 s1023 fwd": ("naive", AttentionCase(2, 4, 1023, 64, "bf16"), "fwd"),
+              "naive bf16 s1023 bwd": ("naive", AttentionCase(2, 4, 1023, 64, "bf16"), "bwd"),
+              "sdpa-math fp32 s2048 fwd+bwd": ("sdpa-math", AttentionCase(2, 4, 2048, 64, "fp32"), "fwd+bwd")}
+    after_probe: dict[str, list[float]] = {name: [] for name in shapes}
+    for seed in range(1, args.rounds + 1):
+        for name, key in shapes.items():
+            once = timed_key(*key, seed=seed)  # a round's fresh inputs, as each round draws them
+            once(profiled=True)
+            estimate = once()
+            after_probe[name].append(estimate / statistics.median([once() for _ in range(3)]))
+    report(after_probe, "the estimate call (after the profiled first call) / median of the next 3")
 
 
 if __name__ == "__main__":

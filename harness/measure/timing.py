@@ -191,22 +191,27 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None, wr
         fn() if wrap is None else wrap(fn)
         return (time.perf_counter_ns() - start) / 1e6
 
-    first, estimate_calls = float("nan"), 0
+    first, looks = float("nan"), []
     if estimate is None:
         first = once(wrap_first)  # may include compilation or lazy init: kept apart from the samples
-        estimate, estimate_calls = once(), 1
+        looks.append(once())
         # A second look matters only where the estimate sizes the repetitions: at or above budget/min_reps every
         # estimate gives min_reps, and for a slow call (a 1.6 s naive bf16 training step) it cost a whole call.
-        if estimate < cfg.budget_ms / cfg.min_reps:
-            estimate, estimate_calls = min(estimate, once()), 2
+        if looks[0] < cfg.budget_ms / cfg.min_reps:
+            looks.append(once())
+        estimate = min(looks)
     warmup, reps = _reps(estimate, cfg)
     # The estimate calls ran warm, right before the repetitions: they are warm-up already. A call slower than the
     # warm-up budget then needs no more (one call of it was the whole warm-up); a known estimate (a later round,
     # caches gone cold since) still gets its one call, unless the call is long enough to warm itself.
-    warmup = max(warmup - estimate_calls, 0 if estimate_calls or estimate >= SELF_WARMING_MS else 1)
+    warmup = max(warmup - len(looks), 0 if looks or estimate >= SELF_WARMING_MS else 1)
     for _ in range(warmup):
         once()
-    samples = tuple(once() for _ in range(reps))
+    # With no warm-up call after it, the last estimate call ran just as the next call will: it is the first sample
+    # (on three slow keys, over the median of the next three: 0.969-1.015, benchmarks/slow_call_warmup_study.py),
+    # which spares a slow key a whole call.
+    kept = looks[-1:] if looks and not warmup else []
+    samples = (*kept, *(once() for _ in range(reps - len(kept))))
     return Measurement(samples, "cpu-clock", torch.get_num_threads(), first)
 
 

@@ -44,7 +44,8 @@ def test_the_first_call_can_be_probed_and_is_no_sample():
     m = measure(lambda: order.append("call"), device=CPU, config=TimingConfig(warmup_ms=0, budget_ms=5, min_reps=5),
                 first=probe)
     assert order[:2] == ["probe", "call"] and order.count("probe") == 1  # the first call ran through it, once
-    assert m.n == order.count("call") - 1 - 2  # not the first or the two estimate calls (the warm-up: 0 ms)
+    # not the first call nor the first estimate; the second estimate, with no warm-up after it, is the first sample
+    assert m.n == order.count("call") - 1 - 1
 
 
 def test_a_slow_call_is_estimated_once():
@@ -57,12 +58,14 @@ def test_a_slow_call_is_estimated_once():
 
     m = measure(slow, device=CPU, config=FAST)
     assert m.n == FAST.min_reps
-    assert len(calls) == 1 + 1 + FAST.min_reps  # first, one estimate (the warm-up: 5 ms < that call), samples
+    # first; one estimate (the warm-up: 5 ms < that call), which is the first of the samples
+    assert len(calls) == 1 + FAST.min_reps
 
 
 def test_the_estimate_calls_count_as_warm_up(monkeypatch):
     """A fake clock (each call 1 ms): a 10 ms warm-up budget takes 10 calls, the two estimate calls among them;
-    a call slower than the warm-up budget gets none beyond its estimate; a known estimate still gets one."""
+    a call slower than the warm-up budget gets none beyond its estimate, which is then the first sample; a known
+    estimate still gets one."""
     import harness.measure.timing as timing
 
     now, calls = [0], []
@@ -76,7 +79,7 @@ def test_the_estimate_calls_count_as_warm_up(monkeypatch):
     assert len(calls) == 1 + 10 + 20  # first; 2 estimate + 8 warm-up calls; 20 repetitions of 1 ms
     calls.clear()
     measure(call, device=CPU, config=TimingConfig(warmup_ms=0.5, budget_ms=2, min_reps=5))
-    assert len(calls) == 1 + 1 + 5  # first; one estimate (1 ms >= 2 ms / 5), which was the whole warm-up; min_reps
+    assert len(calls) == 1 + 5  # first; one estimate (1 ms >= 2 ms / 5): the whole warm-up and the first sample
     calls.clear()
     measure(call, device=CPU, config=TimingConfig(warmup_ms=0.5, budget_ms=2, min_reps=5), estimate_ms=1.0)
     assert len(calls) == 1 + 5
@@ -84,6 +87,25 @@ def test_the_estimate_calls_count_as_warm_up(monkeypatch):
     measure(call, device=CPU, config=TimingConfig(warmup_ms=0.5, budget_ms=2, min_reps=5),
             estimate_ms=timing.SELF_WARMING_MS)
     assert len(calls) == 5
+
+
+def test_the_estimate_call_is_the_first_sample_only_when_no_warm_up_follows_it(monkeypatch):
+    """A fake clock: the first call 50 ms, the next (the estimate) 7 ms, every later one 6 ms. With no warm-up
+    call left the 7 ms estimate is the first of min_reps samples; with warm-up calls after it, it is no sample."""
+    import harness.measure.timing as timing
+
+    now, durations = [0], []
+
+    def call():
+        durations.append(50 if not durations else 7 if len(durations) == 1 else 6)
+        now[0] += durations[-1] * 1_000_000
+
+    monkeypatch.setattr(timing.time, "perf_counter_ns", lambda: now[0])
+    m = measure(call, device=CPU, config=TimingConfig(warmup_ms=5, budget_ms=20, min_reps=5))
+    assert m.samples_ms == (7.0, 6.0, 6.0, 6.0, 6.0) and m.first_call_ms == 50.0 and len(durations) == 1 + 5
+    durations.clear()
+    m = measure(call, device=CPU, config=TimingConfig(warmup_ms=20, budget_ms=20, min_reps=5))
+    assert m.samples_ms == (6.0,) * 5 and len(durations) == 1 + 1 + 1 + 5  # first, estimate, 20 // 7 - 1 warm-up
 
 
 def test_first_is_for_the_cpu_clock():
@@ -160,4 +182,5 @@ def test_a_known_estimate_skips_the_first_call_and_the_estimate():
     assert (m.n, len(calls)) == (3, 1 + 3)  # one warmup call, then the repetitions
     assert m.first_call_ms != m.first_call_ms  # nan: there was no first call to report
     calls.clear()
-    assert measure(lambda: calls.append(1), device=CPU, config=cfg).n == 3 and len(calls) == 1 + 2 + 3
+    # first, two estimates (with no warm-up after it, the second is the first sample), two more samples
+    assert measure(lambda: calls.append(1), device=CPU, config=cfg).n == 3 and len(calls) == 1 + 2 + 2
