@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from harness.report.data import load_run
-from harness.report.plots import FIGURE_BUILDERS, _draw, _pools, plot_run
+from harness.report.plots import FIGURE_BUILDERS, _draw, close_drawing_pools, plot_run
 
 
 def main() -> None:
@@ -35,9 +35,7 @@ def main() -> None:
         for jobs in (int(j) for j in args.jobs.split(",")):
             walls = []
             for _ in range(args.repeats):
-                for pool in _pools.values():  # a fresh pool: its start-up is part of what a run pays
-                    pool.shutdown()
-                _pools.clear()
+                close_drawing_pools()  # a fresh pool: its start-up is part of what a run pays
                 start = time.perf_counter()
                 plot_run(run, out, jobs=jobs)
                 walls.append(time.perf_counter() - start)

@@ -18,9 +18,9 @@ from harness.report.plots.roofline import bandwidth_figures, roofline_figures
 from harness.report.plots.tables import semantics_figure, support_figure
 from harness.report.data import Run
 
-__all__ = ["FIGURE_BUILDERS", "METRICS", "Metric", "backend_color", "backend_style", "metric_figures", "metric_rows",
-           "plot_err_ratio", "plot_latency", "plot_memory", "plot_run", "plot_semantics", "plot_speedup",
-           "plot_support", "plot_tflops", "save"]
+__all__ = ["FIGURE_BUILDERS", "METRICS", "Metric", "backend_color", "backend_style", "close_drawing_pools",
+           "metric_figures", "metric_rows", "plot_err_ratio", "plot_latency", "plot_memory", "plot_run",
+           "plot_semantics", "plot_speedup", "plot_support", "plot_tflops", "save"]
 
 FIGURE_BUILDERS: dict[str, Callable[[Run], list[tuple[str, Figure]]]] = {
     "latency": latency_figures, "speedup": speedup_figures, "memory": memory_figures, "tflops": tflops_figures,
@@ -71,6 +71,8 @@ def _usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+#: jobs -> drawing processes, process-wide on purpose (like the forkserver they come from): they hold no data
+#: between reports, only their imports
 _pools: dict[int, ProcessPoolExecutor] = {}
 
 
@@ -78,9 +80,16 @@ def _drawing_pool(jobs: int) -> ProcessPoolExecutor:
     """Drawing processes kept for the process's later reports: each imports matplotlib and pandas once (~1.5 s).
     From the forkserver, not a fork of this process: the caller may hold CUDA and OpenMP threads."""
     if jobs not in _pools:
+        if not _pools:
+            atexit.register(close_drawing_pools)
         _pools[jobs] = ProcessPoolExecutor(jobs, mp_context=mp.get_context("forkserver"))
-        atexit.register(_pools[jobs].shutdown)
     return _pools[jobs]
+
+
+def close_drawing_pools() -> None:
+    """Stop the drawing processes (at exit, or to time a report's start-up again); the next report starts new ones."""
+    while _pools:
+        _pools.popitem()[1].shutdown()
 
 
 def _remove_stale(out_dir: Path) -> None:
