@@ -51,7 +51,9 @@ def plot_run(run: Run, out_dir: str | Path | None = None, jobs: int | None = Non
 
     jobs: how many kinds are drawn at once, each in a process of its own (default: one per core this process may
     use). matplotlib lays out and rasterizes in Python, so only processes overlap: the CPU default run's figures
-    took 36 s one after another on 2 cores (benchmarks/figure_drawing.py)."""
+    took 31 s one after another and 18-20 s in two processes on 2 cores (benchmarks/figure_drawing.py). Like the
+    run's isolated workers, the processes start from the forkserver, so a script calling this with jobs > 1 keeps
+    its own work under `if __name__ == "__main__":`."""
     out_dir = Path(out_dir) if out_dir else run.run_dir
     _remove_stale(out_dir)
     jobs = min(len(FIGURE_BUILDERS), jobs or _usable_cores())
