@@ -4,7 +4,8 @@
 
 Each kind's figures (harness.report.plots.FIGURE_BUILDERS) built and written one after another, then the whole of
 `plot_run` with each --jobs value (a fresh pool per value: its processes' imports are counted, as a run's report
-pays them). Figures go to a temporary folder; the run's own are not touched. Sets plot_run's default jobs.
+pays them). Figures go to a temporary folder; the run's own are not touched. The figures behind plot_run's default
+(one drawing process per usable core).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ FIGURE_BUILDERS: dict[str, Callable[[Run], list[tuple[str, Figure]]]] = {
 
 def _plotter(kind: str) -> Callable[[Run, str | Path], list[Path]]:
     def plot(run: Run, out_dir: str | Path) -> list[Path]:
-        return save(FIGURE_BUILDERS[kind](run), out_dir)
+        return _draw(FIGURE_BUILDERS[kind], run, out_dir)
     plot.__name__ = f"plot_{kind}"
     plot.__doc__ = f"Write the {kind} figure(s) of `run` under out_dir/figures/; returns the PNG paths."
     return plot
@@ -54,6 +54,8 @@ def plot_run(run: Run, out_dir: str | Path | None = None, jobs: int | None = Non
     took 31 s one after another and 18-20 s in two processes on 2 cores (benchmarks/figure_drawing.py). Like the
     run's isolated workers, the processes start from the forkserver, so a script calling this with jobs > 1 keeps
     its own work under `if __name__ == "__main__":`."""
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"jobs={jobs!r}: must be at least 1 (None: one per usable core)")
     out_dir = Path(out_dir) if out_dir else run.run_dir
     _remove_stale(out_dir)
     jobs = min(len(FIGURE_BUILDERS), jobs or _usable_cores())

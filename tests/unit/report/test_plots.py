@@ -208,8 +208,6 @@ def test_every_speedup_tick_label_reads_as_a_multiple(figures):
     assert "2×" in labels and all(re.fullmatch(r"[0-9.]+×", t) for t in labels), labels
 
 
-
-
 def test_figures_drawn_in_parallel_processes_are_the_ones_drawn_here(run, written, figures, tmp_path):
     """`written` was drawn in two processes (plot_run's default where it may use 2+ cores): the same figures, and
     the kinds drawn again here, one after another in this process, give the same PNGs byte for byte."""
@@ -217,3 +215,8 @@ def test_figures_drawn_in_parallel_processes_are_the_ones_drawn_here(run, writte
     for kind in ("support", "semantics", "roofline"):  # the quick ones to draw again
         here = save(FIGURE_BUILDERS[kind](run), tmp_path)
         assert here and [p.read_bytes() for p in here] == [p.read_bytes() for p in written[kind]], kind
+
+
+def test_bad_jobs_is_a_one_line_error(run, tmp_path):
+    with pytest.raises(ValueError, match=r"jobs=0: must be at least 1"):
+        plot_run(run, tmp_path, jobs=0)
