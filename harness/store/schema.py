@@ -37,9 +37,11 @@ PHASES = (FWD, BWD, FWD_BWD)
 #: phases that carry a correctness verdict
 VERDICT_PHASES = (FWD, BWD)
 #: how the benchmark stage ended for a key, apart from its correctness: timed; not-timed (its correctness did not
-#: pass); unsupported, error or oom while timing
-TIMED, NOT_TIMED = "timed", "not-timed"
-TIMING_STATUSES = (TIMED, NOT_TIMED, UNSUPPORTED, ERROR, OOM)
+#: pass); rejected (it was timed, but the timed calls failed an integrity check - their output or gradients were
+#: wrong, an input was written, or the figure is beyond the physical limit - so its figures are never used; the
+#: reason says which); unsupported, error or oom while timing
+TIMED, NOT_TIMED, REJECTED = "timed", "not-timed", "rejected"
+TIMING_STATUSES = (TIMED, NOT_TIMED, REJECTED, UNSUPPORTED, ERROR, OOM)
 #: the quantities judged against the reference (dsinks/dbias only where the case has sinks/bias)
 QUANTITIES = ("out", "dq", "dk", "dv", "dsinks", "dbias")
 #: what limits a timed row (its `bound` column): the matmul peak or the memory bandwidth
