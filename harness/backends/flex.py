@@ -94,10 +94,6 @@ def _compiled_flex():
     from torch._dynamo import config as dynamo_config
     from torch.nn.attention.flex_attention import flex_attention
 
-    from harness.backends.inductor_headers import precompile_kernel_preambles
-
-    precompile_kernel_preambles()  # CPU kernels: g++ parses their headers once, not once per shape
-
     # Past either limit dynamo runs the function eagerly, unfused and materializing scores, after one log line
     # (torch 2.13: recompile_limit 8 per code object, accumulated_recompile_limit 256 over all of its graphs).
     # Raise both, and make hitting one anyway an error instead of a silent fallback.

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
-import multiprocessing as mp
-import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -18,8 +14,8 @@ from harness.report.plots.roofline import bandwidth_figures, roofline_figures
 from harness.report.plots.tables import semantics_figure, support_figure
 from harness.report.data import Run
 
-__all__ = ["FIGURE_BUILDERS", "METRICS", "Metric", "backend_color", "backend_style", "close_drawing_pools",
-           "metric_figures", "metric_rows", "plot_err_ratio", "plot_latency", "plot_memory", "plot_run",
+__all__ = ["FIGURE_BUILDERS", "METRICS", "Metric", "backend_color", "backend_style", "metric_figures",
+           "metric_rows", "plot_err_ratio", "plot_latency", "plot_memory", "plot_run",
            "plot_semantics", "plot_speedup", "plot_support", "plot_tflops", "save"]
 
 FIGURE_BUILDERS: dict[str, Callable[[Run], list[tuple[str, Figure]]]] = {
@@ -46,54 +42,17 @@ plot_support = _plotter("support")
 plot_semantics = _plotter("semantics")
 
 
-def plot_run(run: Run, out_dir: str | Path | None = None, jobs: int | None = None) -> dict[str, list[Path]]:
-    """Render every figure the run's data allows; {kind: [png paths]} (a kind without data maps to []).
-
-    jobs: how many kinds are drawn at once, each in a process of its own (default: one per core this process may
-    use). matplotlib lays out and rasterizes in Python, so only processes overlap: the CPU default run's figures
-    took 31 s one after another and 18-20 s in two processes on 2 cores (benchmarks/figure_drawing.py). Like the
-    run's isolated workers, the processes start from the forkserver, so a script calling this with jobs > 1 keeps
-    its own work under `if __name__ == "__main__":`."""
-    if jobs is not None and jobs < 1:
-        raise ValueError(f"jobs={jobs!r}: must be at least 1 (None: one per usable core)")
+def plot_run(run: Run, out_dir: str | Path | None = None) -> dict[str, list[Path]]:
+    """Render every figure the run's data allows, in this process; {kind: [png paths]} (a kind without data maps
+    to [])."""
     out_dir = Path(out_dir) if out_dir else run.run_dir
     _remove_stale(out_dir)
-    jobs = min(len(FIGURE_BUILDERS), jobs or _usable_cores())
-    if jobs <= 1:
-        return {kind: _draw(build, run, out_dir) for kind, build in FIGURE_BUILDERS.items()}
-    pool = _drawing_pool(jobs)
-    drawn = {kind: pool.submit(_draw, build, run, out_dir) for kind, build in FIGURE_BUILDERS.items()}
-    return {kind: future.result() for kind, future in drawn.items()}
+    return {kind: _draw(build, run, out_dir) for kind, build in FIGURE_BUILDERS.items()}
 
 
 def _draw(build: Callable[[Run], list[tuple[str, Figure]]], run: Run, out_dir: Path) -> list[Path]:
-    """One kind's figures, built and written (in a drawing process, or here)."""
+    """One kind's figures, built and written."""
     return save(build(run), out_dir)
-
-
-def _usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-#: jobs -> drawing processes, process-wide on purpose (like the forkserver they come from): they hold no data
-#: between reports, only their imports
-_pools: dict[int, ProcessPoolExecutor] = {}
-
-
-def _drawing_pool(jobs: int) -> ProcessPoolExecutor:
-    """Drawing processes kept for the process's later reports: each imports matplotlib and pandas once (~1.5 s).
-    From the forkserver, not a fork of this process: the caller may hold CUDA and OpenMP threads."""
-    if jobs not in _pools:
-        if not _pools:
-            atexit.register(close_drawing_pools)
-        _pools[jobs] = ProcessPoolExecutor(jobs, mp_context=mp.get_context("forkserver"))
-    return _pools[jobs]
-
-
-def close_drawing_pools() -> None:
-    """Stop the drawing processes (at exit, or to time a report's start-up again); the next report starts new ones."""
-    while _pools:
-        _pools.popitem()[1].shutdown()
 
 
 def _remove_stale(out_dir: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 from matplotlib.image import imread
 
 from harness.report.plots import FIGURE_BUILDERS, METRICS, backend_color, backend_style, plot_latency, plot_run
-from harness.report.plots import metric_rows, save
+from harness.report.plots import metric_rows
 from harness.report.analysis import group_label, split_series, support_counts
 from harness.report.data import load_run
 from tests.fixtures.synthetic_run import write_run
@@ -24,7 +24,7 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def written(run):
-    return plot_run(run, jobs=2)
+    return plot_run(run)
 
 
 @pytest.fixture(scope="module")
@@ -206,17 +206,3 @@ def test_every_speedup_tick_label_reads_as_a_multiple(figures):
     labels = [t.get_text() for t in ax.yaxis.get_ticklabels(which="both") if t.get_text()]
     plt.close(fig)
     assert "2×" in labels and all(re.fullmatch(r"[0-9.]+×", t) for t in labels), labels
-
-
-def test_figures_drawn_in_parallel_processes_are_the_ones_drawn_here(run, written, figures, tmp_path):
-    """`written` was drawn in two processes (plot_run's default where it may use 2+ cores): the same figures, and
-    the kinds drawn again here, one after another in this process, give the same PNGs byte for byte."""
-    assert {k: [p.stem for p in v] for k, v in written.items()} == {k: [n for n, _ in v] for k, v in figures.items()}
-    for kind in ("support", "semantics", "roofline"):  # the quick ones to draw again
-        here = save(FIGURE_BUILDERS[kind](run), tmp_path)
-        assert here and [p.read_bytes() for p in here] == [p.read_bytes() for p in written[kind]], kind
-
-
-def test_bad_jobs_is_a_one_line_error(run, tmp_path):
-    with pytest.raises(ValueError, match=r"jobs=0: must be at least 1"):
-        plot_run(run, tmp_path, jobs=0)
