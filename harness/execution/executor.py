@@ -59,21 +59,12 @@ class Executor:
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
         return self._noted(run_call(backend, call, device, self.drawn), backend)
 
-    def compile_ahead(self, backend: Backend, calls: list[Call]) -> None:
-        """Compile a backend's calls ahead, beside the run (IsolatedExecutor); in this process nothing runs beside
-        the run, so nothing is done."""
-
-    def compiled_ahead(self) -> dict[str, dict]:
-        return {}
-
     def time(self, backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
         return self._noted(run_timing(backend, timing, device, self.drawn), backend)
 
-    def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any,
-            times: bool = True) -> Any:
+    def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any) -> Any:
         """fn(backend, device, *args) - our own code around a backend (a probe, a deployment check); anything it
-        raises comes back as CallFailed, as it would from a worker. times=False: fn times nothing, so work beside
-        the run (a compile-ahead) may go on."""
+        raises comes back as CallFailed, as it would from a worker."""
         try:
             return fn(backend, device, *args)
         except BaseException as exc:  # noqa: B036

@@ -13,7 +13,6 @@ log file under the run directory rather than the terminal.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import fnmatch
 import multiprocessing as mp
 import multiprocessing.connection
@@ -45,11 +44,6 @@ DEFAULT_TIMEOUT_S = 300.0
 START_TIMEOUT_S = 180.0
 #: what the forkserver imports once, so that every worker forked from it starts with it
 FORKSERVER_PRELOAD = ("harness.execution.isolation",)
-#: what a CPU run that times preloads too (IsolatedExecutor.preload): torch._inductor is 1.5-1.9 s of CPU a process
-#: (torch 2.13), imported by the memory profiler's first use (torch.profiler asks torch for attributes that load it)
-#: and by every compile - each timed worker would pay it again. Not preloaded elsewhere: it made a process's first
-#: worker start 1.4-3.4 s later, a loss for a short run whose workers never profile
-PROFILER_PRELOAD = ("torch._inductor",)
 
 
 def timeouts(values: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:
@@ -242,19 +236,17 @@ class Worker:
         self.process.join(timeout=5)
         return "failed", Failure(ERROR, f"{_death(self.process)} while {doing}; restarted for the next call")
 
-    def ask(self, kind: str, payload: Any, timeout: float, doing: str, *,
-            beside_the_run: bool = False) -> tuple[str, Any]:
+    def ask(self, kind: str, payload: Any, timeout: float, doing: str) -> tuple[str, Any]:
         """Send a request and wait for (status, answer); the worker's own stage times join this process's clock,
-        and "worker pipe" is left with the rest: pickling, shared memory, the pipe. beside_the_run: work that runs
-        in parallel with the run (compile-ahead, from a thread) stays off its clock."""
-        with contextlib.nullcontext() if beside_the_run else stage("worker pipe"):
+        and "worker pipe" is left with the rest: pickling, shared memory, the pipe."""
+        with stage("worker pipe"):
             try:
                 _send(self.conn, (kind, payload))
             except (OSError, ValueError):  # died before this request
                 self.process.join(timeout=5)
                 return "failed", Failure(ERROR, f"{_death(self.process)} before {doing}")
             reply = self._receive(timeout, doing)
-            if len(reply) == 3 and not beside_the_run:  # a worker's reply; one made up here has no times
+            if len(reply) == 3:  # a worker's reply; one made up here has no times
                 CLOCK.merge(reply[2])
         return reply[0], reply[1]
 
@@ -264,8 +256,6 @@ class IsolatedExecutor(Executor):
     """Runs each backend's calls in its own supervised worker on `device` (see the module docstring).
 
     timeouts: (case id pattern, seconds) overrides of `timeout_s`, first match wins (fnmatch patterns).
-    preload: modules the forkserver imports besides FORKSERVER_PRELOAD (a process starts its forkserver once: the
-    first executor's list is the one used).
     """
 
     device: torch.device
@@ -275,20 +265,17 @@ class IsolatedExecutor(Executor):
     timeout_s: float = DEFAULT_TIMEOUT_S
     timeouts: tuple[tuple[str, float], ...] = ()
     log_dir: str | None = None
-    preload: tuple[str, ...] = ()
     workers: dict[str, Worker] = field(default_factory=dict)
     _available: dict[str, str | None] = field(default_factory=dict)
     #: how many workers were replaced after dying or timing out, per backend
     restarts: dict[str, int] = field(default_factory=dict)
-    #: backend name -> its compile-ahead (compile_ahead())
-    ahead: dict = field(default_factory=dict)
 
     isolated = True
 
     def __post_init__(self):
         self.device = indexed(torch.device(self.device))
         self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload([*FORKSERVER_PRELOAD, *self.preload])
+        self._ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
         self._spec = WorkerSpec(str(self.device), tuple(self.modules), self.threads or torch.get_num_threads(),
                                 self.log_dir)
         atexit.register(self.close)
@@ -330,28 +317,8 @@ class IsolatedExecutor(Executor):
         # a worker that could not start is the harness's failure, never the backend's absence
         return (ERROR if worker is not None and worker.start_failure is not None else UNAVAILABLE), reason
 
-    def compile_ahead(self, backend: Backend, calls: list[Call]) -> None:
-        """Compile `backend`'s calls ahead, last to first, in a worker of its own beside the run's (see
-        execution/compile_ahead.py); only on the CPU, where that worker costs a core, not a second CUDA context and
-        its memory beside the run's."""
-        if self.device.type != "cpu" or not calls or backend.name in self.ahead:
-            return
-        from harness.execution.compile_ahead import CompileAhead
-
-        self.ahead[backend.name] = CompileAhead(backend.name, calls, self._spec, self._ctx, self.timeout_s)
-
-    def stop_compiling_ahead(self) -> None:
-        """Before anything is timed: no compile may share the machine with a measurement."""
-        for ahead in self.ahead.values():
-            ahead.stop()
-
-    def compiled_ahead(self) -> dict[str, dict]:
-        return {name: ahead.summary() for name, ahead in self.ahead.items()}
-
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
         self._check(device)
-        if backend.name in self.ahead:
-            self.ahead[backend.name].claim(call.case.id)
         status, answer = self._ask(backend, "call", call.to_cpu(), self.timeout_for(call.case.id),
                                    f"running {backend.name} on {call.case.id}")
         return self._noted(answer if status == "ok" else CallResult(failure=answer), backend)
@@ -360,7 +327,6 @@ class IsolatedExecutor(Executor):
         self._check(device)
         from dataclasses import replace
 
-        self.stop_compiling_ahead()
         timing = replace(timing, call=timing.call.to_cpu())
         status, answer = self._ask(backend, "time", timing, self.timeout_for(timing.call.case.id),
                                    f"timing {backend.name} {timing.phase} on {timing.call.case.id}")
@@ -368,11 +334,8 @@ class IsolatedExecutor(Executor):
             return self._noted(answer, backend)
         return TimingResult(failure=Failure(answer.status, f"during timing: {answer.reason}", answer.interrupted))
 
-    def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any,
-            times: bool = True) -> Any:
+    def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any) -> Any:
         self._check(device)
-        if times:  # a task that times (the timing-fidelity check) must have the machine to itself
-            self.stop_compiling_ahead()
         status, answer = self._ask(backend, "run", (fn, args), self.timeout_s,
                                    f"running {getattr(fn, '__name__', 'a task')} for {backend.name}")
         if status != "ok":
@@ -389,7 +352,6 @@ class IsolatedExecutor(Executor):
             raise ValueError(f"this executor's workers run on {self.device}; asked for {device}")
 
     def close(self) -> None:
-        self.stop_compiling_ahead()
         for worker in self.workers.values():
             worker.stop()
         self.workers.clear()

@@ -61,11 +61,10 @@ class RunRecorder:
         if self.run_dir is not None:
             write_env(self.run_dir, self.env)
 
-    def finish(self, beside_the_run: dict | None = None, **env: object) -> None:
-        """Record the end-of-run facts `env` and the time spent (with what ran beside the run, outside its stage
-        clock: the executor's compile-ahead), then fold the results file to one row per key."""
+    def finish(self, **env: object) -> None:
+        """Record the end-of-run facts `env` and the time spent, then fold the results file to one row per key."""
         self.env.update(env)
-        self.env["time_spent"] = {**self.time_spent(), "compile_ahead": beside_the_run or {}}
+        self.env["time_spent"] = self.time_spent()
         self.save_env()
         if self.run_dir is not None:
             compact(self.writer.path)

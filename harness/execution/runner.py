@@ -97,7 +97,7 @@ def backward_reason(backend: Backend, case: AttentionCase, device: torch.device)
 
 def correctness_call(backend: Backend, case: AttentionCase, device: torch.device, seed: int | None = 0,
                      inputs: Inputs | None = None, arrangement: Arrangement | None = None) -> Call:
-    """The call that checks `backend` on `case` (a compile-ahead makes the same one, so its compile is the run's)."""
+    """The call that checks `backend` on `case`: forward, and backward where the backend has one here."""
     return Call(case, seed, inputs, backward=not backward_reason(backend, case, device), arrangement=arrangement)
 
 

@@ -67,7 +67,7 @@ class RunSession:
         ready to run `cases` (from `matrix`, or --preset/--hf-config): its executor (supervised workers unless
         --no-isolate, with --call-timeout-s), the cases' description in env.json, and with --benchmark the device's
         measured peaks. A front end without the timing options (check) gets TimingConfig's defaults."""
-        from harness.execution.isolation import PROFILER_PRELOAD, IsolatedExecutor, timeouts
+        from harness.execution.isolation import IsolatedExecutor, timeouts
 
         run_id, root = new_run_id(), Path(options.results_dir)
         executor = Executor()
@@ -75,8 +75,7 @@ class RunSession:
         if options.isolate:
             default, overrides = timeouts(options.call_timeout_s)
             executor = IsolatedExecutor(device, timeout_s=default, timeouts=overrides,
-                                        log_dir=str(root / run_id / "workers"),
-                                        preload=PROFILER_PRELOAD if timed and device.type == "cpu" else ())
+                                        log_dir=str(root / run_id / "workers"))
         budget_ms = getattr(options, "timing_budget_ms", None)
         timing = TimingConfig() if budget_ms is None else TimingConfig.for_budget(budget_ms,
                                                                                    cuda_graph=options.cuda_graph)
@@ -164,8 +163,7 @@ class RunSession:
         self.cache.clear()
         if self.run_dir is not None:
             self.recorder.finish(clocks_end=snapshot_clocks(self.device),
-                                 worker_restarts=self.executor.worker_restarts(),
-                                 beside_the_run=self.executor.compiled_ahead())
+                                 worker_restarts=self.executor.worker_restarts())
 
     # correctness
     def prepared(self, case: AttentionCase) -> PreparedCase:

@@ -12,7 +12,7 @@ from harness.backends.base import Backend
 from harness.execution.cache import LRU
 from harness.execution.call import BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves
 from harness.execution.outcome import Failure, free
-from harness.measure.memory import CPU_METHOD, cpu_peak, peak_memory
+from harness.measure.memory import CPU_METHOD, first_call_peak, peak_memory
 from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig, measure
 from harness.store.schema import FWD, FWD_BWD, OOM
@@ -106,12 +106,21 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device, drawn
             with stage("inputs"):
                 inputs = call_inputs(timing.call, device, drawn)
             case, phase = timing.call.case, timing.phase
-            # On the CPU the round's first call (kept apart from the samples) is also its memory probe; elsewhere,
-            # or when the latency is already known (no first call), the probe is a call of its own.
-            folded = timing.known_memory is None and device.type == "cpu" and timing.estimate_ms is None
+            # On the CPU the round's first call (kept apart from the samples) is also its memory probe, and its
+            # time is handed to measure; elsewhere, or when the latency is already known (no first call), the probe
+            # is a call of its own.
+            timed, first_ms = None, None
             if timing.known_memory is not None:
                 result.peak_mem_bytes, result.mem_method = timing.known_memory
-            elif not folded:
+            elif device.type == "cpu" and timing.estimate_ms is None:
+                with stage("timing"):
+                    timed = phase_callables(backend, case, inputs, device, phase)
+                with stage("peak memory"):
+                    if timed.build is not None:
+                        timed.build()  # made once: measure's build() below finds it made
+                    first_ms, result.peak_mem_bytes = first_call_peak(timed.fn, timed.setup)
+                    result.mem_method = CPU_METHOD
+            else:
                 with stage("peak memory"):
                     probe = phase_callables(backend, case, inputs, device, phase)
                     if probe.build is not None:
@@ -119,32 +128,18 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device, drawn
                     result.peak_mem_bytes, result.mem_method = peak_memory(probe.fn, device=device,
                                                                            setup=probe.setup)
                     del probe
-                if _over_budget(result, timing, device):
-                    return result
-
-            def probed(fn):
-                with stage("peak memory"):
-                    result.peak_mem_bytes, result.mem_method = cpu_peak(fn), CPU_METHOD
-                if _over_budget(result, timing, device):
-                    raise _OverBudget
-
+            if _over_budget(result, timing, device):
+                return result
             with stage("timing"):
-                timed = phase_callables(backend, case, inputs, device, phase)
+                timed = timed or phase_callables(backend, case, inputs, device, phase)
                 result.measurement = measure(timed.fn, device=device, setup=timed.setup, config=timing.config,
-                                             estimate_ms=timing.estimate_ms, build=timed.build,
-                                             first=probed if folded else None)
+                                             estimate_ms=timing.estimate_ms, build=timed.build, first_ms=first_ms)
             result.compile_ms = backend.compile_time_ms()
-        except _OverBudget:  # the failure is set: the rest of the round is not run
-            return result
         except BaseException as exc:  # noqa: B036 - a backend's SystemExit or KeyboardInterrupt is this round's row
             failure = Failure.of(exc)
             result.failure = Failure(failure.status, f"during timing: {failure.reason}", failure.interrupted)
             free(device)
     return result
-
-
-class _OverBudget(Exception):
-    """The round's first call needed more CPU memory than the budget: its failure row is already set."""
 
 
 def _over_budget(result: TimingResult, timing: TimingCall, device: torch.device) -> bool:

@@ -88,8 +88,4 @@ def time_lines(spent: dict, top: int = 8) -> list[str]:
     covered = sum(v["s"] for _, v in by_time)
     parts.append(f"outside these {max(wall - covered, 0.0):.1f} s")
     lines = [f"time: {wall:.0f} s" + (f" ({tests})" if tests else ""), "  by stage: " + ", ".join(parts)]
-    ahead = spent.get("compile_ahead") or {}
-    if ahead:  # beside the run, so outside its stage clock
-        lines.append("  compiled ahead, beside the run: " + ", ".join(
-            f"{name} {v['calls']} calls in {v['seconds']:.0f} s ({v['ended']})" for name, v in ahead.items()))
     return lines

@@ -163,37 +163,39 @@ def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
 
 def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[], None] | None = None,
             config: TimingConfig = TimingConfig(), estimate_ms: float | None = None,
-            build: Callable[[], None] | None = None,
-            first: Callable[[Callable[[], object]], object] | None = None) -> Measurement:
+            build: Callable[[], None] | None = None, first_ms: float | None = None) -> Measurement:
     """Time `fn()` repeatedly; `setup()` runs before every repetition, outside the timed region.
 
     estimate_ms: the latency already known (a later round of the same call): the first call and the estimate
     are skipped, and only warmup (at least one call, for caches gone cold since) precedes the repetitions.
     build: what `fn` needs made first (a backward's forward); with a CUDA graph it runs on the capture stream.
-    first (CPU): runs the first call as first(fn) instead of fn() - the call kept apart from the samples, so a
-    probe of that one call (its peak memory) costs no call of its own; it may raise to stop the measurement.
+    first_ms (CPU): the first call (kept apart from the samples) was made already, by the caller, and took this
+    long - the memory probe's call (timed.run_timing), so that it costs no call of its own.
     """
     setup = setup or (lambda: None)
     if device.type == "cuda":
-        if first is not None:
-            raise ValueError("measure(first=...) is for the CPU clock; on CUDA the first call may be a graph replay")
+        if first_ms is not None:
+            raise ValueError("measure(first_ms=...) is for the CPU clock; on CUDA the first call may be a graph "
+                             "replay")
         return _measure_cuda(fn, setup, device, config, estimate_ms, build)
     if build is not None:
         build()
-    return _measure_cpu(fn, setup, config, estimate_ms, first)
+    return _measure_cpu(fn, setup, config, estimate_ms, first_ms)
 
 
-def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None, wrap_first=None) -> Measurement:
+def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None,
+                 first_ms: float | None = None) -> Measurement:
     # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
-    def once(wrap=None) -> float:
+    def once() -> float:
         setup()
         start = time.perf_counter_ns()
-        fn() if wrap is None else wrap(fn)
+        fn()
         return (time.perf_counter_ns() - start) / 1e6
 
     first, looks = float("nan"), []
     if estimate is None:
-        first = once(wrap_first)  # may include compilation or lazy init: kept apart from the samples
+        # may include compilation or lazy init: kept apart from the samples
+        first = once() if first_ms is None else first_ms
         looks.append(once())
         # A second look matters only where the estimate sizes the repetitions: at or above budget/min_reps every
         # estimate gives min_reps, and for a slow call (a 1.6 s naive bf16 training step) it cost a whole call.

@@ -87,7 +87,7 @@ def probe_all(backends: list[Backend], device: torch.device, executor: Executor)
                 results[(backend.name, shape)] = dict(status=refused[0], observed="", reason=refused[1])
                 continue
             try:
-                results[(backend.name, shape)] = executor.run(backend, probe, device, shape, times=False)
+                results[(backend.name, shape)] = executor.run(backend, probe, device, shape)
             except CallFailed as exc:
                 results[(backend.name, shape)] = dict(status=ERROR, observed="crash",
                                                       reason=f"{exc.failure.reason} (instead of raising an exception)")

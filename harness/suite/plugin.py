@@ -17,7 +17,6 @@ import torch
 from harness.backends.registry import get_backends, load_backend_module
 from harness.cli.options import add_to_pytest
 from harness.execution.device import resolve_device
-from harness.execution.runner import correctness_call
 from harness.execution.session import RunSession
 from harness.launch.sharding import parse_shard, select_shard
 from harness.measure import stages
@@ -28,10 +27,8 @@ from harness.store.run_dir import results_root
 from harness.store.schema import OBSERVED, PHASES, STATUSES
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
-#: suites/<stage>/test_*.py run in this order. The probes go first, though they judge nothing the others need:
-#: their flex graphs compile on the run's worker while a compile-ahead worker (execution/compile_ahead.py) fills
-#: the cache with the correctness matrix's on the other core, which would otherwise sit idle through the probes.
-#: The benchmark goes last: it times only what correctness passed, and nothing may compile beside it.
+#: suites/<stage>/test_*.py run in this order. The probes and correctness judge nothing the other needs; the
+#: benchmark goes last: it times only what correctness passed.
 STAGES = ("probes", "correctness", "benchmark")
 
 
@@ -137,24 +134,6 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_collection_modifyitems(session, config, items):
     """The probes, then correctness, then the benchmark (STAGES); the order inside a stage is kept (stable sort)."""
     items.sort(key=_stage)
-
-
-def pytest_collection_finish(session):
-    """The correctness calls of backends that compile every new shape (flex) are compiled ahead, beside the run,
-    while it runs the probes and checks correctness (execution/compile_ahead.py); in the order the run will reach
-    them."""
-    run = session.config.stash.get(_SESSION_KEY, None)
-    if run is None:
-        return
-    wanted: dict[str, tuple] = {}
-    for item in session.items:
-        params = item.callspec.params if item.originalname == "test_correctness" else {}
-        backend, case = params.get("backend"), params.get("case")
-        if backend is not None and backend.compiles_per_shape and not backend.can_run(case, run.device):
-            wanted.setdefault(backend.name, (backend, []))[1].append(correctness_call(backend, case, run.device,
-                                                                                      run.seed))
-    for backend, calls in wanted.values():
-        run.executor.compile_ahead(backend, calls)
 
 
 def pytest_generate_tests(metafunc):

@@ -45,24 +45,11 @@ def test_from_options_builds_the_whole_session_before_it_is_handed_out(tmp_path)
         assert isinstance(session.executor, IsolatedExecutor)
         assert (session.executor.timeout_s, session.executor.timeouts) == (40.0, (("bf16-*", 900.0),))
         assert session.executor.log_dir == str(session.run_dir / "workers")
-        assert session.executor.preload == ()  # nothing timed: its workers never load the profiler
         assert session.schedule.timing == TimingConfig(warmup_ms=20.0, budget_ms=80.0)
         assert session.rounds == 2 and session.cpu_mem_budget == 2 ** 29 and session.seed == 3
         env = json.loads((session.run_dir / "env.json").read_text())
         assert env["cases"] == {"matrix": "smoke"} and env["rounds"] == 2 and env["seed"] == 3
         assert env["run_id"] == session.run_id == session.run_dir.name
-    finally:
-        session.finish()
-
-
-def test_a_timed_cpu_run_preloads_what_every_timed_worker_imports(tmp_path):
-    from harness.execution.isolation import PROFILER_PRELOAD
-
-    options = _options(tmp_path, isolate=True, timing_budget_ms=80.0, cuda_graph=False, rounds=1,
-                       cpu_mem_budget_gb=None, benchmark_enabled=True)
-    session = RunSession.from_options(options, CPU, [CASE], "smoke")
-    try:
-        assert session.executor.preload == PROFILER_PRELOAD
     finally:
         session.finish()
 

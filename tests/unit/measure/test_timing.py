@@ -34,18 +34,14 @@ def test_repetitions_follow_the_budget():
     assert 3 <= m.n <= 20  # ~40 ms / ~2 ms, never fewer than min_reps
 
 
-def test_the_first_call_can_be_probed_and_is_no_sample():
-    order = []
-
-    def probe(fn):
-        order.append("probe")
-        fn()
-
-    m = measure(lambda: order.append("call"), device=CPU, config=TimingConfig(warmup_ms=0, budget_ms=5, min_reps=5),
-                first=probe)
-    assert order[:2] == ["probe", "call"] and order.count("probe") == 1  # the first call ran through it, once
-    # not the first call nor the first estimate; the second estimate, with no warm-up after it, is the first sample
-    assert m.n == order.count("call") - 1 - 1
+def test_a_first_call_made_by_the_caller_is_not_made_again_and_is_no_sample():
+    """first_ms: the caller made the first call (the CPU memory probe's); measure starts at the estimate."""
+    calls = []
+    m = measure(lambda: calls.append("call"), device=CPU, config=TimingConfig(warmup_ms=0, budget_ms=5, min_reps=5),
+                first_ms=12.5)
+    assert m.first_call_ms == 12.5
+    # the first estimate call is no sample; the second, with no warm-up after it, is the first sample
+    assert m.n == len(calls) - 1
 
 
 def test_a_slow_call_is_estimated_once():
@@ -108,9 +104,9 @@ def test_the_estimate_call_is_the_first_sample_only_when_no_warm_up_follows_it(m
     assert m.samples_ms == (6.0,) * 5 and len(durations) == 1 + 1 + 1 + 5  # first, estimate, 20 // 7 - 1 warm-up
 
 
-def test_first_is_for_the_cpu_clock():
-    with pytest.raises(ValueError, match="first=.* is for the CPU clock"):
-        measure(lambda: None, device=torch.device("cuda"), first=lambda fn: fn())
+def test_first_ms_is_for_the_cpu_clock():
+    with pytest.raises(ValueError, match="first_ms=.* is for the CPU clock"):
+        measure(lambda: None, device=torch.device("cuda"), first_ms=1.0)
 
 
 def test_bad_timing_config():
