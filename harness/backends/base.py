@@ -142,6 +142,8 @@ class Backend(ProbeHooks, DescriptionHooks):
     supports_gqa: ClassVar[bool] = True
     #: a deterministic backward: True (declared), a string saying whose documentation claims it, or None
     deterministic: ClassVar[bool | str | None] = None
+    #: compiles every new shape (seconds each): the probe suites give it fewer cases in their default tier
+    compiles_per_shape: ClassVar[bool] = False
     #: the modifiers forward implements (a subset of harness.spec.modifiers.MODIFIERS)
     modifiers: ClassVar[frozenset[str]] = frozenset()
     #: why the library cannot do an undeclared modifier, where the backend knows (shown in the unsupported row)

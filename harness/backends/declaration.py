@@ -60,6 +60,7 @@ CAPABILITIES: dict[str, Callable[[Any], str | None]] = {
     "max_head_dim": _max_head_dim,
     "supports_backward": _flag,
     "supports_gqa": _flag,
+    "compiles_per_shape": _flag,
     "native_probes": _native_probes,
     "deterministic": _deterministic,
     "package": _package,

@@ -119,6 +119,7 @@ class Flex(Backend):
     layout = "bhsd"
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
     native_probes = frozenset({"mask"})
+    compiles_per_shape = True
     #: FlexAttention has no backward on CPU
     backward_devices = ("cuda",)
     #: softcap, ALiBi and bias as a score_mod; sinks from the log-sum-exp flex returns (return_aux)
