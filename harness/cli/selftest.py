@@ -174,6 +174,18 @@ def _available(names: str, device: str) -> list[str]:
     return [b.name for b in get_backends(names) if IN_PROCESS.unavailable_reason(b, dev) is None]
 
 
+def gpu_matrix_estimate() -> str:
+    """One line: what the GPU main job (`gpu`) would take on an H200, by the cost model at that device's measured
+    rates (execution/cost.py H200)."""
+    from harness.execution.cost import H200_BACKENDS, H200_ROUNDS, run_estimate
+    from harness.spec.matrices import build_matrix
+
+    cases = build_matrix("gpu")
+    seconds = run_estimate(cases)
+    return (f"the gpu matrix on an H200 (its measured rates, {H200_BACKENDS} backends, {H200_ROUNDS} rounds): "
+            f"{len(cases)} cases, ~{seconds / 60:.1f} min (harness.execution.cost.run_estimate)")
+
+
 def _selftest(args: argparse.Namespace) -> int:
     if not args.gpu:
         raise ValueError("selftest needs --gpu (the GPU acceptance run; --gpu --dry-run for its CPU stand-in)")
@@ -193,6 +205,7 @@ def _selftest(args: argparse.Namespace) -> int:
     fit(planned, args.budget_s)
     title = (f"selftest {'--dry-run (CPU stand-in)' if args.dry_run else 'on ' + torch.cuda.get_device_name(0)}: "
              f"budget {args.budget_s:.0f} s, backends {','.join(backends)}; results under {out}")
+    print(gpu_matrix_estimate())
     print(f"plan ({args.budget_s:.0f} s):")
     for s in planned:
         print(f"  {s.name:<32} {'~%.0f s' % s.estimate_s if not s.skip else s.skip}")

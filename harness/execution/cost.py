@@ -17,7 +17,7 @@ from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
 from harness.oracle.reference import block_rows, reference_attention, reference_flops, reference_budget
 from harness.spec.case import AttentionCase, make_inputs
 from harness.store.environment import available_memory
-from harness.store.schema import BWD, FWD
+from harness.store.schema import BWD, FWD, PHASES
 
 #: a matrix whose reference would take longer than this is refused unless the override flag is given
 LIMIT_S = 3600.0
@@ -188,6 +188,20 @@ class MatrixCost:
                 f"~{_duration(self.baseline_seconds)} (measured GFLOP/s: {rates}); largest case needs "
                 f"~{_gib(self.largest.peak_bytes)} ({self.largest.case.id}) of {_gib(self.memory)}. {ASSUMED}")
 
+    def run_seconds(self, rates: "RunRates", backends: int, rounds: int) -> float:
+        """The whole run's wall time at `rates` (a device measured before): start-up, the reference and baseline,
+        every backend's correctness call (its transfer and judging by the elements it returns), and `rounds`
+        benchmark rounds of every (backend, phase) key - the slow dense backends' calls counted by their work."""
+        if rates.device_type != self.device.type:
+            raise ValueError(f"rates of a {rates.device_type} device for a run on {self.device}")
+        total = rates.startup_s + self.seconds
+        for cost in self.costs:
+            judged = cost.input_bytes // (2 * cost.case.dtype.itemsize)  # out, dq, dk, dv: as many as q, d_out, k, v
+            total += backends * (rates.call_s + judged / rates.judged_per_s)
+            slow = rates.slow_backends * rates.slow_calls_per_round * 2 * cost.reference_flops / rates.slow_rate
+            total += rounds * (backends * len(PHASES) * rates.key_round_s + slow)
+        return total
+
     def refusal(self, limit_s: float = LIMIT_S) -> str | None:
         """Why this matrix should not run here (the reference and baseline would take too long, or a case does
         not fit), or None."""
@@ -208,6 +222,50 @@ class MatrixCost:
         where = "a GPU" if self.device.type == "cpu" else "a larger GPU"
         return (f"{'; and '.join(problems)}. Run it on {where}, choose smaller shapes, or pass {OVERRIDE_FLAG} to "
                 "run it anyway")
+
+
+@dataclass(frozen=True)
+class RunRates:
+    """What a whole run costs per unit on one device, measured there once (docs/measurements.md): fixed start-up,
+    a correctness call's fixed part and its judging rate (elements returned and compared on the host per second),
+    one benchmark round of one key, and the slow dense backends (naive, sdpa-math: the whole score matrix) with
+    their FLOP/s, the calls one of their rounds makes, and the reference's and baseline's rates."""
+
+    device_type: str
+    startup_s: float
+    call_s: float
+    judged_per_s: float
+    key_round_s: float
+    slow_backends: int
+    slow_calls_per_round: int
+    slow_rate: float
+    reference_rate: float
+    baseline_rates: dict[torch.dtype, float]
+    memory: int
+
+
+#: one H200 (2026-11-30, torch 2.11, docs/measurements.md). Fitted to its gpu-smoke run with 7 backends: the first
+#: timing row came at 247 s for its 11 cases then (start-up taken as 60 s; the rest, 187 s over 77 correctness calls
+#: returning 1159M elements a backend in all, split as 0.5 s a call plus 5.5e7 elements/s), a benchmark round took
+#: ~120 s for 231 keys (0.52 s a key). The slow backends' rate is sdpa-math's causal fwd+bwd on bf16-b4-h16-s4096-d128 (54.7 ms
+#: for 1.65 TFLOP of dense GEMMs: 30 TFLOP/s), their calls a round min_reps/rounds (4) plus the estimate's; the
+#: reference's rate is its causal figure (22.4 TFLOP/s), the baseline's the measured matmul peaks.
+H200 = RunRates("cuda", startup_s=60.0, call_s=0.5, judged_per_s=5.5e7, key_round_s=0.52, slow_backends=2,
+                slow_calls_per_round=5, slow_rate=30e12, reference_rate=22.4e12,
+                baseline_rates={torch.bfloat16: 693e12, torch.float16: 664e12, torch.float32: 50e12},
+                memory=141 * 10 ** 9)
+#: what the GPU estimate assumes: the H200 run's backends (naive, the five SDPA ones, flex) and --rounds' default
+H200_BACKENDS, H200_ROUNDS = 7, 3
+
+
+def run_estimate(cases: list[AttentionCase], rates: RunRates = H200, backends: int = H200_BACKENDS,
+                 rounds: int = H200_ROUNDS) -> float:
+    """Seconds a whole `pytest suites --benchmark` run of `cases` takes on the device `rates` were measured on."""
+    budget = 8 * 2 ** 30  # the reference's and baseline's buffers: what a 141 GB device gives them, at most
+    cost = matrix_cost(cases, torch.device(rates.device_type), rate=rates.reference_rate,
+                       baseline_rates=rates.baseline_rates, memory=rates.memory, reference_budget_bytes=budget,
+                       baseline_budget_bytes=budget)
+    return cost.run_seconds(rates, backends, rounds)
 
 
 def matrix_cost(cases: list[AttentionCase], device: torch.device, *, rate: float | None = None,
