@@ -159,7 +159,7 @@ def part_process(rounds: int, log) -> list[dict]:
 
     from harness.backends.registry import get_backends
     from harness.execution.call import Call
-    from harness.execution.isolation import IsolatedExecutor
+    from harness.execution.executor import make_executor
     from harness.execution.timed import TimingCall
     from harness.measure.timing import TimingConfig
     from harness.spec.matrices import build_matrix
@@ -170,7 +170,7 @@ def part_process(rounds: int, log) -> list[dict]:
             ("sdpa", "fp32-b2-h4-s17x33-d32-causal", "bwd"), ("flex", "bf16-b2-h4-s64-d32-causal", "fwd"),
             ("sdpa-flash", "fp32-b2-h4-s64-d32-none", "fwd+bwd"), ("naive", "fp32-b2-h4-s17x33-d32-causal", "fwd")]
     device = torch.device("cpu")
-    first, second = IsolatedExecutor(device), IsolatedExecutor(device)
+    first, second = make_executor(device, isolate=True), make_executor(device, isolate=True)
     medians: dict = {k: ([], []) for k in keys}
     try:
         for r in range(rounds + 1):  # round 0 warms both workers (first calls, compiles) and is dropped

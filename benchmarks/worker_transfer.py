@@ -5,7 +5,7 @@ shared memory, by tensor size?
 
 A worker returns four tensors (out, dq, dk, dv) of each size; the "worker pipe" stage (harness.measure.stages:
 the round trip less the worker's own time) is the transfer. Medians, alternating the two ways. The crossover
-sets harness.execution.isolation.INLINE_BYTES.
+sets harness.execution.wire.INLINE_BYTES.
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ import statistics
 
 import torch
 
-import harness.execution.isolation as isolation
+import harness.execution.wire as wire
 from harness.backends.registry import get_backends
 from harness.execution.call import CallResult
+from harness.execution.executor import make_executor
 from harness.measure import stages
 
 
 def results(backend, device, numel: int, inline_bytes: int) -> CallResult:
     """Runs in the worker: four bf16 tensors, sent back inline up to `inline_bytes` each."""
-    isolation.INLINE_BYTES = inline_bytes
+    wire.INLINE_BYTES = inline_bytes
     out, dq, dk, dv = (torch.zeros(numel, dtype=torch.bfloat16) for _ in range(4))
     return CallResult(out=out, grads={"dq": dq, "dk": dk, "dv": dv})
 
@@ -34,7 +35,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     cpu = torch.device("cpu")
-    executor = isolation.IsolatedExecutor(cpu, modules=())
+    executor = make_executor(cpu, isolate=True, modules=())
     naive = get_backends(["naive"])[0]
     try:
         executor.unavailable_reason(naive, cpu)  # starts the worker

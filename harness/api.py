@@ -10,7 +10,7 @@ import pandas as pd
 from harness.backends.base import Backend
 from harness.backends.registry import get_backends
 from harness.execution.device import resolve_device
-from harness.execution.executor import Executor
+from harness.execution.executor import make_executor
 from harness.execution.session import RunSession
 from harness.spec.case import AttentionCase
 from harness.spec.matrices import build_matrix, resolve_matrix
@@ -45,12 +45,8 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
         chosen = [b if isinstance(b, Backend) else get_backends([b])[0] for b in backends]
     # a fresh in-process executor per call: what it remembers (a KeyboardInterrupt inside a backend, which stops
     # this call after writing its row) must not stop the next call in the same process
-    executor: Executor = Executor()
-    if isolate:
-        from harness.execution.isolation import DEFAULT_TIMEOUT_S, IsolatedExecutor
-
-        executor = IsolatedExecutor(dev, timeout_s=call_timeout_s or DEFAULT_TIMEOUT_S,
-                                    log_dir=str(Path(results_path).parent / "workers") if results_path else None)
+    executor = make_executor(dev, isolate=isolate, timeout_s=call_timeout_s,
+                             log_dir=str(Path(results_path).parent / "workers") if results_path else None)
     # a session without a run folder: rows go to results_path alone, when given
     session = RunSession(dev, None, seed, run_id=run_id, executor=executor, results_path=results_path)
     return check_in_session(session, chosen, case_list)

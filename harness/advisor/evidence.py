@@ -14,7 +14,7 @@ import torch
 from harness.backends.base import Backend
 from harness.compare.runs import run_testbed
 from harness.execution.benchmark import measure_phase
-from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.executor import Executor, make_executor
 from harness.execution.runner import execute, prepare_case
 from harness.measure.bandwidth import copy_bandwidth_gbps
 from harness.measure.timing import ADVISOR_TIMING, TimingConfig
@@ -65,10 +65,11 @@ def _phase_status(rows: list[Row], training: bool) -> tuple[str, str, float]:
 
 
 def measure_now(case: AttentionCase, backends: list[Backend], device: torch.device, *, training: bool,
-                seed: int = 0, timing: TimingConfig = ADVISOR_TIMING, executor: Executor = IN_PROCESS,
+                seed: int = 0, timing: TimingConfig = ADVISOR_TIMING, executor: Executor | None = None,
                 progress: Callable[[str], object] | None = None) -> dict[str, Evidence]:
     """Correctness first (execute against the float64 reference), then timing and memory of the verified only.
     `progress` is told each step as it ends: the reference and baseline, then each backend."""
+    executor = executor if executor is not None else make_executor()
     progress = progress or (lambda what: None)
     prepared = prepare_case(case, device, seed)
     progress(f"{case.id}: float64 reference and naive baseline")

@@ -14,7 +14,7 @@ from harness.advisor.ranking import Overall, Recommendation, overall, rank_backe
 from harness.advisor.workload import Workload
 from harness.backends.registry import get_backends
 from harness.probes.batch_invariance import batch_invariance_check
-from harness.execution.executor import IN_PROCESS, CallFailed, Executor
+from harness.execution.executor import CallFailed, Executor, make_executor
 from harness.execution.device import resolve_device
 from harness.measure.stats import TieConfig
 from harness.measure.timing import ADVISOR_TIMING, TimingConfig
@@ -40,7 +40,7 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
         raise ValueError(f"require={unknown}; allowed: {', '.join(REQUIREMENTS)}")
     step = progress.step if progress is not None else (lambda what: None)
     dev = resolve_device(device)
-    executor = executor or IN_PROCESS
+    executor = executor if executor is not None else make_executor()
     chosen = get_backends(backends)
     case = workload.case()
     evidence, notes = {}, []

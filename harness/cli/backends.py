@@ -10,17 +10,18 @@ from harness.cli.options import add_to_argparse
 def _backends(args: argparse.Namespace) -> int:
     from harness.backends.registry import get_backends, load_backend_module
     from harness.execution.device import resolve_device
-    from harness.execution.executor import IN_PROCESS
+    from harness.execution.executor import make_executor
 
     for module in args.backend_module:
         load_backend_module(module)
     device = resolve_device(args.device)
     chosen = get_backends(args.backends)
+    executor = make_executor()
     width = max(len(b.name) for b in chosen)
     print(f"backends on {device}:")
     missing = 0
     for backend in chosen:
-        reason = IN_PROCESS.unavailable_reason(backend, device)
+        reason = executor.unavailable_reason(backend, device)
         missing += reason is not None
         print(f"  {backend.name:<{width}}  {backend.version():<14}  {'ok' if reason is None else 'unavailable: ' + reason}")
         kernels = backend.kernels()

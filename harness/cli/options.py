@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from harness.execution.isolation import DEFAULT_TIMEOUT_S
+from harness.execution.supervisor import DEFAULT_TIMEOUT_S
 from harness.measure import stats, timing
 from harness.spec.matrices import AUTO, MATRICES, resolve_matrix
 from harness.spec.presets import PRESETS

@@ -23,7 +23,8 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.advisor.workload import Workload, load_workloads, model_workloads
     from harness.backends.registry import load_backend_module
     from harness.execution.device import resolve_device
-    from harness.execution.isolation import IsolatedExecutor, timeouts
+    from harness.execution.executor import make_executor
+    from harness.execution.supervisor import timeouts
     from harness.execution.cost import check_cost
     from harness.spec.presets import model_shape
 
@@ -71,8 +72,8 @@ def _recommend(args: argparse.Namespace) -> int:
     executor = None
     if args.isolate:  # every backend call in a supervised worker: a crash or hang is a row, not the end
         default, overrides = timeouts(args.call_timeout_s)
-        executor = IsolatedExecutor(resolve_device(args.device), timeout_s=default, timeouts=overrides,
-                                    log_dir=str(Path(tempfile.gettempdir()) / "harness-recommend-workers"))
+        executor = make_executor(resolve_device(args.device), isolate=True, timeout_s=default, timeouts=overrides,
+                                 log_dir=str(Path(tempfile.gettempdir()) / "harness-recommend-workers"))
     try:
         picks, total = recommend_many(workloads, backends=args.backends, device=args.device, results=args.results,
                                       seed=args.seed, timing=timing, checks=args.checks,

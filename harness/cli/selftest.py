@@ -168,10 +168,11 @@ def _available(names: str, device: str) -> list[str]:
     """The built-in (or named) backends that can run on `device`, in registry order."""
     from harness.backends.registry import get_backends
     from harness.execution.device import resolve_device
-    from harness.execution.executor import IN_PROCESS
+    from harness.execution.executor import make_executor
 
     dev = resolve_device(device)
-    return [b.name for b in get_backends(names) if IN_PROCESS.unavailable_reason(b, dev) is None]
+    executor = make_executor()
+    return [b.name for b in get_backends(names) if executor.unavailable_reason(b, dev) is None]
 
 
 def gpu_matrix_estimate() -> str:

@@ -129,10 +129,10 @@ class ExecutorTimer:
         self.log_dir, self.fresh, self.executor = str(log_dir), fresh_workers, None
 
     def start_round(self) -> None:
-        from harness.execution.isolation import IsolatedExecutor
+        from harness.execution.executor import make_executor
 
         if self.executor is None:
-            self.executor = IsolatedExecutor(self.device, threads=self.threads, log_dir=self.log_dir)
+            self.executor = make_executor(self.device, isolate=True, threads=self.threads, log_dir=self.log_dir)
 
     def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | str:
         """One round of one key: its samples (ms), or why timing failed."""

@@ -10,7 +10,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.call import Call
-from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
 from harness.execution.rounds import Round
 from harness.execution.timed import TimingCall
@@ -65,7 +65,7 @@ def phase_verdict(verdict: BackendResult, phase: str) -> tuple[str, str]:
 
 def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: BackendResult, *,
                   config: TimingConfig, peaks: dict[str, float], run_id: str = "",
-                  cpu_mem_budget: int | None = None, timing_round: Round = Round(), executor: Executor = IN_PROCESS,
+                  cpu_mem_budget: int | None = None, timing_round: Round = Round(), executor: Executor | None = None,
                   bw_peak: float | None = None) -> PerfResult:
     """Time one phase (one round) of a verified backend and build its results row, final as built: every
     outcome (not timed, failed, timed) goes through the one `row` below, given the round and what the key's
@@ -78,6 +78,7 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     The row's timing_status/timing_reason say how timing ended; its correctness status is left alone (fwd and bwd
     rows fold into their verdict rows), except on the fwd+bwd key, which carries the correctness of both phases.
     """
+    executor = executor if executor is not None else make_executor()
     case, device = prepared.case, prepared.device
     status, reason = phase_verdict(verdict, phase)
     correctness: dict = {"status": None, "reason": None}

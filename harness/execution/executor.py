@@ -1,84 +1,64 @@
-"""Where backend calls run: `Executor` runs them in this process (--no-isolate, and the Python API's default);
-harness.execution.isolation.IsolatedExecutor runs each backend in a supervised worker process."""
+"""Where backend calls run: the Executor protocol, its two implementations (execution/in_process.py, and
+execution/supervisor.py's supervised worker processes) and the one factory that makes them."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cache import DRAWN_INPUTS, LRU
-from harness.execution.call import Call, CallResult, run_call
-from harness.execution.outcome import Failure, exception_text
-from harness.execution.timed import TimingCall, TimingResult, run_timing
-from harness.store.schema import UNAVAILABLE
+from harness.execution.call import Call, CallResult
+from harness.execution.in_process import InProcessExecutor
+from harness.execution.outcome import CallFailed
+from harness.execution.supervisor import DEFAULT_TIMEOUT_S, IsolatedExecutor
+from harness.execution.timed import TimingCall, TimingResult
+
+__all__ = ["CallFailed", "Executor", "make_executor"]
 
 
-class CallFailed(Exception):
-    """A task run for a backend (`Executor.run`) died, timed out or raised; `failure` says how."""
+class Executor(Protocol):
+    """Runs a backend's calls, timing rounds and tasks on a device, and turns every failure into a result."""
 
-    def __init__(self, failure):
-        super().__init__(failure.reason)
-        self.failure = failure
-
-
-class Executor:
-    """Runs every backend call in this process: a crash or hang of a backend is the run's."""
-
-    isolated = False
-    #: set when a backend call raised KeyboardInterrupt: its row is recorded, then the run stops (see the plugin)
-    interrupted: str | None = None
-
-    def __init__(self):
-        #: the inputs this executor drew from a seed last (cache.DRAWN_INPUTS), its own: gone with it
-        self.drawn = LRU(DRAWN_INPUTS)
-
-    def _note_interrupt(self, backend: Backend) -> None:
-        """Remember that `backend` raised KeyboardInterrupt inside a call (this wording is what stops the run)."""
-        self.interrupted = f"{backend.name} raised KeyboardInterrupt inside a call"
-
-    def _noted(self, result: CallResult | TimingResult, backend: Backend):
-        """`result` as is, remembering a KeyboardInterrupt inside the backend."""
-        if result.interrupted:
-            self._note_interrupt(backend)
-        return result
+    #: whether the calls run in worker processes (inputs are then drawn there, from the seed)
+    isolated: bool
+    #: set when a backend raised KeyboardInterrupt inside a call: its row is recorded, then the run stops
+    interrupted: str | None
 
     def unavailable_reason(self, backend: Backend, device: torch.device) -> str | None:
-        try:
-            return backend.unavailable_reason(device)
-        except Exception as exc:  # a broken availability check is a reason too
-            return f"availability check failed: {exception_text(exc)}"
+        """Why `backend` cannot run on `device` at all (not installed, wrong device, a broken check), or None."""
 
     def refusal(self, backend: Backend, device: torch.device) -> tuple[str, str] | None:
-        """(status, reason) when `backend` cannot run on `device` at all: 'unavailable' (not installed, wrong
-        device, a broken availability check), or 'error' where the harness itself could not set it up."""
-        reason = self.unavailable_reason(backend, device)
-        return (UNAVAILABLE, reason) if reason else None
+        """(status, reason) when `backend` cannot run on `device`: 'unavailable', or 'error' where the harness
+        itself could not set it up (a worker that could not start)."""
 
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
-        return self._noted(run_call(backend, call, device, self.drawn), backend)
+        """One correctness call; a raise, a crash or a timeout comes back as its failure."""
 
     def time(self, backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
-        return self._noted(run_timing(backend, timing, device, self.drawn), backend)
+        """One timing round of one phase, run where the backend runs."""
 
     def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any) -> Any:
         """fn(backend, device, *args) - our own code around a backend (a probe, a deployment check); anything it
-        raises comes back as CallFailed, as it would from a worker."""
-        try:
-            return fn(backend, device, *args)
-        except BaseException as exc:  # noqa: B036
-            failure = Failure.of(exc)
-            if failure.interrupted:
-                self._note_interrupt(backend)
-            raise CallFailed(failure) from exc
+        raises, or a worker's death, comes back as CallFailed."""
 
     def worker_restarts(self) -> dict[str, int]:
-        """How many workers were replaced after dying or timing out, per backend (none in this process)."""
-        return {}
+        """How many workers were replaced after dying or timing out, per backend."""
 
     def close(self) -> None:
-        pass
+        """Stop what the executor started (its workers)."""
 
 
-IN_PROCESS = Executor()
+def make_executor(device: torch.device | str | None = None, *, isolate: bool = False, timeout_s: float | None = None,
+                  timeouts: tuple[tuple[str, float], ...] = (), log_dir: str | None = None,
+                  threads: int | None = None, modules: tuple[str, ...] | None = None) -> Executor:
+    """An executor of its own for a run: in this process (isolate=False), or each backend in a supervised worker on
+    `device` (isolate=True: the call timeout, per-case overrides, the workers' log folder, threads and plugin
+    modules apply there)."""
+    if not isolate:
+        return InProcessExecutor()
+    if device is None:
+        raise ValueError("make_executor(isolate=True) needs the device its workers run on")
+    return IsolatedExecutor(device, modules=modules, threads=threads,
+                            timeout_s=DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s, timeouts=timeouts,
+                            log_dir=log_dir)

@@ -49,6 +49,20 @@ class Failure:
         return Failure(*failure_status(exc))
 
 
+class CallFailed(Exception):
+    """A task run for a backend (an Executor's `run`) died, timed out or raised; `failure` says how."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.reason)
+        self.failure = failure
+
+
+def interrupt_note(backend_name: str) -> str:
+    """What an executor remembers when a backend raised KeyboardInterrupt inside a call (the wording that stops the
+    run, after its row is written)."""
+    return f"{backend_name} raised KeyboardInterrupt inside a call"
+
+
 def free(device: torch.device) -> None:
     """Return what a failed call left behind to the allocator, so the next case starts clean."""
     gc.collect()

@@ -8,7 +8,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.call import Arrangement, Call, CallResult
-from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult, failure_status, free
 from harness.measure.stages import stage
 from harness.oracle.baseline import baseline
@@ -81,8 +81,9 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, in
 
 
 def refusal(backend: Backend, case: AttentionCase, device: torch.device,
-            executor: Executor = IN_PROCESS) -> tuple[str, str] | None:
+            executor: Executor | None = None) -> tuple[str, str] | None:
     """(status, reason) when `backend` cannot run `case`'s forward on `device` at all, else None."""
+    executor = executor if executor is not None else make_executor()
     refused = executor.refusal(backend, device)
     if refused:
         return refused
@@ -102,9 +103,10 @@ def correctness_call(backend: Backend, case: AttentionCase, device: torch.device
 
 
 def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arrangement: Arrangement | None = None,
-            executor: Executor = IN_PROCESS, tag: str = "") -> BackendResult:
+            executor: Executor | None = None, tag: str = "") -> BackendResult:
     """Run forward and backward of `backend` on the prepared case (through `executor`: here, or in its worker)
     and judge both phases against the reference; a probe's `tag` keys its rows 'tag:<case id>' as they are built."""
+    executor = executor if executor is not None else make_executor()
     case, device = prepared.case, prepared.device
 
     def both(status: str, reason: str, op: str = "") -> BackendResult:

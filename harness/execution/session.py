@@ -13,7 +13,7 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.benchmark import InputsOnly, PerfResult, measure_phase
 from harness.execution.cache import RunCaches
-from harness.execution.executor import Executor
+from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
 from harness.execution.recorder import RunRecorder
 from harness.execution.rounds import RoundSchedule
@@ -42,7 +42,7 @@ class RunSession:
                  results_path: Path | str | None = None):
         self.schedule = RoundSchedule(timing or TimingConfig(), rounds)
         self.device, self.seed, self.cpu_mem_budget = device, seed, cpu_mem_budget
-        self.executor = executor if executor is not None else Executor()
+        self.executor = executor if executor is not None else make_executor()
         self.verdicts = VerdictMemory()
         self.cache = RunCaches()
         #: measured dense-matmul TFLOP/s per dtype name and copy bandwidth (GB/s), set by measure_peaks()
@@ -67,15 +67,13 @@ class RunSession:
         ready to run `cases` (from `matrix`, or --preset/--hf-config): its executor (supervised workers unless
         --no-isolate, with --call-timeout-s), the cases' description in env.json, and with --benchmark the device's
         measured peaks. A front end without the timing options (check) gets TimingConfig's defaults."""
-        from harness.execution.isolation import IsolatedExecutor, timeouts
+        from harness.execution.supervisor import timeouts
 
         run_id, root = new_run_id(), Path(options.results_dir)
-        executor = Executor()
         timed = getattr(options, "benchmark_enabled", False)
-        if options.isolate:
-            default, overrides = timeouts(options.call_timeout_s)
-            executor = IsolatedExecutor(device, timeout_s=default, timeouts=overrides,
-                                        log_dir=str(root / run_id / "workers"))
+        default, overrides = timeouts(options.call_timeout_s)
+        executor = make_executor(device, isolate=options.isolate, timeout_s=default, timeouts=overrides,
+                                 log_dir=str(root / run_id / "workers"))
         budget_ms = getattr(options, "timing_budget_ms", None)
         timing = TimingConfig() if budget_ms is None else TimingConfig.for_budget(budget_ms,
                                                                                    cuda_graph=options.cuda_graph)
@@ -147,9 +145,8 @@ class RunSession:
         if self.executor.isolated:
             return self.executor
         if self._crash_safe is None:
-            from harness.execution.isolation import IsolatedExecutor
             log_dir = None if self.run_dir is None else str(self.run_dir / "workers")
-            self._crash_safe = IsolatedExecutor(self.device, log_dir=log_dir)
+            self._crash_safe = make_executor(self.device, isolate=True, log_dir=log_dir)
         return self._crash_safe
 
     def finish(self) -> None:

@@ -13,7 +13,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.call import BoundCall, Call, backend_inputs
-from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.executor import Executor, make_executor
 from harness.probes.common import probe_dtype, probe_row, refused
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.masks import And, Causal, KeyPadding, MaskSpec
@@ -62,8 +62,9 @@ def compare(batched_first: torch.Tensor, single: torch.Tensor) -> tuple[bool, st
 
 
 def check_batch_invariance(backend: Backend, kind: str, device: torch.device, *, seed: int = 0, run_id: str = "",
-                           executor: Executor = IN_PROCESS) -> Row:
+                           executor: Executor | None = None) -> Row:
     """One 'batch-invariance-<kind>:<case id>' fwd row: observed (or why it could not run)."""
+    executor = executor if executor is not None else make_executor()
     case = invariance_case(kind, probe_dtype(backend, device), device)
     tag = f"batch-invariance-{kind}"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.executor import Executor, make_executor
 from harness.execution.runner import refusal
 from harness.oracle.verdict import Check
 from harness.spec.case import AttentionCase
@@ -36,9 +36,10 @@ def probe_row(case: AttentionCase, backend: Backend, device: torch.device, *, ta
                     backend_op=op if status in JUDGED else "", **columns)
 
 
-def refused(backend: Backend, case: AttentionCase, device: torch.device, executor: Executor = IN_PROCESS, *,
+def refused(backend: Backend, case: AttentionCase, device: torch.device, executor: Executor | None = None, *,
             backward: bool = False, dropout: bool = False) -> tuple[str, str] | None:
     """(status, reason) when the probe cannot run here: unavailable, or unsupported by the capability data."""
+    executor = executor if executor is not None else make_executor()
     gate = refusal(backend, case, device, executor)
     if gate:
         return gate

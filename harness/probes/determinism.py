@@ -10,7 +10,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.call import Call
-from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.executor import Executor, make_executor
 from harness.probes.common import probe_dtype, probe_row, refused
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal
@@ -34,8 +34,9 @@ def determinism_case(dtype: torch.dtype, device: torch.device) -> AttentionCase:
 
 
 def check_determinism(backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
-                      executor: Executor = IN_PROCESS) -> Row:
+                      executor: Executor | None = None) -> Row:
     """One 'determinism:<case id>' bwd row: pass/fail where claimed, observed otherwise."""
+    executor = executor if executor is not None else make_executor()
     case = determinism_case(probe_dtype(backend, device), device)
 
     def row(status: str, observed: str = "", reason: str = "", op: str = "") -> Row:

@@ -18,7 +18,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.call import Call
-from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.executor import Executor, make_executor
 from harness.oracle.reference import reference_attention
 from harness.probes.common import probe_dtype, probe_row, refused
 from harness.spec.case import AttentionCase, Inputs, make_inputs
@@ -62,8 +62,9 @@ def _run(executor: Executor, backend: Backend, device: torch.device, inputs: Inp
 
 
 def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
-                  executor: Executor = IN_PROCESS) -> list[Row]:
+                  executor: Executor | None = None) -> list[Row]:
     """Rows 'dropout:<case id>' fwd (statistics; RNG recorded in `observed`) and bwd (dV uses the forward mask)."""
+    executor = executor if executor is not None else make_executor()
     case = dropout_case(probe_dtype(backend, device))
 
     def rows(fwd: tuple[str, str, str], bwd: tuple[str, str, str] | None = None, op: str = "") -> list[Row]:

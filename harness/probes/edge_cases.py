@@ -18,7 +18,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.cache import LRU, cached
-from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.executor import Executor, make_executor
 from harness.execution.runner import execute, prepare_case
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.masks import MaskSpec, parse_mask
@@ -134,10 +134,11 @@ def edge_inputs(edge: EdgeCase, device: torch.device, seed: int = 0) -> Inputs:
 
 
 def run_edge(edge: EdgeCase, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
-             executor: Executor = IN_PROCESS, cache: LRU | None = None) -> list[Row]:
+             executor: Executor | None = None, cache: LRU | None = None) -> list[Row]:
     """Forward and backward of `backend` on the edge case, judged against the float64 reference: rows 'edge:...'.
     The edge case's reference and naive baseline are kept in `cache` (the run's prepared cases: the suite runs
     edge cases case-major, backend by backend), else computed for this call alone."""
+    executor = executor if executor is not None else make_executor()
     arrangement = None if edge.arrange == "plain" else Arranged(edge.arrange)
     prepared = cached(cache, (edge, str(device), seed),
                       lambda: prepare_case(edge.case, device, inputs=edge_inputs(edge, device, seed)))

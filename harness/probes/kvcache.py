@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.executor import Executor, make_executor
 from harness.execution.runner import execute, prepare_case
 from harness.oracle.verdict import judge
 from harness.probes.common import probe_row
@@ -40,8 +40,9 @@ def _full(case: AttentionCase) -> AttentionCase:
 
 
 def decode_rows(backend: Backend, case: AttentionCase, device: torch.device, *, seed: int = 0,
-                run_id: str = "", executor: Executor = IN_PROCESS) -> list[Row]:
+                run_id: str = "", executor: Executor | None = None) -> list[Row]:
     """Rows 'decode:<decode case id>' (fwd, bwd): the last query of `case` over its whole cache."""
+    executor = executor if executor is not None else make_executor()
     full = _full(case)
     inputs = make_inputs(full, device, seed)
     piece = _piece(full, full.seq_q - 1, full.seq_q)
@@ -58,8 +59,9 @@ def chunk_bounds(seq: int, chunks: int) -> list[tuple[int, int]]:
 
 
 def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: torch.device, *, seed: int = 0,
-                 run_id: str = "", executor: Executor = IN_PROCESS) -> list[Row]:
+                 run_id: str = "", executor: Executor | None = None) -> list[Row]:
     """Rows 'prefill:chunk<i>of<n>:<piece id>' per chunk, and 'prefill:assembled<n>:<case id>' (fwd, bwd)."""
+    executor = executor if executor is not None else make_executor()
     full = _full(case)
     inputs = make_inputs(full, device, seed)
     rows: list[Row] = []

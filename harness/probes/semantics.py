@@ -18,7 +18,7 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.cache import LRU, cached
 from harness.execution.call import Call
-from harness.execution.executor import IN_PROCESS, Executor
+from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
 from harness.execution.runner import execute, prepare_case
 from harness.oracle.prepared import PreparedCase
@@ -43,7 +43,7 @@ class Probe:
     backend: Backend
     device: torch.device
     seed: int = 0
-    executor: Executor = IN_PROCESS
+    executor: Executor = field(default_factory=make_executor)
     cache: LRU | None = None
 
     def cached(self, key: tuple, make: Callable):
@@ -291,10 +291,11 @@ QUESTIONS.update(MODIFIER_QUESTIONS)
 
 
 def ask(question: str, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
-        executor: Executor = IN_PROCESS, cache: LRU | None = None) -> Row:
+        executor: Executor | None = None, cache: LRU | None = None) -> Row:
     """Answer one question for one backend as a CSV row (case_id 'semantics:<question>:<case id>'); its calls
     run through `executor` (this process, or the backend's worker); runs shared by questions are kept in `cache`
     (the run's probe cache), else made for this question alone."""
+    executor = executor if executor is not None else make_executor()
     if question not in QUESTIONS:
         raise ValueError(f"unknown semantics question {question!r}; allowed: {', '.join(QUESTIONS)}")
     phase, question_fn = QUESTIONS[question]

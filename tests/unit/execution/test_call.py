@@ -8,7 +8,7 @@ import torch
 
 from harness.backends.base import Backend, Plan
 from harness.execution.call import Call, _grad_violation, contract_violation, run_call
-from harness.execution.isolation import INLINE_BYTES, _Pickler
+from harness.execution.wire import INLINE_BYTES, _Pickler
 from harness.spec.case import AttentionCase, make_inputs
 from harness.oracle.baseline import naive_attention
 from harness.spec.masks import Causal
@@ -80,18 +80,18 @@ def test_large_tensors_go_through_shared_memory():
 def test_a_sticky_cuda_error_ends_the_worker_after_its_reply(monkeypatch):
     """A device-side assert or an illegal address poisons the CUDA context for every later call in the process:
     the worker checks after each task and exits (status 3), and the supervisor starts a fresh one."""
-    from harness.execution import isolation
+    from harness.execution import supervisor, worker
 
     def broken(device=None):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(torch.cuda, "synchronize", broken)
-    assert isolation._cuda_broken(torch.device("cuda", 0)) is True
+    assert worker._cuda_broken(torch.device("cuda", 0)) is True
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    assert isolation._cuda_broken(torch.device("cuda", 0)) is False
-    assert isolation._cuda_broken(CPU) is False
+    assert worker._cuda_broken(torch.device("cuda", 0)) is False
+    assert worker._cuda_broken(CPU) is False
     process = type("P", (), {"exitcode": 3})()
-    assert "sticky CUDA error" in isolation._death(process)
+    assert "sticky CUDA error" in supervisor._death(process)
 
 
 class Planned(Backend):

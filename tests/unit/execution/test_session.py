@@ -11,8 +11,8 @@ import torch
 
 from harness.backends.naive import Naive
 from harness.execution.cache import LRU, RunCaches, cached
-from harness.execution.executor import Executor
-from harness.execution.isolation import IsolatedExecutor
+from harness.execution.in_process import InProcessExecutor
+from harness.execution.supervisor import IsolatedExecutor
 from harness.execution.outcome import BackendResult
 from harness.execution.recorder import RunRecorder
 from harness.execution.rounds import Round, RoundSchedule
@@ -56,7 +56,7 @@ def test_from_options_builds_the_whole_session_before_it_is_handed_out(tmp_path)
 
 def test_from_options_without_timing_options_is_check_s_session(tmp_path):
     session = RunSession.from_options(_options(tmp_path, preset="llama-3-8b"), CPU, [CASE], "smoke")
-    assert type(session.executor) is Executor and session.rounds == 1
+    assert type(session.executor) is InProcessExecutor and session.rounds == 1
     assert session.schedule.timing == TimingConfig() and session.env["cases"] == {"preset": "llama-3-8b"}
     result = session.check(CASE, Naive())
     session.finish()
@@ -150,7 +150,7 @@ def test_caches_are_bounded_and_die_with_their_session(tmp_path):
     session.finish()
     assert len(session.cache.prepared) == 0
     assert isinstance(RunSession(CPU, tmp_path / "b").cache, RunCaches)
-    assert Executor().drawn is not Executor().drawn  # each executor draws its own inputs
+    assert InProcessExecutor().drawn is not InProcessExecutor().drawn  # each executor draws its own inputs
 
 
 def test_no_module_keeps_a_cache_of_its_own():

@@ -7,7 +7,7 @@ backward: on an H200 (torch 2.11.0+cu130, 2026-11-30) every flex bwd timing row 
 import torch
 
 from harness.backends.naive import Naive
-from harness.execution.isolation import IsolatedExecutor
+from harness.execution.supervisor import IsolatedExecutor
 from harness.execution.runner import refusal
 from harness.execution.session import RunSession
 from harness.spec.case import AttentionCase

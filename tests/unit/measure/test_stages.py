@@ -10,7 +10,7 @@ import torch
 
 from harness import AttentionCase
 from harness.backends.naive import Naive
-from harness.execution.isolation import IsolatedExecutor
+from harness.execution.supervisor import IsolatedExecutor
 from harness.execution.runner import execute, prepare_case
 from harness.execution.session import RunSession
 from harness.measure import stages

@@ -10,7 +10,7 @@ from harness.backends import get_backends
 from harness.backends.base import Backend
 from harness.backends.naive import Naive
 from harness.probes.edge_cases import NAN_TAIL, Arranged, EdgeCase, edge_cases, edge_inputs, run_edge
-from harness.execution.isolation import IsolatedExecutor
+from harness.execution.supervisor import IsolatedExecutor
 from harness.probes.empty import SHAPES, empty_row, probe, probe_all
 from harness.spec.masks import Causal, KeyPadding
 from harness.store.writer import ResultsWriter

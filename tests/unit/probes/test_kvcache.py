@@ -70,7 +70,7 @@ def test_rows_name_the_kernel_the_worker_ran_under_isolation(tmp_path):
     """The kernel a row records comes back with the call's result (the plan names it where the call ran): under
     isolation the assembled prefill rows said the supervisor's idle backend's default name ('sdpa-math'), now the
     kernel the worker's plan ran ('sdpa:math'), as in process."""
-    from harness.execution.isolation import IsolatedExecutor
+    from harness.execution.supervisor import IsolatedExecutor
 
     from harness.backends.sdpa import SdpaMath
 

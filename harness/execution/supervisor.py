@@ -1,13 +1,11 @@
-"""Backends in supervised worker processes: a crash, a fatal CUDA error or a hang of one call becomes that call's
-row, the worker is restarted, and the sweep goes on.
+"""The supervisor side of isolation: the isolated Executor, which runs each backend in a worker process of its own
+(execution/worker.py), and the handle of one worker.
 
 One persistent worker per backend (its compile caches and CUDA context are paid for once). The worker draws the
 case's inputs itself from (case, seed), runs the call and the timing next to the kernel - so latencies are the
-same as in-process - and sends outputs back as CPU tensors through shared memory (torch's multiprocessing
-reductions). The supervisor waits on the reply and on the process itself, as pytest-xdist's and
-pytest-timeout's do: a worker that dies (a signal, os._exit) or outlives the call's timeout is reported and
-replaced. Workers ignore Ctrl-C, which is the run's to handle, and their stdout/stderr (library noise) go to a
-log file under the run directory rather than the terminal.
+same as in-process - and sends outputs back (execution/wire.py). The supervisor waits on the reply and on the
+process itself, as pytest-xdist's and pytest-timeout's do: a worker that dies (a signal, os._exit) or outlives the
+call's timeout is reported and replaced, and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -16,25 +14,20 @@ import atexit
 import fnmatch
 import multiprocessing as mp
 import multiprocessing.connection
-import os
-import pickle
 import signal
-import sys
-from dataclasses import dataclass, field
-from multiprocessing.reduction import ForkingPickler
-from pathlib import Path
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
-import torch.multiprocessing  # noqa: F401 - registers tensor reductions: large CPU tensors travel in shared memory
 
 from harness.backends.base import Backend
 from harness.backends.registry import loaded_modules
 from harness.execution.call import Call, CallResult
 from harness.execution.device import indexed
-from harness.execution.executor import CallFailed, Executor
-from harness.execution.outcome import Failure
+from harness.execution.outcome import CallFailed, Failure, interrupt_note
 from harness.execution.timed import TimingCall, TimingResult
+from harness.execution.wire import WorkerSpec, recv, send
+from harness.execution.worker import worker_main
 from harness.measure.stages import CLOCK, stage
 from harness.store.schema import ERROR, UNAVAILABLE
 
@@ -43,7 +36,7 @@ DEFAULT_TIMEOUT_S = 300.0
 #: seconds a worker may take to start (import torch, the backend and plugin modules)
 START_TIMEOUT_S = 180.0
 #: what the forkserver imports once, so that every worker forked from it starts with it
-FORKSERVER_PRELOAD = ("harness.execution.isolation",)
+FORKSERVER_PRELOAD = ("harness.execution.worker",)
 
 
 def timeouts(values: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:
@@ -51,127 +44,6 @@ def timeouts(values: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, f
     parses each), last one winning."""
     default = next((s for p, s in reversed(values) if p == "*"), DEFAULT_TIMEOUT_S)
     return default, tuple((p, s) for p, s in reversed(values) if p != "*")
-
-
-#: tensors up to this size travel as bytes in the message: below it, copying is cheaper than a shared-memory
-#: segment and the file descriptor handed over for it. Measured here (benchmarks/worker_transfer.py, four tensors
-#: a call): 64 KiB each 1.2 ms inline against 3.8 ms; 256 KiB 7.3 against 5.6; 1 MiB 32 against 8.5; 8 MiB 209
-#: against 37 (an earlier threshold of 16 MiB came from one 1 MB figure)
-INLINE_BYTES = 128 * 2 ** 10
-
-
-def _tensor_from_bytes(dtype: torch.dtype, shape: tuple[int, ...], data: bytes) -> torch.Tensor:
-    if not data:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
-
-
-class _Pickler(ForkingPickler):
-    """torch's multiprocessing pickler, with small CPU tensors copied into the message."""
-
-    def reducer_override(self, obj):
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and obj.layout == torch.strided \
-                and not obj.requires_grad and obj.nbytes <= INLINE_BYTES:
-            data = obj.detach().contiguous().view(torch.uint8).numpy().tobytes() if obj.numel() else b""
-            return _tensor_from_bytes, (obj.dtype, tuple(obj.shape), data)
-        return NotImplemented
-
-
-def _send(conn, obj: Any) -> None:
-    conn.send_bytes(bytes(_Pickler.dumps(obj)))
-
-
-def _recv(conn) -> Any:
-    return pickle.loads(conn.recv_bytes())
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What every worker of a run needs: the device, plugin modules to import, CPU threads, where its output goes."""
-
-    device: str
-    modules: tuple[str, ...] = ()
-    threads: int = 1
-    log_dir: str | None = None
-
-
-def _redirect_output(log_dir: str | None, name: str) -> None:
-    """Send this process's stdout and stderr (file descriptors, so C++ and library output too) to a log file."""
-    if log_dir is None:
-        return
-    Path(log_dir).mkdir(parents=True, exist_ok=True)
-    fd = os.open(str(Path(log_dir) / f"{name}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-
-
-def _cuda_broken(device: torch.device) -> bool:
-    """True when the CUDA context is unusable (a device-side assert, an illegal address): errors that stick to
-    the process, so every later call in it would fail too."""
-    if device.type != "cuda":
-        return False
-    try:
-        torch.cuda.synchronize(device)
-        return False
-    except Exception:
-        return True
-
-
-def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
-    """A worker's life: set up, say ready (or why not), then serve requests until told to stop or orphaned."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle; a worker finishes its call
-    _redirect_output(spec.log_dir, backend_name)
-    from harness.backends.registry import all_backends, load_backend_module
-    from harness.execution.cache import DRAWN_INPUTS, LRU
-    from harness.execution.call import run_call
-    from harness.execution.timed import allow_backward_replay, run_timing
-
-    try:
-        device = indexed(torch.device(spec.device))
-        torch.set_num_threads(spec.threads)
-        allow_backward_replay()
-        if device.type == "cuda":
-            torch.cuda.set_device(device)  # events, streams and graphs follow the current device
-        for module in spec.modules:
-            load_backend_module(module)
-        registry = all_backends()
-        if backend_name not in registry:
-            raise ValueError(f"backend {backend_name!r} is not registered in the worker (is its module importable?)")
-        backend: Backend = registry[backend_name]
-    except BaseException as exc:  # noqa: B036
-        _send(conn, ("failed", Failure.of(exc)))
-        return
-    _send(conn, ("ready", None))
-    drawn = LRU(DRAWN_INPUTS)  # the worker's own: a call and the timing rounds of its case share the seeded inputs
-    while True:
-        try:
-            kind, payload = _recv(conn)
-        except (EOFError, OSError):  # the supervisor is gone
-            return
-        if kind == "stop":
-            return
-        before = CLOCK.snapshot()
-        try:
-            with stage(f"worker: {kind}"):  # what the request's nested stages do not cover
-                if kind == "available":
-                    reply = ("ok", backend.unavailable_reason(device))
-                elif kind == "call":
-                    reply = ("ok", run_call(backend, payload, device, drawn))
-                elif kind == "time":
-                    reply = ("ok", run_timing(backend, payload, device, drawn))
-                else:
-                    fn, args = payload
-                    reply = ("ok", fn(backend, device, *args))
-        except BaseException as exc:  # noqa: B036
-            reply = ("failed", Failure.of(exc))
-        broken = _cuda_broken(device)
-        _send(conn, (*reply, CLOCK.since(before)))  # the time the request took here, for the run's stage clock
-        del reply
-        if broken:
-            os._exit(3)  # the supervisor sees the exit and starts a fresh worker for the next call
 
 
 def _death(process) -> str:
@@ -216,7 +88,7 @@ class Worker:
 
     def stop(self) -> None:
         try:
-            _send(self.conn, ("stop", None))
+            send(self.conn, ("stop", None))
             self.process.join(timeout=5)
         except (OSError, ValueError):
             pass
@@ -226,7 +98,7 @@ class Worker:
         ready = mp.connection.wait([self.conn, self.process.sentinel], timeout)
         if self.conn in ready:
             try:
-                return _recv(self.conn)
+                return recv(self.conn)
             except (EOFError, OSError):
                 pass
         elif not ready:
@@ -241,7 +113,7 @@ class Worker:
         and "worker pipe" is left with the rest: pickling, shared memory, the pipe."""
         with stage("worker pipe"):
             try:
-                _send(self.conn, (kind, payload))
+                send(self.conn, (kind, payload))
             except (OSError, ValueError):  # died before this request
                 self.process.join(timeout=5)
                 return "failed", Failure(ERROR, f"{_death(self.process)} before {doing}")
@@ -251,33 +123,28 @@ class Worker:
         return reply[0], reply[1]
 
 
-@dataclass
-class IsolatedExecutor(Executor):
-    """Runs each backend's calls in its own supervised worker on `device` (see the module docstring).
-
-    timeouts: (case id pattern, seconds) overrides of `timeout_s`, first match wins (fnmatch patterns).
-    """
-
-    device: torch.device
-    #: plugin modules each worker loads (default: those loaded in this process so far)
-    modules: tuple[str, ...] = field(default_factory=loaded_modules)
-    threads: int | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    timeouts: tuple[tuple[str, float], ...] = ()
-    log_dir: str | None = None
-    workers: dict[str, Worker] = field(default_factory=dict)
-    _available: dict[str, str | None] = field(default_factory=dict)
-    #: how many workers were replaced after dying or timing out, per backend
-    restarts: dict[str, int] = field(default_factory=dict)
+class IsolatedExecutor:
+    """The isolated Executor: each backend's calls run in its own supervised worker on `device` (see the module
+    docstring). timeouts: (case id pattern, seconds) overrides of `timeout_s`, first match wins (fnmatch patterns)."""
 
     isolated = True
 
-    def __post_init__(self):
-        self.device = indexed(torch.device(self.device))
+    def __init__(self, device: torch.device | str, *, modules: tuple[str, ...] | None = None,
+                 threads: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 timeouts: tuple[tuple[str, float], ...] = (), log_dir: str | None = None):
+        self.device = indexed(torch.device(device))
+        #: plugin modules each worker loads (default: those loaded in this process so far)
+        self.modules = loaded_modules() if modules is None else tuple(modules)
+        self.timeout_s, self.timeouts, self.log_dir = timeout_s, tuple(timeouts), log_dir
+        #: set when a backend raised KeyboardInterrupt inside a call: its row is recorded, then the run stops
+        self.interrupted: str | None = None
+        self.workers: dict[str, Worker] = {}
+        #: how many workers were replaced after dying or timing out, per backend
+        self.restarts: dict[str, int] = {}
+        self._available: dict[str, str | None] = {}
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-        self._spec = WorkerSpec(str(self.device), tuple(self.modules), self.threads or torch.get_num_threads(),
-                                self.log_dir)
+        self._spec = WorkerSpec(str(self.device), self.modules, threads or torch.get_num_threads(), log_dir)
         atexit.register(self.close)
 
     def timeout_for(self, case_id: str) -> float:
@@ -325,8 +192,6 @@ class IsolatedExecutor(Executor):
 
     def time(self, backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
         self._check(device)
-        from dataclasses import replace
-
         timing = replace(timing, call=timing.call.to_cpu())
         status, answer = self._ask(backend, "time", timing, self.timeout_for(timing.call.case.id),
                                    f"timing {backend.name} {timing.phase} on {timing.call.case.id}")
@@ -340,9 +205,15 @@ class IsolatedExecutor(Executor):
                                    f"running {getattr(fn, '__name__', 'a task')} for {backend.name}")
         if status != "ok":
             if answer.interrupted:
-                self._note_interrupt(backend)
+                self.interrupted = interrupt_note(backend.name)
             raise CallFailed(answer)
         return answer
+
+    def _noted(self, result, backend: Backend):
+        """`result` as is, remembering a KeyboardInterrupt inside the backend."""
+        if result.interrupted:
+            self.interrupted = interrupt_note(backend.name)
+        return result
 
     def worker_restarts(self) -> dict[str, int]:
         return dict(self.restarts)

@@ -1,0 +1,64 @@
+"""The in-process Executor: every backend call runs in this process (--no-isolate, and the Python API's default),
+so a crash or hang of a backend is the run's."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from harness.backends.base import Backend
+from harness.execution.cache import DRAWN_INPUTS, LRU
+from harness.execution.call import Call, CallResult, run_call
+from harness.execution.outcome import CallFailed, Failure, exception_text, interrupt_note
+from harness.execution.timed import TimingCall, TimingResult, run_timing
+from harness.store.schema import UNAVAILABLE
+
+
+class InProcessExecutor:
+    """Runs every backend call here; each instance has its own drawn inputs and its own interrupt note."""
+
+    isolated = False
+
+    def __init__(self):
+        #: the inputs this executor drew from a seed last (cache.DRAWN_INPUTS), its own: gone with it
+        self.drawn = LRU(DRAWN_INPUTS)
+        #: set when a backend raised KeyboardInterrupt inside a call: its row is recorded, then the run stops
+        self.interrupted: str | None = None
+
+    def _noted(self, result: CallResult | TimingResult, backend: Backend):
+        """`result` as is, remembering a KeyboardInterrupt inside the backend."""
+        if result.interrupted:
+            self.interrupted = interrupt_note(backend.name)
+        return result
+
+    def unavailable_reason(self, backend: Backend, device: torch.device) -> str | None:
+        try:
+            return backend.unavailable_reason(device)
+        except Exception as exc:  # a broken availability check is a reason too
+            return f"availability check failed: {exception_text(exc)}"
+
+    def refusal(self, backend: Backend, device: torch.device) -> tuple[str, str] | None:
+        reason = self.unavailable_reason(backend, device)
+        return (UNAVAILABLE, reason) if reason else None
+
+    def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
+        return self._noted(run_call(backend, call, device, self.drawn), backend)
+
+    def time(self, backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
+        return self._noted(run_timing(backend, timing, device, self.drawn), backend)
+
+    def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any) -> Any:
+        try:
+            return fn(backend, device, *args)
+        except BaseException as exc:  # noqa: B036
+            failure = Failure.of(exc)
+            if failure.interrupted:
+                self.interrupted = interrupt_note(backend.name)
+            raise CallFailed(failure) from exc
+
+    def worker_restarts(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,96 @@
+"""A worker process's loop: set up one backend on the device, say ready (or why not), then serve the supervisor's
+requests (availability, a call, a timing round, a task) until told to stop or orphaned. Its stdout and stderr go to
+a log file, Ctrl-C is the run's to handle, and a sticky CUDA error ends it so that a fresh one takes over."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+from harness.backends.base import Backend
+from harness.execution.device import indexed
+from harness.execution.outcome import Failure
+from harness.execution.wire import WorkerSpec, recv, send
+from harness.measure.stages import CLOCK, stage
+
+def _redirect_output(log_dir: str | None, name: str) -> None:
+    """Send this process's stdout and stderr (file descriptors, so C++ and library output too) to a log file."""
+    if log_dir is None:
+        return
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    fd = os.open(str(Path(log_dir) / f"{name}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _cuda_broken(device: torch.device) -> bool:
+    """True when the CUDA context is unusable (a device-side assert, an illegal address): errors that stick to
+    the process, so every later call in it would fail too."""
+    if device.type != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize(device)
+        return False
+    except Exception:
+        return True
+
+
+def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
+    """A worker's life: set up, say ready (or why not), then serve requests until told to stop or orphaned."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle; a worker finishes its call
+    _redirect_output(spec.log_dir, backend_name)
+    from harness.backends.registry import all_backends, load_backend_module
+    from harness.execution.cache import DRAWN_INPUTS, LRU
+    from harness.execution.call import run_call
+    from harness.execution.timed import allow_backward_replay, run_timing
+
+    try:
+        device = indexed(torch.device(spec.device))
+        torch.set_num_threads(spec.threads)
+        allow_backward_replay()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # events, streams and graphs follow the current device
+        for module in spec.modules:
+            load_backend_module(module)
+        registry = all_backends()
+        if backend_name not in registry:
+            raise ValueError(f"backend {backend_name!r} is not registered in the worker (is its module importable?)")
+        backend: Backend = registry[backend_name]
+    except BaseException as exc:  # noqa: B036
+        send(conn, ("failed", Failure.of(exc)))
+        return
+    send(conn, ("ready", None))
+    drawn = LRU(DRAWN_INPUTS)  # the worker's own: a call and the timing rounds of its case share the seeded inputs
+    while True:
+        try:
+            kind, payload = recv(conn)
+        except (EOFError, OSError):  # the supervisor is gone
+            return
+        if kind == "stop":
+            return
+        before = CLOCK.snapshot()
+        try:
+            with stage(f"worker: {kind}"):  # what the request's nested stages do not cover
+                if kind == "available":
+                    reply = ("ok", backend.unavailable_reason(device))
+                elif kind == "call":
+                    reply = ("ok", run_call(backend, payload, device, drawn))
+                elif kind == "time":
+                    reply = ("ok", run_timing(backend, payload, device, drawn))
+                else:
+                    fn, args = payload
+                    reply = ("ok", fn(backend, device, *args))
+        except BaseException as exc:  # noqa: B036
+            reply = ("failed", Failure.of(exc))
+        broken = _cuda_broken(device)
+        send(conn, (*reply, CLOCK.since(before)))  # the time the request took here, for the run's stage clock
+        del reply
+        if broken:
+            os._exit(3)  # the supervisor sees the exit and starts a fresh worker for the next call
