@@ -410,6 +410,7 @@ def xformers_paged_plan(case: AttentionCase, device: torch.device,
 @register
 class Xformers(Backend):
     name = "xformers"
+    colour, marker = "#8c564b", "p"
     layout = "bshd"
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
     package = "xformers"

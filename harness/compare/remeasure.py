@@ -32,14 +32,12 @@ import numpy as np
 
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
 from harness.measure.stats import FAMILY_ALPHA, gate_verdict, paired_verdict
-from harness.store.environment import LIBRARIES, REPO_ROOT, git_state, library_versions
+from harness.store.environment import REPO_ROOT, git_state, library_versions
 from harness.store.run_dir import read_env
 from harness.store.writer import SamplesWriter
 
 REMEASURE_DIR = "remeasure"
 SUSPECT = ("slower", "undecided")
-#: what must be the same between a run and the code that times its keys again (a torch upgrade is a change)
-CODE_FIELDS = ("git_sha", *LIBRARIES)
 
 
 @dataclass(frozen=True)
@@ -103,7 +101,8 @@ def current_code() -> dict:
 
 def code_mismatch(env: dict, here: dict, *, allow_dirty: bool) -> str | None:
     """Why the code `here` is not the code that made the run of `env` (None: it is, as far as can be told)."""
-    diffs = [f"{f} {env.get(f)!r} here {here.get(f)!r}" for f in CODE_FIELDS
+    # what must be the same between a run and the code that times its keys again (a torch upgrade is a change)
+    diffs = [f"{f} {env.get(f)!r} here {here.get(f)!r}" for f in ("git_sha", *library_versions())
              if env.get(f) not in (None, "unknown") and here.get(f) != env.get(f)]
     if diffs:
         return "the run had " + ", ".join(diffs)

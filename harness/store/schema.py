@@ -42,6 +42,8 @@ VERDICT_PHASES = (FWD, BWD)
 #: reason says which); unsupported, error or oom while timing
 TIMED, NOT_TIMED, REJECTED = "timed", "not-timed", "rejected"
 TIMING_STATUSES = (TIMED, NOT_TIMED, REJECTED, UNSUPPORTED, ERROR, OOM)
+#: the backend every other is compared with: the reference's same-precision baseline, and the speedups' base
+BASELINE = "naive"
 #: the quantities judged against the reference (dsinks/dbias only where the case has sinks/bias)
 QUANTITIES = ("out", "dq", "dk", "dv", "dsinks", "dbias")
 #: what limits a timed row (its `bound` column): the matmul peak or the memory bandwidth
