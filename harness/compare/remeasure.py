@@ -27,13 +27,14 @@ from pathlib import Path
 import numpy as np
 
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
-from harness.measure.stats import FAMILY_ALPHA, gate_verdict, paired_verdict
 from harness.compare.timers import CheckoutTimer, ExecutorTimer, KeyTimer, code_mismatch, current_code, run_cases
+from harness.measure.stats import FAMILY_ALPHA, gate_verdict, paired_verdict
 from harness.store.run_dir import read_env
+from harness.store.schema import FASTER, SLOWER, UNCHANGED, UNDECIDED
 from harness.store.writer import SamplesWriter
 
 REMEASURE_DIR = "remeasure"
-SUSPECT = ("slower", "undecided")
+SUSPECT = (SLOWER, UNDECIDED)
 
 
 @dataclass(frozen=True)
@@ -182,13 +183,13 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
         rounds_done += 1
         for i in list(pending):
             if len(fresh[i]["new"]) >= config.min_rounds and \
-                    _decide(comparison, i, fresh[i], alpha, stored_base, base_note) in ("slower", "unchanged", "faster"):
+                    _decide(comparison, i, fresh[i], alpha, stored_base, base_note) in (SLOWER, UNCHANGED, FASTER):
                 del pending[i]
     for i in pending:  # the budget ended: what the rounds say, but never a pass on fewer than min_rounds
         if fresh[i]["new"]:
             _decide(comparison, i, fresh[i], alpha, stored_base, base_note)
         if len(fresh[i]["new"]) < config.min_rounds:
-            rows.loc[i, "verdict"] = "undecided"
+            rows.loc[i, "verdict"] = UNDECIDED
             rows.loc[i, "note"] = (f"re-measure budget ended after {len(fresh[i]['new'])} round(s) of this key, "
                                    f"{config.min_rounds} needed: raise --remeasure-budget-s; "
                                    f"{rows.loc[i, 'note']}")

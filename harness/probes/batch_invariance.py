@@ -22,7 +22,6 @@ from harness.spec.paged import cache_lengths
 from harness.store.schema import ERROR, FWD, OBSERVED, Row
 
 KINDS = ("prefill", "decode", "paged-decode")
-INVARIANCE = ("yes", "no", "error")
 
 
 def invariance_case(kind: str, dtype: torch.dtype, device: torch.device) -> AttentionCase:

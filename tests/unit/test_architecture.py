@@ -162,8 +162,11 @@ def test_the_public_faces_export_every_mask_family_and_the_advisors_entry_points
 
 ROOT = PACKAGE.parent
 SCHEMA = PACKAGE / "store" / "schema.py"
-#: the words a row's phase, status or timing_status can take, as the schema defines them
-VOCABULARY = frozenset(schema.PHASES) | frozenset(schema.STATUSES) | frozenset(schema.TIMING_STATUSES)
+#: the words a row's phase, status or timing_status can take, and the gate's and the advisor's verdicts, as the
+#: schema defines them
+VOCABULARY = (frozenset(schema.PHASES) | frozenset(schema.STATUSES) | frozenset(schema.TIMING_STATUSES)
+              | frozenset(schema.COMPARE_VERDICTS) | {schema.SAME, schema.WORSE, schema.LOST, schema.BETTER,
+                                                     schema.TIED, schema.TIED_NOISY})
 #: the same spelling in another sense: (file, word) -> (how many times, what it means there). The count is exact,
 #: so a new literal of that word in the same file still fails, and an entry nobody needs any more fails too.
 OTHER_SENSES = {
@@ -171,7 +174,7 @@ OTHER_SENSES = {
     ("harness/advisor/deploy_checks.py", "unsupported"): (1, "a mask path (MaskForm: native, dense, none, unsupported, "
                                                            "unknown), the mask_path column, not a row status"),
     ("harness/advisor/recommend.py", "error"): (4, "the deployment checks' answers when the backend's worker died"),
-    ("harness/probes/batch_invariance.py", "error"): (2, "the batch_invariant check's answers (yes / no / error)"),
+    ("harness/probes/batch_invariance.py", "error"): (1, "the batch_invariant check's answers (yes / no / error)"),
     ("harness/store/host.py", "unavailable"): (1, "where a device fact came from: nvml, nvidia-smi or neither"),
     ("harness/store/load.py", "observed"): (1, "the name of the `observed` column, read verbatim"),
 }
@@ -201,6 +204,14 @@ def test_vocabulary_literals_finds_a_planted_phase_or_status_and_ignores_documen
                'LABEL = "fwd pass"\n')
     assert vocabulary_literals(snippet) == [(5, "fwd"), (5, "oom"), (5, "pass")]
     assert vocabulary_literals("from harness.store.schema import FWD\nok = row.phase == FWD\n") == []
+
+
+def test_vocabulary_literals_finds_a_planted_verdict_word_of_the_gate_or_the_advisor():
+    snippet = ('def word(ratio, noisy):\n'
+               '    """Says "slower" or "tied"."""\n'
+               '    return "undecided" if noisy else ("slower" if ratio > 1 else "tied")\n')
+    assert vocabulary_literals(snippet) == [(3, "slower"), (3, "tied"), (3, "undecided")]
+    assert vocabulary_literals("from harness.store.schema import SLOWER\nbad = v == SLOWER\n") == []
 
 
 def test_no_phase_or_status_literal_outside_the_schema():
