@@ -19,7 +19,7 @@ from harness.execution.runner import execute, prepare_case
 from harness.measure.bandwidth import copy_bandwidth_gbps
 from harness.measure.timing import ADVISOR_TIMING, TimingConfig
 from harness.spec.case import AttentionCase
-from harness.store.environment import testbed_id
+from harness.store.host import testbed_id
 from harness.store.load import load_results, load_samples
 from harness.store.schema import FWD, FWD_BWD, PASS, UNAVAILABLE, VERDICT_PHASES, Row
 

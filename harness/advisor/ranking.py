@@ -12,15 +12,14 @@ import pandas as pd
 from harness.advisor.deploy_checks import CHECK_COLUMNS
 from harness.advisor.evidence import Evidence
 from harness.measure.stats import TieConfig, iqr, timing_verdict
-from harness.store.schema import NOT_TIMED, PASS
+from harness.store.schema import FASTER, NOT_TIMED, PASS, SLOWER, TIED, TIED_NOISY, UNCHANGED, UNDECIDED
 
 #: timing verdicts that mean "not shown to differ": such a pair is tied
-TIED = ("unchanged", "undecided")
+TIE_VERDICTS = (UNCHANGED, UNDECIDED)
 #: the advisor's one vocabulary for how a backend compares with another in this run (compare's statistic decides;
 #: "unchanged" is the gate's word for two runs, not for two backends); a tie the samples were too noisy to settle
 #: says so
-ADVISOR_WORDS = {"unchanged": "tied", "undecided": "tied (too noisy to tell)", "slower": "slower",
-                 "faster": "faster"}
+ADVISOR_WORDS = {UNCHANGED: TIED, UNDECIDED: TIED_NOISY, SLOWER: SLOWER, FASTER: FASTER}
 COLUMNS = ("rank", "tie_group", "backend", "status", "reason", "err_ratio", "latency_ms", "iqr_ms", "n_samples",
            "gbps", "pct_of_bw_peak", "vs_fastest", "anchor", "p_value", "timing_verdict", "peak_mem_bytes",
            *CHECK_COLUMNS, "batch_invariant", "batch_invariance_note", "deps", "source", "case_id", "phase")
@@ -73,7 +72,7 @@ def tie_groups(evidence: Iterable[Evidence], cfg: TieConfig = TieConfig()) -> li
     while remaining:
         anchor = remaining[0]
         members = [anchor] + [e for e in remaining[1:]
-                              if timing_verdict(anchor.samples_ms, e.samples_ms, cfg).verdict in TIED]
+                              if timing_verdict(anchor.samples_ms, e.samples_ms, cfg).verdict in TIE_VERDICTS]
         remaining = [e for e in remaining if all(e is not m for m in members)]
         groups.append(sorted(members, key=preference))
     return groups
@@ -154,7 +153,7 @@ def explain(groups: list[list[Evidence]], fastest: Evidence | None, excluded: li
     text = (f"{winner.backend} ({versus(winner)}) is tied within noise with {others} (compare's rule: a difference "
             f"counts only when p < {cfg.alpha:g} and the medians differ by {cfg.min_effect:.0%} or more); among the "
             f"tied it is chosen " + ", ".join(f"over {e.backend} for {_decider(winner, e)}" for e in tied))
-    if any(v.verdict == "undecided" for v in verdicts.values()):
+    if any(v.verdict == UNDECIDED for v in verdicts.values()):
         text += ("; a tie 'too noisy to tell' is a difference the samples could not confirm: rerun on a quieter "
                  "machine or with a larger --timing-budget-ms")
     return winner.backend, text

@@ -18,7 +18,7 @@ from harness.execution.executor import CallFailed, Executor, make_executor
 from harness.execution.device import resolve_device
 from harness.measure.stats import TieConfig
 from harness.measure.timing import ADVISOR_TIMING, TimingConfig
-from harness.store.environment import device_name
+from harness.store.host import device_name
 
 
 #: what `recommend --require` can demand of a backend

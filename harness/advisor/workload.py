@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.spec.case import AttentionCase
+from harness.spec.case import AttentionCase, paged_case
 from harness.spec.masks import MASK_NAMES, parse_mask
 from harness.spec.presets import ModelShape
-from harness.spec.paged import paged_case
 from harness.store.schema import FWD, FWD_BWD
 
 
@@ -36,7 +35,7 @@ class Workload:
     bias: str | None = None
     head_dim_v: int | None = None
     #: a paged KV cache of pages this size (a decode or verification step, seq_q = 1 or the speculation length,
-    #: over caches of about seq_k keys: spec.paged.paged_case); `mask` is then CacheCausal's
+    #: over caches of about seq_k keys: spec.case.paged_case); `mask` is then CacheCausal's
     page_size: int | None = None
 
     def __post_init__(self):

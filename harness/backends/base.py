@@ -74,18 +74,33 @@ class DescriptionHooks:
     version recorded, the kernels it can run here, how modifiers and masks reach its kernel, compile times."""
 
     name: ClassVar[str] = ""
-    #: the distribution whose version is recorded (None = torch)
+    #: the distribution whose version its rows record and env.json keeps (None = torch's, which env.json keeps anyway)
     package: ClassVar[str | None] = None
+    #: env.json's name for that version (None = the package's name with '_' for '-', e.g. flash_attn)
+    version_name: ClassVar[str | None] = None
+    #: how the report and the figures' legends name it ('' = its name)
+    label: ClassVar[str] = ""
+    #: its colour and marker in every figure (None = picked from a stable hash of its name)
+    colour: ClassVar[str | None] = None
+    marker: ClassVar[str | None] = None
 
-    def version(self) -> str:
-        dist = self.package
-        if dist is None:
+    def installed_version(self) -> str | None:
+        """The package's version here (torch's when `package` is None), or None where it is not installed."""
+        if self.package is None:
             return torch.__version__
         try:
             from importlib.metadata import version
-            return version(dist)
+            return version(self.package)
         except Exception:
-            return "not installed"
+            return None
+
+    def version(self) -> str:
+        return self.installed_version() or "not installed"
+
+    @classmethod
+    def version_key(cls) -> str | None:
+        """env.json's name for the package's version; None when the backend records torch's."""
+        return cls.version_name or (cls.package.replace("-", "_") if cls.package else None)
 
     def kernels(self) -> str:
         """Which kernels this backend's calls can run here, where it can tell ('' otherwise): printed by

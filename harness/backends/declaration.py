@@ -48,8 +48,12 @@ def _deterministic(value) -> str | None:
     return None if value is None or isinstance(value, (bool, str)) else "must be None, True/False or a string"
 
 
-def _package(value) -> str | None:
-    return None if value is None or (isinstance(value, str) and value) else "must be None or a distribution name"
+def _optional_name(what: str) -> Callable[[Any], str | None]:
+    return lambda value: None if value is None or (isinstance(value, str) and value) else f"must be None or {what}"
+
+
+def _label(value) -> str | None:
+    return None if isinstance(value, str) else "must be a string ('' = the backend's name)"
 
 
 #: each capability attribute of Backend and the check of its declared value (None = fine, else what is wrong)
@@ -63,7 +67,11 @@ CAPABILITIES: dict[str, Callable[[Any], str | None]] = {
     "compiles_per_shape": _flag,
     "native_probes": _native_probes,
     "deterministic": _deterministic,
-    "package": _package,
+    "package": _optional_name("a distribution name"),
+    "version_name": _optional_name("env.json's name for the package's version"),
+    "label": _label,
+    "colour": _optional_name("a matplotlib colour, e.g. '#1f77b4'"),
+    "marker": _optional_name("a matplotlib marker, e.g. 'o'"),
 }
 #: forward's keyword parameters every call passes
 FORWARD_KEYWORDS = ("mask", "scale")

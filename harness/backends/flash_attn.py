@@ -92,6 +92,7 @@ def fa2_documented_scores(scores: torch.Tensor, *, softcap: float, alibi_slopes:
 @register
 class FlashAttn2(Backend):
     name = "flash-attn"
+    colour, marker = "#e377c2", "*"
     layout = "bshd"
     dtypes = (torch.float16, torch.bfloat16)
     devices = ("cuda",)

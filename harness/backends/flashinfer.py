@@ -119,11 +119,13 @@ def jit_problem() -> str | None:
 @register
 class FlashInfer(Backend):
     name = "flashinfer"
+    colour, marker = "#bcbd22", "h"
     layout = "bshd"
     dtypes = (torch.float16, torch.bfloat16)
     devices = ("cuda",)
     max_head_dim = 256
     package = "flashinfer-python"
+    version_name = "flashinfer"
     supports_backward = False  # FlashInfer is an inference library: its wrappers have no backward
     #: paged natively: the block table's pages in FlashInfer's CSR form (kv_indptr, kv_indices, kv_last_page_len)
     paged_kv = True

@@ -116,6 +116,7 @@ class FlexPlan(Plan):
 @register
 class Flex(Backend):
     name = "flex"
+    colour, marker = "#ff7f0e", "X"
     layout = "bhsd"
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
     native_probes = frozenset({"mask"})

@@ -12,6 +12,7 @@ from harness.backends.registry import register
 from harness.oracle.baseline import naive_attention, naive_rows
 from harness.spec.masks import MaskSpec
 from harness.spec.modifiers import MODIFIERS, alibi_bias, alibi_slopes
+from harness.store.schema import BASELINE
 
 
 @dataclass
@@ -24,7 +25,8 @@ class NaivePlan(Plan):
 
 @register
 class Naive(Backend):
-    name = "naive"
+    name = BASELINE
+    colour, marker = "#7f7f7f", "o"
     layout = "bhsd"
     deterministic = "eager matmul/softmax with a fixed reduction order"
     modifiers = frozenset(MODIFIERS)

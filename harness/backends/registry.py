@@ -11,6 +11,11 @@ from typing import Any
 from harness.backends.base import Backend
 from harness.backends.declaration import declaration_problems, where
 
+#: the built-in backends, one module each under harness/backends/, loaded by name on the first lookup: the one line
+#: a new built-in backend adds here. Their error rows are the harness's own (the GPU acceptance run counts them).
+BUILT_IN = tuple(f"harness.backends.{module}" for module in
+                 ("naive", "sdpa", "flex", "xformers", "flash_attn", "flashinfer"))
+
 _REGISTRY: dict[str, Backend] = {}
 #: plugin modules loaded so far (absolute .py paths or dotted names), so worker processes can load them too
 _LOADED: list[str] = []
@@ -54,12 +59,36 @@ def _remember(spec: str) -> None:
 
 
 def _load_builtins() -> None:
-    import harness.backends  # noqa: F401  (imports every built-in module, which register themselves)
+    for module in BUILT_IN:  # by name: each module imports this one to register itself
+        importlib.import_module(module)
 
 
 def all_backends() -> dict[str, Backend]:
     _load_builtins()
     return dict(_REGISTRY)
+
+
+def built_in_names() -> tuple[str, ...]:
+    """The registered backends whose module is one of BUILT_IN (a plugin's errors are the plugin's)."""
+    return tuple(name for name, backend in all_backends().items() if type(backend).__module__ in BUILT_IN)
+
+
+def versioned_backends() -> dict[str, Backend]:
+    """env.json's name of every library version the registered backends record -> the first backend recording it
+    (torch's backends record none: torch's version is the platform's)."""
+    found: dict[str, Backend] = {}
+    for backend in all_backends().values():
+        key = backend.version_key()
+        if key is not None:
+            found.setdefault(key, backend)
+    return found
+
+
+def label(name: str) -> str:
+    """How the report and figures name backend `name`: its declared label, else the name (also for a backend not
+    registered in this process, e.g. a plugin of a stored run)."""
+    backend = all_backends().get(name)
+    return (backend.label or name) if backend is not None else name
 
 
 def get_backends(names: list[str] | str | None = None) -> list[Backend]:

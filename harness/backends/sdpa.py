@@ -234,11 +234,13 @@ def _cudnn_refusals(call):
 @register
 class Sdpa(_Sdpa):
     name = "sdpa"
+    colour, marker = "#1f77b4", "s"
 
 
 @register
 class SdpaMath(_Sdpa):
     name = "sdpa-math"
+    colour, marker = "#17becf", "v"
     kernel = SDPBackend.MATH
     deterministic = "PyTorch: the math backend's backward is deterministic (composite of deterministic ops)"
 
@@ -246,12 +248,14 @@ class SdpaMath(_Sdpa):
 @register
 class SdpaFlash(_Sdpa):
     name = "sdpa-flash"
+    colour, marker = "#d62728", "^"
     kernel = SDPBackend.FLASH_ATTENTION
 
 
 @register
 class SdpaEfficient(_Sdpa):
     name = "sdpa-efficient"
+    colour, marker = "#2ca02c", "D"
     kernel = SDPBackend.EFFICIENT_ATTENTION
     cuda_only = True
 
@@ -259,6 +263,7 @@ class SdpaEfficient(_Sdpa):
 @register
 class SdpaCudnn(_Sdpa):
     name = "sdpa-cudnn"
+    colour, marker = "#9467bd", "P"
     kernel = SDPBackend.CUDNN_ATTENTION
     cuda_only = True
     dtypes = (torch.float16, torch.bfloat16)

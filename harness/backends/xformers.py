@@ -1,4 +1,5 @@
-"""xformers memory_efficient_attention, layout (B, S, H, D); records the ops that ran, forward and backward.
+"""xformers memory_efficient_attention, layout (B, S, H, D): the masks' translation to attn_bias and the ops that
+ran, forward and backward (loading the library is xformers_library.py's).
 
 `prepare` builds the attn_bias once on the device and asks xformers' own dispatcher (xformers 0.0.35,
 ops/fmha/dispatch.py) which forward and backward ops will run, so the timed call passes `op=(fw, bw)` and does
@@ -13,163 +14,17 @@ LowerTriangularMaskWithTensorBias is accepted by cutlassF only, and no backward 
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import logging
-import sys
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
-from torch.torch_version import TorchVersion
 
 from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Plan, Unsupported
-from harness.backends.flash_attn_package import flash_attn_is_foreign
 from harness.backends.registry import register
+from harness.backends.xformers_library import load_problem, xformers_kernels
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, Documents, MaskSpec, SlidingWindow, split_padding
 from harness.spec.modifiers import additive_term, alibi_slopes
-
-#: what xformers 0.0.35's wheel was built with (its cpp_lib.json: torch 2.10.0+cu128). Its extension _C.so uses
-#: only torch's stable ABI (CHANGELOG 0.0.34: "compatible with any later version"; setup.py -DTORCH_STABLE_ONLY),
-#: so any torch >= 2.10 loads it, whatever CUDA that torch has, once the CUDA 12 runtime _C.so links is found.
-BUILT_FOR = "torch 2.10.0+cu128, on torch's stable ABI: loads with any torch >= 2.10 given libcudart.so.12"
-#: the oldest torch whose stable ABI has every symbol _C.so imports (its build target)
-STABLE_ABI_TORCH = "2.10"
-#: the pip package whose nvidia/cuda_runtime/lib/libcudart.so.12 _C.so links (NEEDED libcudart.so.12)
-CUDA12_RUNTIME_PACKAGE = "nvidia-cuda-runtime-cu12"
-CUDA12_RUNTIME = Path("nvidia", "cuda_runtime", "lib", "libcudart.so.12")
-#: the CUDA 12 runtime this process loaded for xformers (None: not needed or not found)
-cuda12_runtime_loaded: Path | None = None
-
-
-def find_cuda12_runtime(paths: list[str] | None = None) -> Path | None:
-    """The pip-installed libcudart.so.12 on the import path (site-packages of the venv or of the system python it
-    sees), or None."""
-    for entry in sys.path if paths is None else paths:
-        candidate = Path(entry or ".", CUDA12_RUNTIME)
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def make_cuda12_runtime_visible(load: Callable[..., object] = ctypes.CDLL) -> Path | None:
-    """Load the pip-installed CUDA 12 runtime before xformers when torch is not a CUDA 12 build, so that _C.so's
-    NEEDED libcudart.so.12 resolves to it (the loader matches an already-loaded library by its soname) - no
-    LD_LIBRARY_PATH needed. A CUDA 12 torch already loaded its own libcudart.so.12, and a second copy from another
-    file would sit beside it, so nothing is loaded then; a CPU torch has no CUDA for _C.so to use either way."""
-    global cuda12_runtime_loaded
-    cuda = torch.version.cuda
-    if cuda12_runtime_loaded is not None or cuda is None or cuda.split(".")[0] == "12":
-        return cuda12_runtime_loaded
-    path = find_cuda12_runtime()
-    if path is not None:
-        load(str(path), mode=ctypes.RTLD_GLOBAL)
-        cuda12_runtime_loaded = path
-    return path
-
-
-@contextlib.contextmanager
-def _hidden(module: str):
-    """`module` unimportable inside the block: sys.modules[name] = None makes importlib.util.find_spec return None
-    and `import` raise ImportError. What was there before is put back."""
-    before = sys.modules.get(module, _hidden)
-    sys.modules[module] = None
-    try:
-        yield
-    finally:
-        if before is _hidden:
-            del sys.modules[module]
-        else:
-            sys.modules[module] = before
-
-
-def _import_xformers():
-    """Import xformers with its load-failure warning (logged and warned) kept off the terminal: the failure is
-    this backend's unavailable reason instead.
-
-    First the CUDA 12 runtime is made visible (make_cuda12_runtime_visible). A `flash_attn` that is not
-    FlashAttention-2 (flash-attn-4's namespace) is hidden during the import: xformers' ops/fmha/flash.py imports
-    flash_attn.flash_attn_interface whenever find_spec("flash_attn") finds the name, which would fail the whole
-    `import xformers.ops`; hidden, xformers uses torch's bundled flash instead, as it does with no flash_attn."""
-    if "xformers" not in sys.modules:  # xformers loads _C.so when its top package is first imported
-        make_cuda12_runtime_visible()
-    logger = logging.getLogger("xformers")
-    disabled, logger.disabled = logger.disabled, True
-    foreign = "xformers.ops" not in sys.modules and flash_attn_is_foreign()
-    try:
-        with warnings.catch_warnings(), (_hidden("flash_attn") if foreign else contextlib.nullcontext()):
-            warnings.simplefilter("ignore")
-            import xformers
-            import xformers.ops  # noqa: F401
-    finally:
-        logger.disabled = disabled
-    return xformers
-
-
-def _root_cause(exc: BaseException) -> BaseException:
-    """The innermost exception of a `raise ... from` chain: xformers 0.0.35 (_cpp_lib.py) raises
-    xFormersInvalidLibException from torch.ops.load_library's OSError("Could not load this library: ...") (torch
-    _ops.py), which is raised from ctypes' OSError carrying the loader's own words."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    return exc
-
-
-def load_problem() -> str | None:
-    """Why xformers cannot run here, from its own load state, or None when its C++/CUDA extension loaded: the
-    loader's real words and what to install."""
-    try:
-        xformers = _import_xformers()
-    except Exception as exc:
-        return f"xformers not importable: {type(exc).__name__}: {exc} (pip install 'attention-harness[xformers]')"
-    if getattr(xformers, "_has_cpp_library", True):
-        return None
-    from xformers import _cpp_lib
-
-    failure = _cpp_lib._cpp_library_load_exception
-    cause = _root_cause(failure) if failure is not None else None
-    words = " ".join(str(cause or "unknown reason").split())[:300]
-    said = f"{type(cause).__name__}: {words}" if cause is not None else words
-    mine = f"xformers {xformers.__version__} could not load its extension _C.so ({said})"
-    if TorchVersion(torch.__version__) < STABLE_ABI_TORCH:
-        return (f"{mine}: torch {torch.__version__} is too old for it - the wheel is built on torch's stable ABI for "
-                f"torch >= {STABLE_ABI_TORCH}: pip install 'torch>={STABLE_ABI_TORCH}' (with your CUDA), or the "
-                f"xformers release built for torch {torch.__version__}")
-    if torch.version.cuda is None:
-        return f"{mine}: torch {torch.__version__} is a CPU build; the extension needs a CUDA torch"
-    if "libcudart.so.12" in words:
-        found = find_cuda12_runtime()
-        where = (f"{found} is there but did not load" if found is not None else
-                 f"torch {torch.__version__} (CUDA {torch.version.cuda}) does not ship it")
-        return (f"{mine}: it links the CUDA 12 runtime and {where}: pip install {CUDA12_RUNTIME_PACKAGE} (the "
-                "harness loads it from site-packages before xformers; no environment variable needed)")
-    return f"{mine}; xformers' wheel: {BUILT_FOR}"
-
-
-def xformers_kernels() -> str:
-    """Which kernels xformers' attention ops run here, read from its modules (xformers 0.0.35 ops/fmha):
-    flash.py's fa2 ops call torch's bundled flash (`torch.ops.aten._flash_attention_*`, names ending in -pt) when no
-    flash_attn package is importable, else that package's flash_attn_2_cuda; cutlass.py's ops are torch's own
-    `torch.ops.aten._efficient_attention_*`; flash3.py's fa3 ops need the separate flash_attn_3 package."""
-    xformers = _import_xformers()
-    from xformers.ops.fmha import cutlass, dispatch, flash, flash3
-
-    if flash._USE_PT_FLASH_ATTN:
-        fa2 = f"fa2F/fa2B = torch's bundled flash {flash.FLASH_VERSION} (aten._flash_attention_forward/backward)"
-    elif flash.FLASH_VERSION != "0.0.0":
-        fa2 = f"fa2F/fa2B = the flash_attn package {flash.FLASH_VERSION} (flash_attn_2_cuda)"
-    else:
-        fa2 = "fa2: none (this torch has no bundled flash and no FlashAttention-2 is installed)"
-    cutlass_ops = ("cutlassF-pt/cutlassB-pt = torch's aten._efficient_attention_forward/backward"
-                   if cutlass.FwOp.OPERATOR is not None else "cutlass: none (torch's efficient-attention schema differs)")
-    fa3 = ("fa3F/fa3B = the flash_attn_3 package" if flash3._C_flashattention3 is not None and dispatch._get_use_fa3()
-           else "fa3: none (no flash_attn_3 package)")
-    gate = "" if getattr(xformers, "_has_cpp_library", True) else "none runs until _C.so loads; "
-    cudart = f"; loaded {cuda12_runtime_loaded}" if cuda12_runtime_loaded is not None else ""
-    return f"{gate}{fa2}; {cutlass_ops}; {fa3}{cudart}"
 
 
 def _padding_bias(mask: MaskSpec, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
@@ -410,6 +265,7 @@ def xformers_paged_plan(case: AttentionCase, device: torch.device,
 @register
 class Xformers(Backend):
     name = "xformers"
+    colour, marker = "#8c564b", "p"
     layout = "bshd"
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
     package = "xformers"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-DEFAULT_BASELINE = "naive"
+from harness.store.schema import BASELINE
 
 
 def _filters(args: argparse.Namespace) -> dict:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()] if args.backends else None
     # an explicit --baseline must exist in the run; the default one may be absent (then no speedups)
-    return {"baseline": args.baseline or DEFAULT_BASELINE, "strict_baseline": args.baseline is not None,
+    return {"baseline": args.baseline or BASELINE, "strict_baseline": args.baseline is not None,
             "backends": backends, "dtype": args.dtype, "mask": args.mask}
 
 
@@ -46,7 +46,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         p = subparsers.add_parser(name, help=help_text, description=help_text)
         p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a results/<run_id> directory")
         p.add_argument("--baseline", default=None,
-                       help=f"backend the speedups are relative to (default: {DEFAULT_BASELINE}); kept under "
+                       help=f"backend the speedups are relative to (default: {BASELINE}); kept under "
                             "--backends")
         p.add_argument("--backends", default=None, help="comma-separated backends to show (default: all)")
         p.add_argument("--dtype", default=None, help="only cases of this dtype, e.g. bf16 (default: all)")

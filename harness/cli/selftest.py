@@ -28,17 +28,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.backends.registry import built_in_names
 from harness.cli.selftest_plan import STEP_KEYS, Step, choose, fit, steps, timeout_for
 from harness.measure.stages import time_lines
-from harness.store.schema import ERROR, UNAVAILABLE
+from harness.store.schema import BASELINE, ERROR, UNAVAILABLE
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILT_IN = ("naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "xformers",
-            "flash-attn")
 #: the table, rewritten as each step ends, and the archive of everything a person needs to read the run
 TABLE, ARCHIVE, OUTCOMES = "selftest-table.txt", "selftest.tgz", "selftest.json"
 #: the CPU stand-in's backends: it proves the steps, CI pays for it, and flex compiles for minutes
-DRY_RUN_BACKENDS = ("naive", "sdpa")
+DRY_RUN_BACKENDS = (BASELINE, "sdpa")
 
 
 def _backends_summary(stdout: str) -> str:
@@ -62,8 +61,8 @@ def _rows_summary(results: Path) -> tuple[str, int]:
         return "no results", 1
     df = pd.concat([pd.read_csv(c) for c in csvs], ignore_index=True)
     counts = df.status.value_counts().to_dict()
-    errors = df[((df.status == ERROR) & df.backend.isin(BUILT_IN))
-                | ((df.backend == "naive") & (df.status == UNAVAILABLE))]
+    errors = df[((df.status == ERROR) & df.backend.isin(built_in_names()))
+                | ((df.backend == BASELINE) & (df.status == UNAVAILABLE))]
     return ", ".join(f"{k} {v}" for k, v in counts.items()), len(errors)
 
 

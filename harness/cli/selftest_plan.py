@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from harness.store.schema import BASELINE
+
 #: the steps' keys for --steps, in the order they run: most informative first
 STEP_KEYS = ("backends", "tests-gpu", "correctness", "benchmark", "fidelity", "cuda-graph", "cuda1", "memory",
              "launch")
@@ -37,7 +39,7 @@ TIMEOUT_FACTOR = 2.0
 #: steps took up to 2x their estimates on the 2-core VM while other jobs shared it)
 PLAN_SHARE = 0.8
 #: the backends of the steps that prove a path rather than cover the backends (graphs, launcher, a second GPU)
-SUBSET = ("naive", "sdpa")
+SUBSET = (BASELINE, "sdpa")
 #: pytest exit codes that are results (0 all passed, 1 some tests failed: a backend failing a case)
 PYTEST_RESULTS = (0, 1)
 
@@ -102,7 +104,7 @@ def steps(dry_run: bool, work: Path, gpus: int, backends: list[str],
                                     "--results-dir", str(work / "cuda1")),
              estimate("cuda1", len(subset)), PYTEST_RESULTS, work / "cuda1",
              skip=no_gpu or ("" if gpus >= 2 else f"{gpus} CUDA device(s): cuda:1 needs two")),
-        Step("memory", "memory growth", _py("-c", MEMORY_GROWTH.format(device=device)), estimate("memory", 0)),
+        Step("memory", "memory growth", _py("-c", MEMORY_GROWTH.format(device=device, baseline=BASELINE)), estimate("memory", 0)),
         Step("launch", "run --gpus all" if not dry_run else "run --cpu-shards 2",
              _py("-m", "harness", "run", *(["--cpu-shards", "2"] if dry_run else ["--gpus", "all"]),
                  "--results-dir", str(work / "launch"), "--", "--matrix", matrix, *few, "-q", "--no-report"),
@@ -156,14 +158,14 @@ device = torch.device({device!r})
 fused = "sdpa-flash" if device.type == "cuda" else "sdpa"
 seqs = (2048, 4096) if device.type == "cuda" else (256, 512)
 out = {{}}
-for name in ("naive", fused):
+for name in ({baseline!r}, fused):
     b = get_backends([name])[0]
     for s in seqs:
         case = AttentionCase(1, 16 if device.type == "cuda" else 4, s, 128 if device.type == "cuda" else 64,
                              "bf16" if device.type == "cuda" else "fp32", mask=Causal())
         p = phase_callables(b, case, make_inputs(case, device), device, "fwd")
         out[f"{{name}} s{{s}}"] = peak_memory(p.fn, device=device, setup=p.setup)[0]
-naive = out[f"naive s{{seqs[1]}}"] / out[f"naive s{{seqs[0]}}"]
+naive = out[f"{baseline} s{{seqs[1]}}"] / out[f"{baseline} s{{seqs[0]}}"]
 fused_r = out[f"{{fused}} s{{seqs[1]}}"] / max(out[f"{{fused}} s{{seqs[0]}}"], 1)
 print(f"peak memory x{{naive:.2f}} for naive, x{{fused_r:.2f}} for {{fused}} when the sequence doubles")
 ok = naive > 3.0 and fused_r < 2.6

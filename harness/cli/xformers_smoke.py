@@ -37,7 +37,7 @@ def environment() -> list[str]:
         done = subprocess.run([tool, *args], capture_output=True, text=True, timeout=30)
         said = [line for line in done.stdout.strip().splitlines() if line.strip()]
         lines.append(f"{'driver' if tool == 'nvidia-smi' else 'nvcc'}: {said[-1] if said else done.stderr.strip()}")
-    from harness.backends import xformers as xb
+    from harness.backends import xformers_library as xb
     problem = xb.load_problem()
     lines.append(f"xformers extension: {'loads' if problem is None else problem}")
     try:
@@ -103,7 +103,7 @@ def _xformers_smoke(args: argparse.Namespace) -> int:
     if args.dry_run or not torch.cuda.is_available():
         print("xformers smoke: not run (" + ("--dry-run" if args.dry_run else "no CUDA device") + ")")
         return 0
-    from harness.backends.xformers import load_problem
+    from harness.backends.xformers_library import load_problem
     problem = load_problem()
     if problem is not None:
         print(f"xformers smoke: not run: {problem}")

@@ -6,9 +6,7 @@ import numpy as np
 import pandas as pd
 
 from harness.measure.stats import GateConfig
-from harness.store.schema import BAD, NOT_RUN, PASS
-
-CORRECTNESS = ("same", "worse", "lost", "better", "")
+from harness.store.schema import BAD, BETTER, LOST, NOT_RUN, PASS, SAME, WORSE
 
 
 def truthy(value) -> bool:
@@ -32,9 +30,9 @@ def correctness_change(base: pd.Series, new: pd.Series, cfg: GateConfig = GateCo
         worse = True
         notes.append(f"err_ratio {b_ratio:.3g}->{n_ratio:.3g} (+{n_ratio - b_ratio:.2f} of the tolerance)")
     if worse:
-        return "worse", "; ".join(notes)
+        return WORSE, "; ".join(notes)
     if b == PASS and n in NOT_RUN:
-        return "lost", f"pass->{n}: {new.get('reason', '')}".rstrip(": ")
+        return LOST, f"pass->{n}: {new.get('reason', '')}".rstrip(": ")
     if b in BAD and n == PASS:
-        return "better", f"{b}->pass"
-    return "same", ""
+        return BETTER, f"{b}->pass"
+    return SAME, ""

@@ -7,13 +7,19 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.backends.registry import versioned_backends
 from harness.store.load import load_results
 from harness.store.run_dir import is_run_dir, read_env
 from harness.store.schema import BAD, FAIL, PASS, TIMED
 
-#: env.json fields added to every row (a row's own non-empty value wins where the schema has the column)
-ENV_FIELDS = ("testbed_id", "host", "device_type", "device_name", "cpu_model", "torch", "torch_git", "cuda",
-              "driver", "triton", "xformers", "flash_attn", "git_sha", "git_dirty", "timing_mode", "started")
+#: env.json fields added to every row (a row's own non-empty value wins where the schema has the column), with
+#: the library versions of every registered backend (env_fields)
+_ENV_FIELDS = ("testbed_id", "host", "device_type", "device_name", "cpu_model", "torch", "torch_git", "cuda",
+               "driver", "triton", "git_sha", "git_dirty", "timing_mode", "started")
+
+
+def env_fields() -> tuple[str, ...]:
+    return (*_ENV_FIELDS, *versioned_backends())
 
 
 def run_dirs(results_dir: str | Path) -> list[Path]:
@@ -36,7 +42,7 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     df = load_results(run_dir)
     env = read_env(run_dir)
     df["run_id"] = df["run_id"].fillna(env.get("run_id", run_dir.name)) if "run_id" in df else run_dir.name
-    for name in ENV_FIELDS:
+    for name in env_fields():
         value = env.get(name)
         if name in df.columns:
             df[name] = df[name].where(df[name].notna(), value)
@@ -60,7 +66,7 @@ def load_history(results_dir: str | Path = "results") -> pd.DataFrame:
             warnings.warn(f"skipping run {run_dir}: {exc}", stacklevel=2)
     frames = [f for f in frames if not f.empty]
     if not frames:
-        return pd.DataFrame(columns=["run_id", "run_dir", *ENV_FIELDS])
+        return pd.DataFrame(columns=["run_id", "run_dir", *env_fields()])
     return pd.concat(frames, ignore_index=True)
 
 

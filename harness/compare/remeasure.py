@@ -19,27 +19,22 @@ stored rounds, with a note saying how to pair it.
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
+from harness.compare.timers import CheckoutTimer, ExecutorTimer, KeyTimer, code_mismatch, current_code, run_cases
 from harness.measure.stats import FAMILY_ALPHA, gate_verdict, paired_verdict
-from harness.store.environment import LIBRARIES, REPO_ROOT, git_state, library_versions
 from harness.store.run_dir import read_env
+from harness.store.schema import FASTER, SLOWER, UNCHANGED, UNDECIDED
 from harness.store.writer import SamplesWriter
 
 REMEASURE_DIR = "remeasure"
-SUSPECT = ("slower", "undecided")
-#: what must be the same between a run and the code that times its keys again (a torch upgrade is a change)
-CODE_FIELDS = ("git_sha", *LIBRARIES)
+SUSPECT = (SLOWER, UNDECIDED)
 
 
 @dataclass(frozen=True)
@@ -63,170 +58,6 @@ class RemeasureConfig:
         if not (self.budget_s > 0 and 2 <= self.min_rounds <= self.max_rounds and 0 < self.family_alpha < 0.5):
             raise ValueError(f"remeasure config {self}: needs budget_s > 0, 2 <= min_rounds <= max_rounds and "
                              "0 < family_alpha < 0.5")
-
-
-class KeyTimer(Protocol):
-    """Times keys of one run with one checkout's code, one round at a time."""
-
-    def start_round(self) -> None: ...
-
-    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | str: ...
-
-    def end_round(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def run_cases(env: dict, run_dir: Path) -> dict:
-    """A run's cases by id, rebuilt from what its env.json says they came from."""
-    from harness.spec.matrices import build_matrix
-    from harness.spec.presets import from_hf_config, get_preset
-
-    source = env.get("cases") or {}
-    if source.get("preset"):
-        cases = get_preset(source["preset"]).cases()
-    elif source.get("hf_config"):
-        cases = from_hf_config(source["hf_config"]).cases()
-    elif source.get("matrix"):
-        cases = build_matrix(source["matrix"])
-    else:
-        raise ValueError(f"{run_dir}/env.json does not say which cases the run had (written by an older harness); "
-                         "re-run it to re-measure")
-    return {c.id: c for c in cases}
-
-
-def current_code() -> dict:
-    """The commit and library versions of this process, under env.json's names."""
-    sha, dirty = git_state()
-    return {"git_sha": sha, "git_dirty": dirty, **library_versions()}
-
-
-def code_mismatch(env: dict, here: dict, *, allow_dirty: bool) -> str | None:
-    """Why the code `here` is not the code that made the run of `env` (None: it is, as far as can be told)."""
-    diffs = [f"{f} {env.get(f)!r} here {here.get(f)!r}" for f in CODE_FIELDS
-             if env.get(f) not in (None, "unknown") and here.get(f) != env.get(f)]
-    if diffs:
-        return "the run had " + ", ".join(diffs)
-    if not allow_dirty and (env.get("git_dirty") or here.get("git_dirty")):
-        return "uncommitted changes (in the run's checkout or here): the same commit is not the same code"
-    return None
-
-
-class ExecutorTimer:
-    """Times keys of a run with the code of this process, in worker processes (kept, or fresh every round)."""
-
-    def __init__(self, env: dict, log_dir: Path, fresh_workers: bool = False):
-        from harness.backends.registry import load_backend_module
-        from harness.execution.device import resolve_device
-        from harness.measure.timing import TimingConfig
-
-        for module in env.get("backend_modules") or []:
-            load_backend_module(_here(module, env.get("checkout")))
-        self.device = resolve_device(env.get("device") or "auto")
-        timing = env.get("round_timing")
-        self.config = TimingConfig(**timing) if timing else TimingConfig().share(int(env.get("rounds") or 1))
-        self.seed, self.threads = int(env.get("seed") or 0), env.get("threads")
-        self.log_dir, self.fresh, self.executor = str(log_dir), fresh_workers, None
-
-    def start_round(self) -> None:
-        from harness.execution.executor import make_executor
-
-        if self.executor is None:
-            self.executor = make_executor(self.device, isolate=True, threads=self.threads, log_dir=self.log_dir)
-
-    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | str:
-        """One round of one key: its samples (ms), or why timing failed."""
-        from harness.backends.registry import get_backends
-        from harness.execution.call import Call
-        from harness.execution.timed import TimingCall
-
-        try:
-            (impl,) = get_backends([backend])
-        except ValueError as exc:
-            return str(exc)
-        # the memory was measured in the run; known_memory skips the probe (an extra call per round)
-        answer = self.executor.time(impl, TimingCall(Call(case, self.seed), phase, self.config,
-                                                     estimate_ms=estimate_ms, known_memory=(0, "not measured")),
-                                    self.device)
-        return answer.failure.reason if answer.measurement is None else answer.measurement.samples_ms
-
-    def end_round(self) -> None:
-        if self.fresh:
-            self.close()
-
-    def close(self) -> None:
-        if self.executor is not None:
-            self.executor.close()
-            self.executor = None
-
-
-def _here(module: str, checkout: str | None) -> str:
-    """A run's plugin module path, moved into this checkout when it lay inside the run's checkout (a worktree of
-    the base commit has its own copy of the repository's fixtures)."""
-    if checkout and module.endswith(".py"):
-        try:
-            return str(REPO_ROOT / Path(module).relative_to(checkout))
-        except ValueError:
-            pass
-    return module
-
-
-class CheckoutTimer:
-    """Times keys of a run with another checkout's code: harness.compare.timing_server started there."""
-
-    def __init__(self, checkout: Path, run_dir: Path, log_dir: Path, python: str | None = None,
-                 fresh_workers: bool = False):
-        import os
-
-        # absolute: the server's working directory is the checkout, not ours
-        checkout, run_dir, log_dir = Path(checkout).resolve(), Path(run_dir).resolve(), Path(log_dir).resolve()
-        if not (checkout / "harness" / "compare").is_dir():
-            raise ValueError(f"--base-checkout {checkout}: not a checkout of this project (no harness/compare/)")
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.stderr = log_dir / "timing-server.log"
-        cmd = [python or sys.executable, "-m", "harness.compare.timing_server", str(run_dir),
-               "--log-dir", str(log_dir)] + (["--fresh-workers"] if fresh_workers else [])
-        env = {**os.environ, "PYTHONPATH": str(checkout)}
-        with self.stderr.open("w") as err:
-            self.proc = subprocess.Popen(cmd, cwd=checkout, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=err, text=True)
-        hello = self._read(f"starting the base side's timing server in {checkout}")
-        if "refused" in hello:
-            self.close()
-            raise ValueError(f"--base-checkout {checkout}: {hello['refused']}")
-        self.note = hello.get("note", "")
-
-    def _read(self, doing: str) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            tail = self.stderr.read_text()[-1500:] if self.stderr.exists() else ""
-            raise RuntimeError(f"the base side's timing server died while {doing}: {tail}")
-        return json.loads(line)
-
-    def _ask(self, request: dict) -> dict:
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        return self._read(f"answering {request['op']}")
-
-    def start_round(self) -> None:
-        self._ask({"op": "start_round"})
-
-    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | str:
-        answer = self._ask({"op": "time", "case": case.id, "backend": backend, "phase": phase,
-                            "estimate_ms": estimate_ms})
-        return tuple(answer["samples"]) if "samples" in answer else str(answer.get("failure"))
-
-    def end_round(self) -> None:
-        self._ask({"op": "end_round"})
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"op": "close"}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
 
 
 def base_timer_for(comparison: Comparison, config: RemeasureConfig, base_checkout: str | Path | None,
@@ -352,13 +183,13 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
         rounds_done += 1
         for i in list(pending):
             if len(fresh[i]["new"]) >= config.min_rounds and \
-                    _decide(comparison, i, fresh[i], alpha, stored_base, base_note) in ("slower", "unchanged", "faster"):
+                    _decide(comparison, i, fresh[i], alpha, stored_base, base_note) in (SLOWER, UNCHANGED, FASTER):
                 del pending[i]
     for i in pending:  # the budget ended: what the rounds say, but never a pass on fewer than min_rounds
         if fresh[i]["new"]:
             _decide(comparison, i, fresh[i], alpha, stored_base, base_note)
         if len(fresh[i]["new"]) < config.min_rounds:
-            rows.loc[i, "verdict"] = "undecided"
+            rows.loc[i, "verdict"] = UNDECIDED
             rows.loc[i, "note"] = (f"re-measure budget ended after {len(fresh[i]['new'])} round(s) of this key, "
                                    f"{config.min_rounds} needed: raise --remeasure-budget-s; "
                                    f"{rows.loc[i, 'note']}")

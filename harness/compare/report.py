@@ -9,10 +9,11 @@ import numpy as np
 import pandas as pd
 
 from harness.compare.runs import Comparison, ratio_spread
-from harness.store.schema import NOT_TIMED
+from harness.store.schema import (BETTER, FASTER, LOST, MISSING, NEW_ONLY, NOT_TIMED, SAME, SLOWER, UNCHANGED,
+                                  UNDECIDED, WORSE)
 
 #: rows worth showing first, in this order; "unchanged"/"not-timed" with "same" correctness are only counted
-_ORDER = {"slower": 0, "missing": 1, "undecided": 2, "faster": 3, "new-only": 5, "unchanged": 6, NOT_TIMED: 7}
+_ORDER = {SLOWER: 0, MISSING: 1, UNDECIDED: 2, FASTER: 3, NEW_ONLY: 5, UNCHANGED: 6, NOT_TIMED: 7}
 _SHOWN = ["case_id", "backend", "phase", "verdict", "correctness", "base_ms", "new_ms", "ratio", "interval",
           "margin", "rounds", "note"]
 
@@ -41,7 +42,7 @@ def header(cmp: Comparison) -> str:
 
 def notable(df: pd.DataFrame) -> pd.DataFrame:
     """Rows that are not plainly unchanged, regressions first."""
-    keep = df[(~df.verdict.isin(["unchanged", NOT_TIMED])) | (~df.correctness.isin(["same", ""]))]
+    keep = df[(~df.verdict.isin([UNCHANGED, NOT_TIMED])) | (~df.correctness.isin([SAME, ""]))]
     rank = keep.verdict.map(_ORDER).fillna(9) - 10 * keep.regression.astype(int)
     return keep.assign(_rank=rank).sort_values(["_rank", "ratio"], ascending=[True, False]).drop(columns="_rank")
 
@@ -51,7 +52,7 @@ def summary(cmp: Comparison) -> str:
     counts = df.verdict.value_counts()
     timing = ", ".join(f"{v} {counts[v]}" for v in _ORDER if v in counts)
     corr = df.correctness.value_counts()
-    correctness = ", ".join(f"{v} {corr[v]}" for v in ("worse", "lost", "better") if v in corr) or "no changes"
+    correctness = ", ".join(f"{v} {corr[v]}" for v in (WORSE, LOST, BETTER) if v in corr) or "no changes"
     undecided = len(cmp.undecided)
     gate = (f"REGRESSION: {int(df.regression.sum())} row(s)" if df.regression.any() else
             "cross-device report: no gate" if cmp.mode != "gate" else
@@ -108,7 +109,7 @@ def plot_ratios(cmp: Comparison, path: str | Path) -> Path | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    colors = {"slower": "tab:red", "faster": "tab:green", "unchanged": "tab:gray", "undecided": "tab:orange"}
+    colors = {SLOWER: "tab:red", FASTER: "tab:green", UNCHANGED: "tab:gray", UNDECIDED: "tab:orange"}
     labels = [f"{r.backend} {r.case_id} [{r.phase}]" for r in timed.itertuples()]
     fig = Figure(figsize=(9, max(2.5, 0.22 * len(timed) + 1.2)), layout="tight")
     FigureCanvasAgg(fig)  # Agg canvas, no pyplot: no global state, works headless and in threads

@@ -11,17 +11,14 @@ import pandas as pd
 
 from harness.compare.decision import correctness_change
 from harness.compare.noise import NoiseModel
-from harness.measure.stats import VERDICTS as TIMING_VERDICTS
 from harness.measure.stats import GateConfig, GateVerdict, gate_verdict
 from harness.store.load import load_results, load_samples
 from harness.store.run_dir import read_env
-from harness.store.schema import KEY, NOT_TIMED
+from harness.store.schema import KEY, LOST, MISSING, NEW_ONLY, SLOWER, UNDECIDED, WORSE
 
 #: a run that started or ended with a 1-minute load average above this many times the CPU count shared its
 #: machine with other work; its timings are flagged as unreliable in the report
 BUSY_LOAD_PER_CPU = 1.0
-#: a key's verdict in compare.csv: the timing verdicts, or a key present in one run only
-VERDICTS = (*TIMING_VERDICTS, "missing", "new-only")
 COMPARE_COLUMNS = (*KEY, "verdict", "correctness", "regression", "base_ms", "new_ms", "ratio", "ratio_low",
                    "ratio_high", "margin", "n_base", "n_new", "rounds_base", "rounds_new", "remeasured", "first_verdict", "status_base",
                    "status_new", "err_ratio_base", "err_ratio_new", "note")
@@ -66,7 +63,7 @@ class Comparison:
 
     @property
     def undecided(self) -> pd.DataFrame:
-        return self.rows[self.rows.verdict == "undecided"] if self.mode == "gate" else self.rows.iloc[:0]
+        return self.rows[self.rows.verdict == UNDECIDED] if self.mode == "gate" else self.rows.iloc[:0]
 
     def exit_code(self, fail_on_undecided: bool = True) -> int:
         """1 on a regression (or lost keys), else 3 when undecided keys remain and they fail the gate, else 0."""
@@ -137,10 +134,10 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig =
                "first_verdict": ""}
         if row["_merge"] != "both":
             if row["_merge"] == "left_only":
-                out.update(n_base=0, n_new=0, verdict="missing", correctness="",
+                out.update(n_base=0, n_new=0, verdict=MISSING, correctness="",
                            note="in the base run, not in the new one" + (" (allowed)" if allow_missing else ""))
             else:
-                out.update(n_base=0, n_new=0, verdict="new-only", correctness="", note="only in the new run")
+                out.update(n_base=0, n_new=0, verdict=NEW_ONLY, correctness="", note="only in the new run")
         else:
             timing = key_verdict(key, base_samples, new_samples, config, noise)
             correctness, why = correctness_change(b, n, config)
@@ -170,8 +167,8 @@ def mark_regressions(comparison: Comparison) -> None:
     """Set the rows' `regression` from their verdicts: slower, correctness worse or lost, missing keys (unless
     allowed), and - when the new run holds no rows at all - every base key."""
     df = comparison.rows
-    missing = (df.verdict == "missing") & (not comparison.allow_missing)
-    df["regression"] = (comparison.mode == "gate") & ((df.verdict == "slower") | df.correctness.isin(["worse", "lost"])
+    missing = (df.verdict == MISSING) & (not comparison.allow_missing)
+    df["regression"] = (comparison.mode == "gate") & ((df.verdict == SLOWER) | df.correctness.isin([WORSE, LOST])
                                                       | missing)
 
 

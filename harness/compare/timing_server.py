@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def serve(run_dir: Path, log_dir: Path, fresh_workers: bool, requests, answer) -> None:
-    from harness.compare.remeasure import ExecutorTimer, code_mismatch, current_code, run_cases
+    from harness.compare.timers import ExecutorTimer, code_mismatch, current_code, run_cases
     from harness.store.run_dir import read_env
 
     env = read_env(run_dir)

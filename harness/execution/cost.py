@@ -16,7 +16,7 @@ from harness.measure.flops import attention_flops
 from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
 from harness.oracle.reference import block_rows, reference_attention, reference_flops, reference_budget
 from harness.spec.case import AttentionCase, make_inputs
-from harness.store.environment import available_memory
+from harness.store.host import available_memory
 from harness.store.schema import BWD, FWD, PHASES
 
 #: a matrix whose reference would take longer than this is refused unless the override flag is given

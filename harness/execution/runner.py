@@ -12,14 +12,14 @@ from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult, failure_status, free
 from harness.measure.stages import stage
 from harness.oracle.baseline import baseline
-from harness.oracle.prepared import BASELINE_BACKEND, PreparedCase
+from harness.oracle.prepared import PreparedCase
 from harness.oracle.reference import reference_attention
 from harness.oracle.verdict import Check, judge
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.paged import FORWARD_ONLY, reference_inputs as paged_reference_inputs
 from harness.store.rows import make_row
-from harness.store.environment import available_memory
-from harness.store.schema import BWD, FAIL, FWD, JUDGED, PASS, UNSUPPORTED, VERDICT_PHASES, Row
+from harness.store.host import available_memory
+from harness.store.schema import BASELINE, BWD, FAIL, FWD, JUDGED, PASS, UNSUPPORTED, VERDICT_PHASES, Row
 
 
 def verdict_row(prepared: PreparedCase, backend: Backend, phase: str, status: str, reason: str = "",
@@ -31,7 +31,7 @@ def verdict_row(prepared: PreparedCase, backend: Backend, phase: str, status: st
                     backend_op=op if status in JUDGED else "",
                     modifier_path=backend.modifier_path(prepared.case)
                     if prepared.case.modifiers and status in JUDGED else None,
-                    baseline=prepared.baseline if checks and backend.name != BASELINE_BACKEND else None)
+                    baseline=prepared.baseline if checks and backend.name != BASELINE else None)
 
 
 def baseline_budget(device: torch.device) -> int:

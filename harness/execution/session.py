@@ -152,7 +152,7 @@ class RunSession:
     def finish(self) -> None:
         """Stop the workers and drop the caches; clocks/power/throttle state after the run (compare warns when
         they moved), the workers restarted after a crash or timeout; then fold the CSV."""
-        from harness.store.environment import snapshot_clocks
+        from harness.store.host import snapshot_clocks
 
         self.executor.close()
         if self._crash_safe is not None:

@@ -16,7 +16,8 @@ from typing import Sequence
 
 import pandas as pd
 
-from harness.store.environment import new_run_id, smi_devices
+from harness.store.environment import new_run_id
+from harness.store.host import smi_devices
 from harness.launch.merge import merge_shards, shard_root, write_exit_status
 
 #: options the launcher sets per shard; a user value would make shards overlap or collide

@@ -1,4 +1,5 @@
-"""Every statistic that decides a timing verdict, in one module, with one vocabulary (VERDICTS): the gate between
+"""Every statistic that decides a timing verdict, in one module, with one vocabulary (the schema's
+TIMING_VERDICTS; the advisor shows them as slower/faster/tied, advisor/ranking.ADVISOR_WORDS): the gate between
 two runs (`gate_verdict`, `paired_verdict`: compare/runs.py, compare/remeasure.py), change points over a
 testbed's history (`change_points`: compare/changes.py) and the advisor's ties between backends timed in one run
 (`timing_verdict`: advisor/ranking.py).
@@ -36,7 +37,7 @@ from math import comb
 
 import numpy as np
 
-from harness.store.schema import NOT_TIMED
+from harness.store.schema import FASTER, NOT_TIMED, SLOWER, UNCHANGED, UNDECIDED
 
 #: smallest ratio of medians that counts as a change of one key from one run to another (the gate, re-measured
 #: pairs, change points over a history): 10 %, asv's default factor, because whole runs on a shared 2-core VM
@@ -81,9 +82,6 @@ EXACT_PAIRS = 400
 #: floating-point slack on a level: 1 - 0.9 is 0.0999...98, and 1/20 must still count as 0.05
 _SLACK = 1e-12
 
-#: how one key's (or backend's) timing compares with another's; the advisor shows slower/faster/unchanged as
-#: slower/faster/tied (advisor/ranking.ADVISOR_WORDS)
-VERDICTS = ("slower", "faster", "unchanged", "undecided", NOT_TIMED)
 _NOT_POSITIVE = "a round median is not positive: timer resolution too coarse"
 _LEVEL = lambda v: 0 < v < 1  # noqa: E731
 _NONNEGATIVE = lambda v: math.isfinite(v) and v >= 0  # noqa: E731
@@ -253,21 +251,21 @@ def timing_verdict(base, new, cfg: TieConfig = TieConfig(), *, base_rounds=None,
     if len(base) == 0 and len(new) == 0:
         return TimingVerdict(NOT_TIMED, **counts)
     if len(base) == 0 or len(new) == 0:
-        return TimingVerdict("undecided", f"samples only in the {'new' if len(new) else 'base'} run", **counts)
+        return TimingVerdict(UNDECIDED, f"samples only in the {'new' if len(new) else 'base'} run", **counts)
     base_ms, new_ms = float(np.median(base)), float(np.median(new))
     ratio = new_ms / base_ms if base_ms > 0 else np.inf
     p = float(mannwhitneyu(new, base, alternative="two-sided").pvalue)
     round_p, base_medians, new_medians = round_test(base, new, base_rounds, new_rounds)
     figures = dict(counts, base_ms=base_ms, new_ms=new_ms, ratio=ratio, p_value=p, round_p=round_p)
     if min(len(base), len(new)) < cfg.min_samples or min_attainable_p(len(base), len(new)) >= cfg.alpha:
-        return TimingVerdict("undecided", f"too few samples ({len(base)} vs {len(new)}; need >= {cfg.min_samples} "
-                                          f"per side and enough for p < {cfg.alpha:g}): raise the timing budget",
+        return TimingVerdict(UNDECIDED, f"too few samples ({len(base)} vs {len(new)}; need >= {cfg.min_samples} "
+                                        f"per side and enough for p < {cfg.alpha:g}): raise the timing budget",
                              **figures)
     if not counts_as_change(base_ms, new_ms, ratio, 1 + cfg.min_effect, cfg.abs_floor_ms):
-        return TimingVerdict("unchanged", **figures)
+        return TimingVerdict(UNCHANGED, **figures)
     if p >= cfg.alpha:
-        return TimingVerdict("undecided", f"ratio {ratio:.3f} but p={p:.2g} >= {cfg.alpha:g}: too noisy, rerun with "
-                                          "more samples", **figures)
+        return TimingVerdict(UNDECIDED, f"ratio {ratio:.3f} but p={p:.2g} >= {cfg.alpha:g}: too noisy, rerun with "
+                                        "more samples", **figures)
     fmt = "/".join
     rounds_note = (f"round medians {fmt(f'{m:.3g}' for m in base_medians)} -> "
                    f"{fmt(f'{m:.3g}' for m in new_medians)} ms")
@@ -275,15 +273,15 @@ def timing_verdict(base, new, cfg: TieConfig = TieConfig(), *, base_rounds=None,
         # the rounds must move the same way as the pooled median (the t-test is two-sided)
         same_way = (np.mean(np.log(new_medians)) > np.mean(np.log(base_medians))) == (ratio > 1)
         if round_p >= cfg.round_alpha or not same_way:
-            return TimingVerdict("undecided", f"ratio {ratio:.3f} but not across rounds ({rounds_note}, "
-                                              f"p={round_p:.2g}{'' if same_way else ', the other way'}): conditions "
-                                              "changed during a run; rerun", **figures)
+            return TimingVerdict(UNDECIDED, f"ratio {ratio:.3f} but not across rounds ({rounds_note}, "
+                                            f"p={round_p:.2g}{'' if same_way else ', the other way'}): conditions "
+                                            "changed during a run; rerun", **figures)
         note = ""
     elif min(len(base_medians), len(new_medians)) < 2:
         note = "one round in a run: a transient during it cannot be told apart"
     else:
         note = f"no round test: a round median is not positive ({rounds_note})"
-    return TimingVerdict("slower" if ratio > 1 else "faster", note, **figures)
+    return TimingVerdict(SLOWER if ratio > 1 else FASTER, note, **figures)
 
 
 @functools.lru_cache(maxsize=None)
@@ -352,26 +350,26 @@ def gate_verdict(base_ms, new_ms, cfg: GateConfig = GateConfig(), *, base_rounds
     if len(base) == 0 and len(new) == 0:
         return GateVerdict(NOT_TIMED, **counts)
     if len(base) == 0 or len(new) == 0:
-        return GateVerdict("undecided", f"timed only in the {'new' if len(new) else 'base'} run", **counts)
+        return GateVerdict(UNDECIDED, f"timed only in the {'new' if len(new) else 'base'} run", **counts)
     x, y = round_medians(base, base_rounds), round_medians(new, new_rounds)
     if min(x.min(), y.min()) <= 0:
-        return GateVerdict("undecided", _NOT_POSITIVE, **counts)
+        return GateVerdict(UNDECIDED, _NOT_POSITIVE, **counts)
     shift, low, high, exact = shift_interval(np.log(x), np.log(y), cfg.confidence)
     figures = dict(counts, base_ms=float(np.median(base)), new_ms=float(np.median(new)), ratio=math.exp(shift),
                    ratio_low=math.exp(low), ratio_high=math.exp(high))
     interval = f"ratio {math.exp(shift):.3f} ({cfg.confidence:.0%} interval {math.exp(low):.3f}-{math.exp(high):.3f})"
     if not counts_as_change(figures["base_ms"], figures["new_ms"], figures["ratio"], margin, cfg.abs_floor_ms):
-        return GateVerdict("unchanged", "", **figures)
+        return GateVerdict(UNCHANGED, "", **figures)
     if shift > 0:
         if low > 0 and exact:
-            return GateVerdict("slower", "", **figures)
+            return GateVerdict(SLOWER, "", **figures)
         why = ("too few rounds for any interval at this confidence" if not exact
                else "the interval includes no change")
-        return GateVerdict("undecided", f"{interval} beyond the margin {margin:.3f}, but {why}: "
-                                        "re-measure (compare --remeasure) or run more --rounds", **figures)
+        return GateVerdict(UNDECIDED, f"{interval} beyond the margin {margin:.3f}, but {why}: "
+                                      "re-measure (compare --remeasure) or run more --rounds", **figures)
     if high < 0 and exact:
-        return GateVerdict("faster", "", **figures)
-    return GateVerdict("unchanged", f"possibly faster, not established: {interval}", **figures)
+        return GateVerdict(FASTER, "", **figures)
+    return GateVerdict(UNCHANGED, f"possibly faster, not established: {interval}", **figures)
 
 
 def paired_verdict(base_medians, new_medians, cfg: GateConfig = GateConfig(), *, alpha: float = FAMILY_ALPHA,
@@ -399,9 +397,9 @@ def paired_verdict(base_medians, new_medians, cfg: GateConfig = GateConfig(), *,
     margin = 1 + cfg.min_effect
     counts = dict(n_base=n_base, n_new=n_new, rounds_base=n, rounds_new=n, margin=margin)
     if n < 2:
-        return GateVerdict("undecided", f"{n} paired round(s): at least 2 are needed", **counts)
+        return GateVerdict(UNDECIDED, f"{n} paired round(s): at least 2 are needed", **counts)
     if min(base.min(), new.min()) <= 0:
-        return GateVerdict("undecided", _NOT_POSITIVE, **counts)
+        return GateVerdict(UNDECIDED, _NOT_POSITIVE, **counts)
     diffs = np.log(new) - np.log(base)
     walsh = (diffs[:, None] + diffs[None, :])[np.triu_indices(n)] / 2
     shift = float(np.median(walsh))
@@ -412,15 +410,15 @@ def paired_verdict(base_medians, new_medians, cfg: GateConfig = GateConfig(), *,
     interval = (f"ratio {math.exp(shift):.3f} over {n} paired rounds ({1 - 2 * alpha:.2%} t interval "
                 f"{math.exp(low):.3f}-{math.exp(high):.3f})")
     if not counts_as_change(figures["base_ms"], figures["new_ms"], figures["ratio"], margin, cfg.abs_floor_ms):
-        return GateVerdict("unchanged", interval, **figures)
+        return GateVerdict(UNCHANGED, interval, **figures)
     if shift > 0:
         if low > 0:
-            return GateVerdict("slower", interval, **figures)
-        return GateVerdict("undecided", f"{interval} beyond the margin {margin:.3f}, but the interval includes no "
-                                        "change", **figures)
+            return GateVerdict(SLOWER, interval, **figures)
+        return GateVerdict(UNDECIDED, f"{interval} beyond the margin {margin:.3f}, but the interval includes no "
+                                      "change", **figures)
     if high < 0:
-        return GateVerdict("faster", interval, **figures)
-    return GateVerdict("unchanged", f"possibly faster, not established: {interval}", **figures)
+        return GateVerdict(FASTER, interval, **figures)
+    return GateVerdict(UNCHANGED, f"possibly faster, not established: {interval}", **figures)
 
 
 def change_points(latency_ms, penalty: float = PENALTY, min_size: int = MIN_SEGMENT) -> list[int]:

@@ -17,6 +17,7 @@ from harness.oracle.verdict import Check, judge
 from harness.spec.case import AttentionCase, Inputs
 from harness.spec.masks import MaskSpec
 from harness.spec.modifiers import alibi_bias, alibi_slopes, softcap_scores
+from harness.store.schema import GRADIENT_OF
 
 #: score-sized tensors dense naive holds at once, forward and backward (scores, masked, probs, dP, dS, saved)
 SCORE_TENSORS = 6
@@ -118,12 +119,8 @@ def baseline(case: AttentionCase, inputs: Inputs, reference: Reference, budget_b
     return Baseline(checks, method, ("out",) + case.grads)
 
 
-#: the inputs that get gradients, in Inputs' order, and the name of each gradient
-_LEAVES = {"q": "dq", "k": "dk", "v": "dv", "sinks": "dsinks", "bias": "dbias"}
-
-
 def _leaves(inputs: Inputs) -> dict[str, torch.Tensor]:
-    return {name: getattr(inputs, name).detach().clone().requires_grad_(True) for name in _LEAVES
+    return {name: getattr(inputs, name).detach().clone().requires_grad_(True) for name in GRADIENT_OF
             if getattr(inputs, name) is not None}
 
 
@@ -132,7 +129,7 @@ def _dense(case: AttentionCase, inputs: Inputs, rows: int):
     mods = modifier_rows(case, inputs._replace(**leaves), (0, case.seq_q), case.dtype)
     out = naive_rows(leaves["q"], leaves["k"], leaves["v"], case.key_mask(inputs.q.device), case.scale, **mods)
     out.backward(inputs.d_out)
-    return out.detach(), {_LEAVES[name]: leaf.grad for name, leaf in leaves.items()}
+    return out.detach(), {GRADIENT_OF[name]: leaf.grad for name, leaf in leaves.items()}
 
 
 def _chunked(case: AttentionCase, inputs: Inputs, rows: int):
@@ -140,7 +137,7 @@ def _chunked(case: AttentionCase, inputs: Inputs, rows: int):
     out = torch.empty(*q_all.shape[:-1], case.head_dim_v, dtype=q_all.dtype, device=q_all.device)
     dq = torch.empty_like(q_all)
     # every gradient but dq sums over query rows: accumulated in float32 from each chunk's same-precision result
-    sums = {_LEAVES[n]: torch.zeros(t.shape, dtype=torch.float32, device=t.device) for n, t in _leaves(inputs).items()
+    sums = {GRADIENT_OF[n]: torch.zeros(t.shape, dtype=torch.float32, device=t.device) for n, t in _leaves(inputs).items()
             if n != "q"}
     for start in range(0, case.seq_q, rows):
         stop = min(case.seq_q, start + rows)
@@ -152,5 +149,5 @@ def _chunked(case: AttentionCase, inputs: Inputs, rows: int):
         out[:, :, start:stop], dq[:, :, start:stop] = block.detach(), leaves["q"].grad
         for name, leaf in leaves.items():
             if name != "q":
-                sums[_LEAVES[name]] += leaf.grad.float()
+                sums[GRADIENT_OF[name]] += leaf.grad.float()
     return out, {"dq": dq, **{name: total.to(case.dtype) for name, total in sums.items()}}

@@ -9,9 +9,7 @@ import torch
 from harness.oracle.reference import Reference
 from harness.oracle.verdict import NAIVE_BOUND
 from harness.spec.case import AttentionCase, Inputs
-
-#: the backend whose errors are the baseline: judged against a fixed bound instead (verdict.NAIVE_BOUND)
-BASELINE_BACKEND = "naive"
+from harness.store.schema import BASELINE
 
 
 @dataclass
@@ -32,7 +30,7 @@ class PreparedCase:
     def naive_error(self, quantity: str, backend_name: str) -> float | None:
         """The baseline error a backend's tolerance is built from (verdict.judge): None for naive itself (held
         to its fixed bound); without a usable baseline, the naive bound at this quantity's magnitude."""
-        if backend_name == BASELINE_BACKEND:
+        if backend_name == BASELINE:
             return None
         if self.naive_errors is not None and quantity in self.naive_errors:
             return self.naive_errors[quantity]
@@ -41,4 +39,4 @@ class PreparedCase:
 
     def note_for(self, backend_name: str) -> str:
         """What every verdict of `backend_name` on this case must mention about its baseline ('' when usable)."""
-        return self.naive_note if backend_name != BASELINE_BACKEND else ""
+        return self.naive_note if backend_name != BASELINE else ""

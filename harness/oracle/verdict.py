@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
-#: dsinks and dbias (the modifiers' input gradients) are sums of dS like dk, and get dk's factor
-FACTORS = {"out": 2.0, "dq": 4.0, "dk": 4.0, "dv": 4.0, "dsinks": 4.0, "dbias": 4.0}
+from harness.store.schema import JUDGED_QUANTITIES
+
+#: each judged quantity's factor, from the one table of judged quantities
+FACTORS = {q.name: q.factor for q in JUDGED_QUANTITIES}
 FLOORS = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 NAIVE_BOUND = {torch.float64: 1e-8, torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 2.5e-1}
 

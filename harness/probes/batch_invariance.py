@@ -15,14 +15,13 @@ from harness.backends.base import Backend
 from harness.execution.call import BoundCall, Call, backend_inputs
 from harness.execution.executor import Executor, make_executor
 from harness.probes.common import probe_dtype, probe_row, refused
-from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.spec.case import AttentionCase, Inputs, make_inputs, paged_case
 from harness.spec.masks import And, Causal, KeyPadding, MaskSpec
 from harness.spec.masks.padding import PerSequenceLengths
-from harness.spec.paged import cache_lengths, paged_case
+from harness.spec.paged import cache_lengths
 from harness.store.schema import ERROR, FWD, OBSERVED, Row
 
 KINDS = ("prefill", "decode", "paged-decode")
-INVARIANCE = ("yes", "no", "error")
 
 
 def invariance_case(kind: str, dtype: torch.dtype, device: torch.device) -> AttentionCase:

@@ -7,13 +7,14 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.executor import Executor, make_executor
 from harness.execution.runner import refusal
-from harness.oracle.verdict import Check
+from harness.oracle.verdict import FLOORS, Check
 from harness.spec.case import AttentionCase
 from harness.store.rows import make_row
 from harness.store.schema import JUDGED, UNSUPPORTED, Row
 
-#: what `classify` can answer about a block of output or gradient values
-CLASSES = ("0", "NaN", "inf", "mean(V)", "garbage")
+#: how close to mean(V) a block must be to be called so: ten of the verdict's floors of fp16, the least precise
+#: dtype a probe uses (probe_dtype)
+MEAN_V_TOLERANCE = 10 * FLOORS[torch.float16]
 
 
 def probe_dtype(backend: Backend, device: torch.device) -> torch.dtype:
@@ -59,6 +60,7 @@ def classify(values: torch.Tensor, mean_v: torch.Tensor | None = None) -> str:
         return "inf"
     if mean_v is not None:
         m = mean_v.detach().to("cpu", torch.float64).expand_as(x)
-        if bool(torch.allclose(x, m, rtol=1e-2, atol=1e-2 * max(1.0, float(m.abs().max())))):
+        atol = MEAN_V_TOLERANCE * max(1.0, float(m.abs().max()))
+        if bool(torch.allclose(x, m, rtol=MEAN_V_TOLERANCE, atol=atol)):
             return "mean(V)"
     return "garbage"

@@ -20,6 +20,7 @@ from harness.backends.base import Backend
 from harness.execution.call import Call
 from harness.execution.executor import Executor, make_executor
 from harness.oracle.reference import reference_attention
+from harness.oracle.verdict import FLOORS
 from harness.probes.common import probe_dtype, probe_row, refused
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.store.schema import BWD, ERROR, FAIL, FWD, PASS, UNSUPPORTED, Row
@@ -28,8 +29,9 @@ P = 0.25
 REPEATS = 8
 #: standard deviations allowed: a correct backend fails a check with probability ~6e-7
 Z = 5.0
-#: relative tolerance of a kept weight against P / (1 - p), about 10 units of rounding of the dtype
-RTOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 8e-2, torch.float64: 1e-10}
+#: relative tolerance of a kept weight against P / (1 - p): ten of the verdict's floors (about one unit of
+#: rounding of fp16/bf16, verdict.FLOORS), i.e. about 10 units of rounding
+RTOL = {dtype: 10 * floor for dtype, floor in FLOORS.items()}
 #: weights below this are left out of the kept-fraction count: in fp16/bf16 they may round to 0 when kept
 _MIN_WEIGHT = 1e-3
 

@@ -12,6 +12,7 @@ import torch
 
 from harness.oracle.verdict import judge
 from harness.probes.common import classify, probe_dtype
+from harness.probes.probe import Answer, skip
 from harness.spec.case import AttentionCase, Inputs
 from harness.spec.masks import KeyPadding
 from harness.spec.modifiers import alibi_slopes, softcap_scores
@@ -45,11 +46,9 @@ def _candidate(case: AttentionCase, inputs: Inputs, *, cap_after_mask: bool = Fa
 def _which(probe, case: AttentionCase, candidates: dict):
     """Run the backend's translation of `case` and name the candidate (name -> float64 output) it matches; a backend
     that does not declare the modifier is not called (unsupported, with its reason)."""
-    from harness.probes.semantics import Answer, _skip
-
-    skip = _skip(probe, case)
-    if skip:
-        return skip
+    refusal = skip(probe, case)
+    if refusal:
+        return refusal
     prepared = probe.prepared(case)
     out, why = probe.call(case, prepared.inputs)
     if out is None:
@@ -85,12 +84,10 @@ def alibi_convention(probe) -> tuple[AttentionCase, object]:
 
 def sink_empty_rows(probe) -> tuple[AttentionCase, object]:
     """A row that sees no key, with a sink: 0 (the sink takes all the weight), NaN, mean(V) or garbage?"""
-    from harness.probes.semantics import Answer, _skip
-
     case = AttentionCase(2, 2, 5, 16, probe_dtype(probe.backend, probe.device), seq_k=7, mask=PADDING, sinks=True)
-    skip = _skip(probe, case)
-    if skip:
-        return case, skip
+    refusal = skip(probe, case)
+    if refusal:
+        return case, refusal
     prepared = probe.prepared(case)
     out, why = probe.call(case, prepared.inputs)
     if out is None:

@@ -10,21 +10,22 @@ need to know about.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable
 
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cache import LRU, cached
-from harness.execution.call import Call
+from harness.execution.cache import LRU
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
-from harness.execution.runner import execute, prepare_case
+from harness.execution.runner import execute
 from harness.oracle.prepared import PreparedCase
 from harness.oracle.reference import reference_attention
 from harness.oracle.verdict import Check, judge
-from harness.probes.common import classify, probe_dtype, probe_row, refused
+from harness.probes.common import classify, probe_dtype, probe_row
+from harness.probes.modifier_semantics import MODIFIER_QUESTIONS
+from harness.probes.probe import Answer, Probe, skip
 from harness.spec.case import AttentionCase, Inputs
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, MaskSpec
 from harness.store.schema import BWD, ERROR, FWD, FWD_BWD, NOT_RUN, OBSERVED, UNSUPPORTED, Row
@@ -33,42 +34,6 @@ from harness.store.schema import BWD, ERROR, FWD, FWD_BWD, NOT_RUN, OBSERVED, UN
 PADDING = KeyPadding((0, 4))
 #: not 1/sqrt(16) = 0.25, so a backend that ignores `scale` shows
 SCALE = 0.3
-
-
-@dataclass(frozen=True)
-class Probe:
-    """Who is asked (backend), where (device), with which inputs (seed), where its calls run (executor), and
-    where runs shared by several questions are kept (the run's probe cache; None: each question runs its own)."""
-
-    backend: Backend
-    device: torch.device
-    seed: int = 0
-    executor: Executor = field(default_factory=make_executor)
-    cache: LRU | None = None
-
-    def cached(self, key: tuple, make: Callable):
-        return cached(self.cache, key, make)
-
-    def prepared(self, case: AttentionCase) -> PreparedCase:
-        return self.cached(("prepared", case, str(self.device), self.seed),
-                           lambda: prepare_case(case, self.device, self.seed))
-
-    def call(self, case: AttentionCase, inputs: Inputs, **call) -> tuple[torch.Tensor | None, str]:
-        """(output in canonical layout, or None; why not) of one call on given inputs, without gradients."""
-        answer = self.executor.call(self.backend, Call(case, None, inputs, **call), self.device)
-        if answer.failure is not None:
-            return None, answer.failure.reason
-        return answer.out, ""
-
-
-@dataclass
-class Answer:
-    """A question's answer for one backend: status observed/unsupported/unavailable, the value, why."""
-
-    status: str
-    observed: str = ""
-    reason: str = ""
-    checks: list[Check] = field(default_factory=list)
 
 
 def semantics_case(dtype: torch.dtype) -> AttentionCase:
@@ -113,11 +78,6 @@ def _spec_run(probe: Probe) -> tuple[PreparedCase, BackendResult, Answer | None]
     result = probe.cached(("spec", backend, str(device), seed),
                           lambda: execute(backend, prepared, executor=probe.executor))
     return prepared, result, _result_failure(result)
-
-
-def _skip(probe: Probe, case: AttentionCase) -> Answer | None:
-    gate = refused(probe.backend, case, probe.device, probe.executor)
-    return Answer(gate[0], "", gate[1]) if gate else None
 
 
 def _result_failure(result: BackendResult) -> Answer | None:
@@ -181,9 +141,9 @@ def nan_in_masked_kv(probe: Probe) -> tuple[AttentionCase, Answer]:
 
 
 def _native(probe: Probe, native: str, case: AttentionCase) -> Answer | None:
-    skip = _skip(probe, case)
-    if skip:
-        return skip
+    refusal = skip(probe, case)
+    if refusal:
+        return refusal
     if native not in probe.backend.native_probes:
         return Answer(UNSUPPORTED, "", f"{probe.backend.name} has no native_{native} probe: it takes mask specs only")
     return None
@@ -283,11 +243,7 @@ QUESTIONS: dict[str, tuple[str, Callable]] = {
     "nan-in-masked-kv": (FWD, nan_in_masked_kv),
 }
 
-# The modifiers' questions live in their own module, which builds on this one's Probe and Answer: joined here, after
-# both are defined, so `ask` and every caller of QUESTIONS see one list.
-from harness.probes.modifier_semantics import MODIFIER_QUESTIONS  # noqa: E402
-
-QUESTIONS.update(MODIFIER_QUESTIONS)
+QUESTIONS.update(MODIFIER_QUESTIONS)  # one list for `ask` and every caller
 
 
 def ask(question: str, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
@@ -301,7 +257,7 @@ def ask(question: str, backend: Backend, device: torch.device, *, seed: int = 0,
     phase, question_fn = QUESTIONS[question]
     probe = Probe(backend, device, seed, executor, cache)
     case = semantics_case(probe_dtype(backend, device))
-    answer = _skip(probe, case)
+    answer = skip(probe, case)
     if answer is None:
         case, answer = question_fn(probe)
     return probe_row(case, backend, device, tag=f"semantics:{question}", phase=phase, status=answer.status,

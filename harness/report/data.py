@@ -14,7 +14,7 @@ from harness.measure.fidelity import FIDELITY_TAG
 from harness.spec.case import dtype_name, parse_dtype
 from harness.store.load import load_results, load_samples
 from harness.store.run_dir import read_env
-from harness.store.schema import COLUMNS, KEY, OBSERVED, VERDICT_PHASES
+from harness.store.schema import BASELINE, COLUMNS, KEY, OBSERVED, VERDICT_PHASES
 
 SEMANTICS_PREFIX = "semantics:"
 NUMERIC = ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "err_ratio", "latency_ms", "latency_iqr_ms",
@@ -115,7 +115,7 @@ def peak_tflops(env: dict, dtype: str) -> float | None:
     return None
 
 
-def load_run(run_dir: str | Path, *, baseline: str = "naive", backends: list[str] | None = None,
+def load_run(run_dir: str | Path, *, baseline: str = BASELINE, backends: list[str] | None = None,
              dtype: str | None = None, mask: str | None = None, strict_baseline: bool = False) -> Run:
     """Read results.csv, samples.csv and env.json of `run_dir`, apply the filters, add derived columns.
 

@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.backends.registry import versioned_backends
 from harness.report.plots import plot_run
 from harness.report.analysis import (answered, failures, headline, modifier_support, not_run, semantics_table,
                                      short_cell, winners)
 from harness.report.data import Run, load_run, peak_tflops
 from harness.report.trends import Trends, run_trends
-from harness.store.schema import PHASES
+from harness.store.schema import BASELINE, PHASES
 
 FAILURE_LINKS = 5  # per backend in the headline; the rest are one click away in the failures section
 
@@ -184,7 +185,8 @@ def environment_table(run: Run) -> pd.DataFrame:
         "cpu": env.get("cpu_model"), "threads": env.get("threads"),
         "compute capability": env.get("compute_capability"), "driver": env.get("driver"),
         "torch": env.get("torch"), "cuda": env.get("cuda"), "cudnn": env.get("cudnn"), "triton": env.get("triton"),
-        "xformers": env.get("xformers"), "flash-attn": env.get("flash_attn"), "python": env.get("python"),
+        **{backend.label or backend.name: env.get(key) for key, backend in versioned_backends().items()},
+        "python": env.get("python"),
         "git": f"{str(env.get('git_sha', '?'))[:12]}{' (dirty)' if env.get('git_dirty') else ''}",
         "started": env.get("started"), "testbed": env.get("testbed_id"),
         "timing mode": timing or "— (correctness-only run)",
@@ -338,7 +340,7 @@ def _semantics_section(run: Run, figures: dict[str, list[Path]]) -> list:
     return blocks + [Image(p, "semantics table") for p in figures.get("semantics", [])]
 
 
-def build_report(run_dir: str | Path, baseline: str = "naive", out_dir: str | Path | None = None, *,
+def build_report(run_dir: str | Path, baseline: str = BASELINE, out_dir: str | Path | None = None, *,
                  backends: list[str] | None = None, dtype: str | None = None, mask: str | None = None,
                  strict_baseline: bool = False) -> Path:
     """Render every figure and the report of a stored run; returns the path of report.html (report.md beside it).

@@ -9,8 +9,8 @@ from typing import NamedTuple
 import torch
 
 from harness.spec import modifiers as mods
-from harness.spec.masks import MaskSpec
-from harness.spec.paged import validate_paged_case
+from harness.spec.masks import CacheCausal, MaskSpec
+from harness.spec.paged import cache_lengths, validate_paged_case
 from harness.store.schema import GRADS
 
 DTYPES: dict[str, torch.dtype] = {
@@ -194,3 +194,12 @@ def make_inputs(case: AttentionCase, device: str | torch.device = "cpu", seed: i
     if case.bias is not None:
         bias = torch.randn(mods.bias_shape(case.bias, case.batch, case.heads, case.seq_q, case.seq_k), generator=gen)
     return Inputs(*drawn, sinks, bias).map(lambda t: t.to(device=device, dtype=case.dtype))
+
+
+def paged_case(batch: int, heads: int, seq_q: int, head_dim: int, dtype, *, kv_heads: int, cache: int,
+               page_size: int, **modifiers) -> AttentionCase:
+    """A decode (seq_q = 1) or verification (seq_q = 2-8) step over paged caches of about `cache` keys
+    (spec.paged.cache_lengths); `modifiers` go to the case spec, which says whether a paged case takes them."""
+    lengths = cache_lengths(cache, batch)
+    return AttentionCase(batch, heads, seq_q, head_dim, dtype, kv_heads=kv_heads, seq_k=max(lengths),
+                         mask=CacheCausal(lengths), page_size=page_size, **modifiers)

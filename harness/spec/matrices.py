@@ -13,9 +13,8 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Callable
 
-from harness.spec.case import AttentionCase, parse_dtype
+from harness.spec.case import AttentionCase, paged_case, parse_dtype
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow, parse_mask
-from harness.spec.paged import paged_case
 
 #: --matrix auto: the GPU matrix on a CUDA device, the CPU default elsewhere
 AUTO = "auto"

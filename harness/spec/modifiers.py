@@ -23,12 +23,14 @@ import math
 
 import torch
 
+from harness.store.schema import GRADIENT_OF
+
 #: the modifier names a case carries and a backend declares (Backend.modifiers)
 MODIFIERS = ("softcap", "sinks", "alibi", "bias")
 #: the bias kinds: "head" (heads, seq_q, seq_k) shared over the batch, "full" (batch, heads, seq_q, seq_k)
 BIAS_KINDS = ("head", "full")
-#: the gradient each input modifier adds to the judged quantities
-MODIFIER_GRADS = {"sinks": "dsinks", "bias": "dbias"}
+#: the gradient each input modifier adds to the judged quantities (schema.JUDGED_QUANTITIES)
+MODIFIER_GRADS = {m: GRADIENT_OF[m] for m in MODIFIERS if m in GRADIENT_OF}
 #: case-id tokens of the bias kinds
 BIAS_TOKENS = {"head": "headbias", "full": "fullbias"}
 #: softcap cases scale q so the scaled scores have this standard deviation in units of the cap: about 5 % of

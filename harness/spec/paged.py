@@ -139,14 +139,3 @@ def cache_lengths(longest: int, batch: int) -> tuple[int, ...]:
         n = max(1, longest - (longest * b) // (2 * batch))
         out.append(n if n % 2 else n - 1)
     return tuple(out)
-
-
-def paged_case(batch: int, heads: int, seq_q: int, head_dim: int, dtype, *, kv_heads: int, cache: int,
-               page_size: int, **modifiers) -> "AttentionCase":
-    """A decode (seq_q = 1) or verification (seq_q = 2-8) step over paged caches of about `cache` keys
-    (cache_lengths); `modifiers` go to the case spec, which says whether a paged case takes them."""
-    from harness.spec.case import AttentionCase
-
-    lengths = cache_lengths(cache, batch)
-    return AttentionCase(batch, heads, seq_q, head_dim, dtype, kv_heads=kv_heads, seq_k=max(lengths),
-                         mask=CacheCausal(lengths), page_size=page_size, **modifiers)

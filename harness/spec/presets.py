@@ -9,10 +9,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.spec.case import AttentionCase, parse_dtype
+from harness.spec.case import AttentionCase, paged_case, parse_dtype
 from harness.spec.masks import parse_mask
 from harness.spec.matrices import decode_batch
-from harness.spec.paged import paged_case
 
 
 #: `check --preset`'s small cases: the model's heads, kv heads, head dim and mask at a size the float64 reference

@@ -9,7 +9,8 @@ import torch
 
 from harness.oracle.verdict import Check
 from harness.spec.case import AttentionCase, dtype_name
-from harness.store.environment import device_name, git_state, testbed_id
+from harness.store.environment import git_state
+from harness.store.host import device_name, testbed_id
 from harness.store.schema import Row
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, make_dataclass, replace
 from typing import Iterable, NamedTuple
 
 #: 2: timing_status and timing_reason added (a timing failure no longer overwrites the correctness status);
@@ -42,12 +42,45 @@ VERDICT_PHASES = (FWD, BWD)
 #: reason says which); unsupported, error or oom while timing
 TIMED, NOT_TIMED, REJECTED = "timed", "not-timed", "rejected"
 TIMING_STATUSES = (TIMED, NOT_TIMED, REJECTED, UNSUPPORTED, ERROR, OOM)
-#: the quantities judged against the reference (dsinks/dbias only where the case has sinks/bias)
-QUANTITIES = ("out", "dq", "dk", "dv", "dsinks", "dbias")
+#: the backend every other is compared with: the reference's same-precision baseline, and the speedups' base
+BASELINE = "naive"
 #: what limits a timed row (its `bound` column): the matmul peak or the memory bandwidth
 BOUNDS = ("compute", "memory")
+
+
+class Quantity(NamedTuple):
+    """A quantity judged against the reference: `name` (the row's <name>_err, <name>_tol and naive_<name>_err
+    columns), the input it is the gradient of (None: the output) and its tolerance factor: tol = factor x naive's
+    error + the dtype's floor x magnitude (oracle/verdict.py)."""
+
+    name: str
+    of: str | None
+    factor: float
+
+
+#: every quantity judged, in the columns' order; dsinks and dbias only where the case has sinks or a bias (the
+#: modifiers' inputs, spec/modifiers.MODIFIER_GRADS): sums of dS like dk, so they get dk's factor
+JUDGED_QUANTITIES = (Quantity("out", None, 2.0), Quantity("dq", "q", 4.0), Quantity("dk", "k", 4.0),
+                     Quantity("dv", "v", 4.0), Quantity("dsinks", "sinks", 4.0), Quantity("dbias", "bias", 4.0))
+QUANTITIES = tuple(q.name for q in JUDGED_QUANTITIES)
+#: input -> its gradient's quantity (the leaves a backward differentiates)
+GRADIENT_OF = {q.of: q.name for q in JUDGED_QUANTITIES if q.of is not None}
 #: the gradients of q, k, v, judged in every backward
-GRADS = ("dq", "dk", "dv")
+GRADS = tuple(GRADIENT_OF[x] for x in ("q", "k", "v"))
+
+# The gate's and the advisor's words (compare/, measure/stats.py, advisor/), spelled here once like the statuses.
+#: the gate's timing verdict on a key between two runs: a change established beyond the margin (slower, faster),
+#: none beyond it (unchanged), or too noisy to tell (undecided); not-timed where either side has no timing
+SLOWER, FASTER, UNCHANGED, UNDECIDED = "slower", "faster", "unchanged", "undecided"
+TIMING_VERDICTS = (SLOWER, FASTER, UNCHANGED, UNDECIDED, NOT_TIMED)
+#: a key in only one of the two runs
+MISSING, NEW_ONLY = "missing", "new-only"
+COMPARE_VERDICTS = (*TIMING_VERDICTS, MISSING, NEW_ONLY)
+#: how a key's correctness changed from the base run to the new one: the same, worse (a bad status or a larger
+#: error), lost (it passed and now does not run), better (now passes)
+SAME, WORSE, LOST, BETTER = "same", "worse", "lost", "better"
+#: the advisor's word for two backends the gate's statistic cannot separate (unchanged; undecided: too noisy)
+TIED, TIED_NOISY = "tied", "tied (too noisy to tell)"
 
 
 def worst_status(statuses: Iterable[str]) -> str:
@@ -68,9 +101,8 @@ class TimingKey(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Row:
-    """One line of results.csv. Empty (None) fields are written as empty cells; a later row with the same key
-    fills in more columns (the benchmark stage after correctness), and loading folds them into one."""
+class _RowCase:
+    """The columns before the judged quantities' (Row's docstring)."""
 
     run_id: str
     case_id: str
@@ -95,24 +127,21 @@ class Row:
     # correctness
     status: str | None = None
     reason: str | None = None
-    out_err: float | None = None
-    out_tol: float | None = None
-    dq_err: float | None = None
-    dq_tol: float | None = None
-    dk_err: float | None = None
-    dk_tol: float | None = None
-    dv_err: float | None = None
-    dv_tol: float | None = None
-    dsinks_err: float | None = None
-    dsinks_tol: float | None = None
-    dbias_err: float | None = None
-    dbias_tol: float | None = None
-    naive_out_err: float | None = None
-    naive_dq_err: float | None = None
-    naive_dk_err: float | None = None
-    naive_dv_err: float | None = None
-    naive_dsinks_err: float | None = None
-    naive_dbias_err: float | None = None
+
+
+#: every judged quantity's error and tolerance, then naive's error: out_err, out_tol, ..., naive_dbias_err
+_RowJudged = make_dataclass("_RowJudged", [(column, "float | None", None) for column in (
+    *(f"{q}_{what}" for q in QUANTITIES for what in ("err", "tol")), *(f"naive_{q}_err" for q in QUANTITIES))],
+    bases=(_RowCase,), frozen=True)
+_RowJudged.__module__ = __name__
+
+
+@dataclass(frozen=True)
+class Row(_RowJudged):
+    """One line of results.csv. Empty (None) fields are written as empty cells; a later row with the same key
+    fills in more columns (the benchmark stage after correctness), and loading folds them into one. The columns:
+    the key and the case (_RowCase), each judged quantity's (JUDGED_QUANTITIES), then these."""
+
     #: how the naive baseline of the tolerance was computed: dense, chunked (rows a chunk), or the fixed bound
     baseline: str | None = None
     err_ratio: float | None = None

@@ -2,7 +2,8 @@
 --benchmark-compare show statistics of the samples the harness timed, not of a second timing of its own.
 
 pytest-benchmark has no public way to take external samples (ionelmc/pytest-benchmark#52); this uses the
-fixture's `_make_stats` and the `_mode` guard, unchanged from 3.2 to 5.3 (hence the `<6` pin in pyproject).
+fixture's `_make_stats` and the `_mode` guard, unchanged from 3.2 to 5.3 (hence the `<6` pin in pyproject.toml,
+with its reason; tests/unit/suite/test_benchmark_fixture.py checks them against the installed version).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import torch
 
 from harness import check
 from harness.measure.bandwidth import copy_bandwidth_gbps
-from harness.spec.paged import paged_case
+from harness.spec.case import paged_case
 
 pytestmark = pytest.mark.cuda
 PAGED = ["naive", "sdpa", "flex", "flash-attn", "xformers", "flashinfer"]

@@ -63,6 +63,83 @@ def test_imports_flow_down_the_layers(module, path):
     assert not faces, f"{module} ({mine}) imports a public face {faces}: import the module that defines the thing"
 
 
+# --- no import cycle: every module of harness/ (spec/ included) can be understood before the ones importing it ---
+
+#: cycles another branch removes; each entry is one cycle's modules, and a stale entry fails too
+KNOWN_CYCLES: list[set[str]] = []
+
+
+def _runtime_imports(tree: ast.AST, modules: set[str]) -> set[str]:
+    """The harness modules a module's code imports, anywhere in it (a function's import runs too), resolving
+    `from package import module`; an `if TYPE_CHECKING:` block runs no code, so it is left out."""
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+               and node.test.id == "TYPE_CHECKING" for n in ast.walk(node)}
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names & modules
+
+
+def import_cycles(sources: dict[str, str]) -> list[set[str]]:
+    """The import cycles among modules given as {dotted name: source}: each a set of modules that all reach each
+    other through imports (Tarjan's strongly connected components of more than one module; a package naming itself,
+    `from harness import masks` in harness/__init__.py, imports its submodule, not itself)."""
+    modules = set(sources)
+    graph = {m: sorted(_runtime_imports(ast.parse(src), modules) - {m}) for m, src in sources.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:  # recursive: the package's import depth is small
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(component)
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_import_cycles_finds_a_planted_cycle_through_a_function_level_import():
+    sources = {"harness.spec.a": "from harness.spec import b\n",
+               "harness.spec.b": "def f():\n    from harness.spec.c import g\n",
+               "harness.spec.c": "import harness.spec.a\n",
+               "harness.spec.d": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from harness.spec.a import x\n",
+               "harness.oracle.e": "from harness.spec.a import x\n"}
+    assert import_cycles(sources) == [{"harness.spec.a", "harness.spec.b", "harness.spec.c"}]
+    assert import_cycles({"harness.x": "import harness.y\n", "harness.y": "import harness.z\n",
+                          "harness.z": ""}) == []
+
+
+def test_no_import_cycle_in_the_package():
+    cycles = import_cycles({module: path.read_text() for module, path in _modules()})
+    unknown = [sorted(c) for c in cycles if c not in KNOWN_CYCLES]
+    stale = [sorted(c) for c in KNOWN_CYCLES if c not in cycles]
+    assert not unknown, f"import cycles: {unknown}; move what both sides need into a module below them"
+    assert not stale, f"KNOWN_CYCLES entries that are gone: {stale}"
+
+
 def test_the_public_faces_export_every_mask_family_and_the_advisors_entry_points():
     """harness.masks is where users take mask specs from (README, docs/serving.md): a new family in spec/masks
     must be exported there too; harness.recommend is the advisor from Python."""
@@ -83,8 +160,11 @@ def test_the_public_faces_export_every_mask_family_and_the_advisors_entry_points
 
 ROOT = PACKAGE.parent
 SCHEMA = PACKAGE / "store" / "schema.py"
-#: the words a row's phase, status or timing_status can take, as the schema defines them
-VOCABULARY = frozenset(schema.PHASES) | frozenset(schema.STATUSES) | frozenset(schema.TIMING_STATUSES)
+#: the words a row's phase, status or timing_status can take, and the gate's and the advisor's verdicts, as the
+#: schema defines them
+VOCABULARY = (frozenset(schema.PHASES) | frozenset(schema.STATUSES) | frozenset(schema.TIMING_STATUSES)
+              | frozenset(schema.COMPARE_VERDICTS) | {schema.SAME, schema.WORSE, schema.LOST, schema.BETTER,
+                                                     schema.TIED, schema.TIED_NOISY})
 #: the same spelling in another sense: (file, word) -> (how many times, what it means there). The count is exact,
 #: so a new literal of that word in the same file still fails, and an entry nobody needs any more fails too.
 OTHER_SENSES = {
@@ -92,8 +172,8 @@ OTHER_SENSES = {
     ("harness/advisor/deploy_checks.py", "unsupported"): (1, "a mask path (MaskForm: native, dense, none, unsupported, "
                                                            "unknown), the mask_path column, not a row status"),
     ("harness/advisor/recommend.py", "error"): (4, "the deployment checks' answers when the backend's worker died"),
-    ("harness/probes/batch_invariance.py", "error"): (2, "the batch_invariant check's answers (yes / no / error)"),
-    ("harness/store/environment.py", "unavailable"): (1, "where a device fact came from: nvml, nvidia-smi or neither"),
+    ("harness/probes/batch_invariance.py", "error"): (1, "the batch_invariant check's answers (yes / no / error)"),
+    ("harness/store/host.py", "unavailable"): (1, "where a device fact came from: nvml, nvidia-smi or neither"),
     ("harness/store/load.py", "observed"): (1, "the name of the `observed` column, read verbatim"),
 }
 
@@ -122,6 +202,14 @@ def test_vocabulary_literals_finds_a_planted_phase_or_status_and_ignores_documen
                'LABEL = "fwd pass"\n')
     assert vocabulary_literals(snippet) == [(5, "fwd"), (5, "oom"), (5, "pass")]
     assert vocabulary_literals("from harness.store.schema import FWD\nok = row.phase == FWD\n") == []
+
+
+def test_vocabulary_literals_finds_a_planted_verdict_word_of_the_gate_or_the_advisor():
+    snippet = ('def word(ratio, noisy):\n'
+               '    """Says "slower" or "tied"."""\n'
+               '    return "undecided" if noisy else ("slower" if ratio > 1 else "tied")\n')
+    assert vocabulary_literals(snippet) == [(3, "slower"), (3, "tied"), (3, "undecided")]
+    assert vocabulary_literals("from harness.store.schema import SLOWER\nbad = v == SLOWER\n") == []
 
 
 def test_no_phase_or_status_literal_outside_the_schema():

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatterSciNotation, NullFormatter
 
-from harness.report.plots.style import backend_color, backend_style, new_figure
+from harness.report.plots.style import backend_color, backend_label, backend_style, new_figure
 from harness.report.analysis import case_label, group_label, split_series
 from harness.report.data import Run, peak_tflops
 from harness.store.schema import PHASES, VERDICT_PHASES
@@ -244,7 +244,7 @@ def _log_y(ax: Axes, values: np.ndarray) -> None:
 
 def _legend(fig: Figure, rows: pd.DataFrame, metric: Metric) -> None:
     """One legend per figure: the backends drawn in it, and the overlay markers that occur."""
-    handles = [Line2D([], [], color=backend_color(b), marker=backend_style(b)[1], label=b)
+    handles = [Line2D([], [], color=backend_color(b), marker=backend_style(b)[1], label=backend_label(b))
                for b in dict.fromkeys(rows.backend)]
     if metric.timing_flags and rows.noisy.any():
         handles.append(Line2D([], [], ls="", marker="o", ms=11, mfc="none", mec="black", label="noisy (IQR/median or rounds)"))

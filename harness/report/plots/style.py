@@ -8,29 +8,32 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from harness.backends.registry import all_backends, label
+
 FIGURES_DIR = "figures"
 
-# Fixed colours and markers for the built-in backends, so a backend looks the same in every figure and run.
-_KNOWN = {
-    "naive": ("#7f7f7f", "o"), "sdpa": ("#1f77b4", "s"), "sdpa-math": ("#17becf", "v"),
-    "sdpa-flash": ("#d62728", "^"), "sdpa-efficient": ("#2ca02c", "D"), "sdpa-cudnn": ("#9467bd", "P"),
-    "flex": ("#ff7f0e", "X"), "xformers": ("#8c564b", "p"), "flash-attn": ("#e377c2", "*"),
-}
+# A backend that declares no colour or marker gets one from these, by a stable hash of its name.
 _EXTRA = ["#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354",
           "#756bb1"]
 _MARKERS = ["o", "s", "^", "v", "D", "P", "X", "p", "*", "h"]
 
 
 def backend_style(name: str) -> tuple[str, str]:
-    """(colour, marker) of a backend: fixed for built-ins, a stable hash of the name for plugins."""
-    if name in _KNOWN:
-        return _KNOWN[name]
+    """(colour, marker) of a backend: as its class declares them (Backend.colour, .marker), else from a stable hash
+    of the name (also for a backend not registered in this process, e.g. a plugin of a stored run)."""
+    backend = all_backends().get(name)
     h = zlib.crc32(name.encode())  # not hash(): that is salted per process, colours must not change between runs
-    return _EXTRA[h % len(_EXTRA)], _MARKERS[(h // len(_EXTRA)) % len(_MARKERS)]
+    colour, marker = (backend.colour, backend.marker) if backend is not None else (None, None)
+    return colour or _EXTRA[h % len(_EXTRA)], marker or _MARKERS[(h // len(_EXTRA)) % len(_MARKERS)]
 
 
 def backend_color(name: str) -> str:
     return backend_style(name)[0]
+
+
+def backend_label(name: str) -> str:
+    """A backend's name in legends: its declared label (Backend.label), else the name."""
+    return label(name)
 
 
 def new_figure(width: float, height: float) -> Figure:

@@ -1,9 +1,9 @@
 """Mask specs, one family per module; every name a user or backend needs is importable from here."""
 
-from harness.spec.masks.base import MaskSpec, count_attended_pairs
+from harness.spec.masks.base import And, MaskSpec, count_attended_pairs
 from harness.spec.masks.cache_causal import CacheCausal
 from harness.spec.masks.causal import Causal, CausalBottomRight
-from harness.spec.masks.compose import And, split_padding
+from harness.spec.masks.compose import split_padding
 from harness.spec.masks.documents import Documents
 from harness.spec.masks.names import MASK_NAMES, parse_mask
 from harness.spec.masks.padding import KeyPadding

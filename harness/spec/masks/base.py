@@ -8,6 +8,8 @@ directly, so the semantics are never re-derived anywhere else.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -18,6 +20,8 @@ class MaskSpec:
     kind: str = "mask"
     #: True when the mask differs per batch element (materialize then has a batch dim)
     per_batch: bool = False
+    #: why two masks of this family cannot be intersected (what to do instead); '' = they can
+    single_in_and: str = ""
 
     def allows(self, b: torch.Tensor, q_idx: torch.Tensor, k_idx: torch.Tensor, seq_q: int, seq_k: int) -> torch.Tensor:
         """Elementwise predicate on broadcastable index tensors. True = query q_idx may attend k_idx."""
@@ -56,11 +60,61 @@ class MaskSpec:
         return None
 
     def __and__(self, other: "MaskSpec") -> "MaskSpec":
-        from harness.spec.masks.compose import And  # compose builds on this module
-
         return And(self, other)
 
 
+@dataclass(frozen=True)
+class And(MaskSpec):
+    """Intersection of two masks, e.g. Causal() & KeyPadding((5, 9))."""
+
+    first: MaskSpec
+    second: MaskSpec
+
+    def __post_init__(self):
+        for m in (self.first, self.second):
+            if not isinstance(m, MaskSpec):
+                raise ValueError(f"And({m!r}): both parts must be mask specs")
+        family = type(self.first)
+        if family is type(self.second) and self.first.single_in_and:
+            raise ValueError(f"And({family.__name__}, {family.__name__}): {self.first.single_in_and}")
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return f"{self.first.kind}+{self.second.kind}"
+
+    @property
+    def per_batch(self) -> bool:  # type: ignore[override]
+        return self.first.per_batch or self.second.per_batch
+
+    @property
+    def id(self) -> str:
+        return f"{self.first.id}+{self.second.id}"
+
+    def parts(self) -> tuple[MaskSpec, ...]:
+        out: list[MaskSpec] = []
+        for m in (self.first, self.second):
+            out.extend(m.parts() if isinstance(m, And) else (m,))
+        return tuple(out)
+
+    def validate_for(self, batch, seq_q, seq_k):
+        self.first.validate_for(batch, seq_q, seq_k)
+        self.second.validate_for(batch, seq_q, seq_k)
+
+    def batch_size(self, batch):
+        return max(self.first.batch_size(batch), self.second.batch_size(batch))
+
+    def predicate(self, device="cpu"):
+        first, second = self.first.predicate(device), self.second.predicate(device)
+        return lambda *idx: first(*idx) & second(*idx)
+
+    def allows(self, b, q_idx, k_idx, seq_q, seq_k):
+        return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)
+
+    def key_ranges(self, seq_q, seq_k, batch=None):
+        first, second = self.first.key_ranges(seq_q, seq_k, batch), self.second.key_ranges(seq_q, seq_k, batch)
+        if first is None or second is None:
+            return None
+        return torch.maximum(first[0], second[0]), torch.minimum(first[1], second[1])  # intervals intersect
 
 
 def count_attended_pairs(mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, block: int = 1024) -> int:

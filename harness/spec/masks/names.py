@@ -6,7 +6,7 @@ import re
 
 from harness.spec.masks.base import MaskSpec
 from harness.spec.masks.causal import Causal, CausalBottomRight
-from harness.spec.masks.compose import And
+from harness.spec.masks.base import And
 from harness.spec.masks.documents import Documents
 from harness.spec.masks.padding import KeyPadding
 from harness.spec.masks.window import SlidingWindow

@@ -50,6 +50,7 @@ class KeyPadding(PerSequenceLengths):
 
     kind = "keypad"
     per_batch = True
+    single_in_and = "combine the lengths into one KeyPadding instead"
 
     def __post_init__(self):
         self._check_lengths()

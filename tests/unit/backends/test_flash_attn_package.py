@@ -57,7 +57,7 @@ def test_xformers_backend_imports_beside_fa4_and_leaves_flash_attn_importable(fa
     """A fresh interpreter (xformers is imported once per process): the backend's import of xformers.ops survives
     the namespace, xformers falls back as with no flash_attn, and flash_attn.cute still imports afterwards."""
     pytest.importorskip("xformers")
-    code = ("from harness.backends.xformers import _import_xformers, xformers_kernels\n"
+    code = ("from harness.backends.xformers_library import _import_xformers, xformers_kernels\n"
             "_import_xformers()\n"
             "from xformers.ops.fmha import flash\n"
             "import flash_attn.cute\n"

@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from harness.backends import xformers as xformers_module
+from harness.backends import xformers_library as xformers_module
 
 cpp_lib = pytest.importorskip("xformers._cpp_lib")
 

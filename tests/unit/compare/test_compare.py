@@ -15,6 +15,7 @@ from harness.compare.runs import EXIT_OK, EXIT_REGRESSION, EXIT_UNDECIDED, Misma
     run_warnings
 from harness.measure import stats
 from harness.measure.stats import GateConfig, KeyNoise, _u_counts, gate_verdict, shift_interval
+from harness.store.schema import TIMING_VERDICTS
 from tests.fixtures.noise_models import FakeTimer, Noise, synthetic_cases, synthetic_run
 from tests.fixtures.regress_fixtures import key, lognormal, write_run
 
@@ -237,7 +238,7 @@ def test_busy_or_throttled_runs_are_warned_about(tmp_path, capsys):
 def test_one_change_rule_and_one_word_for_the_gate_the_history_and_the_advisor():
     """measure/stats.py decides every timing verdict: one rule for 'beyond the margin', one vocabulary, and each
     minimum effect defined once - MIN_RUN_CHANGE between runs, MIN_BACKEND_DIFFERENCE between backends of a run."""
-    from harness.advisor.ranking import ADVISOR_WORDS, TIED
+    from harness.advisor.ranking import ADVISOR_WORDS, TIE_VERDICTS
     from harness.compare.changes import detect_changes
 
     assert stats.counts_as_change(1.0, 1.11, 1.11, 1.1) and stats.counts_as_change(1.11, 1.0, 1 / 1.11, 1.1)
@@ -247,7 +248,7 @@ def test_one_change_rule_and_one_word_for_the_gate_the_history_and_the_advisor()
     flat, moved = [1.0] * 20, [1.2] * 20
     assert gate_verdict(flat, moved, base_rounds=[0] * 20, new_rounds=[0] * 20).verdict == "undecided"
     assert stats.timing_verdict(flat[:5], moved[:5]).verdict == "undecided"  # the advisor's word is the gate's
-    assert set(TIED) | set(ADVISOR_WORDS) <= set(stats.VERDICTS)
+    assert set(TIE_VERDICTS) | set(ADVISOR_WORDS) <= set(TIMING_VERDICTS)
     defaults = {name: sub.get_default("min_effect") for name, sub in next(
         a for a in build_parser()._actions if a.dest == "command").choices.items() if name in ("compare", "history")}
     assert defaults == {"compare": stats.MIN_RUN_CHANGE, "history": stats.MIN_RUN_CHANGE}

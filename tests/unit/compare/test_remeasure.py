@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from harness.measure.stats import GateConfig, paired_verdict
-from harness.compare.remeasure import RemeasureConfig, base_timer_for, code_mismatch, current_code, remeasure
+from harness.compare.remeasure import RemeasureConfig, base_timer_for, remeasure
+from harness.compare.timers import code_mismatch, current_code
 from harness.compare.runs import EXIT_OK, EXIT_REGRESSION, EXIT_UNDECIDED, compare_runs
 from tests.fixtures.noise_models import FakeTimer, Machine, Noise, synthetic_cases, synthetic_run
 from tests.fixtures.regress_fixtures import key
@@ -162,7 +163,7 @@ def test_the_base_is_timed_here_only_when_it_is_this_code(tmp_path, monkeypatch)
 
 
 def test_a_plugin_module_inside_the_runs_checkout_is_found_in_this_one():
-    from harness.compare.remeasure import _here
+    from harness.compare.timers import _here
     from harness.store.environment import REPO_ROOT
 
     assert _here("/elsewhere/repo/tests/fixtures/slow_backends.py", "/elsewhere/repo") == \
@@ -185,7 +186,7 @@ def _real_run(tmp_path: Path, **code) -> Path:
 
 
 def test_the_timing_server_times_a_key_with_the_code_it_runs_in(tmp_path, monkeypatch):
-    from harness.compare.remeasure import CheckoutTimer
+    from harness.compare.timers import CheckoutTimer
     from harness.spec.matrices import build_matrix
     from harness.store.environment import REPO_ROOT
 
@@ -206,7 +207,7 @@ def test_the_timing_server_times_a_key_with_the_code_it_runs_in(tmp_path, monkey
 
 
 def test_the_timing_server_refuses_other_code(tmp_path):
-    from harness.compare.remeasure import CheckoutTimer
+    from harness.compare.timers import CheckoutTimer
     from harness.store.environment import REPO_ROOT
 
     with pytest.raises(ValueError, match="torch '0.1.0' here"):

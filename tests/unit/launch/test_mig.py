@@ -7,7 +7,7 @@ from unittest import mock
 import torch
 
 from harness.launch.local import gpu_devices
-from harness.store.environment import _gpu_uuid, smi_devices
+from harness.store.host import gpu_uuid, smi_devices
 
 LISTING = """GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5b3b9d1e-0000-1111-2222-333344445555)
   MIG 3g.40gb     Device  0: (UUID: MIG-11c2a3b4-aaaa-bbbb-cccc-ddddeeeeffff)
@@ -26,10 +26,10 @@ def test_nvidia_smi_listing_is_parsed():
 def test_a_mig_instance_keeps_its_mig_prefix():
     props = types.SimpleNamespace(uuid="99887766-aaaa-bbbb-cccc-000011112222")
     with mock.patch.object(torch.cuda, "get_device_properties", lambda d: props):
-        assert _gpu_uuid(torch.device("cuda", 0), LISTING) == "MIG-99887766-aaaa-bbbb-cccc-000011112222"
+        assert gpu_uuid(torch.device("cuda", 0), LISTING) == "MIG-99887766-aaaa-bbbb-cccc-000011112222"
     props.uuid = "0a0b0c0d-0000-1111-2222-333344445555"
     with mock.patch.object(torch.cuda, "get_device_properties", lambda d: props):
-        assert _gpu_uuid(torch.device("cuda", 0), LISTING) == "GPU-0a0b0c0d-0000-1111-2222-333344445555"
+        assert gpu_uuid(torch.device("cuda", 0), LISTING) == "GPU-0a0b0c0d-0000-1111-2222-333344445555"
 
 
 def test_gpus_all_under_mig_is_one_shard_per_instance(monkeypatch):

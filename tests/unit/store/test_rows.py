@@ -10,7 +10,7 @@ import torch
 from harness.oracle.verdict import Check
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal
-from harness.store import environment
+from harness.store import host
 from harness.store.rows import make_row
 from harness.store.schema import FAIL, FWD, PASS
 
@@ -30,7 +30,7 @@ def test_a_row_carries_the_cases_columns_and_where_and_when_it_ran():
     assert (row.dtype, row.mask, row.modifiers, row.scale, row.device) == ("bf16", CASE.mask_id, CASE.modifier_id,
                                                                             CASE.scale, "cpu")
     assert row.page_size is None and row.head_dim_v == 32  # contiguous K/V; V's head dim is K's
-    assert row.testbed_id == environment.testbed_id(CPU) and row.torch_version == torch.__version__
+    assert row.testbed_id == host.testbed_id(CPU) and row.torch_version == torch.__version__
     assert datetime.fromisoformat(row.timestamp).utcoffset().total_seconds() == 0  # UTC, seconds resolution
 
 

@@ -1,6 +1,6 @@
-"""harness.store.environment: what a run records about the machine that bears on its numbers."""
+"""harness.store.host: what a run records about the machine that bears on its numbers."""
 
-from harness.store.environment import tf32_settings
+from harness.store.host import tf32_settings
 
 
 def test_tf32_settings_and_the_environment_overrides_are_recorded(monkeypatch):
