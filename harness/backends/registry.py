@@ -64,8 +64,11 @@ def _load_builtins() -> None:
 
 
 def all_backends() -> dict[str, Backend]:
+    """Every registered backend by name: the built-ins in BUILT_IN's order (naive, the baseline, first), whichever
+    module happened to be imported first, then plugins in the order they registered."""
     _load_builtins()
-    return dict(_REGISTRY)
+    rank = {module: i for i, module in enumerate(BUILT_IN)}
+    return dict(sorted(_REGISTRY.items(), key=lambda item: rank.get(type(item[1]).__module__, len(BUILT_IN))))
 
 
 def built_in_names() -> tuple[str, ...]:
