@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 COMMAND_MODULES: list[str] = ["harness.cli.check", "harness.cli.backends", "harness.cli.history",
                               "harness.cli.compare", "harness.cli.run", "harness.cli.report", "harness.cli.recommend",
@@ -38,7 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning as the commands print it: one line, the message alone (it names the file and line it is about)."""
+    return f"warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.formatwarning = _one_line_warning
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -180,6 +180,8 @@ def environment_table(run: Run) -> pd.DataFrame:
     peaks = {d: peak_tflops(env, d) for d in dtypes}
     items = {
         "run": env.get("run_id") or run.run_dir.name,
+        "run status": (f"INCOMPLETE: {run.incomplete}" if run.incomplete else env.get("status")),
+        "refused lines": "; ".join(f"{file}: {n}" for file, n in run.refused.items()) or None,
         "device": f"{env.get('device_name', '?')} ({env.get('device_type', '?')})",
         "cpu": env.get("cpu_model"), "threads": env.get("threads"),
         "compute capability": env.get("compute_capability"), "driver": env.get("driver"),
@@ -286,11 +288,16 @@ def _history_section(trends: Trends) -> list:
 
 def _summary(run: Run) -> str:
     filters = ", ".join(f"{k} = {v}" for k, v in run.filters.items())
+    if run.has_perf:
+        kind = "Benchmark run: latency, memory and throughput included."
+    elif run.benchmark_planned:  # a benchmark run stopped before its timings is not a correctness-only run
+        kind = "Benchmark run without timings: no latency columns, so no performance figures."
+    else:
+        kind = "Correctness-only run: no latency columns, so no performance figures."
+    notes = "".join(f" {note[0].upper()}{note[1:]}." for note in run.notes)
     return (f"{run.cases.case_id.nunique()} cases × {len(run.backends)} backends on "
             f"{run.env.get('device_name', 'an unrecorded device')}, built from the stored results only"
-            + (f" (filtered: {filters})" if filters else "") + ". "
-            + ("Benchmark run: latency, memory and throughput included." if run.has_perf
-               else "Correctness-only run: no latency columns, so no performance figures."))
+            + (f" (filtered: {filters})" if filters else "") + ". " + kind + notes)
 
 
 def _headline_section(run: Run, fails: pd.DataFrame) -> list:

@@ -122,15 +122,18 @@ def _stage(item) -> int:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Add the test's wall time (setup, call, teardown) to its suite stage's total (the run's time_spent)."""
+    """Record the stage the run is in (env.json: a run killed here says where it stopped), then add the test's wall
+    time (setup, call, teardown) to its suite stage's total (the run's time_spent)."""
     start = time.perf_counter()
+    session = item.config.stash.get(_SESSION_KEY, None)
+    index = _stage(item)
+    name = STAGES[index] if index < len(STAGES) else "other tests"
+    if session is not None:
+        session.recorder.enter_stage(name)
     try:
         return (yield)
     finally:
-        session = item.config.stash.get(_SESSION_KEY, None)
         if session is not None:
-            index = _stage(item)
-            name = STAGES[index] if index < len(STAGES) else "other tests"
             session.recorder.add_test_seconds(name, time.perf_counter() - start)
 
 
@@ -193,18 +196,23 @@ def run_session(request) -> RunSession:
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_terminal_summary(terminalreporter, config):
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """The harness's summary, after every other plugin's (pytest-benchmark's tables, pytest's short summary): the
-    outermost wrapper's code after `yield` runs last, so only pytest's one-line count follows it."""
+    outermost wrapper's code after `yield` runs last, so only pytest's one-line count follows it. The run is
+    finished here, marked complete unless it was interrupted (Ctrl-C, a backend's KeyboardInterrupt)."""
     result = yield
     session = config.stash.get(_SESSION_KEY, None)
-    if session is None or not session.verdicts:
+    if session is None:
+        return result
+    complete = exitstatus != pytest.ExitCode.INTERRUPTED and not session.executor.interrupted
+    if not session.verdicts:
+        session.finish(complete=complete)
         return result
     tr = terminalreporter
     tr.section("attention harness")
     for line in summary_lines(session):
         tr.write_line(line)
-    session.finish()
+    session.finish(complete=complete)
     for line in stages.time_lines(session.env["time_spent"]):
         tr.write_line(line)
     tr.write_line(f"results: {session.writer.path}")
