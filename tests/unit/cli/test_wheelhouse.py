@@ -91,6 +91,8 @@ def test_cli_refuses_an_unknown_cuda_major_in_one_line(capsys):
 
 
 def test_unmet_lists_what_an_offline_install_left_missing(monkeypatch):
+    pytest.importorskip("submitit", reason="submitit (the optional 'slurm' extra, whose being met this test "
+                                           "expects) is not installed")
     import importlib.metadata as md
     monkeypatch.setattr(md, "requires", lambda dist: ["pytest>=1", "no-such-dist-xyz>=1", "pytest<1",
                                                        'submitit>=1.5; extra == "slurm"', 'flash-attn; extra == "gpu"'])
