@@ -45,7 +45,14 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    warnings.formatwarning = _one_line_warning
+    default_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning
+    try:
+        return _main(argv)
+    finally:  # main() may be called in a process that goes on (tests, a notebook)
+        warnings.formatwarning = default_format
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
