@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from harness.report.data import GROUP_KEYS, SEMANTICS_PREFIX, Run, mask_kind
-from harness.store.schema import BAD, BWD, FWD, FWD_BWD, NOT_RUN, PASS, PHASES, VERDICT_PHASES
+from harness.store.schema import BAD, BWD, FWD, FWD_BWD, NOT_RUN, PASS, PHASES, UNAVAILABLE, VERDICT_PHASES
 
 
 def shape_groups(df: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
@@ -75,6 +75,13 @@ def support_counts(run: Run) -> pd.DataFrame:
         cell = table.at[backend, group]
         table.at[backend, group] = {**(cell if isinstance(cell, dict) else {}), status: int(n)}
     return table.map(lambda c: c if isinstance(c, dict) else {})
+
+
+def unavailable_everywhere(table: pd.DataFrame) -> list[str]:
+    """Backends of a support_counts table that could not run here at all (every verdict row unavailable): a
+    column of grey cells that says one thing, which the figure leaves out and its caption says instead."""
+    return [b for b in table.index if any(table.loc[b].map(bool))
+            and all(set(cell) <= {UNAVAILABLE} for cell in table.loc[b])]
 
 
 def semantics_table(run: Run) -> pd.DataFrame:

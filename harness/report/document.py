@@ -14,7 +14,7 @@ import pandas as pd
 
 from harness.report.plots import plot_run
 from harness.report.analysis import (answered, failures, headline, modifier_support, not_run, semantics_table,
-                                     short_cell, winners)
+                                     short_cell, support_counts, unavailable_everywhere, winners)
 from harness.report.data import Run, load_run, peak_tflops
 from harness.report.trends import Trends, run_trends
 from harness.store.schema import PHASES
@@ -241,7 +241,7 @@ def report_blocks(run: Run, figures: dict[str, list[Path]], trends: Trends | Non
                 ("Headline per backend", _headline_section(run, fails))]
     if run.has_perf:
         sections.append(("Winner per shape group", _winners_section(run)))
-    sections += [("Figures", _figures_section(figures)), ("Semantics", _semantics_section(run, figures)),
+    sections += [("Figures", _figures_section(figures, run)), ("Semantics", _semantics_section(run, figures)),
                  (f"Failures ({len(fails)})", [Table(fails, [slug(r.backend, r.case_id, r.phase)
                                                              for r in fails.itertuples()])] if len(fails) else
                   [Para("None: every verdict that ran passed.")])]
@@ -321,11 +321,16 @@ def _winners_section(run: Run) -> list:
     return blocks
 
 
-def _figures_section(figures: dict[str, list[Path]]) -> list:
+def _figures_section(figures: dict[str, list[Path]], run: Run | None = None) -> list:
     blocks: list = []
     for kind, paths in figures.items():
         if kind != "semantics" and paths:
-            blocks += [Heading(3, TITLES.get(kind, kind)), Para(CAPTIONS.get(kind, ""))]
+            caption = CAPTIONS.get(kind, "")
+            gone = unavailable_everywhere(support_counts(run)) if kind == "support" and run is not None else []
+            if gone:
+                caption += (f" Not shown: {', '.join(gone)}, unavailable on every case here (why: 'Not run, and "
+                            "why').")
+            blocks += [Heading(3, TITLES.get(kind, kind)), Para(caption)]
             blocks += [Image(p, f"{TITLES.get(kind, kind)}: {p.stem}") for p in paths]
     missing = [TITLES.get(k, k) for k, p in figures.items() if not p and k != "semantics"]
     if missing:

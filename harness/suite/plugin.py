@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.advisor.progress import Progress
 from harness.backends.registry import get_backends, load_backend_module
 from harness.cli.options import add_to_pytest
 from harness.execution.device import resolve_device
@@ -28,6 +29,11 @@ from harness.store.run_dir import results_root
 from harness.store.schema import OBSERVED, PHASES, STATUSES
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
+_PROGRESS_KEY = pytest.StashKey[Progress]()
+#: stage name -> (its tests done, its tests), for the progress lines
+_STAGE_COUNTS_KEY = pytest.StashKey[dict]()
+#: a long run says where it is at most this often (and at a stage's end once it has run this long)
+PROGRESS_EVERY_S = 30.0
 #: suites/<stage>/test_*.py run in this order. The probes go first, though they judge nothing the others need:
 #: their flex graphs compile on the run's worker while a compile-ahead worker (execution/compile_ahead.py) fills
 #: the cache with the correctness matrix's on the other core, which would otherwise sit idle through the probes.
@@ -123,7 +129,7 @@ def _stage(item) -> int:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Record the stage the run is in (env.json: a run killed here says where it stopped), then add the test's wall
-    time (setup, call, teardown) to its suite stage's total (the run's time_spent)."""
+    time (setup, call, teardown) to its suite stage's total (the run's time_spent) and count it in the progress."""
     start = time.perf_counter()
     session = item.config.stash.get(_SESSION_KEY, None)
     index = _stage(item)
@@ -135,6 +141,43 @@ def pytest_runtest_protocol(item, nextitem):
     finally:
         if session is not None:
             session.recorder.add_test_seconds(name, time.perf_counter() - start)
+        _progress(item, nextitem, name)
+
+
+def _progress(item, nextitem, stage: str) -> None:
+    """Count the test done; every PROGRESS_EVERY_S, and at the end of a stage once the run has gone on that long,
+    a line: the stage, tests done, time elapsed and left (advisor.progress, weighted by the cost model)."""
+    progress = item.config.stash.get(_PROGRESS_KEY, None)
+    if progress is None:
+        return
+    counts = item.config.stash[_STAGE_COUNTS_KEY]
+    done, total = counts.get(stage, (0, 0))
+    counts[stage] = (done + 1, total)
+    boundary = nextitem is None or _stage(nextitem) != _stage(item)
+    progress.step(f"{stage} stage, {done + 1}/{total} of its tests",
+                  force=boundary and progress.clock() - progress.start >= PROGRESS_EVERY_S)
+
+
+def _item_weights(config, items) -> list[float]:
+    """Each test's expected seconds, for the time left: a correctness test its case's float64 reference and
+    baseline (the cost model, execution/cost.py) shared by the case's backends; a benchmark test one round's
+    timing budget; any other 1 s. The pace so far scales them (advisor.progress)."""
+    cost = getattr(config, "_harness_cost", None)
+    per_case = {c.case.id: cost.case_seconds(c) for c in cost.costs} if cost is not None else {}
+    backends = max(1, len(getattr(config, "_harness_backends", ()) or ()))
+    round_s = (getattr(config.option, "timing_budget_ms", None) or 1000.0) / 1000 / max(1, config.option.rounds)
+    weights = []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        case = params.params.get("case") if params is not None else None
+        stage = STAGES[_stage(item)] if _stage(item) < len(STAGES) else ""
+        if stage == "benchmark":
+            weights.append(max(round_s, 0.01))
+        elif stage == "correctness" and case is not None and case.id in per_case:
+            weights.append(max(per_case[case.id] / backends, 0.01))
+        else:
+            weights.append(1.0)
+    return weights
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -149,6 +192,14 @@ def pytest_collection_finish(session):
     run = session.config.stash.get(_SESSION_KEY, None)
     if run is None:
         return
+    if session.items:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        progress = Progress(len(session.items), weights=_item_weights(session.config, session.items),
+                            every_s=PROGRESS_EVERY_S,
+                            say=None if tr is None else lambda line: tr.write(f"\nattention harness: {line}\n"))
+        names = [STAGES[i] if i < len(STAGES) else "other tests" for i in map(_stage, session.items)]
+        session.config.stash[_STAGE_COUNTS_KEY] = {name: (0, names.count(name)) for name in dict.fromkeys(names)}
+        session.config.stash[_PROGRESS_KEY] = progress
     wanted: dict[str, tuple] = {}
     for item in session.items:
         params = item.callspec.params if item.originalname == "test_correctness" else {}

@@ -160,3 +160,15 @@ def test_report_splits_by_modifier(tmp_path):
     from harness.report.document import Heading, report_blocks
     headings = [b.text for b in report_blocks(run, {}, None) if isinstance(b, Heading)]
     assert "Modifiers" in headings
+
+
+def test_the_support_caption_names_the_backends_left_out(tmp_path):
+    """A backend unavailable on every case (xformers in the synthetic CPU run) is not drawn as a grey column;
+    the report's caption says which and where the reason is (issue 35)."""
+    from pathlib import Path
+
+    from harness.report.document import _figures_section
+
+    run = load_run(write_run(tmp_path, perf=False, seqs=(128,), dtypes=("fp32",), masks=("causal",)))
+    text = " ".join(getattr(b, "text", "") for b in _figures_section({"support": [Path("support.png")]}, run))
+    assert "Not shown: xformers, unavailable on every case here" in text
