@@ -304,9 +304,12 @@ def _headline_section(run: Run, fails: pd.DataFrame) -> list:
     head = _headline_table(run, fails)
     if head.empty:
         return [Para("No attention cases in this run.")]
-    legend = ("cases: distinct cases run; passed: every verdict that ran passed (partly run: some phase was "
-              "unsupported or unavailable); failed: any fail, error or oom; not run: unsupported or unavailable "
-              "(reasons below)")
+    legend = ("cases: the matrix's cases, each counted once under its worst phase, as the run's summary counts "
+              "them; passed: every verdict that ran passed (partly run: some phase was unsupported or unavailable); "
+              "failed: any fail, error or oom; not run: unsupported or unavailable (reasons below)")
+    if "probe cases" in head.columns:
+        legend += ("; probe cases: the probes' own cases (edge:, ...: empty, non-contiguous, extreme inputs), "
+                   "counted apart, and how many of them failed (listed under Failures)")
     if run.has_perf:
         legend += (f"; speedups and memory are medians over cases relative to {run.baseline}; wins: shape groups "
                    "where the backend was the fastest correct one")

@@ -278,7 +278,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 SPEEDUP = "speedup vs naive"
-LEGEND = "cases by verdict, each under its worst phase (pass: out, dq, dk, dv within tolerance of the float64 reference)"
+LEGEND = ("cases by verdict: the matrix's cases, each under its worst phase (pass: out, dq, dk, dv within tolerance "
+          "of the float64 reference), as the report's headline counts them; the probes' cases (edge:, ...) are "
+          "counted apart there")
 SPEEDUP_LEGEND = "; speedup vs naive: naive's median latency / the backend's, median over cases (2.00 = twice as fast)"
 
 
