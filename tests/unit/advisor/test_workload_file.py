@@ -1,5 +1,5 @@
-"""The workload file's format as the README documents it (issue 35: it was written nowhere but in an error
-message): the README's example loads, and a shape may name a model `preset`."""
+"""The workload file's format as docs/timing.md documents it (issue 35: it was written nowhere but in an error
+message): the doc's example loads, and a shape may name a model `preset`."""
 
 import re
 from pathlib import Path
@@ -8,18 +8,18 @@ import pytest
 
 from harness.advisor.workload import load_workloads
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "timing.md"
 
 
-def _readme_toml() -> str:
-    blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(blocks) == 1, "the README holds one workload file example"
+def _doc_toml() -> str:
+    blocks = re.findall(r"```toml\n(.*?)```", DOC.read_text(), flags=re.S)
+    assert len(blocks) == 1, "docs/timing.md holds one workload file example"
     return blocks[0]
 
 
-def test_the_readmes_workload_example_loads(tmp_path):
+def test_the_documented_workload_example_loads(tmp_path):
     path = tmp_path / "model.toml"
-    path.write_text(_readme_toml())
+    path.write_text(_doc_toml())
     prefill, decode = load_workloads(path)
     assert prefill.label == "prefill" and prefill.case().id == "bf16-b1-h32kv8-s4096-d128-causal"
     assert decode.label == "decode" and decode.case().id == "bf16-b32-h32kv8-s1x4096-d128-none"
