@@ -57,12 +57,14 @@ def check_in_session(session: RunSession, backends: Iterable[Backend], cases: It
     run folder): every backend on every case, case-major, rows written as each finishes; the session is finished
     at the end. A KeyboardInterrupt inside a backend stops it once that row is written."""
     rows: list[Row] = []
+    complete = False
     try:
         for case in cases:
             for backend in backends:
                 rows.extend(session.check(case, backend).rows)
                 if session.executor.interrupted:
                     raise KeyboardInterrupt(f"{session.executor.interrupted}; the rows so far are written")
+        complete = True
     finally:
-        session.finish()
+        session.finish(complete=complete)
     return pd.DataFrame([r.as_dict() for r in rows]).reindex(columns=[c for c in COLUMNS if c != "schema_version"])

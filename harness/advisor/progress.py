@@ -1,10 +1,11 @@
-"""recommend's progress while it runs: step i of n, what it did, the time elapsed and an estimate of what is left."""
+"""Progress while a long job runs (recommend, `pytest suites`): step i of n, what it did, the time elapsed and an
+estimate of what is left."""
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, TextIO
+from typing import Callable, Sequence, TextIO
 
 
 def _duration(seconds: float) -> str:
@@ -12,24 +13,47 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """One line per finished step on `out` (stderr: stdout keeps the table). The estimate left is the mean time
-    of the steps so far times the steps remaining, so it settles as the run goes (the first step, the float64
-    reference and baseline, is the longest on a CPU: the first estimates are high)."""
+    """One line per finished step on `out` (stderr: stdout keeps the table), or through `say` when given. The
+    estimate left is the time so far per unit of work times the work remaining, so it settles as the run goes (the
+    first step, the float64 reference and baseline, is the longest on a CPU: the first estimates are high).
 
-    def __init__(self, total: int, *, out: TextIO | None = None, clock: Callable[[], float] = time.monotonic):
+    A step's work is 1, or its entry of `weights` (one per step, in order: e.g. the cost model's estimated seconds
+    of each case, so an expensive case ahead counts as such). With `every_s`, a line is printed only when that
+    many seconds passed since the last one, at the last step, or when a step asks (`force`): a run of thousands
+    of short steps says where it is without a line each."""
+
+    def __init__(self, total: int, *, out: TextIO | None = None, clock: Callable[[], float] = time.monotonic,
+                 weights: Sequence[float] | None = None, every_s: float = 0.0,
+                 say: Callable[[str], object] | None = None):
         if total < 1:
             raise ValueError(f"Progress(total={total!r}): needs at least one step")
+        if weights is not None and (len(weights) != total or any(not w > 0 for w in weights)):
+            raise ValueError(f"Progress: needs one weight > 0 per step ({total}); got {len(weights)}")
         self.total, self.done = total, 0
+        self.weights = list(weights) if weights is not None else [1.0] * total
         self.out = out if out is not None else sys.stderr
+        self.say = say
         self.clock = clock
-        self.start = clock()
+        self.every_s = every_s
+        self.start = self.last = clock()
 
-    def step(self, what: str) -> str:
-        """Count one finished step, print and return its line."""
+    def left_s(self, now: float | None = None) -> float:
+        """Seconds left at the pace so far (elapsed per unit of work done, times the work remaining)."""
+        now = self.clock() if now is None else now
+        done = sum(self.weights[:self.done])
+        return (now - self.start) / done * sum(self.weights[self.done:]) if done else float("nan")
+
+    def step(self, what: str, *, force: bool = False) -> str | None:
+        """Count one finished step; print and return its line (None when `every_s` says it is not due yet)."""
         self.done = min(self.done + 1, self.total)
-        elapsed = self.clock() - self.start
-        left = elapsed / self.done * (self.total - self.done)
-        line = (f"[{self.done}/{self.total}] {what}; {_duration(elapsed)} elapsed, "
-                + ("done" if self.done == self.total else f"~{_duration(left)} left"))
-        print(line, file=self.out, flush=True)
+        now = self.clock()
+        if not (force or self.done == self.total or now - self.last >= self.every_s):
+            return None
+        self.last = now
+        line = (f"[{self.done}/{self.total}] {what}; {_duration(now - self.start)} elapsed, "
+                + ("done" if self.done == self.total else f"~{_duration(self.left_s(now))} left"))
+        if self.say is not None:
+            self.say(line)
+        else:
+            print(line, file=self.out, flush=True)
         return line

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from harness.spec.case import AttentionCase, paged_case
 from harness.spec.masks import MASK_NAMES, parse_mask
-from harness.spec.presets import ModelShape
+from harness.spec.presets import ModelShape, get_preset
+from harness.spec.case import paged_case
 from harness.store.schema import FWD, FWD_BWD
 
 
@@ -83,8 +84,10 @@ def model_workloads(model: ModelShape, batch: int, seq: int, *, seq_k: int | Non
     return out
 
 
-WORKLOAD_KEYS = ("name", "batch", "heads", "kv_heads", "seq", "seq_q", "seq_k", "head_dim", "dtype", "mask",
+WORKLOAD_KEYS = ("name", "preset", "batch", "heads", "kv_heads", "seq", "seq_q", "seq_k", "head_dim", "dtype", "mask",
                  "training", "softcap", "sinks", "alibi", "bias", "head_dim_v", "page_size")
+#: what a `preset` (spec/presets.py) sets, so a shape that names one may not give them too
+PRESET_SETS = ("heads", "kv_heads", "head_dim", "mask", "softcap", "sinks", "alibi", "bias", "head_dim_v")
 FILE_KEYS = ("defaults", "shape")
 
 
@@ -117,7 +120,11 @@ def workloads_from_mapping(data: object, where: str = "workload", *, training: b
     workloads = []
     for i, entry in enumerate(shapes, 1):
         spot = f"{where} shape {i}"
-        keys = {**defaults, **_shape_keys(entry, spot)}
+        own = _shape_keys(entry, spot)
+        keys = {**defaults, **own}
+        if "preset" in keys:
+            workloads += _preset_workloads(keys, own, spot)
+            continue
         missing = [k for k in ("batch", "heads", "seq_q", "head_dim") if k not in keys]
         if missing:
             raise ValueError(f"{spot}: missing {', '.join(missing)} (seq may stand for seq_q and seq_k)")
@@ -129,6 +136,32 @@ def workloads_from_mapping(data: object, where: str = "workload", *, training: b
     if len(set(labels)) != len(labels):
         raise ValueError(f"{where}: shape names must be unique; got {labels}")
     return workloads
+
+
+def _preset_workloads(keys: dict, own: dict, spot: str) -> list[Workload]:
+    """A shape that names a model preset: the preset's heads, kv heads, head dim, mask and modifiers at the shape's
+    batch, seq (or seq_q/seq_k), dtype, training and page_size; one workload per layer kind (model_workloads)."""
+    try:
+        model = get_preset(str(keys["preset"]))
+    except ValueError as exc:
+        raise ValueError(f"{spot}: {exc}") from None
+    clash = [k for k in PRESET_SETS if k in own]
+    if clash:
+        raise ValueError(f"{spot}: preset {model.name} sets heads, kv heads, head dim, mask and modifiers; drop "
+                         f"{', '.join(clash)}")
+    missing = [k for k in ("batch", "seq_q") if k not in keys]
+    if missing:
+        raise ValueError(f"{spot}: preset {model.name} needs batch and seq (or seq_q/seq_k); missing "
+                         f"{', '.join(missing).replace('seq_q', 'seq')}")
+    try:
+        out = model_workloads(model, keys["batch"], keys["seq_q"], seq_k=keys.get("seq_k"), seq_q=keys["seq_q"],
+                              dtype=keys.get("dtype", "bf16"), training=keys.get("training", False),
+                              page_size=keys.get("page_size"))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{spot}: {exc}") from None
+    name = str(keys.get("name", ""))
+    base = f"{model.name} b{keys['batch']} s{keys['seq_q']}"
+    return [replace(w, name=w.name.replace(base, name, 1)) for w in out] if name else out
 
 
 def load_workloads(path: str | Path, *, training: bool | None = None) -> list[Workload]:

@@ -105,7 +105,9 @@ def get_backends(names: list[str] | str | None = None) -> list[Backend]:
         raise ValueError(f"no backend named; give one or more of: {', '.join(registry)} (or 'all')")
     unknown = [n for n in names if n not in registry]
     if unknown:
-        raise ValueError(f"unknown backend {', '.join(map(repr, unknown))}; allowed: {', '.join(registry)}")
+        # a name that is no built-in is most often the user's own backend, whose module was not loaded
+        raise ValueError(f"unknown backend {', '.join(map(repr, unknown))}; allowed: {', '.join(registry)}; a "
+                         "backend of your own is known once its module is loaded: --backend-module my_attn.py")
     return [registry[n] for n in names]
 
 
@@ -133,5 +135,9 @@ def load_backend_module(spec: str) -> Any:
         return module
     except ValueError:
         raise
+    except SystemExit as exc:  # sys.exit() at import: not an Exception, and would end the command without a word
+        sys.modules.pop(f"harness_user_{Path(spec).stem}", None)
+        raise ValueError(f"--backend-module {spec!r} called sys.exit({exc.code!r}) while being imported; a backend "
+                         "module may only define and register backends") from None
     except Exception as exc:  # the user's import error, reduced to one line that names the module
         raise ValueError(f"--backend-module {spec!r} failed to import: {type(exc).__name__}: {exc}") from exc

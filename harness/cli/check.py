@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from harness.cli.options import add_to_argparse
 from harness.store.schema import FAILING
@@ -32,6 +33,7 @@ def _check(args: argparse.Namespace) -> int:
     results_root(args.results_dir)  # a results dir that is a file or cannot be written is refused in one line
     # a run folder like the suites', built the same way: `python -m harness report` and `compare` take it
     session = RunSession.from_options(args, device, cases, matrix)
+    session.recorder.enter_stage("correctness")  # check's one stage, named as the suites name it
     path = session.writer.path
     df = check_in_session(session, backends, cases)
     per_case = df.groupby(["backend", "case_id"]).status.agg(worst_status)
@@ -46,7 +48,7 @@ def _check(args: argparse.Namespace) -> int:
         print("not run:")
         for row in not_run.itertuples():
             print(f"  {row.backend:<{width}}  {row.status:<11}  {row.reason}")
-    print(f"results: {path}  (python -m harness report {path.parent} draws it)")
+    print(f"results: {path}  (python -m harness report {shlex.quote(str(path.parent))} draws it)")
     return 1 if len(bad) else 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 COMMAND_MODULES: list[str] = ["harness.cli.check", "harness.cli.backends", "harness.cli.history",
                               "harness.cli.compare", "harness.cli.run", "harness.cli.report", "harness.cli.recommend",
@@ -38,7 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning as the commands print it: one line, the message alone (it names the file and line it is about)."""
+    return f"warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    default_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning
+    try:
+        return _main(argv)
+    finally:  # main() may be called in a process that goes on (tests, a notebook)
+        warnings.formatwarning = default_format
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -82,7 +82,7 @@ _OPTIONS = [
     Option("--hf-config", "cases from a local transformers config.json (num_attention_heads, num_key_value_heads, "
                           "head_dim or hidden_size, sliding_window) instead of a matrix; nothing is downloaded"),
     Option("--batch", "batch size of the workload (with --preset/--hf-config: of the model's cases)", {}, positive_int),
-    Option("--seq", "query length, and key length unless --seq-k (with --preset/--hf-config: of the model's cases)",
+    Option("--seq", "query and key length (with --preset/--hf-config: of the model's cases)",
            {}, positive_int),
     Option("--allow-expensive", "run even when the float64 reference and the baseline are estimated to take over "
                                 "an hour, or a case to need more memory than the device has",

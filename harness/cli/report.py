@@ -31,8 +31,13 @@ def _plot(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from harness.report.document import build_report
 
+    from harness.store.run_dir import read_env
+    from harness.store.run_state import run_notes
+
     filters = _filters(args)
     path = build_report(args.run_dir, out_dir=args.out, **filters)
+    for note in run_notes(read_env(args.run_dir)):  # refused lines were warned as they were read
+        print(f"note: {note}")
     print(f"report: {path}")
     print(f"report: {path.with_suffix('.md')}")
     return 0

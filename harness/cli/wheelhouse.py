@@ -25,7 +25,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[2]
 #: pinned as the harness pins them (pyproject.toml; setup.sh for xformers): each downloaded with --no-deps
 LEAN = ("xformers==0.0.35", "pytest-benchmark>=4,<6", "py-cpuinfo", "ruptures>=1.1.8,<2", "submitit>=1.5",
-        "cloudpickle")
+        "cloudpickle", "hypothesis>=6", "sortedcontainers")  # hypothesis: the property-based tests (its one dep)
 #: with --full, downloaded with their dependencies (none of which is torch)
 SCIENTIFIC = ("numpy", "scipy>=1.10", "pandas>=2", "matplotlib>=3.7", "pytest>=8")
 #: the wheel that provides libcudart.so.12 for a torch of another CUDA major (harness/backends/xformers.py loads it)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.backends.registry import versioned_backends
-from harness.store.load import load_results
-from harness.store.run_dir import is_run_dir, read_env
+from harness.store.load import load_results, refused_rows
+from harness.store.run_dir import RESULTS, is_run_dir, read_env
+from harness.store.run_state import incomplete
 from harness.store.schema import BAD, FAIL, PASS, TIMED
 
 #: env.json fields added to every row (a row's own non-empty value wins where the schema has the column), with
@@ -37,9 +38,11 @@ def run_dirs(results_dir: str | Path) -> list[Path]:
 
 
 def load_run(run_dir: str | Path) -> pd.DataFrame:
-    """One run's rows with its env.json fields and `run_dir` added."""
+    """One run's rows with its env.json fields, `run_dir`, `incomplete` (why the run did not reach its end, or
+    empty) and `refused_rows` (lines of its results.csv the loader refused) added."""
     run_dir = Path(run_dir)
     df = load_results(run_dir)
+    refused = refused_rows(df)
     env = read_env(run_dir)
     df["run_id"] = df["run_id"].fillna(env.get("run_id", run_dir.name)) if "run_id" in df else run_dir.name
     for name in env_fields():
@@ -49,6 +52,12 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
         else:
             df[name] = value
     df["run_dir"] = str(run_dir)
+    df["incomplete"] = incomplete(env) or ""
+    df["refused_rows"] = refused
+    if df.empty and (refused or df.incomplete.any()):  # a run with no row left must still be listed, with its notes
+        df = pd.DataFrame([{"run_id": env.get("run_id", run_dir.name), "run_dir": str(run_dir),
+                            "incomplete": incomplete(env) or "", "refused_rows": refused,
+                            **{name: env.get(name) for name in env_fields()}}])
     return df
 
 
@@ -74,15 +83,19 @@ def summarize(history: pd.DataFrame) -> pd.DataFrame:
     """One line per run: when, where, what, how many rows and verdicts, and how many rows carry timings."""
     if history.empty:
         return pd.DataFrame(columns=["run_id", "started", "host", "testbed_id", "device_name", "torch", "git_sha",
-                                     "rows", "cases", "backends", PASS, FAIL, TIMED])
+                                     "rows", "cases", "backends", PASS, FAIL, TIMED, "refused", "complete"])
     timed = history["latency_ms"].notna() if "latency_ms" in history else pd.Series(False, index=history.index)
-    g = history.assign(_pass=history.status.eq(PASS), _fail=history.status.isin(BAD),
-                       _timed=timed).groupby("run_dir", sort=False)
+    history = history.assign(**{c: history[c] if c in history else d for c, d in (("incomplete", ""),
+                                                                                   ("refused_rows", 0))})
+    g = history.assign(_pass=history.status.eq(PASS), _fail=history.status.isin(BAD), _timed=timed,
+                       _row=history.case_id.notna()).groupby("run_dir", sort=False)
     out = pd.DataFrame({
         "run_id": g.run_id.first(), "started": g.started.first(), "host": g.host.first(),
         "testbed_id": g.testbed_id.first(), "device_name": g.device_name.first(), "torch": g.torch.first(),
-        "git_sha": g.git_sha.first().astype(str).str[:8], "rows": g.size(), "cases": g.case_id.nunique(),
+        "git_sha": g.git_sha.first().astype(str).str[:8], "rows": g._row.sum(), "cases": g.case_id.nunique(),
         "backends": g.backend.nunique(), PASS: g._pass.sum(), FAIL: g._fail.sum(), TIMED: g._timed.sum(),
+        "refused": g.refused_rows.first().fillna(0).astype(int),
+        "complete": g.incomplete.first().fillna("").map(lambda why: "no" if why else "yes"),
     }).reset_index(drop=True)
     return out.sort_values("started", na_position="first").reset_index(drop=True)
 
@@ -93,5 +106,21 @@ def history_text(history: pd.DataFrame) -> str:
     if runs.empty:
         return "no runs"
     totals = (f"{len(runs)} runs, {runs.testbed_id.nunique()} testbeds, {runs.host.nunique()} hosts, "
-              f"{len(history)} rows, from {runs.started.min()} to {runs.started.max()}")
-    return runs.to_string(index=False) + "\n" + totals
+              f"{int(runs.rows.sum())} rows, from {runs.started.min()} to {runs.started.max()}")
+    return "\n".join([runs.to_string(index=False), totals, *run_notes_lines(history)])
+
+
+def run_notes_lines(history: pd.DataFrame) -> list[str]:
+    """One line per run that did not reach its end or had lines of its results refused."""
+    if history.empty or "run_dir" not in history:
+        return []
+    lines = []
+    for run_dir, g in history.groupby("run_dir", sort=False):
+        run_id = g.run_id.iloc[0]
+        why = g["incomplete"].iloc[0] if "incomplete" in g else ""
+        refused = int(g["refused_rows"].iloc[0]) if "refused_rows" in g else 0
+        if why:
+            lines.append(f"incomplete run {run_id}: {why}; its rows are only those written until then")
+        if refused:
+            lines.append(f"run {run_id}: {refused} line(s) of {RESULTS} refused as unreadable ({run_dir})")
+    return lines

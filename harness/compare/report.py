@@ -37,6 +37,7 @@ def header(cmp: Comparison) -> str:
                  "timed too (a t interval on the pairs' log ratios at the family-wise level, margin "
                  f"{1 + cfg.min_effect:.3g}x), see each note")
     warn = "".join(f"\nWARNING {w}: timing verdicts may be noise" for w in cmp.warnings)
+    warn += "".join(f"\nNOTE {n}" for n in cmp.notes)
     return f"{title}\nbase: {base.run_dir}\nnew:  {new.run_dir}\n{rule}{warn}"
 
 

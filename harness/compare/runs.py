@@ -12,9 +12,10 @@ import pandas as pd
 from harness.compare.decision import correctness_change
 from harness.compare.noise import NoiseModel
 from harness.measure.stats import GateConfig, GateVerdict, gate_verdict
-from harness.store.load import load_results, load_samples
-from harness.store.run_dir import read_env
-from harness.store.schema import KEY, LOST, MISSING, NEW_ONLY, SLOWER, UNDECIDED, WORSE
+from harness.store.load import load_results, load_samples, refused_rows
+from harness.store.run_dir import RESULTS, read_env
+from harness.store.run_state import run_notes
+from harness.store.schema import KEY, LOST, MISSING, NEW_ONLY, NOT_TIMED, SLOWER, UNDECIDED, WORSE
 
 #: a run that started or ended with a 1-minute load average above this many times the CPU count shared its
 #: machine with other work; its timings are flagged as unreliable in the report
@@ -55,6 +56,8 @@ class Comparison:
     noise: NoiseModel | None = None
     #: keys missing from the new run do not fail the gate (a deliberate subset)
     allow_missing: bool = False
+    #: what a reader must know of either run (store.run_state): it did not reach its end, lines were refused
+    notes: list[str] = field(default_factory=list)
 
     @property
     def regression(self) -> bool:
@@ -152,6 +155,8 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig =
     comparison = Comparison(df, mode, RunSide(base_dir, base_id, base_env.get("device_name")),
                             RunSide(new_dir, new_id, new_env.get("device_name")), config, warnings, noise,
                             allow_missing)
+    comparison.notes = [f"{name} run: {note}" for name, env, df in (("base", base_env, base), ("new", new_env, new))
+                        for note in run_notes(env, {RESULTS: refused_rows(df)})]
     mark_regressions(comparison)
     return comparison
 

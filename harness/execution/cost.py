@@ -4,8 +4,8 @@ or not fit."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -66,17 +66,19 @@ class CaseCost:
 
 #: the baseline's calibration GEMM on each device: (batch, n, d) of a (b, n, d) @ (b, d, n) matmul
 BASELINE_GEMM = {"cpu": (4, 256, 128), "cuda": (16, 2048, 128)}
-#: a rate is the median of this many timed samples after one untimed warm-up call: the first call pays thread
+#: a rate is the best of this many timed samples after one untimed warm-up call: the first call pays thread
 #: pool start, oneDNN/cuBLAS kernel selection and page faults, and one sample of a sub-millisecond GEMM on a
-#: shared 2-core VM was seen anywhere from 17.6 to 883 GFLOP/s (issue 23); a median of several is stable
-REPEATS = {"baseline": 5, "reference": 3}
+#: shared 2-core VM was seen anywhere from 17.6 to 883 GFLOP/s (issue 23). The best, not the median: other load
+#: only ever slows a sample down, and the median of five moved 25x between three commands of one session on a
+#: loaded 2-core VM (issue 35), so the best sample is the one that says what the machine can do
+REPEATS = {"baseline": 7, "reference": 3}
 #: a baseline sample repeats the GEMM until it has run this long, so a fast machine's timer resolution and
 #: scheduling jitter do not decide its rate
 MIN_SAMPLE_S = 0.02
 
 
-def _median_seconds(call, device: torch.device, repeats: int, min_sample_s: float = 0.0) -> float:
-    """Median seconds per `call()` over `repeats` samples after a warm-up call; each sample loops the call until
+def _best_seconds(call, device: torch.device, repeats: int, min_sample_s: float = 0.0) -> float:
+    """Fewest seconds per `call()` over `repeats` samples after a warm-up call; each sample loops the call until
     it has lasted `min_sample_s`."""
     def sync():
         if device.type == "cuda":
@@ -95,29 +97,50 @@ def _median_seconds(call, device: torch.device, repeats: int, min_sample_s: floa
             if elapsed >= min_sample_s:
                 break
         samples.append(elapsed / calls)
-    return statistics.median(samples)
+    return min(samples)
+
+
+@contextlib.contextmanager
+def _per_thread(device: torch.device):
+    """On a CPU, time on one thread and scale by the run's thread count (yields that factor; 1 on a GPU). Under
+    load a multi-threaded GEMM stalls at every barrier where a sibling thread was descheduled: on a loaded 2-core
+    VM 2 threads read 1 GFLOP/s in bf16 where 1 thread read 40-60 and the quiet machine 130 (issue 35). One
+    thread's best sample is what a core does; times the threads, the rate the run can reach, not the load of the
+    moment, so the estimate holds from one command to the next (a busier machine runs slower, as ASSUMED says)."""
+    if device.type == "cuda":
+        yield 1
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(threads)
 
 
 @functools.lru_cache(maxsize=None)
 def baseline_rate(device: torch.device, dtype: torch.dtype) -> float:
     """FLOP/s of a batched GEMM in `dtype` on `device`, the naive baseline's own operation (on a CPU without
     bf16/fp16 units that is ~1 GFLOP/s against ~15-100 in fp32: the baseline, not the reference, is then what
-    costs): the median of REPEATS samples after a warm-up."""
+    costs): the best of REPEATS samples after a warm-up (on a CPU: of one thread, times the threads)."""
     b, n, d = BASELINE_GEMM["cuda" if device.type == "cuda" else "cpu"]
     x = torch.randn(b, n, d, device=device).to(dtype)
     y = torch.randn(b, d, n, device=device).to(dtype)
-    seconds = _median_seconds(lambda: torch.bmm(x, y), device, REPEATS["baseline"], MIN_SAMPLE_S)
-    return 2 * b * n * n * d / seconds
+    with _per_thread(device) as threads:
+        seconds = _best_seconds(lambda: torch.bmm(x, y), device, REPEATS["baseline"], MIN_SAMPLE_S)
+    return 2 * b * n * n * d / seconds * threads
 
 
 @functools.lru_cache(maxsize=None)
 def reference_rate(device: torch.device) -> float:
-    """The float64 reference's FLOP/s on `device`: the median of REPEATS calls on a calibration case, after a
-    warm-up (each call is long enough, ~0.1-1 s on a CPU, to need no loop)."""
+    """The float64 reference's FLOP/s on `device`: the best of REPEATS calls on a calibration case, after a
+    warm-up (each call is long enough, ~0.1-1 s on a CPU, to need no loop; on a CPU: one thread, times the
+    threads)."""
     case = CALIBRATION["cuda" if device.type == "cuda" else "cpu"]
     inputs = make_inputs(case, device)
-    seconds = _median_seconds(lambda: reference_attention(case, inputs), device, REPEATS["reference"])
-    return reference_flops(case) / seconds
+    with _per_thread(device) as threads:
+        seconds = _best_seconds(lambda: reference_attention(case, inputs), device, REPEATS["reference"])
+    return reference_flops(case) / seconds * threads
 
 
 def device_memory(device: torch.device) -> int:
@@ -137,9 +160,9 @@ def _gib(n: int) -> str:
 
 
 #: what every estimate assumes, printed with it
-ASSUMED = ("Assumed: the reference runs at the rate of a calibration case timed here (median of "
-           f"{REPEATS['reference']}), the baseline at a batched matmul's rate in its dtype (median of "
-           f"{REPEATS['baseline']}); a machine busier than at the start runs slower")
+ASSUMED = ("Assumed: the reference runs at the rate of a calibration case timed here (best of "
+           f"{REPEATS['reference']}), the baseline at a batched matmul's rate in its dtype (best of "
+           f"{REPEATS['baseline']}), on a CPU one thread's rate times the threads; a busy machine runs slower")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Iterable
 from harness.measure import stages
 from harness.store.load import compact
 from harness.store.run_dir import RESULTS, SAMPLES, write_env
+from harness.store.run_state import COMPLETE, INTERRUPTED, RUNNING, START
 from harness.store.schema import Row, TimingKey
 from harness.store.writer import ResultsWriter, SamplesWriter
 
@@ -17,7 +18,9 @@ class RunRecorder:
     """Writes a run's rows as they are made, its samples and env.json, in `run_dir` (results.csv, samples.csv).
 
     Without a run folder (harness.check from Python) rows go only to `results_path` when given, and no samples
-    or env.json are kept. Every row is flushed as it is written, so a run stopped half-way keeps what it did.
+    or env.json are kept. Every row is flushed as it is written, so a run stopped half-way keeps what it did; its
+    env.json says it is running and in which stage from the start, so a run killed there is known as unfinished
+    (store.run_state).
     """
 
     def __init__(self, run_id: str, run_dir: Path | None = None, env: dict | None = None, *,
@@ -31,6 +34,8 @@ class RunRecorder:
         #: seconds spent in each suite stage's tests (correctness, probes, benchmark), from pytest's reports
         self.test_seconds: dict[str, float] = {}
         self.env: dict = dict(env or {})
+        if run_dir is not None:
+            self.env.update(status=RUNNING, stage=START)
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             results_path = self.run_dir / RESULTS
@@ -57,13 +62,21 @@ class RunRecorder:
                 "tests_s": {k: round(v, 3) for k, v in self.test_seconds.items()},
                 "stages": {name: {"s": round(s, 3), "n": n} for name, (s, n) in stages.CLOCK.snapshot().items()}}
 
+    def enter_stage(self, name: str) -> None:
+        """Record in env.json that the run is now in stage `name` (a run killed in it says where it stopped)."""
+        if self.env.get("stage") != name:
+            self.env["stage"] = name
+            self.save_env()
+
     def save_env(self) -> None:
         if self.run_dir is not None:
             write_env(self.run_dir, self.env)
 
-    def finish(self, **env: object) -> None:
-        """Record the end-of-run facts `env` and the time spent, then fold the results file to one row per key."""
+    def finish(self, *, complete: bool = True, **env: object) -> None:
+        """Record the end-of-run facts `env`, the time spent and whether the run reached its end (`complete`;
+        False: it was interrupted), then fold the results file to one row per key."""
         self.env.update(env)
+        self.env["status"] = COMPLETE if complete else INTERRUPTED
         self.env["time_spent"] = self.time_spent()
         self.save_env()
         if self.run_dir is not None:

@@ -81,6 +81,7 @@ class RunSession:
         session = cls(device, root, options.seed, run_id=run_id, timing=timing, executor=executor,
                       cpu_mem_budget=None if mem_gb is None else int(mem_gb * 2 ** 30),
                       rounds=getattr(options, "rounds", 1))
+        session.env["benchmark"] = timed  # a run stopped before its timings is no correctness-only run
         if timed:
             session.measure_peaks(sorted({c.dtype for c in cases}, key=str))
         session.describe_cases({"preset": options.preset} if options.preset else
@@ -149,9 +150,10 @@ class RunSession:
             self._crash_safe = make_executor(self.device, isolate=True, log_dir=log_dir)
         return self._crash_safe
 
-    def finish(self) -> None:
+    def finish(self, complete: bool = True) -> None:
         """Stop the workers and drop the caches; clocks/power/throttle state after the run (compare warns when
-        they moved), the workers restarted after a crash or timeout; then fold the CSV."""
+        they moved), the workers restarted after a crash or timeout, whether it reached its end (`complete`);
+        then fold the CSV."""
         from harness.store.host import snapshot_clocks
 
         self.executor.close()
@@ -159,7 +161,7 @@ class RunSession:
             self._crash_safe.close()
         self.cache.clear()
         if self.run_dir is not None:
-            self.recorder.finish(clocks_end=snapshot_clocks(self.device),
+            self.recorder.finish(complete=complete, clocks_end=snapshot_clocks(self.device),
                                  worker_restarts=self.executor.worker_restarts())
 
     # correctness

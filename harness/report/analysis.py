@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from harness.report.data import GROUP_KEYS, SEMANTICS_PREFIX, Run, mask_kind
-from harness.store.schema import BAD, BWD, FWD, FWD_BWD, NOT_RUN, PASS, PHASES, VERDICT_PHASES
+from harness.store.schema import BAD, BWD, FWD, FWD_BWD, NOT_RUN, PASS, PHASES, UNAVAILABLE, VERDICT_PHASES
 
 
 def shape_groups(df: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
@@ -75,6 +75,13 @@ def support_counts(run: Run) -> pd.DataFrame:
         cell = table.at[backend, group]
         table.at[backend, group] = {**(cell if isinstance(cell, dict) else {}), status: int(n)}
     return table.map(lambda c: c if isinstance(c, dict) else {})
+
+
+def unavailable_everywhere(table: pd.DataFrame) -> list[str]:
+    """Backends of a support_counts table that could not run here at all (every verdict row unavailable): a
+    column of grey cells that says one thing, which the figure leaves out and its caption says instead."""
+    return [b for b in table.index if any(table.loc[b].map(bool))
+            and all(set(cell) <= {UNAVAILABLE} for cell in table.loc[b])]
 
 
 def semantics_table(run: Run) -> pd.DataFrame:
@@ -150,21 +157,31 @@ def winners(run: Run) -> pd.DataFrame:
 
 
 def headline(run: Run) -> pd.DataFrame:
-    """Per backend: cases passed / failed / not run, median speedup per phase, median peak memory, wins."""
-    per_case = run.verdicts.groupby(["backend", "case_id"], sort=False).status.agg(set)
+    """Per backend: the matrix's cases passed / failed / not run (what the run's summary counts: one verdict per
+    case, its worst phase), the probes' cases (edge:, ... a tagged suite) apart, median speedup per phase,
+    median peak memory, wins."""
+    verdicts = run.verdicts
+    per_case = verdicts[verdicts.suite == ""].groupby(["backend", "case_id"], sort=False).status.agg(set)
+    per_probe = verdicts[verdicts.suite != ""].groupby(["backend", "case_id"], sort=False).status.agg(set)
     wins = winners(run).winner.value_counts() if run.has_perf else pd.Series(dtype=int)
     out = []
     for backend in run.backends:
-        if backend not in per_case.index.get_level_values(0):
+        mine = backend in per_case.index.get_level_values(0)
+        probed = backend in per_probe.index.get_level_values(0)
+        if not (mine or probed):
             continue
-        statuses = per_case.loc[backend]
-        bad = statuses.map(lambda s: bool(s & set(BAD)))
-        passed = statuses.map(lambda s: PASS in s) & ~bad
+        statuses = per_case.loc[backend] if mine else pd.Series(dtype=object)
+        bad = statuses.map(lambda s: bool(s & set(BAD))).astype(bool)
+        passed = statuses.map(lambda s: PASS in s).astype(bool) & ~bad
         rows = run.cases[run.cases.backend == backend]
-        partial = passed & statuses.map(lambda s: bool(s & set(NOT_RUN)))
+        partial = passed & statuses.map(lambda s: bool(s & set(NOT_RUN))).astype(bool)
         entry = {"backend": backend, "cases": len(statuses), "passed": int(passed.sum()),
                  "of which partly run": int(partial.sum()), "failed": int(bad.sum()),
                  "not run": int((~passed & ~bad).sum())}
+        if len(per_probe):
+            probes = per_probe.loc[backend] if probed else pd.Series(dtype=object)
+            entry["probe cases"] = len(probes)
+            entry["probe cases failed"] = int(probes.map(lambda s: bool(s & set(BAD))).sum())
         if run.has_perf:
             for phase in PHASES:
                 speedups = rows.loc[rows.phase == phase, "speedup"].dropna()

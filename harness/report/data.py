@@ -12,8 +12,9 @@ import pandas as pd
 
 from harness.measure.fidelity import FIDELITY_TAG
 from harness.spec.case import dtype_name, parse_dtype
-from harness.store.load import load_results, load_samples
-from harness.store.run_dir import read_env
+from harness.store.load import load_results, load_samples, refused_rows
+from harness.store.run_dir import RESULTS, SAMPLES, read_env
+from harness.store.run_state import benchmark_planned, incomplete, run_notes
 from harness.store.schema import BASELINE, COLUMNS, KEY, OBSERVED, VERDICT_PHASES
 
 SEMANTICS_PREFIX = "semantics:"
@@ -33,6 +34,22 @@ class Run:
     env: dict
     baseline: str
     filters: dict = field(default_factory=dict)
+    #: lines of the run's files the loader refused, by file name (results.csv, samples.csv)
+    refused: dict = field(default_factory=dict)
+
+    @property
+    def notes(self) -> list[str]:
+        """What a reader must know before the figures: the run did not finish, lines of its files were refused."""
+        return run_notes(self.env, self.refused)
+
+    @property
+    def incomplete(self) -> str | None:
+        """Why the run did not reach its end, or None (store.run_state)."""
+        return incomplete(self.env)
+
+    @property
+    def benchmark_planned(self) -> bool:
+        return benchmark_planned(self.env)
 
     @property
     def cases(self) -> pd.DataFrame:
@@ -125,20 +142,24 @@ def load_run(run_dir: str | Path, *, baseline: str = BASELINE, backends: list[st
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run directory at {run_dir}")
-    df = _read(run_dir)
+    df, refused = _read(run_dir)
     present = list(dict.fromkeys(df.backend))
     if strict_baseline and baseline not in present:
         raise ValueError(f"baseline {baseline!r} is not in this run; present: {', '.join(present)}")
     df, filters = _filter(df, baseline, backends, dtype, mask)
     run = Run(run_dir, df.reset_index(drop=True), read_env(run_dir), baseline, filters)
     _derive_perf(run)
-    run.df = run.df.merge(_quartiles(run_dir), on=list(KEY), how="left")
+    quartiles, refused_samples = _quartiles(run_dir)
+    run.df = run.df.merge(quartiles, on=list(KEY), how="left")
+    run.refused = {name: n for name, n in ((RESULTS, refused), (SAMPLES, refused_samples)) if n}
     return run
 
 
-def _read(run_dir: Path) -> pd.DataFrame:
-    """The folded results with every schema column, numbers as floats, and the columns plots group by."""
+def _read(run_dir: Path) -> tuple[pd.DataFrame, int]:
+    """The folded results with every schema column, numbers as floats, and the columns plots group by; and how
+    many lines of results.csv were refused."""
     df = load_results(run_dir)
+    refused = refused_rows(df)
     df = df.reindex(columns=list(dict.fromkeys([*COLUMNS, *df.columns])))
     for col in NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
@@ -156,7 +177,7 @@ def _read(run_dir: Path) -> pd.DataFrame:
     df["suite"] = df.case_id.astype(str).map(lambda c: c.split(":", 1)[0] if ":" in c else "")
     df["seq_shape"] = [seq_shape(q, k) for q, k in zip(df.seq_q, df.seq_k)]
     df["noisy"], df["suspicious"] = truthy(df.noisy), truthy(df.suspicious)
-    return df
+    return df, refused
 
 
 def _filter(df: pd.DataFrame, baseline: str, backends: list[str] | None, dtype: str | None,
@@ -188,15 +209,17 @@ def _filter(df: pd.DataFrame, baseline: str, backends: list[str] | None, dtype: 
     return df, filters
 
 
-def _quartiles(run_dir: Path) -> pd.DataFrame:
-    """25th and 75th percentile of each key's raw timing samples (the IQR's ends, which the CSV does not keep)."""
+def _quartiles(run_dir: Path) -> tuple[pd.DataFrame, int]:
+    """25th and 75th percentile of each key's raw timing samples (the IQR's ends, which the CSV does not keep),
+    and how many lines of samples.csv were refused."""
     samples = load_samples(run_dir)
+    refused = refused_rows(samples)
     if samples.empty:
         return pd.DataFrame({**{k: pd.Series(dtype=object) for k in KEY},
-                             "latency_q1_ms": pd.Series(dtype=float), "latency_q3_ms": pd.Series(dtype=float)})
+                             "latency_q1_ms": pd.Series(dtype=float), "latency_q3_ms": pd.Series(dtype=float)}), refused
     samples = samples.assign(latency_ms=pd.to_numeric(samples.latency_ms, errors="coerce"))
     q = samples.groupby(list(KEY)).latency_ms.quantile([0.25, 0.75]).unstack()  # linear, as np.percentile
-    return q.set_axis(["latency_q1_ms", "latency_q3_ms"], axis=1).reset_index()
+    return q.set_axis(["latency_q1_ms", "latency_q3_ms"], axis=1).reset_index(), refused
 
 
 def _dtype_key(name: str) -> str:

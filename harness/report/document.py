@@ -15,7 +15,7 @@ import pandas as pd
 from harness.backends.registry import versioned_backends
 from harness.report.plots import plot_run
 from harness.report.analysis import (answered, failures, headline, modifier_support, not_run, semantics_table,
-                                     short_cell, winners)
+                                     short_cell, support_counts, unavailable_everywhere, winners)
 from harness.report.data import Run, load_run, peak_tflops
 from harness.report.trends import Trends, run_trends
 from harness.store.schema import BASELINE, PHASES
@@ -181,6 +181,8 @@ def environment_table(run: Run) -> pd.DataFrame:
     peaks = {d: peak_tflops(env, d) for d in dtypes}
     items = {
         "run": env.get("run_id") or run.run_dir.name,
+        "run status": (f"INCOMPLETE: {run.incomplete}" if run.incomplete else env.get("status")),
+        "refused lines": "; ".join(f"{file}: {n}" for file, n in run.refused.items()) or None,
         "device": f"{env.get('device_name', '?')} ({env.get('device_type', '?')})",
         "cpu": env.get("cpu_model"), "threads": env.get("threads"),
         "compute capability": env.get("compute_capability"), "driver": env.get("driver"),
@@ -241,7 +243,7 @@ def report_blocks(run: Run, figures: dict[str, list[Path]], trends: Trends | Non
                 ("Headline per backend", _headline_section(run, fails))]
     if run.has_perf:
         sections.append(("Winner per shape group", _winners_section(run)))
-    sections += [("Figures", _figures_section(figures)), ("Semantics", _semantics_section(run, figures)),
+    sections += [("Figures", _figures_section(figures, run)), ("Semantics", _semantics_section(run, figures)),
                  (f"Failures ({len(fails)})", [Table(fails, [slug(r.backend, r.case_id, r.phase)
                                                              for r in fails.itertuples()])] if len(fails) else
                   [Para("None: every verdict that ran passed.")])]
@@ -288,20 +290,28 @@ def _history_section(trends: Trends) -> list:
 
 def _summary(run: Run) -> str:
     filters = ", ".join(f"{k} = {v}" for k, v in run.filters.items())
+    if run.has_perf:
+        kind = "Benchmark run: latency, memory and throughput included."
+    elif run.benchmark_planned:  # a benchmark run stopped before its timings is not a correctness-only run
+        kind = "Benchmark run without timings: no latency columns, so no performance figures."
+    else:
+        kind = "Correctness-only run: no latency columns, so no performance figures."
+    notes = "".join(f" {note[0].upper()}{note[1:]}." for note in run.notes)
     return (f"{run.cases.case_id.nunique()} cases × {len(run.backends)} backends on "
             f"{run.env.get('device_name', 'an unrecorded device')}, built from the stored results only"
-            + (f" (filtered: {filters})" if filters else "") + ". "
-            + ("Benchmark run: latency, memory and throughput included." if run.has_perf
-               else "Correctness-only run: no latency columns, so no performance figures."))
+            + (f" (filtered: {filters})" if filters else "") + ". " + kind + notes)
 
 
 def _headline_section(run: Run, fails: pd.DataFrame) -> list:
     head = _headline_table(run, fails)
     if head.empty:
         return [Para("No attention cases in this run.")]
-    legend = ("cases: distinct cases run; passed: every verdict that ran passed (partly run: some phase was "
-              "unsupported or unavailable); failed: any fail, error or oom; not run: unsupported or unavailable "
-              "(reasons below)")
+    legend = ("cases: the matrix's cases, each counted once under its worst phase, as the run's summary counts "
+              "them; passed: every verdict that ran passed (partly run: some phase was unsupported or unavailable); "
+              "failed: any fail, error or oom; not run: unsupported or unavailable (reasons below)")
+    if "probe cases" in head.columns:
+        legend += ("; probe cases: the probes' own cases (edge:, ...: empty, non-contiguous, extreme inputs), "
+                   "counted apart, and how many of them failed (listed under Failures)")
     if run.has_perf:
         legend += (f"; speedups and memory are medians over cases relative to {run.baseline}; wins: shape groups "
                    "where the backend was the fastest correct one")
@@ -316,11 +326,16 @@ def _winners_section(run: Run) -> list:
     return blocks
 
 
-def _figures_section(figures: dict[str, list[Path]]) -> list:
+def _figures_section(figures: dict[str, list[Path]], run: Run | None = None) -> list:
     blocks: list = []
     for kind, paths in figures.items():
         if kind != "semantics" and paths:
-            blocks += [Heading(3, TITLES.get(kind, kind)), Para(CAPTIONS.get(kind, ""))]
+            caption = CAPTIONS.get(kind, "")
+            gone = unavailable_everywhere(support_counts(run)) if kind == "support" and run is not None else []
+            if gone:
+                caption += (f" Not shown: {', '.join(gone)}, unavailable on every case here (why: 'Not run, and "
+                            "why').")
+            blocks += [Heading(3, TITLES.get(kind, kind)), Para(caption)]
             blocks += [Image(p, f"{TITLES.get(kind, kind)}: {p.stem}") for p in paths]
     missing = [TITLES.get(k, k) for k, p in figures.items() if not p and k != "semantics"]
     if missing:

@@ -187,8 +187,8 @@ def from_hf_config(path: str | Path) -> ModelShape:
     head_dim_v = None
     if config.get("qk_nope_head_dim") is not None and config.get("qk_rope_head_dim") is not None:  # MLA
         head_dim = _positive_int(config, "qk_nope_head_dim", path) + _positive_int(config, "qk_rope_head_dim", path)
-        head_dim_v = _positive_int(config, "v_head_dim", path) if config.get("v_head_dim") else None
-    elif config.get("head_dim"):
+        head_dim_v = _positive_int(config, "v_head_dim", path) if config.get("v_head_dim") is not None else None
+    elif config.get("head_dim") is not None:  # a head_dim of 0 is refused, not replaced by hidden_size // heads
         head_dim = _positive_int(config, "head_dim", path)
     elif "hidden_size" in config:
         hidden = _positive_int(config, "hidden_size", path)

@@ -2,20 +2,29 @@
 
 results.csv is an append-only log, so an interrupted run keeps every finished row. A later stage of the same
 run (timing after correctness) appends a row with the same key carrying its new columns; `load_results` folds
-the rows of one key into one (later non-empty values win), and `compact` rewrites the file folded. Every error
-names the file; a line cut short by a killed writer is dropped with a warning, not a crash.
+the rows of one key into one (later non-empty values win), and `compact` rewrites the file folded.
+
+Reading is strict: a line that does not parse - cut short by a killed writer (too few fields, or the last line
+without its end), a non-number in a numeric column, an unknown status, timing status or phase, an empty key - is
+refused, with one warning naming the file and the lines, and the count is carried on the frame (`refused_rows`)
+so that every report, comparison and history built on the run can say it. A refused line never becomes a guess:
+a truncated latency would move a speedup without a word. Every error names the file.
 """
 
 from __future__ import annotations
 
 import csv
+import io
+import math
 import os
+import typing
 import warnings
 from pathlib import Path
 
 import pandas as pd
 
-from harness.store.schema import COLUMNS, KEY, SAMPLE_COLUMNS, SCHEMA_VERSION
+from harness.store.schema import (BOUNDS, COLUMNS, KEY, PHASES, SAMPLE_COLUMNS, SCHEMA_VERSION, STATUSES,
+                                  TIMING_STATUSES, Row)
 
 #: cells read as missing; `observed` is exempt (an observed 'nan' or 'None' is an answer, not a missing value)
 _NA_STRINGS = ["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>",
@@ -23,47 +32,133 @@ _NA_STRINGS = ["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-n
 _VERBATIM = ("observed", "modifiers")
 #: the columns without which a file is no results file
 REQUIRED = (*KEY, "status")
+#: the frame attribute that carries how many lines of the file were refused (DataFrame.attrs)
+REFUSED = "refused_rows"
+#: how many refused lines a warning lists by number
+_SHOWN = 5
 
 
-def _header(path: Path) -> list[str]:
+def _kinds() -> dict[str, type]:
+    """Column -> the type its cells must parse as (int, float, bool or str), from the schema's Row annotations."""
+    out = {}
+    for name, hint in typing.get_type_hints(Row).items():
+        types = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+        out[name] = types[0]
+    return out
+
+
+_KIND = _kinds()
+#: columns whose words are the schema's vocabulary: anything else is a damaged cell
+_ALLOWED = {"phase": PHASES, "status": STATUSES, "timing_status": TIMING_STATUSES, "bound": BOUNDS}
+#: a latency is a duration: a finite number >= 0 (a negative or infinite one is a damaged cell)
+DURATION = "duration"
+_SAMPLE_KIND = {"round": int, "sample": int, "latency_ms": DURATION}
+_TRUE_FALSE = {"true", "false", "1", "0", "1.0", "0.0"}
+
+
+def refused_rows(df: pd.DataFrame) -> int:
+    """How many lines of the file `df` was loaded from were refused (0 for a frame not made by this module)."""
+    return int(df.attrs.get(REFUSED, 0))
+
+
+def _missing(cell: str, column: str) -> bool:
+    return cell == "" if column in _VERBATIM else cell in _NA_STRINGS
+
+
+def _cell_problem(column: str, cell: str, kind: type, required: bool) -> str | None:
+    """Why `cell` cannot be column `column`'s value, or None."""
+    if _missing(cell, column):
+        return f"{column} is empty" if required else None
+    allowed = _ALLOWED.get(column)
+    if allowed is not None and cell not in allowed:
+        return f"{column} {cell[:40]!r} is not one of {', '.join(allowed)}"
+    if kind in (int, float, DURATION):
+        try:
+            value = float(cell)
+        except ValueError:
+            return f"{column} {cell[:40]!r} is not a number"
+        # ints are written '12', or '12.0' by a rewrite that held empty cells in the column
+        if kind is int and not (math.isfinite(value) and value.is_integer()):
+            return f"{column} {cell[:40]!r} is not an integer"
+        if kind == DURATION and not (math.isfinite(value) and value >= 0):
+            return f"{column} {cell[:40]!r} is not a duration (a finite number >= 0)"
+    elif kind is bool and cell.strip().lower() not in _TRUE_FALSE:
+        return f"{column} {cell[:40]!r} is not true or false"
+    return None
+
+
+def _parse(path: Path, required: tuple[str, ...], kinds: dict) -> tuple[list[str], list, list]:
+    """(header, the records that parse, [(line, why)] of those refused). A record is refused when its field count
+    is not the header's (cut short, or run into the next), when the file ends inside it without a line end (a
+    writer killed mid-line), or when a cell is not its column's kind."""
     try:
-        with path.open(newline="") as f:
-            return next(csv.reader(f), [])
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise ValueError(f"{path}: not a readable CSV ({type(exc).__name__}: {exc})") from None
-
-
-def _read_csv(path: Path, **kwargs) -> pd.DataFrame:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a readable CSV (UnicodeDecodeError: {exc})") from None
+    if "\x00" in text:
+        raise ValueError(f"{path}: not a readable CSV (it holds NUL bytes: a binary or damaged file)")
+    reader = csv.reader(io.StringIO(text, newline=""))
     try:
-        return pd.read_csv(path, **kwargs)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"{path}: not a readable CSV ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})") \
-            from None
+        header = next(reader, [])
+        records, refused, first, line = [], [], reader.line_num + 1, 0
+        for record in reader:
+            line, first = first, reader.line_num + 1
+            if not record:  # a blank line holds no row
+                continue
+            why = None
+            if len(record) != len(header):
+                why = f"{len(record)} fields where the header has {len(header)} (cut short or damaged)"
+            else:
+                for column, cell in zip(header, record):
+                    why = _cell_problem(column, cell, kinds.get(column, str), column in required)
+                    if why:
+                        break
+            if why:
+                refused.append((line, why))
+            else:
+                records.append((line, record))
+    except csv.Error as exc:
+        raise ValueError(f"{path}: not a readable CSV (line {reader.line_num}: {exc})") from None
+    if records and records[-1][0] == line and not text.endswith(("\n", "\r")):
+        records.pop()  # every writer ends a line it finished: this one was cut, maybe inside its last cell
+        refused.append((line, "the file ends inside it (a writer stopped mid-line)"))
+    return header, [record for _, record in records], refused
 
 
-def _complete(df: pd.DataFrame, path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
-    """Rows with every key column filled; a line cut short (a run killed while writing it) is dropped, said once."""
-    partial = df[list(columns)].isna().any(axis=1)
-    if partial.any():
-        lines = ", ".join(str(i + 2) for i in df.index[partial][:5])  # +2: the header is line 1
-        warnings.warn(f"{path}: dropped {int(partial.sum())} incomplete line(s) (line {lines}): a run was "
-                      "interrupted while writing", stacklevel=3)
-    return df[~partial]
+def _warn_refused(path: Path, refused: list[tuple[int, str]]) -> None:
+    if refused:
+        shown = "; ".join(f"line {line}: {why}" for line, why in refused[:_SHOWN])
+        more = f"; and {len(refused) - _SHOWN} more" if len(refused) > _SHOWN else ""
+        warnings.warn(f"{path}: refused {len(refused)} line(s) that do not parse ({shown}{more}); the rest is read",
+                      stacklevel=3)
+
+
+def _frame(header: list[str], records: list[list[str]], **kwargs) -> pd.DataFrame:
+    """The records that parsed, read by pandas exactly as a clean file would be."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(header)
+    writer.writerows(records)
+    buffer.seek(0)
+    return pd.read_csv(buffer, **kwargs)
 
 
 def load_samples(run_dir: str | Path) -> pd.DataFrame:
-    """Raw timing samples of a run (empty frame with the columns when it has none)."""
+    """Raw timing samples of a run (empty frame with the columns when it has none); lines that do not parse (a
+    latency that is no finite number >= 0, a cut line) are refused with a warning and counted (`refused_rows`)."""
     path = Path(run_dir) / "samples.csv"
     if not path.exists():
         return pd.DataFrame(columns=list(SAMPLE_COLUMNS))
-    df = _read_csv(path)
-    if "round" not in df.columns:  # written before rounds existed: all samples are one round
-        df.insert(min(SAMPLE_COLUMNS.index("round"), len(df.columns)), "round", 0)
-    missing = [c for c in SAMPLE_COLUMNS if c not in df.columns]
+    header, records, refused = _parse(path, (*KEY, "latency_ms"), _SAMPLE_KIND)
+    missing = [c for c in SAMPLE_COLUMNS if c not in header and c != "round"]
     if missing:
         raise ValueError(f"{path}: not a harness samples file (missing columns {missing})")
-    df = _complete(df, path, (*KEY, "latency_ms"))
+    _warn_refused(path, refused)
+    df = _frame(header, records, dtype={k: str for k in KEY})
+    if "round" not in df.columns:  # written before rounds existed: all samples are one round
+        df.insert(min(SAMPLE_COLUMNS.index("round"), len(df.columns)), "round", 0)
     df["latency_ms"] = pd.to_numeric(df["latency_ms"], errors="coerce")
+    df.attrs[REFUSED] = len(refused)
     return df
 
 
@@ -87,26 +182,39 @@ def check_schema_version(df: pd.DataFrame, path: Path) -> None:
 def load_results(path: str | Path) -> pd.DataFrame:
     """Load a results.csv (or a run directory holding one), folded to one row per (case, backend, phase).
 
-    A file from an older schema gets the columns it lacks, empty; one from a newer schema is refused."""
+    A file from an older schema gets the columns it lacks, empty; one from a newer schema is refused. Lines that
+    do not parse are refused with a warning; `refused_rows(df)` says how many."""
     path = Path(path)
     if path.is_dir():
         path = path / "results.csv"
     if not path.exists():
         raise FileNotFoundError(f"no results file at {path}")
-    header = _header(path)
+    try:
+        header, records, refused = _parse(path, KEY, _KIND)
+    except OSError as exc:
+        raise ValueError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise ValueError(f"{path}: not a harness results file (missing columns {missing})")
+    if len(set(header)) != len(header):
+        raise ValueError(f"{path}: not a harness results file (a column named twice in its header)")
+    _warn_refused(path, refused)
     na = {c: ([""] if c in _VERBATIM else _NA_STRINGS) for c in header}
-    df = _read_csv(path, keep_default_na=False, na_values=na, dtype={c: str for c in _VERBATIM if c in header})
+    df = _frame(header, records, keep_default_na=False, na_values=na,
+                dtype={c: str for c in (*_VERBATIM, *KEY) if c in header})
     check_schema_version(df, path)
-    return fold(_complete(df, path, KEY))
+    df = fold(df)
+    df.attrs[REFUSED] = len(refused)
+    return df
 
 
 def compact(path: str | Path) -> pd.DataFrame:
-    """Rewrite a results file folded to one row per key (atomically: write aside, then rename)."""
+    """Rewrite a results file folded to one row per key (atomically: write aside, then rename). A file with lines
+    the loader refused is left as it is: rewriting it would drop them without a trace."""
     path = Path(path)
     df = load_results(path)
+    if refused_rows(df):
+        return df
     tmp = path.with_suffix(".csv.tmp")
     df.reindex(columns=list(COLUMNS)).to_csv(tmp, index=False)
     os.replace(tmp, path)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.advisor.progress import Progress
 from harness.backends.registry import get_backends, load_backend_module
 from harness.cli.options import add_to_pytest
 from harness.execution.device import resolve_device
@@ -27,6 +28,11 @@ from harness.store.run_dir import results_root
 from harness.store.schema import BASELINE, OBSERVED, PHASES, STATUSES
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
+_PROGRESS_KEY = pytest.StashKey[Progress]()
+#: stage name -> (its tests done, its tests), for the progress lines
+_STAGE_COUNTS_KEY = pytest.StashKey[dict]()
+#: a long run says where it is at most this often (and at a stage's end once it has run this long)
+PROGRESS_EVERY_S = 30.0
 #: suites/<stage>/test_*.py run in this order. The probes and correctness judge nothing the other needs; the
 #: benchmark goes last: it times only what correctness passed.
 STAGES = ("probes", "correctness", "benchmark")
@@ -119,21 +125,76 @@ def _stage(item) -> int:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Add the test's wall time (setup, call, teardown) to its suite stage's total (the run's time_spent)."""
+    """Record the stage the run is in (env.json: a run killed here says where it stopped), then add the test's wall
+    time (setup, call, teardown) to its suite stage's total (the run's time_spent) and count it in the progress."""
     start = time.perf_counter()
+    session = item.config.stash.get(_SESSION_KEY, None)
+    index = _stage(item)
+    name = STAGES[index] if index < len(STAGES) else "other tests"
+    if session is not None:
+        session.recorder.enter_stage(name)
     try:
         return (yield)
     finally:
-        session = item.config.stash.get(_SESSION_KEY, None)
         if session is not None:
-            index = _stage(item)
-            name = STAGES[index] if index < len(STAGES) else "other tests"
             session.recorder.add_test_seconds(name, time.perf_counter() - start)
+        _progress(item, nextitem, name)
+
+
+def _progress(item, nextitem, stage: str) -> None:
+    """Count the test done; every PROGRESS_EVERY_S, and at the end of a stage once the run has gone on that long,
+    a line: the stage, tests done, time elapsed and left (advisor.progress, weighted by the cost model)."""
+    progress = item.config.stash.get(_PROGRESS_KEY, None)
+    if progress is None:
+        return
+    counts = item.config.stash[_STAGE_COUNTS_KEY]
+    done, total = counts.get(stage, (0, 0))
+    counts[stage] = (done + 1, total)
+    boundary = nextitem is None or _stage(nextitem) != _stage(item)
+    progress.step(f"{stage} stage, {done + 1}/{total} of its tests",
+                  force=boundary and progress.clock() - progress.start >= PROGRESS_EVERY_S)
+
+
+def _item_weights(config, items) -> list[float]:
+    """Each test's expected seconds, for the time left: a correctness test its case's float64 reference and
+    baseline (the cost model, execution/cost.py) shared by the case's backends; a benchmark test one round's
+    timing budget; any other 1 s. The pace so far scales them (advisor.progress)."""
+    cost = getattr(config, "_harness_cost", None)
+    per_case = {c.case.id: cost.case_seconds(c) for c in cost.costs} if cost is not None else {}
+    backends = max(1, len(getattr(config, "_harness_backends", ()) or ()))
+    round_s = (getattr(config.option, "timing_budget_ms", None) or 1000.0) / 1000 / max(1, config.option.rounds)
+    weights = []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        case = params.params.get("case") if params is not None else None
+        stage = STAGES[_stage(item)] if _stage(item) < len(STAGES) else ""
+        if stage == "benchmark":
+            weights.append(max(round_s, 0.01))
+        elif stage == "correctness" and case is not None and case.id in per_case:
+            weights.append(max(per_case[case.id] / backends, 0.01))
+        else:
+            weights.append(1.0)
+    return weights
 
 
 def pytest_collection_modifyitems(session, config, items):
     """The probes, then correctness, then the benchmark (STAGES); the order inside a stage is kept (stable sort)."""
     items.sort(key=_stage)
+
+
+def pytest_collection_finish(session):
+    """A long run says where it is: the progress lines' counts and weights (the cost model's), made once the
+    items are known."""
+    run = session.config.stash.get(_SESSION_KEY, None)
+    if run is None or not session.items:
+        return
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    progress = Progress(len(session.items), weights=_item_weights(session.config, session.items),
+                        every_s=PROGRESS_EVERY_S,
+                        say=None if tr is None else lambda line: tr.write(f"\nattention harness: {line}\n"))
+    names = [STAGES[i] if i < len(STAGES) else "other tests" for i in map(_stage, session.items)]
+    session.config.stash[_STAGE_COUNTS_KEY] = {name: (0, names.count(name)) for name in dict.fromkeys(names)}
+    session.config.stash[_PROGRESS_KEY] = progress
 
 
 def pytest_generate_tests(metafunc):
@@ -172,18 +233,23 @@ def run_session(request) -> RunSession:
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_terminal_summary(terminalreporter, config):
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """The harness's summary, after every other plugin's (pytest-benchmark's tables, pytest's short summary): the
-    outermost wrapper's code after `yield` runs last, so only pytest's one-line count follows it."""
+    outermost wrapper's code after `yield` runs last, so only pytest's one-line count follows it. The run is
+    finished here, marked complete unless it was interrupted (Ctrl-C, a backend's KeyboardInterrupt)."""
     result = yield
     session = config.stash.get(_SESSION_KEY, None)
-    if session is None or not session.verdicts:
+    if session is None:
+        return result
+    complete = exitstatus != pytest.ExitCode.INTERRUPTED and not session.executor.interrupted
+    if not session.verdicts:
+        session.finish(complete=complete)
         return result
     tr = terminalreporter
     tr.section("attention harness")
     for line in summary_lines(session):
         tr.write_line(line)
-    session.finish()
+    session.finish(complete=complete)
     for line in stages.time_lines(session.env["time_spent"]):
         tr.write_line(line)
     tr.write_line(f"results: {session.writer.path}")
@@ -198,7 +264,9 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 SPEEDUP = "speedup vs naive"
-LEGEND = "cases by verdict, each under its worst phase (pass: out, dq, dk, dv within tolerance of the float64 reference)"
+LEGEND = ("cases by verdict: the matrix's cases, each under its worst phase (pass: out, dq, dk, dv within tolerance "
+          "of the float64 reference), as the report's headline counts them; the probes' cases (edge:, ...) are "
+          "counted apart there")
 SPEEDUP_LEGEND = "; speedup vs naive: naive's median latency / the backend's, median over cases (2.00 = twice as fast)"
 
 

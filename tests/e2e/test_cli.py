@@ -100,9 +100,13 @@ def test_recommend_a_model_preset_states_its_cost_or_runs(monkeypatch, capsys):
 
 
 def test_suites_refuse_an_expensive_preset_before_running():
+    # the rates are injected (tests/fixtures/cost_rates.py), as in the recommend refusal above: on a host with bf16
+    # units the measured estimate came under the hour and the suite ran for its whole 600 s timeout (issue 35)
     res = subprocess.run([sys.executable, "-m", "pytest", "suites", "--preset", "llama-3-8b", "-p", "no:cacheprovider",
-                          "-q"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          "-p", "tests.fixtures.cost_rates", "-q"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
     assert res.returncode == 4 and "--allow-expensive" in res.stderr and "Traceback" not in res.stderr
+    assert "~7.9 h on cpu (reference ~11 min, baseline ~7.7 h" in res.stderr, res.stderr[-2000:]  # injected rates
 
 
 def test_recommend_refuses_huge_shapes_with_figures_not_a_traceback():

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from harness.spec.matrices import build_matrix
 from harness.store.load import load_results
+from harness.store.run_dir import read_env
+from harness.store.run_state import incomplete
 from tests.fixtures.faulty_backends import FAULTS
 
 SMOKE = len(build_matrix("smoke"))  # cases of the smoke matrix these runs use
@@ -61,6 +63,8 @@ def test_a_backend_raising_keyboardinterrupt_is_recorded_then_stops_the_run(tmp_
     df = load_results(next(tmp_path.iterdir()))
     assert len(df) == 2 * 2  # naive and the interrupting backend on the first case, both phases, then the stop
     assert set(df[df.backend == "fault-interrupt"].reason) == {"KeyboardInterrupt inside the backend call"}
+    # the run knows it did not reach its end (issue 35)
+    assert incomplete(read_env(next(tmp_path.iterdir()))) == "interrupted during the correctness stage"
 
 
 def test_a_killed_run_keeps_every_finished_row(tmp_path):
@@ -87,3 +91,7 @@ def test_a_killed_run_keeps_every_finished_row(tmp_path):
     assert len(df) >= 20 and set(df.status) == {"pass"}  # every finished row loads
     assert len(df) >= len(lines) - 2 - len(caught)  # header, and at most one line cut short
     assert df[["case_id", "backend", "phase"]].notna().all().all()
+    # and it says it was stopped, and where (issue 35): env.json as written at the stage boundary, no end
+    env = read_env(results.parent)
+    assert env["status"] == "running" and env["stage"] == "correctness" and "time_spent" not in env
+    assert incomplete(env) == "stopped during the correctness stage (killed or crashed: no end recorded)"

@@ -9,7 +9,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from harness.report.plots.style import backend_color, new_figure
-from harness.report.analysis import answered, semantics_table, short_cell, support_counts
+from harness.report.analysis import (answered, semantics_table, short_cell, support_counts,
+                                     unavailable_everywhere)
 from harness.report.data import Run
 from harness.store.schema import ERROR, FAIL, OOM, PASS, UNAVAILABLE, UNSUPPORTED
 
@@ -35,9 +36,12 @@ def support_figure(run: Run) -> list[tuple[str, Figure]]:
     """Backends x case groups; each cell: counts of (case, phase) verdict rows by status, coloured by the worst.
 
     Backends are columns when there are more case groups than backends (a real run has dozens of groups),
-    so the figure grows downwards and stays readable at page width.
+    so the figure grows downwards and stays readable at page width. A backend unavailable on every case (on a CPU:
+    the CUDA-only ones) is left out and named in the title: its column would be all grey.
     """
     table = support_counts(run)
+    gone = unavailable_everywhere(table) if not table.empty else []
+    table = table.drop(index=gone)
     if table.empty:
         return []
     backends_across = table.shape[1] > table.shape[0]
@@ -66,7 +70,8 @@ def support_figure(run: Run) -> list[tuple[str, Figure]]:
     ax.tick_params(length=0)
     groups = "case group (suite: dtype · mask family)"
     ax.set_ylabel(groups) if backends_across else ax.set_xlabel(groups)
-    ax.set_title("Support and correctness: verdict rows per status ((case, phase) rows, fwd and bwd)", fontsize=11)
+    ax.set_title("Support and correctness: verdict rows per status ((case, phase) rows, fwd and bwd)"
+                 + (f"\nnot shown, unavailable on every case here: {', '.join(gone)}" if gone else ""), fontsize=11)
     legend = [Patch(color=c, label=s) for s, c in _STATUS_COLOURS.items()]
     legend.insert(4, Patch(color="#98df8a", label="pass + not run"))
     fig.legend(handles=legend, loc="outside lower center", ncol=4, fontsize=8)

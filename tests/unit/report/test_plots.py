@@ -110,8 +110,10 @@ def test_support_matrix_counts(figures):
     (_, fig), = figures["support"]
     texts = {t.get_text() for t in fig.axes[0].texts}
     # fp32 causal: 3 cases x 2 phases; the largest one has a planted sdpa-flash bwd failure and a flex fwd error
-    assert "1 fail\n5 pass" in texts and "1 error\n2 pass\n3 unsup" in texts and "6 unavail" in texts
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == list(BACKENDS)
+    assert "1 fail\n5 pass" in texts and "1 error\n2 pass\n3 unsup" in texts and "6 unavail" not in texts
+    # xformers is unavailable on every case (a CPU run): left out, named in the title (issue 35)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [b for b in BACKENDS if b != "xformers"]
+    assert "not shown, unavailable on every case here: xformers" in fig.axes[0].get_title()
 
 
 def test_semantics_table_figure(figures):

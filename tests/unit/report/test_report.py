@@ -160,3 +160,31 @@ def test_report_splits_by_modifier(tmp_path):
     from harness.report.document import Heading, report_blocks
     headings = [b.text for b in report_blocks(run, {}, None) if isinstance(b, Heading)]
     assert "Modifiers" in headings
+
+
+def test_the_support_caption_names_the_backends_left_out(tmp_path):
+    """A backend unavailable on every case (xformers in the synthetic CPU run) is not drawn as a grey column;
+    the report's caption says which and where the reason is (issue 35)."""
+    from pathlib import Path
+
+    from harness.report.document import _figures_section
+
+    run = load_run(write_run(tmp_path, perf=False, seqs=(128,), dtypes=("fp32",), masks=("causal",)))
+    text = " ".join(getattr(b, "text", "") for b in _figures_section({"support": [Path("support.png")]}, run))
+    assert "Not shown: xformers, unavailable on every case here" in text
+
+
+def test_the_headline_counts_the_matrix_as_the_summary_does_and_the_probes_apart(tmp_path):
+    """One vocabulary (issue 35: the summary said naive '51 pass 0 fail', the report's headline '91 cases' and
+    'failed 2', the fp16 edge probes): the headline's cases are the matrix's, the probes' counted apart."""
+    import pandas as pd
+
+    run_dir = write_run(tmp_path, backends=("naive", "sdpa-flash"), seqs=(128, 256), dtypes=("fp32",),
+                        masks=("none",), perf=False, semantics=False)
+    df = pd.read_csv(run_dir / "results.csv")
+    fwd = df[df.phase == "fwd"]
+    probes = fwd.assign(case_id="edge:overflow:" + fwd.case_id, status="fail", reason="planted")
+    pd.concat([df, probes]).to_csv(run_dir / "results.csv", index=False)
+    head = headline(load_run(run_dir)).set_index("backend")
+    assert head.loc["naive", "cases"] == 2 and head.loc["naive", "passed"] == 2 and head.loc["naive", "failed"] == 0
+    assert head.loc["naive", "probe cases"] == 2 and head.loc["naive", "probe cases failed"] == 2

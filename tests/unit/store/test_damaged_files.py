@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from harness.launch.merge import merge_runs
-from harness.store.load import load_results, load_samples
+from harness.store.load import load_results, load_samples, refused_rows
 from harness.store.run_dir import read_env, results_root
 from harness.store.schema import COLUMNS, SCHEMA_VERSION, Row
 from harness.store.writer import ResultsWriter
@@ -30,9 +30,9 @@ def test_a_line_cut_short_is_dropped_with_a_warning(tmp_path):
     run = _run(tmp_path / "run")
     with (run / "results.csv").open("a") as f:
         f.write("20261130-1200")  # a writer killed mid-line: the run id fragment alone
-    with pytest.warns(UserWarning, match=r"results.csv: dropped 1 incomplete line\(s\) \(line 4\)"):
+    with pytest.warns(UserWarning, match=r"results.csv: refused 1 line\(s\) that do not parse \(line 4: 1 fields"):
         df = load_results(run)
-    assert list(df.case_id) == ["c0", "c1"]
+    assert list(df.case_id) == ["c0", "c1"] and refused_rows(df) == 1
 
 
 def test_unreadable_csv_names_the_file(tmp_path):
