@@ -16,10 +16,11 @@ from harness.execution.rounds import Round
 from harness.execution.timed import TimingCall
 from harness.measure.bandwidth import roofline_columns
 from harness.measure.flops import attention_flops
+from harness.measure.peaks import beyond_physical_limit
 from harness.measure.timing import Measurement, TimingConfig
 from harness.spec.case import AttentionCase, Inputs, dtype_name
 from harness.store.rows import make_row
-from harness.store.schema import FWD_BWD, NOT_TIMED, PASS, TIMED, VERDICT_PHASES, Row
+from harness.store.schema import FWD_BWD, NOT_TIMED, PASS, REJECTED, TIMED, VERDICT_PHASES, Row
 
 
 @dataclass
@@ -114,7 +115,10 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     pct = 100.0 * tflops / peak if peak else float("nan")
     roof = roofline_columns(case, phase, flops, latency, peak, bw_peak)  # judged against the ceiling that binds it
     why = roof.pop("why").replace("matmul peak", f"{dtype_name(case.dtype)} matmul peak")
-    result = row(TIMED, why, **{**pooled.latency_columns(), "timing_mode": m.mode, "threads": m.threads},
+    # a figure beyond the physical limit is never a number: rejected, its figures kept for the reason's audit
+    beyond = beyond_physical_limit(case, phase, flops, latency, peaks, bw_peak, device.type)
+    result = row(REJECTED if beyond else TIMED, beyond or why,
+                 **{**pooled.latency_columns(), "timing_mode": m.mode, "threads": m.threads},
                  peak_mem_bytes=mem_bytes, mem_method=mem_method, flops=flops, tflops=tflops, pct_of_peak=pct,
                  compile_ms=answer.compile_ms, **roof)
     return PerfResult(result, m, pooled)

@@ -45,9 +45,11 @@ class RunSession:
         self.executor = executor if executor is not None else make_executor()
         self.verdicts = VerdictMemory()
         self.cache = RunCaches()
-        #: measured dense-matmul TFLOP/s per dtype name and copy bandwidth (GB/s), set by measure_peaks()
+        #: measured dense-matmul TFLOP/s per dtype name and copy bandwidth (GB/s), set by measure_peaks(): the
+        #: best of the start samples of `run_peaks`, sampled again at the end of the run
         self.peaks: dict[str, float] = {}
         self.bw_peak: float | None = None
+        self.run_peaks = None
         self._crash_safe: Executor | None = None
         allow_backward_replay()  # --no-isolate: compiled backends run in this process
         run_id = new_run_id() if run_id is None else run_id
@@ -129,14 +131,16 @@ class RunSession:
         self.save_env()
 
     def measure_peaks(self, dtypes) -> None:
-        """The device's dense-matmul TFLOP/s per dtype and copy bandwidth: the rooflines rows are judged against."""
-        from harness.measure.bandwidth import copy_bandwidth_gbps
-        from harness.measure.roofline import measure_peaks
+        """The device's dense-matmul TFLOP/s per dtype and copy bandwidth, the best of several samples: the
+        rooflines rows are judged against, and the physical limit that rejects a figure (measure.peaks). The
+        samples are taken again at the end of the run (finish); env.json keeps all of them."""
+        from harness.measure.peaks import RunPeaks
 
-        self.peaks = measure_peaks(self.device, dtypes)
-        self.env["matmul_peak_tflops"] = self.peaks
-        self.bw_peak = round(copy_bandwidth_gbps(self.device), 3)
+        self.run_peaks = RunPeaks(self.device, dtypes)
+        self.peaks, self.bw_peak = self.run_peaks.judged, self.run_peaks.gbps
+        self.env["matmul_peak_tflops"] = self.run_peaks.tflops
         self.env["copy_bandwidth_gbps"] = self.bw_peak
+        self.env["peaks"] = self.run_peaks.record()
         self.env["timing_config"] = vars(self.schedule.timing)
         self.save_env()
 
@@ -160,6 +164,9 @@ class RunSession:
         if self._crash_safe is not None:
             self._crash_safe.close()
         self.cache.clear()
+        if self.run_peaks is not None:  # the end samples: recorded beside the rows, and auditing their rejections
+            self.run_peaks.measure_end()
+            self.env["peaks"] = self.run_peaks.record(self.perf_rows.values())
         if self.run_dir is not None:
             self.recorder.finish(complete=complete, clocks_end=snapshot_clocks(self.device),
                                  worker_restarts=self.executor.worker_restarts())

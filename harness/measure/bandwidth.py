@@ -1,10 +1,11 @@
-"""The memory-bandwidth roofline: bytes an attention call must move, a device copy bandwidth measured at the start
-of a run, and whether a row is compute- or memory-bound (its arithmetic intensity against the ridge point)."""
+"""The memory-bandwidth roofline: bytes an attention call must move, a device copy bandwidth sampled at the start
+and end of a run, and whether a row is compute- or memory-bound (its arithmetic intensity against the ridge point)."""
 
 from __future__ import annotations
 
 import torch
 
+from harness.measure.roofline import PEAK_SAMPLES
 from harness.measure.timing import TimingConfig, measure
 from harness.spec.case import AttentionCase
 from harness.spec.masks import MaskSpec
@@ -51,17 +52,50 @@ def bytes_moved(case: AttentionCase, phase: str = FWD) -> int:
 
 
 def copy_bandwidth_gbps(device: torch.device, config: TimingConfig = TimingConfig(warmup_ms=20, budget_ms=200),
-                        nbytes: int | None = None) -> float:
-    """Achieved GB/s (1e9 bytes, read + written) of a large device-to-device copy: the bandwidth ceiling.
+                        nbytes: int | None = None, samples: int = PEAK_SAMPLES) -> float:
+    """Achieved GB/s (1e9 bytes, read + written) of a large device-to-device copy: the bandwidth ceiling; the best
+    of `samples` (copy_bandwidth_samples).
 
     Measured, like the matmul peak, because the datasheet figure is not what a kernel gets; the fastest repetition
     defines it (a roofline is the best the device did); read and write both count, as FlashAttention's benchmark
     counts a kernel's traffic."""
+    return max(copy_bandwidth_samples(device, config, nbytes, samples))
+
+
+def copy_bandwidth_samples(device: torch.device, config: TimingConfig = TimingConfig(warmup_ms=20, budget_ms=200),
+                           nbytes: int | None = None, samples: int = 1) -> list[float]:
+    """GB/s of each of `samples` copies of `nbytes` (default COPY_BYTES), each the fastest of its repetitions."""
     nbytes = nbytes or COPY_BYTES["cuda" if device.type == "cuda" else "cpu"]
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    m = measure(lambda: dst.copy_(src), device=device, config=config)
-    return 2 * src.numel() * 4 / (m.min * 1e-3) / 1e9
+    out = []
+    for _ in range(samples):
+        m = measure(lambda: dst.copy_(src), device=device, config=config)
+        out.append(round(2 * src.numel() * 4 / (m.min * 1e-3) / 1e9, 3))
+    return out
+
+
+def copy_bandwidth_per_thread_samples(device: torch.device, samples: int = 1) -> list[float]:
+    """On a multi-thread CPU, one thread's copy bandwidth times the threads, per sample: an upper bound of what all
+    threads can move (bandwidth saturates, it never grows faster than the threads), which other load depresses
+    far less than the all-thread copy (3.3 GB/s against 65 a minute before, on this 2-core VM under load
+    average 12, 2026-12-01). Empty elsewhere."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads < 2:
+        return []
+    torch.set_num_threads(1)
+    try:
+        return [round(threads * g, 3) for g in copy_bandwidth_samples(device, samples=samples)]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def streams_from_memory(nbytes: int, device_type: str) -> bool:
+    """Whether a call moving `nbytes` cannot be served from a cache faster than the copy bandwidth: at least the
+    copy's own traffic (2 x COPY_BYTES: its source and destination), which the copy probe streamed at that rate.
+    Smaller working sets may sit in a cache whose bandwidth nothing here measured (on a CPU, L1/L2 are many times
+    DRAM's), so their GB/s is no physical limit."""
+    return nbytes >= 2 * COPY_BYTES["cuda" if device_type == "cuda" else "cpu"]
 
 
 def ridge_point(peak_tflops: float, peak_gbps: float) -> float:

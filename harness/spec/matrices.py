@@ -107,12 +107,21 @@ def _gpu_model_cases(seqs) -> list[AttentionCase]:
             + _with(_tokens(["bf16"], seqs, ["causal"], [MHA_128]), alibi=True))
 
 
+#: smoke's padded batch: element 0 is all padding (its query rows see no key: output 0, gradient 0), element 1
+#: keeps 20 of 33 keys
+SMOKE_PADDING = KeyPadding((0, 20))
+#: smoke's sliding window: 8 keys back at 64 tokens, so it bites on every row past the ninth - a window as long
+#: as the sequence would be causal, and an off-by-one in it would pass (issue 34)
+SMOKE_WINDOW = SlidingWindow(8, 0)
+
+
 def _smoke() -> list[AttentionCase]:
+    # what defines a model, in fp32 and bf16: GQA with a window that bites (Mistral-style, 4/2 heads in bf16)
+    # and a padded batch with a sequence that is all padding
     return (_cases(["fp32", "bf16"], [(64, 64), (17, 33)], ["none", "causal"], [32])
-            # the paths a real model takes that the masks above do not: GQA (Llama-style 2:1 here) and
-            # padded keys (a batch of unequal lengths)
-            + _cases(["bf16"], [(64, 64)], ["causal"], [32], heads=((4, 2),))
-            + _cases(["fp32"], [(17, 33)], ["keypad"], [32]))
+            + [AttentionCase(2, 4, 64, 32, parse_dtype("fp32"), mask=SMOKE_WINDOW),
+               AttentionCase(2, 4, 64, 32, parse_dtype("bf16"), kv_heads=2, mask=SMOKE_WINDOW)]
+            + [AttentionCase(2, 4, 17, 32, parse_dtype(d), seq_k=33, mask=SMOKE_PADDING) for d in ("fp32", "bf16")])
 
 
 def _default() -> list[AttentionCase]:
@@ -257,7 +266,8 @@ class Matrix:
 #: every named matrix, in the order the help and the docs list them
 REGISTRY: dict[str, Matrix] = {m.name: m for m in (
     Matrix("smoke", _smoke, "cpu", "smoke",
-           "fp32/bf16, two shapes, none/causal, one GQA (4/2 heads) and one key-padding case"),
+           "fp32/bf16, two shapes, none/causal; in fp32 and bf16 a window that bites (8 keys of 64; bf16 with GQA "
+           "4/2 heads) and a padded batch with a sequence that is all padding (rows that see no key)"),
     Matrix("default", _default, "cpu", "default",
            "every verdict class once: every mask on a non-square shape, fp32/bf16/fp16, odd head dims, decode, GQA "
            "and MQA, seq 512 and 1024 for memory growth; 6 modifier cases ([variants.md](variants.md)) and 2 paged "

@@ -6,17 +6,27 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.spec.case import AttentionCase, paged_case, parse_dtype
-from harness.spec.masks import parse_mask
+from harness.spec.masks import MaskSpec, SlidingWindow, parse_mask
 from harness.spec.matrices import decode_batch
 
 
 #: `check --preset`'s small cases: the model's heads, kv heads, head dim and mask at a size the float64 reference
 #: and the baseline do in about a second on 2 CPU cores (32 heads x 128 keys x d128)
 QUICK_BATCH, QUICK_SEQ = 2, 128
+
+
+def check_window(mask: MaskSpec | None, seq: int) -> MaskSpec | None:
+    """The model's mask at a check's length `seq`: a sliding window of more than seq // 2 keys back, which would
+    cut few rows or none (Mistral's 4096 at 128 tokens is plain causal there, so a window off-by-one passed
+    `check --preset mistral-7b`, issue 34), becomes seq // 4 keys back (32 at 128 tokens, the size the matrices'
+    'window' mask has), labelled scaled_from the model's window in the case id; anything else is kept."""
+    if isinstance(mask, SlidingWindow) and (mask.left < 0 or mask.left > seq // 2):
+        return SlidingWindow(max(1, seq // 4), mask.right, scaled_from=mask.left if mask.left > 0 else None)
+    return mask
 
 
 @dataclass(frozen=True)
@@ -71,10 +81,16 @@ class ModelShape:
 
     def quick_cases(self, batch: int | None = None, seq: int | None = None) -> list[AttentionCase]:
         """Small cases of this model's attention, for a quick check of a kernel on its shape (QUICK_BATCH x
-        QUICK_SEQ unless given): prefill in fp32 and bf16 and, for a decoder, one decode step over `seq` keys."""
+        QUICK_SEQ unless given), for every layer kind: prefill in fp32 and bf16 and, for a decoder, one decode
+        step over `seq` keys. A window longer than the check's length allows is scaled to it (check_window)."""
         batch, seq = batch or QUICK_BATCH, seq or QUICK_SEQ
-        out = [self.case(batch, seq, "fp32"), self.case(batch, seq, "bf16")]
-        return out if self.encoder else out + [self.case(batch, seq, "bf16", seq_q=1)]
+        out = []
+        for layer in self.layer_masks:
+            cases = [self.case(batch, seq, "fp32", layer_mask=layer), self.case(batch, seq, "bf16", layer_mask=layer)]
+            if not self.encoder:
+                cases.append(self.case(batch, seq, "bf16", seq_q=1, layer_mask=layer))
+            out += [replace(c, mask=check_window(c.mask, seq)) for c in cases]
+        return out
 
     def cases(self, dtype: str = "bf16", tokens: int = 16384) -> list[AttentionCase]:
         """A suite's cases for this model, for every layer kind: prefill/training at `tokens` tokens a batch over its

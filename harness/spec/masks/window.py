@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,10 +16,15 @@ class SlidingWindow(MaskSpec):
     Query i sees keys j with i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right;
     left/right = -1 means unbounded on that side. SlidingWindow(left, 0) is causal-bottom-right
     attention limited to the last left + 1 keys.
+
+    `scaled_from` only labels a window that stands for a longer model window at a short check length (e.g.
+    Mistral's 4096 at 128 tokens, where it would not bite: spec.presets.check_window); it shows in the id and
+    changes nothing the mask allows.
     """
 
     left: int
     right: int = 0
+    scaled_from: int | None = field(default=None, kw_only=True)
 
     kind = "window"
 
@@ -28,10 +33,14 @@ class SlidingWindow(MaskSpec):
             value = getattr(self, side)
             if not isinstance(value, int) or isinstance(value, bool) or value < -1:
                 raise ValueError(f"SlidingWindow.{side}={value!r}: must be an int >= 0, or -1 for unbounded")
+        if self.scaled_from is not None and (not isinstance(self.scaled_from, int) or isinstance(self.scaled_from, bool)
+                                             or self.scaled_from < 1):
+            raise ValueError(f"SlidingWindow.scaled_from={self.scaled_from!r}: must be an int >= 1 or None")
 
     @property
     def id(self) -> str:
-        return f"window{self.left}-{self.right}"
+        scaled = f"-scaled-from{self.scaled_from}" if self.scaled_from is not None else ""
+        return f"window{self.left}-{self.right}{scaled}"
 
     def allows(self, b, q_idx, k_idx, seq_q, seq_k):
         diag = q_idx + (seq_k - seq_q)

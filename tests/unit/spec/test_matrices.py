@@ -54,3 +54,16 @@ def test_a_matrix_entry_is_checked():
     with pytest.raises(ValueError, match="unknown matrix 'huge'; allowed: smoke, default"):
         build_matrix("huge")
     assert set(REGISTRY) == set(MATRICES)
+
+
+def test_smoke_has_rows_that_see_no_key_and_a_window_that_bites_in_fp32_and_bf16():
+    """Issue 34: what defines a model is on the quick path, so a NaN on fully masked rows or a window off-by-one
+    fails `check`."""
+    from harness.spec.masks import SlidingWindow
+
+    smoke = build_matrix("smoke")
+    empty_rows = {str(c.dtype) for c in smoke if c.mask is not None
+                  and not bool(c.key_mask().expand(c.batch, 1, c.seq_q, c.seq_k).any(-1).all())}
+    biting = {str(c.dtype) for c in smoke if isinstance(c.mask, SlidingWindow)
+              and int(c.key_mask().sum()) < c.seq_q * (c.seq_q + 1) // 2}  # fewer pairs than causal
+    assert empty_rows == biting == {"torch.float32", "torch.bfloat16"}

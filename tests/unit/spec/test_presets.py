@@ -143,3 +143,33 @@ def test_python_check_takes_a_preset(tmp_path):
     assert set(df.case_id) == {"fp32-b1-h28kv4-s32-d128-causal", "bf16-b1-h28kv4-s32-d128-causal",
                                "bf16-b1-h28kv4-s1x32-d128-causal-br"}
     assert set(df.status) == {"pass"}
+
+
+def test_check_scales_a_window_that_would_not_bite_and_says_so_in_the_case_id():
+    from harness.spec.masks import SlidingWindow
+    from harness.spec.presets import check_window, quick_cases
+
+    # the rule: a window of more than seq // 2 keys back becomes seq // 4 (32 at 128 tokens); shorter ones stay
+    assert check_window(SlidingWindow(4096, 0), 128) == SlidingWindow(32, 0, scaled_from=4096)
+    assert check_window(SlidingWindow(64, 0), 128) == SlidingWindow(64, 0)
+    assert check_window(SlidingWindow(4096, 0), 8192) == SlidingWindow(4096, 0)
+    mistral = quick_cases("mistral-7b", None)
+    assert [c.mask.id for c in mistral] == ["window32-0-scaled-from4096"] * 3
+    assert all(c.id.endswith("-window32-0-scaled-from4096") for c in mistral)
+    # the window bites: the last query of each case sees 33 of its 128 keys
+    assert all(int(c.mask.materialize(c.seq_q, c.seq_k)[0, 0, -1].sum()) == 33 for c in mistral)
+    # a model with local and global layers is checked on both kinds, its local window scaled the same way
+    gemma = quick_cases("gemma-2-9b", None)
+    assert [c.mask_id for c in gemma] == ["window32-0-scaled-from4096"] * 3 + ["causal", "causal", "causal-br"]
+    assert {c.softcap for c in gemma} == {50.0}
+    assert [c.mask_id for c in quick_cases("gpt-oss-20b", None)][:3] == ["window32-0-scaled-from128"] * 3
+
+
+def test_a_scaled_window_only_labels_the_mask():
+    from harness.spec.masks import SlidingWindow
+
+    plain, scaled = SlidingWindow(32, 0), SlidingWindow(32, 0, scaled_from=4096)
+    assert bool((plain.materialize(64, 64) == scaled.materialize(64, 64)).all())
+    assert (plain.id, scaled.id) == ("window32-0", "window32-0-scaled-from4096")
+    with pytest.raises(ValueError, match="SlidingWindow.scaled_from=0: must be an int >= 1 or None"):
+        SlidingWindow(32, 0, scaled_from=0)

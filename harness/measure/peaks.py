@@ -1,0 +1,148 @@
+"""The physical limit a timed figure is held to: the peaks sampled at a run's start and end, the best of them, and
+the margin above it that rejects a figure as beyond what the device can do."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from harness.measure.bandwidth import (bytes_moved, copy_bandwidth_per_thread_samples, copy_bandwidth_samples,
+                                       streams_from_memory)
+from harness.measure.roofline import PEAK_SAMPLES, PER_THREAD, best_peaks, peak_samples
+from harness.measure.stages import stage
+from harness.spec.case import AttentionCase, dtype_name
+from harness.store.schema import REJECTED, Row
+
+#: a timed figure above this multiple of the physical peak is rejected: an honest attention kernel reaches at most
+#: about the matmul peak (FlashAttention's forward ~70 % of it) and at most the copy bandwidth when it streams from
+#: memory, so 4x leaves room for a start peak depressed by other load up to ~3x (the end-of-run samples audit
+#: that), while a figure made by not doing the work (a cached output) is many times over on a large case (on a
+#: tiny one the call's own overhead hides it: the timed-output checks catch those, not this limit)
+PHYSICAL_MARGIN = 4.0
+#: how a rejected row's timing reason starts when the physical limit rejected it (not the integrity checks)
+BEYOND = "beyond the physical limit"
+FP32 = dtype_name(torch.float32)
+#: the key of the copy bandwidth's one-thread bound (GB/s) in the peaks a row is judged against
+COPY_PER_THREAD = f"copy_gbps {PER_THREAD}"
+
+
+def limit_tflops(peaks: dict[str, float], dtype: str) -> float | None:
+    """The FLOP/s no kernel given `dtype` inputs beats: the best of the dtype's matmul peak and fp32's (a kernel may
+    compute narrow inputs in fp32; a CPU without bf16 units runs its bf16 matmul far below its fp32 one) and, on a
+    CPU, their one-thread bounds (roofline.PER_THREAD). None without any."""
+    keys = (dtype, FP32, f"{dtype} {PER_THREAD}", f"{FP32} {PER_THREAD}")
+    values = [peaks[k] for k in keys if peaks.get(k)]
+    return max(values) if values else None
+
+
+def limit_gbps(peaks: dict[str, float], peak_gbps: float | None) -> float | None:
+    """The copy bandwidth no streamed working set beats: the best of the measured one and, on a CPU, its one-thread
+    bound (COPY_PER_THREAD). None without either."""
+    values = [v for v in (peak_gbps, peaks.get(COPY_PER_THREAD)) if v]
+    return max(values) if values else None
+
+
+def beyond_physical_limit(case: AttentionCase, phase: str, flops: float, latency_ms: float, peaks: dict[str, float],
+                          peak_gbps: float | None, device_type: str) -> str:
+    """'' when a timed figure is physically possible, else the reason its row is rejected, naming the figure, the
+    peak and the margin: TFLOP/s above PHYSICAL_MARGIN x limit_tflops, or (a working set that streams from
+    memory) GB/s above PHYSICAL_MARGIN x the copy bandwidth."""
+    if not latency_ms > 0:
+        return ""
+    dtype = dtype_name(case.dtype)
+    tflops, limit = flops / (latency_ms * 1e-3) / 1e12, limit_tflops(peaks, dtype)
+    if limit and tflops > PHYSICAL_MARGIN * limit:
+        return (f"{BEYOND}: {tflops:.4g} TFLOP/s is {tflops / limit:.3g}x the {dtype} matmul peak {limit:.4g} "
+                f"TFLOP/s (best of the run's samples; rejected above {PHYSICAL_MARGIN:g}x)")
+    nbytes = bytes_moved(case, phase)
+    gbps, peak_gbps = nbytes / (latency_ms * 1e-3) / 1e9, limit_gbps(peaks, peak_gbps)
+    if peak_gbps and streams_from_memory(nbytes, device_type) and gbps > PHYSICAL_MARGIN * peak_gbps:
+        return (f"{BEYOND}: {gbps:.4g} GB/s is {gbps / peak_gbps:.3g}x the copy bandwidth {peak_gbps:.4g} GB/s "
+                f"(best of the run's samples; {nbytes} bytes stream from memory; rejected above {PHYSICAL_MARGIN:g}x)")
+    return ""
+
+
+def _floored(part: dict, threads: int) -> float:
+    """The best copy bandwidth of one set of samples (start or end), at least one thread's."""
+    return max(max(part["copy_gbps"]), max(part[COPY_PER_THREAD], default=0.0) / max(threads, 1))
+
+
+class RunPeaks:
+    """A run's peak samples: `samples` spaced ones of each dtype's matmul and of the copy bandwidth at its start,
+    whose best every row is judged against as it is built (rows are final when built), and as many at its end
+    (`measure_end`), which raise nothing already written but audit it (`record`: a rejected row that the best of all
+    samples would have let through is listed; a run with one has a start peak depressed by more than the margin
+    allowed for, which env.json then says)."""
+
+    def __init__(self, device: torch.device, dtypes: Iterable[torch.dtype], samples: int = PEAK_SAMPLES):
+        # fp32 always: the limit of narrower dtypes includes it (limit_tflops)
+        self.device, self.samples, self.threads = device, samples, torch.get_num_threads()
+        self.dtypes = sorted(set(dtypes) | {torch.float32}, key=str)
+        self.start = self._sample()
+        self.end: dict | None = None
+
+    def _sample(self) -> dict:
+        with stage("peaks"):  # its cost shows in the run's time_spent
+            return {"matmul_tflops": peak_samples(self.device, self.dtypes, self.samples),
+                    "copy_gbps": copy_bandwidth_samples(self.device, samples=self.samples),
+                    COPY_PER_THREAD: copy_bandwidth_per_thread_samples(self.device, samples=self.samples)}
+
+    @property
+    def tflops(self) -> dict[str, float]:
+        """{peak key: TFLOP/s}, the best of the start samples (roofline.best_peaks)."""
+        return best_peaks(self.start["matmul_tflops"], self.threads)
+
+    @property
+    def gbps(self) -> float:
+        """The best of the start's copy-bandwidth samples (GB/s), at least one thread's (all threads copy at least
+        what one does alone: a best below it is a machine stalled by other load)."""
+        return _floored(self.start, self.threads)
+
+    @property
+    def judged(self) -> dict[str, float]:
+        """What rows are judged against (measure_phase's `peaks`): tflops, and the copy bandwidth's one-thread
+        bound where there is one."""
+        bound = self.start[COPY_PER_THREAD]
+        return {**self.tflops, **({COPY_PER_THREAD: max(bound)} if bound else {})}
+
+    def measure_end(self) -> None:
+        self.end = self._sample()
+
+    def _all(self) -> tuple[dict[str, float], float]:
+        """The best of the start and end samples together: (peaks as `judged` keys them, copy GB/s)."""
+        parts = [self.start] + ([self.end] if self.end else [])
+        merged: dict[str, list[float]] = {}
+        for part in parts:
+            for key, values in part["matmul_tflops"].items():
+                merged.setdefault(key, []).extend(values)
+            if part[COPY_PER_THREAD]:
+                merged.setdefault(COPY_PER_THREAD, []).extend(part[COPY_PER_THREAD])
+        return best_peaks(merged, self.threads), max(_floored(part, self.threads) for part in parts)
+
+    def overturned(self, rows: Iterable[Row]) -> list[str]:
+        """The keys of rows rejected for the physical limit whose figures the best of every sample (start and end)
+        lets through: rejected against a start peak that was depressed by more than the margin allows for."""
+        tflops, gbps = self._all()
+        gbps = limit_gbps(tflops, gbps)
+        out = []
+        for row in rows:
+            if row.timing_status != REJECTED or BEYOND not in (row.timing_reason or ""):
+                continue
+            limit = limit_tflops(tflops, row.dtype)
+            over_flops = bool(limit) and (row.tflops or 0.0) > PHYSICAL_MARGIN * limit
+            over_bytes = (bool(row.gbps) and row.gbps > PHYSICAL_MARGIN * gbps
+                          and streams_from_memory(int(row.bytes_moved or 0), self.device.type))
+            if not (over_flops or over_bytes):
+                out.append("/".join(row.key))
+        return out
+
+    def record(self, rows: Iterable[Row] = ()) -> dict:
+        """What env.json keeps: every sample, the margin, what rows were judged against and, after the end
+        samples, the best of all and the rejected keys those would have let through."""
+        out = {"margin": PHYSICAL_MARGIN, "judged_against": "the best of the start samples",
+               "start": self.start, "end": self.end, "start_best": {**self.judged, "copy_gbps": self.gbps}}
+        if self.end is not None:
+            tflops, gbps = self._all()
+            out.update(best={**tflops, "copy_gbps": gbps}, overturned_by_end_samples=self.overturned(rows))
+        return out
