@@ -61,6 +61,8 @@ CAPABILITIES: dict[str, Callable[[Any], str | None]] = {
     "supports_backward": _flag,
     "supports_gqa": _flag,
     "compiles_per_shape": _flag,
+    "paged_kv": _flag,
+    "mixed_batch": _flag,
     "native_probes": _native_probes,
     "deterministic": _deterministic,
     "package": _package,

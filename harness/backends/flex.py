@@ -131,6 +131,8 @@ class Flex(Backend):
     supports_head_dim_v = True
     #: paged natively: a mask_mod over the physical cache (paged_mask_mod), no gather
     paged_kv = True
+    #: a mixed serving step through the same mask_mod (padding rows see no key: flex gives them 0)
+    mixed_batch = True
 
     def __init__(self):
         self._block_masks: dict = {}

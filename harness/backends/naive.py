@@ -30,6 +30,7 @@ class Naive(Backend):
     modifiers = frozenset(MODIFIERS)
     supports_head_dim_v = True
     paged_kv = True  # by gathering the pages through the block table, inside the timed call
+    mixed_batch = True  # the dense mask: padding rows see no key and come out 0
 
     def prepare(self, case, device) -> NaivePlan:
         """The dense bool mask and the ALiBi term in the case's dtype on the device, built once: the call only

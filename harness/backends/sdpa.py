@@ -82,6 +82,7 @@ class _Sdpa(Backend):
     #: the math kernel takes any value head dim; a fused kernel that does not refuses with torch's reasons
     supports_head_dim_v = True
     paged_kv = True  # by gathering the pages through the block table, inside the timed call
+    mixed_batch = True  # the dense attn_mask: padding rows see no key and come out 0 (torch >= 2.5)
     kernel: SDPBackend | None = None
     cuda_only = False
 

@@ -16,6 +16,7 @@ from typing import Callable
 from harness.spec.case import AttentionCase, parse_dtype
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow, parse_mask
 from harness.spec.paged import paged_case
+from harness.spec.serving_step import CPU_MIX, StepMix, serving_step
 
 #: --matrix auto: the GPU matrix on a CUDA device, the CPU default elsewhere
 AUTO = "auto"
@@ -60,6 +61,14 @@ def _paged(caches, q_lens, page_sizes, *, dtype="bf16", shape=(32, 8, 128), cach
     h, hkv, d = shape
     return [paged_case(batch or decode_batch(n, cached_tokens), h, q, d, parse_dtype(dtype), kv_heads=hkv, cache=n,
                        page_size=p) for n, q, p in product(caches, q_lens, page_sizes)]
+
+
+def _steps(caches, page_sizes, *, dtype="bf16", shape=(32, 8, 128), mix: StepMix = StepMix()) -> list[AttentionCase]:
+    """Mixed serving steps (spec.serving_step: by default one 512-token prefill chunk, 31 decodes, 4 verifications of
+    4 tokens) over caches of about each length in `caches`, paged in each of `page_sizes` (None: contiguous)."""
+    h, hkv, d = shape
+    return [serving_step(h, d, parse_dtype(dtype), kv_heads=hkv, cache=n, page_size=p, mix=mix)
+            for n, p in product(caches, page_sizes)]
 
 
 #: (heads, kv_heads, head_dim) with H*D = 2048, and the GQA/MQA groupings
@@ -140,6 +149,10 @@ def _default() -> list[AttentionCase]:
         # paged KV: a decode step (fp32) and a 4-token verification (bf16) over shuffled pages of 16
         + _paged([200], [1], [16], dtype="fp32", shape=(8, 2, 64), batch=3)
         + _paged([200], [4], [16], shape=(8, 2, 64), batch=3)
+        # mixed serving steps (a 24-token prefill chunk, 5 decodes, 2 verifications of 4): paged in bf16, and over
+        # a contiguous cache in fp32, where the backward is judged too
+        + _steps([96], [16], shape=(8, 2, 64), mix=CPU_MIX)
+        + _steps([96], [None], dtype="fp32", shape=(8, 2, 64), mix=CPU_MIX)
     )
 
 
@@ -154,6 +167,8 @@ def _full() -> list[AttentionCase]:
         + _cases(["fp32", "fp16", "bf16"], [(257, 257)], ["none", "causal", "window"],
                  [40, 59, 80, 96, 111, 160, 192, 224, 256])
         + _cases(["fp16", "bf16"], [(511, 1023)], CPU_MASKS, [128], heads=((8, 8), (8, 2), (8, 1)))
+        # the real serving step (one 512-token prefill chunk, 31 decodes, 4 verifications of 4) at CPU head counts
+        + _steps([2048], [16], shape=(8, 2, 64))
     )
 
 
@@ -165,6 +180,7 @@ def _gpu_smoke() -> list[AttentionCase]:
             + _tokens(["bf16"], [4096], ["docs-causal"], [MHA_128])
             + _decode([8192])
             + _paged([8192], [1], [16, 256]) + _paged([8192], [4], [256])
+            + _steps([4096], [16])
             + _cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64])
             + _cases(["fp16"], [(129, 129)], ["causal"], [80])
             + _gpu_model_cases([4096]))
@@ -181,6 +197,7 @@ def _gpu() -> list[AttentionCase]:
             + _with(_cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64]), bias="head")
             + _paged([1024, 4096, 16384, 65536, 131072], [1], [16, 256])
             + _paged([4096, 32768], [4, 8], [16, 256])
+            + _steps([4096, 32768], [16, 256])
             + _gpu_correctness_slice())
 
 
@@ -226,16 +243,19 @@ REGISTRY: dict[str, Matrix] = {m.name: m for m in (
            "fp32/bf16, two shapes, none/causal, one GQA (4/2 heads) and one key-padding case"),
     Matrix("default", _default, "cpu", "default",
            "every mask on non-square shapes, odd head dims, decode, GQA/MQA, seq doubling to 2048; 7 modifier cases "
-           "([variants.md](variants.md)) and 2 paged decode/verification cases ([serving.md](serving.md))"),
-    Matrix("full", _full, "cpu", "full", "every dtype × mask × shape, head dims 32–256, seq to 4096"),
+           "([variants.md](variants.md)), 2 paged decode/verification cases and 2 mixed serving steps "
+           "([serving.md](serving.md))"),
+    Matrix("full", _full, "cpu", "full", "every dtype × mask × shape, head dims 32–256, seq to 4096, one "
+           "full-size mixed serving step"),
     Matrix("gpu-smoke", _gpu_smoke, "cuda", "smoke",
            "bf16/fp16 at 1k/4k, GQA, packed docs, one decode, two odd shapes; Gemma-2/gpt-oss/DeepSeek-V3/ALiBi "
-           "model shapes; 3 paged cases"),
+           "model shapes; 3 paged cases and one mixed serving step"),
     Matrix("gpu", _gpu, "cuda", "default",
            "bf16 (+fp16), 16k tokens a batch, seq 512–16k, H·D = 2048 (d 64/128/256), GQA 32/8, MQA, "
            "causal/none/window/docs/keypad, decode over 1k–128k KV, a correctness slice of the CPU matrices' odd "
            "sizes, the model shapes with modifiers, paged decode (pages 16/256, 1k–128k) and verification "
-           "(q_len 4/8)"),
+           "(q_len 4/8), mixed serving steps (a 512-token prefill chunk, 31 decodes, 4 verifications of 4; caches 4k/32k, "
+           "pages 16/256)"),
     Matrix("gpu-full", _gpu_full, "cuda", "full", "`gpu` plus 32k/64k, fp16 everywhere, more masks and GQA shapes"),
 )}
 MATRICES = tuple(REGISTRY)
