@@ -157,6 +157,9 @@ class Backend(ProbeHooks, DescriptionHooks):
     #: takes a mixed serving step: a CacheCausal with per-sequence query lengths (q_lens), q padded to the longest
     #: run; rows past a sequence's q_lens[b] see no key and must come out 0 (harness.spec.masks.cache_causal)
     mixed_batch: ClassVar[bool] = False
+    #: takes an FP8 KV case (harness.spec.fp8): k and v float8 e4m3fn, forward(..., k_scale=, v_scale=) float32
+    #: (1,) per tensor or (kv_heads,) per head, x ~= x8 * scale
+    fp8_kv: ClassVar[bool] = False
 
     def prepare(self, case: AttentionCase, device: torch.device) -> Plan | Any:
         """Everything the call needs that depends only on (case, device) - native masks, biases, lengths, the op
@@ -200,6 +203,8 @@ class Backend(ProbeHooks, DescriptionHooks):
             reasons.append(f"{self.name} needs page_size % {self.page_size_multiple} == 0; page_size={case.page_size}")
         if isinstance(case.mask, CacheCausal) and case.mask.mixed and not self.mixed_batch:
             reasons.append(f"{self.name} takes no mixed serving step (per-sequence query lengths; mixed_batch=False)")
+        if case.fp8_kv is not None and not self.fp8_kv:
+            reasons.append(f"{self.name} takes no FP8 KV cache (fp8_kv=False)")
         if backward:
             reasons += self.backward_reasons(device)
         if dropout and "dropout" not in self.native_probes:

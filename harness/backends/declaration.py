@@ -63,6 +63,7 @@ CAPABILITIES: dict[str, Callable[[Any], str | None]] = {
     "compiles_per_shape": _flag,
     "paged_kv": _flag,
     "mixed_batch": _flag,
+    "fp8_kv": _flag,
     "native_probes": _native_probes,
     "deterministic": _deterministic,
     "package": _package,

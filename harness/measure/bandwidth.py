@@ -41,11 +41,12 @@ def visible_keys(mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, bloc
 
 def bytes_moved(case: AttentionCase, phase: str = FWD) -> int:
     """The least traffic of one call in the case's dtype: Q + visible K + visible V + O, K and V counted once per kv
-    head (GQA's query heads share them), each tensor read or written once; the backward twice that."""
+    head (GQA's query heads share them), each tensor read or written once (Q and O: the case's query tokens, without
+    a mixed step's padding rows); the backward twice that."""
     if phase not in PHASES:
         raise ValueError(f"phase={phase!r}; allowed: {', '.join(PHASES)}")
     size = case.dtype.itemsize
-    q_and_o = 2 * case.batch * case.heads * case.seq_q * case.head_dim * size
+    q_and_o = 2 * case.query_tokens * case.heads * case.head_dim * size        # a mixed step's padding rows: none
     k_and_v = 2 * visible_keys(case.mask, case.batch, case.seq_q, case.seq_k) * case.kv_heads * case.head_dim * size
     return (q_and_o + k_and_v) * PHASE_TRAFFIC[phase]
 

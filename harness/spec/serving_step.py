@@ -8,6 +8,7 @@ needed so each cache holds its own queries (a prefill chunk is the newest `chunk
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from harness.spec.case import AttentionCase, parse_dtype
@@ -52,6 +53,20 @@ class StepMix:
     def id(self) -> str:
         """'p1x512-d31-v4x4': the mix in a name (workloads and tables)."""
         return f"p{self.prefills}x{self.chunk}-d{self.decodes}-v{self.verifications}x{self.spec_len}"
+
+
+#: StepMix.id's form, which parse_mix reads back
+MIX_PATTERN = re.compile(r"p(\d+)x(\d+)-d(\d+)-v(\d+)x(\d+)")
+
+
+def parse_mix(text: str) -> StepMix:
+    """'p1x512-d31-v4x4' (StepMix.id's form: prefills x chunk, decodes, verifications x spec_len) -> its StepMix."""
+    match = MIX_PATTERN.fullmatch(str(text))
+    if match is None:
+        raise ValueError(f"serving step {text!r}: must read pPxC-dD-vVxS (P prefill chunks of C tokens, D decodes, V "
+                         f"verifications of S tokens), e.g. {StepMix().id}")
+    p, c, d, v, s = (int(g) for g in match.groups())
+    return StepMix(prefills=p, chunk=c, decodes=d, verifications=v, spec_len=s)
 
 
 #: a mix the CPU matrices run in seconds: one 24-token chunk, 5 decodes, 2 verifications of 4
