@@ -153,6 +153,9 @@ def _default() -> list[AttentionCase]:
         # a contiguous cache in fp32, where the backward is judged too
         + _steps([96], [16], shape=(8, 2, 64), mix=CPU_MIX)
         + _steps([96], [None], dtype="fp32", shape=(8, 2, 64), mix=CPU_MIX)
+        # FP8 (e4m3) KV caches (spec.fp8): a paged verification with per-head scales, a causal prefill per tensor
+        + _with(_paged([200], [4], [16], shape=(8, 2, 64), batch=3), fp8_kv="head")
+        + _with(_cases(["bf16"], [(113, 203)], ["causal-br"], [64], heads=((8, 2),)), fp8_kv="tensor")
     )
 
 
@@ -181,6 +184,7 @@ def _gpu_smoke() -> list[AttentionCase]:
             + _decode([8192])
             + _paged([8192], [1], [16, 256]) + _paged([8192], [4], [256])
             + _steps([4096], [16])
+            + _with(_paged([8192], [1], [16]) + _steps([4096], [16]), fp8_kv="head")
             + _cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64])
             + _cases(["fp16"], [(129, 129)], ["causal"], [80])
             + _gpu_model_cases([4096]))
@@ -198,6 +202,8 @@ def _gpu() -> list[AttentionCase]:
             + _paged([1024, 4096, 16384, 65536, 131072], [1], [16, 256])
             + _paged([4096, 32768], [4, 8], [16, 256])
             + _steps([4096, 32768], [16, 256])
+            + _with(_paged([32768], [1, 4], [16, 256]) + _steps([4096, 32768], [16]), fp8_kv="head")
+            + _with(_paged([32768], [1], [16]), fp8_kv="tensor")
             + _gpu_correctness_slice())
 
 
@@ -243,19 +249,19 @@ REGISTRY: dict[str, Matrix] = {m.name: m for m in (
            "fp32/bf16, two shapes, none/causal, one GQA (4/2 heads) and one key-padding case"),
     Matrix("default", _default, "cpu", "default",
            "every mask on non-square shapes, odd head dims, decode, GQA/MQA, seq doubling to 2048; 7 modifier cases "
-           "([variants.md](variants.md)), 2 paged decode/verification cases and 2 mixed serving steps "
-           "([serving.md](serving.md))"),
+           "([variants.md](variants.md)), 2 paged decode/verification cases, 2 mixed serving steps and 2 FP8 "
+           "KV-cache cases ([serving.md](serving.md))"),
     Matrix("full", _full, "cpu", "full", "every dtype × mask × shape, head dims 32–256, seq to 4096, one "
            "full-size mixed serving step"),
     Matrix("gpu-smoke", _gpu_smoke, "cuda", "smoke",
            "bf16/fp16 at 1k/4k, GQA, packed docs, one decode, two odd shapes; Gemma-2/gpt-oss/DeepSeek-V3/ALiBi "
-           "model shapes; 3 paged cases and one mixed serving step"),
+           "model shapes; 3 paged cases, one mixed serving step, 2 FP8 KV-cache cases"),
     Matrix("gpu", _gpu, "cuda", "default",
            "bf16 (+fp16), 16k tokens a batch, seq 512–16k, H·D = 2048 (d 64/128/256), GQA 32/8, MQA, "
            "causal/none/window/docs/keypad, decode over 1k–128k KV, a correctness slice of the CPU matrices' odd "
            "sizes, the model shapes with modifiers, paged decode (pages 16/256, 1k–128k) and verification "
            "(q_len 4/8), mixed serving steps (a 512-token prefill chunk, 31 decodes, 4 verifications of 4; caches 4k/32k, "
-           "pages 16/256)"),
+           "pages 16/256), FP8 KV caches (per head and per tensor: decode, verification, serving steps)"),
     Matrix("gpu-full", _gpu_full, "cuda", "full", "`gpu` plus 32k/64k, fp16 everywhere, more masks and GQA shapes"),
 )}
 MATRICES = tuple(REGISTRY)

@@ -36,3 +36,9 @@ def test_the_docs_case_id_is_what_the_spec_gives():
     case = AttentionCase(4, 32, 12, 128, "bf16", kv_heads=8, seq_k=45,
                          mask=CacheCausal((45, 20, 33, 27), q_lens=(12, 1, 4, 1)), page_size=16)
     assert f"case.id   # '{case.id}'" in DOC.read_text()
+
+
+def test_the_docs_fp8_case_id_is_what_the_spec_gives():
+    case = AttentionCase(3, 32, 4, 128, "bf16", kv_heads=8, seq_k=45, mask=CacheCausal((45, 20, 33)), page_size=16,
+                         fp8_kv="head")
+    assert f"case.id   # '{case.id}'" in DOC.read_text()

@@ -41,6 +41,11 @@ def test_a_mixed_step_moves_its_query_tokens_not_its_padding():
     assert bytes_moved(case) == 2 * 5 * 4 * 32 * 4 + 2 * (10 + 6) * 4 * 32 * 4
 
 
+def test_an_fp8_cache_moves_one_byte_a_key_element():
+    case = AttentionCase(2, 4, 1, 32, "bf16", seq_k=64, fp8_kv="head")
+    assert bytes_moved(case) == 2 * 2 * 4 * 32 * 2 + 2 * (2 * 64) * 4 * 32 * 1
+
+
 def test_ridge_point_decides_the_bound():
     # ridge = 100 TFLOP/s / 1000 GB/s = 100 FLOP/byte
     assert bound(99e6, 1e6, 100.0, 1000.0) == "memory"

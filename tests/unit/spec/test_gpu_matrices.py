@@ -12,14 +12,15 @@ def _plain(cases):
 def test_cpu_matrices_are_unchanged():
     # the sizes before the GPU matrices existed (a newer mask name must not grow them), plus smoke's GQA and
     # key-padding cases (issue 23), the 7 modifier cases (issue 24) and the two paged-KV cases (decode and
-    # verification, issue 25) and the mixed serving steps (two in default, one full-size in full, issue 36) added on
-    # purpose
-    assert [len(build_matrix(m)) for m in ("smoke", "default", "full")] == [10, 53, 423]
-    assert [len(_plain(build_matrix(m))) for m in ("smoke", "default", "full")] == [10, 46, 416]
+    # verification, issue 25), the mixed serving steps (two in default, one full-size in full) and two FP8 KV-cache
+    # cases (issue 36) added on purpose
+    assert [len(build_matrix(m)) for m in ("smoke", "default", "full")] == [10, 55, 425]
+    assert [len(_plain(build_matrix(m))) for m in ("smoke", "default", "full")] == [10, 48, 418]
+    assert [c.fp8_kv for c in build_matrix("default") if c.fp8_kv] == ["head", "tensor"]
     assert {c.mask_kind for c in build_matrix("default")} == {"none", "causal", "causal-br", "window", "keypad",
                                                                "causal+keypad", "cache-causal"}
-    assert [c.seq_q for c in build_matrix("default") if c.page_size and not c.mask.mixed] == [1, 4]
-    steps = [c for c in build_matrix("default") if c.mask_kind == "cache-causal" and c.mask.mixed]
+    assert [c.seq_q for c in build_matrix("default") if c.page_size and not c.mask.mixed and not c.fp8_kv] == [1, 4]
+    steps = [c for c in build_matrix("default") if c.mask_kind == "cache-causal" and c.mask.mixed and not c.fp8_kv]
     assert [(c.page_size, c.mask.q_lens) for c in steps] == [(16, (24,) + (1,) * 5 + (4, 4)), (None, (24,) + (1,) * 5 + (4, 4))]
     modified = [c for c in build_matrix("default") if c not in _plain(build_matrix("default"))]
     assert {c.modifier_id for c in modified} == {"cap30", "cap50", "sink", "alibi", "headbias", "fullbias", "none"}
@@ -68,13 +69,13 @@ def test_gpu_matrix_is_what_the_field_benchmarks():
 
 
 def test_gpu_paged_cases_decode_and_verify_over_pages_of_16_and_256():
-    paged = [c for c in build_matrix("gpu") if c.page_size is not None and not c.mask.mixed]
+    paged = [c for c in build_matrix("gpu") if c.page_size is not None and not c.mask.mixed and not c.fp8_kv]
     assert {c.page_size for c in paged} == {16, 256} and {c.seq_q for c in paged} == {1, 4, 8}
     decode = [c for c in paged if c.seq_q == 1]
     assert sorted({c.seq_k + 1 for c in decode}) == [1024, 4096, 16384, 65536, 131072]   # odd lengths: partial pages
     assert all(n % c.page_size for c in paged for n in c.mask.lengths)
     assert all((c.heads, c.kv_heads, c.head_dim) == (32, 8, 128) for c in paged)
-    smoke = [c for c in build_matrix("gpu-smoke") if c.page_size is not None and not c.mask.mixed]
+    smoke = [c for c in build_matrix("gpu-smoke") if c.page_size is not None and not c.mask.mixed and not c.fp8_kv]
     assert {(c.seq_q, c.page_size) for c in smoke} == {(1, 16), (1, 256), (4, 256)}
 
 
@@ -82,12 +83,19 @@ def test_gpu_serving_steps_are_the_real_mix():
     """One 512-token prefill chunk, 31 decodes and 4 verifications of 4 tokens over caches of 4k (gpu-smoke: pages
     of 16) and 4k/32k (gpu: pages 16 and 256), at Llama-3-8B's heads."""
     for name, expected in (("gpu-smoke", {(4095, 16)}), ("gpu", {(n, p) for n in (4095, 32767) for p in (16, 256)})):
-        steps = [c for c in build_matrix(name) if c.mask_kind == "cache-causal" and c.mask.mixed]
+        steps = [c for c in build_matrix(name) if c.mask_kind == "cache-causal" and c.mask.mixed and not c.fp8_kv]
         assert {(c.seq_k, c.page_size) for c in steps} == expected, name
         for c in steps:
             assert c.mask.q_lens == (512,) + (1,) * 31 + (4,) * 4 and c.seq_q == 512 and c.batch == 36
             assert (c.heads, c.kv_heads, c.head_dim) == (32, 8, 128)
             assert all(n % c.page_size for n in c.mask.lengths)
+
+
+def test_gpu_fp8_kv_cases_cover_decode_verification_and_steps_per_head_and_per_tensor():
+    fp8 = [c for c in build_matrix("gpu") if c.fp8_kv]
+    assert {c.fp8_kv for c in fp8} == {"head", "tensor"} and {c.seq_q for c in fp8} == {1, 4, 512}
+    assert {c.page_size for c in fp8} == {16, 256} and all(c.dtype.itemsize == 2 for c in fp8)
+    assert {c.fp8_kv for c in build_matrix("gpu-smoke") if c.fp8_kv} == {"head"}
 
 
 def test_gpu_smoke_is_short_and_gpu_full_adds_long_sequences():
