@@ -40,7 +40,7 @@ def test_recommend_ranks_backends_on_a_mixed_step_and_says_why_one_cannot():
     ranked = rec.table[rec.table["rank"].notna()]
     assert set(ranked.backend) == {"naive", "sdpa"} and (ranked.gbps > 0).all()
     fa2 = rec.table[rec.table.backend == "flash-attn"].iloc[0]
-    assert "takes no mixed serving step" in fa2.reason
+    assert "flash-attn needs page_size % 256 == 0; page_size=16" in fa2.reason
 
 
 def test_cli_serving_step_refuses_batch_and_decode_flags(capsys):
