@@ -34,7 +34,7 @@ from harness.store.schema import ERROR, UNAVAILABLE
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILT_IN = ("naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "xformers",
-            "flash-attn", "flash-attn-4", "flashinfer")
+            "flash-attn", "flash-attn-3", "flash-attn-4", "flashinfer")
 #: the table, rewritten as each step ends, and the archive of everything a person needs to read the run
 TABLE, ARCHIVE, OUTCOMES = "selftest-table.txt", "selftest.tgz", "selftest.json"
 #: the CPU stand-in's backends: it proves the steps, CI pays for it, and flex compiles for minutes

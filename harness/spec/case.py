@@ -192,7 +192,8 @@ def make_inputs(case: AttentionCase, device: str | torch.device = "cpu", seed: i
     Generating on CPU in float32 makes the values identical on every device and dtype for one seed. The modifiers'
     tensors are drawn after q, k, v, d_out from the same generator and only when the case has them, so a case
     without modifiers draws exactly what it always did. Softcap cases scale q so a visible share of the scaled
-    scores exceeds the cap; sinks are drawn on the scale of a row's log-denominator (harness.spec.modifiers).
+    scores exceeds the cap; sinks are drawn on the scale of a row's log-denominator (harness.spec.modifiers); an FP8
+    KV case's K and V heads are drawn at harness.spec.fp8.magnitudes (its scales are the case's).
     """
     gen = torch.Generator().manual_seed(seed)
     shapes = [
