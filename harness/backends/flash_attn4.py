@@ -16,16 +16,22 @@ from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, SlidingWindow
 
+
+
+def _sm100_fits(d: int, dv: int) -> bool:
+    return d % 8 == 0 and dv % 8 == 0 and ((8 <= d <= 128 and 8 <= dv <= 128) or (d, dv) in ((192, 128), (256, 256)))
+
+
 #: what the kernels take per architecture (interface.py _validate_head_dims; the sm80/sm120 paths assert no paged
 #: KV): head dims (q/k, v) allowed, as a predicate's description and the predicate
 ARCHITECTURES = {
     9: {"name": "sm90", "head_dims": "8..256 (q/k and v), multiples of 8",
         "fits": lambda d, dv: 8 <= d <= 256 and 8 <= dv <= 256 and d % 8 == 0 and dv % 8 == 0},
     10: {"name": "sm100", "head_dims": "8..128, or (192, 128) DeepSeek, or (256, 256), multiples of 8",
-         "fits": lambda d, dv: d % 8 == 0 and dv % 8 == 0 and ((8 <= d <= 128 and 8 <= dv <= 128) or (d, dv) in
-                                                                ((192, 128), (256, 256)))},
+         "fits": _sm100_fits},
+    11: {"name": "sm110", "head_dims": "8..128, or (192, 128) DeepSeek, or (256, 256), multiples of 8",
+         "fits": _sm100_fits},
 }
-ARCHITECTURES[11] = dict(ARCHITECTURES[10], name="sm110")
 FP8_REFUSAL = ("flash-attn-4 4.0.0b36's flash_attn_func / flash_attn_varlen_func take no q_descale / k_descale / "
                "v_descale (only its private _flash_attn_fwd does)")
 
