@@ -14,8 +14,7 @@ import torch
 from harness.backends.base import Backend, MaskForm, Plan, Unsupported
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
-from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, SlidingWindow
-
+from harness.spec.masks import Causal, CausalBottomRight, SlidingWindow
 
 
 def _sm100_fits(d: int, dv: int) -> bool:
