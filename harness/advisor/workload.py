@@ -9,6 +9,7 @@ from harness.spec.case import AttentionCase, paged_case
 from harness.spec.masks import MASK_NAMES, parse_mask
 from harness.spec.presets import ModelShape, get_preset
 from harness.spec.case import paged_case
+from harness.spec.serving_step import parse_mix, serving_step
 from harness.store.schema import FWD, FWD_BWD
 
 
@@ -38,6 +39,9 @@ class Workload:
     #: a paged KV cache of pages this size (a decode or verification step, seq_q = 1 or the speculation length,
     #: over caches of about seq_k keys: spec.case.paged_case); `mask` is then CacheCausal's
     page_size: int | None = None
+    #: a mixed serving step (spec.serving_step's mix id, e.g. 'p1x512-d31-v4x4') over caches of about seq_k keys:
+    #: batch and seq_q are then the mix's (its sequences, its longest query run); `mask` is CacheCausal's
+    serving_step: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.training, bool):
@@ -47,6 +51,15 @@ class Workload:
     def case(self) -> AttentionCase:
         modifiers = dict(softcap=self.softcap, sinks=self.sinks, alibi=self.alibi, bias=self.bias,
                          head_dim_v=self.head_dim_v)
+        if self.serving_step is not None:
+            mix = parse_mix(self.serving_step)
+            if (self.batch, self.seq_q) != (mix.batch, max(mix.q_lens)):
+                raise ValueError(f"serving step {mix.id}: batch={self.batch}, seq_q={self.seq_q} must be the mix's "
+                                 f"{mix.batch} sequences and longest run {max(mix.q_lens)}")
+            if any(v not in (None, False) for v in modifiers.values()):
+                raise ValueError(f"serving step {mix.id}: takes no modifiers yet; got {modifiers}")
+            return serving_step(self.heads, self.head_dim, self.dtype, kv_heads=self.kv_heads or self.heads,
+                                cache=self.seq_k or self.seq_q, page_size=self.page_size, mix=mix)
         if self.page_size is not None:  # the spec refuses what a paged case cannot take (spec.paged)
             return paged_case(self.batch, self.heads, self.seq_q, self.head_dim, self.dtype,
                               kv_heads=self.kv_heads or self.heads, cache=self.seq_k or self.seq_q,
@@ -68,15 +81,22 @@ class Workload:
 
 def model_workloads(model: ModelShape, batch: int, seq: int, *, seq_k: int | None = None, dtype: str = "bf16",
                     training: bool = False, seq_q: int | None = None, page_size: int | None = None,
-                    step: str = "") -> list[Workload]:
+                    step: str = "", serving_step: str | None = None) -> list[Workload]:
     """A model's workloads at (batch, seq): one per layer kind (Gemma 2's local and global layers), each with the
     model's modifiers, so only a backend verified and timed on every kind is ranked overall (ranking.overall) and
     the others are named with why. A serving step (`seq_q` queries over `seq` cached keys, `page_size`, named by
-    `step`) keeps the same layer kinds."""
+    `step`) keeps the same layer kinds; so does a mixed `serving_step` (its mix id: batch and queries are the mix's,
+    `seq` the longest cache)."""
     out = []
     for layer in model.layer_masks:
         case = model.case(batch, seq_k or seq, dtype, seq_q=seq_q or seq, layer_mask=layer)
         kind = f" {layer} layers" if len(model.layer_masks) > 1 else ""
+        if serving_step is not None:
+            mix = parse_mix(serving_step)
+            out.append(Workload(mix.batch, model.heads, max(mix.q_lens), model.head_dim, kv_heads=model.kv_heads,
+                                seq_k=seq_k or seq, dtype=dtype, name=f"{model.name} step {mix.id} s{seq}{step}{kind}",
+                                page_size=page_size, serving_step=mix.id))
+            continue
         out.append(Workload(case.batch, case.heads, case.seq_q, case.head_dim, kv_heads=case.kv_heads,
                             seq_k=case.seq_k, dtype=dtype, mask=model.mask_for(case.seq_q, case.seq_k, layer),
                             training=training, name=f"{model.name} b{batch} s{seq}{step}{kind}",

@@ -11,7 +11,7 @@ import torch
 
 from harness.backends.paged_gather import paged_case_of
 from harness.spec.case import AttentionCase, dtype_name
-from harness.spec.masks import MaskSpec
+from harness.spec.masks import CacheCausal, MaskSpec
 from harness.spec.modifiers import MODIFIERS
 
 LAYOUTS = ("bhsd", "bshd")
@@ -169,6 +169,12 @@ class Backend(ProbeHooks, DescriptionHooks):
     paged_kv: ClassVar[bool] = False
     #: the page sizes its paged kernel takes are multiples of this (FA2: 256)
     page_size_multiple: ClassVar[int] = 1
+    #: takes a mixed serving step: a CacheCausal with per-sequence query lengths (q_lens), q padded to the longest
+    #: run; rows past a sequence's q_lens[b] see no key and must come out 0 (harness.spec.masks.cache_causal)
+    mixed_batch: ClassVar[bool] = False
+    #: takes an FP8 KV case (harness.spec.fp8): k and v float8 e4m3fn, forward(..., k_scale=, v_scale=) float32
+    #: (1,) per tensor or (kv_heads,) per head, x ~= x8 * scale
+    fp8_kv: ClassVar[bool] = False
 
     def prepare(self, case: AttentionCase, device: torch.device) -> Plan | Any:
         """Everything the call needs that depends only on (case, device) - native masks, biases, lengths, the op
@@ -210,6 +216,10 @@ class Backend(ProbeHooks, DescriptionHooks):
             reasons.append(f"{self.name} has no paged KV path (paged_kv=False)")
         elif case.page_size is not None and case.page_size % self.page_size_multiple:
             reasons.append(f"{self.name} needs page_size % {self.page_size_multiple} == 0; page_size={case.page_size}")
+        if isinstance(case.mask, CacheCausal) and case.mask.mixed and not self.mixed_batch:
+            reasons.append(f"{self.name} takes no mixed serving step (per-sequence query lengths; mixed_batch=False)")
+        if case.fp8_kv is not None and not self.fp8_kv:
+            reasons.append(f"{self.name} takes no FP8 KV cache (fp8_kv=False)")
         if backward:
             reasons += self.backward_reasons(device)
         if dropout and "dropout" not in self.native_probes:

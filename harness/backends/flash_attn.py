@@ -110,6 +110,9 @@ class FlashAttn2(Backend):
     #: multiple of 256"
     paged_kv = True
     page_size_multiple = 256
+    #: a mixed serving step through flash_attn_varlen_func(..., block_table=): q packed by cu_seqlens_q from the
+    #: per-sequence query lengths, cu_seqlens_k from the cache lengths; causal bottom-right per sequence (its docstring)
+    mixed_batch = True
 
     def unavailable_reason(self, device):
         """FlashAttention-2 is its interface module (which loads flash_attn_2_cuda), not the `flash_attn` name:
@@ -154,6 +157,9 @@ class FlashAttn2(Backend):
         """FA2's keywords for the mask, and for its varlen path the int32 cu_seqlens and the flat indices of the kept
         keys, all on the device: the call does no host work and no host-device traffic (a boolean-mask gather
         would synchronize)."""
+        if case.page_size is not None and case.mask.mixed:  # varlen over the pages: the step's own cu_seqlens
+            return Fa2Plan(op=f"{self.name} (varlen paged: q packed and scattered back inside the timed call)",
+                           call=fa2_mixed_plan(case, device))
         if case.page_size is not None:  # flash_attn_with_kvcache takes the block table and lengths as they come
             return Fa2Plan(op=self.name, call={"mode": "paged"})
         return Fa2Plan(op=self.name, call=fa2_plan(case, device))
@@ -166,6 +172,15 @@ class FlashAttn2(Backend):
                 block_table=None, cache_seqlens=None):
         from flash_attn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
+        if block_table is not None and isinstance(mask, CacheCausal) and mask.mixed:
+            # a mixed step: the rows that carry queries, packed; the output scattered back
+            plan = (prepared.call if prepared is not None else
+                    fa2_mixed_plan(self.case_of(q, k, mask=mask, scale=scale, block_table=block_table), q.device))
+            b, sq, h, d = q.shape
+            packed = q.reshape(b * sq, h, d).index_select(0, plan["rows"])
+            out = flash_attn_varlen_func(packed, k, v, plan["cu_q"], plan["cu_k"], plan["max_q"], plan["max_k"],
+                                         softmax_scale=scale, causal=True, block_table=block_table)
+            return q.new_zeros(b * sq, h, d).index_copy_(0, plan["rows"], out).reshape(b, sq, h, d)
         if block_table is not None:  # paged: k, v are the caches (num_blocks, page_size, kv_heads, head_dim)
             return fa2_paged_call(q, k, v, mask=mask, scale=scale, block_table=block_table,
                                   cache_seqlens=cache_seqlens)
@@ -204,6 +219,18 @@ def fa2_paged_call(q, k_cache, v_cache, *, mask, scale, block_table, cache_seqle
                           "cache")
     return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
                                    softmax_scale=scale, causal=True)
+
+
+def fa2_mixed_plan(case, device) -> dict:
+    """flash_attn_varlen_func's arguments of a mixed serving step over a paged cache: cu_seqlens_q from the query
+    lengths and cu_seqlens_k from the cache lengths (int32, (batch + 1,)), their maxima, and `rows` (int64 indices
+    of the padded q's (batch * seq_q) rows that carry a query, in request order)."""
+    q_lens, lengths = case.mask.q_lens, case.mask.lengths
+    as_int32 = dict(device=device, dtype=torch.int32)
+    cumulative = lambda n: torch.nn.functional.pad(torch.tensor(n).cumsum(0), (1, 0))  # noqa: E731
+    rows = torch.cat([b * case.seq_q + torch.arange(n) for b, n in enumerate(q_lens)])
+    return {"mode": "paged-varlen", "cu_q": cumulative(q_lens).to(**as_int32), "cu_k": cumulative(lengths).to(**as_int32),
+            "max_q": max(q_lens), "max_k": max(lengths), "rows": rows.to(device)}
 
 
 def fa2_plan(case, device) -> dict:

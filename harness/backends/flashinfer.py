@@ -40,15 +40,18 @@ def flashinfer_mask(mask: MaskSpec | None, seq_q: int, seq_k: int) -> dict:
                       "on the diagonal)")
 
 
-def paged_plan_args(block_table: torch.Tensor, lengths: torch.Tensor, page_size: int, seq_q: int) -> dict:
+def paged_plan_args(block_table: torch.Tensor, lengths: torch.Tensor, page_size: int, seq_q: int,
+                    q_lens: tuple[int, ...] | None = None) -> dict:
     """The paged-KV plan() arguments of FlashInfer's CSR page format, int32 on the CPU: request b owns pages
     kv_indices[kv_indptr[b]:kv_indptr[b+1]] (the first ceil(length_b / page_size) entries of its block-table row)
-    and its last page holds kv_last_page_len[b] keys (1..page_size); qo_indptr packs seq_q queries a request."""
+    and its last page holds kv_last_page_len[b] keys (1..page_size); qo_indptr packs seq_q queries a request, or
+    q_lens[b] for request b of a mixed serving step."""
     lengths = lengths.to("cpu", torch.int64)
     pages = (lengths + page_size - 1) // page_size
     owned = torch.arange(block_table.shape[1]).view(1, -1) < pages.view(-1, 1)
     batch = lengths.shape[0]
-    return {"qo_indptr": torch.arange(0, (batch + 1) * seq_q, seq_q, dtype=torch.int32),
+    q_counts = torch.tensor(q_lens if q_lens is not None else (seq_q,) * batch, dtype=torch.int64)
+    return {"qo_indptr": torch.nn.functional.pad(q_counts.cumsum(0), (1, 0)).to(torch.int32),
             "kv_indptr": torch.nn.functional.pad(pages.cumsum(0), (1, 0)).to(torch.int32),
             "kv_indices": block_table.to("cpu")[owned].to(torch.int32),
             "kv_last_page_len": (lengths - (pages - 1) * page_size).to(torch.int32)}
@@ -77,19 +80,41 @@ class FlashInferPlan(Plan):
     window_left: int = -1
     wrapper: object = None
     keep: torch.Tensor | None = field(default=None, repr=False)
+    #: a mixed serving step: the padded q's rows (batch * seq_q) that carry a query, int64, packed in request order
+    rows: torch.Tensor | None = field(default=None, repr=False)
+    #: an FP8 cache's (k_scale, v_scale) as floats, read once here: run() folds k_scale into sm_scale and multiplies
+    #: the output by v_scale (prefill.py / decode.py run(), flashinfer-python 0.6.1)
+    kv_scales: tuple[float, float] | None = None
 
 
 def flashinfer_plan(case: AttentionCase, block_table: torch.Tensor | None = None) -> FlashInferPlan:
     """The wrapper and plan() arguments of `case` (no FlashInfer import: testable on the CPU). A paged case is a
     decode (one query: BatchDecodeWithPagedKVCacheWrapper, which attends the whole cache) or a verification
     (BatchPrefillWithPagedKVCacheWrapper with causal=True: bottom-right per request, i.e. CacheCausal)."""
+    scales = None
+    if case.fp8_kv is not None:
+        if case.fp8_kv != "tensor":
+            raise Unsupported("FlashInfer takes one k_scale and one v_scale per tensor (flashinfer-python 0.6.1 run(): "
+                              "sm_scale *= k_scale, out *= v_scale); per-head scales have no form")
+        if case.page_size is None:
+            raise Unsupported("FlashInfer's FP8 KV path here is its paged wrappers'; a contiguous FP8 case is not "
+                              "translated")
+        from harness.spec.fp8 import kv_scales
+
+        scales = tuple(float(s) for s in kv_scales(case.kv_heads, case.fp8_kv))
     if case.page_size is not None:
         from harness.spec.paged import paged_layout
 
         table = paged_layout(case).block_table if block_table is None else block_table
-        args = paged_plan_args(table, case.mask.lengths_tensor(), case.page_size, case.seq_q)
+        mixed = case.mask.q_lens if case.mask.mixed else None
+        args = paged_plan_args(table, case.mask.lengths_tensor(), case.page_size, case.seq_q, mixed)
         kind = "decode" if case.seq_q == 1 else "paged-prefill"
-        return FlashInferPlan(kind, args, causal=case.seq_q > 1, op=f"flashinfer:{kind}")
+        rows = None
+        if mixed is not None:  # the padded q's rows that hold queries: request b's first q_lens[b] of its seq_q
+            rows = torch.cat([b * case.seq_q + torch.arange(n) for b, n in enumerate(mixed)])
+        return FlashInferPlan(kind, args, causal=case.seq_q > 1, op=f"flashinfer:{kind}" + (
+            " (q packed by qo_indptr and scattered back inside the timed call)" if mixed else ""), rows=rows,
+            kv_scales=scales)
     mask = flashinfer_mask(case.mask, case.seq_q, case.seq_k)
     if isinstance(case.mask, Documents) and mask["causal"] and any(
             k < q for q, k in zip(case.mask.q_lengths, case.mask.k_lengths)):
@@ -129,6 +154,10 @@ class FlashInfer(Backend):
     supports_backward = False  # FlashInfer is an inference library: its wrappers have no backward
     #: paged natively: the block table's pages in FlashInfer's CSR form (kv_indptr, kv_indices, kv_last_page_len)
     paged_kv = True
+    #: a mixed serving step: the paged prefill wrapper with qo_indptr from the per-sequence query lengths
+    mixed_batch = True
+    #: FP8 paged caches with per-tensor scales (kv_data_type float8_e4m3fn, run(k_scale=, v_scale=))
+    fp8_kv = True
 
     def unavailable_reason(self, device):
         try:
@@ -157,9 +186,11 @@ class FlashInfer(Backend):
         import flashinfer
 
         plan = flashinfer_plan(case, block_table)
+        plan.rows = None if plan.rows is None else plan.rows.to(device)
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         args = {k: v.to(device) for k, v in plan.args.items()}
-        common = dict(q_data_type=case.dtype, kv_data_type=case.dtype, sm_scale=case.scale,
+        kv_dtype = case.dtype if case.fp8_kv is None else torch.float8_e4m3fn
+        common = dict(q_data_type=case.dtype, kv_data_type=kv_dtype, sm_scale=case.scale,
                       window_left=plan.window_left)
         if plan.kind == "decode":
             plan.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
@@ -177,13 +208,18 @@ class FlashInfer(Backend):
         return plan
 
     def forward(self, q, k, v, *, mask, scale, prepared: FlashInferPlan | None = None, block_table=None,
-                cache_seqlens=None):
+                cache_seqlens=None, k_scale=None, v_scale=None):
         b, sq, h, d = q.shape
         prepared = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, block_table=block_table)
+        # an FP8 cache: the case's scales as floats from the plan (no device read in the timed call)
+        fp8 = {} if prepared.kv_scales is None else dict(zip(("k_scale", "v_scale"), prepared.kv_scales))
         if prepared.kind == "decode":  # q (batch, heads, head_dim); the caches as they are (NHD pages)
-            return prepared.wrapper.run(q.reshape(b, h, d), (k, v)).reshape(b, 1, h, d)
+            return prepared.wrapper.run(q.reshape(b, h, d), (k, v), **fp8).reshape(b, 1, h, d)
+        if prepared.rows is not None:  # a mixed step: q packed by qo_indptr, the runs scattered back, padding 0
+            packed = prepared.wrapper.run(q.reshape(b * sq, h, d).index_select(0, prepared.rows), (k, v), **fp8)
+            return q.new_zeros(b * sq, h, d).index_copy_(0, prepared.rows, packed).reshape(b, sq, h, d)
         if prepared.kind == "paged-prefill":
-            return prepared.wrapper.run(q.reshape(b * sq, h, d), (k, v)).reshape(b, sq, h, d)
+            return prepared.wrapper.run(q.reshape(b * sq, h, d), (k, v), **fp8).reshape(b, sq, h, d)
         k_flat, v_flat = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])  # (batch * seq_k, kv_heads, D)
         if prepared.keep is not None:  # key padding: only each sequence's valid keys, packed
             k_flat, v_flat = k_flat.index_select(0, prepared.keep), v_flat.index_select(0, prepared.keep)

@@ -10,6 +10,7 @@ from functools import lru_cache
 import torch
 
 from harness.backends.base import Backend, MaskForm, Plan, Unsupported
+from harness.backends.fp8_dequant import DEQUANT_NOTE, dequantized_kv
 from harness.backends.registry import register
 from harness.spec.masks import MaskSpec
 from harness.spec.modifiers import alibi_term, softcap_scores
@@ -128,6 +129,10 @@ class Flex(Backend):
     supports_head_dim_v = True
     #: paged natively: a mask_mod over the physical cache (paged_mask_mod), no gather
     paged_kv = True
+    #: a mixed serving step through the same mask_mod (padding rows see no key: flex gives them 0)
+    mixed_batch = True
+    #: an FP8 cache dequantized inside the timed call (flex has no FP8 K/V), then attended as any case
+    fp8_kv = True
 
     def __init__(self):
         self._block_masks: dict = {}
@@ -184,10 +189,12 @@ class Flex(Backend):
     def prepare(self, case, device, block_table: torch.Tensor | None = None) -> FlexPlan:
         """The BlockMask of the case's mask on the device (built once per (mask, shape, device)); None: no mask.
         A paged case's is over the physical cache, from `block_table` (default: the case's, the one its call gets)."""
+        fp8 = f" ({DEQUANT_NOTE})" if case.fp8_kv else ""
         if case.page_size is not None:
-            return FlexPlan(op=f"{self.name} (paged block mask over the physical cache)",
+            return FlexPlan(op=f"{self.name} (paged block mask over the physical cache){fp8}",
                             block_mask=self.paged_block_mask(case, device, block_table))
-        return FlexPlan(op=self.name, block_mask=self.block_mask(case.mask, case.batch, case.seq_q, case.seq_k, device))
+        return FlexPlan(op=self.name + fp8,
+                        block_mask=self.block_mask(case.mask, case.batch, case.seq_q, case.seq_k, device))
 
     def paged_block_mask(self, case, device, block_table: torch.Tensor | None = None):
         from torch.nn.attention.flex_attention import create_block_mask
@@ -204,9 +211,11 @@ class Flex(Backend):
         return self._block_masks[key]
 
     def forward(self, q, k, v, *, mask, scale, prepared: FlexPlan | None = None, softcap=None, sinks=None,
-                alibi_slopes=None, bias=None, block_table=None, cache_seqlens=None):
+                alibi_slopes=None, bias=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None):
         block_mask = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap, sinks=sinks,
                                    alibi_slopes=alibi_slopes, bias=bias, block_table=block_table).block_mask
+        if k_scale is not None:  # an FP8 cache (the whole physical cache when paged: flex reads through the mask)
+            k, v = dequantized_kv(k, v, k_scale, v_scale, q.dtype, "paged" if block_table is not None else self.layout)
         if block_table is not None:  # paged: attend the physical cache through a paged block mask
             k, v = physical_kv(k), physical_kv(v)
         modifiers = dict(score_mod=flex_score_mod(q.shape[2], k.shape[2], softcap=softcap, alibi_slopes=alibi_slopes,

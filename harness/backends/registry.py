@@ -14,7 +14,7 @@ from harness.backends.declaration import declaration_problems, where
 #: the built-in backends, one module each under harness/backends/, loaded by name on the first lookup: the one line
 #: a new built-in backend adds here. Their error rows are the harness's own (the GPU acceptance run counts them).
 BUILT_IN = tuple(f"harness.backends.{module}" for module in
-                 ("naive", "sdpa", "flex", "xformers", "flash_attn", "flashinfer"))
+                 ("naive", "sdpa", "flex", "xformers", "flash_attn", "flash_attn3", "flash_attn4", "flashinfer"))
 
 _REGISTRY: dict[str, Backend] = {}
 #: plugin modules loaded so far (absolute .py paths or dotted names), so worker processes can load them too

@@ -124,6 +124,8 @@ class Form:
     gqa: str          # "none", "5d" (forward only) or "expand" (K/V repeated to every head)
     packed: bool      # Documents: the batch packed into one sequence
     paged: bool = False  # the physical paged cache as one sequence of slots
+    #: a mixed serving step: the padded q's rows (batch * seq_q) that carry a query, int64 on the device
+    rows: torch.Tensor | None = None
 
     @property
     def op(self) -> tuple:
@@ -231,8 +233,9 @@ def xformers_paged_bias(case: AttentionCase, block_table: torch.Tensor, device="
     """CacheCausal over a block table -> PagedBlockDiagonalCausalWithOffsetPaddedKeysMask (offsets on `device`)."""
     from xformers.ops.fmha import attn_bias as ab
 
+    q_seqlen = list(case.mask.q_lens) if case.mask.mixed else [case.seq_q] * case.batch   # a mixed step's own
     return ab.PagedBlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens(
-        [case.seq_q] * case.batch, list(case.mask.lengths), block_table, case.page_size, device=torch.device(device))
+        q_seqlen, list(case.mask.lengths), block_table, case.page_size, device=torch.device(device))
 
 
 def xformers_paged_plan(case: AttentionCase, device: torch.device,
@@ -251,15 +254,19 @@ def xformers_paged_plan(case: AttentionCase, device: torch.device,
     b, h, hkv, sq, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.head_dim
     g, slots = h // hkv, layout.num_blocks * case.page_size
     bias = xformers_paged_bias(case, table, device)
-    q = tensor((1, b * sq, h, d), dtype=case.dtype, device=device)
+    rows, tokens = None, b * sq
+    if case.mask.mixed:  # q packed by the per-sequence query lengths (the bias's q_seqlen)
+        rows = torch.cat([i * sq + torch.arange(n) for i, n in enumerate(case.mask.q_lens)]).to(device)
+        tokens = rows.numel()
+    q = tensor((1, tokens, h, d), dtype=case.dtype, device=device)
     k = tensor((1, slots, hkv, d), dtype=case.dtype, device=device)
     if g > 1:
-        q, k = q.reshape(1, b * sq, hkv, g, d), k.unsqueeze(3).expand(1, slots, hkv, g, d)
+        q, k = q.reshape(1, tokens, hkv, g, d), k.unsqueeze(3).expand(1, slots, hkv, g, d)
     try:
         fw = fmha.dispatch._dispatch_fw(fmha.Inputs(query=q, key=k, value=k, attn_bias=bias, scale=case.scale), False)
     except NotImplementedError as exc:
         raise Unsupported(f"no xformers forward op for the paged bias: {_first_lines(exc, 12)[:600]}") from None
-    return Form(bias, fw, None, "5d" if g > 1 else "none", True, paged=True)
+    return Form(bias, fw, None, "5d" if g > 1 else "none", True, paged=True, rows=rows)
 
 
 @register
@@ -280,6 +287,8 @@ class Xformers(Backend):
     #: bundled flash drops the paged masks, flash.py 458-460), whose page_block_size must be a multiple of 256
     paged_kv = True
     page_size_multiple = 256
+    #: a mixed serving step: the same paged bias with each sequence's own q_seqlen, q packed and scattered back
+    mixed_batch = True
 
     def unavailable_reason(self, device):
         problem = load_problem()
@@ -352,11 +361,18 @@ class Xformers(Backend):
             b, sq, h, d = q.shape
             hkv, g = k.shape[2], h // k.shape[2]
             k, v = (t.flatten(0, 1).unsqueeze(0) for t in (k, v))            # (1, num_blocks * P, Hkv, D)
-            q = q.reshape(1, b * sq, h, d)
+            q = q.reshape(b * sq, h, d)
+            if form.rows is not None:  # a mixed step: only the rows that carry queries, packed
+                q = q.index_select(0, form.rows)
+            tokens = q.shape[0]
+            q = q.reshape(1, tokens, h, d)
             if g > 1:
-                q = q.reshape(1, b * sq, hkv, g, d)
+                q = q.reshape(1, tokens, hkv, g, d)
                 k, v = (t.unsqueeze(3).expand(*t.shape[:3], g, d) for t in (k, v))
             out = xops.memory_efficient_attention_forward(q, k, v, attn_bias=form.bias, scale=scale, op=form.fw)
+            if form.rows is not None:  # scattered back; padding rows 0
+                return out.new_zeros(b * sq, h, d).index_copy_(0, form.rows, out.reshape(tokens, h, d)).reshape(
+                    b, sq, h, d)
             return out.reshape(b, sq, h, d)
         training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if training and plan.training is None:

@@ -35,9 +35,12 @@ def _recommend(args: argparse.Namespace) -> int:
     given = [f"--{f.replace('_', '-')}" for f in SHAPE_FLAGS if getattr(args, f) is not None]
     model = model_shape(args.preset, args.hf_config)
     # a serving step: one query (decode) or the speculated tokens (verification) over --seq cached keys
+    mixed = args.serving_step
+    if mixed is not None and (args.decode or args.spec_len is not None or args.batch is not None):
+        raise ValueError("--serving-step sets the batch and its query lengths; drop --decode, --spec-len and --batch")
     decode = args.decode or args.spec_len is not None or args.page_size is not None
     seq_q = (args.spec_len or 1) if decode else args.seq
-    step = (f" verify{args.spec_len}" if args.spec_len else " decode" if decode else "") + \
+    step = (f" verify{args.spec_len}" if args.spec_len else " decode" if decode and not mixed else "") + \
         (f" page{args.page_size}" if args.page_size else "")
     if args.workload:
         if given or model:
@@ -50,21 +53,31 @@ def _recommend(args: argparse.Namespace) -> int:
         if taken or args.mask is not None:
             raise ValueError(f"{model.name} sets heads, kv heads, head dim and mask; drop "
                              f"{', '.join(taken + (['--mask'] if args.mask is not None else []))}")
-        need = [f for f in ("--batch", "--seq") if getattr(args, f[2:]) is None]
+        need = [f for f in ("--batch", "--seq") if getattr(args, f[2:]) is None and not (mixed and f == "--batch")]
         if need:
             raise ValueError(f"--preset/--hf-config needs the deployment's {' and '.join(need)}")
-        if args.page_size is not None and model.mask != "causal":
+        if (args.page_size is not None or mixed) and model.mask != "causal":
             raise ValueError(f"--page-size: {model.name}'s mask is {model.mask}; paged workloads are causal decoders")
         workloads = model_workloads(model, args.batch, args.seq, seq_k=args.seq_k, dtype=args.dtype,
-                                    training=args.training, seq_q=seq_q, page_size=args.page_size, step=step)
+                                    training=args.training, seq_q=seq_q, page_size=args.page_size, step=step,
+                                    serving_step=mixed)
     else:
-        need = [f"--{f.replace('_', '-')}" for f in ("batch", "heads", "seq", "head_dim") if getattr(args, f) is None]
+        need = [f"--{f.replace('_', '-')}" for f in ("batch", "heads", "seq", "head_dim") if getattr(args, f) is None
+                and not (mixed and f == "batch")]
         if need:
             raise ValueError(f"recommend needs --workload FILE, or the shape: missing {', '.join(need)}")
-        workloads = [Workload(args.batch, args.heads, seq_q, args.head_dim, kv_heads=args.kv_heads,
-                              seq_k=args.seq_k or (args.seq if decode else None), dtype=args.dtype,
-                              mask=args.mask or ("causal-br" if decode else "causal"), training=args.training,
-                              page_size=args.page_size)]
+        if mixed:
+            from harness.spec.serving_step import parse_mix
+
+            mix = parse_mix(mixed)
+            workloads = [Workload(mix.batch, args.heads, max(mix.q_lens), args.head_dim, kv_heads=args.kv_heads,
+                                  seq_k=args.seq_k or args.seq, dtype=args.dtype, page_size=args.page_size,
+                                  name=f"step {mix.id} s{args.seq}{step}", serving_step=mix.id)]
+        else:
+            workloads = [Workload(args.batch, args.heads, seq_q, args.head_dim, kv_heads=args.kv_heads,
+                                  seq_k=args.seq_k or (args.seq if decode else None), dtype=args.dtype,
+                                  mask=args.mask or ("causal-br" if decode else "causal"), training=args.training,
+                                  page_size=args.page_size)]
     # what the advisor's own reference and baseline will cost here, before anything runs
     cost = check_cost([w.case() for w in workloads], resolve_device(args.device), allow=args.allow_expensive)
     print(cost.summary())
@@ -120,6 +133,11 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     shape.add_argument("--page-size", type=positive_int, default=None,
                        help="a paged KV cache of pages this size (block table of shuffled pages, cache lengths per "
                             "sequence below --seq; forward only)")
+    shape.add_argument("--serving-step", nargs="?", const="p1x512-d31-v4x4", default=None, metavar="MIX",
+                       help="a mixed serving step: prefill chunks, decodes and verifications in one batch, each "
+                            "sequence with its own query and cache length (caches up to --seq keys; paged with "
+                            "--page-size; forward only). MIX reads pPxC-dD-vVxS (default: %(const)s: one 512-token "
+                            "chunk, 31 decodes, 4 verifications of 4)")
     shape.add_argument("--workload", type=Path, default=None,
                        help="a .toml (or .yaml with PyYAML) file: [defaults] and [[shape]] tables; one recommendation "
                             "per shape and an overall one")

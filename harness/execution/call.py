@@ -20,6 +20,7 @@ from harness.execution.outcome import Failure
 from harness.measure.stages import stage
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.modifiers import MODIFIER_GRADS, alibi_slopes
+from harness.spec.fp8 import kv_scales, quantize
 from harness.spec.paged import paged_inputs, paged_layout
 from harness.store.schema import ERROR, FAIL, GRADS
 
@@ -81,6 +82,8 @@ def case_kwargs(case: AttentionCase, device: torch.device, leaves: dict[str, tor
     if case.page_size is not None:
         layout = paged_layout(case, device)
         kwargs.update(block_table=layout.block_table, cache_seqlens=layout.cache_seqlens)
+    if case.fp8_kv is not None:  # the FP8 cache's scales (harness.spec.fp8): the case's, float32 on the device
+        kwargs.update(zip(("k_scale", "v_scale"), (s.to(device) for s in kv_scales(case.kv_heads, case.fp8_kv))))
     if case.softcap is not None:
         kwargs["softcap"] = case.softcap
     if case.alibi:
@@ -93,6 +96,9 @@ def backend_inputs(backend: Backend, case: AttentionCase, inputs: Inputs,
                    requires_grad: bool) -> tuple[torch.Tensor, ...]:
     """Fresh copies of `case`'s q, k, v, d_out in the backend's native layout (contiguous), outside any timing; for
     a paged case, k and v are its k_cache and v_cache (harness.spec.paged)."""
+    if case.fp8_kv is not None:  # K and V as the FP8 cache holds them (canonical, quantized once, untimed)
+        scales = kv_scales(case.kv_heads, case.fp8_kv)
+        inputs = inputs._replace(k=quantize(inputs.k.detach(), scales[0]), v=quantize(inputs.v.detach(), scales[1]))
     q, k, v, d_out = (backend.to_layout(t).detach().clone(memory_format=torch.contiguous_format) for t in inputs[:4])
     if case.page_size is not None:
         k, v = paged_inputs(case, inputs.k.detach(), inputs.v.detach())[:2]

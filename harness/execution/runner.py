@@ -16,6 +16,7 @@ from harness.oracle.prepared import PreparedCase
 from harness.oracle.reference import reference_attention
 from harness.oracle.verdict import Check, judge
 from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.spec import fp8
 from harness.spec.paged import FORWARD_ONLY, reference_inputs as paged_reference_inputs
 from harness.store.rows import make_row
 from harness.store.host import available_memory
@@ -31,7 +32,8 @@ def verdict_row(prepared: PreparedCase, backend: Backend, phase: str, status: st
                     backend_op=op if status in JUDGED else "",
                     modifier_path=backend.modifier_path(prepared.case)
                     if prepared.case.modifiers and status in JUDGED else None,
-                    baseline=prepared.baseline if checks and backend.name != BASELINE else None)
+                    baseline=prepared.baseline if checks and backend.name != BASELINE else None,
+                    quant_err=prepared.quant_err if status in JUDGED and phase == FWD else None)
 
 
 def baseline_budget(device: torch.device) -> int:
@@ -54,6 +56,10 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, in
     with stage("inputs"):
         inputs = make_inputs(case, device, seed) if seeded else inputs
     clean = inputs if reference_inputs is None else reference_inputs
+    unquantized = None
+    if case.fp8_kv is not None:  # the oracle attends what the FP8 cache holds: K and V dequantized, exactly
+        unquantized, clean = clean, clean._replace(**dict(zip("kv", fp8.dequantized_kv(case, clean.k, clean.v,
+                                                                                        torch.float64))))
     if case.page_size is not None:  # the oracle attends the pages gathered back through the block table
         clean = paged_reference_inputs(case, clean)
     # The reference runs where the inputs are (FP64 on the GPU: seconds where the CPU takes hours) and is kept on
@@ -61,6 +67,11 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, in
     with stage("reference"):
         reference = reference_attention(case, clean).to("cpu")
     prepared = PreparedCase(case, device, inputs, reference, None, seed=seed if seeded else None)
+    if unquantized is not None:  # the second figure: what the quantization itself costs the output
+        with stage("reference"):
+            plain = reference_attention(case, unquantized, grads=False).out.to("cpu")
+        prepared.quant_err = float((reference.out - plain).abs().max())
+        clean = clean.map(lambda t: t.to(case.dtype))                      # the baseline computes in the case's dtype
     try:
         with stage("naive baseline"):
             naive = baseline(case, clean, prepared.reference, baseline_budget(device) if budget_bytes is None
@@ -93,6 +104,8 @@ def refusal(backend: Backend, case: AttentionCase, device: torch.device,
 
 def backward_reason(backend: Backend, case: AttentionCase, device: torch.device) -> str:
     """Why the correctness call of `backend` on `case` runs no backward ("" when it does)."""
+    if case.fp8_kv is not None:
+        return fp8.FORWARD_ONLY
     return FORWARD_ONLY if case.page_size is not None else "; ".join(backend.backward_reasons(device))
 
 

@@ -26,6 +26,8 @@ class PreparedCase:
     seed: int | None = None
     #: how the baseline was computed (oracle.baseline: dense or chunked), or why the fixed bound stands in
     baseline: str = ""
+    #: an FP8 KV case's quantization error of the output against the unquantized reference (spec.fp8), else None
+    quant_err: float | None = None
 
     def naive_error(self, quantity: str, backend_name: str) -> float | None:
         """The baseline error a backend's tolerance is built from (verdict.judge): None for naive itself (held

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from harness.spec import modifiers as mods
+from harness.spec import fp8, modifiers as mods
 from harness.spec.masks import CacheCausal, MaskSpec
 from harness.spec.paged import cache_lengths, validate_paged_case
 from harness.store.schema import GRADS
@@ -73,6 +73,9 @@ class AttentionCase:
     #: a paged KV cache of pages of this many keys (harness.spec.paged; mask=CacheCausal(lengths), seq_k the
     #: longest cache); None: contiguous K/V
     page_size: int | None = field(default=None, kw_only=True)
+    #: an FP8 (e4m3fn) KV cache with a float32 scale per "tensor" or per kv "head" (harness.spec.fp8): the backend
+    #: gets K and V as float8 with k_scale/v_scale; None: K and V in the case's dtype
+    fp8_kv: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self):
         for name in ("batch", "heads", "seq_q", "head_dim"):
@@ -99,6 +102,9 @@ class AttentionCase:
                            else _positive_int("head_dim_v", self.head_dim_v))
         if self.page_size is not None:
             validate_paged_case(self)
+        if fp8.validate_fp8_kv(self.fp8_kv) is not None and (self.modifiers or self.dtype == torch.float64):
+            raise ValueError(f"fp8_kv={self.fp8_kv!r}: an FP8 KV case takes no modifiers and a dtype of fp32, fp16 or "
+                             f"bf16 for q; got modifiers {self.modifier_id}, dtype {dtype_name(self.dtype)}")
 
     @property
     def modifiers(self) -> frozenset[str]:
@@ -124,6 +130,14 @@ class AttentionCase:
         return math.isclose(self.scale, 1.0 / math.sqrt(self.head_dim), rel_tol=1e-12)
 
     @property
+    def query_tokens(self) -> int:
+        """Query rows that carry a token: batch x seq_q, or a mixed serving step's sum of per-sequence query lengths
+        (CacheCausal.q_lens; its padding rows are not part of the workload)."""
+        if isinstance(self.mask, CacheCausal) and self.mask.mixed:
+            return sum(self.mask.q_lens)
+        return self.batch * self.seq_q
+
+    @property
     def mask_id(self) -> str:
         return "none" if self.mask is None else self.mask.id
 
@@ -145,6 +159,8 @@ class AttentionCase:
             parts.append(f"scale{self.scale:g}")
         if self.page_size is not None:
             parts.append(f"page{self.page_size}")
+        if self.fp8_kv is not None:
+            parts.append(f"fp8kv-{self.fp8_kv}")
         return "-".join(parts)
 
     def key_mask(self, device: str | torch.device = "cpu", rows: tuple[int, int] | None = None) -> torch.Tensor | None:
@@ -176,7 +192,8 @@ def make_inputs(case: AttentionCase, device: str | torch.device = "cpu", seed: i
     Generating on CPU in float32 makes the values identical on every device and dtype for one seed. The modifiers'
     tensors are drawn after q, k, v, d_out from the same generator and only when the case has them, so a case
     without modifiers draws exactly what it always did. Softcap cases scale q so a visible share of the scaled
-    scores exceeds the cap; sinks are drawn on the scale of a row's log-denominator (harness.spec.modifiers).
+    scores exceeds the cap; sinks are drawn on the scale of a row's log-denominator (harness.spec.modifiers); an FP8
+    KV case's K and V heads are drawn at harness.spec.fp8.magnitudes (its scales are the case's).
     """
     gen = torch.Generator().manual_seed(seed)
     shapes = [
@@ -186,6 +203,9 @@ def make_inputs(case: AttentionCase, device: str | torch.device = "cpu", seed: i
         (case.batch, case.heads, case.seq_q, case.head_dim_v),
     ]
     drawn = [torch.randn(s, generator=gen, dtype=torch.float32) for s in shapes]
+    if case.fp8_kv is not None:  # heads of different ranges, k's unlike v's (harness.spec.fp8.magnitudes)
+        k_mag, v_mag = fp8.magnitudes(case.kv_heads)
+        drawn[1], drawn[2] = drawn[1] * k_mag.view(1, -1, 1, 1), drawn[2] * v_mag.view(1, -1, 1, 1)
     if case.softcap is not None:  # std(scale q.k) = scale sqrt(d) for N(0,1) q, k: make it SOFTCAP_SCORE_STD caps
         drawn[0] = drawn[0] * (mods.SOFTCAP_SCORE_STD * case.softcap / (case.scale * math.sqrt(case.head_dim)))
     sinks = bias = None

@@ -15,6 +15,7 @@ from typing import Callable
 
 from harness.spec.case import AttentionCase, paged_case, parse_dtype
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow, parse_mask
+from harness.spec.serving_step import CPU_MIX, StepMix, serving_step
 
 #: --matrix auto: the GPU matrix on a CUDA device, the CPU default elsewhere
 AUTO = "auto"
@@ -59,6 +60,14 @@ def _paged(caches, q_lens, page_sizes, *, dtype="bf16", shape=(32, 8, 128), cach
     h, hkv, d = shape
     return [paged_case(batch or decode_batch(n, cached_tokens), h, q, d, parse_dtype(dtype), kv_heads=hkv, cache=n,
                        page_size=p) for n, q, p in product(caches, q_lens, page_sizes)]
+
+
+def _steps(caches, page_sizes, *, dtype="bf16", shape=(32, 8, 128), mix: StepMix = StepMix()) -> list[AttentionCase]:
+    """Mixed serving steps (spec.serving_step: by default one 512-token prefill chunk, 31 decodes, 4 verifications of
+    4 tokens) over caches of about each length in `caches`, paged in each of `page_sizes` (None: contiguous)."""
+    h, hkv, d = shape
+    return [serving_step(h, d, parse_dtype(dtype), kv_heads=hkv, cache=n, page_size=p, mix=mix)
+            for n, p in product(caches, page_sizes)]
 
 
 #: (heads, kv_heads, head_dim) with H*D = 2048, and the GQA/MQA groupings
@@ -148,6 +157,13 @@ def _default() -> list[AttentionCase]:
         # paged KV: a decode step (fp32) and a 4-token verification (bf16) over shuffled pages of 16
         + _paged([200], [1], [16], dtype="fp32", shape=(8, 2, 64), batch=3)
         + _paged([200], [4], [16], shape=(8, 2, 64), batch=3)
+        # mixed serving steps (a 24-token prefill chunk, 5 decodes, 2 verifications of 4): paged in bf16, and over
+        # a contiguous cache in fp32, where the backward is judged too
+        + _steps([96], [16], shape=(8, 2, 64), mix=CPU_MIX)
+        + _steps([96], [None], dtype="fp32", shape=(8, 2, 64), mix=CPU_MIX)
+        # FP8 (e4m3) KV caches (spec.fp8): a paged verification with per-head scales, a causal prefill per tensor
+        + _with(_paged([200], [4], [16], shape=(8, 2, 64), batch=3), fp8_kv="head")
+        + _with(_cases(["bf16"], [(113, 203)], ["causal-br"], [64], heads=((8, 2),)), fp8_kv="tensor")
     )
 
 
@@ -180,6 +196,8 @@ def _full() -> list[AttentionCase]:
         + _cases(["fp32", "fp16", "bf16"], [(257, 257)], ["none", "causal", "window"],
                  [40, 59, 80, 96, 111, 160, 192, 224, 256])
         + _cases(["fp16", "bf16"], [(511, 1023)], CPU_MASKS, [128], heads=((8, 8), (8, 2), (8, 1)))
+        # the real serving step (one 512-token prefill chunk, 31 decodes, 4 verifications of 4) at CPU head counts
+        + _steps([2048], [16], shape=(8, 2, 64))
     )
 
 
@@ -191,6 +209,8 @@ def _gpu_smoke() -> list[AttentionCase]:
             + _tokens(["bf16"], [4096], ["docs-causal"], [MHA_128])
             + _decode([8192])
             + _paged([8192], [1], [16, 256]) + _paged([8192], [4], [256])
+            + _steps([4096], [16])
+            + _with(_paged([8192], [1], [16]) + _steps([4096], [16]), fp8_kv="head")
             + _cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64])
             + _cases(["fp16"], [(129, 129)], ["causal"], [80])
             + _gpu_model_cases([4096]))
@@ -199,13 +219,16 @@ def _gpu_smoke() -> list[AttentionCase]:
 def _gpu() -> list[AttentionCase]:
     # the GPU main job within 15 minutes of one H200 (cost.run_estimate with its measured rates, 7 backends,
     # 3 rounds; printed by `selftest --dry-run`): each question once - seq 1k/4k/16k, fp16, GQA and MQA, packed
-    # documents, decode and paged decode/verification, two models' modifiers, two odd sizes; the rest in gpu-full
+    # documents, decode and paged decode/verification, a mixed serving step, an FP8 KV cache, two models'
+    # modifiers, two odd sizes; the rest in gpu-full
     return (_tokens(["bf16"], [1024, 4096, 16384], ["causal"], [MHA_128])
-            + _tokens(["bf16"], [4096], ["none", "docs-causal"], [MHA_128])
+            + _tokens(["bf16"], [4096], ["docs-causal"], [MHA_128])
             + _tokens(["fp16"], [4096], ["causal"], [MHA_128])
             + _tokens(["bf16"], [2048], ["causal"], [GQA_32_8, MQA])
             + _decode([4096])
-            + _paged([4096], [1], [16]) + _paged([4096], [4], [256])
+            # paged decode over pages of 16 is in the serving step (31 decodes) and in the FP8 case
+            + _paged([4096], [4], [256])
+            + _steps([2048], [16]) + _with(_paged([4096], [1], [16]), fp8_kv="head")
             + _with(_tokens(["bf16"], [4096], ["causal"], [GEMMA_2]), softcap=50.0)
             + _with(_tokens(["bf16"], [4096], ["window128"], [GPT_OSS]), sinks=True)
             + _cases(["bf16"], [(113, 203)], ["causal-br"], [64])
@@ -224,6 +247,9 @@ def _gpu_wide() -> list[AttentionCase]:
             + _with(_cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64]), bias="head")
             + _paged([1024, 4096, 16384, 65536, 131072], [1], [16, 256])
             + _paged([4096, 32768], [4, 8], [16, 256])
+            + _steps([4096, 32768], [16, 256])
+            + _with(_paged([32768], [1, 4], [16, 256]) + _steps([4096, 32768], [16]), fp8_kv="head")
+            + _with(_paged([32768], [1], [16]), fp8_kv="tensor")
             + _gpu_correctness_slice())
 
 
@@ -270,19 +296,22 @@ REGISTRY: dict[str, Matrix] = {m.name: m for m in (
            "4/2 heads) and a padded batch with a sequence that is all padding (rows that see no key)"),
     Matrix("default", _default, "cpu", "default",
            "every verdict class once: every mask on a non-square shape, fp32/bf16/fp16, odd head dims, decode, GQA "
-           "and MQA, seq 512 and 1024 for memory growth; 6 modifier cases ([variants.md](variants.md)) and 2 paged "
-           "decode/verification cases ([serving.md](serving.md))"),
-    Matrix("full", _full, "cpu", "full", "every dtype × mask × shape, head dims 32–256, seq to 4096"),
+           "and MQA, seq 512 and 1024 for memory growth; 6 modifier cases ([variants.md](variants.md)), 2 paged "
+           "decode/verification cases, 2 mixed serving steps and 2 FP8 KV-cache cases ([serving.md](serving.md))"),
+    Matrix("full", _full, "cpu", "full", "every dtype × mask × shape, head dims 32–256, seq to 4096, one "
+           "full-size mixed serving step"),
     Matrix("gpu-smoke", _gpu_smoke, "cuda", "smoke",
            "bf16/fp16 at 1k/4k, GQA, packed docs, one decode, two odd shapes; Gemma-2/gpt-oss/DeepSeek-V3/ALiBi "
-           "model shapes; 3 paged cases"),
+           "model shapes; 3 paged cases, one mixed serving step, 2 FP8 KV-cache cases"),
     Matrix("gpu", _gpu, "cuda", "default",
-           "bf16, 16k tokens a batch, seq 1k/4k/16k causal, none and packed docs at 4k, fp16, GQA 32/8 and MQA, "
-           "decode and paged decode/verification over 4k KV, Gemma-2 and gpt-oss modifiers, two odd sizes: "
-           "within 15 min of an H200 by the cost model"),
+           "bf16, 16k tokens a batch, seq 1k/4k/16k causal, packed docs at 4k, fp16, GQA 32/8 and MQA, decode and "
+           "paged verification over 4k KV, a mixed serving step over 2k (pages of 16), an FP8 KV cache's paged "
+           "decode, Gemma-2 and gpt-oss modifiers, two odd sizes: within 15 min of an H200 by the cost model"),
     Matrix("gpu-full", _gpu_full, "cuda", "full",
            "`gpu` plus seq 512–64k, H·D = 2048 (d 64/128/256), more masks and GQA shapes, fp16 everywhere, decode "
-           "and paged KV to 128k, DeepSeek-V3 MLA, the CPU matrices' odd sizes"),
+           "and paged KV to 128k, mixed serving steps (a 512-token prefill chunk, 31 decodes, 4 verifications of 4; "
+           "caches 4k/32k, pages 16/256), FP8 KV caches (per head and per tensor), DeepSeek-V3 MLA, the CPU "
+           "matrices' odd sizes"),
 )}
 MATRICES = tuple(REGISTRY)
 

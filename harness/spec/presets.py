@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.spec.case import AttentionCase, paged_case, parse_dtype
 from harness.spec.masks import MaskSpec, SlidingWindow, parse_mask
 from harness.spec.matrices import decode_batch
+from harness.spec.serving_step import StepMix, serving_step
 
 
 #: `check --preset`'s small cases: the model's heads, kv heads, head dim and mask at a size the float64 reference
@@ -111,12 +112,19 @@ class ModelShape:
         plain = self.softcap is None and not self.sinks and self.head_dim_v in (None, self.head_dim)
         if not self.encoder and self.mask == "causal" and self.local_window is None and plain:
             out += [self.paged_case(decode_batch(32768), 32768, q, p, dtype) for q in (1, 4, 8) for p in (16, 256)]
+            out.append(self.serving_step(32768, 16, dtype))
         return list(dict.fromkeys(out))
 
     def paged_case(self, batch: int, cache: int, seq_q: int, page_size: int, dtype: str = "bf16") -> AttentionCase:
         """A decode (seq_q=1) or speculative-decoding verification step over paged caches of about `cache` keys."""
         return paged_case(batch, self.heads, seq_q, self.head_dim, parse_dtype(dtype), kv_heads=self.kv_heads,
                           cache=cache, page_size=page_size)
+
+    def serving_step(self, cache: int, page_size: int | None, dtype: str = "bf16", mix: StepMix = StepMix()) -> AttentionCase:
+        """A mixed serving step (spec.serving_step: by default one 512-token prefill chunk, 31 decodes, 4
+        verifications of 4 tokens) over caches of about `cache` keys."""
+        return serving_step(self.heads, self.head_dim, parse_dtype(dtype), kv_heads=self.kv_heads, cache=cache,
+                            page_size=page_size, mix=mix)
 
 
 #: attention shapes from each model's published config.json (Hugging Face hub)

@@ -7,8 +7,9 @@ from typing import Iterable, NamedTuple
 
 #: 2: timing_status and timing_reason added (a timing failure no longer overwrites the correctness status);
 #: baseline (how the naive baseline was computed). 3: attention modifiers - head_dim_v, modifiers, modifier_path and
-#: the dsinks/dbias error, tolerance and naive columns (older files load with them empty)
-SCHEMA_VERSION = 3
+#: the dsinks/dbias error, tolerance and naive columns (older files load with them empty). 4: fp8_kv and quant_err
+#: (FP8 KV caches)
+SCHEMA_VERSION = 4
 
 #: a result is one (case, backend, phase)
 KEY = ("case_id", "backend", "phase")
@@ -122,6 +123,8 @@ class _RowCase:
     modifiers: str | None = None
     #: keys per page of a paged KV cache (empty: contiguous K/V)
     page_size: int | None = None
+    #: an FP8 KV cache's scale granularity, 'tensor' or 'head' (harness.spec.fp8; empty: K/V in the case's dtype)
+    fp8_kv: str | None = None
     scale: float | None = None
     device: str | None = None
     # correctness
@@ -142,6 +145,9 @@ class Row(_RowJudged):
     fills in more columns (the benchmark stage after correctness), and loading folds them into one. The columns:
     the key and the case (_RowCase), each judged quantity's (JUDGED_QUANTITIES), then these."""
 
+    #: FP8 KV cases: the quantization's own error, max|ref(dequantized K/V) - ref(unquantized K/V)| of the output
+    #: (both float64 references; the same for every backend), beside out_err, which judges the kernel alone
+    quant_err: float | None = None
     #: how the naive baseline of the tolerance was computed: dense, chunked (rows a chunk), or the fixed bound
     baseline: str | None = None
     err_ratio: float | None = None

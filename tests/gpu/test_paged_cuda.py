@@ -30,3 +30,19 @@ def test_paged_backends_pass_or_say_why(seq_q, page):
 def test_copy_bandwidth_is_plausible_for_the_device():
     gbps = copy_bandwidth_gbps(torch.device("cuda"))
     assert 100 < gbps < 20_000  # an H200 counts ~4.3 TB/s read + write
+
+
+@pytest.mark.parametrize("page", [16, 256])
+def test_mixed_serving_step_passes_or_says_why(page):
+    """The issue-36 step (one 512-token prefill chunk, 31 decodes, 4 verifications of 4) over ~4k-key paged caches:
+    naive, sdpa and flex must pass; the others pass or refuse with a reason (the CPU counterpart:
+    tests/unit/oracle/test_verdict_power_mixed.py, tests/e2e/test_serving_step.py). Not yet run on a GPU."""
+    from harness.spec.serving_step import serving_step
+
+    case = serving_step(32, 128, torch.bfloat16, kv_heads=8, cache=4096, page_size=page)
+    df = check(PAGED, [case], "cuda")
+    fwd = df[df.phase == "fwd"].set_index("backend")
+    assert not set(fwd.status) & {"fail", "error"}, fwd[["status", "reason"]]
+    assert {fwd.loc[b].status for b in ("naive", "sdpa", "flex")} == {"pass"}
+    refused = fwd[fwd.status == "unsupported"]
+    assert refused.reason.str.len().gt(0).all()

@@ -9,7 +9,7 @@ from harness import AttentionCase
 from harness.measure.bandwidth import bound, bytes_moved, copy_bandwidth_gbps, roofline_columns, visible_keys
 from harness.measure.flops import attention_flops
 from harness.measure.timing import TimingConfig
-from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
+from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, KeyPadding, SlidingWindow
 
 
 def test_decode_bytes_count_kv_once_per_kv_head():
@@ -32,6 +32,18 @@ def test_visible_keys_from_intervals_equals_the_materialized_mask(mask):
 def test_padding_hides_keys_from_the_traffic():
     case = AttentionCase(2, 4, 1, 32, "fp32", seq_k=64, mask=KeyPadding((10, 64)))
     assert bytes_moved(case) == 2 * 2 * 4 * 32 * 4 + 2 * (10 + 64) * 4 * 32 * 4
+
+
+def test_a_mixed_step_moves_its_query_tokens_not_its_padding():
+    """A 4-token chunk and a decode (q padded to 4 rows): Q and O count 5 token rows; keys 10 + 6 (each seen)."""
+    case = AttentionCase(2, 4, 4, 32, "fp32", seq_k=10, mask=CacheCausal((10, 6), (4, 1)))
+    assert case.query_tokens == 5
+    assert bytes_moved(case) == 2 * 5 * 4 * 32 * 4 + 2 * (10 + 6) * 4 * 32 * 4
+
+
+def test_an_fp8_cache_moves_one_byte_a_key_element():
+    case = AttentionCase(2, 4, 1, 32, "bf16", seq_k=64, fp8_kv="head")
+    assert bytes_moved(case) == 2 * 2 * 4 * 32 * 2 + 2 * (2 * 64) * 4 * 32 * 1
 
 
 def test_ridge_point_decides_the_bound():

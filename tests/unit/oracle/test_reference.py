@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from harness import AttentionCase, Inputs, make_inputs, reference_attention
-from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
+from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, KeyPadding, SlidingWindow
 
 
 def test_three_tokens_by_hand():
@@ -75,7 +75,9 @@ class _RefFn(torch.autograd.Function):
         return ref.dq, ref.dk, ref.dv, None
 
 
-@pytest.mark.parametrize("mask", [None, Causal(), CausalBottomRight(), KeyPadding((2, 6))])
+#: CacheCausal with per-sequence query lengths (a mixed serving step over a contiguous cache): sequence 0 a 5-token
+#: chunk over 6 keys, sequence 1 two tokens over 4 keys, its rows 2..4 padding that sees no key
+@pytest.mark.parametrize("mask", [None, Causal(), CausalBottomRight(), KeyPadding((2, 6)), CacheCausal((6, 4), (5, 2))])
 def test_gradcheck(mask):
     case = AttentionCase(2, 2, 5, 3, "fp64", kv_heads=1, seq_k=6, mask=mask, scale=0.7)
     q, k, v, _ = make_inputs(case, seed=5)[:4]

@@ -10,17 +10,21 @@ def _plain(cases):
 
 
 def test_cpu_matrices_sizes_and_what_default_keeps():
-    # full as before (a newer mask name must not grow it); smoke's windows that bite and all-padding sequences
-    # (issue 34); default sized down in issue 33 to every verdict class once (docs/measurements.md's coverage
-    # table), what it dropped kept by full
-    assert [len(build_matrix(m)) for m in ("smoke", "default", "full")] == [12, 26, 420]
-    assert [len(_plain(build_matrix(m))) for m in ("smoke", "default", "full")] == [12, 20, 413]
+    # full as before (a newer mask name must not grow it) plus one full-size mixed serving step (issue 36); smoke's
+    # windows that bite and all-padding sequences (issue 34); default sized down in issue 33 to every verdict class
+    # once (docs/measurements.md's coverage table), what it dropped kept by full, then the mixed serving steps and
+    # FP8 KV caches (issue 36)
+    assert [len(build_matrix(m)) for m in ("smoke", "default", "full")] == [12, 30, 425]
     default = build_matrix("default")
     assert set(default) <= set(build_matrix("full"))
     assert {c.mask_kind for c in default} == {"none", "causal", "causal-br", "window", "keypad", "causal+keypad",
                                               "cache-causal"}
     assert {str(c.dtype) for c in default} == {"torch.float32", "torch.bfloat16", "torch.float16"}
-    assert [c.seq_q for c in default if c.page_size] == [1, 4]
+    assert [c.seq_q for c in default if c.page_size and not c.mask.mixed and not c.fp8_kv] == [1, 4]
+    assert [c.fp8_kv for c in default if c.fp8_kv] == ["head", "tensor"]
+    steps = [c for c in default if c.mask_kind == "cache-causal" and c.mask.mixed and not c.fp8_kv]
+    assert [(c.page_size, c.mask.q_lens) for c in steps] == [(16, (24,) + (1,) * 5 + (4, 4)),
+                                                             (None, (24,) + (1,) * 5 + (4, 4))]
     modified = [c for c in default if c not in _plain(default)]
     assert {c.modifier_id for c in modified} == {"cap50", "sink", "alibi", "headbias", "fullbias", "none"}
     assert any(c.head_dim_v != c.head_dim for c in modified)
@@ -80,14 +84,35 @@ def test_gpu_full_sweeps_what_the_field_benchmarks():
 
 
 def test_gpu_paged_cases_decode_and_verify_over_pages_of_16_and_256():
-    paged = [c for c in _wide() if c.page_size is not None]
+    paged = [c for c in _wide() if c.page_size is not None and not c.mask.mixed and not c.fp8_kv]
     assert {c.page_size for c in paged} == {16, 256} and {c.seq_q for c in paged} == {1, 4, 8}
     decode = [c for c in paged if c.seq_q == 1]
     assert sorted({c.seq_k + 1 for c in decode}) == [1024, 4096, 16384, 65536, 131072]   # odd lengths: partial pages
     assert all(n % c.page_size for c in paged for n in c.mask.lengths)
     assert all((c.heads, c.kv_heads, c.head_dim) == (32, 8, 128) for c in paged)
-    smoke = [c for c in build_matrix("gpu-smoke") if c.page_size is not None]
+    smoke = [c for c in build_matrix("gpu-smoke") if c.page_size is not None and not c.mask.mixed and not c.fp8_kv]
     assert {(c.seq_q, c.page_size) for c in smoke} == {(1, 16), (1, 256), (4, 256)}
+
+
+def test_gpu_serving_steps_are_the_real_mix():
+    """One 512-token prefill chunk, 31 decodes and 4 verifications of 4 tokens over caches of 4k (gpu-smoke: pages
+    of 16, and gpu: the one step its 15 minutes hold) and 4k/32k (gpu-full: pages 16 and 256), at Llama-3-8B's
+    heads."""
+    for name, expected in (("gpu-smoke", {(4095, 16)}), ("gpu", {(2047, 16)}),
+                           ("gpu-full", {(2047, 16)} | {(n, p) for n in (4095, 32767) for p in (16, 256)})):
+        steps = [c for c in build_matrix(name) if c.mask_kind == "cache-causal" and c.mask.mixed and not c.fp8_kv]
+        assert {(c.seq_k, c.page_size) for c in steps} == expected, name
+        for c in steps:
+            assert c.mask.q_lens == (512,) + (1,) * 31 + (4,) * 4 and c.seq_q == 512 and c.batch == 36
+            assert (c.heads, c.kv_heads, c.head_dim) == (32, 8, 128)
+            assert all(n % c.page_size for n in c.mask.lengths)
+
+
+def test_gpu_fp8_kv_cases_cover_decode_verification_and_steps_per_head_and_per_tensor():
+    fp8 = [c for c in build_matrix("gpu-full") if c.fp8_kv]
+    assert {c.fp8_kv for c in fp8} == {"head", "tensor"} and {c.seq_q for c in fp8} == {1, 4, 512}
+    assert {c.page_size for c in fp8} == {16, 256} and all(c.dtype.itemsize == 2 for c in fp8)
+    assert {c.fp8_kv for c in build_matrix("gpu-smoke") if c.fp8_kv} == {"head"}
 
 
 def test_gpu_smoke_is_short_and_gpu_full_adds_long_sequences():
@@ -107,11 +132,12 @@ def test_every_matrix_is_valid_and_unique(name):
 
 def test_the_gpu_main_job_fits_15_minutes_of_an_h200_and_gpu_full_keeps_the_rest():
     """issue 33: the cost model's estimate of `gpu` at the H200's measured rates (7 backends, 3 rounds) is at most
-    15 minutes; every case `gpu` held before is in gpu-full (307 cases, as before)."""
+    15 minutes; every case `gpu` held before is in gpu-full (307 cases, as before, and the 13 serving steps and FP8
+    KV-cache cases of issue 36)."""
     from harness.execution.cost import run_estimate
 
     gpu, full = build_matrix("gpu"), build_matrix("gpu-full")
     assert run_estimate(gpu) <= 15 * 60 < run_estimate(full)
-    assert set(gpu) <= set(full) and len(full) == 307
+    assert set(gpu) <= set(full) and len(full) == 320
     assert {c.mask_kind for c in gpu} >= {"none", "causal", "docs-causal", "cache-causal"}
     assert {c.seq_q for c in gpu if c.mask_kind == "causal" and not c.modifiers} >= {1024, 4096, 16384}

@@ -18,7 +18,9 @@ def test_presets_carry_the_published_shapes(name, shape):
 
 def test_preset_cases_prefill_decode_and_a_second_dtype():
     cases = get_preset("llama-3-8b").cases()
-    paged = [c for c in cases if c.page_size is not None]
+    paged = [c for c in cases if c.page_size is not None and not c.mask.mixed]
+    steps = [c for c in cases if c.page_size is not None and c.mask.mixed]
+    assert [(c.batch, c.seq_q, c.seq_k, c.page_size) for c in steps] == [(36, 512, 32767, 16)]
     assert {(c.seq_q, c.page_size) for c in paged} == {(q, p) for q in (1, 4, 8) for p in (16, 256)}
     assert all(c.mask_kind == "cache-causal" and c.seq_k == 32767 for c in paged)
     assert not [c for c in get_preset("mistral-7b").cases() if c.page_size]   # its window has no paged form here
