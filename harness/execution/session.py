@@ -5,13 +5,14 @@
 from __future__ import annotations
 
 from argparse import Namespace
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.benchmark import InputsOnly, PerfResult, measure_phase
+from harness.execution.benchmark import PerfResult, measure_phase
 from harness.execution.cache import RunCaches
 from harness.execution.executor import Executor
 from harness.execution.outcome import BackendResult
@@ -22,7 +23,7 @@ from harness.execution.timed import allow_backward_replay
 from harness.execution.verdicts import VerdictMemory
 from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
-from harness.spec.case import AttentionCase, make_inputs
+from harness.spec.case import AttentionCase
 from harness.store.environment import REPO_ROOT, environment, new_run_id
 from harness.store.schema import Row, TimingKey
 
@@ -170,7 +171,12 @@ class RunSession:
     # correctness
     def prepared(self, case: AttentionCase) -> PreparedCase:
         """Inputs, reference and naive errors for `case`, computed once and kept for the next few lookups."""
-        return self.cache.prepared.get(case, lambda: prepare_case(case, self.device, self.seed))
+        def make() -> PreparedCase:
+            prepared = prepare_case(case, self.device, self.seed)
+            self.cache.answers.get(case, lambda: replace(prepared, inputs=None))  # timing judges against it
+            return prepared
+
+        return self.cache.prepared.get(case, make)
 
     def check(self, case: AttentionCase, backend: Backend) -> BackendResult:
         """Run `backend` on `case` against the reference, write its verdict rows and remember the verdict."""
@@ -185,16 +191,13 @@ class RunSession:
         return known if known is not None else self.check(case, backend).released()
 
     # the benchmark
-    def timing_inputs(self, case: AttentionCase) -> PreparedCase | InputsOnly:
-        """What timing needs (a verified backend, or a check that only times): the prepared case if still
-        held, else its inputs alone (the same seeded tensors; drawn by the worker when isolated), kept for the
-        next few lookups; the reference is not recomputed to time."""
+    def timing_inputs(self, case: AttentionCase) -> PreparedCase:
+        """What timing needs: the verified answer the timed calls are judged against (the float64 reference and
+        the naive errors, kept for the run within cache.ANSWER_BYTES; computed again only when dropped), with the
+        case's seeded inputs when this process holds them (else whoever runs the backend draws them)."""
         if case in self.cache.prepared:
             return self.cache.prepared.get(case)
-        if self.executor.isolated:
-            return InputsOnly(case, self.device, None, self.seed)
-        return self.cache.timing_inputs.get(
-            case, lambda: InputsOnly(case, self.device, make_inputs(case, self.device, self.seed), self.seed))
+        return self.cache.answers.get(case, lambda: replace(self.prepared(case), inputs=None))
 
     def benchmark_round(self, case: AttentionCase, backend: Backend, phase: str, round_index: int) -> PerfResult | None:
         """Time round `round_index` of one key, given what its earlier rounds found, and record its row (final as
