@@ -23,6 +23,7 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.advisor.workload import Workload, load_workloads, model_workloads
     from harness.backends.registry import load_backend_module
     from harness.execution.device import resolve_device
+    from harness.execution.integrity import run_seed
     from harness.execution.isolation import IsolatedExecutor, timeouts
     from harness.execution.cost import check_cost
     from harness.spec.presets import model_shape
@@ -75,7 +76,7 @@ def _recommend(args: argparse.Namespace) -> int:
                                     log_dir=str(Path(tempfile.gettempdir()) / "harness-recommend-workers"))
     try:
         picks, total = recommend_many(workloads, backends=args.backends, device=args.device, results=args.results,
-                                      seed=args.seed, timing=timing, checks=args.checks,
+                                      seed=run_seed(args.seed), timing=timing, checks=args.checks,
                                       compile_backend=args.compile_backend, executor=executor,
                                       require=tuple(args.require), progress=True)
     finally:

@@ -16,6 +16,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.cache import LRU, cached
+from harness.execution.integrity import Snapshot, aliased
 from harness.execution.outcome import Failure
 from harness.measure.stages import stage
 from harness.spec.case import AttentionCase, Inputs, make_inputs
@@ -119,6 +120,8 @@ class Call:
     mask: torch.Tensor | None = None
     p: float = 0.0
     rng_seed: int | None = None
+    #: with backward: run a call without autograd first (what inference and fwd timing run), its output judged too
+    inference: bool = False
 
     def __post_init__(self):
         if self.entry not in ENTRIES:
@@ -149,6 +152,8 @@ class CallResult:
     op: str = ""
     backward_op: str = ""
     compile_ms: float | None = None
+    #: the output of the call without autograd (Call.inference), canonical layout, on the CPU
+    inference_out: torch.Tensor | None = None
 
     @property
     def interrupted(self) -> bool:
@@ -188,6 +193,17 @@ def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor) -> Failure
     return Failure(FAIL, "; ".join(problems)) if problems else None
 
 
+def _owned(path: str, out: object, q: torch.Tensor, v: torch.Tensor, given: dict[str, torch.Tensor],
+           snapshot: Snapshot) -> Failure | None:
+    """The contract (contract_violation), then the call's inputs left as given and its output its own; `path`
+    prefixes the reason with the call that broke it."""
+    failure = contract_violation(out, q, v)
+    if failure is None:
+        problem = "; ".join(filter(None, [snapshot.written(), aliased(out, given)]))
+        failure = Failure(FAIL, problem) if problem else None
+    return None if failure is None else Failure(failure.status, path + failure.reason)
+
+
 def _grad_violation(name: str, grad: torch.Tensor, leaf: torch.Tensor) -> str | None:
     if grad.dtype != leaf.dtype or tuple(grad.shape) != tuple(leaf.shape) or grad.device != leaf.device:
         return (f"{name} is {str(grad.dtype).removeprefix('torch.')} {tuple(grad.shape)} on {grad.device}, expected "
@@ -224,6 +240,18 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
                 leaves = modifier_leaves(inputs, requires_grad=call.backward)
             with stage("prepare"):
                 fn, (op, backward_op) = _entry(backend, call, device, leaves)
+            given = {"q": q, "k": k, "v": v, "dO": d_out, **leaves}
+            snapshot = Snapshot(given)  # a call must leave its inputs as given: they are the caller's
+            if call.inference and call.backward:  # the call inference and fwd timing make, judged by itself
+                with torch.no_grad(), stage("forward"):
+                    inference = fn(q, k, v)
+                result.failure = _owned("[fwd, no-grad] ", inference, q, v, given, snapshot)
+                if result.failure is not None:
+                    result.op = op
+                    return result
+                with stage("to host"):
+                    result.inference_out = backend.from_layout(inference.detach()).cpu()
+                del inference
             grad_mode = contextlib.nullcontext() if call.backward else torch.no_grad()
             with grad_mode, stage("forward"):  # a compiling backend's first call includes its compile
                 out = fn(q, k, v)
@@ -231,7 +259,8 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
             result.failure = Failure.of(exc)
             return result
         result.op, result.compile_ms = op, backend.compile_time_ms()
-        result.failure = contract_violation(out, q, v)
+        path = "[fwd, grad] " if call.inference and call.backward else ""
+        result.failure = _owned(path, out, q, v, given, snapshot)
         if result.failure is not None:
             return result
         with stage("to host"):
@@ -245,6 +274,10 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
             result.backward_failure = Failure.of(exc)
             return result
         result.backward_op = backward_op
+        written = snapshot.written()
+        if written:
+            result.backward_failure = Failure(FAIL, f"[bwd] {written}")
+            return result
         problems = []
         judged = [*zip(GRADS, (q, k, v)), *((MODIFIER_GRADS[n], t) for n, t in leaves.items())]
         for name, leaf in judged:

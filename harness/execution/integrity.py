@@ -7,6 +7,7 @@ Every check is of what a call did, never of how: docs/integrity.md lists the thr
 from __future__ import annotations
 
 import random
+import secrets
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -23,6 +24,11 @@ _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 #: (tests/unit/execution/test_integrity_timing.py's planted kernels), and a stall on one call is not confirmed.
 SEEN_FACTOR = 2.0
 CONFIRM_CALLS = 3
+
+
+def run_seed(seed: int | None) -> int:
+    """The run's input seed: the one given (to reproduce a run), else one drawn now, which no code can predict."""
+    return secrets.randbelow(2 ** 31) if seed is None else seed
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from harness.backends.base import Backend
 from harness.execution.benchmark import PerfResult, measure_phase
 from harness.execution.cache import RunCaches
 from harness.execution.executor import Executor
+from harness.execution.integrity import run_seed
 from harness.execution.outcome import BackendResult
 from harness.execution.recorder import RunRecorder
 from harness.execution.rounds import RoundSchedule
@@ -82,7 +83,7 @@ class RunSession:
         timing = TimingConfig() if budget_ms is None else TimingConfig.for_budget(budget_ms,
                                                                                    cuda_graph=options.cuda_graph)
         mem_gb = getattr(options, "cpu_mem_budget_gb", None)
-        session = cls(device, root, options.seed, run_id=run_id, timing=timing, executor=executor,
+        session = cls(device, root, run_seed(options.seed), run_id=run_id, timing=timing, executor=executor,
                       cpu_mem_budget=None if mem_gb is None else int(mem_gb * 2 ** 30),
                       rounds=getattr(options, "rounds", 1))
         if timed:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.store.schema import COLUMNS, KEY, SAMPLE_COLUMNS, SCHEMA_VERSION
+from harness.store.schema import COLUMNS, FIGURE_COLUMNS, KEY, SAMPLE_COLUMNS, SCHEMA_VERSION, figures_usable
 
 #: cells read as missing; `observed` is exempt (an observed 'nan' or 'None' is an answer, not a missing value)
 _NA_STRINGS = ["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>",
@@ -64,6 +64,34 @@ def load_samples(run_dir: str | Path) -> pd.DataFrame:
         raise ValueError(f"{path}: not a harness samples file (missing columns {missing})")
     df = _complete(df, path, (*KEY, "latency_ms"))
     df["latency_ms"] = pd.to_numeric(df["latency_ms"], errors="coerce")
+    results = Path(run_dir) / "results.csv"
+    if results.exists() and not df.empty:  # a rejected key's samples are never figures, an earlier round's neither
+        withheld = withheld_keys(load_results(results))
+        if withheld:
+            df = df[[tuple(k) not in withheld for k in df[list(KEY)].itertuples(index=False)]]
+    return df
+
+
+def withheld_keys(results: pd.DataFrame) -> set[tuple]:
+    """The keys of folded results whose figures may not be used (schema.figures_usable)."""
+    if "timing_status" not in results.columns:
+        return set()
+    bad = results[~results.timing_status.map(figures_usable)]
+    return {tuple(k) for k in bad[list(KEY)].itertuples(index=False)}
+
+
+def usable_figures(df: pd.DataFrame) -> pd.DataFrame:
+    """Folded results with the figures of every row whose timing was rejected emptied: its latency, even an
+    earlier round's that the fold carried, is no number anyone may read (the reason says what was claimed)."""
+    if df.empty or "timing_status" not in df.columns:
+        return df
+    withheld = ~df.timing_status.map(figures_usable)
+    if withheld.any():
+        df = df.copy()
+        for column in (c for c in FIGURE_COLUMNS if c in df.columns):
+            df[column] = df[column].astype(object)
+            df.loc[withheld, column] = None
+            df[column] = pd.to_numeric(df[column], errors="coerce") if column != "noisy" else df[column]
     return df
 
 
@@ -100,7 +128,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
     na = {c: ([""] if c in _VERBATIM else _NA_STRINGS) for c in header}
     df = _read_csv(path, keep_default_na=False, na_values=na, dtype={c: str for c in _VERBATIM if c in header})
     check_schema_version(df, path)
-    return fold(_complete(df, path, KEY))
+    return usable_figures(fold(_complete(df, path, KEY)))
 
 
 def compact(path: str | Path) -> pd.DataFrame:

@@ -42,6 +42,17 @@ VERDICT_PHASES = (FWD, BWD)
 #: reason says which); unsupported, error or oom while timing
 TIMED, NOT_TIMED, REJECTED = "timed", "not-timed", "rejected"
 TIMING_STATUSES = (TIMED, NOT_TIMED, REJECTED, UNSUPPORTED, ERROR, OOM)
+#: timing statuses whose figures are never used, not even an earlier round's: every reader of results and samples
+#: goes through store.load (usable_figures), so no speedup, summary, figure, gate or recommendation sees them
+FIGURES_WITHHELD = (REJECTED,)
+#: the columns that are a timing's figures
+FIGURE_COLUMNS = ("latency_ms", "latency_iqr_ms", "latency_min_ms", "n_samples", "rounds", "round_spread", "noisy",
+                  "tflops", "pct_of_peak", "gbps", "pct_of_bw_peak")
+
+
+def figures_usable(timing_status: object) -> bool:
+    """Whether a row's (or a key's samples') figures may be used: not when its timing was rejected."""
+    return timing_status not in FIGURES_WITHHELD
 #: the quantities judged against the reference (dsinks/dbias only where the case has sinks/bias)
 QUANTITIES = ("out", "dq", "dk", "dv", "dsinks", "dbias")
 #: what limits a timed row (its `bound` column): the matmul peak or the memory bandwidth
