@@ -193,6 +193,12 @@ def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor) -> Failure
     return Failure(FAIL, "; ".join(problems)) if problems else None
 
 
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A copy on the CPU, taken now: what the call returned as it stands when the call has returned (a CPU tensor
+    too - `.cpu()` would alias it, and a background thread still writing it would fill it in before it is judged)."""
+    return t.detach().to("cpu", copy=True)
+
+
 def _owned(path: str, out: object, q: torch.Tensor, v: torch.Tensor, given: dict[str, torch.Tensor],
            snapshot: Snapshot) -> Failure | None:
     """The contract (contract_violation), then the call's inputs left as given and its output its own; `path`
@@ -250,7 +256,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
                     result.op = op
                     return result
                 with stage("to host"):
-                    result.inference_out = backend.from_layout(inference.detach()).cpu()
+                    result.inference_out = _host(backend.from_layout(inference.detach()))
                 del inference
             grad_mode = contextlib.nullcontext() if call.backward else torch.no_grad()
             with grad_mode, stage("forward"):  # a compiling backend's first call includes its compile
@@ -264,7 +270,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
         if result.failure is not None:
             return result
         with stage("to host"):
-            result.out = backend.from_layout(out.detach()).cpu()
+            result.out = _host(backend.from_layout(out.detach()))
         if not call.backward:
             return result
         try:
@@ -287,7 +293,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
                 problems.append(problem)
             else:
                 with stage("to host"):  # sinks and bias are canonical in every layout
-                    result.grads[name] = (backend.from_layout(grad) if name in GRADS else grad).cpu()
+                    result.grads[name] = _host(backend.from_layout(grad) if name in GRADS else grad)
         if problems:
             result.backward_failure = Failure(FAIL, "; ".join(problems))
         return result
