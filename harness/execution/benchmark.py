@@ -85,7 +85,7 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     def row(timing_status: str, timing_reason: str = "", **more) -> Row:
         if timing_status not in (TIMED, REJECTED):  # a rejected round's earlier figures are withheld too
             timing_reason = timing_round.ended(timing_reason)
-        elif not more["suspicious"] and timing_round.suspicious_reason:  # once flagged, stays flagged, with its why
+        elif timing_status == TIMED and not more["suspicious"] and timing_round.suspicious_reason:  # once flagged, stays flagged, with its why
             more["suspicious"], timing_reason = True, timing_round.suspicious_reason
         return make_row(run_id=run_id, case=case, backend=backend.name, backend_version=backend.version(),
                         phase=phase, device=device, timing_status=timing_status, timing_reason=timing_reason,

@@ -22,7 +22,7 @@ _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 #: shape) is a cache hit being timed; confirmed on CONFIRM_CALLS more new inputs before the round is rejected.
 #: An honest call costs the same on any values of one shape; a result cache on hits is 5-20x faster
 #: (tests/unit/execution/test_integrity_timing.py's planted kernels), and a stall on one call is not confirmed.
-SEEN_FACTOR = 2.0
+SEEN_FACTOR = 3.0
 CONFIRM_CALLS = 3
 
 
@@ -103,7 +103,7 @@ TRANSFORMS = tuple(Transform(qk, v, d) for qk in (1.0, -1.0) for v in (-1.0, 2.0
 class RoundInputs:
     """What one timing round gives a call: `seen` for every repetition but the last, `new` for the last (its every
     answer differs from seen's, so an answer kept from the seen inputs fails), `confirm` for the calls that
-    confirm a cache (their q, k or v differ from seen's)."""
+    confirm a cache (their q, k or v differ from every other call's of the round)."""
 
     seen: Transform
     new: Transform
@@ -119,8 +119,11 @@ def round_inputs(seed: int, key: Iterable, round_index: int) -> RoundInputs:
     rest = order[round_index % len(order) + 1:] + order[:round_index % len(order)]
     new = next(t for t in rest if t.v != seen.v and t.d_out != seen.d_out
                and t.qk * t.v * t.d_out != seen.qk * seen.v * seen.d_out)
-    confirm = tuple(t for t in rest if (t.qk, t.v) != (seen.qk, seen.v) and t != new)[:CONFIRM_CALLS]
-    return RoundInputs(seen, new, confirm)
+    confirm: list[Transform] = []
+    for t in rest:  # q, k, v unlike any other call's of the round: a forward has no dO to tell them apart
+        if len(confirm) < CONFIRM_CALLS and all((t.qk, t.v) != (o.qk, o.v) for o in (seen, new, *confirm)):
+            confirm.append(t)
+    return RoundInputs(seen, new, tuple(confirm))
 
 
 def seen_violation(seen_ms: Iterable[float], new_ms: Iterable[float]) -> str:
