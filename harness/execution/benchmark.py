@@ -105,7 +105,7 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
                               mem_method=answer.mem_method), None)
     m, mem_bytes, mem_method = answer.measurement, answer.peak_mem_bytes, answer.mem_method
     with stage("judging"):
-        problem = answer.integrity or judge_timed(backend, prepared, phase, answer.observed)
+        problem = judge_timed(backend, prepared, phase, answer.observed) or answer.integrity
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
         where = f"round {timing_round.index + 1} of {timing_round.count}: " if timing_round.count > 1 else ""
         return PerfResult(row(REJECTED, f"{where}timed at median {m.median:.4g} ms, but {problem}"), None)

@@ -67,7 +67,9 @@ class _WritesWhenTimed(gamed.WritesInput):
 
 def test_writing_into_an_input_while_timed_is_rejected():
     row = _timed(_WritesWhenTimed(), "fwd").row
-    assert row.timing_status == REJECTED and "wrote into its input v" in row.timing_reason, row.timing_reason
+    # judged first: v halved between calls makes the answers wrong; else the snapshot names the input written
+    assert row.timing_status == REJECTED and ("wrote into its input v" in row.timing_reason
+                                              or " err " in row.timing_reason), row.timing_reason
 
 
 @pytest.mark.parametrize("kernel", [gamed.Recomputing, gamed.Nondeterministic, gamed.CaseCache])
