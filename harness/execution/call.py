@@ -199,6 +199,14 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
 
+def _poison(out: torch.Tensor) -> None:
+    """Fill a judged output with NaN before it is freed: the allocator hands its block to the next call of the
+    same size, and an `empty` output of that call must not find this answer there (KernelBench's result reuse)."""
+    if out.is_floating_point():
+        with torch.no_grad():
+            out.detach().fill_(float("nan"))
+
+
 def _owned(path: str, out: object, q: torch.Tensor, v: torch.Tensor, given: dict[str, torch.Tensor],
            snapshot: Snapshot) -> Failure | None:
     """The contract (contract_violation), then the call's inputs left as given and its output its own; `path`
@@ -257,6 +265,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
                     return result
                 with stage("to host"):
                     result.inference_out = _host(backend.from_layout(inference.detach()))
+                _poison(inference)
                 del inference
             grad_mode = contextlib.nullcontext() if call.backward else torch.no_grad()
             with grad_mode, stage("forward"):  # a compiling backend's first call includes its compile

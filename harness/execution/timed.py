@@ -109,6 +109,9 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
 
     def observe(value) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
         out = value.detach().clone() if isinstance(value, torch.Tensor) else None
+        if out is not None and out.is_floating_point():  # its block, freed, must not hand this answer on
+            with torch.no_grad():
+                value.detach().fill_(float("nan"))
         grads = {} if phase == FWD else {name: (t.grad if t.grad is not None else torch.zeros_like(t)).clone()
                                          for name, t in judged}
         return out, grads
