@@ -21,7 +21,7 @@ from harness.measure.timing import ADVISOR_TIMING, TimingConfig
 from harness.spec.case import AttentionCase
 from harness.store.host import testbed_id
 from harness.store.load import load_results, load_samples
-from harness.store.schema import FWD, FWD_BWD, PASS, UNAVAILABLE, VERDICT_PHASES, Row
+from harness.store.schema import FWD, FWD_BWD, PASS, UNAVAILABLE, VERDICT_PHASES, Row, figures_usable
 
 @dataclass
 class Evidence:
@@ -86,8 +86,8 @@ def measure_now(case: AttentionCase, backends: list[Backend], device: torch.devi
         if status == PASS:
             perf = measure_phase(backend, prepared, phase, verdict, config=timing, peaks={}, executor=executor,
                                  bw_peak=bw_peak)
-            if perf.measurement is None:  # oom or an error while timing
-                e.status, e.reason = perf.row.status, perf.row.reason or ""
+            if perf.measurement is None:  # oom, an error, or rejected (an integrity check failed) while timing
+                e.status, e.reason = perf.row.timing_status, perf.row.timing_reason or ""
             else:
                 e.samples_ms, e.peak_mem_bytes = perf.measurement.samples_ms, float(perf.row.peak_mem_bytes)
                 e.gbps, e.pct_of_bw_peak = perf.row.gbps, perf.row.pct_of_bw_peak
@@ -115,6 +115,11 @@ def evidence_from_run(run_dir: str | Path, case: AttentionCase, phase: str, back
     out = {}
     for backend in backends:
         match = rows[rows.backend == backend.name]
+        if not match.empty and not figures_usable(match.iloc[0].get("timing_status")):
+            r = match.iloc[0]  # its timing was rejected: an exclusion, with the reason
+            out[backend.name] = Evidence(backend.name, str(r.timing_status), str(r.get("timing_reason") or ""),
+                                         package=backend.package, source=f"run {run_dir.name}")
+            continue
         if match.empty or (match.iloc[0].status == PASS and not by_backend.get(backend.name)):
             continue
         r = match.iloc[0]

@@ -89,7 +89,8 @@ _OPTIONS = [
            {"action": "store_true"}),
     Option("--device", "cpu, cuda, cuda:N or auto", {"default": "auto"}),
     Option("--results-dir", "where run directories go", {"default": "results"}),
-    Option("--seed", "input seed", {"default": 0}, seed),
+    Option("--seed", "input seed (default: one drawn for the run, so no kernel can know its inputs ahead; "
+                     "env.json records it, and --seed with it reproduces them)", {"default": None}, seed),
     Option("--threads", "CPU threads for torch (default: torch's choice); recorded", {}, positive_int),
     Option("--timing-budget-ms", "time budget per timed key in ms, split over --rounds; repetitions = budget / "
                                  f"estimated latency, after a warm-up of {timing.WARMUP_SHARE:.0%} of the budget",

@@ -24,6 +24,7 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.backends.registry import load_backend_module
     from harness.execution.device import resolve_device
     from harness.execution.executor import make_executor
+    from harness.execution.integrity import run_seed
     from harness.execution.supervisor import timeouts
     from harness.execution.cost import check_cost
     from harness.spec.presets import model_shape
@@ -89,7 +90,7 @@ def _recommend(args: argparse.Namespace) -> int:
                                  log_dir=str(Path(tempfile.gettempdir()) / "harness-recommend-workers"))
     try:
         picks, total = recommend_many(workloads, backends=args.backends, device=args.device, results=args.results,
-                                      seed=args.seed, timing=timing, checks=args.checks,
+                                      seed=run_seed(args.seed), timing=timing, checks=args.checks,
                                       compile_backend=args.compile_backend, executor=executor,
                                       require=tuple(args.require), progress=True)
     finally:

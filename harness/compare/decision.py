@@ -14,8 +14,11 @@ def truthy(value) -> bool:
     return value is True or (isinstance(value, (str, np.bool_, bool)) and str(value).lower() == "true")
 
 
-def correctness_change(base: pd.Series, new: pd.Series, cfg: GateConfig = GateConfig()) -> tuple[str, str]:
-    """('worse' | 'lost' | 'better' | 'same', why) for one key present in both runs."""
+def correctness_change(base: pd.Series, new: pd.Series, cfg: GateConfig = GateConfig(),
+                       same_inputs: bool = True) -> tuple[str, str]:
+    """('worse' | 'lost' | 'better' | 'same', why) for one key present in both runs. Runs drawn from different
+    seeds (same_inputs False) judged other inputs: their error figures are not comparable, so only a status change
+    or new NaN/inf counts, not err_ratio's growth."""
     b, n = base.get("status"), new.get("status")
     notes, worse = [], False
     if n in BAD and b not in BAD:
@@ -26,7 +29,7 @@ def correctness_change(base: pd.Series, new: pd.Series, cfg: GateConfig = GateCo
         notes.append("new non-finite values (NaN/inf)")
     b_ratio, n_ratio = pd.to_numeric(base.get("err_ratio"), errors="coerce"), pd.to_numeric(new.get("err_ratio"),
                                                                                                  errors="coerce")
-    if np.isfinite(b_ratio) and np.isfinite(n_ratio) and n_ratio - b_ratio >= cfg.err_growth:
+    if same_inputs and np.isfinite(b_ratio) and np.isfinite(n_ratio) and n_ratio - b_ratio >= cfg.err_growth:
         worse = True
         notes.append(f"err_ratio {b_ratio:.3g}->{n_ratio:.3g} (+{n_ratio - b_ratio:.2f} of the tolerance)")
     if worse:

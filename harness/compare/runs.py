@@ -125,6 +125,8 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig =
         noise = NoiseModel.for_run(base_dir, base_id)
 
     base_samples, new_samples = samples_by_key(base_dir), samples_by_key(new_dir)
+    base_env, new_env = read_env(base_dir), read_env(new_dir)
+    same_inputs = base_env.get("seed", 0) == new_env.get("seed", 0)  # a run without a seed recorded used 0
     merged = base.copy().merge(new.copy(), on=list(KEY), how="outer", suffixes=("_base", "_new"), indicator=True,
                                sort=False)  # copies: an empty run comes back column by column (fragmented)
     rows = []
@@ -143,12 +145,11 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig =
                 out.update(n_base=0, n_new=0, verdict=NEW_ONLY, correctness="", note="only in the new run")
         else:
             timing = key_verdict(key, base_samples, new_samples, config, noise)
-            correctness, why = correctness_change(b, n, config)
+            correctness, why = correctness_change(b, n, config, same_inputs)
             out.update(timing.columns(), verdict=timing.verdict, correctness=correctness,
                        note="; ".join(filter(None, [why, timing.note])))
         rows.append(out)
     df = pd.DataFrame(rows).reindex(columns=list(COMPARE_COLUMNS))
-    base_env, new_env = read_env(base_dir), read_env(new_dir)
     warnings = [f"{name} run: {w}" for name, env in (("base", base_env), ("new", new_env)) for w in run_warnings(env)]
     if new.empty:
         warnings.append("the new run has no rows: it crashed, was killed before its first case, or ran nothing")

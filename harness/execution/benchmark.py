@@ -12,15 +12,19 @@ from harness.backends.base import Backend
 from harness.execution.call import Call
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
+from harness.execution.integrity import round_inputs
 from harness.execution.rounds import Round
-from harness.execution.timed import TimingCall
+from harness.execution.timed import Observed, TimingCall
 from harness.measure.bandwidth import roofline_columns
 from harness.measure.flops import attention_flops
 from harness.measure.peaks import beyond_physical_limit
+from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig
+from harness.oracle.reference import Reference
+from harness.oracle.verdict import judge
 from harness.spec.case import AttentionCase, Inputs, dtype_name
 from harness.store.rows import make_row
-from harness.store.schema import FWD_BWD, NOT_TIMED, PASS, REJECTED, TIMED, VERDICT_PHASES, Row
+from harness.store.schema import BWD, FWD, FWD_BWD, NOT_TIMED, PASS, REJECTED, TIMED, VERDICT_PHASES, Row
 
 
 @dataclass
@@ -34,23 +38,16 @@ class PerfResult:
 
 
 class TimedCase(Protocol):
-    """What timing reads of a case: a PreparedCase, or InputsOnly when the reference is not needed."""
+    """What timing reads of a case: its seeded inputs (None: whoever runs the backend draws them from the seed),
+    and the verified answer the timed calls are judged against (a PreparedCase)."""
 
     case: AttentionCase
     device: torch.device
     inputs: Inputs | None
     seed: int | None
+    reference: Reference
 
-
-@dataclass(frozen=True)
-class InputsOnly:
-    """A case's seeded inputs without its float64 reference: enough to time or capture a verified backend.
-    `inputs` may be None: then whoever runs the backend draws them from the seed."""
-
-    case: AttentionCase
-    device: torch.device
-    inputs: Inputs | None
-    seed: int | None = 0
+    def naive_error(self, quantity: str, backend_name: str) -> float | None: ...
 
 
 def phase_verdict(verdict: BackendResult, phase: str) -> tuple[str, str]:
@@ -88,9 +85,9 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
                        "err_ratio": max((r.err_ratio or 0.0) for r in verdict.rows)}
 
     def row(timing_status: str, timing_reason: str = "", **more) -> Row:
-        if timing_status != TIMED:
+        if timing_status not in (TIMED, REJECTED):  # a rejected round's earlier figures are withheld too
             timing_reason = timing_round.ended(timing_reason)
-        elif not more["suspicious"] and timing_round.suspicious_reason:  # once flagged, stays flagged, with its why
+        elif timing_status == TIMED and not more["suspicious"] and timing_round.suspicious_reason:  # once flagged, stays flagged, with its why
             more["suspicious"], timing_reason = True, timing_round.suspicious_reason
         return make_row(run_id=run_id, case=case, backend=backend.name, backend_version=backend.version(),
                         phase=phase, device=device, timing_status=timing_status, timing_reason=timing_reason,
@@ -99,14 +96,21 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     if status != PASS:
         return PerfResult(row(NOT_TIMED, f"not timed: {reason}"), None)
     prior = timing_round.pooled
+    key = (case.id, backend.name, phase)
     timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase, config,
                         estimate_ms=prior.median if prior is not None else None, known_memory=timing_round.memory,
-                        cpu_mem_budget=cpu_mem_budget)
+                        cpu_mem_budget=cpu_mem_budget,
+                        inputs=round_inputs(prepared.seed or 0, key, timing_round.index))
     answer = executor.time(backend, timing, device)
     if answer.failure is not None:
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,
                               mem_method=answer.mem_method), None)
     m, mem_bytes, mem_method = answer.measurement, answer.peak_mem_bytes, answer.mem_method
+    with stage("judging"):
+        problem = judge_timed(backend, prepared, phase, answer.observed) or answer.integrity
+    if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
+        where = f"round {timing_round.index + 1} of {timing_round.count}: " if timing_round.count > 1 else ""
+        return PerfResult(row(REJECTED, f"{where}timed at median {m.median:.4g} ms, but {problem}"), None)
     pooled = m if prior is None else Measurement.merge([prior, m])
     latency = pooled.median
     flops = attention_flops(case, phase)
@@ -122,3 +126,25 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
                  peak_mem_bytes=mem_bytes, mem_method=mem_method, flops=flops, tflops=tflops, pct_of_peak=pct,
                  compile_ms=answer.compile_ms, **roof)
     return PerfResult(result, m, pooled)
+
+
+def judge_timed(backend: Backend, prepared: TimedCase, phase: str, observed: list[Observed]) -> str:
+    """'' when what the timed calls returned is the verified answer of their inputs within the tolerance (never
+    bitwise: a nondeterministic kernel is honest); else the first failure, naming the call and the quantity."""
+    if not observed:
+        return "nothing the timed calls returned came back to be judged"
+    case = prepared.case
+    quantities = (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else [])
+    for i, o in enumerate(observed):
+        which = "the last call, on new inputs" if i == len(observed) - 1 else "a call on the round's inputs"
+        for quantity in quantities:
+            actual = o.out if quantity == "out" else o.grads.get(quantity)
+            if actual is None:
+                return f"[{phase}, {which}] returned no {quantity}"
+            factor = o.transform.factor(quantity)
+            naive = prepared.naive_error(quantity, backend.name)
+            check = judge(quantity, actual, prepared.reference.get(quantity) * factor, case.dtype,
+                          None if naive is None else naive * abs(factor))
+            if not check.passed:
+                return f"[{phase}, {which} ({o.transform.describe()})] {check.describe()}"
+    return ""

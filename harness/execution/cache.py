@@ -13,8 +13,10 @@ T = TypeVar("T")
 #: time, each case through every backend before the next (case-major), so the current case and the one before
 #: are enough - and a large case's reference is large. The correctness matrix, the docs and the edge cases share it.
 PREPARED_CASES = 2
-#: a case's seeded inputs alone, to time a verified backend whose prepared case is no longer held
-TIMING_INPUTS = 2
+#: the verified answers (float64 reference on the CPU, naive errors) that timing judges its calls against, by
+#: size: the benchmark stage walks every case again after correctness, once a round, so a run keeps as many as fit
+#: (the CPU default matrix's all do) and computes a dropped one again (a large GPU case's: seconds in FP64)
+ANSWER_BYTES = 2 * 2 ** 30
 #: the semantics probes' runs (tiny tensors), shared by the several questions asked of one backend in a row
 PROBE_RUNS = 8
 #: inputs a process (a worker, or the in-process executor) drew from a seed: the correctness call and the timing
@@ -23,12 +25,13 @@ DRAWN_INPUTS = 1
 
 
 class LRU:
-    """Holds at most `size` values; `get(key, make)` computes a missing value once and keeps the newest ones."""
+    """Holds at most `size` values (and, with `weigh`, at most `max_bytes` of them by weight, the newest always);
+    `get(key, make)` computes a missing value once and keeps the newest ones."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, weigh: Callable[[object], int] | None = None, max_bytes: int | None = None):
         if size < 1:
             raise ValueError(f"LRU size={size!r}: must be >= 1")
-        self.size = size
+        self.size, self.weigh, self.max_bytes = size, weigh, max_bytes
         self._items: OrderedDict = OrderedDict()
 
     def __contains__(self, key: Hashable) -> bool:
@@ -42,13 +45,22 @@ class LRU:
             if make is None:
                 raise KeyError(key)
             self._items[key] = make()
-            while len(self._items) > self.size:
+            while len(self._items) > self.size or (len(self._items) > 1 and self._over_weight()):
                 self._items.popitem(last=False)
         self._items.move_to_end(key)
         return self._items[key]
 
     def clear(self) -> None:
         self._items.clear()
+
+    def _over_weight(self) -> bool:
+        return (self.weigh is not None and self.max_bytes is not None
+                and sum(self.weigh(v) for v in self._items.values()) > self.max_bytes)
+
+
+def answer_bytes(prepared) -> int:
+    """Bytes a kept verified answer holds: its reference's tensors."""
+    return sum(t.numel() * t.element_size() for t in prepared.reference if t is not None)
 
 
 def cached(cache: LRU | None, key: Hashable, make: Callable[[], T]) -> T:
@@ -61,9 +73,9 @@ class RunCaches:
     """Every cache of one run, each bounded (see the sizes above), dropped with the run's session."""
 
     prepared: LRU = field(default_factory=lambda: LRU(PREPARED_CASES))
-    timing_inputs: LRU = field(default_factory=lambda: LRU(TIMING_INPUTS))
+    answers: LRU = field(default_factory=lambda: LRU(1 << 20, answer_bytes, ANSWER_BYTES))
     probe_runs: LRU = field(default_factory=lambda: LRU(PROBE_RUNS))
 
     def clear(self) -> None:
-        for cache in (self.prepared, self.timing_inputs, self.probe_runs):
+        for cache in (self.prepared, self.answers, self.probe_runs):
             cache.clear()

@@ -16,6 +16,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.cache import LRU, cached
+from harness.execution.integrity import Snapshot, aliased
 from harness.execution.outcome import Failure
 from harness.measure.stages import stage
 from harness.spec.case import AttentionCase, Inputs, make_inputs
@@ -125,6 +126,8 @@ class Call:
     mask: torch.Tensor | None = None
     p: float = 0.0
     rng_seed: int | None = None
+    #: with backward: run a call without autograd first (what inference and fwd timing run), its output judged too
+    inference: bool = False
 
     def __post_init__(self):
         if self.entry not in ENTRIES:
@@ -155,6 +158,8 @@ class CallResult:
     op: str = ""
     backward_op: str = ""
     compile_ms: float | None = None
+    #: the output of the call without autograd (Call.inference), canonical layout, on the CPU
+    inference_out: torch.Tensor | None = None
 
     @property
     def interrupted(self) -> bool:
@@ -194,6 +199,31 @@ def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor) -> Failure
     return Failure(FAIL, "; ".join(problems)) if problems else None
 
 
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A copy on the CPU, taken now: what the call returned as it stands when the call has returned (a CPU tensor
+    too - `.cpu()` would alias it, and a background thread still writing it would fill it in before it is judged)."""
+    return t.detach().to("cpu", copy=True)
+
+
+def _poison(out: torch.Tensor) -> None:
+    """Fill a judged output with NaN before it is freed: the allocator hands its block to the next call of the
+    same size, and an `empty` output of that call must not find this answer there (KernelBench's result reuse)."""
+    if out.is_floating_point():
+        with torch.no_grad():
+            out.detach().fill_(float("nan"))
+
+
+def _owned(path: str, out: object, q: torch.Tensor, v: torch.Tensor, given: dict[str, torch.Tensor],
+           snapshot: Snapshot) -> Failure | None:
+    """The contract (contract_violation), then the call's inputs left as given and its output its own; `path`
+    prefixes the reason with the call that broke it."""
+    failure = contract_violation(out, q, v)
+    if failure is None:
+        problem = "; ".join(filter(None, [snapshot.written(), aliased(out, given)]))
+        failure = Failure(FAIL, problem) if problem else None
+    return None if failure is None else Failure(failure.status, path + failure.reason)
+
+
 def _grad_violation(name: str, grad: torch.Tensor, leaf: torch.Tensor) -> str | None:
     if grad.dtype != leaf.dtype or tuple(grad.shape) != tuple(leaf.shape) or grad.device != leaf.device:
         return (f"{name} is {str(grad.dtype).removeprefix('torch.')} {tuple(grad.shape)} on {grad.device}, expected "
@@ -230,6 +260,19 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
                 leaves = modifier_leaves(inputs, requires_grad=call.backward)
             with stage("prepare"):
                 fn, (op, backward_op) = _entry(backend, call, device, leaves)
+            given = {"q": q, "k": k, "v": v, "dO": d_out, **leaves}
+            snapshot = Snapshot(given)  # a call must leave its inputs as given: they are the caller's
+            if call.inference and call.backward:  # the call inference and fwd timing make, judged by itself
+                with torch.no_grad(), stage("forward"):
+                    inference = fn(q, k, v)
+                result.failure = _owned("[fwd, no-grad] ", inference, q, v, given, snapshot)
+                if result.failure is not None:
+                    result.op = op
+                    return result
+                with stage("to host"):
+                    result.inference_out = _host(backend.from_layout(inference.detach()))
+                _poison(inference)
+                del inference
             grad_mode = contextlib.nullcontext() if call.backward else torch.no_grad()
             with grad_mode, stage("forward"):  # a compiling backend's first call includes its compile
                 out = fn(q, k, v)
@@ -237,11 +280,12 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
             result.failure = Failure.of(exc)
             return result
         result.op, result.compile_ms = op, backend.compile_time_ms()
-        result.failure = contract_violation(out, q, v)
+        path = "[fwd, grad] " if call.inference and call.backward else ""
+        result.failure = _owned(path, out, q, v, given, snapshot)
         if result.failure is not None:
             return result
         with stage("to host"):
-            result.out = backend.from_layout(out.detach()).cpu()
+            result.out = _host(backend.from_layout(out.detach()))
         if not call.backward:
             return result
         try:
@@ -251,6 +295,10 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
             result.backward_failure = Failure.of(exc)
             return result
         result.backward_op = backward_op
+        written = snapshot.written()
+        if written:
+            result.backward_failure = Failure(FAIL, f"[bwd] {written}")
+            return result
         problems = []
         judged = [*zip(GRADS, (q, k, v)), *((MODIFIER_GRADS[n], t) for n, t in leaves.items())]
         for name, leaf in judged:
@@ -260,7 +308,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
                 problems.append(problem)
             else:
                 with stage("to host"):  # sinks and bias are canonical in every layout
-                    result.grads[name] = (backend.from_layout(grad) if name in GRADS else grad).cpu()
+                    result.grads[name] = _host(backend.from_layout(grad) if name in GRADS else grad)
         if problems:
             result.backward_failure = Failure(FAIL, "; ".join(problems))
         return result

@@ -111,8 +111,10 @@ def backward_reason(backend: Backend, case: AttentionCase, device: torch.device)
 
 def correctness_call(backend: Backend, case: AttentionCase, device: torch.device, seed: int | None = 0,
                      inputs: Inputs | None = None, arrangement: Arrangement | None = None) -> Call:
-    """The call that checks `backend` on `case`: forward, and backward where the backend has one here."""
-    return Call(case, seed, inputs, backward=not backward_reason(backend, case, device), arrangement=arrangement)
+    """The call that checks `backend` on `case`: the inference call (no autograd), then forward and backward
+    where the backend has a backward here."""
+    backward = not backward_reason(backend, case, device)
+    return Call(case, seed, inputs, backward=backward, arrangement=arrangement, inference=backward)
 
 
 def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arrangement: Arrangement | None = None,
@@ -155,11 +157,19 @@ def _judged_forward(backend: Backend, prepared: PreparedCase, answer: CallResult
                     tag: str) -> BackendResult:
     case = prepared.case
     note = prepared.note_for(backend.name)
+    naive = prepared.naive_error("out", backend.name)
     with stage("judging"):
-        check = judge("out", answer.out, prepared.reference.out, case.dtype,
-                      prepared.naive_error("out", backend.name))
+        check = judge("out", answer.out, prepared.reference.out, case.dtype, naive)
+        # both calls of a training-capable backend: the fwd verdict is of the call inference makes, and of the
+        # training call's output; the worse stands in the row, and a failure names its path
+        paths = [("[fwd, grad] " if answer.inference_out is not None else "", check)]
+        if answer.inference_out is not None:
+            paths.insert(0, ("[fwd, no-grad] ", judge("out", answer.inference_out, prepared.reference.out,
+                                                      case.dtype, naive)))
+    check = max((c for _, c in paths), key=lambda c: c.ratio)
+    failed = [path + c.describe() for path, c in paths if not c.passed]
     result = BackendResult([], {"out": check}, answer.out)
-    reason = "; ".join(filter(None, [None if check.passed else check.describe(), note]))
+    reason = "; ".join(filter(None, [*failed, note]))
     result.rows.append(verdict_row(prepared, backend, FWD, PASS if check.passed else FAIL, reason, [check],
                                    run_id, op=answer.op, tag=tag))
     return result

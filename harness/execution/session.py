@@ -5,15 +5,17 @@
 from __future__ import annotations
 
 from argparse import Namespace
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.benchmark import InputsOnly, PerfResult, measure_phase
+from harness.execution.benchmark import PerfResult, measure_phase
 from harness.execution.cache import RunCaches
 from harness.execution.executor import Executor, make_executor
+from harness.execution.integrity import run_seed
 from harness.execution.outcome import BackendResult
 from harness.execution.recorder import RunRecorder
 from harness.execution.rounds import RoundSchedule
@@ -22,7 +24,7 @@ from harness.execution.timed import allow_backward_replay
 from harness.execution.verdicts import VerdictMemory
 from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
-from harness.spec.case import AttentionCase, make_inputs
+from harness.spec.case import AttentionCase
 from harness.store.environment import REPO_ROOT, environment, new_run_id
 from harness.store.schema import Row, TimingKey
 
@@ -80,7 +82,7 @@ class RunSession:
         timing = TimingConfig() if budget_ms is None else TimingConfig.for_budget(budget_ms,
                                                                                    cuda_graph=options.cuda_graph)
         mem_gb = getattr(options, "cpu_mem_budget_gb", None)
-        session = cls(device, root, options.seed, run_id=run_id, timing=timing, executor=executor,
+        session = cls(device, root, run_seed(options.seed), run_id=run_id, timing=timing, executor=executor,
                       cpu_mem_budget=None if mem_gb is None else int(mem_gb * 2 ** 30),
                       rounds=getattr(options, "rounds", 1))
         session.env["benchmark"] = timed  # a run stopped before its timings is no correctness-only run
@@ -174,7 +176,12 @@ class RunSession:
     # correctness
     def prepared(self, case: AttentionCase) -> PreparedCase:
         """Inputs, reference and naive errors for `case`, computed once and kept for the next few lookups."""
-        return self.cache.prepared.get(case, lambda: prepare_case(case, self.device, self.seed))
+        def make() -> PreparedCase:
+            prepared = prepare_case(case, self.device, self.seed)
+            self.cache.answers.get(case, lambda: replace(prepared, inputs=None))  # timing judges against it
+            return prepared
+
+        return self.cache.prepared.get(case, make)
 
     def check(self, case: AttentionCase, backend: Backend) -> BackendResult:
         """Run `backend` on `case` against the reference, write its verdict rows and remember the verdict."""
@@ -189,16 +196,13 @@ class RunSession:
         return known if known is not None else self.check(case, backend).released()
 
     # the benchmark
-    def timing_inputs(self, case: AttentionCase) -> PreparedCase | InputsOnly:
-        """What timing needs (a verified backend, or a check that only times): the prepared case if still
-        held, else its inputs alone (the same seeded tensors; drawn by the worker when isolated), kept for the
-        next few lookups; the reference is not recomputed to time."""
+    def timing_inputs(self, case: AttentionCase) -> PreparedCase:
+        """What timing needs: the verified answer the timed calls are judged against (the float64 reference and
+        the naive errors, kept for the run within cache.ANSWER_BYTES; computed again only when dropped), with the
+        case's seeded inputs when this process holds them (else whoever runs the backend draws them)."""
         if case in self.cache.prepared:
             return self.cache.prepared.get(case)
-        if self.executor.isolated:
-            return InputsOnly(case, self.device, None, self.seed)
-        return self.cache.timing_inputs.get(
-            case, lambda: InputsOnly(case, self.device, make_inputs(case, self.device, self.seed), self.seed))
+        return self.cache.answers.get(case, lambda: replace(self.prepared(case), inputs=None))
 
     def benchmark_round(self, case: AttentionCase, backend: Backend, phase: str, round_index: int) -> PerfResult | None:
         """Time round `round_index` of one key, given what its earlier rounds found, and record its row (final as

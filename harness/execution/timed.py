@@ -3,7 +3,8 @@ peak memory, the repetitions, the compile time. Timing stays next to the kernel,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -11,17 +12,22 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.cache import LRU
 from harness.execution.call import BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves
+from harness.execution.integrity import RoundInputs, Snapshot, Transform, aliased, seen_violation
 from harness.execution.outcome import Failure, free
 from harness.measure.memory import CPU_METHOD, first_call_peak, peak_memory
 from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig, measure
-from harness.store.schema import FWD, FWD_BWD, OOM
+from harness.spec.case import Inputs
+from harness.spec.modifiers import MODIFIER_GRADS
+from harness.store.schema import FWD, FWD_BWD, GRADS, OOM
 
 
 @dataclass(frozen=True)
 class TimingCall:
     """Time `phase` of the call's case: estimate_ms from earlier rounds (None: estimate now); known_memory (bytes,
-    method) from an earlier round (None: measure it); over cpu_mem_budget bytes of peak memory on the CPU is oom."""
+    method) from an earlier round (None: measure it); over cpu_mem_budget bytes of peak memory on the CPU is oom.
+    inputs: the round's transforms of the verified inputs (integrity.round_inputs; None: the verified inputs, and
+    nothing is observed - a re-measurement or a study)."""
 
     call: Call
     phase: str
@@ -29,6 +35,17 @@ class TimingCall:
     estimate_ms: float | None = None
     known_memory: tuple[int, str] | None = None
     cpu_mem_budget: int | None = None
+    inputs: RoundInputs | None = None
+
+
+@dataclass
+class Observed:
+    """What a timed call returned, read right after it returned, on the CPU in the canonical layout: the output
+    (fwd, fwd+bwd) and the gradients (bwd, fwd+bwd), and the transform its inputs were made with."""
+
+    transform: Transform
+    out: torch.Tensor | None = None
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -38,6 +55,11 @@ class TimingResult:
     mem_method: str | None = None
     failure: Failure | None = None
     compile_ms: float | None = None
+    #: the last repetition on the inputs seen, then the last one on new inputs (empty: nothing observed)
+    observed: list[Observed] = field(default_factory=list)
+    #: why the timed calls broke an integrity rule judged where they ran (inputs written, output aliased, faster
+    #: on inputs seen); '' when none
+    integrity: str = ""
 
     @property
     def interrupted(self) -> bool:
@@ -47,11 +69,17 @@ class TimingResult:
 @dataclass
 class Phase:
     """What timing a phase runs: `setup` before every repetition (outside the timed region), `fn` the timed call,
-    and `build`, run once before any of it - on the capture stream when timed as a CUDA graph."""
+    and `build`, run once before any of it - on the capture stream when timed as a CUDA graph.
+    buffers: the call's inputs by name (q, k, v, dO, sinks, bias); renew(inputs): new values into them (and a
+    new forward for the backward alone); observe(value): a copy of what the call returned (Observed's tensors,
+    on the device, the backend's layout)."""
 
     setup: Callable[[], None] | None
     fn: Callable[[], object]
     build: Callable[[], None] | None = None
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    renew: Callable[[Inputs], None] | None = None
+    observe: Callable[[object], tuple[torch.Tensor | None, dict[str, torch.Tensor]]] | None = None
 
 
 def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
@@ -60,6 +88,9 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
     q, k, v, d_out = backend_inputs(backend, case, inputs, requires_grad=phase != FWD)
     leaves = modifier_leaves(inputs, requires_grad=phase != FWD)  # sinks/bias: their gradients are work too
     call = BoundCall(backend, case, device, leaves=leaves)
+    buffers = {"q": q, "k": k, "v": v, "dO": d_out, **leaves}
+    judged = [*zip(GRADS, (q, k, v)), *((MODIFIER_GRADS[n], t) for n, t in leaves.items())]
+    built: list = []
 
     def forward():
         return call(q, k, v)
@@ -68,20 +99,40 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         for t in (q, k, v, *leaves.values()):
             t.grad = None
 
+    def renew(new: Inputs) -> None:
+        with torch.no_grad():
+            for mine, theirs in zip((q, k, v, d_out), backend_inputs(backend, case, new, requires_grad=False)):
+                mine.copy_(theirs)
+        if built:  # the backward alone: a new forward on the new inputs (a graph of its own)
+            built.clear()
+            build()
+
+    def observe(value) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        out = value.detach().clone() if isinstance(value, torch.Tensor) else None
+        if out is not None and out.is_floating_point():  # its block, freed, must not hand this answer on
+            with torch.no_grad():
+                value.detach().fill_(float("nan"))
+        grads = {} if phase == FWD else {name: (t.grad if t.grad is not None else torch.zeros_like(t)).clone()
+                                         for name, t in judged}
+        return out, grads
+
     if phase == FWD:
         def inference():  # as the correctness call runs it: a compiled backend guarded on grad mode compiles once
             with torch.no_grad():
                 return forward()
-        return Phase(None, inference)
+        return Phase(None, inference, None, buffers, renew, observe)
     if phase == FWD_BWD:
-        return Phase(reset, lambda: forward().backward(d_out))
-    built: list = []
+        def step():
+            out = forward()
+            out.backward(d_out)
+            return out
+        return Phase(reset, step, None, buffers, renew, observe)
 
     def build():  # the forward, made once; retain_graph lets every repetition run the same backward alone
         if not built:
             built.append(forward())
 
-    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build)
+    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build, buffers, renew, observe)
 
 
 def allow_backward_replay() -> None:
@@ -99,22 +150,28 @@ def allow_backward_replay() -> None:
 
 def run_timing(backend: Backend, timing: TimingCall, device: torch.device, drawn: LRU | None = None) -> TimingResult:
     """Measure one round; every failure (raised, oom, over the CPU budget) comes back as a Failure. Seeded inputs
-    are drawn through `drawn` (call_inputs)."""
+    are drawn through `drawn` (call_inputs). With the round's transforms (timing.inputs), its calls are given the
+    seen inputs, the last one new inputs, and what the last two returned comes back (observed) to be judged;
+    integrity says what they did that no honest call does (docs/integrity.md)."""
     result = TimingResult()
     with device_scope(device):
         try:
             with stage("inputs"):
-                inputs = call_inputs(timing.call, device, drawn)
+                verified = call_inputs(timing.call, device, drawn)
+                plan = timing.inputs
+                inputs = verified if plan is None else plan.seen.inputs(verified)
             case, phase = timing.call.case, timing.phase
             # On the CPU the round's first call (kept apart from the samples) is also its memory probe, and its
             # time is handed to measure; elsewhere, or when the latency is already known (no first call), the probe
             # is a call of its own.
-            timed, first_ms = None, None
+            # the checks see the buffers before any call is made on them (an input written by the first call too)
+            timed, checks, first_ms = None, None, None
             if timing.known_memory is not None:
                 result.peak_mem_bytes, result.mem_method = timing.known_memory
             elif device.type == "cpu" and timing.estimate_ms is None:
                 with stage("timing"):
                     timed = phase_callables(backend, case, inputs, device, phase)
+                    checks = None if plan is None else _Checks(backend, timed, verified, plan)
                 with stage("peak memory"):
                     if timed.build is not None:
                         timed.build()  # made once: measure's build() below finds it made
@@ -131,15 +188,93 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device, drawn
             if _over_budget(result, timing, device):
                 return result
             with stage("timing"):
-                timed = timed or phase_callables(backend, case, inputs, device, phase)
+                if timed is None:
+                    timed = phase_callables(backend, case, inputs, device, phase)
+                    checks = None if plan is None else _Checks(backend, timed, verified, plan)
                 result.measurement = measure(timed.fn, device=device, setup=timed.setup, config=timing.config,
-                                             estimate_ms=timing.estimate_ms, build=timed.build, first_ms=first_ms)
+                                             estimate_ms=timing.estimate_ms, build=timed.build, first_ms=first_ms,
+                                             renew=None if checks is None else checks.renew,
+                                             observe=None if checks is None else checks.observe)
             result.compile_ms = backend.compile_time_ms()
+            if checks is not None:
+                with stage("integrity"):
+                    result.observed, result.integrity = checks.finish(result.measurement, device)
         except BaseException as exc:  # noqa: B036 - a backend's SystemExit or KeyboardInterrupt is this round's row
             failure = Failure.of(exc)
             result.failure = Failure(failure.status, f"during timing: {failure.reason}", failure.interrupted)
             free(device)
     return result
+
+
+class _Checks:
+    """A round's integrity checks where the calls run: its inputs as given (a snapshot before the seen inputs and
+    one before the new), its outputs owned, what the last two calls returned, and the speed on new inputs."""
+
+    def __init__(self, backend: Backend, timed: Phase, verified: Inputs, plan: RoundInputs):
+        self.backend, self.timed, self.verified, self.plan = backend, timed, verified, plan
+        self.snapshot = Snapshot(timed.buffers)
+        self.problems: list[str] = []
+        self.observed: list[Observed] = []
+        self._renewed = False
+
+    def renew(self) -> None:
+        """Before the last repetition: what the seen calls wrote, then the new inputs into the same buffers."""
+        self._note(self.snapshot.written())
+        self.timed.renew(self.plan.new.inputs(self.verified))
+        self.snapshot = Snapshot(self.timed.buffers)
+        self._renewed = True
+
+    def observe(self, value, renewed: bool) -> None:
+        if renewed:
+            self._note(aliased(value, self.timed.buffers))
+        out, grads = self.timed.observe(value)
+        self.observed.append(Observed(self.plan.new if renewed else self.plan.seen, out, grads))
+
+    def finish(self, m: Measurement, device: torch.device) -> tuple[list[Observed], str]:
+        """(what was observed, on the CPU in the canonical layout; the integrity problems, '' when none), once
+        the device is synchronised; a last call faster on seen inputs is confirmed on more new ones first."""
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self._note(self.snapshot.written())
+        seen, new = m.samples_ms[:-1], m.samples_ms[-1:]
+        if self._renewed and m.mode != "cuda-graph" and seen_violation(seen, new):  # graph: the new call is eager
+            self._note(seen_violation(*self._confirm(device)))
+        for o in self.observed:
+            o.out = None if o.out is None else self.backend.from_layout(o.out).cpu()
+            o.grads = {n: (self.backend.from_layout(g) if n in GRADS else g).cpu() for n, g in o.grads.items()}
+        return self.observed, "; ".join(self.problems)
+
+    def _confirm(self, device: torch.device) -> tuple[list[float], list[float]]:
+        """(calls on inputs just seen, calls on new ones), in pairs: a call on a confirming input set (a new graph
+        for the backward alone), then one more on the same inputs - so a stall of the machine falls on both
+        sides alike, and a cache kept per graph or per content hits on the second."""
+        seen, new = [], []
+        for transform in self.plan.confirm:
+            self.timed.renew(transform.inputs(self.verified))
+            for times in (new, seen):
+                if self.timed.setup is not None:
+                    self.timed.setup()
+                times.append(_once(self.timed.fn, device))
+        return seen, new
+
+    def _note(self, problem: str) -> None:
+        if problem and problem not in self.problems:
+            self.problems.append(problem)
+
+
+def _once(fn: Callable[[], object], device: torch.device) -> float:
+    """One call's latency (ms), by the clock the samples used: CUDA events on the device, else perf_counter."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(end)
+    begin = time.perf_counter_ns()
+    fn()
+    return (time.perf_counter_ns() - begin) / 1e6
 
 
 def _over_budget(result: TimingResult, timing: TimingCall, device: torch.device) -> bool:

@@ -163,7 +163,9 @@ def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
 
 def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[], None] | None = None,
             config: TimingConfig = TimingConfig(), estimate_ms: float | None = None,
-            build: Callable[[], None] | None = None, first_ms: float | None = None) -> Measurement:
+            build: Callable[[], None] | None = None, first_ms: float | None = None,
+            renew: Callable[[], None] | None = None,
+            observe: Callable[[object, bool], None] | None = None) -> Measurement:
     """Time `fn()` repeatedly; `setup()` runs before every repetition, outside the timed region.
 
     estimate_ms: the latency already known (a later round of the same call): the first call and the estimate
@@ -171,26 +173,36 @@ def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[
     build: what `fn` needs made first (a backward's forward); with a CUDA graph it runs on the capture stream.
     first_ms (CPU): the first call (kept apart from the samples) was made already, by the caller, and took this
     long - the memory probe's call (timed.run_timing), so that it costs no call of its own.
+    renew: run before the last repetition, before its setup (new inputs in the same buffers): that repetition is
+    a sample like the others, on inputs the call has not seen.
+    observe(value, renewed): given what the last two repetitions returned, right after each returned (and, on
+    CUDA, its end event was recorded): so what a timed call returned is judged, read before anything else runs.
+    With a CUDA graph, replays return nothing: the renewed call is one eager call after the samples.
     """
     setup = setup or (lambda: None)
     if device.type == "cuda":
         if first_ms is not None:
             raise ValueError("measure(first_ms=...) is for the CPU clock; on CUDA the first call may be a graph "
                              "replay")
-        return _measure_cuda(fn, setup, device, config, estimate_ms, build)
+        return _measure_cuda(fn, setup, device, config, estimate_ms, build, renew, observe)
     if build is not None:
         build()
-    return _measure_cpu(fn, setup, config, estimate_ms, first_ms)
+    return _measure_cpu(fn, setup, config, estimate_ms, first_ms, renew, observe)
 
 
-def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None,
-                 first_ms: float | None = None) -> Measurement:
+def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None, first_ms: float | None = None,
+                 renew=None, observe=None) -> Measurement:
     # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
-    def once() -> float:
+    def once(last: int = 0) -> float:
+        if last == 1 and renew is not None:
+            renew()
         setup()
         start = time.perf_counter_ns()
-        fn()
-        return (time.perf_counter_ns() - start) / 1e6
+        value = fn()
+        elapsed = (time.perf_counter_ns() - start) / 1e6
+        if last and observe is not None:  # before anything else runs: a thread still filling it is caught
+            observe(value, last == 1)
+        return elapsed
 
     first, looks = float("nan"), []
     if estimate is None:
@@ -213,12 +225,15 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None,
     # (on three slow keys, over the median of the next three: 0.969-1.015, benchmarks/slow_call_warmup_study.py),
     # which spares a slow key a whole call.
     kept = looks[-1:] if looks and not warmup else []
-    samples = (*kept, *(once() for _ in range(reps - len(kept))))
+    if renew is not None and reps - len(kept) < 1:
+        kept = []  # the renewed call must be a repetition of its own
+    n = reps - len(kept)
+    samples = (*kept, *(once(last=n - i if n - i <= 2 else 0) for i in range(n)))  # 1: the last, 2: the one before
     return Measurement(samples, "cpu-clock", torch.get_num_threads(), first)
 
 
 def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None = None,
-                  build=None) -> Measurement:
+                  build=None, renew=None, observe=None) -> Measurement:
     from harness.measure.cuda_graph import graphed
 
     with torch.cuda.device(device):  # events record on the current device's stream: make it the run's device
@@ -253,12 +268,26 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None =
             target()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        eager = target is fn  # a graph replay returns nothing: its renewed call is an eager one, after
         for i in range(reps):
+            last = reps - i if eager and reps - i <= 2 else 0
+            if last == 1 and renew is not None:
+                renew()
             setup()            # host work (gradient reset) and the flush stay outside the events
             flush.zero_()      # clear L2 so every repetition reads its inputs from HBM, like a real model step
             starts[i].record(stream)  # events bracket the call's kernels on this device's current stream
-            target()
+            value = target()
             ends[i].record(stream)
+            if last and observe is not None:  # a copy enqueued behind the call, after its end event
+                observe(value, last == 1)
         torch.cuda.synchronize(device)
+        if not eager and (renew is not None or observe is not None):
+            if renew is not None:
+                renew()
+            setup()
+            value = fn()
+            if observe is not None:
+                observe(value, renew is not None)
+            torch.cuda.synchronize(device)
     samples = tuple(s.elapsed_time(e) for s, e in zip(starts, ends))
     return Measurement(samples, mode, torch.get_num_threads(), first)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.store.schema import (BOUNDS, COLUMNS, KEY, PHASES, SAMPLE_COLUMNS, SCHEMA_VERSION, STATUSES,
-                                  TIMING_STATUSES, Row)
+from harness.store.schema import (BOUNDS, COLUMNS, FIGURE_COLUMNS, KEY, PHASES, SAMPLE_COLUMNS, SCHEMA_VERSION,
+                                  STATUSES, TIMING_STATUSES, Row, figures_usable)
 
 #: cells read as missing; `observed` is exempt (an observed 'nan' or 'None' is an answer, not a missing value)
 _NA_STRINGS = ["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>",
@@ -158,7 +158,40 @@ def load_samples(run_dir: str | Path) -> pd.DataFrame:
     if "round" not in df.columns:  # written before rounds existed: all samples are one round
         df.insert(min(SAMPLE_COLUMNS.index("round"), len(df.columns)), "round", 0)
     df["latency_ms"] = pd.to_numeric(df["latency_ms"], errors="coerce")
+    results = Path(run_dir) / "results.csv"
+    if results.exists() and not df.empty:  # a rejected key's samples are never figures, an earlier round's neither
+        try:
+            with warnings.catch_warnings():  # results.csv's refused lines are said where it is loaded
+                warnings.simplefilter("ignore")
+                withheld = withheld_keys(load_results(results))
+        except ValueError:  # a results file that cannot be read says so where it is read; no key is withheld
+            withheld = set()
+        if withheld:
+            df = df[[tuple(k) not in withheld for k in df[list(KEY)].itertuples(index=False)]]
     df.attrs[REFUSED] = len(refused)
+    return df
+
+
+def withheld_keys(results: pd.DataFrame) -> set[tuple]:
+    """The keys of folded results whose figures may not be used (schema.figures_usable)."""
+    if results.empty or "timing_status" not in results.columns or not set(KEY) <= set(results.columns):
+        return set()
+    bad = results.loc[~results.timing_status.map(figures_usable).astype(bool)]
+    return {tuple(k) for k in bad[list(KEY)].itertuples(index=False)}
+
+
+def usable_figures(df: pd.DataFrame) -> pd.DataFrame:
+    """Folded results with the figures of every row whose timing was rejected emptied: its latency, even an
+    earlier round's that the fold carried, is no number anyone may read (the reason says what was claimed)."""
+    if df.empty or "timing_status" not in df.columns:
+        return df
+    withheld = ~df.timing_status.map(figures_usable).astype(bool)
+    if withheld.any():
+        df = df.copy()
+        for column in (c for c in FIGURE_COLUMNS if c in df.columns):
+            df[column] = df[column].astype(object)
+            df.loc[withheld, column] = None
+            df[column] = pd.to_numeric(df[column], errors="coerce") if column != "noisy" else df[column]
     return df
 
 
@@ -203,7 +236,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
     df = _frame(header, records, keep_default_na=False, na_values=na,
                 dtype={c: str for c in (*_VERBATIM, *KEY) if c in header})
     check_schema_version(df, path)
-    df = fold(df)
+    df = usable_figures(fold(df))
     df.attrs[REFUSED] = len(refused)
     return df
 

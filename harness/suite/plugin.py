@@ -25,7 +25,7 @@ from harness.execution.cost import check_cost
 from harness.spec.matrices import AUTO, build_matrix, resolve_matrix
 from harness.spec.presets import model_shape
 from harness.store.run_dir import results_root
-from harness.store.schema import BASELINE, OBSERVED, PHASES, STATUSES
+from harness.store.schema import BASELINE, OBSERVED, PHASES, STATUSES, figures_usable
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
 _PROGRESS_KEY = pytest.StashKey[Progress]()
@@ -278,7 +278,8 @@ def summary_lines(session: RunSession) -> list[str]:
     speedups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for (case_id, backend, phase), row in session.perf_rows.items():
         naive = session.perf_rows.get((case_id, BASELINE, phase))
-        if row.latency_ms and naive is not None and naive.latency_ms:
+        usable = figures_usable(row.timing_status) and naive is not None and figures_usable(naive.timing_status)
+        if usable and row.latency_ms and naive.latency_ms:
             speedups[backend][phase].append(naive.latency_ms / row.latency_ms)
     statuses = [s for s in STATUSES if s != OBSERVED]  # observed: a probe's finding, not a verdict
     width = max(16, *map(len, counts))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from harness.suite.benchmark_fixture import record_samples
-from harness.store.schema import ERROR
+from harness.store.schema import ERROR, REJECTED
 
 #: the pooled figures of a key that pytest-benchmark's JSON carries in extra_info
 EXTRA_INFO = ("case_id", "backend", "phase", "latency_ms", "latency_iqr_ms", "latency_min_ms", "n_samples", "rounds",
@@ -27,7 +27,8 @@ def test_performance(case, backend, phase, perf_round, run_session, benchmark, r
         pytest.skip("not timed after an earlier round")
     if result.measurement is None:
         why = f"{result.row.timing_status}: {result.row.timing_reason}"
-        if result.row.timing_status == ERROR:  # the backend passed correctness, then failed while timed
+        # the backend passed correctness, then failed while timed, or its timed calls failed an integrity check
+        if result.row.timing_status in (ERROR, REJECTED):
             pytest.fail(why, pytrace=False)
         pytest.skip(why)
     if perf_round < run_session.rounds - 1:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.store.load import load_results
 from harness.store.schema import COLUMNS
 from harness.spec.matrices import build_matrix
 
@@ -91,3 +92,21 @@ def test_pytest_benchmarks_table_shows_only_when_its_options_are_given():
                                  invocation_params=SimpleNamespace(args=tuple(args)))
         _quiet_benchmark_table(config)
         assert config.option.benchmark_quiet is quiet, args
+
+
+def test_gamed_plugins_lose_their_figures_and_honest_ones_keep_theirs(tmp_path):
+    """docs/integrity.md: a kernel that caches its no-grad answers and one that memoises its gradients per graph
+    pass correctness where they compute, and every timing of theirs is rejected, with no figure in the results."""
+    res = run_suites(tmp_path, "--matrix", "smoke", "--benchmark", "--rounds", "1", "--timing-budget-ms", "20",
+                     "--backend-module", "tests/fixtures/gamed_plugin.py",
+                     "--backends", "naive,gamed-cached-no-grad,gamed-memo-per-graph")
+    run_dir = next(tmp_path.iterdir())
+    df = load_results(run_dir)
+    cheats = {("gamed-cached-no-grad", "fwd"), ("gamed-memo-per-graph", "bwd")}
+    cheating = pd.Series([(b, p) in cheats for b, p in zip(df.backend, df.phase)], index=df.index)
+    judged = df[cheating & (df.status == "pass")]
+    assert len(judged) > 0, res.stdout[-3000:]
+    assert set(judged.timing_status) == {"rejected"} and judged.latency_ms.isna().all(), judged.timing_reason
+    naive = df[df.backend == "naive"]
+    assert set(naive.timing_status) == {"timed"} and naive.latency_ms.notna().all()
+    assert "rejected" in res.stdout and res.returncode == 1

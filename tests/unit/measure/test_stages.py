@@ -100,7 +100,8 @@ def test_a_worker_call_brings_its_stages_back(tmp_path):
     for name in ("reference", "naive baseline", "worker start", "worker pipe", "judging", "inputs", "prepare",
                  "forward", "backward", "to host", "worker: call", "worker: available"):
         assert name in spent, f"{name} missing from {sorted(spent)}"
-    assert spent["forward"][1] == 1 and spent["backward"][1] == 1 and spent["to host"][1] == 4  # out, dq, dk, dv
+    # two forwards (the no-grad call inference makes, then the training call); out twice, dq, dk, dv
+    assert spent["forward"][1] == 2 and spent["backward"][1] == 1 and spent["to host"][1] == 5
 
 
 def test_a_session_records_where_its_time_went(tmp_path):

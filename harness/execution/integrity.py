@@ -1,0 +1,141 @@
+"""The integrity checks of a backend's calls: inputs left as given, outputs owned, inputs a kernel cannot memorise
+(exact transforms of the verified ones), and speed on new inputs against speed on inputs already seen.
+
+Every check is of what a call did, never of how: docs/integrity.md lists the threats and what each check costs.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from harness.spec.case import Inputs
+
+#: same-size integer views: inputs are compared bit for bit (NaN in padding compares equal to itself)
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+#: a call on new inputs slower than this many times the median call on inputs already seen (same round, same
+#: shape) is a cache hit being timed; confirmed on CONFIRM_CALLS more new inputs before the round is rejected.
+#: An honest call costs the same on any values of one shape; a result cache on hits is 5-20x faster
+#: (tests/unit/execution/test_integrity_timing.py's planted kernels), and a stall on one call is not confirmed.
+SEEN_FACTOR = 3.0
+CONFIRM_CALLS = 3
+
+
+def run_seed(seed: int | None) -> int:
+    """The run's input seed: the one given (to reproduce a run), else one drawn now, which no code can predict."""
+    return secrets.randbelow(2 ** 31) if seed is None else seed
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return t.view(_BITS[t.element_size()]) if t.element_size() in _BITS and t.is_floating_point() else t
+
+
+class Snapshot:
+    """Bit-exact copies of named tensors, to tell afterwards which of them a call wrote into."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor | None]):
+        self._kept = {name: (t, _bits(t).clone()) for name, t in tensors.items() if t is not None}
+
+    def written(self) -> str:
+        """'' when every tensor still holds what it held; else which were written, and how many elements."""
+        changed = []
+        for name, (t, before) in self._kept.items():
+            now = _bits(t)
+            if now.shape != before.shape or not torch.equal(now, before):
+                n = (now != before).sum().item() if now.shape == before.shape else now.numel()
+                changed.append(f"{name} ({n} of {before.numel()} elements)")
+        return f"wrote into its input {', '.join(changed)}" if changed else ""
+
+
+def aliased(out: torch.Tensor, inputs: dict[str, torch.Tensor | None]) -> str:
+    """'' when `out` owns its memory; else which input's storage it shares (an output must be the call's own)."""
+    if not isinstance(out, torch.Tensor) or out.numel() == 0:
+        return ""
+    storage = out.untyped_storage().data_ptr()
+    shared = [name for name, t in inputs.items()
+              if t is not None and t.numel() and t.untyped_storage().data_ptr() == storage]
+    return f"its output aliases its input {', '.join(shared)}" if shared else ""
+
+
+@dataclass(frozen=True)
+class Transform:
+    """An exact change of a case's inputs whose answer follows from the verified one: q and k times `qk` (+-1:
+    the scores q.k^T are unchanged, bit for bit), v times `v` and dO times `d_out` (signed powers of two: exact
+    in floating point, barring overflow). Then out scales by v; dv by d_out; dq and dk by qk * v * d_out;
+    dsinks and dbias by v * d_out. The naive baseline's rounding errors scale by the same factors (its every
+    operation is scaled by a power of two), so the tolerance of the transformed answer is the verified one's,
+    scaled. Masks, softcap, ALiBi, sinks, paging and the bias see unchanged scores: valid for every case."""
+
+    qk: float = 1.0
+    v: float = 1.0
+    d_out: float = 1.0
+
+    @property
+    def identity(self) -> bool:
+        return (self.qk, self.v, self.d_out) == (1.0, 1.0, 1.0)
+
+    def inputs(self, inputs: Inputs) -> Inputs:
+        q, k, v, d_out, sinks, bias = inputs
+        return Inputs(q * self.qk, k * self.qk, v * self.v, d_out * self.d_out, sinks, bias)
+
+    def factor(self, quantity: str) -> float:
+        """What `quantity` of the verified answer is multiplied by to give this transform's answer."""
+        return {"out": self.v, "dv": self.d_out, "dq": self.qk * self.v * self.d_out,
+                "dk": self.qk * self.v * self.d_out}.get(quantity, self.v * self.d_out)
+
+    def describe(self) -> str:
+        return f"q,k x{self.qk:g}, v x{self.v:g}, dO x{self.d_out:g}"
+
+
+#: the transforms drawn from: every answer changes (out by v, dv by dO, dq and dk by qk.v.dO: none is 1), so an
+#: answer kept from any other call - correctness ran the identity - is wrong for them; 17 input sets
+TRANSFORMS = tuple(Transform(qk, v, d) for qk in (1.0, -1.0) for v in (-1.0, 2.0, -2.0) for d in (-1.0, 2.0, -2.0)
+                   if qk * v * d != 1.0)
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """What one timing round gives a call: `seen` for every repetition but the last, `new` for the last (its every
+    answer differs from seen's, so an answer kept from the seen inputs fails), `confirm` for the calls that
+    confirm a cache (their q, k or v differ from every other call's of the round)."""
+
+    seen: Transform
+    new: Transform
+    confirm: tuple[Transform, ...]
+
+
+def round_inputs(seed: int, key: Iterable, round_index: int) -> RoundInputs:
+    """A round's transforms, drawn from the run's seed (nothing in the code tells which come next), its key and
+    its round: rounds of a key start from different input sets while there are enough."""
+    order = list(TRANSFORMS)
+    random.Random(f"{seed}:{':'.join(map(str, key))}").shuffle(order)
+    seen = order[round_index % len(order)]
+    rest = order[round_index % len(order) + 1:] + order[:round_index % len(order)]
+    new = next(t for t in rest if t.v != seen.v and t.d_out != seen.d_out
+               and t.qk * t.v * t.d_out != seen.qk * seen.v * seen.d_out)
+    confirm: list[Transform] = []
+    for t in rest:  # q, k, v unlike any other call's of the round: a forward has no dO to tell them apart
+        if len(confirm) < CONFIRM_CALLS and all((t.qk, t.v) != (o.qk, o.v) for o in (seen, new, *confirm)):
+            confirm.append(t)
+    return RoundInputs(seen, new, tuple(confirm))
+
+
+def seen_violation(seen_ms: Iterable[float], new_ms: Iterable[float]) -> str:
+    """'' unless every call on new inputs was slower than SEEN_FACTOR x the median call on inputs already seen:
+    then the figure was a cache's, and the reason gives both speeds. The median, not the fastest, so a seen call
+    that stalled cannot hide a cache; every new call, so one that stalled cannot accuse an honest kernel."""
+    seen, new = sorted(seen_ms), list(new_ms)
+    if not seen or not new:
+        return ""
+    median = seen[len(seen) // 2] if len(seen) % 2 else (seen[len(seen) // 2 - 1] + seen[len(seen) // 2]) / 2
+    if min(new) <= SEEN_FACTOR * median:
+        return ""
+    return (f"faster on inputs it has seen: median {median:.4g} ms a call on repeated inputs, at least "
+            f"{min(new):.4g} ms on {len(new)} new input set(s) of the same shape ({min(new) / median:.1f}x, "
+            f"limit {SEEN_FACTOR:g}x)")

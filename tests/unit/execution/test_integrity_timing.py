@@ -1,0 +1,112 @@
+"""Timed calls are judged: a planted kernel that passes correctness and cheats only when timed loses its figure
+(timing_status rejected, the reason says which check), and honest controls keep theirs on every phase
+(harness.execution.timed, benchmark.judge_timed, integrity; kernels: tests/fixtures/gamed_kernels.py)."""
+
+import pytest
+
+from harness import AttentionCase
+from harness.execution.benchmark import measure_phase
+from harness.execution.device import resolve_device
+from harness.execution.integrity import (RoundInputs, TRANSFORMS, Transform, round_inputs, seen_violation)
+from harness.execution.rounds import Round
+from harness.execution.runner import execute, prepare_case
+from harness.measure.timing import TimingConfig
+from harness.oracle.reference import reference_attention
+from harness.spec.case import make_inputs
+from harness.spec.masks import Causal
+from harness.store.schema import REJECTED, TIMED
+from tests.fixtures import gamed_kernels as gamed
+
+CPU = resolve_device("cpu")
+FAST = TimingConfig(warmup_ms=2, budget_ms=10, min_reps=5, max_reps=20)
+CASE = AttentionCase(1, 2, 16, 32, "fp32")
+
+
+def _timed(backend, phase, case=CASE, rounds=1, seed=3):
+    prepared = prepare_case(case, CPU, seed)
+    verdict = execute(backend, prepared)
+    assert verdict.status == "pass", verdict.reasons  # each passes correctness: it cheats only when timed
+    result = None
+    for index in range(rounds):
+        result = measure_phase(backend, prepared, phase, verdict, config=FAST, peaks={},
+                               timing_round=Round(index, rounds, None if result is None else result.pooled))
+        if result.row.timing_status != TIMED:
+            break
+    return result
+
+
+@pytest.mark.parametrize("kernel, phase, words", [
+    (gamed.CachedNoGrad, "fwd", "out err"),
+    (gamed.GradsFirstThenZeros, "bwd", "dq err"),
+    (gamed.GradsFirstThenZeros, "fwd+bwd", "dq err"),
+    (gamed.MemoPerGraph, "bwd", "faster on inputs it has seen"),
+    (gamed.ContentCache, "fwd", "faster on inputs it has seen"),
+])
+def test_a_kernel_that_cheats_when_timed_loses_its_figure(kernel, phase, words):
+    result = _timed(kernel(), phase)
+    row = result.row
+    assert row.timing_status == REJECTED and words in row.timing_reason, row.timing_reason
+    assert row.latency_ms is None and result.measurement is None and result.pooled is None  # never a number
+
+
+def test_a_background_thread_filling_the_output_late_is_rejected():
+    kernel = gamed.BackgroundFill()
+    kernel.honest = 2  # the two correctness calls
+    row = _timed(kernel, "fwd").row
+    assert row.timing_status == REJECTED and "out has NaN" in row.timing_reason, row.timing_reason
+
+
+class _WritesWhenTimed(gamed.WritesInput):
+    name = "gamed-writes-when-timed"
+
+    def forward(self, q, k, v, *, mask, scale):
+        self.calls += 1
+        return gamed.attend(q, k, v, mask, scale) if self.calls <= 2 else super().forward(q, k, v, mask=mask,
+                                                                                             scale=scale)
+
+
+def test_writing_into_an_input_while_timed_is_rejected():
+    row = _timed(_WritesWhenTimed(), "fwd").row
+    # judged first: v halved between calls makes the answers wrong; else the snapshot names the input written
+    assert row.timing_status == REJECTED and ("wrote into its input v" in row.timing_reason
+                                              or " err " in row.timing_reason), row.timing_reason
+
+
+@pytest.mark.parametrize("kernel", [gamed.Recomputing, gamed.Nondeterministic, gamed.CaseCache])
+@pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
+def test_honest_controls_are_timed_on_every_phase_and_round(kernel, phase):
+    case = AttentionCase(1, 2, 16, 32, "fp32", mask=Causal()) if kernel is gamed.CaseCache else CASE
+    row = _timed(kernel(), phase, case, rounds=2).row
+    assert row.timing_status == TIMED and row.latency_ms > 0 and row.rounds == 2, row.timing_reason
+
+
+def test_every_transform_gives_exactly_the_transformed_answer():
+    """The expected answer of transformed inputs is the verified one scaled: exact in floating point (float64
+    reference of the transformed inputs against the scaled reference, to the last bit for out and dv)."""
+    case = AttentionCase(1, 2, 8, 16, "fp32", mask=Causal())
+    inputs = make_inputs(case, "cpu", 5)
+    ref = reference_attention(case, inputs)
+    for t in TRANSFORMS:
+        theirs = reference_attention(case, t.inputs(inputs))
+        for quantity in ("out", "dq", "dk", "dv"):
+            assert (theirs.get(quantity) - ref.get(quantity) * t.factor(quantity)).abs().max() <= 1e-12, (t, quantity)
+
+
+def test_a_round_s_new_inputs_change_every_answer_and_rounds_differ():
+    seen = set()
+    for index in range(3):
+        r = round_inputs(11, ("c", "b", "fwd"), index)
+        assert isinstance(r, RoundInputs) and not r.seen.identity and len(r.confirm) == 3
+        for q in ("out", "dq", "dk", "dv"):
+            assert r.new.factor(q) != r.seen.factor(q)
+        assert all((c.qk, c.v) not in {(r.seen.qk, r.seen.v), (r.new.qk, r.new.v)} for c in r.confirm)
+        seen.add(r.seen)
+    assert len(seen) == 3
+    assert round_inputs(11, ("c", "b", "fwd"), 0) != round_inputs(12, ("c", "b", "fwd"), 0)  # the seed decides
+
+
+def test_seen_violation_on_synthetic_samples():
+    assert seen_violation([0.01] * 9 + [5.0], [0.5, 0.6, 0.7]).startswith("faster on inputs it has seen")
+    assert seen_violation([1.0] * 10, [1.9, 5.0, 2.5]) == ""  # one fast enough new call: honest
+    assert seen_violation([1.0, 1.1, 0.9], [50.0]) != "" and seen_violation([], [1.0]) == ""
+    assert Transform().identity
