@@ -56,7 +56,7 @@ else
   if ! python -c "import torch" 2>/dev/null; then
     python -m pip install -q "torch==2.13.0"
   fi
-  python -m pip install -q -e ".[slurm]"   # submitit: the Slurm launcher, tested with its local executor
+  python -m pip install -q -e ".[slurm,test]"   # submitit: the Slurm launcher (tested with its local executor); hypothesis
   python -m pip install -q --no-deps "xformers==$XFORMERS" || echo "setup.sh: xformers not installed; its backend will report itself unavailable"
   # FlashInfer's Python layer and what its import needs, without dependencies: its own pull in the CUTLASS DSL
   # (hundreds of MiB) that only its JIT on a GPU uses; on a CPU its wrappers import and their translation is tested

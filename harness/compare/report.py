@@ -127,6 +127,16 @@ def ratio_ticks(lo: float, hi: float) -> list[float]:
 
 def plot_ratios(cmp: Comparison, path: str | Path) -> Path | None:
     """Horizontal dot plot of new/base median latency per (case, backend, phase), log scale; None if nothing timed."""
+    fig = ratio_figure(cmp)
+    if fig is None:
+        return None
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def ratio_figure(cmp: Comparison):
+    """plot_ratios' figure (a matplotlib Figure on an Agg canvas), or None if nothing was timed."""
     df = cmp.rows
     timed = df[np.isfinite(df.ratio.astype(float))].sort_values("ratio")
     if timed.empty:
@@ -161,9 +171,7 @@ def plot_ratios(cmp: Comparison, path: str | Path) -> Path | None:
     devices = f"cross-device: {cmp.new.device_name} vs {cmp.base.device_name}, " \
         if cmp.mode == "cross-device" else ""
     ax.set_title(f"{devices}latency ratio per (case, backend, phase)", fontsize=8)
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    return path
+    return fig
 
 
 def write_report(cmp: Comparison, out_dir: str | Path) -> dict[str, Path]:

@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from harness.measure.stats import (FAMILY_ALPHA, SLOWER, FASTER, UNCHANGED, UNDECIDED, GateConfig, GateVerdict,
-                                   NOT_POSITIVE, counts_as_change, finite_exp, iqr)
+                                   NOT_POSITIVE, counts_as_change, finite_exp, fmt_ratio, iqr)
 
 #: a run or re-measurement with a 1-minute load average above this many times the CPU count shared its machine
 #: with other work (runnable processes outnumbered the CPUs)
@@ -123,8 +123,9 @@ def paired_verdict(base_medians, new_medians, cfg: GateConfig = GateConfig(), *,
     The ratio is exp(Hodges-Lehmann estimate of the pairs' log ratios); the interval its signed-rank one at
     one-sided level `alpha` each way. The margin is cfg.min_effect alone: the noise model's A/A spread is that
     of separate runs, which pairing removes. slower: the interval above no change, the estimate beyond the
-    margin, and the machine quiet enough (machine_noise); unchanged: the estimate within the margin; faster:
-    mirrored; otherwise undecided, with what would decide it.
+    margin; unchanged: the estimate within the margin; faster: mirrored; otherwise undecided, with what would
+    decide it. Pairs that measure the machine (machine_noise) give undecided, unless their whole interval lies
+    within the margin (unchanged).
     """
     base, new = np.asarray(base_medians, float).ravel(), np.asarray(new_medians, float).ravel()
     if len(base) != len(new):
@@ -144,21 +145,25 @@ def paired_verdict(base_medians, new_medians, cfg: GateConfig = GateConfig(), *,
     shift, low, high, exact = signed_rank_interval(diffs, alpha)
     figures = dict(counts, base_ms=float(np.median(base)), new_ms=float(np.median(new)), ratio=finite_exp(shift),
                    ratio_low=finite_exp(low), ratio_high=finite_exp(high))
-    interval = (f"ratio {finite_exp(shift):.3f} over {n} paired rounds ({1 - 2 * alpha:.2%} signed-rank interval "
-                f"{finite_exp(low):.3f}-{finite_exp(high):.3f})")
-    if not counts_as_change(figures["base_ms"], figures["new_ms"], figures["ratio"], margin, cfg.abs_floor_ms):
-        return GateVerdict(UNCHANGED, interval, **figures)
+    interval = (f"ratio {fmt_ratio(finite_exp(shift))} over {n} paired rounds ({1 - 2 * alpha:.2%} signed-rank "
+                f"interval {fmt_ratio(finite_exp(low))}-{fmt_ratio(finite_exp(high))})")
     noise = machine_noise(diffs, shift, load)
+    within = not counts_as_change(figures["base_ms"], figures["new_ms"], figures["ratio"], margin, cfg.abs_floor_ms)
+    if noise and not (within and exact and finite_exp(high) <= margin):
+        # pairs that measure the machine settle nothing but a whole interval within the margin: bursts on either
+        # side move the estimate, so neither slower, faster nor a pass on the estimate alone
+        where = "within" if within else "beyond"
+        return GateVerdict(UNDECIDED, f"{interval} {where} the margin {margin:.3f}, but "
+                                      + decide_on_quieter(noise, loaded=load is not None), **figures)
+    if within:
+        return GateVerdict(UNCHANGED, interval, **figures)
     if shift > 0:
-        if noise:
-            return GateVerdict(UNDECIDED, f"{interval} beyond the margin {margin:.3f}, but "
-                                          + decide_on_quieter(noise, loaded=load is not None), **figures)
         if low > 0 and exact:
             return GateVerdict(SLOWER, interval, **figures)
         why = (f"{n} pairs cannot reach the family level (at least {pairs_needed(alpha)} are needed)" if not exact
                else "the interval includes no change")
         return GateVerdict(UNDECIDED, f"{interval} beyond the margin {margin:.3f}, but {why}: more pairs would "
                                       "decide it (--remeasure-max-pairs, --remeasure-budget-s)", **figures)
-    if high < 0 and exact and not noise:
+    if high < 0 and exact:
         return GateVerdict(FASTER, interval, **figures)
     return GateVerdict(UNCHANGED, f"possibly faster, not established: {interval}", **figures)

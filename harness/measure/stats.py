@@ -98,6 +98,11 @@ def finite_exp(x: float) -> float:
     return math.exp(x) if x <= _MAX_LOG else math.inf
 
 
+def fmt_ratio(x: float) -> str:
+    """A ratio for a note: three decimals, or three significant digits when it is wild (1e+148, inf)."""
+    return f"{x:.3f}" if abs(x) < 1e4 else f"{x:.3g}"
+
+
 def _check(config, names: tuple[str, ...], ok, what: str) -> None:
     """A one-line error naming the first of `names` whose value `ok` refuses, and what is allowed."""
     for name in names:
@@ -375,8 +380,8 @@ def gate_verdict(base_ms, new_ms, cfg: GateConfig = GateConfig(), *, base_rounds
     shift, low, high, exact = shift_interval(np.log(x), np.log(y), cfg.confidence)
     figures = dict(counts, base_ms=float(np.median(base)), new_ms=float(np.median(new)), ratio=finite_exp(shift),
                    ratio_low=finite_exp(low), ratio_high=finite_exp(high))
-    interval = (f"ratio {finite_exp(shift):.3f} ({cfg.confidence:.0%} interval {finite_exp(low):.3f}-"
-                f"{finite_exp(high):.3f})")
+    interval = (f"ratio {fmt_ratio(finite_exp(shift))} ({cfg.confidence:.0%} interval "
+                f"{fmt_ratio(finite_exp(low))}-{fmt_ratio(finite_exp(high))})")
     if not counts_as_change(figures["base_ms"], figures["new_ms"], figures["ratio"], margin, cfg.abs_floor_ms):
         return GateVerdict(UNCHANGED, "", **figures)
     if shift > 0:
