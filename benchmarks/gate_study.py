@@ -27,6 +27,7 @@ in the README: two `pytest suites --benchmark` runs, then `python -m harness com
   this commit, compare --remeasure) and an A/B pair (the 2x worktree); `load` with `--busy` bursty CPU-bound
   processes started and killed by the study around each pair. Targets: A/A never exit 1 under load (0 or 3),
   exit 0 when quiet; the 2x exit 1 when quiet; under load, whatever it gets (reported).
+- redecide: the stored load/quiet pairs decided again with this checkout's rule (part_redecide).
 - noise: the stored smoke pairs decided again, without re-measurement, with a noise model learned from the A/A
   runs (`history --noise`; leave-one-out for the A/A pairs): what a testbed gets once it has a noise model.
 
@@ -37,6 +38,7 @@ built (every margin is --min-effect): the figures are what a first-day user gets
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -222,6 +224,52 @@ def part_load(out: Path, pairs: int, loaded: bool, select: str, budget_s: float,
     return rows
 
 
+def part_redecide(out: Path, log) -> list[dict]:
+    """The stored pairs of the load and quiet parts decided again with this checkout's paired_verdict (what a
+    change of the decision rule does to the same measurements): each re-measured key on its stored base and new
+    rounds (NEW_RUN/remeasure/), at the family level of its pair, with the load average the study read at the
+    end of that pair's compare; the other keys keep their verdict. Prints the exit code each pair would get."""
+    import numpy as np
+
+    from harness.compare.remeasure import RemeasureConfig
+    from harness.measure.paired import paired_verdict
+    from harness.measure.stats import FAMILY_ALPHA, SLOWER, UNDECIDED
+
+    logged = out / "rows.jsonl"
+    study = pd.read_json(logged, lines=True) if logged.exists() else None
+    rows = []
+    for pair_dir in sorted(out.glob("*-a[ab]-*")):
+        found = list(pair_dir.glob("*/study-vs-*/compare.csv"))
+        if len(found) != 1 or "+" in pair_dir.name:  # a pair still running, or not one of these parts
+            continue
+        csv = found[0]
+        new_dir = csv.parent.parent
+        df = timed(pd.read_csv(csv))
+        part, i = pair_dir.name.rsplit("-", 1)
+        load = None
+        if study is not None:
+            hit = study[(study.part == part) & (study.pair == int(i))]
+            load = (float(hit.load_end.iloc[0]), os.cpu_count() or 1) if len(hit) else None
+        fresh = {side: pd.read_csv(new_dir / "remeasure" / name) for side, name in
+                 (("new", "samples.csv"), ("base", "base-samples.csv")) if (new_dir / "remeasure" / name).exists()}
+        verdicts = list(df.verdict)
+        re = df.remeasured.astype(bool).to_numpy()
+        for j, r in enumerate(df.itertuples()):
+            if not re[j] or "base" not in fresh:
+                continue
+            medians = [g[(g.case_id == r.case_id) & (g.phase == r.phase)].groupby("round").latency_ms.median()
+                       for g in (fresh["base"], fresh["new"])]
+            both = medians[0].index.intersection(medians[1].index)
+            verdicts[j] = UNDECIDED if len(both) < RemeasureConfig.min_rounds else paired_verdict(
+                np.asarray(medians[0][both]), np.asarray(medians[1][both]), alpha=FAMILY_ALPHA / re.sum(),
+                load=load).verdict  # fewer pairs than that: the budget ended, never a pass (remeasure's rule)
+        code = 1 if SLOWER in verdicts else 3 if UNDECIDED in verdicts else 0
+        rows.append({"part": f"{part}+redecided", "pair": int(i), "exit": code, "keys": len(df),
+                     "slower": verdicts.count(SLOWER), "undecided": verdicts.count(UNDECIDED)})
+        log(rows[-1])
+    return rows
+
+
 def part_process(rounds: int, log) -> list[dict]:
     """Two persistent workers of this code time the same keys in pairs (ABBA), `rounds` rounds: the mean log
     difference of each key in units of its standard error. Without a per-process offset these are ~N(0, 1)."""
@@ -347,6 +395,10 @@ def summary(df: pd.DataFrame) -> list[str]:
             lines.append(f"smoke A/B (2x) with the A/A noise model, no re-measurement: exit 1 in {(g.exit == 1).sum()}/{n} "
                          f"pairs; slowed keys ending 'slower' {(g.slower / g['keys']).mean():.1%} on average, worst pair "
                          f"{(g.slower / g['keys']).min():.1%}; median margin {g.margin_median.median():.2f}x")
+        elif part.endswith("+redecided"):
+            exits = ", ".join(f"{c}: {k}" for c, k in sorted(g.exit.value_counts().items()))
+            lines.append(f"{part} (stored pairs, this checkout's rule): exit codes {{{exits}}} in {n} pairs; keys "
+                         f"slower {g.slower.sum()}, undecided {g.undecided.sum()} of {g['keys'].sum()}")
         elif part.startswith(("load-", "quiet-")):
             loads = f"load average {g.load_start.min():.1f}-{g.load_end.max():.1f}"
             exits = ", ".join(f"{c}: {k}" for c, k in sorted(g.exit.value_counts().items()))
@@ -374,8 +426,10 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=2, help="busy processes of the load parts")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    log = lambda row: print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),  # noqa: E731
-                            flush=True)
+    def log(row: dict) -> None:
+        print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+        with (args.out / "rows.jsonl").open("a") as f:  # every row as it comes: a study stopped early keeps them
+            f.write(json.dumps(row, default=str) + "\n")
     rows = []
     parts = args.parts.split(",")
     if "process" in parts:
@@ -391,6 +445,8 @@ def main() -> None:
     for loaded, part in ((True, "load"), (False, "quiet")):
         if part in parts:
             rows += part_load(args.out, args.pairs, loaded, args.select, args.budget_s, args.busy, log)
+    if "redecide" in parts:  # needs the stored load/quiet pairs (and their study.csv) under --out
+        rows += part_redecide(args.out, log)
     if "noise" in parts:  # needs the stored smoke-aa and smoke-ab runs under --out
         rows += part_noise(args.out, log)
     df = pd.DataFrame(rows)
