@@ -20,6 +20,9 @@ def _compare(args: argparse.Namespace) -> int:
     from harness.compare.runs import compare_runs
     from harness.store.run_dir import resolve_run
 
+    if args.remeasure_max_pairs < RemeasureConfig.min_rounds:
+        raise ValueError(f"--remeasure-max-pairs={args.remeasure_max_pairs}: must be >= {RemeasureConfig.min_rounds} "
+                         "(a key is never passed on fewer pairs)")
     base, new = resolve_run(args.base, args.results_dir), resolve_run(args.new, args.results_dir)
     noise = NoiseModel.load(args.noise) if args.noise else None
     comparison = compare_runs(base, new, compare_config(args), cross_device=args.cross_device, noise=noise,

@@ -106,3 +106,9 @@ def test_compare_png_tick_labels_do_not_collide(tmp_path):
     boxes.sort(key=lambda b: b.x0)
     assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), [(b.x0, b.x1) for b in boxes]
     assert ratio_ticks(0.95, 1.06) == [0.95, 1, 1.05] and ratio_ticks(math.nan, 2) == [1.0]
+
+
+def test_too_few_pairs_is_a_one_line_error(capsys):
+    res = harness(capsys, "compare", "a", "b", "--remeasure-max-pairs", "2")
+    assert res.returncode == 2 and res.stderr.strip() == \
+        "error: --remeasure-max-pairs=2: must be >= 4 (a key is never passed on fewer pairs)"
