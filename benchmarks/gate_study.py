@@ -1,7 +1,7 @@
 """How well does the regression gate decide on this machine? Real runs, real timing: A/B and A/A pairs.
 
-    python benchmarks/gate_study.py [--pairs 20] [--parts process,smoke-ab,smoke-aa,default-ab,default-aa,noise]
-                                    [--out DIR]
+    python benchmarks/gate_study.py [--pairs 20] [--out DIR]
+        [--parts process,smoke-ab,smoke-aa,default-ab,default-aa,noise,load,quiet] [--select EXPR] [--busy 2]
 
 Run it from a clean checkout (a clone): the A/B parts make git worktrees of its HEAD. Each pair is the CI recipe
 in the README: two `pytest suites --benchmark` runs, then `python -m harness compare BASE NEW --remeasure`.
@@ -23,6 +23,11 @@ in the README: two `pytest suites --benchmark` runs, then `python -m harness com
 - default-ab: one pair, the default matrix, the tunable backend at 1x then 1.25x. Target: >= 80 % of keys
   flagged slower.
 - default-aa: one pair of the default matrix, all CPU backends. Target: <= 1 % of keys flagged.
+- load, quiet: N rounds of the README's CI recipe on the smoke keys `--select` picks, each an A/A pair (two runs of
+  this commit, compare --remeasure) and an A/B pair (the 2x worktree); `load` with `--busy` bursty CPU-bound
+  processes started and killed by the study around each pair. Targets: A/A never exit 1 under load (0 or 3),
+  exit 0 when quiet; the 2x exit 1 when quiet; under load, whatever it gets (reported).
+- redecide: the stored load/quiet pairs decided again with this checkout's rule (part_redecide).
 - noise: the stored smoke pairs decided again, without re-measurement, with a noise model learned from the A/A
   runs (`history --noise`; leave-one-out for the A/A pairs): what a testbed gets once it has a noise model.
 
@@ -33,6 +38,7 @@ built (every margin is --min-effect): the figures are what a first-day user gets
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -46,12 +52,15 @@ ROOT = Path(__file__).resolve().parents[1]
 ALL_CPU = ["--backends", "all"]
 
 
-def run_suite(results: Path, matrix: str, backends: list[str], cwd: Path = ROOT) -> tuple[Path, float]:
-    """One `pytest suites --benchmark` run in checkout `cwd`; its run dir and wall seconds."""
+def run_suite(results: Path, matrix: str, backends: list[str], cwd: Path = ROOT, select: str | None = None
+              ) -> tuple[Path, float]:
+    """One `pytest suites --benchmark` run in checkout `cwd` (`select`: a -k expression); its run dir and wall
+    seconds."""
     before = set(results.glob("*")) if results.exists() else set()
     start = time.monotonic()
     cmd = [sys.executable, "-m", "pytest", "suites", "--matrix", matrix, "--benchmark", "--results-dir", str(results),
-           "-q", "-p", "no:cacheprovider", "--no-report", "--benchmark-quiet", *backends]
+           "-q", "-p", "no:cacheprovider", "--no-report", "--benchmark-quiet", *backends,
+           *(["-k", select] if select else [])]
     proc = subprocess.run(cmd, cwd=cwd, env=_env(cwd), capture_output=True, text=True)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"suite run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -66,9 +75,9 @@ def _env(cwd: Path) -> dict:
     return {**env, "PYTHONPATH": str(cwd)}
 
 
-def gate(base: Path, new: Path, budget_s: float, cwd: Path = ROOT, base_checkout: Path | None = None
-         ) -> tuple[int, pd.DataFrame, float]:
-    """compare --remeasure in checkout `cwd`: (exit code, compare.csv, wall seconds)."""
+def gate(base: Path, new: Path, budget_s: float, cwd: Path = ROOT, base_checkout: Path | None = None,
+         printed: list | None = None) -> tuple[int, pd.DataFrame, float]:
+    """compare --remeasure in checkout `cwd`: (exit code, compare.csv, wall seconds); `printed` gets its output."""
     start = time.monotonic()
     out = new / f"study-vs-{base.name}"
     extra = ["--base-checkout", str(base_checkout)] if base_checkout else []
@@ -77,6 +86,8 @@ def gate(base: Path, new: Path, budget_s: float, cwd: Path = ROOT, base_checkout
                           env=_env(cwd), capture_output=True, text=True)
     if proc.returncode == 2:
         raise RuntimeError(f"compare failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    if printed is not None:
+        printed.append(proc.stdout)
     return proc.returncode, pd.read_csv(out / "compare.csv"), time.monotonic() - start
 
 
@@ -148,6 +159,114 @@ def part_aa(out: Path, pairs: int, matrix: str, budget_s: float, log) -> list[di
         rows.append(row)
         log(row)
         prev = new
+    return rows
+
+
+#: a CPU-bound busy process that comes and goes (spins 0.05-2 s, sleeps 0.05-1 s), ending by itself after argv[1]
+#: seconds: bursty load like other CI jobs, never left behind by a crashed study
+BUSY = """import random, sys, time
+end, rng = time.monotonic() + float(sys.argv[1]), random.Random(int(sys.argv[2]))
+while time.monotonic() < end:
+    spin = time.monotonic() + rng.uniform(0.05, 2.0)
+    while time.monotonic() < spin:
+        pass
+    time.sleep(rng.uniform(0.05, 1.0))
+"""
+
+
+class Busy:
+    """`n` BUSY processes for at most `limit_s` seconds, started on entry and killed (by their pids) on exit."""
+
+    def __init__(self, n: int, limit_s: float, seed: int = 0):
+        self.n, self.limit_s, self.seed, self.procs = n, limit_s, seed, []
+
+    def __enter__(self):
+        self.procs = [subprocess.Popen([sys.executable, "-c", BUSY, str(self.limit_s), str(self.seed + i)])
+                      for i in range(self.n)]
+        return self
+
+    def __exit__(self, *exc):
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+        self.procs = []
+
+
+def part_load(out: Path, pairs: int, loaded: bool, select: str, budget_s: float, busy: int, log) -> list[dict]:
+    """The README's CI recipe under load (`busy` bursty CPU-bound processes started and stopped by the study) or
+    without it: per pair, two runs of one commit then compare --remeasure (A/A), and the 2x slowdown of the
+    tunable backend in a second worktree (A/B), each on the smoke matrix's keys that `select` picks."""
+    base_tree, new_tree = worktrees(out, "2x")
+    backends = ["--backend-module", "tests/fixtures/slow_backends.py", "--backends", "sdpa-math-tunable"]
+    name = "load" if loaded else "quiet"
+    rows = []
+    for i in range(pairs):
+        for kind, (a_tree, b_tree) in (("aa", (ROOT, ROOT)), ("ab", (base_tree, new_tree))):
+            results = out / f"{name}-{kind}-{i:02d}"
+            printed: list[str] = []
+            with Busy(busy if loaded else 0, limit_s=1800, seed=i):
+                load_start = os.getloadavg()[0]
+                a, a_s = run_suite(results, "smoke", backends, a_tree, select)
+                b, b_s = run_suite(results, "smoke", backends, b_tree, select)
+                code, df, g_s = gate(a, b, budget_s, b_tree, None if kind == "aa" else a_tree, printed)
+                load_end = os.getloadavg()[0]
+            t = timed(df)
+            why = t[t.verdict == "undecided"].note.astype(str)
+            row = {"part": f"{name}-{kind}", "pair": i, "exit": code, "keys": len(t),
+                   "slower": int((t.verdict == "slower").sum()), "undecided": int((t.verdict == "undecided").sum()),
+                   "flagged_first": int(t.first_verdict.isin(["slower", "undecided"]).sum()),
+                   "remeasured": int(t.remeasured.sum()), "gate_s": a_s + b_s + g_s, "compare_s": g_s,
+                   "load_start": load_start, "load_end": load_end,
+                   "noisy": int(why.str.contains("machine's noise").sum()),
+                   "max_ratio": float(t.ratio.max()) if len(t) else float("nan")}
+            rows.append(row)
+            log(row)
+    return rows
+
+
+def part_redecide(out: Path, log) -> list[dict]:
+    """The stored pairs of the load and quiet parts decided again with this checkout's paired_verdict (what a
+    change of the decision rule does to the same measurements): each re-measured key on its stored base and new
+    rounds (NEW_RUN/remeasure/), at the family level of its pair, with the load average the study read at the
+    end of that pair's compare; the other keys keep their verdict. Prints the exit code each pair would get."""
+    import numpy as np
+
+    from harness.compare.remeasure import RemeasureConfig
+    from harness.measure.paired import paired_verdict
+    from harness.measure.stats import FAMILY_ALPHA, SLOWER, UNDECIDED
+
+    logged = out / "rows.jsonl"
+    study = pd.read_json(logged, lines=True) if logged.exists() else None
+    rows = []
+    for pair_dir in sorted(out.glob("*-a[ab]-*")):
+        found = list(pair_dir.glob("*/study-vs-*/compare.csv"))
+        if len(found) != 1 or "+" in pair_dir.name:  # a pair still running, or not one of these parts
+            continue
+        csv = found[0]
+        new_dir = csv.parent.parent
+        df = timed(pd.read_csv(csv))
+        part, i = pair_dir.name.rsplit("-", 1)
+        load = None
+        if study is not None:
+            hit = study[(study.part == part) & (study.pair == int(i))]
+            load = (float(hit.load_end.iloc[0]), os.cpu_count() or 1) if len(hit) else None
+        fresh = {side: pd.read_csv(new_dir / "remeasure" / name) for side, name in
+                 (("new", "samples.csv"), ("base", "base-samples.csv")) if (new_dir / "remeasure" / name).exists()}
+        verdicts = list(df.verdict)
+        re = df.remeasured.astype(bool).to_numpy()
+        for j, r in enumerate(df.itertuples()):
+            if not re[j] or "base" not in fresh:
+                continue
+            medians = [g[(g.case_id == r.case_id) & (g.phase == r.phase)].groupby("round").latency_ms.median()
+                       for g in (fresh["base"], fresh["new"])]
+            both = medians[0].index.intersection(medians[1].index)
+            verdicts[j] = UNDECIDED if len(both) < RemeasureConfig.min_rounds else paired_verdict(
+                np.asarray(medians[0][both]), np.asarray(medians[1][both]), alpha=FAMILY_ALPHA / re.sum(),
+                load=load).verdict  # fewer pairs than that: the budget ended, never a pass (remeasure's rule)
+        code = 1 if SLOWER in verdicts else 3 if UNDECIDED in verdicts else 0
+        rows.append({"part": f"{part}+redecided", "pair": int(i), "exit": code, "keys": len(df),
+                     "slower": verdicts.count(SLOWER), "undecided": verdicts.count(UNDECIDED)})
+        log(rows[-1])
     return rows
 
 
@@ -276,6 +395,16 @@ def summary(df: pd.DataFrame) -> list[str]:
             lines.append(f"smoke A/B (2x) with the A/A noise model, no re-measurement: exit 1 in {(g.exit == 1).sum()}/{n} "
                          f"pairs; slowed keys ending 'slower' {(g.slower / g['keys']).mean():.1%} on average, worst pair "
                          f"{(g.slower / g['keys']).min():.1%}; median margin {g.margin_median.median():.2f}x")
+        elif part.endswith("+redecided"):
+            exits = ", ".join(f"{c}: {k}" for c, k in sorted(g.exit.value_counts().items()))
+            lines.append(f"{part} (stored pairs, this checkout's rule): exit codes {{{exits}}} in {n} pairs; keys "
+                         f"slower {g.slower.sum()}, undecided {g.undecided.sum()} of {g['keys'].sum()}")
+        elif part.startswith(("load-", "quiet-")):
+            loads = f"load average {g.load_start.min():.1f}-{g.load_end.max():.1f}"
+            exits = ", ".join(f"{c}: {k}" for c, k in sorted(g.exit.value_counts().items()))
+            lines.append(f"{part}: exit codes {{{exits}}} in {n} pairs; keys slower {g.slower.sum()}, undecided "
+                         f"{g.undecided.sum()} (machine's noise {g.noisy.sum()}) of {g['keys'].sum()}; {loads}; "
+                         f"pair {g.gate_s.median():.0f} s median")
         elif part == "default-ab":
             lines.append(f"default A/B (1.25x): {(g.slower.sum() / g['keys'].sum()):.1%} of keys flagged slower "
                          f"(target >= 80 %), {g.undecided.sum()} undecided")
@@ -292,10 +421,15 @@ def main() -> None:
     parser.add_argument("--parts", default="process,smoke-ab,smoke-aa,default-ab,default-aa")
     parser.add_argument("--budget-s", type=float, default=120.0, help="--remeasure-budget-s of each smoke compare")
     parser.add_argument("--out", type=Path, default=Path("/tmp/gate-study"))
+    parser.add_argument("--select", default="fp32-b2-h4-s64",
+                        help="-k expression: the smoke keys of the load and quiet parts (default: 6 keys)")
+    parser.add_argument("--busy", type=int, default=2, help="busy processes of the load parts")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    log = lambda row: print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),  # noqa: E731
-                            flush=True)
+    def log(row: dict) -> None:
+        print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+        with (args.out / "rows.jsonl").open("a") as f:  # every row as it comes: a study stopped early keeps them
+            f.write(json.dumps(row, default=str) + "\n")
     rows = []
     parts = args.parts.split(",")
     if "process" in parts:
@@ -308,6 +442,11 @@ def main() -> None:
         rows += part_ab(args.out, 1, "default", "1.25x", 600.0, log)
     if "default-aa" in parts:
         rows += part_aa(args.out, 1, "default", 600.0, log)
+    for loaded, part in ((True, "load"), (False, "quiet")):
+        if part in parts:
+            rows += part_load(args.out, args.pairs, loaded, args.select, args.budget_s, args.busy, log)
+    if "redecide" in parts:  # needs the stored load/quiet pairs (and their study.csv) under --out
+        rows += part_redecide(args.out, log)
     if "noise" in parts:  # needs the stored smoke-aa and smoke-ab runs under --out
         rows += part_noise(args.out, log)
     df = pd.DataFrame(rows)

@@ -20,25 +20,45 @@ def _compare(args: argparse.Namespace) -> int:
     from harness.compare.runs import compare_runs
     from harness.store.run_dir import resolve_run
 
+    if args.remeasure_max_pairs < RemeasureConfig.min_rounds:
+        raise ValueError(f"--remeasure-max-pairs={args.remeasure_max_pairs}: must be >= {RemeasureConfig.min_rounds} "
+                         "(a key is never passed on fewer pairs)")
     base, new = resolve_run(args.base, args.results_dir), resolve_run(args.new, args.results_dir)
     noise = NoiseModel.load(args.noise) if args.noise else None
     comparison = compare_runs(base, new, compare_config(args), cross_device=args.cross_device, noise=noise,
                               allow_missing=args.allow_missing, use_noise_model=args.noise_model)
     if args.remeasure:
-        remeasure(comparison, RemeasureConfig(budget_s=args.remeasure_budget_s, fresh_workers=args.fresh_workers),
+        remeasure(comparison, RemeasureConfig(budget_s=args.remeasure_budget_s, fresh_workers=args.fresh_workers,
+                                              max_rounds=args.remeasure_max_pairs),
                   base_checkout=args.base_checkout, base_python=args.base_python)
     out = Path(args.out) if args.out else new / f"compare-vs-{base.name}"
     files = write_report(comparison, out)
     print(terminal_table(comparison))
     undecided = comparison.undecided
     if len(undecided) and not comparison.regression:
-        keys = ", ".join(f"{r.backend} {r.case_id} [{r.phase}]" for r in undecided.head(5).itertuples())
-        more = f" and {len(undecided) - 5} more" if len(undecided) > 5 else ""
-        print(f"undecided: {keys}{more}. Re-measure them here: compare {args.base} {args.new} --remeasure "
-              "(in the new run's checkout), or run both sides with more --rounds"
-              + ("" if args.fail_on_undecided else " (not failing the gate: --no-fail-on-undecided)"))
+        print(undecided_advice(undecided, args))
     print("wrote " + ", ".join(str(p) for p in files.values()))
     return comparison.exit_code(args.fail_on_undecided)
+
+
+def undecided_advice(undecided, args: argparse.Namespace) -> str:
+    """What the undecided keys need, in words: --remeasure for keys only the runs judged; for re-measured ones
+    each key's own reason (a loaded machine, too few pairs, the budget), never the same command again."""
+    again = "" if args.fail_on_undecided else " (not failing the gate: --no-fail-on-undecided)"
+    fresh = undecided[~undecided.remeasured.astype(bool)]
+    lines = []
+    if len(fresh):
+        keys = ", ".join(f"{r.backend} {r.case_id} [{r.phase}]" for r in fresh.head(5).itertuples())
+        more = f" and {len(fresh) - 5} more" if len(fresh) > 5 else ""
+        lines.append(f"undecided: {keys}{more}. Re-measure them here: compare {args.base} {args.new} --remeasure "
+                     "(in the new run's checkout; it times base and new code in pairs), or run both sides with "
+                     "more --rounds" + again)
+    done = undecided[undecided.remeasured.astype(bool)]
+    for r in done.head(5).itertuples():
+        lines.append(f"undecided after re-measurement: {r.backend} {r.case_id} [{r.phase}]: {r.note}" + again)
+    if len(done) > 5:
+        lines.append(f"... and {len(done) - 5} more undecided after re-measurement (compare.csv says why)")
+    return "\n".join(lines)
 
 
 def add_subcommand(subparsers) -> None:
@@ -53,6 +73,9 @@ def add_subcommand(subparsers) -> None:
                         "code is this checkout: the new run's), until each is decided or the budget ends")
     p.add_argument("--remeasure-budget-s", type=positive_float, default=RemeasureConfig.budget_s,
                    help="time budget of --remeasure in seconds (default: %(default)s)")
+    p.add_argument("--remeasure-max-pairs", type=int, default=RemeasureConfig.max_rounds,
+                   help="with --remeasure: at most this many pairs per key (default: %(default)s; raised to what the "
+                        "family level needs when many keys are re-measured)")
     p.add_argument("--base-checkout", default=None,
                    help="with --remeasure: a checkout of the base run's commit (e.g. `git worktree add DIR BASE`); its "
                         "code is timed in pairs with the new code (default: this checkout when the base run was made "

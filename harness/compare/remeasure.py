@@ -6,9 +6,10 @@ and `asv continuous` re-measures both commits before it reports a change. On a s
 moves with the host's load over tens of seconds (1.1-1.7x on this project's VM), so the two stored runs, minutes
 apart, cannot settle a 10 % question; pairs can: each round times every suspect key with the base code and with
 the new code back to back, in alternating order, the keys in a new random order every round, and a key is
-judged on the log differences of its pairs (gate.paired_verdict) at a family-wise level: FAMILY_ALPHA over all
-the keys re-measured (Bonferroni). A key drops out once decided, after at least `min_rounds` pairs; the time
-budget bounds the whole step.
+judged on the log differences of its pairs (measure/paired.py: a signed-rank interval, and undecided when the
+machine's noise - the pairs' spread, the load average during the step - is too large to settle it) at a
+family-wise level: FAMILY_ALPHA over all the keys re-measured (Bonferroni). A key drops out once decided, after at
+least `min_rounds` pairs; the time budget bounds the whole step.
 
 The new code is this checkout (it must be the new run's). The base code is, in order: `base_checkout` (a
 checkout of the base run's commit, e.g. `git worktree add`, timed by a server process started there with
@@ -19,6 +20,7 @@ stored rounds, with a note saying how to pair it.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -28,13 +30,16 @@ import numpy as np
 
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
 from harness.compare.timers import CheckoutTimer, ExecutorTimer, KeyTimer, code_mismatch, current_code, run_cases
-from harness.measure.stats import FAMILY_ALPHA, gate_verdict, paired_verdict
+from harness.measure.paired import BUSY_LOAD_PER_CPU, pairs_needed, paired_verdict
+from harness.measure.stats import FAMILY_ALPHA, gate_verdict
 from harness.store.run_dir import read_env
 from harness.store.schema import FASTER, SLOWER, UNCHANGED, UNDECIDED
 from harness.store.writer import SamplesWriter
 
 REMEASURE_DIR = "remeasure"
 SUSPECT = (SLOWER, UNDECIDED)
+#: verdicts that end a key's re-measurement (undecided and not-timed go on)
+DECIDED = (SLOWER, FASTER, UNCHANGED)
 
 
 @dataclass(frozen=True)
@@ -42,10 +47,12 @@ class RemeasureConfig:
     """How long and how hard to re-measure; see the module docstring for the design."""
 
     budget_s: float = 120.0
-    #: 4 pairs: on this VM a pair's log difference has sd ~0.1, and t(0.998, 3 df) * 0.1 / 2 = 0.37 < log 2, so
-    #: a doubling is established at the family level after 4 pairs; fewer gives a t quantile of 10 and more
+    #: 4 pairs before a key may be passed as unchanged: one pair can fall inside a burst; a slower key needs more,
+    #: pairs_needed(family level) (8 keys: 8 pairs), since n pairs' signed-rank bound reaches no level below 2^-n
     min_rounds: int = 4
-    max_rounds: int = 12
+    #: at most this many pairs, raised to pairs_needed + 4 when the family level needs more (many keys): a burst
+    #: that turns one pair costs the signed-rank bound a rank, which a few more pairs buy back
+    max_rounds: int = 16
     seed: int = 0
     #: chance that any re-measured key of unchanged code is called slower (divided over the keys)
     family_alpha: float = FAMILY_ALPHA
@@ -89,13 +96,21 @@ def _check_new_side(env: dict, run_dir: Path) -> str:
 _AUTO = object()
 
 
+def machine_load() -> tuple[float, int]:
+    """This machine's 1-minute load average and CPU count (what the gate's noise guard reads every round)."""
+    return os.getloadavg()[0], os.cpu_count() or 1
+
+
 def remeasure(comparison: Comparison, config: RemeasureConfig = RemeasureConfig(), *, log=print,
               timer: KeyTimer | None = None, base_timer=_AUTO, base_checkout: str | Path | None = None,
-              base_python: str | None = None, cases: dict | None = None, clock=time.monotonic) -> Comparison:
+              base_python: str | None = None, cases: dict | None = None, clock=time.monotonic,
+              load=_AUTO) -> Comparison:
     """Re-time the suspect keys of `comparison` and re-decide their rows (columns `remeasured`, `first_verdict`,
     `rounds_new` and the note say how). Fresh samples go to <new run>/remeasure/samples.csv (new code) and
     base-samples.csv (base code). `timer`, `base_timer` (None: the new side only), `cases` (id -> case; default:
-    rebuilt from the new run's env.json) and `clock` are for tests."""
+    rebuilt from the new run's env.json), `clock` and `load` (() -> (load average, CPUs), read every round;
+    None: not read; default: this machine's) are for tests."""
+    load = machine_load if load is _AUTO else load
     if comparison.mode != "gate":
         raise ValueError("--remeasure needs a gate (both runs on one testbed), not a cross-device report")
     rows = comparison.rows
@@ -130,7 +145,7 @@ def remeasure(comparison: Comparison, config: RemeasureConfig = RemeasureConfig(
         timers.append(timer)
         log(f"re-measuring {len(pending)} key(s) of {new_dir} (budget {config.budget_s:.0f} s); "
             + "; ".join(filter(None, [where, *notes])))
-        _rounds(comparison, config, pending, timer, base_timer, out_dir, log, clock, base_note=where)
+        _rounds(comparison, config, pending, timer, base_timer, out_dir, log, clock, base_note=where, load=load)
     finally:
         for t in timers:
             if t is not None:
@@ -140,7 +155,7 @@ def remeasure(comparison: Comparison, config: RemeasureConfig = RemeasureConfig(
 
 
 def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, timer, base_timer, out_dir: Path,
-            log, clock, base_note: str) -> None:
+            log, clock, base_note: str, load=None) -> None:
     """The re-measurement loop: rounds of every pending key on both sides (or the new one), until decided."""
     rows = comparison.rows
     base_env, new_env = read_env(comparison.base.run_dir), read_env(comparison.new.run_dir)
@@ -152,10 +167,11 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
     sides = {"base": base_timer, "new": timer} if base_timer is not None else {"new": timer}
     stored_base = samples_by_key(comparison.base.run_dir) if base_timer is None else {}
     alpha = config.family_alpha / len(pending)
+    max_rounds = max(config.max_rounds, pairs_needed(alpha) + 4)
     fresh = {i: {side: [] for side in sides} for i in pending}  # per side: one list of samples per round
     order = random.Random(config.seed)
-    start, rounds_done = clock(), 0
-    while pending and rounds_done < config.max_rounds and clock() - start < config.budget_s:
+    start, rounds_done, loads = clock(), 0, []
+    while pending and rounds_done < max_rounds and clock() - start < config.budget_s:
         for t in sides.values():
             t.start_round()
         try:
@@ -181,23 +197,28 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
             for t in sides.values():
                 t.end_round()
         rounds_done += 1
+        if load is not None:
+            loads.append(load())
+        during = (float(np.mean([a for a, _ in loads])), loads[-1][1]) if loads else None
         for i in list(pending):
             if len(fresh[i]["new"]) >= config.min_rounds and \
-                    _decide(comparison, i, fresh[i], alpha, stored_base, base_note) in (SLOWER, UNCHANGED, FASTER):
+                    _decide(comparison, i, fresh[i], alpha, stored_base, base_note, during) in DECIDED:
                 del pending[i]
     for i in pending:  # the budget ended: what the rounds say, but never a pass on fewer than min_rounds
         if fresh[i]["new"]:
-            _decide(comparison, i, fresh[i], alpha, stored_base, base_note)
+            _decide(comparison, i, fresh[i], alpha, stored_base, base_note, during)
         if len(fresh[i]["new"]) < config.min_rounds:
             rows.loc[i, "verdict"] = UNDECIDED
             rows.loc[i, "note"] = (f"re-measure budget ended after {len(fresh[i]['new'])} round(s) of this key, "
                                    f"{config.min_rounds} needed: raise --remeasure-budget-s; "
                                    f"{rows.loc[i, 'note']}")
-    log(f"re-measured in {clock() - start:.0f} s, {rounds_done} round(s); "
+    log(f"re-measured in {clock() - start:.0f} s, {rounds_done} round(s)"
+        + (f", load average {during[0]:.1f} on {during[1]} CPUs" if during else "") + "; "
         + (f"{len(pending)} key(s) still undecided" if pending else "every key decided"))
 
 
-def _decide(comparison: Comparison, index: int, fresh: dict, alpha: float, stored_base: dict, base_note: str) -> str:
+def _decide(comparison: Comparison, index: int, fresh: dict, alpha: float, stored_base: dict, base_note: str,
+            load: tuple[float, int] | None = None) -> str:
     """Re-decide one row on its fresh rounds (paired with fresh base rounds, else against the stored ones)."""
     rows = comparison.rows
     row = rows.loc[index]
@@ -205,7 +226,7 @@ def _decide(comparison: Comparison, index: int, fresh: dict, alpha: float, store
     if "base" in fresh:
         verdict = paired_verdict([np.median(s) for s in fresh["base"]], [np.median(s) for s in new_rounds],
                                  comparison.config, alpha=alpha, n_base=sum(map(len, fresh["base"])),
-                                 n_new=sum(map(len, new_rounds)))
+                                 n_new=sum(map(len, new_rounds)), load=load)
         how = f"{len(new_rounds)} paired rounds, base and new code interleaved"
     else:
         key = (row.case_id, row.backend, row.phase)
@@ -213,7 +234,10 @@ def _decide(comparison: Comparison, index: int, fresh: dict, alpha: float, store
         noise = None if comparison.noise is None else comparison.noise.key(key)
         n_ms = [x for s in new_rounds for x in s]
         n_rounds = [r for r, s in enumerate(new_rounds) for _ in s]
-        verdict = gate_verdict(b_ms, n_ms, comparison.config, base_rounds=b_rounds, new_rounds=n_rounds, noise=noise)
+        busy = load is not None and load[0] > BUSY_LOAD_PER_CPU * load[1]
+        verdict = gate_verdict(b_ms, n_ms, comparison.config, base_rounds=b_rounds, new_rounds=n_rounds, noise=noise,
+                               loaded=f"load average {load[0]:.1f} on {load[1]} CPUs during re-measurement" if busy
+                               else "")
         how = f"{len(new_rounds)} fresh rounds of the new code against the base run's ({base_note})"
     for column, value in verdict.columns().items():
         rows.loc[index, column] = value

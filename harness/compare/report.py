@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,8 @@ def header(cmp: Comparison) -> str:
             + (" (allowed here)" if cmp.allow_missing else ""))
     if cmp.rows.remeasured.astype(bool).any():
         rule += ("\nre-measured keys (*): decided on their fresh rounds - in pairs with the base code when it was "
-                 "timed too (a t interval on the pairs' log ratios at the family-wise level, margin "
-                 f"{1 + cfg.min_effect:.3g}x), see each note")
+                 "timed too (a signed-rank interval on the pairs' log ratios at the family-wise level, margin "
+                 f"{1 + cfg.min_effect:.3g}x; undecided while the machine's noise is too large), see each note")
     warn = "".join(f"\nWARNING {w}: timing verdicts may be noise" for w in cmp.warnings)
     warn += "".join(f"\nNOTE {n}" for n in cmp.notes)
     return f"{title}\nbase: {base.run_dir}\nnew:  {new.run_dir}\n{rule}{warn}"
@@ -55,10 +56,16 @@ def summary(cmp: Comparison) -> str:
     corr = df.correctness.value_counts()
     correctness = ", ".join(f"{v} {corr[v]}" for v in (WORSE, LOST, BETTER) if v in corr) or "no changes"
     undecided = len(cmp.undecided)
-    gate = (f"REGRESSION: {int(df.regression.sum())} row(s)" if df.regression.any() else
+    unconfirmed = int(((df.verdict == SLOWER) & ~df.remeasured.astype(bool) & df.regression).sum())
+    pending = int((~cmp.undecided.remeasured.astype(bool)).sum())
+    gate = (f"REGRESSION: {int(df.regression.sum())} row(s)"
+            + (f" ({unconfirmed} slower from the runs' own rounds only: compare --remeasure confirms or refutes "
+               "them)" if unconfirmed else "") if df.regression.any() else
             "cross-device report: no gate" if cmp.mode != "gate" else
-            f"no regression, but {undecided} undecided key(s): re-measure them (compare --remeasure) or run more "
-            "--rounds" if undecided else "no regression")
+            f"no regression, but {undecided} undecided key(s): "
+            + ("re-measure them (compare --remeasure) or run more --rounds" if pending else
+               "the re-measurement could not settle them (each row's note says what would)")
+            if undecided else "no regression")
     spread = ratio_spread(cmp)
     noise = (f"; |ratio-1| of timed rows: median {spread[0]:.1%}, 90th pct {spread[1]:.1%}" if spread else "")
     return f"{len(df)} rows; timing: {timing}{noise}; correctness: {correctness}; {gate}"
@@ -100,8 +107,37 @@ def markdown(cmp: Comparison) -> str:
     return text + (head + body if len(rows) else "Every row unchanged.\n")
 
 
+#: tick candidates of the ratio axis, most wanted first: 1x always, then the round factors
+_TICKS = (1, 2, 0.5, 4, 0.25, 10, 0.1, 100, 0.01, 1.5, 0.67, 3, 0.33, 1.25, 0.8, 1.1, 0.9, 1.05, 0.95)
+#: fewest ticks' worth of room between two tick labels: the axis' log width over this many
+_TICK_ROOM = 9
+
+
+def ratio_ticks(lo: float, hi: float) -> list[float]:
+    """Ticks of a log ratio axis from lo to hi, no two closer than 1/_TICK_ROOM of its log width (labels like
+    0.95x 1x 1.05x collided on a wide axis), 1x first."""
+    if not (0 < lo < hi and math.isfinite(hi)):
+        return [1.0]
+    room = (math.log(hi) - math.log(lo)) / _TICK_ROOM
+    chosen: list[float] = []
+    for t in _TICKS:
+        if lo <= t <= hi and all(abs(math.log(t / c)) >= room for c in chosen):
+            chosen.append(t)
+    return sorted(chosen)
+
+
 def plot_ratios(cmp: Comparison, path: str | Path) -> Path | None:
     """Horizontal dot plot of new/base median latency per (case, backend, phase), log scale; None if nothing timed."""
+    fig = ratio_figure(cmp)
+    if fig is None:
+        return None
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def ratio_figure(cmp: Comparison):
+    """plot_ratios' figure (a matplotlib Figure on an Agg canvas), or None if nothing was timed."""
     df = cmp.rows
     timed = df[np.isfinite(df.ratio.astype(float))].sort_values("ratio")
     if timed.empty:
@@ -117,12 +153,15 @@ def plot_ratios(cmp: Comparison, path: str | Path) -> Path | None:
     ax = fig.add_subplot()
     y = np.arange(len(timed))
     ax.scatter(timed.ratio, y, c=[colors.get(v, "black") for v in timed.verdict], s=18, zorder=3)
-    ax.hlines(y, timed.ratio_low.astype(float), timed.ratio_high.astype(float), color="gray", lw=0.8, zorder=2)
+    # an interval to inf (a wild re-measurement) is drawn to the plot's edge, not to a non-finite coordinate
+    finite = timed.ratio.astype(float)
+    low, high = (timed[c].astype(float).clip(finite.min() / 10, finite.max() * 10).fillna(finite)
+                 for c in ("ratio_low", "ratio_high"))
+    ax.hlines(y, low, high, color="gray", lw=0.8, zorder=2)
     ax.scatter(timed.margin.astype(float), y, marker="|", c="black", s=30, zorder=2)  # each key's own margin
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_xscale("log")
-    lo, hi = ax.get_xlim()
-    ticks = [t for t in (0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1, 1.05, 1.1, 1.25, 1.5, 2, 3, 4) if lo <= t <= hi]
+    ticks = ratio_ticks(*ax.get_xlim())
     ax.set_xticks(ticks, [f"{t:g}x" for t in ticks])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_yticks(y, labels, fontsize=6)
@@ -133,9 +172,7 @@ def plot_ratios(cmp: Comparison, path: str | Path) -> Path | None:
     devices = f"cross-device: {cmp.new.device_name} vs {cmp.base.device_name}, " \
         if cmp.mode == "cross-device" else ""
     ax.set_title(f"{devices}latency ratio per (case, backend, phase)", fontsize=8)
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    return path
+    return fig
 
 
 def write_report(cmp: Comparison, out_dir: str | Path) -> dict[str, Path]:

@@ -11,15 +11,12 @@ import pandas as pd
 
 from harness.compare.decision import correctness_change
 from harness.compare.noise import NoiseModel
+from harness.measure.paired import BUSY_LOAD_PER_CPU
 from harness.measure.stats import GateConfig, GateVerdict, gate_verdict
 from harness.store.load import load_results, load_samples, refused_rows
 from harness.store.run_dir import RESULTS, read_env
 from harness.store.run_state import run_notes
 from harness.store.schema import KEY, LOST, MISSING, NEW_ONLY, NOT_TIMED, SLOWER, UNDECIDED, WORSE
-
-#: a run that started or ended with a 1-minute load average above this many times the CPU count shared its
-#: machine with other work; its timings are flagged as unreliable in the report
-BUSY_LOAD_PER_CPU = 1.0
 COMPARE_COLUMNS = (*KEY, "verdict", "correctness", "regression", "base_ms", "new_ms", "ratio", "ratio_low",
                    "ratio_high", "margin", "n_base", "n_new", "rounds_base", "rounds_new", "remeasured", "first_verdict", "status_base",
                    "status_new", "err_ratio_base", "err_ratio_new", "note")
@@ -124,6 +121,10 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig =
     if noise is None and use_noise_model and mode == "gate":
         noise = NoiseModel.for_run(base_dir, base_id)
 
+    base_env, new_env = read_env(base_dir), read_env(new_dir)
+    # a run made under load timed the machine as much as the code: its slower keys wait for --remeasure's pairs
+    loaded = "; ".join(f"{name} run {w}" for name, env in (("base", base_env), ("new", new_env))
+                       for w in busy_load(env))
     base_samples, new_samples = samples_by_key(base_dir), samples_by_key(new_dir)
     base_env, new_env = read_env(base_dir), read_env(new_dir)
     same_inputs = base_env.get("seed", 0) == new_env.get("seed", 0)  # a run without a seed recorded used 0
@@ -144,7 +145,7 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig =
             else:
                 out.update(n_base=0, n_new=0, verdict=NEW_ONLY, correctness="", note="only in the new run")
         else:
-            timing = key_verdict(key, base_samples, new_samples, config, noise)
+            timing = key_verdict(key, base_samples, new_samples, config, noise, loaded)
             correctness, why = correctness_change(b, n, config, same_inputs)
             out.update(timing.columns(), verdict=timing.verdict, correctness=correctness,
                        note="; ".join(filter(None, [why, timing.note])))
@@ -163,10 +164,10 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig =
 
 
 def key_verdict(key: tuple, base_samples: dict, new_samples: dict, config: GateConfig,
-                noise: NoiseModel | None) -> GateVerdict:
+                noise: NoiseModel | None, loaded: str = "") -> GateVerdict:
     (b_ms, b_rounds), (n_ms, n_rounds) = base_samples.get(key, ([], [])), new_samples.get(key, ([], []))
     return gate_verdict(b_ms, n_ms, config, base_rounds=b_rounds, new_rounds=n_rounds,
-                        noise=None if noise is None else noise.key(key))
+                        noise=None if noise is None else noise.key(key), loaded=loaded)
 
 
 def mark_regressions(comparison: Comparison) -> None:
@@ -178,15 +179,22 @@ def mark_regressions(comparison: Comparison) -> None:
                                                       | missing)
 
 
-def run_warnings(env: dict) -> list[str]:
-    """Why a run's timings may not reflect its testbed: a busy host, or a GPU throttled, at start or end."""
+def busy_load(env: dict) -> list[str]:
+    """When a run's 1-minute load average (at its start or end) exceeded BUSY_LOAD_PER_CPU per CPU, and by how much."""
     out = []
     cpus = env.get("cpu_count") or 1
     for when in ("clocks_start", "clocks_end"):
+        load = ((env.get(when) or {}).get("loadavg") or [None])[0]
+        if isinstance(load, (int, float)) and load > BUSY_LOAD_PER_CPU * cpus:
+            out.append(f"{when[7:]}: load average {load:.1f} on {cpus} CPUs")
+    return out
+
+
+def run_warnings(env: dict) -> list[str]:
+    """Why a run's timings may not reflect its testbed: a busy host, or a GPU throttled, at start or end."""
+    out = [f"{w} (other processes competed for them)" for w in busy_load(env)]
+    for when in ("clocks_start", "clocks_end"):
         snap = env.get(when) or {}
-        load = (snap.get("loadavg") or [None])[0]
-        if load is not None and load > BUSY_LOAD_PER_CPU * cpus:
-            out.append(f"{when[7:]}: load average {load:.1f} on {cpus} CPUs (other processes competed for them)")
         reasons = snap.get("throttle_reasons")
         # 0x0 none, 0x1 GPU idle: anything else (power cap, thermal, sync boost...) lowered the clocks
         if reasons not in (None, "", "0x0", "0x1", "0x0000000000000000", "0x0000000000000001", "Not Active"):

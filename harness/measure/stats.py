@@ -1,6 +1,6 @@
 """Every statistic that decides a timing verdict, in one module, with one vocabulary (the schema's
 TIMING_VERDICTS; the advisor shows them as slower/faster/tied, advisor/ranking.ADVISOR_WORDS): the gate between
-two runs (`gate_verdict`, `paired_verdict`: compare/runs.py, compare/remeasure.py), change points over a
+two runs (`gate_verdict`: compare/runs.py; re-measured pairs: measure/paired.py), change points over a
 testbed's history (`change_points`: compare/changes.py) and the advisor's ties between backends timed in one run
 (`timing_verdict`: advisor/ranking.py).
 
@@ -19,10 +19,11 @@ Why the gate decides as it does (the measurements are in docs/measurements.md an
 - A key whose estimate exceeds the margin without a significant interval is *undecided*, never passed
   silently; `compare --remeasure` re-times such keys (and the slower ones, to confirm) until they are decided,
   as Chromium's Pinpoint re-runs a suspected regression before it reports it.
-- Re-measured keys are decided on *paired* rounds (`paired_verdict`): base and new code timed back to back, in
-  alternating order, round after round (`asv continuous` times both commits interleaved for the same reason).
+- Re-measured keys are decided on *paired* rounds (measure/paired.py): base and new code timed back to back,
+  in alternating order, round after round (`asv continuous` times both commits interleaved for the same reason).
   On this VM a key's speed moves 1.1-1.7x over tens of seconds with the host's other load, for both sides
-  alike; the difference of a pair's log round medians cancels that, where two separate runs cannot.
+  alike; the difference of a pair's log round medians cancels that, where two separate runs cannot. A run
+  made on a loaded machine (`loaded`) cannot settle a slower key at all: only pairs can.
 
 The advisor's question is another one: two backends timed in the same run share its conditions, so it tests
 their raw samples (Mann-Whitney), guarded by a t-test on their round medians.
@@ -82,9 +83,21 @@ EXACT_PAIRS = 400
 #: floating-point slack on a level: 1 - 0.9 is 0.0999...98, and 1/20 must still count as 0.05
 _SLACK = 1e-12
 
-_NOT_POSITIVE = "a round median is not positive: timer resolution too coarse"
+#: the largest x with math.exp(x) finite: a ratio beyond it is reported as inf, not an OverflowError
+_MAX_LOG = math.log(np.finfo(float).max)
+NOT_POSITIVE = "a round median is not positive: timer resolution too coarse"
 _LEVEL = lambda v: 0 < v < 1  # noqa: E731
 _NONNEGATIVE = lambda v: math.isfinite(v) and v >= 0  # noqa: E731
+
+
+def finite_exp(x: float) -> float:
+    """math.exp that answers inf where the float range ends (a log ratio of wild timings), never OverflowError."""
+    return math.exp(x) if x <= _MAX_LOG else math.inf
+
+
+def fmt_ratio(x: float) -> str:
+    """A ratio for a note: three decimals, or three significant digits when it is wild (1e+148, inf)."""
+    return f"{x:.3f}" if abs(x) < 1e4 else f"{x:.3g}"
 
 
 def _check(config, names: tuple[str, ...], ok, what: str) -> None:
@@ -259,13 +272,13 @@ def timing_verdict(base, new, cfg: TieConfig = TieConfig(), *, base_rounds=None,
     figures = dict(counts, base_ms=base_ms, new_ms=new_ms, ratio=ratio, p_value=p, round_p=round_p)
     if min(len(base), len(new)) < cfg.min_samples or min_attainable_p(len(base), len(new)) >= cfg.alpha:
         return TimingVerdict(UNDECIDED, f"too few samples ({len(base)} vs {len(new)}; need >= {cfg.min_samples} "
-                                        f"per side and enough for p < {cfg.alpha:g}): raise the timing budget",
+                                          f"per side and enough for p < {cfg.alpha:g}): raise the timing budget",
                              **figures)
     if not counts_as_change(base_ms, new_ms, ratio, 1 + cfg.min_effect, cfg.abs_floor_ms):
         return TimingVerdict(UNCHANGED, **figures)
     if p >= cfg.alpha:
         return TimingVerdict(UNDECIDED, f"ratio {ratio:.3f} but p={p:.2g} >= {cfg.alpha:g}: too noisy, rerun with "
-                                        "more samples", **figures)
+                                          "more samples", **figures)
     fmt = "/".join
     rounds_note = (f"round medians {fmt(f'{m:.3g}' for m in base_medians)} -> "
                    f"{fmt(f'{m:.3g}' for m in new_medians)} ms")
@@ -274,8 +287,8 @@ def timing_verdict(base, new, cfg: TieConfig = TieConfig(), *, base_rounds=None,
         same_way = (np.mean(np.log(new_medians)) > np.mean(np.log(base_medians))) == (ratio > 1)
         if round_p >= cfg.round_alpha or not same_way:
             return TimingVerdict(UNDECIDED, f"ratio {ratio:.3f} but not across rounds ({rounds_note}, "
-                                            f"p={round_p:.2g}{'' if same_way else ', the other way'}): conditions "
-                                            "changed during a run; rerun", **figures)
+                                              f"p={round_p:.2g}{'' if same_way else ', the other way'}): conditions "
+                                              "changed during a run; rerun", **figures)
         note = ""
     elif min(len(base_medians), len(new_medians)) < 2:
         note = "one round in a run: a transient during it cannot be told apart"
@@ -333,17 +346,22 @@ def shift_interval(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[flo
 def margin_for(cfg: GateConfig, noise: KeyNoise | None) -> float:
     """The ratio beyond which a change of this key counts: 1 + max(min_effect, noise_z * its A/A sigma)."""
     spread = 0.0 if noise is None else cfg.noise_z * noise.aa_sigma
-    return 1 + max(cfg.min_effect, math.expm1(spread))
+    return 1 + max(cfg.min_effect, finite_exp(spread) - 1)
+
+
+#: what a first-pass slower key says: the runs' own rounds suspect it, the pairs of --remeasure decide it
+CONFIRM = "from the runs' own rounds: compare --remeasure confirms or refutes it (base and new code timed in pairs)"
 
 
 def gate_verdict(base_ms, new_ms, cfg: GateConfig = GateConfig(), *, base_rounds=None, new_rounds=None,
-                 noise: KeyNoise | None = None) -> GateVerdict:
+                 noise: KeyNoise | None = None, loaded: str = "") -> GateVerdict:
     """Verdict on one key's raw latency samples (ms) in two runs, each labelled with its measurement round.
 
     slower: the shift's interval excludes 0 and the estimate exceeds the margin; faster: the mirror image;
     undecided: the estimate exceeds the margin (either way toward slower) but the interval does not exclude no
     change - a suspected regression, re-measure it; unchanged: otherwise (the estimate is within the margin, or
-    a speed-up is not established).
+    a speed-up is not established). `loaded` says why a run was made on a loaded machine: its rounds then
+    measured the machine as much as the code, so a key they find slower is undecided until pairs decide it.
     """
     base, new, base_rounds, new_rounds, counts = _labelled(base_ms, new_ms, base_rounds, new_rounds)
     counts["margin"] = margin = margin_for(cfg, noise)
@@ -351,73 +369,28 @@ def gate_verdict(base_ms, new_ms, cfg: GateConfig = GateConfig(), *, base_rounds
         return GateVerdict(NOT_TIMED, **counts)
     if len(base) == 0 or len(new) == 0:
         return GateVerdict(UNDECIDED, f"timed only in the {'new' if len(new) else 'base'} run", **counts)
+    if not (np.isfinite(base).all() and np.isfinite(new).all()):
+        return GateVerdict(UNDECIDED, "a latency sample is not finite (inf or NaN): the timer failed", **counts)
     x, y = round_medians(base, base_rounds), round_medians(new, new_rounds)
     if min(x.min(), y.min()) <= 0:
-        return GateVerdict(UNDECIDED, _NOT_POSITIVE, **counts)
+        return GateVerdict(UNDECIDED, NOT_POSITIVE, **counts)
     shift, low, high, exact = shift_interval(np.log(x), np.log(y), cfg.confidence)
-    figures = dict(counts, base_ms=float(np.median(base)), new_ms=float(np.median(new)), ratio=math.exp(shift),
-                   ratio_low=math.exp(low), ratio_high=math.exp(high))
-    interval = f"ratio {math.exp(shift):.3f} ({cfg.confidence:.0%} interval {math.exp(low):.3f}-{math.exp(high):.3f})"
+    figures = dict(counts, base_ms=float(np.median(base)), new_ms=float(np.median(new)), ratio=finite_exp(shift),
+                   ratio_low=finite_exp(low), ratio_high=finite_exp(high))
+    interval = (f"ratio {fmt_ratio(finite_exp(shift))} ({cfg.confidence:.0%} interval "
+                f"{fmt_ratio(finite_exp(low))}-{fmt_ratio(finite_exp(high))})")
     if not counts_as_change(figures["base_ms"], figures["new_ms"], figures["ratio"], margin, cfg.abs_floor_ms):
         return GateVerdict(UNCHANGED, "", **figures)
     if shift > 0:
-        if low > 0 and exact:
-            return GateVerdict(SLOWER, "", **figures)
-        why = ("too few rounds for any interval at this confidence" if not exact
+        if low > 0 and exact and not loaded:
+            return GateVerdict(SLOWER, CONFIRM, **figures)
+        why = (f"a run was made on a loaded machine ({loaded}), so its rounds cannot settle it" if loaded
+               else "too few rounds for any interval at this confidence" if not exact
                else "the interval includes no change")
-        return GateVerdict(UNDECIDED, f"{interval} beyond the margin {margin:.3f}, but {why}: "
-                                      "re-measure (compare --remeasure) or run more --rounds", **figures)
+        return GateVerdict(UNDECIDED, f"{interval} beyond the margin {margin:.3f}, but {why}: compare --remeasure "
+                                      "decides it (base and new code timed in pairs), or run more --rounds", **figures)
     if high < 0 and exact:
         return GateVerdict(FASTER, "", **figures)
-    return GateVerdict(UNCHANGED, f"possibly faster, not established: {interval}", **figures)
-
-
-def paired_verdict(base_medians, new_medians, cfg: GateConfig = GateConfig(), *, alpha: float = FAMILY_ALPHA,
-                   n_base: int = 0, n_new: int = 0) -> GateVerdict:
-    """Verdict on paired rounds: base_medians[i] and new_medians[i] are one round's median latency of the base
-    and the new code, timed back to back.
-
-    The ratio is exp(Hodges-Lehmann estimate of the pairs' log ratios: the median of their Walsh averages), so a
-    burst in one pair moves it little; the interval is the Student t interval of their mean at one-sided level
-    `alpha` each way (the issue's "t-interval on log round medians", applied to pairs), which a burst widens:
-    on this VM pairs' log ratios have an interquartile range of 0.09 and tails to +-0.6. The margin is
-    cfg.min_effect alone: the noise model's A/A spread is the spread of separate runs, which pairing removes.
-    Verdicts as gate_verdict's: slower needs the interval above no change and the estimate beyond the margin;
-    an estimate within the margin is unchanged; beyond it without a significant interval, undecided (more
-    pairs are needed).
-    """
-    from scipy.stats import t as student_t
-
-    base, new = np.asarray(base_medians, float), np.asarray(new_medians, float)
-    if len(base) != len(new):
-        raise ValueError(f"paired_verdict: {len(base)} base rounds against {len(new)} new ones; pairs need both")
-    if not 0 < alpha < 0.5:
-        raise ValueError(f"alpha={alpha!r}: must be in (0, 0.5), e.g. 0.002")
-    n = len(base)
-    margin = 1 + cfg.min_effect
-    counts = dict(n_base=n_base, n_new=n_new, rounds_base=n, rounds_new=n, margin=margin)
-    if n < 2:
-        return GateVerdict(UNDECIDED, f"{n} paired round(s): at least 2 are needed", **counts)
-    if min(base.min(), new.min()) <= 0:
-        return GateVerdict(UNDECIDED, _NOT_POSITIVE, **counts)
-    diffs = np.log(new) - np.log(base)
-    walsh = (diffs[:, None] + diffs[None, :])[np.triu_indices(n)] / 2
-    shift = float(np.median(walsh))
-    half = float(student_t.ppf(1 - alpha, n - 1) * diffs.std(ddof=1) / math.sqrt(n))
-    low, high = float(diffs.mean()) - half, float(diffs.mean()) + half
-    figures = dict(counts, base_ms=float(np.median(base)), new_ms=float(np.median(new)), ratio=math.exp(shift),
-                   ratio_low=math.exp(low), ratio_high=math.exp(high))
-    interval = (f"ratio {math.exp(shift):.3f} over {n} paired rounds ({1 - 2 * alpha:.2%} t interval "
-                f"{math.exp(low):.3f}-{math.exp(high):.3f})")
-    if not counts_as_change(figures["base_ms"], figures["new_ms"], figures["ratio"], margin, cfg.abs_floor_ms):
-        return GateVerdict(UNCHANGED, interval, **figures)
-    if shift > 0:
-        if low > 0:
-            return GateVerdict(SLOWER, interval, **figures)
-        return GateVerdict(UNDECIDED, f"{interval} beyond the margin {margin:.3f}, but the interval includes no "
-                                      "change", **figures)
-    if high < 0:
-        return GateVerdict(FASTER, interval, **figures)
     return GateVerdict(UNCHANGED, f"possibly faster, not established: {interval}", **figures)
 
 

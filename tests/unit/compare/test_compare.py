@@ -59,7 +59,7 @@ def test_a_slow_run_is_flagged_at_most_at_the_margin_and_refuted_by_re_measureme
     flagged = cmp.rows[cmp.rows.verdict != "unchanged"]
     assert set(flagged.verdict) <= {"slower", "undecided"} and len(flagged) <= 2
     assert (flagged.ratio < 1.15).all()
-    remeasure(cmp, RemeasureConfig(budget_s=600), timer=FakeTimer({}, Noise(sigma=0.03, tail_df=2.5)),
+    remeasure(cmp, RemeasureConfig(budget_s=600), load=None, timer=FakeTimer({}, Noise(sigma=0.03, tail_df=2.5)),
               cases=synthetic_cases(), log=lambda *_: None, base_timer=None)
     assert verdicts(cmp) == {"unchanged": 30} and cmp.exit_code() == EXIT_OK
 
@@ -96,7 +96,7 @@ def test_a_whole_run_burst_on_one_key_is_flagged_then_refuted_by_re_measurement(
     assert verdicts(cmp) == {"unchanged": 29, "slower": 1} and row(cmp, key(7)).verdict == "slower"
     from harness.compare.remeasure import RemeasureConfig, remeasure
     timer = FakeTimer({key(7)[0]: 1.0}, Noise())  # the burst is gone when re-timed
-    remeasure(cmp, RemeasureConfig(budget_s=60), timer=timer, cases=synthetic_cases(), log=lambda *_: None, base_timer=None)
+    remeasure(cmp, RemeasureConfig(budget_s=60), load=None, timer=timer, cases=synthetic_cases(), log=lambda *_: None, base_timer=None)
     r = row(cmp, key(7))
     assert (r.verdict, r.first_verdict, bool(r.remeasured), r.rounds_new) == ("unchanged", "slower", True, 4)
     assert cmp.exit_code() == EXIT_OK and timer.rounds == 4 and timer.closed
@@ -111,7 +111,7 @@ def test_a_real_regression_is_confirmed_by_re_measurement(tmp_path):
     from harness.compare.remeasure import RemeasureConfig, remeasure
     suspects = set(cmp.rows[cmp.rows.verdict.isin(["slower", "undecided"])].case_id)
     assert {key(3)[0], key(9)[0]} <= suspects
-    remeasure(cmp, RemeasureConfig(budget_s=600), timer=FakeTimer({key(3)[0]: 1.3, key(9)[0]: 2.0}, Noise()),
+    remeasure(cmp, RemeasureConfig(budget_s=600), load=None, timer=FakeTimer({key(3)[0]: 1.3, key(9)[0]: 2.0}, Noise()),
               cases=synthetic_cases(), log=lambda *_: None, base_timer=None)
     assert row(cmp, key(3)).verdict == "slower" and row(cmp, key(9)).verdict == "slower"
     assert cmp.exit_code() == EXIT_REGRESSION
@@ -124,7 +124,7 @@ def test_re_measurement_stops_at_its_budget(tmp_path):
     from harness.compare.remeasure import RemeasureConfig, remeasure
     ticks = iter(range(0, 10_000, 7))  # every key timing takes 7 s of a 30 s budget
     timer = FakeTimer({key(k)[0]: 1.5 for k in range(10)}, Noise())
-    remeasure(cmp, RemeasureConfig(budget_s=30), timer=timer, cases=synthetic_cases(), clock=lambda: next(ticks),
+    remeasure(cmp, RemeasureConfig(budget_s=30), load=None, timer=timer, cases=synthetic_cases(), clock=lambda: next(ticks),
               log=lambda *_: None, base_timer=None)
     assert timer.calls <= 5 and cmp.rows.remeasured.sum() <= 5
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.measure.stats import GateConfig, paired_verdict
+from harness.measure.paired import pairs_needed, paired_verdict
+from harness.measure.stats import GateConfig
 from harness.compare.remeasure import RemeasureConfig, base_timer_for, remeasure
 from harness.compare.timers import code_mismatch, current_code
 from harness.compare.runs import EXIT_OK, EXIT_REGRESSION, EXIT_UNDECIDED, compare_runs
@@ -36,7 +37,7 @@ def _remeasure(cmp, factor: float, seed: int, paired: bool = True, **config):
     machine = Machine(seed, **DRIFTING)
     new_timer = FakeTimer({key(k)[0]: factor for k in SUSPECTS}, QUIET, seed=1, machine=machine)
     base_timer = FakeTimer({}, QUIET, seed=2, machine=machine) if paired else None
-    remeasure(cmp, RemeasureConfig(**{"budget_s": 600, **config}), timer=new_timer, base_timer=base_timer,
+    remeasure(cmp, RemeasureConfig(**{"budget_s": 600, **config}), load=None, timer=new_timer, base_timer=base_timer,
               cases=synthetic_cases(), log=lambda *_: None)
     return cmp.rows[cmp.rows.remeasured.astype(bool)], new_timer, base_timer
 
@@ -50,8 +51,8 @@ def test_pairs_on_a_drifting_machine_decide_every_suspect(tmp_path, seed, factor
     assert rows.note.str.contains("paired rounds, base and new code interleaved").all()
     assert new_timer.calls == base_timer.calls and new_timer.closed and base_timer.closed
     assert cmp.exit_code() == (EXIT_OK if factor == 1.0 else EXIT_REGRESSION)
-    if factor == 2.0:  # a doubling needs no more than the minimum of 4 pairs
-        assert (rows.rounds_new == 4).all() and rows.ratio.between(1.7, 2.35).all()
+    if factor == 2.0:  # a doubling needs no more pairs than a signed-rank bound at the family level: 8 for 8 keys
+        assert pairs_needed(0.05 / 8) == 8 and (rows.rounds_new == 8).all() and rows.ratio.between(1.7, 2.35).all()
 
 
 def test_without_pairs_the_same_machine_fools_the_gate(tmp_path):
@@ -69,7 +70,7 @@ def test_a_burst_on_one_side_for_a_round_does_not_make_a_regression(tmp_path):
     cmp = _suspect_runs(tmp_path, 0, 1.0)
     machine = Machine(0, **DRIFTING)
     new_timer = FakeTimer({}, QUIET, seed=1, machine=machine, slow_rounds=(1,))  # the whole round 1.5x slow
-    remeasure(cmp, RemeasureConfig(budget_s=600), timer=new_timer, base_timer=FakeTimer({}, QUIET, 2, machine),
+    remeasure(cmp, RemeasureConfig(budget_s=600), load=None, timer=new_timer, base_timer=FakeTimer({}, QUIET, 2, machine),
               cases=synthetic_cases(), log=lambda *_: None)
     rows = cmp.rows[cmp.rows.remeasured.astype(bool)]
     assert set(rows.verdict) == {"unchanged"} and cmp.exit_code() == EXIT_OK
@@ -87,7 +88,7 @@ def test_the_budget_leaves_keys_undecided_and_the_gate_says_so(tmp_path):
 
     machine = Machine(0, **DRIFTING)
     new_timer = TwoSeconds({key(k)[0]: 1.25 for k in SUSPECTS}, QUIET, 1, machine)
-    remeasure(cmp, RemeasureConfig(budget_s=60), timer=new_timer, base_timer=TwoSeconds({}, QUIET, 2, machine),
+    remeasure(cmp, RemeasureConfig(budget_s=60), load=None, timer=new_timer, base_timer=TwoSeconds({}, QUIET, 2, machine),
               cases=synthetic_cases(), log=lambda *_: None, clock=lambda: now[0])
     rows = cmp.rows[cmp.rows.first_verdict.isin(["slower", "undecided"])]
     assert new_timer.calls == 15 and set(rows.verdict) == {"undecided"}  # 2 pairs each at most, 4 needed
@@ -98,26 +99,30 @@ def test_each_key_is_tested_at_the_family_level(tmp_path):
     """8 keys re-measured: each at 0.05 / 8 one-sided, a 98.75 % two-sided interval."""
     cmp = _suspect_runs(tmp_path, 1, 2.0)
     rows, *_ = _remeasure(cmp, 2.0, 1)
-    assert rows.note.str.contains("98.75% t interval").all()
+    assert rows.note.str.contains("98.75% signed-rank interval").all()
     rows, *_ = _remeasure(_suspect_runs(tmp_path / "b", 1, 2.0), 2.0, 1, family_alpha=0.2)
-    assert rows.note.str.contains("95.00% t interval").all()
+    assert rows.note.str.contains("95.00% signed-rank interval").all()
 
 
 def test_paired_verdict_figures():
-    v = paired_verdict([1.0, 1.1, 0.9, 1.0], [2.0, 2.2, 1.8, 2.1], alpha=0.01)
-    d = np.log([2.0, 2.0, 2.0, 2.1])
-    walsh = [(d[i] + d[j]) / 2 for i in range(4) for j in range(i, 4)]  # Hodges-Lehmann: their median
-    assert v.verdict == "slower" and v.ratio == pytest.approx(math.exp(np.median(walsh))) == pytest.approx(2.0)
-    half = 4.541 * d.std(ddof=1) / 2  # t(0.99, 3 df): the interval is about the mean
-    assert (v.ratio_low, v.ratio_high) == pytest.approx((math.exp(d.mean() - half), math.exp(d.mean() + half)), 1e-3)
-    assert (v.rounds_base, v.rounds_new) == (4, 4)
+    base, new = [1.0, 1.1, 0.9, 1.0] * 2, [2.0, 2.2, 1.8, 2.1, 2.0, 2.3, 1.9, 2.0]
+    v = paired_verdict(base, new, alpha=0.01)
+    d = np.log(new) - np.log(base)
+    walsh = sorted((d[i] + d[j]) / 2 for i in range(8) for j in range(i, 8))  # Hodges-Lehmann: their median
+    assert v.verdict == "slower" and v.ratio == pytest.approx(math.exp(np.median(walsh)))
+    # 8 pairs at 1 % one-sided: P(W+ <= 1) = 2/256 <= 0.01 < P(W+ <= 2) = 3/256, so the 2nd Walsh average each way
+    assert (v.ratio_low, v.ratio_high) == pytest.approx((math.exp(walsh[1]), math.exp(walsh[-2])))
+    assert (v.rounds_base, v.rounds_new) == (8, 8) and "98.00% signed-rank interval" in v.note
+    # 4 pairs reach no one-sided level below 1/16: a doubling is undecided, and the note says what decides it
+    four = paired_verdict(base[:4], new[:4], alpha=0.01)
+    assert four.verdict == "undecided" and "at least 7 are needed" in four.note and "--remeasure-max-pairs" in four.note
     # one pair 1.8x slow (a burst): the mean of the six log ratios would be 1.106x, beyond the margin; the
     # estimate stays at the other pairs' 1.01x
     burst = paired_verdict([1.0] * 6, [1.02, 0.99, 1.01, 1.0, 1.8, 1.0])
     assert burst.verdict == "unchanged" and burst.ratio == pytest.approx(1.01, abs=0.005)
     assert paired_verdict([1.0, 1.0, 1.0], [1.05, 1.04, 1.06]).verdict == "unchanged"  # within the 10 % margin
     assert paired_verdict([1.0, 1.0, 1.0], [1.3, 0.9, 1.6]).verdict == "undecided"
-    assert paired_verdict([1.0, 1.0, 1.0], [0.5, 0.52, 0.49]).verdict == "faster"
+    assert paired_verdict([1.0] * 6, [0.5, 0.52, 0.49, 0.5, 0.51, 0.5]).verdict == "faster"
     assert paired_verdict([1.0], [2.0]).verdict == "undecided"
     # the noise model does not widen a paired margin: pairing removed the run-to-run spread it measures
     assert paired_verdict([1.0] * 4, [1.2, 1.21, 1.19, 1.2], GateConfig(min_effect=0.1)).margin == pytest.approx(1.1)
