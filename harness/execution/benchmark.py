@@ -100,7 +100,8 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase, config,
                         estimate_ms=prior.median if prior is not None else None, known_memory=timing_round.memory,
                         cpu_mem_budget=cpu_mem_budget,
-                        inputs=round_inputs(prepared.seed or 0, key, timing_round.index))
+                        inputs=round_inputs(prepared.seed or 0, key, timing_round.index,
+                                            fp8_kv=case.fp8_kv is not None))
     answer = executor.time(backend, timing, device)
     if answer.failure is not None:
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,

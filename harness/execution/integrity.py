@@ -110,10 +110,17 @@ class RoundInputs:
     confirm: tuple[Transform, ...]
 
 
-def round_inputs(seed: int, key: Iterable, round_index: int) -> RoundInputs:
+#: for an FP8 KV cache: its scales are fixed by the case, so v x 2 may saturate e4m3 (max 448) where v x -1 is exact
+#: (e4m3 is symmetric); q and k still flip sign, so no call's inputs equal the verified ones
+FP8_TRANSFORMS = tuple(Transform(qk, v, d) for qk in (1.0, -1.0) for v in (1.0, -1.0) for d in (-1.0, 2.0, -2.0)
+                       if (qk, v) != (1.0, 1.0))
+
+
+def round_inputs(seed: int, key: Iterable, round_index: int, *, fp8_kv: bool = False) -> RoundInputs:
     """A round's transforms, drawn from the run's seed (nothing in the code tells which come next), its key and
-    its round: rounds of a key start from different input sets while there are enough."""
-    order = list(TRANSFORMS)
+    its round: rounds of a key start from different input sets while there are enough. fp8_kv: only the exact
+    transforms of an FP8 cache (FP8_TRANSFORMS)."""
+    order = list(FP8_TRANSFORMS if fp8_kv else TRANSFORMS)
     random.Random(f"{seed}:{':'.join(map(str, key))}").shuffle(order)
     seen = order[round_index % len(order)]
     rest = order[round_index % len(order) + 1:] + order[:round_index % len(order)]

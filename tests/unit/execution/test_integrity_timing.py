@@ -110,3 +110,23 @@ def test_seen_violation_on_synthetic_samples():
     assert seen_violation([1.0] * 10, [1.9, 5.0, 2.5]) == ""  # one fast enough new call: honest
     assert seen_violation([1.0, 1.1, 0.9], [50.0]) != "" and seen_violation([], [1.0]) == ""
     assert Transform().identity
+
+
+def test_an_fp8_cache_s_round_inputs_are_exact_after_quantization():
+    """An FP8 KV cache is quantized with scales fixed by the case (spec/fp8.py): v x 2 may saturate e4m3, so its
+    rounds draw from FP8_TRANSFORMS (v and q, k times +-1): quantizing a transformed v gives the transformed
+    quantized v bit for bit, and the new inputs still change the answer and the bytes of q, k or v."""
+    import torch
+
+    from harness.execution.integrity import FP8_TRANSFORMS
+    from harness.spec import fp8
+
+    assert FP8_TRANSFORMS and all(abs(t.v) == 1.0 and abs(t.qk) == 1.0 and (t.qk, t.v) != (1.0, 1.0)
+                                  for t in FP8_TRANSFORMS)
+    v = torch.randn(2, 2, 33, 16) * 300  # beyond e4m3's range at scale 1 too: saturation must stay symmetric
+    scale = torch.ones(())
+    for t in FP8_TRANSFORMS:
+        assert torch.equal(fp8.quantize(v * t.v, scale).float(), fp8.quantize(v, scale).float() * t.v)
+    for index in range(4):
+        r = round_inputs(11, ("c", "b", "fwd"), index, fp8_kv=True)
+        assert r.seen in FP8_TRANSFORMS and r.new in FP8_TRANSFORMS and r.new.factor("out") != r.seen.factor("out")
