@@ -226,11 +226,10 @@ def fa2_mixed_plan(case, device) -> dict:
     lengths and cu_seqlens_k from the cache lengths (int32, (batch + 1,)), their maxima, and `rows` (int64 indices
     of the padded q's (batch * seq_q) rows that carry a query, in request order)."""
     q_lens, lengths = case.mask.q_lens, case.mask.lengths
-    as_int32 = dict(device=device, dtype=torch.int32)
-    cumulative = lambda n: torch.nn.functional.pad(torch.tensor(n).cumsum(0), (1, 0))  # noqa: E731
-    rows = torch.cat([b * case.seq_q + torch.arange(n) for b, n in enumerate(q_lens)])
-    return {"mode": "paged-varlen", "cu_q": cumulative(q_lens).to(**as_int32), "cu_k": cumulative(lengths).to(**as_int32),
-            "max_q": max(q_lens), "max_k": max(lengths), "rows": rows.to(device)}
+    from harness.spec.paged import cu_seqlens, query_rows
+
+    return {"mode": "paged-varlen", "cu_q": cu_seqlens(q_lens).to(device), "cu_k": cu_seqlens(lengths).to(device),
+            "max_q": max(q_lens), "max_k": max(lengths), "rows": query_rows(case).to(device)}
 
 
 def fa2_plan(case, device) -> dict:

@@ -14,6 +14,7 @@ import torch
 from harness.backends.base import Backend, MaskForm, Plan, Unsupported
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
+from harness.spec.paged import cu_seqlens, query_rows
 
 #: architectures the hopper build compiles for, and what it takes there (head dims rounded up to 64/96/128/192/256)
 ARCHITECTURES = {9: {"name": "sm90", "max_head_dim": 256}}
@@ -28,8 +29,7 @@ def fa3_paged_args(case: AttentionCase, device) -> dict:
     out = {"causal": True, "rows": None}
     if case.mask.mixed:
         q_lens = case.mask.q_lens
-        cu = torch.nn.functional.pad(torch.tensor(q_lens).cumsum(0), (1, 0)).to(device=device, dtype=torch.int32)
-        rows = torch.cat([b * case.seq_q + torch.arange(n) for b, n in enumerate(q_lens)]).to(device)
+        cu, rows = cu_seqlens(q_lens).to(device), query_rows(case).to(device)
         out.update(cu_seqlens_q=cu, max_seqlen_q=max(q_lens), rows=rows)
     return out
 

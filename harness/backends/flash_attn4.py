@@ -15,6 +15,7 @@ from harness.backends.base import Backend, MaskForm, Plan, Unsupported
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, SlidingWindow
+from harness.spec.paged import cu_seqlens, query_rows
 
 
 def _sm100_fits(d: int, dv: int) -> bool:
@@ -56,8 +57,7 @@ def fa4_paged_args(case: AttentionCase, device) -> dict:
     out = {"seqused_k": lengths, "causal": True, "rows": None}
     if case.mask.mixed:
         q_lens = case.mask.q_lens
-        cu = torch.nn.functional.pad(torch.tensor(q_lens).cumsum(0), (1, 0)).to(device=device, dtype=torch.int32)
-        rows = torch.cat([b * case.seq_q + torch.arange(n) for b, n in enumerate(q_lens)]).to(device)
+        cu, rows = cu_seqlens(q_lens).to(device), query_rows(case).to(device)
         out.update(cu_seqlens_q=cu, max_seqlen_q=max(q_lens), rows=rows)
     return out
 

@@ -111,7 +111,9 @@ def flashinfer_plan(case: AttentionCase, block_table: torch.Tensor | None = None
         kind = "decode" if case.seq_q == 1 else "paged-prefill"
         rows = None
         if mixed is not None:  # the padded q's rows that hold queries: request b's first q_lens[b] of its seq_q
-            rows = torch.cat([b * case.seq_q + torch.arange(n) for b, n in enumerate(mixed)])
+            from harness.spec.paged import query_rows
+
+            rows = query_rows(case)
         return FlashInferPlan(kind, args, causal=case.seq_q > 1, op=f"flashinfer:{kind}" + (
             " (q packed by qo_indptr and scattered back inside the timed call)" if mixed else ""), rows=rows,
             kv_scales=scales)

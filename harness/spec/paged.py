@@ -131,6 +131,17 @@ def reference_inputs(case: "AttentionCase", inputs: "Inputs") -> "Inputs":
     return inputs._replace(k=gather_kv(k_cache, table, case.seq_k), v=gather_kv(v_cache, table, case.seq_k))
 
 
+def query_rows(case: "AttentionCase") -> torch.Tensor:
+    """The rows of a mixed serving step's padded q (its batch * seq_q) that carry a query: sequence b's first
+    q_lens[b], in request order (int64) - what varlen kernels take packed and scatter back."""
+    return torch.cat([b * case.seq_q + torch.arange(n) for b, n in enumerate(case.mask.q_lens)])
+
+
+def cu_seqlens(lengths) -> torch.Tensor:
+    """Varlen kernels' offsets, (len(lengths) + 1,) int32: 0, then the running sum of `lengths`."""
+    return torch.nn.functional.pad(torch.as_tensor(lengths).cumsum(0), (1, 0)).to(torch.int32)
+
+
 def cache_lengths(longest: int, batch: int) -> tuple[int, ...]:
     """Per-sequence cache lengths as a serving batch holds them: the first `longest` (or one less), the others
     shorter down to about half of it, every one odd, so no page size > 1 divides it (each last page is partial)."""
