@@ -14,6 +14,7 @@ from harness.execution.cache import LRU
 from harness.execution.call import BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves
 from harness.execution.integrity import RoundInputs, Snapshot, Transform, aliased, seen_violation
 from harness.execution.outcome import Failure, free
+from harness.measure.cuda_graph import Captured
 from harness.measure.memory import CPU_METHOD, first_call_peak, peak_memory
 from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig, measure
@@ -69,10 +70,11 @@ class TimingResult:
 @dataclass
 class Phase:
     """What timing a phase runs: `setup` before every repetition (outside the timed region), `fn` the timed call,
-    and `build`, run once before any of it - on the capture stream when timed as a CUDA graph.
-    buffers: the call's inputs by name (q, k, v, dO, sinks, bias); renew(inputs): new values into them (and a
-    new forward for the backward alone); observe(value): a copy of what the call returned (Observed's tensors,
-    on the device, the backend's layout)."""
+    and `build`, what fn reads made anew (a backward's forward), run before any of it - on the capture stream
+    when timed as a CUDA graph, and captured there too.
+    buffers: the call's inputs by name (q, k, v, dO, sinks, bias); refill(inputs): new values into them;
+    renew(inputs): refill, and a new forward for the backward alone; observe(value): a copy of what the call
+    returned (Observed's tensors, on the device, the backend's layout)."""
 
     setup: Callable[[], None] | None
     fn: Callable[[], object]
@@ -80,6 +82,7 @@ class Phase:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     renew: Callable[[Inputs], None] | None = None
     observe: Callable[[object], tuple[torch.Tensor | None, dict[str, torch.Tensor]]] | None = None
+    refill: Callable[[Inputs], None] | None = None
 
 
 def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
@@ -99,12 +102,14 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         for t in (q, k, v, *leaves.values()):
             t.grad = None
 
-    def renew(new: Inputs) -> None:
+    def refill(new: Inputs) -> None:
         with torch.no_grad():
             for mine, theirs in zip((q, k, v, d_out), backend_inputs(backend, case, new, requires_grad=False)):
                 mine.copy_(theirs)
+
+    def renew(new: Inputs) -> None:
+        refill(new)
         if built:  # the backward alone: a new forward on the new inputs (a graph of its own)
-            built.clear()
             build()
 
     def observe(value) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
@@ -120,19 +125,31 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         def inference():  # as the correctness call runs it: a compiled backend guarded on grad mode compiles once
             with torch.no_grad():
                 return forward()
-        return Phase(None, inference, None, buffers, renew, observe)
+        return Phase(None, inference, None, buffers, renew, observe, refill)
     if phase == FWD_BWD:
         def step():
             out = forward()
             out.backward(d_out)
             return out
-        return Phase(reset, step, None, buffers, renew, observe)
+        return Phase(reset, step, None, buffers, renew, observe, refill)
 
-    def build():  # the forward, made once; retain_graph lets every repetition run the same backward alone
-        if not built:
-            built.append(forward())
+    def build():  # the forward, made anew; retain_graph lets every repetition run the same backward alone
+        built[:] = [forward()]
 
-    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build, buffers, renew, observe)
+    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build, buffers, renew, observe, refill)
+
+
+def graph_phase(timed: Phase, device: torch.device) -> tuple[Phase, Captured]:
+    """`timed` captured in a CUDA graph (its build in a graph of its own), as a Phase whose call is a replay: no
+    setup (it ran before the capture), renew refills the static inputs and replays the build from them, and what
+    a replay returns (the static output; the gradients the graph writes stay the leaves' .grad) is observed."""
+    captured = Captured(timed.fn, timed.setup, device, timed.build)
+
+    def renew(new: Inputs) -> None:
+        timed.refill(new)
+        captured.rebuild()
+
+    return Phase(None, captured.replay, None, timed.buffers, renew, timed.observe, timed.refill), captured
 
 
 def allow_backward_replay() -> None:
@@ -174,7 +191,7 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device, drawn
                     checks = None if plan is None else _Checks(backend, timed, verified, plan)
                 with stage("peak memory"):
                     if timed.build is not None:
-                        timed.build()  # made once: measure's build() below finds it made
+                        timed.build()  # made once: measure is not given it again
                     first_ms, result.peak_mem_bytes = first_call_peak(timed.fn, timed.setup)
                     result.mem_method = CPU_METHOD
             else:
@@ -191,10 +208,16 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device, drawn
                 if timed is None:
                     timed = phase_callables(backend, case, inputs, device, phase)
                     checks = None if plan is None else _Checks(backend, timed, verified, plan)
+                captured = None
+                if timing.config.cuda_graph and device.type == "cuda" and checks is not None:
+                    # the samples are replays: the checks renew, observe and confirm the graph, not an eager call
+                    timed, captured = graph_phase(timed, device)
+                    checks.timed = timed
                 result.measurement = measure(timed.fn, device=device, setup=timed.setup, config=timing.config,
-                                             estimate_ms=timing.estimate_ms, build=timed.build, first_ms=first_ms,
+                                             estimate_ms=timing.estimate_ms,
+                                             build=None if first_ms is not None else timed.build, first_ms=first_ms,
                                              renew=None if checks is None else checks.renew,
-                                             observe=None if checks is None else checks.observe)
+                                             observe=None if checks is None else checks.observe, graph=captured)
             result.compile_ms = backend.compile_time_ms()
             if checks is not None:
                 with stage("integrity"):
@@ -237,7 +260,7 @@ class _Checks:
             torch.cuda.synchronize(device)
         self._note(self.snapshot.written())
         seen, new = m.samples_ms[:-1], m.samples_ms[-1:]
-        if self._renewed and m.mode != "cuda-graph" and seen_violation(seen, new):  # graph: the new call is eager
+        if self._renewed and seen_violation(seen, new):  # a graph's too: its last sample replays on new inputs
             self._note(seen_violation(*self._confirm(device)))
         for o in self.observed:
             o.out = None if o.out is None else self.backend.from_layout(o.out).cpu()
@@ -246,8 +269,9 @@ class _Checks:
 
     def _confirm(self, device: torch.device) -> tuple[list[float], list[float]]:
         """(calls on inputs just seen, calls on new ones), in pairs: a call on a confirming input set (a new graph
-        for the backward alone), then one more on the same inputs - so a stall of the machine falls on both
-        sides alike, and a cache kept per graph or per content hits on the second."""
+        for the backward alone; with a CUDA graph, a replay on the refilled inputs), then one more on the same
+        inputs - so a stall of the machine falls on both sides alike, and a cache kept per graph or per content
+        hits on the second."""
         seen, new = [], []
         for transform in self.plan.confirm:
             self.timed.renew(transform.inputs(self.verified))

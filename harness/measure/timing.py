@@ -8,12 +8,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
 
 from harness.measure.stats import MIN_SAMPLES, iqr, round_medians
+
+if TYPE_CHECKING:
+    from harness.measure.cuda_graph import Captured
 
 #: IQR/median above this marks a measurement as noisy (torch.utils.benchmark warns at the same 10%)
 NOISE_THRESHOLD = 0.10
@@ -165,7 +168,7 @@ def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[
             config: TimingConfig = TimingConfig(), estimate_ms: float | None = None,
             build: Callable[[], None] | None = None, first_ms: float | None = None,
             renew: Callable[[], None] | None = None,
-            observe: Callable[[object, bool], None] | None = None) -> Measurement:
+            observe: Callable[[object, bool], None] | None = None, graph: Captured | None = None) -> Measurement:
     """Time `fn()` repeatedly; `setup()` runs before every repetition, outside the timed region.
 
     estimate_ms: the latency already known (a later round of the same call): the first call and the estimate
@@ -177,14 +180,19 @@ def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[
     a sample like the others, on inputs the call has not seen.
     observe(value, renewed): given what the last two repetitions returned, right after each returned (and, on
     CUDA, its end event was recorded): so what a timed call returned is judged, read before anything else runs.
-    With a CUDA graph, replays return nothing: the renewed call is one eager call after the samples.
+    With a CUDA graph (config.cuda_graph) the samples are replays: the renewed one replays the graph on the new
+    inputs (its static inputs refilled, and what it reads that was built once - a backward's forward - replayed
+    from them), and what observe is given is the graph's static output, read after the replay.
+    graph: fn captured already (cuda_graph.Captured) by a caller that replays it outside measure too (the
+    integrity checks' confirming calls): its renew must rebuild what the graph reads; fn, setup and build are
+    then the graph's.
     """
     setup = setup or (lambda: None)
     if device.type == "cuda":
         if first_ms is not None:
             raise ValueError("measure(first_ms=...) is for the CPU clock; on CUDA the first call may be a graph "
                              "replay")
-        return _measure_cuda(fn, setup, device, config, estimate_ms, build, renew, observe)
+        return _measure_cuda(fn, setup, device, config, estimate_ms, build, renew, observe, graph)
     if build is not None:
         build()
     return _measure_cpu(fn, setup, config, estimate_ms, first_ms, renew, observe)
@@ -233,15 +241,21 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None, fi
 
 
 def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None = None,
-                  build=None, renew=None, observe=None) -> Measurement:
-    from harness.measure.cuda_graph import graphed
+                  build=None, renew=None, observe=None, graph=None) -> Measurement:
+    from harness.measure.cuda_graph import Captured
 
     with torch.cuda.device(device):  # events record on the current device's stream: make it the run's device
         stream = torch.cuda.current_stream(device)
         target = fn
         mode = "cuda-events"
         if cfg.cuda_graph:
-            target, mode = graphed(fn, setup, device, build), "cuda-graph"
+            if graph is None:
+                graph = Captured(fn, setup, device, build)
+                if renew is not None:  # the graph reads what build made from the old inputs: make it again
+                    renew = (lambda again: lambda: (again(), graph.rebuild()))(renew)
+            # setup ran before the capture; between replays it would change nothing the graph does (and a reset
+            # of .grad would drop the gradients the graph writes, which observe reads)
+            target, mode, setup = graph.replay, "cuda-graph", (lambda: None)
         elif build is not None:
             build()
         torch.cuda.synchronize(device)
@@ -268,11 +282,10 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None =
             target()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        eager = target is fn  # a graph replay returns nothing: its renewed call is an eager one, after
         for i in range(reps):
-            last = reps - i if eager and reps - i <= 2 else 0
+            last = reps - i if reps - i <= 2 else 0  # 1: the last repetition, 2: the one before
             if last == 1 and renew is not None:
-                renew()
+                renew()        # new inputs (and, for a graph, the forward it reads) before the events
             setup()            # host work (gradient reset) and the flush stay outside the events
             flush.zero_()      # clear L2 so every repetition reads its inputs from HBM, like a real model step
             starts[i].record(stream)  # events bracket the call's kernels on this device's current stream
@@ -281,13 +294,5 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None =
             if last and observe is not None:  # a copy enqueued behind the call, after its end event
                 observe(value, last == 1)
         torch.cuda.synchronize(device)
-        if not eager and (renew is not None or observe is not None):
-            if renew is not None:
-                renew()
-            setup()
-            value = fn()
-            if observe is not None:
-                observe(value, renew is not None)
-            torch.cuda.synchronize(device)
     samples = tuple(s.elapsed_time(e) for s, e in zip(starts, ends))
     return Measurement(samples, mode, torch.get_num_threads(), first)

@@ -130,3 +130,41 @@ def test_an_fp8_cache_s_round_inputs_are_exact_after_quantization():
     for index in range(4):
         r = round_inputs(11, ("c", "b", "fwd"), index, fp8_kv=True)
         assert r.seen in FP8_TRANSFORMS and r.new in FP8_TRANSFORMS and r.new.factor("out") != r.seen.factor("out")
+
+
+def _graph_round(work):
+    """A round's checks on a call timed as a CUDA graph (run_timing swaps in the graph's Phase: its call a replay,
+    renew a refill of the static inputs), on the CPU clock; `work(q, v)` is what the replay does."""
+    from harness.execution.timed import Phase, _Checks
+    from harness.measure.timing import Measurement
+
+    inputs = make_inputs(CASE, "cpu", 3)
+    buffers = {"q": inputs.q.clone(), "k": inputs.k.clone(), "v": inputs.v.clone()}
+
+    def refill(new):
+        for name, t in zip(("q", "k", "v"), new[:3]):
+            buffers[name].copy_(t)
+
+    phase = Phase(None, lambda: work(buffers["q"], buffers["v"]), None, buffers, refill, lambda value: (None, {}))
+    checks = _Checks(gamed.Recomputing(), phase, inputs, round_inputs(3, ("c", "b", "fwd"), 0))
+    checks.renew()
+    # what measure gave back: nine replays on seen inputs, the last (on new inputs) 250x slower
+    return checks.finish(Measurement((0.1,) * 9 + (25.0,), "cuda-graph", 1), CPU)[1]
+
+
+def test_a_graph_replay_on_new_inputs_far_slower_than_on_seen_ones_is_confirmed_then_rejected():
+    """The speed rule applies to a CUDA graph's samples too (its last sample replays on new inputs): a replay
+    that is fast only on contents it has seen is confirmed on three more new input sets, then rejected; a
+    replay that costs the same on any inputs is not (the slow last sample was a stall)."""
+    import time
+
+    seen = set()
+
+    def content_cache(q, v):
+        key = (q.numpy().tobytes(), v.numpy().tobytes())
+        if key not in seen:
+            time.sleep(gamed.WORK_S)
+            seen.add(key)
+
+    assert _graph_round(content_cache).startswith("faster on inputs it has seen"), _graph_round(content_cache)
+    assert _graph_round(lambda q, v: time.sleep(0.002)) == ""

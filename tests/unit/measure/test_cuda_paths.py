@@ -1,8 +1,10 @@
 """The CUDA timing and capture paths, against a fake torch.cuda that records what ran where.
 
 Checked against torch 2.13 (torch/cuda/streams.py `Event.record(stream=None)` records on the *current device's*
-current stream; torch/cuda/graphs.py `graph(..., stream=None)` captures on a private side stream of the current
-device; docs/source/notes/cuda.md "Stream semantics of backward passes": backward ops run on their forward's
+current stream; torch/cuda/graphs.py `graph(cuda_graph, pool=None, stream=None)` captures on a private side stream
+of the current device, `CUDAGraph.replay()` returns None and reruns the captured kernels on the memory they were
+captured with, `CUDAGraph.pool()` is what `make_graphed_callables` shares between a forward's graph and its
+backward's, captured in the order they run; docs/source/notes/cuda.md "Stream semantics of backward passes": backward ops run on their forward's
 stream). So timing cuda:1 must make cuda:1 current and record events on its stream, and a backward captured as a
 graph needs its forward built on the capture stream."""
 
@@ -32,6 +34,8 @@ class FakeCuda:
         self.log: list[tuple] = []
         self.current_device = 0
         self.current_stream_obj = None
+        self.graphs: list = []
+        self.capturing = None
 
     # devices and streams
     def device(self, device):
@@ -82,25 +86,43 @@ class FakeCuda:
                 return 1.0
         return Event()
 
-    # graphs
+    # graphs: a kernel launched while a graph captures is recorded in it (launch), and a replay runs the record
     def CUDAGraph(self):
         fake = self
 
         class Graph:
+            def __init__(self):
+                self.ops, self.number = [], len(fake.graphs)
+                fake.graphs.append(self)
+
             def replay(self):
-                fake.log.append(("replay",))
+                fake.log.append(("replay",) if self.number == len(fake.graphs) - 1 else ("replay", self.number))
+                for op in self.ops:
+                    op()
+
+            def pool(self):
+                return ("pool", self.number)
         return Graph()
 
-    def graph(self, g, stream=None):
+    def graph(self, g, pool=None, stream=None):
         fake = self
 
         @contextlib.contextmanager
         def capture():
             fake.log.append(("capture", stream))
+            fake.capturing = g
             with fake.stream(stream):
                 yield
+            fake.capturing = None
             fake.log.append(("captured", stream))
         return capture()
+
+    def launch(self, op):
+        """A kernel launch: recorded by the graph being captured, else run now."""
+        if self.capturing is not None:
+            self.capturing.ops.append(op)
+        else:
+            op()
 
 
 @pytest.fixture
@@ -149,7 +171,56 @@ def test_timing_with_a_graph_replays_and_never_times_the_build(fake):
     config = TimingConfig(warmup_ms=0, budget_ms=2, min_reps=2, max_reps=2, cuda_graph=True)
     m = timing.measure(lambda: order.append("fn"), device=torch.device("cuda", 0), config=config,
                        build=lambda: order.append("build"))
-    assert order[0] == "build" and order.count("build") == 1 and m.mode == "cuda-graph"
+    # built once for the warm-up and once captured (its own graph), both before any event
+    assert order[0] == "build" and order.count("build") == 2 and m.mode == "cuda-graph"
     replays = [i for i, entry in enumerate(fake.log) if entry == ("replay",)]
     records = [i for i, entry in enumerate(fake.log) if entry[0] == "record"]
     assert replays and records and min(records) < max(replays) < max(records)  # replays inside the events
+
+
+def test_a_graph_s_last_sample_is_a_replay_on_new_inputs_and_its_static_output_is_observed(fake):
+    """The renewed sample replays the graph itself: its static inputs refilled before the events, the forward it
+    reads (build) replayed from them, and what observe gets is the graph's static output, after its end event.
+    (An eager call after the replays - the old way - would be observed instead of a replay, and judge nothing
+    the samples did.)"""
+    x = torch.ones(4)
+    made, calls, seen = {}, [], []
+
+    def build():  # the forward a backward reads: recorded in its own graph, replayed after new inputs
+        h = made.setdefault("h", torch.zeros(4))
+        fake.launch(lambda: h.copy_(x * 2))
+
+    def fn():
+        calls.append(1)
+        out = made.setdefault("out", torch.zeros(4))
+        fake.launch(lambda: out.copy_(made["h"] + 1))
+        return out
+
+    def renew():
+        fake.log.append(("renew",))
+        x.fill_(5.0)
+
+    def observe(value, renewed):
+        fake.log.append(("observe", renewed))
+        seen.append((value, value.clone(), renewed))
+
+    config = TimingConfig(warmup_ms=0, budget_ms=3, min_reps=3, max_reps=3, cuda_graph=True)
+    m = timing.measure(fn, device=torch.device("cuda", 0), config=config, build=build, renew=renew, observe=observe)
+    assert m.mode == "cuda-graph" and m.n == 3 and len(calls) == 4  # 3 warm-up calls, 1 captured: no eager call after
+    assert [r for *_, r in seen] == [False, True] and all(v is made["out"] for v, *_ in seen)  # the static output
+    assert seen[0][1].tolist() == [3.0] * 4 and seen[1][1].tolist() == [11.0] * 4  # replayed on x = 5
+    log = [e for e in fake.log if e[0] in ("renew", "replay", "record", "observe")]
+    last = len(log) - 1 - log[::-1].index(("renew",))
+    # renew, the build's graph replayed, then the last sample's events around the call's replay, then observe
+    assert log[last:] == [("renew",), ("replay", 0), ("record", ("default", 0)), ("replay",),
+                          ("record", ("default", 0)), ("observe", True)], log[last:]
+
+
+def test_a_captured_backward_keeps_the_gradients_it_writes(fake):
+    """setup (a gradient reset) runs before the warm-up calls and the capture, never between replays: the
+    gradients a captured backward writes stay the leaves' .grad, where observe reads them."""
+    setups = []
+    config = TimingConfig(warmup_ms=0, budget_ms=3, min_reps=3, max_reps=3, cuda_graph=True)
+    timing.measure(lambda: fake.launch(lambda: None), device=torch.device("cuda", 0), config=config,
+                   setup=lambda: setups.append(sum(e[0] in ("capture", "replay") for e in fake.log)))
+    assert setups == [0, 0, 0, 0]  # 3 warm-up calls and the capture, before it; none once the graph exists
