@@ -9,7 +9,10 @@ the new code back to back, in alternating order, the keys in a new random order 
 judged on the log differences of its pairs (measure/paired.py: a signed-rank interval, and undecided when the
 machine's noise - the pairs' spread, the load average during the step - is too large to settle it) at a
 family-wise level: FAMILY_ALPHA over all the keys re-measured (Bonferroni). A key drops out once decided, after at
-least `min_rounds` pairs; the time budget bounds the whole step.
+least `min_rounds` pairs; the time budget bounds the whole step. Every re-measured round is judged as a suite run's
+(timers.ExecutorTimer: new inputs, outputs and gradients against the reference, inputs untouched, the speed rule):
+a key one of whose rounds fails a check on either side is no figure - its verdict is `rejected`, with the
+reason, and it fails the gate (compare/runs.mark_regressions).
 
 The new code is this checkout (it must be the new run's). The base code is, in order: `base_checkout` (a
 checkout of the base run's commit, e.g. `git worktree add`, timed by a server process started there with
@@ -29,11 +32,12 @@ from pathlib import Path
 import numpy as np
 
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
-from harness.compare.timers import CheckoutTimer, ExecutorTimer, KeyTimer, code_mismatch, current_code, run_cases
+from harness.compare.timers import (CheckoutTimer, ExecutorTimer, KeyTimer, Rejected, code_mismatch, current_code,
+                                    run_cases)
 from harness.measure.paired import BUSY_LOAD_PER_CPU, pairs_needed, paired_verdict
 from harness.measure.stats import FAMILY_ALPHA, gate_verdict
 from harness.store.run_dir import read_env
-from harness.store.schema import FASTER, SLOWER, UNCHANGED, UNDECIDED
+from harness.store.schema import FASTER, REJECTED, SLOWER, UNCHANGED, UNDECIDED
 from harness.store.writer import SamplesWriter
 
 REMEASURE_DIR = "remeasure"
@@ -185,6 +189,13 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
                 if (rounds_done + position) % 2:  # ABBA: neither side is always the first of its pair
                     names.reverse()
                 got = {side: sides[side].time(case, backend, phase, estimate) for side in names}
+                rejected = [f"{side} code: {g.reason}" for side, g in got.items() if isinstance(g, Rejected)]
+                if rejected:  # no figure of this key is a re-measurement's: the gate says why, and fails
+                    rows.loc[i, "verdict"], rows.loc[i, "remeasured"] = REJECTED, True
+                    rows.loc[i, "note"] = (f"re-measure rejected (first verdict {rows.loc[i, 'first_verdict']}): "
+                                           + "; ".join(rejected))
+                    del pending[i]
+                    continue
                 failed = [f"{side}: {samples}" for side, samples in got.items() if isinstance(samples, str)]
                 if failed:
                     rows.loc[i, "note"] = "re-measure failed: " + "; ".join(failed)

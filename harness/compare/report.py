@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 
 from harness.compare.runs import Comparison, ratio_spread
-from harness.store.schema import (BETTER, FASTER, LOST, MISSING, NEW_ONLY, NOT_TIMED, SAME, SLOWER, UNCHANGED,
-                                  UNDECIDED, WORSE)
+from harness.store.schema import (BETTER, FASTER, LOST, MISSING, NEW_ONLY, NOT_TIMED, REJECTED, SAME, SLOWER,
+                                  UNCHANGED, UNDECIDED, WORSE)
 
 #: rows worth showing first, in this order; "unchanged"/"not-timed" with "same" correctness are only counted
-_ORDER = {SLOWER: 0, MISSING: 1, UNDECIDED: 2, FASTER: 3, NEW_ONLY: 5, UNCHANGED: 6, NOT_TIMED: 7}
+_ORDER = {SLOWER: 0, REJECTED: 0, MISSING: 1, UNDECIDED: 2, FASTER: 3, NEW_ONLY: 5, UNCHANGED: 6, NOT_TIMED: 7}
 _SHOWN = ["case_id", "backend", "phase", "verdict", "correctness", "base_ms", "new_ms", "ratio", "interval",
           "margin", "rounds", "note"]
 

@@ -16,7 +16,7 @@ from harness.measure.stats import GateConfig, GateVerdict, gate_verdict
 from harness.store.load import load_results, load_samples, refused_rows
 from harness.store.run_dir import RESULTS, read_env
 from harness.store.run_state import run_notes
-from harness.store.schema import KEY, LOST, MISSING, NEW_ONLY, NOT_TIMED, SLOWER, UNDECIDED, WORSE
+from harness.store.schema import KEY, LOST, MISSING, NEW_ONLY, NOT_TIMED, REJECTED, SLOWER, UNDECIDED, WORSE
 COMPARE_COLUMNS = (*KEY, "verdict", "correctness", "regression", "base_ms", "new_ms", "ratio", "ratio_low",
                    "ratio_high", "margin", "n_base", "n_new", "rounds_base", "rounds_new", "remeasured", "first_verdict", "status_base",
                    "status_new", "err_ratio_base", "err_ratio_new", "note")
@@ -171,12 +171,13 @@ def key_verdict(key: tuple, base_samples: dict, new_samples: dict, config: GateC
 
 
 def mark_regressions(comparison: Comparison) -> None:
-    """Set the rows' `regression` from their verdicts: slower, correctness worse or lost, missing keys (unless
+    """Set the rows' `regression` from their verdicts: slower, rejected (a re-measured round failed an integrity
+    check: never passed, not even with undecided keys allowed), correctness worse or lost, missing keys (unless
     allowed), and - when the new run holds no rows at all - every base key."""
     df = comparison.rows
     missing = (df.verdict == MISSING) & (not comparison.allow_missing)
-    df["regression"] = (comparison.mode == "gate") & ((df.verdict == SLOWER) | df.correctness.isin([WORSE, LOST])
-                                                      | missing)
+    df["regression"] = (comparison.mode == "gate") & (df.verdict.isin([SLOWER, REJECTED])
+                                                      | df.correctness.isin([WORSE, LOST]) | missing)
 
 
 def busy_load(env: dict) -> list[str]:

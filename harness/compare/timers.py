@@ -6,18 +6,29 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from harness.store.environment import REPO_ROOT, git_state, library_versions
+from harness.store.schema import REJECTED
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A re-measured round whose timed calls failed an integrity check (docs/integrity.md): it is no figure;
+    `reason` names the check, the call and the median it claimed."""
+
+    reason: str
 
 
 class KeyTimer(Protocol):
-    """Times keys of one run with one checkout's code, one round at a time."""
+    """Times keys of one run with one checkout's code, one round at a time: a round's samples (ms), Rejected, or
+    why timing failed."""
 
     def start_round(self) -> None: ...
 
-    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | str: ...
+    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | Rejected | str: ...
 
     def end_round(self) -> None: ...
 
@@ -61,7 +72,12 @@ def code_mismatch(env: dict, here: dict, *, allow_dirty: bool) -> str | None:
 
 
 class ExecutorTimer:
-    """Times keys of a run with the code of this process, in worker processes (kept, or fresh every round)."""
+    """Times keys of a run with the code of this process, in worker processes (kept, or fresh every round).
+
+    Every round is judged as a suite run's is (execution/benchmark.py): its calls get the round's exact transforms
+    of the run's seeded inputs (the last call new ones), what the last two returned is judged against the case's
+    reference within the tolerance, inputs must stay untouched and the speed rule holds; a round that fails is
+    Rejected. The reference and the naive baseline's errors are computed once per case, here."""
 
     def __init__(self, env: dict, log_dir: Path, fresh_workers: bool = False):
         from harness.backends.registry import load_backend_module
@@ -75,6 +91,10 @@ class ExecutorTimer:
         self.config = TimingConfig(**timing) if timing else TimingConfig().share(int(env.get("rounds") or 1))
         self.seed, self.threads = int(env.get("seed") or 0), env.get("threads")
         self.log_dir, self.fresh, self.executor = str(log_dir), fresh_workers, None
+        #: the run's rounds drew the transforms of round indices 0..rounds-1: a re-measured round takes the next
+        self.first_round = int(env.get("rounds") or 1)
+        self.rounds: dict[tuple, int] = {}
+        self.prepared: dict[str, object] = {}
 
     def start_round(self) -> None:
         from harness.execution.executor import make_executor
@@ -82,21 +102,35 @@ class ExecutorTimer:
         if self.executor is None:
             self.executor = make_executor(self.device, isolate=True, threads=self.threads, log_dir=self.log_dir)
 
-    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | str:
-        """One round of one key: its samples (ms), or why timing failed."""
+    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | Rejected | str:
+        """One round of one key: its samples (ms), Rejected (a check failed: no figure), or why timing failed."""
         from harness.backends.registry import get_backends
+        from harness.execution.benchmark import judge_timed
         from harness.execution.call import Call
+        from harness.execution.integrity import round_inputs
+        from harness.execution.runner import prepare_case
         from harness.execution.timed import TimingCall
 
         try:
             (impl,) = get_backends([backend])
         except ValueError as exc:
             return str(exc)
+        key = (case.id, backend, phase)
+        index = self.rounds.get(key, self.first_round)
+        self.rounds[key] = index + 1
+        plan = round_inputs(self.seed, key, index, fp8_kv=case.fp8_kv is not None)
         # the memory was measured in the run; known_memory skips the probe (an extra call per round)
         answer = self.executor.time(impl, TimingCall(Call(case, self.seed), phase, self.config,
-                                                     estimate_ms=estimate_ms, known_memory=(0, "not measured")),
-                                    self.device)
-        return answer.failure.reason if answer.measurement is None else answer.measurement.samples_ms
+                                                     estimate_ms=estimate_ms, known_memory=(0, "not measured"),
+                                                     inputs=plan), self.device)
+        if answer.measurement is None:
+            return answer.failure.reason
+        if case.id not in self.prepared:  # the answer every round of every key of the case is judged against
+            self.prepared[case.id] = prepare_case(case, self.device, self.seed)
+        problem = judge_timed(impl, self.prepared[case.id], phase, answer.observed) or answer.integrity
+        if problem:
+            return Rejected(f"timed at median {answer.measurement.median:.4g} ms, but {problem}")
+        return answer.measurement.samples_ms
 
     def end_round(self) -> None:
         if self.fresh:
@@ -159,10 +193,12 @@ class CheckoutTimer:
     def start_round(self) -> None:
         self._ask({"op": "start_round"})
 
-    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | str:
+    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | Rejected | str:
         answer = self._ask({"op": "time", "case": case.id, "backend": backend, "phase": phase,
                             "estimate_ms": estimate_ms})
-        return tuple(answer["samples"]) if "samples" in answer else str(answer.get("failure"))
+        if "samples" in answer:
+            return tuple(answer["samples"])
+        return Rejected(answer[REJECTED]) if REJECTED in answer else str(answer.get("failure"))
 
     def end_round(self) -> None:
         self._ask({"op": "end_round"})

@@ -5,8 +5,8 @@ answering `compare --remeasure --base-checkout` over stdin/stdout, one JSON obje
 
 It first answers {"ready": true, "note": ...}, or {"refused": why} when this checkout is not the code that made
 RUN_DIR (another commit, torch or backend version). Then, per request line: {"op": "start_round"},
-{"op": "time", "case": id, "backend": name, "phase": p, "estimate_ms": x} -> {"samples": [...]} or
-{"failure": why}, {"op": "end_round"}, {"op": "close"}.
+{"op": "time", "case": id, "backend": name, "phase": p, "estimate_ms": x} -> {"samples": [...]},
+{"rejected": why} (an integrity check failed: no figure) or {"failure": why}, {"op": "end_round"}, {"op": "close"}.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 
 
 def serve(run_dir: Path, log_dir: Path, fresh_workers: bool, requests, answer) -> None:
-    from harness.compare.timers import ExecutorTimer, code_mismatch, current_code, run_cases
+    from harness.compare.timers import ExecutorTimer, Rejected, code_mismatch, current_code, run_cases
+    from harness.store.schema import REJECTED
     from harness.store.run_dir import read_env
 
     env = read_env(run_dir)
@@ -50,7 +51,8 @@ def serve(run_dir: Path, log_dir: Path, fresh_workers: bool, requests, answer) -
                 case = cases.get(request["case"])
                 got = (f"case {request['case']!r} is not in {run_dir}'s matrix" if case is None else
                        timer.time(case, request["backend"], request["phase"], float(request["estimate_ms"])))
-                answer({"failure": got} if isinstance(got, str) else {"samples": list(got)})
+                answer({"failure": got} if isinstance(got, str) else {REJECTED: got.reason}
+                       if isinstance(got, Rejected) else {"samples": list(got)})
             else:
                 answer({"failure": f"unknown op {op!r}: expected start_round, time, end_round or close"})
     finally:

@@ -84,9 +84,10 @@ GRADS = tuple(GRADIENT_OF[x] for x in ("q", "k", "v"))
 
 # The gate's and the advisor's words (compare/, measure/stats.py, advisor/), spelled here once like the statuses.
 #: the gate's timing verdict on a key between two runs: a change established beyond the margin (slower, faster),
-#: none beyond it (unchanged), or too noisy to tell (undecided); not-timed where either side has no timing
+#: none beyond it (unchanged), or too noisy to tell (undecided); not-timed where either side has no timing;
+#: rejected (the timing status's word) where a re-measured round failed an integrity check: no figure, a failed gate
 SLOWER, FASTER, UNCHANGED, UNDECIDED = "slower", "faster", "unchanged", "undecided"
-TIMING_VERDICTS = (SLOWER, FASTER, UNCHANGED, UNDECIDED, NOT_TIMED)
+TIMING_VERDICTS = (SLOWER, FASTER, UNCHANGED, UNDECIDED, NOT_TIMED, REJECTED)
 #: a key in only one of the two runs
 MISSING, NEW_ONLY = "missing", "new-only"
 COMPARE_VERDICTS = (*TIMING_VERDICTS, MISSING, NEW_ONLY)

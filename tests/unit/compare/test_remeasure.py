@@ -219,3 +219,87 @@ def test_the_timing_server_refuses_other_code(tmp_path):
         CheckoutTimer(REPO_ROOT, _real_run(tmp_path, torch="0.1.0"), tmp_path / "logs")
     with pytest.raises(ValueError, match="not a checkout of this project"):
         CheckoutTimer(tmp_path, _real_run(tmp_path / "x"), tmp_path / "logs")
+
+
+# --- every re-measured figure from a call that was judged ----------------------------------------------------
+
+def test_a_remeasured_round_that_fails_a_check_is_no_figure_and_fails_the_gate(tmp_path):
+    """compare --remeasure through this checkout's timer (its executor in this process, to keep it short): each
+    round on new inputs (exact transforms of the run's seeded ones), its outputs judged against the case's
+    reference. A kernel that returns its first answer for every later no-grad call
+    (tests/fixtures/gamed_kernels.py CachedNoGrad) is `rejected`, with the check's reason, and fails the gate even
+    with undecided keys allowed; the honest control (sdpa) on the same case still gets its figures."""
+    from harness.compare.timers import ExecutorTimer
+    from harness.execution.executor import make_executor
+    from harness.spec.case import AttentionCase
+    from harness.store.environment import REPO_ROOT
+    from tests.fixtures.regress_fixtures import lognormal, write_run
+
+    case = AttentionCase(2, 4, 64, 32, "fp32")
+    keys = [(case.id, "gamed-cached-no-grad", "fwd"), (case.id, "sdpa", "fwd")]
+    base = write_run(tmp_path / "base", {k: {} for k in keys}, {k: lognormal(i, 30, 0.05) for i, k in enumerate(keys)})
+    new = write_run(tmp_path / "new", {k: {} for k in keys}, {k: lognormal(9 + i, 30, 0.2) for i, k in enumerate(keys)})
+    cmp = compare_runs(base, new)
+    assert set(cmp.rows.verdict) <= {"slower", "undecided"}  # both suspects
+    env = {"device": "cpu", "threads": 1, "seed": 5, "rounds": 1,
+           "backend_modules": [str(REPO_ROOT / "tests/fixtures/gamed_plugin.py")],
+           "round_timing": {"warmup_ms": 1.0, "budget_ms": 4.0, "min_reps": 3, "max_reps": 8, "cuda_graph": False}}
+    timer = ExecutorTimer(env, tmp_path / "workers")
+    timer.executor = make_executor(isolate=False)
+    remeasure(cmp, RemeasureConfig(budget_s=120, min_rounds=2, max_rounds=2), load=None, timer=timer,
+              base_timer=None, cases={case.id: case}, log=lambda *_: None)
+    rows = cmp.rows.set_index("backend")
+    gamed = rows.loc["gamed-cached-no-grad"]
+    assert gamed.verdict == "rejected" and gamed.regression, gamed.note
+    assert "re-measure rejected" in gamed.note and "new code: timed at median" in gamed.note
+    assert "[fwd, the last call, on new inputs" in gamed.note and "out err" in gamed.note
+    honest = rows.loc["sdpa"]
+    assert honest.verdict != "rejected" and honest.remeasured and "re-measured:" in honest.note, honest.note
+    fresh = (tmp_path / "new" / "remeasure" / "samples.csv").read_text()
+    assert "sdpa" in fresh and "gamed-cached-no-grad" not in fresh  # a rejected round leaves no samples
+    assert cmp.exit_code(fail_on_undecided=False) == EXIT_REGRESSION
+    # each round a new input set: the run's round 0, then one index a round (the rejected key stopped at its first)
+    assert timer.rounds == {keys[0]: 2, keys[1]: 1 + int(honest.rounds_new)} and honest.rounds_new >= 2
+
+
+def test_a_rejected_base_side_is_no_figure_either(tmp_path):
+    """Paired: when the base code's round fails a check, the key is rejected too (neither side's figure is
+    compared), naming the side."""
+    from harness.compare.timers import Rejected
+
+    cmp = _suspect_runs(tmp_path, 0, 1.0)
+
+    class BaseCheats(FakeTimer):
+        def time(self, case, *args):
+            return Rejected("[fwd, the last call, on new inputs] out err 1.2 > tol 0.01") \
+                if case.id == key(3)[0] else super().time(case, *args)
+
+    machine = Machine(0, **DRIFTING)
+    remeasure(cmp, RemeasureConfig(budget_s=600), load=None, timer=FakeTimer({}, QUIET, 1, machine),
+              base_timer=BaseCheats({}, QUIET, 2, machine), cases=synthetic_cases(), log=lambda *_: None)
+    rejected = cmp.rows[cmp.rows.verdict == "rejected"]
+    assert list(rejected.case_id) == [key(3)[0]] and rejected.note.str.contains("base code: \\[fwd").all()
+    assert set(cmp.rows[cmp.rows.remeasured.astype(bool) & (cmp.rows.verdict != "rejected")].verdict) == {"unchanged"}
+    assert cmp.exit_code() == EXIT_REGRESSION
+
+
+def test_the_timing_server_answers_a_rejected_round(tmp_path, monkeypatch):
+    """The base side's server passes a rejected round on as such (not as samples, not as a failure)."""
+    from harness.compare import timers, timing_server
+    from harness.spec.matrices import build_matrix
+
+    class Cheats:
+        def __init__(self, *args):
+            pass
+
+        def time(self, *args):
+            return timers.Rejected("out err 1 > tol 0.1")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(timers, "ExecutorTimer", Cheats)
+    answers = []
+    request = {"op": "time", "case": build_matrix("smoke")[0].id, "backend": "b", "phase": "fwd", "estimate_ms": 1}
+    timing_server.serve(_real_run(tmp_path), tmp_path, False, [json.dumps(request)], answers.append)
+    assert answers[-1] == {"rejected": "out err 1 > tol 0.1"}
