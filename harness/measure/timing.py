@@ -252,7 +252,11 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None =
             if graph is None:
                 graph = Captured(fn, setup, device, build)
                 if renew is not None:  # the graph reads what build made from the old inputs: make it again
-                    renew = (lambda again: lambda: (again(), graph.rebuild()))(renew)
+                    refill = renew
+
+                    def renew():
+                        refill()
+                        graph.rebuild()
             # setup ran before the capture; between replays it would change nothing the graph does (and a reset
             # of .grad would drop the gradients the graph writes, which observe reads)
             target, mode, setup = graph.replay, "cuda-graph", (lambda: None)
