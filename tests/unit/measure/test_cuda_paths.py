@@ -224,3 +224,29 @@ def test_a_captured_backward_keeps_the_gradients_it_writes(fake):
     timing.measure(lambda: fake.launch(lambda: None), device=torch.device("cuda", 0), config=config,
                    setup=lambda: setups.append(sum(e[0] in ("capture", "replay") for e in fake.log)))
     assert setups == [0, 0, 0, 0]  # 3 warm-up calls and the capture, before it; none once the graph exists
+
+
+def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_that_renews_its_forward(fake):
+    """execution.timed.graph_phase on a real (CPU) backward with the fake graph: the forward is made for the warm-up
+    and made again inside a graph of its own; the gradients the captured backward wrote are the leaves' .grad
+    (setup ran before the capture); the phase has no setup, its call is the call's replay, and renew refills the
+    static inputs and then replays the forward's graph - no eager forward."""
+    from harness.backends.naive import Naive
+    from harness.execution.timed import graph_phase, phase_callables
+    from harness.spec.case import AttentionCase, make_inputs
+
+    case = AttentionCase(1, 2, 8, 8, "fp32")
+    inputs = make_inputs(case, "cpu", 1)
+    eager = phase_callables(Naive(), case, inputs, torch.device("cpu"), "bwd")
+    builds = []
+    build = eager.build
+    eager.build = lambda: (builds.append(fake.capturing is not None), build())
+    timed, captured = graph_phase(eager, torch.device("cuda", 0))
+    assert builds == [False, True] and timed.setup is None and timed.build is None
+    assert eager.buffers["q"].grad is not None  # written by the captured backward, not reset since
+    fake.log.clear()
+    timed.renew(inputs._replace(q=inputs.q * -1))
+    assert torch.equal(eager.buffers["q"], -inputs.q) and fake.log == [("replay", 0)] and builds == [False, True]
+    assert timed.fn() is None and fake.log[-1] == ("replay",)
+    out, grads = timed.observe(None)
+    assert out is None and set(grads) == {"dq", "dk", "dv"}
