@@ -115,7 +115,8 @@ class _Sdpa(Backend):
             if device.type == "cuda":  # torch's checks are compiled out on CPU: there the call says why it refuses
                 _refused_why(self.kernel, *_shaped(case, device), kwargs, gqa)
             kernel = _KERNEL_NAMES[self.kernel]
-        gathered = ("" if case.page_size is None else f" ({GATHER_NOTE})") + (f" ({dequant_note(case)})" if case.fp8_kv else "")
+        gathered = ("" if case.page_size is None else f" ({GATHER_NOTE})") + (f" ({dequant_note(case)})"
+                                                                              if case.fp8_kv else "")
         return SdpaPlan(op=f"sdpa:{kernel}{gathered}", kwargs=kwargs)
 
     def forward(self, q, k, v, *, mask, scale, prepared: SdpaPlan | None = None, sinks=None, alibi_slopes=None,

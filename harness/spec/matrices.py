@@ -318,8 +318,8 @@ REGISTRY: dict[str, Matrix] = {m.name: m for m in (
     Matrix("gpu-full", _gpu_full, "cuda", "full",
            "`gpu` plus seq 512–64k, H·D = 2048 (d 64/128/256), more masks and GQA shapes, fp16 everywhere, decode "
            "and paged KV to 128k, mixed serving steps (a 512-token prefill chunk, 31 decodes, 4 verifications of 4; "
-           "caches 4k/32k, pages 16/256), FP8 KV caches and FP8 Q/K/V (per head and per tensor), DeepSeek-V3 MLA, the CPU "
-           "matrices' odd sizes"),
+           "caches 4k/32k, pages 16/256), FP8 KV caches and FP8 Q/K/V (per head and per tensor), DeepSeek-V3 "
+           "MLA, the CPU matrices' odd sizes"),
 )}
 MATRICES = tuple(REGISTRY)
 

@@ -73,7 +73,8 @@ def _attend(a, b, rows, keys, values):
 
 
 def _checked(a, q, k, v, batch):
-    """flash_api.cpp's checks of dtypes and descales; the output dtype ("For FP8 input, output must have dtype BF16")."""
+    """flash_api.cpp's checks of dtypes and descales, and the output dtype ("For FP8 input, output must have dtype
+    BF16")."""
     assert q.dtype == k.dtype == v.dtype, "query and key/value must have the same dtype"
     fp8_in = q.dtype == torch.float8_e4m3fn
     for name in ("q_descale", "k_descale", "v_descale"):

@@ -1,7 +1,7 @@
 """FP8 KV caches and FP8 Q/K/V: the verdict judges the kernel on the dequantized values (a correct FP8 plugin passes
 with the same-precision baseline's tolerance), catches the scale bugs of K/V and of q (tests/fixtures/broken_fp8.py),
-and reports the quantization's own error beside it (quant_err). FP8 cases are forward-only: the reference math is the plain one
-on dequantized K/V (its gradients are gradchecked in test_reference.py), so no new gradient to check."""
+and reports the quantization's own error beside it (quant_err). FP8 cases are forward-only: the reference math is the
+plain one on dequantized q/K/V (its gradients are gradchecked in test_reference.py), so no new gradient to check."""
 
 import pytest
 import torch
