@@ -12,13 +12,14 @@ from harness.spec.fp8 import FP8_DTYPE, FP8_Q_DTYPE, dequantize, per_query_head
 DEQUANT_NOTE = "FP8 K/V dequantized inside the timed call"
 QKV_DEQUANT_NOTE = "FP8 Q/K/V dequantized inside the timed call"
 
+#: the head dim of q, K and V as a backend receives them: canonical (B, H, S, D), bshd (B, S, H, D), and a paged
+#: cache (num_blocks, page_size, Hkv, D)
+HEAD_AXIS = {"bhsd": 1, "bshd": 2, "paged": 2}
+
 
 def dequant_note(case) -> str:
     """What a dequantizing backend's row says it did for `case`: '' when nothing is FP8."""
     return "" if case.fp8_kv is None else QKV_DEQUANT_NOTE if case.fp8_q else DEQUANT_NOTE
-#: the kv-head dim of K/V as a backend receives them: canonical (B, Hkv, S, D), bshd (B, S, Hkv, D), and a paged
-#: cache (num_blocks, page_size, Hkv, D)
-HEAD_AXIS = {"bhsd": 1, "bshd": 2, "paged": 2}
 
 
 def dequantized_kv(k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
