@@ -175,6 +175,9 @@ class Backend(ProbeHooks, DescriptionHooks):
     #: takes an FP8 KV case (harness.spec.fp8): k and v float8 e4m3fn, forward(..., k_scale=, v_scale=) float32
     #: (1,) per tensor or (kv_heads,) per head, x ~= x8 * scale
     fp8_kv: ClassVar[bool] = False
+    #: takes an FP8 Q/K/V case (case.fp8_q; harness.spec.fp8): q float8 e4m3fn too, forward(..., q_scale=) float32
+    #: (1,) per tensor or (kv_heads,) per kv-head group, the output bfloat16 (the case's dtype)
+    fp8_q: ClassVar[bool] = False
 
     def prepare(self, case: AttentionCase, device: torch.device) -> Plan | Any:
         """Everything the call needs that depends only on (case, device) - native masks, biases, lengths, the op
@@ -220,6 +223,8 @@ class Backend(ProbeHooks, DescriptionHooks):
             reasons.append(f"{self.name} takes no mixed serving step (per-sequence query lengths; mixed_batch=False)")
         if case.fp8_kv is not None and not self.fp8_kv:
             reasons.append(f"{self.name} takes no FP8 KV cache (fp8_kv=False)")
+        if case.fp8_q and not self.fp8_q:
+            reasons.append(f"{self.name} takes no FP8 queries (fp8_q=False)")
         if backward:
             reasons += self.backward_reasons(device)
         if dropout and "dropout" not in self.native_probes:

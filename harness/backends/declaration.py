@@ -68,6 +68,7 @@ CAPABILITIES: dict[str, Callable[[Any], str | None]] = {
     "paged_kv": _flag,
     "mixed_batch": _flag,
     "fp8_kv": _flag,
+    "fp8_q": _flag,
     "native_probes": _native_probes,
     "deterministic": _deterministic,
     "package": _optional_name("a distribution name"),

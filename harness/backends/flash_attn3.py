@@ -1,9 +1,11 @@
-"""FlashAttention-3 (the hopper build: `flash_attn_interface`, CUDA extension flash_attn_3._C; sm90): paged KV through
+"""FlashAttention-3 (the hopper build: `flash_attn_interface`, CUDA extension flash_attn_3._C; sm90): contiguous cases
+through flash_attn_func (causal and windows bottom-right, softcap, GQA, head_dim_v, backward), paged KV through
 flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=, page_table=, causal=True), a mixed serving step with
-cu_seqlens_q / max_seqlen_q. Read against Dao-AILab/flash-attention hopper/flash_attn_interface.py (stored at commit
-01afd16): "page_block_size can be arbitrary"; causal "aligned to the bottom right corner"; q_descale/k_descale/
-v_descale for FP8, whose kernel dtype is q's (FP8 Q, K and V together, bf16 output). Contiguous cases are not
-translated here yet (flash_attn_func / flash_attn_varlen_func): they are refused with that reason."""
+cu_seqlens_q / max_seqlen_q, and FP8 Q/K/V on both with q_descale/k_descale/v_descale (batch, num_heads_k) float32.
+Read against Dao-AILab/flash-attention hopper/flash_attn_interface.py (stored at commit 01afd16) and
+hopper/flash_api.cpp (stored at commit 000090d): "page_block_size can be arbitrary"; causal "aligned to the bottom
+right corner", windows [i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right]; FP8 in means bf16 out and
+head dims multiples of 16; the backward takes no head_dim_v != head_dim; no learnable sink at that commit."""
 
 from __future__ import annotations
 
@@ -11,16 +13,40 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.backends.base import Backend, MaskForm, Plan, Unsupported
+from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Plan, Unsupported
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
+from harness.spec.masks import Causal, CausalBottomRight, SlidingWindow
 from harness.spec.paged import cu_seqlens, query_rows
 
 #: architectures the hopper build compiles for, and what it takes there (head dims rounded up to 64/96/128/192/256)
 ARCHITECTURES = {9: {"name": "sm90", "max_head_dim": 256}}
 FP8_REFUSAL = ("FlashAttention-3's FP8 path takes Q, K and V all in FP8 (the kernel's dtype is q's, with "
                "q/k/v_descale); an FP8 KV cache with bf16/fp16 queries has no form")
-CONTIGUOUS_REFUSAL = "flash-attn-3 here translates paged cases only (flash_attn_with_kvcache with page_table)"
+#: flash_api.cpp mha_fwd: "If V headdim is different from Q/K dim, we only support Q/K headdim in (128, 192] and V
+#: headdim in (96, 128], or (Q/K <= 64 and V <= 512)"
+HEAD_DIM_V_REFUSAL = ("FlashAttention-3 takes a V head dim other than Q/K's only for Q/K in (128, 192] with V in "
+                      "(96, 128], or Q/K <= 64 with V <= 512")
+#: flash_api.cpp mha_bwd: "params.dv = head_size;  // We don't support hdim_v being different from hdim_qk for now"
+BACKWARD_HEAD_DIM_V = "FlashAttention-3's backward takes no V head dim other than Q/K's (flash_api.cpp mha_bwd)"
+
+
+def fa3_args(case: AttentionCase) -> dict:
+    """The mask's keywords of a contiguous case for flash_attn_func (causal, window_size), or Unsupported with the
+    reason. Its causal and windows are bottom-right, as CausalBottomRight and SlidingWindow are; a top-left Causal is
+    the same only when seq_q == seq_k."""
+    mask = case.mask
+    if mask is None:
+        return {"causal": False, "window_size": (-1, -1)}
+    if isinstance(mask, CausalBottomRight) or (isinstance(mask, Causal) and case.seq_q == case.seq_k):
+        return {"causal": True, "window_size": (-1, -1)}
+    if isinstance(mask, SlidingWindow):  # the same formula as FA2's, -1 unbounded
+        return {"causal": False, "window_size": (mask.left, mask.right)}
+    if isinstance(mask, Causal):
+        raise Unsupported(f"FlashAttention-3 causal is bottom-right aligned; top-left causal with seq_q={case.seq_q} "
+                          f"!= seq_k={case.seq_k} has no form")
+    raise Unsupported(f"FlashAttention-3 has no form for mask {mask.id} here (causal and windows only; key padding and "
+                      "documents through flash_attn_varlen_func are not translated)")
 
 
 def fa3_paged_args(case: AttentionCase, device) -> dict:
@@ -34,9 +60,21 @@ def fa3_paged_args(case: AttentionCase, device) -> dict:
     return out
 
 
+def fa3_descales(batch: int, kv_heads: int, q_scale: torch.Tensor, k_scale: torch.Tensor,
+                 v_scale: torch.Tensor) -> dict:
+    """q_descale / k_descale / v_descale as FA3 takes them, (batch, num_heads_k) float32 ("(b, h_k), not (b, h)",
+    flash_api.cpp), from the case's scales (1,) per tensor or (kv_heads,) per kv head (group): broadcast views, no
+    copy (the kernel reads them through their strides)."""
+    return {f"{n}_descale": s.float().view(1, -1).expand(batch, kv_heads)
+            for n, s in (("q", q_scale), ("k", k_scale), ("v", v_scale))}
+
+
 @dataclass
 class Fa3Plan(Plan):
+    """The call's keywords on the device; `paged`: flash_attn_with_kvcache with a page_table."""
+
     kwargs: dict
+    paged: bool = False
 
 
 @register
@@ -48,10 +86,22 @@ class FlashAttn3(Backend):
     devices = ("cuda",)
     max_head_dim = 256
     package = "flash-attn-3"
-    supports_backward = False  # its paged call, flash_attn_with_kvcache: "Does not support backward pass"
+    #: flash_attn_func's FlashAttnFunc.backward (the paged call "Does not support backward pass": paged cases are
+    #: forward-only here anyway)
+    supports_backward = True
+    modifiers = frozenset({"softcap"})
+    modifier_refusals = {
+        "sinks": "FlashAttention-3's hopper interface (commit 01afd16) has no learnable sink (FlashAttention-4 has "
+                 "learnable_sink=)",
+        "alibi": "FlashAttention-3's hopper interface takes no alibi_slopes",
+        "bias": "FlashAttention-3 takes no bias tensor",
+    }
     supports_head_dim_v = True
     paged_kv = True
     mixed_batch = True
+    #: FP8 Q, K and V together (q/k/v_descale); an FP8 cache with bf16 queries is refused (FP8_REFUSAL)
+    fp8_kv = True
+    fp8_q = True
 
     def unavailable_reason(self, device):
         """FlashAttention-3 is the top-level `flash_attn_interface` of the hopper build, not FA2's or FA4's
@@ -70,34 +120,61 @@ class FlashAttn3(Backend):
 
     def not_supported_reasons(self, case):
         reasons = super().not_supported_reasons(case)
-        if case.fp8_kv is not None:
+        if case.fp8_kv is not None and not case.fp8_q:
             reasons.append(FP8_REFUSAL)
+        align = 16 if case.fp8_q else 8  # flash_api.cpp: "head_size should be a multiple of" 16 for FP8, else 8
+        if case.head_dim % align or case.head_dim_v % align:
+            reasons.append(f"FlashAttention-3 needs head dims that are multiples of {align}"
+                           f"{' (FP8)' if case.fp8_q else ''}; got ({case.head_dim}, {case.head_dim_v})")
+        d, dv = case.head_dim, case.head_dim_v
+        if dv != d and not ((128 < d <= 192 and 96 < dv <= 128) or (d <= 64 and dv <= 512)):
+            reasons.append(f"{HEAD_DIM_V_REFUSAL}; got ({d}, {dv})")
         if case.page_size is None:
-            reasons.append(CONTIGUOUS_REFUSAL)
+            try:
+                fa3_args(case)
+            except Unsupported as exc:
+                reasons.append(str(exc))
         return reasons
 
     def mask_form(self, case, device):
-        return MaskForm("native", 0, "page_table + cache_seqlens, causal" + (
-            " + cu_seqlens_q" if case.page_size is not None and case.mask.mixed else ""))
+        if case.page_size is not None:
+            return MaskForm("native", 0, "page_table + cache_seqlens, causal" + (
+                " + cu_seqlens_q" if case.mask.mixed else ""))
+        return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in fa3_args(case).items()))
+
+    def modifier_path(self, case):
+        return "native softcap=" if case.softcap is not None else ""
 
     def prepare(self, case, device, block_table=None) -> Fa3Plan:
-        """The call's keywords on the device, once (the block table and lengths arrive with each call)."""
-        if case.page_size is None:
-            raise Unsupported(CONTIGUOUS_REFUSAL)
-        return Fa3Plan(op=f"{self.name} (flash_attn_with_kvcache, page_table)", kwargs=fa3_paged_args(case, device))
+        """The call's keywords on the device, once (the block table, lengths and FP8 scales arrive with each call)."""
+        fp8 = " FP8 Q/K/V with q/k/v_descale" if case.fp8_q else ""
+        if case.page_size is not None:
+            return Fa3Plan(op=f"{self.name} (flash_attn_with_kvcache, page_table{',' if fp8 else ''}{fp8})",
+                           kwargs=fa3_paged_args(case, device), paged=True)
+        return Fa3Plan(op=f"{self.name} (flash_attn_func{',' if fp8 else ''}{fp8})", kwargs=fa3_args(case))
 
-    def forward(self, q, k, v, *, mask, scale, prepared: Fa3Plan | None = None, block_table=None,
-                cache_seqlens=None):
-        from flash_attn_interface import flash_attn_with_kvcache
+    def forward(self, q, k, v, *, mask, scale, prepared: Fa3Plan | None = None, softcap=None, block_table=None,
+                cache_seqlens=None, k_scale=None, v_scale=None, q_scale=None):
+        from flash_attn_interface import flash_attn_func, flash_attn_with_kvcache
 
-        plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, block_table=block_table)
-        kwargs = dict(plan.kwargs)
+        plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap, block_table=block_table)
+        kwargs = dict(plan.kwargs, softcap=0.0 if softcap is None else float(softcap))
+        if q_scale is not None:  # FP8: the descales per (sequence, kv head), views of the case's scales
+            kwargs.update(fa3_descales(q.shape[0], k.shape[-2], q_scale, k_scale, v_scale))
+        if not plan.paged:
+            if v.shape[-1] != q.shape[-1] and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+                raise BackwardUnsupported(BACKWARD_HEAD_DIM_V)
+            out = flash_attn_func(q, k, v, softmax_scale=scale, **kwargs)
+            return out[0] if isinstance(out, tuple) else out
         rows = kwargs.pop("rows")
         if rows is None:
             return flash_attn_with_kvcache(q, k, v, cache_seqlens=cache_seqlens, page_table=block_table,
                                            softmax_scale=scale, **kwargs)
         b, sq, h, d = q.shape  # a mixed step: q packed by cu_seqlens_q, the output scattered back
-        packed = q.reshape(b * sq, h, d).index_select(0, rows)
+        flat = q.reshape(b * sq, h, d)
+        # FP8 q gathered as bytes: a gather is dtype-agnostic, whatever float8 kernels this torch dispatches
+        packed = (flat.view(torch.uint8).index_select(0, rows).view(q.dtype) if q.element_size() == 1
+                  else flat.index_select(0, rows))
         out = flash_attn_with_kvcache(packed, k, v, cache_seqlens=cache_seqlens, page_table=block_table,
                                       softmax_scale=scale, **kwargs)
-        return q.new_zeros(b * sq, h, v.shape[-1]).index_copy_(0, rows, out).reshape(b, sq, h, v.shape[-1])
+        return out.new_zeros(b * sq, h, v.shape[-1]).index_copy_(0, rows, out).reshape(b, sq, h, v.shape[-1])

@@ -10,7 +10,7 @@ from functools import lru_cache
 import torch
 
 from harness.backends.base import Backend, MaskForm, Plan, Unsupported
-from harness.backends.fp8_dequant import DEQUANT_NOTE, dequantized_kv
+from harness.backends.fp8_dequant import dequant_note, dequantized_inputs
 from harness.backends.registry import register
 from harness.spec.masks import MaskSpec
 from harness.spec.modifiers import alibi_term, softcap_scores
@@ -133,6 +133,7 @@ class Flex(Backend):
     mixed_batch = True
     #: an FP8 cache dequantized inside the timed call (flex has no FP8 K/V), then attended as any case
     fp8_kv = True
+    fp8_q = True  # q likewise
 
     def __init__(self):
         self._block_masks: dict = {}
@@ -189,7 +190,7 @@ class Flex(Backend):
     def prepare(self, case, device, block_table: torch.Tensor | None = None) -> FlexPlan:
         """The BlockMask of the case's mask on the device (built once per (mask, shape, device)); None: no mask.
         A paged case's is over the physical cache, from `block_table` (default: the case's, the one its call gets)."""
-        fp8 = f" ({DEQUANT_NOTE})" if case.fp8_kv else ""
+        fp8 = f" ({dequant_note(case)})" if case.fp8_kv else ""
         if case.page_size is not None:
             return FlexPlan(op=f"{self.name} (paged block mask over the physical cache){fp8}",
                             block_mask=self.paged_block_mask(case, device, block_table))
@@ -211,11 +212,13 @@ class Flex(Backend):
         return self._block_masks[key]
 
     def forward(self, q, k, v, *, mask, scale, prepared: FlexPlan | None = None, softcap=None, sinks=None,
-                alibi_slopes=None, bias=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None):
+                alibi_slopes=None, bias=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None,
+                q_scale=None):
         block_mask = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap, sinks=sinks,
                                    alibi_slopes=alibi_slopes, bias=bias, block_table=block_table).block_mask
         if k_scale is not None:  # an FP8 cache (the whole physical cache when paged: flex reads through the mask)
-            k, v = dequantized_kv(k, v, k_scale, v_scale, q.dtype, "paged" if block_table is not None else self.layout)
+            q, k, v = dequantized_inputs(q, k, v, k_scale, v_scale, q_scale, self.layout,
+                                         "paged" if block_table is not None else self.layout)
         if block_table is not None:  # paged: attend the physical cache through a paged block mask
             k, v = physical_kv(k), physical_kv(v)
         modifiers = dict(score_mod=flex_score_mod(q.shape[2], k.shape[2], softcap=softcap, alibi_slopes=alibi_slopes,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.backends.base import Backend, MaskForm, Plan
-from harness.backends.fp8_dequant import DEQUANT_NOTE, dequantized_kv
+from harness.backends.fp8_dequant import dequant_note, dequantized_inputs
 from harness.backends.paged_gather import GATHER_NOTE, gather_paged
 from harness.backends.registry import register
 from harness.oracle.baseline import naive_attention, naive_rows
@@ -35,13 +35,14 @@ class Naive(Backend):
     paged_kv = True  # by gathering the pages through the block table, inside the timed call
     mixed_batch = True  # the dense mask: padding rows see no key and come out 0
     fp8_kv = True  # by dequantizing K and V inside the timed call
+    fp8_q = True  # and q
 
     def prepare(self, case, device) -> NaivePlan:
         """The dense bool mask and the ALiBi term in the case's dtype on the device, built once: the call only
         attends (a paged case's call gathers its pages first, inside the timed call)."""
         alibi = (alibi_bias(alibi_slopes(case.heads).to(device), case.seq_q, case.seq_k).to(case.dtype)
                  if case.alibi else None)
-        notes = [GATHER_NOTE if case.page_size is not None else "", DEQUANT_NOTE if case.fp8_kv else ""]
+        notes = [GATHER_NOTE if case.page_size is not None else "", dequant_note(case)]
         op = self.name + "".join(f" ({n})" for n in notes if n)
         return NaivePlan(op=op, allowed=case.key_mask(device), alibi=alibi)
 
@@ -49,11 +50,12 @@ class Naive(Backend):
                 softcap: float | None = None, sinks: torch.Tensor | None = None,
                 alibi_slopes: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                 block_table: torch.Tensor | None = None, cache_seqlens: torch.Tensor | None = None,
-                k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                q_scale: torch.Tensor | None = None) -> torch.Tensor:
         if block_table is not None:  # paged: k, v are the caches; gather them, then attend as for any case
             k, v = gather_paged(k, v, block_table, cache_seqlens, mask, self.layout)
-        if k_scale is not None:  # an FP8 cache: dequantize (gathered first: the pages this call reads)
-            k, v = dequantized_kv(k, v, k_scale, v_scale, q.dtype, self.layout)
+        if k_scale is not None:  # an FP8 cache (and q): dequantize (gathered first: the pages this call reads)
+            q, k, v = dequantized_inputs(q, k, v, k_scale, v_scale, q_scale, self.layout)
         if prepared is None:  # called directly: build the mask from the tensors' own sizes
             return naive_attention(q, k, v, mask, scale, softcap=softcap, alibi_slopes=alibi_slopes, bias=bias,
                                    sinks=sinks)

@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.backends.base import Backend, MaskForm, Plan, Unsupported
 from harness.backends.native_stderr import captured_stderr
-from harness.backends.fp8_dequant import DEQUANT_NOTE, dequantized_kv
+from harness.backends.fp8_dequant import dequant_note, dequantized_inputs
 from harness.backends.paged_gather import GATHER_NOTE, gather_paged
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
@@ -85,6 +85,7 @@ class _Sdpa(Backend):
     paged_kv = True  # by gathering the pages through the block table, inside the timed call
     mixed_batch = True  # the dense attn_mask: padding rows see no key and come out 0 (torch >= 2.5)
     fp8_kv = True  # by dequantizing K and V inside the timed call
+    fp8_q = True  # and q
     kernel: SDPBackend | None = None
     cuda_only = False
 
@@ -114,15 +115,16 @@ class _Sdpa(Backend):
             if device.type == "cuda":  # torch's checks are compiled out on CPU: there the call says why it refuses
                 _refused_why(self.kernel, *_shaped(case, device), kwargs, gqa)
             kernel = _KERNEL_NAMES[self.kernel]
-        gathered = ("" if case.page_size is None else f" ({GATHER_NOTE})") + (f" ({DEQUANT_NOTE})" if case.fp8_kv else "")
+        gathered = ("" if case.page_size is None else f" ({GATHER_NOTE})") + (f" ({dequant_note(case)})"
+                                                                              if case.fp8_kv else "")
         return SdpaPlan(op=f"sdpa:{kernel}{gathered}", kwargs=kwargs)
 
     def forward(self, q, k, v, *, mask, scale, prepared: SdpaPlan | None = None, sinks=None, alibi_slopes=None,
-                bias=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None):
+                bias=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None, q_scale=None):
         if block_table is not None:  # paged: k, v are the caches; gather them, then attend as for any case
             k, v = gather_paged(k, v, block_table, cache_seqlens, mask, self.layout)
-        if k_scale is not None:  # an FP8 cache: dequantize (gathered first: the pages this call reads)
-            k, v = dequantized_kv(k, v, k_scale, v_scale, q.dtype, self.layout)
+        if k_scale is not None:  # an FP8 cache (and q): dequantize (gathered first: the pages this call reads)
+            q, k, v = dequantized_inputs(q, k, v, k_scale, v_scale, q_scale, self.layout)
         prepared = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, sinks=sinks, alibi_slopes=alibi_slopes,
                                  bias=bias)
         if sinks is None and bias is None:

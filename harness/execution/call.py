@@ -21,7 +21,7 @@ from harness.execution.outcome import Failure
 from harness.measure.stages import stage
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.modifiers import MODIFIER_GRADS, alibi_slopes
-from harness.spec.fp8 import kv_scales, quantize
+from harness.spec.fp8 import kv_scales, per_query_head, q_scales, quantize
 from harness.spec.paged import paged_inputs, paged_layout
 from harness.store.schema import ERROR, FAIL, GRADS
 
@@ -78,13 +78,16 @@ def modifier_leaves(inputs: Inputs, requires_grad: bool) -> dict[str, torch.Tens
 
 def case_kwargs(case: AttentionCase, device: torch.device, leaves: dict[str, torch.Tensor]) -> dict:
     """forward's keyword arguments that `case` implies besides mask and scale (those present): a paged case's
-    block_table and cache_seqlens (harness.spec.paged), softcap, alibi_slopes, and the leaves sinks and bias."""
+    block_table and cache_seqlens (harness.spec.paged), an FP8 case's k_scale, v_scale and q_scale (harness.spec.fp8),
+    softcap, alibi_slopes, and the leaves sinks and bias."""
     kwargs: dict = {}
     if case.page_size is not None:
         layout = paged_layout(case, device)
         kwargs.update(block_table=layout.block_table, cache_seqlens=layout.cache_seqlens)
     if case.fp8_kv is not None:  # the FP8 cache's scales (harness.spec.fp8): the case's, float32 on the device
         kwargs.update(zip(("k_scale", "v_scale"), (s.to(device) for s in kv_scales(case.kv_heads, case.fp8_kv))))
+    if case.fp8_q:  # and q's, per tensor or per kv-head group
+        kwargs["q_scale"] = q_scales(case.kv_heads, case.fp8_kv).to(device)
     if case.softcap is not None:
         kwargs["softcap"] = case.softcap
     if case.alibi:
@@ -100,6 +103,9 @@ def backend_inputs(backend: Backend, case: AttentionCase, inputs: Inputs,
     if case.fp8_kv is not None:  # K and V as the FP8 cache holds them (canonical, quantized once, untimed)
         scales = kv_scales(case.kv_heads, case.fp8_kv)
         inputs = inputs._replace(k=quantize(inputs.k.detach(), scales[0]), v=quantize(inputs.v.detach(), scales[1]))
+    if case.fp8_q:  # and q, each head with its group's scale
+        inputs = inputs._replace(q=quantize(inputs.q.detach(), per_query_head(q_scales(case.kv_heads, case.fp8_kv),
+                                                                              case.heads)))
     q, k, v, d_out = (backend.to_layout(t).detach().clone(memory_format=torch.contiguous_format) for t in inputs[:4])
     if case.page_size is not None:
         k, v = paged_inputs(case, inputs.k.detach(), inputs.v.detach())[:2]
@@ -180,16 +186,20 @@ def device_scope(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor) -> Failure | None:
-    """Why `out` breaks the Backend contract (a tensor of q's dtype, device and strided layout, shaped like q with
-    v's head dim), or None. A non-tensor is an error; a tensor of the wrong kind is a wrong answer (fail)."""
+def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor,
+                       dtype: torch.dtype | None = None) -> Failure | None:
+    """Why `out` breaks the Backend contract (a tensor of the case's `dtype` - default q's: an FP8 q's case has its
+    own - on q's device, strided, shaped like q with v's head dim), or None. A non-tensor is an error; a tensor of
+    the wrong kind is a wrong answer (fail)."""
     if not isinstance(out, torch.Tensor):
         return Failure(ERROR, f"forward returned {type(out).__name__}, not a tensor")
     expected = (*q.shape[:-1], v.shape[-1])
+    dtype = q.dtype if dtype is None else dtype
     problems = []
-    if out.dtype != q.dtype:
+    if out.dtype != dtype:
         problems.append(f"output dtype {str(out.dtype).removeprefix('torch.')}, expected "
-                        f"{str(q.dtype).removeprefix('torch.')} (the input dtype)")
+                        f"{str(dtype).removeprefix('torch.')} "
+                        f"({'the input dtype' if dtype == q.dtype else 'the case dtype: q is FP8'})")
     if out.device != q.device:
         problems.append(f"output on {out.device}, expected {q.device} (the inputs' device)")
     if out.layout != torch.strided:
@@ -214,10 +224,10 @@ def _poison(out: torch.Tensor) -> None:
 
 
 def _owned(path: str, out: object, q: torch.Tensor, v: torch.Tensor, given: dict[str, torch.Tensor],
-           snapshot: Snapshot) -> Failure | None:
-    """The contract (contract_violation), then the call's inputs left as given and its output its own; `path`
-    prefixes the reason with the call that broke it."""
-    failure = contract_violation(out, q, v)
+           snapshot: Snapshot, dtype: torch.dtype) -> Failure | None:
+    """The contract (contract_violation, the case's `dtype`), then the call's inputs left as given and its output its
+    own; `path` prefixes the reason with the call that broke it."""
+    failure = contract_violation(out, q, v, dtype)
     if failure is None:
         problem = "; ".join(filter(None, [snapshot.written(), aliased(out, given)]))
         failure = Failure(FAIL, problem) if problem else None
@@ -265,7 +275,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
             if call.inference and call.backward:  # the call inference and fwd timing make, judged by itself
                 with torch.no_grad(), stage("forward"):
                     inference = fn(q, k, v)
-                result.failure = _owned("[fwd, no-grad] ", inference, q, v, given, snapshot)
+                result.failure = _owned("[fwd, no-grad] ", inference, q, v, given, snapshot, call.case.dtype)
                 if result.failure is not None:
                     result.op = op
                     return result
@@ -281,7 +291,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | No
             return result
         result.op, result.compile_ms = op, backend.compile_time_ms()
         path = "[fwd, grad] " if call.inference and call.backward else ""
-        result.failure = _owned(path, out, q, v, given, snapshot)
+        result.failure = _owned(path, out, q, v, given, snapshot, call.case.dtype)
         if result.failure is not None:
             return result
         with stage("to host"):

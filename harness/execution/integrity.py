@@ -111,7 +111,8 @@ class RoundInputs:
 
 
 #: for an FP8 KV cache: its scales are fixed by the case, so v x 2 may saturate e4m3 (max 448) where v x -1 is exact
-#: (e4m3 is symmetric); q and k still flip sign, so no call's inputs equal the verified ones
+#: (e4m3 is symmetric); q and k still flip sign, so no call's inputs equal the verified ones (an FP8 q's flip is exact
+#: too, whatever its per-group scale: quantize(-q) = -quantize(q))
 FP8_TRANSFORMS = tuple(Transform(qk, v, d) for qk in (1.0, -1.0) for v in (1.0, -1.0) for d in (-1.0, 2.0, -2.0)
                        if (qk, v) != (1.0, 1.0))
 

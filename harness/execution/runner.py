@@ -60,6 +60,8 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, in
     if case.fp8_kv is not None:  # the oracle attends what the FP8 cache holds: K and V dequantized, exactly
         unquantized, clean = clean, clean._replace(**dict(zip("kv", fp8.dequantized_kv(case, clean.k, clean.v,
                                                                                         torch.float64))))
+        if case.fp8_q:  # and q as quantized, for an FP8 Q/K/V case
+            clean = clean._replace(q=fp8.dequantized_q(case, clean.q, torch.float64))
     if case.page_size is not None:  # the oracle attends the pages gathered back through the block table
         clean = paged_reference_inputs(case, clean)
     # The reference runs where the inputs are (FP64 on the GPU: seconds where the CPU takes hours) and is kept on

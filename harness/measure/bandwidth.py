@@ -43,11 +43,13 @@ def visible_keys(mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, bloc
 def bytes_moved(case: AttentionCase, phase: str = FWD) -> int:
     """The least traffic of one call in the case's dtype: Q + visible K + visible V + O, K and V counted once per kv
     head (GQA's query heads share them), each tensor read or written once (Q and O: the case's query tokens, without
-    a mixed step's padding rows; K and V of an FP8 cache at one byte an element); the backward twice that."""
+    a mixed step's padding rows; K and V of an FP8 cache, and FP8 queries, at one byte an element); the backward twice
+    that."""
     if phase not in PHASES:
         raise ValueError(f"phase={phase!r}; allowed: {', '.join(PHASES)}")
     size = case.dtype.itemsize
-    q_and_o = 2 * case.query_tokens * case.heads * case.head_dim * size        # a mixed step's padding rows: none
+    q_size = 1 if case.fp8_q else size                                      # FP8 queries: one byte an element
+    q_and_o = case.query_tokens * case.heads * case.head_dim * (q_size + size)  # a mixed step's padding rows: none
     kv_size = 1 if case.fp8_kv is not None else size                        # an FP8 cache: one byte an element
     k_and_v = 2 * visible_keys(case.mask, case.batch, case.seq_q, case.seq_k) * case.kv_heads * case.head_dim * kv_size
     return (q_and_o + k_and_v) * PHASE_TRAFFIC[phase]

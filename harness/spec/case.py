@@ -76,6 +76,9 @@ class AttentionCase:
     #: an FP8 (e4m3fn) KV cache with a float32 scale per "tensor" or per kv "head" (harness.spec.fp8): the backend
     #: gets K and V as float8 with k_scale/v_scale; None: K and V in the case's dtype
     fp8_kv: str | None = field(default=None, kw_only=True)
+    #: q float8 e4m3fn too, with q_scale per tensor or per kv-head group following fp8_kv (harness.spec.fp8): an FP8
+    #: Q/K/V case (FlashAttention-3's FP8 path), dtype bf16 (its output); False: q in the case's dtype
+    fp8_q: bool = field(default=False, kw_only=True)
 
     def __post_init__(self):
         for name in ("batch", "heads", "seq_q", "head_dim"):
@@ -105,6 +108,10 @@ class AttentionCase:
         if fp8.validate_fp8_kv(self.fp8_kv) is not None and (self.modifiers or self.dtype == torch.float64):
             raise ValueError(f"fp8_kv={self.fp8_kv!r}: an FP8 KV case takes no modifiers and a dtype of fp32, fp16 or "
                              f"bf16 for q; got modifiers {self.modifier_id}, dtype {dtype_name(self.dtype)}")
+        if mods.validate_flag("fp8_q", self.fp8_q) and (self.fp8_kv is None or self.dtype != fp8.FP8_Q_DTYPE):
+            raise ValueError(f"fp8_q=True: FP8 queries need an FP8 KV cache (fp8_kv 'tensor' or 'head') and dtype "
+                             f"{dtype_name(fp8.FP8_Q_DTYPE)} (the FP8 kernels' output); got fp8_kv={self.fp8_kv!r}, "
+                             f"dtype {dtype_name(self.dtype)}")
 
     @property
     def modifiers(self) -> frozenset[str]:
@@ -160,7 +167,7 @@ class AttentionCase:
         if self.page_size is not None:
             parts.append(f"page{self.page_size}")
         if self.fp8_kv is not None:
-            parts.append(f"fp8kv-{self.fp8_kv}")
+            parts.append(f"fp8{'qkv' if self.fp8_q else 'kv'}-{self.fp8_kv}")
         return "-".join(parts)
 
     def key_mask(self, device: str | torch.device = "cpu", rows: tuple[int, int] | None = None) -> torch.Tensor | None:
@@ -193,7 +200,8 @@ def make_inputs(case: AttentionCase, device: str | torch.device = "cpu", seed: i
     tensors are drawn after q, k, v, d_out from the same generator and only when the case has them, so a case
     without modifiers draws exactly what it always did. Softcap cases scale q so a visible share of the scaled
     scores exceeds the cap; sinks are drawn on the scale of a row's log-denominator (harness.spec.modifiers); an FP8
-    KV case's K and V heads are drawn at harness.spec.fp8.magnitudes (its scales are the case's).
+    KV case's K and V heads are drawn at harness.spec.fp8.magnitudes (its scales are the case's), an FP8 Q/K/V case's
+    q groups at harness.spec.fp8.query_magnitudes.
     """
     gen = torch.Generator().manual_seed(seed)
     shapes = [
@@ -206,6 +214,8 @@ def make_inputs(case: AttentionCase, device: str | torch.device = "cpu", seed: i
     if case.fp8_kv is not None:  # heads of different ranges, k's unlike v's (harness.spec.fp8.magnitudes)
         k_mag, v_mag = fp8.magnitudes(case.kv_heads)
         drawn[1], drawn[2] = drawn[1] * k_mag.view(1, -1, 1, 1), drawn[2] * v_mag.view(1, -1, 1, 1)
+    if case.fp8_q:  # q's kv-head groups of different ranges too (harness.spec.fp8.query_magnitudes)
+        drawn[0] = drawn[0] * fp8.per_query_head(fp8.query_magnitudes(case.kv_heads), case.heads).view(1, -1, 1, 1)
     if case.softcap is not None:  # std(scale q.k) = scale sqrt(d) for N(0,1) q, k: make it SOFTCAP_SCORE_STD caps
         drawn[0] = drawn[0] * (mods.SOFTCAP_SCORE_STD * case.softcap / (case.scale * math.sqrt(case.head_dim)))
     sinks = bias = None

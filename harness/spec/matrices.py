@@ -198,6 +198,10 @@ def _full() -> list[AttentionCase]:
         + _cases(["fp16", "bf16"], [(511, 1023)], CPU_MASKS, [128], heads=((8, 8), (8, 2), (8, 1)))
         # the real serving step (one 512-token prefill chunk, 31 decodes, 4 verifications of 4) at CPU head counts
         + _steps([2048], [16], shape=(8, 2, 64))
+        # FP8 Q/K/V (spec.fp8, FlashAttention-3's FP8 path): a paged verification per kv-head group, a causal
+        # prefill per tensor (the FP8 KV cases' shapes)
+        + _with(_paged([200], [4], [16], shape=(8, 2, 64), batch=3), fp8_kv="head", fp8_q=True)
+        + _with(_cases(["bf16"], [(113, 203)], ["causal-br"], [64], heads=((8, 2),)), fp8_kv="tensor", fp8_q=True)
     )
 
 
@@ -211,6 +215,7 @@ def _gpu_smoke() -> list[AttentionCase]:
             + _paged([8192], [1], [16, 256]) + _paged([8192], [4], [256])
             + _steps([4096], [16])
             + _with(_paged([8192], [1], [16]) + _steps([4096], [16]), fp8_kv="head")
+            + _with(_paged([8192], [1], [16]), fp8_kv="head", fp8_q=True)
             + _cases(["bf16"], [(113, 203)], ["causal-br", "causal+keypad"], [64])
             + _cases(["fp16"], [(129, 129)], ["causal"], [80])
             + _gpu_model_cases([4096]))
@@ -219,8 +224,9 @@ def _gpu_smoke() -> list[AttentionCase]:
 def _gpu() -> list[AttentionCase]:
     # the GPU main job within 15 minutes of one H200 (cost.run_estimate with its measured rates, 7 backends,
     # 3 rounds; printed by `selftest --dry-run`): each question once - seq 1k/4k/16k, fp16, GQA and MQA, packed
-    # documents, decode and paged decode/verification, a mixed serving step, an FP8 KV cache, two models'
-    # modifiers, two odd sizes; the rest in gpu-full
+    # documents, decode and paged decode/verification, a mixed serving step, FP8 (its paged decode with Q, K and V
+    # in FP8: every FP8 kernel takes it, FA3's only that way; the FP8 KV cache with bf16 q in gpu-smoke and
+    # gpu-full), two models' modifiers, two odd sizes; the rest in gpu-full
     return (_tokens(["bf16"], [1024, 4096, 16384], ["causal"], [MHA_128])
             + _tokens(["bf16"], [4096], ["docs-causal"], [MHA_128])
             + _tokens(["fp16"], [4096], ["causal"], [MHA_128])
@@ -228,7 +234,7 @@ def _gpu() -> list[AttentionCase]:
             + _decode([4096])
             # paged decode over pages of 16 is in the serving step (31 decodes) and in the FP8 case
             + _paged([4096], [4], [256])
-            + _steps([2048], [16]) + _with(_paged([4096], [1], [16]), fp8_kv="head")
+            + _steps([2048], [16]) + _with(_paged([4096], [1], [16]), fp8_kv="head", fp8_q=True)
             + _with(_tokens(["bf16"], [4096], ["causal"], [GEMMA_2]), softcap=50.0)
             + _with(_tokens(["bf16"], [4096], ["window128"], [GPT_OSS]), sinks=True)
             + _cases(["bf16"], [(113, 203)], ["causal-br"], [64])
@@ -250,6 +256,8 @@ def _gpu_wide() -> list[AttentionCase]:
             + _steps([4096, 32768], [16, 256])
             + _with(_paged([32768], [1, 4], [16, 256]) + _steps([4096, 32768], [16]), fp8_kv="head")
             + _with(_paged([32768], [1], [16]), fp8_kv="tensor")
+            + _with(_paged([4096], [1], [16]), fp8_kv="head")                 # what `gpu` held until FP8 Q/K/V
+            + _with(_paged([32768], [1], [16]) + _steps([4096], [16]), fp8_kv="tensor", fp8_q=True)
             + _gpu_correctness_slice())
 
 
@@ -299,19 +307,19 @@ REGISTRY: dict[str, Matrix] = {m.name: m for m in (
            "and MQA, seq 512 and 1024 for memory growth; 6 modifier cases ([variants.md](variants.md)), 2 paged "
            "decode/verification cases, 2 mixed serving steps and 2 FP8 KV-cache cases ([serving.md](serving.md))"),
     Matrix("full", _full, "cpu", "full", "every dtype × mask × shape, head dims 32–256, seq to 4096, one "
-           "full-size mixed serving step"),
+           "full-size mixed serving step, 2 FP8 Q/K/V cases"),
     Matrix("gpu-smoke", _gpu_smoke, "cuda", "smoke",
            "bf16/fp16 at 1k/4k, GQA, packed docs, one decode, two odd shapes; Gemma-2/gpt-oss/DeepSeek-V3/ALiBi "
-           "model shapes; 3 paged cases, one mixed serving step, 2 FP8 KV-cache cases"),
+           "model shapes; 3 paged cases, one mixed serving step, 2 FP8 KV-cache cases and an FP8 Q/K/V decode"),
     Matrix("gpu", _gpu, "cuda", "default",
            "bf16, 16k tokens a batch, seq 1k/4k/16k causal, packed docs at 4k, fp16, GQA 32/8 and MQA, decode and "
-           "paged verification over 4k KV, a mixed serving step over 2k (pages of 16), an FP8 KV cache's paged "
+           "paged verification over 4k KV, a mixed serving step over 2k (pages of 16), an FP8 Q/K/V paged "
            "decode, Gemma-2 and gpt-oss modifiers, two odd sizes: within 15 min of an H200 by the cost model"),
     Matrix("gpu-full", _gpu_full, "cuda", "full",
            "`gpu` plus seq 512–64k, H·D = 2048 (d 64/128/256), more masks and GQA shapes, fp16 everywhere, decode "
            "and paged KV to 128k, mixed serving steps (a 512-token prefill chunk, 31 decodes, 4 verifications of 4; "
-           "caches 4k/32k, pages 16/256), FP8 KV caches (per head and per tensor), DeepSeek-V3 MLA, the CPU "
-           "matrices' odd sizes"),
+           "caches 4k/32k, pages 16/256), FP8 KV caches and FP8 Q/K/V (per head and per tensor), DeepSeek-V3 "
+           "MLA, the CPU matrices' odd sizes"),
 )}
 MATRICES = tuple(REGISTRY)
 

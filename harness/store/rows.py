@@ -19,7 +19,8 @@ def case_columns(case: AttentionCase, device: torch.device | str) -> dict:
     return {"case_id": case.id, "batch": case.batch, "heads": case.heads, "kv_heads": case.kv_heads,
             "seq_q": case.seq_q, "seq_k": case.seq_k, "head_dim": case.head_dim, "head_dim_v": case.head_dim_v,
             "dtype": dtype_name(case.dtype), "mask": case.mask_id, "modifiers": case.modifier_id, "scale": case.scale,
-            "device": str(device), "page_size": case.page_size, "fp8_kv": case.fp8_kv}
+            "device": str(device), "page_size": case.page_size, "fp8_kv": case.fp8_kv,
+            "fp8_q": True if case.fp8_q else None}
 
 
 def check_columns(checks: Sequence[Check]) -> dict:

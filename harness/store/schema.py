@@ -8,8 +8,8 @@ from typing import Iterable, NamedTuple
 #: 2: timing_status and timing_reason added (a timing failure no longer overwrites the correctness status);
 #: baseline (how the naive baseline was computed). 3: attention modifiers - head_dim_v, modifiers, modifier_path and
 #: the dsinks/dbias error, tolerance and naive columns (older files load with them empty). 4: fp8_kv and quant_err
-#: (FP8 KV caches)
-SCHEMA_VERSION = 4
+#: (FP8 KV caches). 5: fp8_q (FP8 queries too; older files load with it empty)
+SCHEMA_VERSION = 5
 
 #: a result is one (case, backend, phase)
 KEY = ("case_id", "backend", "phase")
@@ -139,6 +139,8 @@ class _RowCase:
     page_size: int | None = None
     #: an FP8 KV cache's scale granularity, 'tensor' or 'head' (harness.spec.fp8; empty: K/V in the case's dtype)
     fp8_kv: str | None = None
+    #: True: q float8 e4m3 too, scaled with fp8_kv's granularity (harness.spec.fp8; empty: q in the case's dtype)
+    fp8_q: bool | None = None
     scale: float | None = None
     device: str | None = None
     # correctness
@@ -159,7 +161,8 @@ class Row(_RowJudged):
     fills in more columns (the benchmark stage after correctness), and loading folds them into one. The columns:
     the key and the case (_RowCase), each judged quantity's (JUDGED_QUANTITIES), then these."""
 
-    #: FP8 KV cases: the quantization's own error, max|ref(dequantized K/V) - ref(unquantized K/V)| of the output
+    #: FP8 KV cases: the quantization's own error, max|ref(dequantized K/V) - ref(unquantized K/V)| of the output (and
+    #: of q's quantization where fp8_q)
     #: (both float64 references; the same for every backend), beside out_err, which judges the kernel alone
     quant_err: float | None = None
     #: how the naive baseline of the tolerance was computed: dense, chunked (rows a chunk), or the fixed bound

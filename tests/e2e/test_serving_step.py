@@ -47,3 +47,20 @@ def test_the_default_matrix_fp8_cases_pass_and_are_timed_with_quant_err_beside(t
     assert set(fwd.fp8_kv) == {"head", "tensor"} and (fwd.quant_err > fwd.out_err).all()
     assert fwd.backend_op.str.contains("FP8 K/V dequantized inside the timed call").all()
     assert set(df[df.phase == "bwd"].status) == {"unsupported"}
+
+
+def test_the_full_matrix_fp8_qkv_cases_pass_and_are_timed_with_naive_sdpa_and_flex(tmp_path):
+    """The two FP8 Q/K/V cases of `full` (not in default: its CPU budget) - a paged verification per kv-head group,
+    a causal prefill per tensor, the FP8 KV cases' shapes - with naive, sdpa and flex: q, K and V dequantized inside
+    the timed call, judged on the dequantized values, bf16 out, quant_err beside, fp8_q on the rows."""
+    res = subprocess.run([sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "-ra",
+                          "--results-dir", str(tmp_path), "--matrix", "full", "--backends", "naive,sdpa,flex",
+                          "--benchmark", "--rounds", "1", "--timing-budget-ms", "5", "--no-report", "-k", "fp8qkv"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:]
+    df = pd.read_csv(next(tmp_path.iterdir()) / "results.csv")
+    fwd = df[df.phase == "fwd"]
+    assert len(fwd) == 6 and set(fwd.status) == {"pass"} and fwd.timing_status.eq("timed").all(), fwd
+    assert set(fwd.fp8_kv) == {"head", "tensor"} and fwd.fp8_q.all() and (fwd.quant_err > fwd.out_err).all()
+    assert fwd.backend_op.str.contains("FP8 Q/K/V dequantized inside the timed call").all()
+    assert (fwd.gbps > 0).all() and set(df[df.phase == "bwd"].status) == {"unsupported"}

@@ -168,3 +168,27 @@ def test_a_graph_replay_on_new_inputs_far_slower_than_on_seen_ones_is_confirmed_
 
     assert _graph_round(content_cache).startswith("faster on inputs it has seen"), _graph_round(content_cache)
     assert _graph_round(lambda q, v: time.sleep(0.002)) == ""
+
+
+def test_fp8_queries_round_inputs_are_exact_after_quantization():
+    """An FP8 Q/K/V case's q is quantized too, per kv-head group (spec/fp8.py): q (and k) times -1 - the only change
+    FP8_TRANSFORMS makes to them - commutes with e4m3 quantization bit for bit (its grid and saturation are
+    symmetric), so the transformed round's quantized inputs are the verified ones' with flipped signs: the scores
+    are unchanged and the answer follows exactly. The backend gets them through backend_inputs, as timing does."""
+    import torch
+
+    from harness import AttentionCase
+    from harness.backends.naive import Naive
+    from harness.execution.call import backend_inputs
+    from harness.execution.integrity import FP8_TRANSFORMS
+    from harness.spec.case import make_inputs
+
+    case = AttentionCase(1, 6, 9, 16, "bf16", kv_heads=3, seq_k=12, fp8_kv="head", fp8_q=True)
+    inputs = make_inputs(case)
+    inputs = inputs._replace(q=inputs.q * 40)  # past e4m3's range for some values: saturation must stay symmetric
+    base = backend_inputs(Naive(), case, inputs, requires_grad=False)
+    assert base[0].dtype == torch.float8_e4m3fn
+    for t in FP8_TRANSFORMS:
+        q, k, v, _ = backend_inputs(Naive(), case, t.inputs(inputs), requires_grad=False)
+        for got, verified, factor in ((q, base[0], t.qk), (k, base[1], t.qk), (v, base[2], t.v)):
+            assert torch.equal(got.float(), verified.float() * factor)

@@ -46,6 +46,11 @@ def test_an_fp8_cache_moves_one_byte_a_key_element():
     assert bytes_moved(case) == 2 * 2 * 4 * 32 * 2 + 2 * (2 * 64) * 4 * 32 * 1
 
 
+def test_fp8_queries_move_one_byte_an_element_the_output_two():
+    case = AttentionCase(2, 4, 1, 32, "bf16", seq_k=64, fp8_kv="head", fp8_q=True)
+    assert bytes_moved(case) == 2 * 4 * 32 * (1 + 2) + 2 * (2 * 64) * 4 * 32 * 1
+
+
 def test_ridge_point_decides_the_bound():
     # ridge = 100 TFLOP/s / 1000 GB/s = 100 FLOP/byte
     assert bound(99e6, 1e6, 100.0, 1000.0) == "memory"

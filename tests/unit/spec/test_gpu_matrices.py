@@ -14,7 +14,10 @@ def test_cpu_matrices_sizes_and_what_default_keeps():
     # windows that bite and all-padding sequences (issue 34); default sized down in issue 33 to every verdict class
     # once (docs/measurements.md's coverage table), what it dropped kept by full, then the mixed serving steps and
     # FP8 KV caches (issue 36)
-    assert [len(build_matrix(m)) for m in ("smoke", "default", "full")] == [12, 30, 425]
+    assert [len(build_matrix(m)) for m in ("smoke", "default", "full")] == [12, 30, 427]
+    # FP8 Q/K/V cases in full only (issue 36): per kv-head group paged, per tensor contiguous; none in smoke/default
+    assert {(c.fp8_kv, c.page_size) for c in build_matrix("full") if c.fp8_q} == {("head", 16), ("tensor", None)}
+    assert not any(c.fp8_q for m in ("smoke", "default") for c in build_matrix(m))
     default = build_matrix("default")
     assert set(default) <= set(build_matrix("full"))
     assert {c.mask_kind for c in default} == {"none", "causal", "causal-br", "window", "keypad", "causal+keypad",
@@ -113,6 +116,11 @@ def test_gpu_fp8_kv_cases_cover_decode_verification_and_steps_per_head_and_per_t
     assert {c.fp8_kv for c in fp8} == {"head", "tensor"} and {c.seq_q for c in fp8} == {1, 4, 512}
     assert {c.page_size for c in fp8} == {16, 256} and all(c.dtype.itemsize == 2 for c in fp8)
     assert {c.fp8_kv for c in build_matrix("gpu-smoke") if c.fp8_kv} == {"head"}
+    # FP8 Q/K/V: gpu's paged decode per kv-head group, gpu-full's per tensor decode and serving step too
+    qkv = {(c.fp8_kv, c.seq_q) for c in build_matrix("gpu-full") if c.fp8_q}
+    assert qkv == {("head", 1), ("tensor", 1), ("tensor", 512)}
+    assert [(c.fp8_kv, c.seq_q) for c in build_matrix("gpu") if c.fp8_kv] == [("head", 1)]
+    assert all(c.fp8_q for c in build_matrix("gpu") if c.fp8_kv)
 
 
 def test_gpu_smoke_is_short_and_gpu_full_adds_long_sequences():
@@ -133,11 +141,11 @@ def test_every_matrix_is_valid_and_unique(name):
 def test_the_gpu_main_job_fits_15_minutes_of_an_h200_and_gpu_full_keeps_the_rest():
     """issue 33: the cost model's estimate of `gpu` at the H200's measured rates (7 backends, 3 rounds) is at most
     15 minutes; every case `gpu` held before is in gpu-full (307 cases, as before, and the 13 serving steps and FP8
-    KV-cache cases of issue 36)."""
+    KV-cache cases of issue 36, and its 3 FP8 Q/K/V cases)."""
     from harness.execution.cost import run_estimate
 
     gpu, full = build_matrix("gpu"), build_matrix("gpu-full")
     assert run_estimate(gpu) <= 15 * 60 < run_estimate(full)
-    assert set(gpu) <= set(full) and len(full) == 320
+    assert set(gpu) <= set(full) and len(full) == 323
     assert {c.mask_kind for c in gpu} >= {"none", "causal", "docs-causal", "cache-causal"}
     assert {c.seq_q for c in gpu if c.mask_kind == "causal" and not c.modifiers} >= {1024, 4096, 16384}

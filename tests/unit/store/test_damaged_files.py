@@ -68,6 +68,24 @@ def test_a_schema_2_file_loads_without_the_modifier_columns(tmp_path):
     assert set(report.modifier_kind) == {"none"} and report.head_dim_v.equals(report.head_dim)  # NaN here: no sizes
 
 
+def test_a_schema_4_file_loads_without_fp8_q(tmp_path):
+    """Schema 5 added fp8_q (FP8 Q/K/V cases): a file written before it loads without it (as the older columns do:
+    no FP8 queries), its other columns as they were."""
+    run = tmp_path / "v5"
+    run.mkdir()
+    ResultsWriter(run / "results.csv").write([Row(run_id="r", case_id="c-fp8qkv-head", backend="naive", phase="fwd",
+                                                  status="pass", fp8_kv="head", fp8_q=True),
+                                              Row(run_id="r", case_id="c", backend="naive", phase="fwd",
+                                                  status="pass")])
+    assert SCHEMA_VERSION == 5 and list(load_results(run).fp8_q.isna()) == [False, True]
+    old = tmp_path / "v4"
+    old.mkdir()
+    pd.read_csv(run / "results.csv").drop(columns=["fp8_q"]).assign(schema_version=4).to_csv(old / "results.csv",
+                                                                                          index=False)
+    df = load_results(old)
+    assert len(df) == 2 and "fp8_q" not in df and list(df.fp8_kv.fillna("")) == ["head", ""]
+
+
 def test_merge_writes_one_schema_version(tmp_path):
     new = _run(tmp_path / "a")
     old = tmp_path / "b"
