@@ -306,8 +306,10 @@ class FlashAttn4(Backend):
             raise BackwardUnsupported(plan.backward_refused)
         modifiers = {"softcap": softcap or 0.0, "learnable_sink": sinks}
         if plan.score_mod:  # the cap is inside the score_mod (FA4 asserts softcap and score_mod are not both given)
-            aux = ([alibi_slopes.float().contiguous()] if alibi_slopes is not None else []) + (
-                [bias.contiguous()] if bias is not None else [])
+            # detached: the kernel gives aux tensors no gradient (the bias's backward is refused above), and torch's
+            # DLPack export refuses a tensor that requires grad (4.0.0b36's to_cute_tensor detaches for the same reason)
+            aux = [t.detach().contiguous() for t in (None if alibi_slopes is None else alibi_slopes.float(), bias)
+                   if t is not None]
             modifiers = {"softcap": 0.0, "learnable_sink": sinks, "aux_tensors": aux}
         if not plan.paged:
             out = flash_attn_func(q, k, v, softmax_scale=scale, **plan.kwargs, **modifiers)

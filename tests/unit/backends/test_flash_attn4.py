@@ -231,13 +231,14 @@ def test_fa4_score_mod_calls_compute_the_spec(fa4, monkeypatch, case):
     slopes = alibi_slopes(case.heads) if case.alibi else None
     with torch.no_grad():
         out = backend.forward(q, k, v, mask=case.mask, scale=case.scale, prepared=plan, softcap=case.softcap,
-                              alibi_slopes=slopes, bias=inputs.bias)
+                              alibi_slopes=slopes, bias=None if inputs.bias is None else inputs.bias.requires_grad_())
     expected = naive_attention(*(t.float() for t in inputs[:3]), case.mask, case.scale, softcap=case.softcap,
                                alibi_slopes=slopes, bias=None if inputs.bias is None else inputs.bias.float())
     torch.testing.assert_close(backend.from_layout(out).float(), expected, atol=2e-2, rtol=2e-2)
     (kind, args), = fa4
     assert args["softcap"] == 0.0 and args["score_mod"] is not None and args["score_mod_bwd"] is not None
     assert [t.shape for t in args["aux_tensors"]] == [t.shape for t in (slopes, inputs.bias) if t is not None]
+    assert not any(t.requires_grad for t in args["aux_tensors"])  # torch's DLPack export refuses those
     assert backend.modifier_path(case).startswith("score_mod (")
     inspect.signature(args["score_mod_bwd"]).bind(0, 0, 0, 0, q_idx=0, kv_idx=0, seqlen_info=None, aux_tensors=())
 
