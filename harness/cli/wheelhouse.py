@@ -145,24 +145,30 @@ def _download(cmds: list[tuple[str, list[str]]], target: str, run: Runner) -> No
 
 def add_if_it_fits(dest: Path, wheels: tuple[str, ...], what: str, python: str, platform: str, limit_mib: float,
                    run: Runner = subprocess.run) -> str:
-    """Download `wheels` (each --no-deps) beside a staging folder of `dest` and move them in when the wheelhouse
-    stays within `limit_mib` (0 = no limit); otherwise stop at the first wheel over it, leave them all out and
-    return the one line that says so ('' when they went in)."""
+    """Download `wheels` (each --no-deps) into a staging folder inside `dest` and move them in when the wheelhouse
+    stays within `limit_mib` (0 = no limit); otherwise - over the limit, or no wheel of one for the target - stop
+    there, leave them all out and return the one line that says so ('' when they went in)."""
+    from packaging.utils import parse_wheel_filename
+
     stage = dest / f".staging-{what}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
-    have, limit = manifest(dest)["total_bytes"], limit_mib * 2**20
+    have, limit = sum(path.stat().st_size for path in dest.glob("*.whl")), limit_mib * 2**20
     flags = target_flags(python, platform)
     try:
         for req in wheels:
-            _download([(req, [sys.executable, "-m", "pip", "download", "--no-deps", *flags, "--dest", str(stage), req])],
-                      f"python {python}, {platform}", run)
-            staged = manifest(stage)
-            if limit and have + staged["total_bytes"] > limit:
-                big = max(staged["wheels"], key=lambda w: w["size"])
-                return (f"{what} left out of the wheelhouse: with {big['name']} ({big['size'] / 2**20:.1f} MiB) it "
-                        f"would be {(have + staged['total_bytes']) / 2**20:.1f} MiB, over --limit-mib {limit_mib:g} "
-                        "(--limit-mib 0 takes it, for a node reached by rsync; a node with network: bash setup.sh)")
+            try:
+                _download([(req, [sys.executable, "-m", "pip", "download", "--no-deps", *flags, "--dest", str(stage),
+                                  req])], f"python {python}, {platform}", run)
+            except ValueError as exc:
+                return f"{what} left out of the wheelhouse: {exc}"
+            sizes = {path: path.stat().st_size for path in stage.glob("*.whl")}
+            if limit and have + sum(sizes.values()) > limit:
+                big = max(sizes, key=sizes.get)
+                return (f"{what} left out of the wheelhouse: with {parse_wheel_filename(big.name)[0]} "
+                        f"({sizes[big] / 2**20:.1f} MiB) it would be {(have + sum(sizes.values())) / 2**20:.1f} MiB, "
+                        f"over --limit-mib {limit_mib:g} (--limit-mib 0 takes it, for a node reached by rsync; a node "
+                        "with network: bash setup.sh)")
         for path in stage.glob("*.whl"):
             path.replace(dest / path.name)
         return ""

@@ -77,6 +77,14 @@ def test_flash_attn_4_is_left_out_over_the_limit_in_one_line_and_taken_without_o
     assert "nvidia-cutlass-dsl-libs-cu12" not in {w["name"] for w in full["wheels"]}  # one compiler flavour
 
 
+def test_flash_attn_4_without_a_wheel_for_the_target_is_left_out_with_pips_words(tmp_path):
+    found = wheelhouse.build(tmp_path, python="3.9", run=FakePip(fail="quack-kernels"))
+    assert found["left_out"]["flash-attn-4"].startswith("flash-attn-4 left out of the wheelhouse: no wheel of "
+                                                        "quack-kernels>=0.5.3 for python 3.9, manylinux_2_28_x86_64: "
+                                                        "pip says: ERROR: Could not find a version")
+    assert not FA4 & {w["name"] for w in found["wheels"]} and "xformers" in {w["name"] for w in found["wheels"]}
+
+
 def test_setup_installs_flash_attn_4_for_cuda_12_and_13_and_says_why_not_otherwise():
     assert wheelhouse.flash_attn_4_requirement("13.0") == "flash-attn-4[cu13]==4.0.0b36"
     assert wheelhouse.flash_attn_4_requirement("12.8") == "flash-attn-4==4.0.0b36"
