@@ -11,6 +11,7 @@
 #    version on both kinds of machine keeps their results comparable.
 #  - xformers is installed without dependencies so it can never replace your torch; whether its kernels can load
 #    with the torch you have is said plainly at the end (python -m harness backends).
+#  - flash-attn-4 on a machine with a GPU only (see below); offline, where the wheelhouse carried it (--limit-mib).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -63,6 +64,18 @@ else
   python -m pip install -q --no-deps "flashinfer-python==$FLASHINFER" "apache-tvm-ffi==$TVM_FFI" einops tabulate \
     nvidia-ml-py tqdm click ninja requests urllib3 idna certifi charset-normalizer \
     || echo "setup.sh: flashinfer not installed; its backend will report itself unavailable"
+  if has_gpu; then
+    # FlashAttention-4 (CuTe DSL) with its dependencies - the CUTLASS DSL and its compiler for the torch's CUDA, ~90
+    # MiB a flavour - and the torch held where it is by a constraint; not on a CPU machine (CI): nothing there runs
+    # it, and its translation is tested with stand-ins (harness/cli/wheelhouse.py flash_attn_4_requirement decides)
+    if FA4=$(python -c "from harness.cli.wheelhouse import print_flash_attn_4_requirement as p; raise SystemExit(p())"); then
+      HOLD=$(mktemp); python -c "import torch; print(f'torch=={torch.__version__}')" >"$HOLD"
+      python -m pip install -q -c "$HOLD" "$FA4" || echo "setup.sh: $FA4 not installed; its backend will report itself unavailable"
+      rm -f "$HOLD"
+    else
+      echo "setup.sh: flash-attn-4 not installed: $FA4"
+    fi
+  fi
   if has_gpu && python -c "import sys, torch; sys.exit(torch.version.cuda is None or torch.version.cuda.startswith('12.'))"; then
     # a torch of another CUDA (13): xformers' _C.so needs libcudart.so.12, which that torch does not ship
     python -m pip install -q --no-deps "$CUDA12_RUNTIME" || echo "setup.sh: $CUDA12_RUNTIME not installed; xformers will say why it cannot load"

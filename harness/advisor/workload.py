@@ -8,8 +8,7 @@ from pathlib import Path
 from harness.spec.case import AttentionCase, paged_case
 from harness.spec.masks import MASK_NAMES, parse_mask
 from harness.spec.presets import ModelShape, get_preset
-from harness.spec.case import paged_case
-from harness.spec.serving_step import parse_mix, serving_step
+from harness.spec.serving_step import StepMix, parse_mix, serving_step
 from harness.store.schema import FWD, FWD_BWD
 
 
@@ -105,7 +104,9 @@ def model_workloads(model: ModelShape, batch: int, seq: int, *, seq_k: int | Non
 
 
 WORKLOAD_KEYS = ("name", "preset", "batch", "heads", "kv_heads", "seq", "seq_q", "seq_k", "head_dim", "dtype", "mask",
-                 "training", "softcap", "sinks", "alibi", "bias", "head_dim_v", "page_size")
+                 "training", "softcap", "sinks", "alibi", "bias", "head_dim_v", "page_size", "serving_step")
+#: what a serving step's mix sets, so its shape may not give them (a [defaults] value does not apply to it)
+STEP_SETS = ("batch", "seq_q", "mask")
 #: what a `preset` (spec/presets.py) sets, so a shape that names one may not give them too
 PRESET_SETS = ("heads", "kv_heads", "head_dim", "mask", "softcap", "sinks", "alibi", "bias", "head_dim_v")
 FILE_KEYS = ("defaults", "shape")
@@ -142,6 +143,10 @@ def workloads_from_mapping(data: object, where: str = "workload", *, training: b
         spot = f"{where} shape {i}"
         own = _shape_keys(entry, spot)
         keys = {**defaults, **own}
+        if keys.get("serving_step") not in (None, False):  # the keys the shape wrote (`seq` not yet read as seq_q)
+            workloads += _step_workloads(keys, {str(k).replace("-", "_") for k in entry}, spot)
+            continue
+        keys.pop("serving_step", None)
         if "preset" in keys:
             workloads += _preset_workloads(keys, own, spot)
             continue
@@ -182,6 +187,61 @@ def _preset_workloads(keys: dict, own: dict, spot: str) -> list[Workload]:
     name = str(keys.get("name", ""))
     base = f"{model.name} b{keys['batch']} s{keys['seq_q']}"
     return [replace(w, name=w.name.replace(base, name, 1)) for w in out] if name else out
+
+
+def _step_workloads(keys: dict, own: set[str], spot: str) -> list[Workload]:
+    """A shape with `serving_step` (a mix id, or true for the default mix): a mixed serving step whose batch and
+    query lengths are the mix's, over caches of up to `seq` (or seq_k) keys, paged with `page_size`; a preset's
+    layer kinds (model_workloads) or the shape's heads and head_dim. Forward only."""
+    value = keys["serving_step"]
+    if value is True:
+        mix = StepMix()
+    elif isinstance(value, str):
+        try:
+            mix = parse_mix(value)
+        except ValueError as exc:
+            raise ValueError(f"{spot}: {exc}") from None
+    else:
+        raise ValueError(f"{spot}: serving_step={value!r}: must be a mix id pPxC-dD-vVxS such as {StepMix().id!r}, "
+                         "or true for that one")
+    clash = [k for k in STEP_SETS if k in own]
+    if clash:
+        raise ValueError(f"{spot}: serving step {mix.id} sets the batch, the query lengths and the mask (the caches' "
+                         f"causal); drop {', '.join(clash)} (seq or seq_k is the longest cache)")
+    if keys.get("training"):
+        raise ValueError(f"{spot}: serving step {mix.id} is forward only; got training={keys['training']!r}")
+    cache = keys.get("seq_k")
+    name = str(keys.get("name", ""))
+    if "preset" in keys:
+        if cache is None:
+            raise ValueError(f"{spot}: serving step {mix.id} of preset {keys['preset']} needs seq (the longest cache)")
+        try:
+            model = get_preset(str(keys["preset"]))
+        except ValueError as exc:
+            raise ValueError(f"{spot}: {exc}") from None
+        clash = [k for k in PRESET_SETS if k in own]
+        if clash or model.mask != "causal":
+            raise ValueError(f"{spot}: preset {model.name} " + (f"sets heads, kv heads, head dim, mask and modifiers; "
+                             f"drop {', '.join(clash)}" if clash else f"has mask {model.mask}; a serving step is a "
+                             "causal decoder's"))
+        try:
+            out = model_workloads(model, mix.batch, cache, dtype=keys.get("dtype", "bf16"),
+                                  page_size=keys.get("page_size"), serving_step=mix.id)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{spot}: {exc}") from None
+        base = f"{model.name} step {mix.id} s{cache}"
+        return [replace(w, name=w.name.replace(base, name, 1)) for w in out] if name else out
+    missing = [k for k in ("heads", "head_dim", "seq_k") if k not in keys]
+    if missing:
+        raise ValueError(f"{spot}: serving step {mix.id} needs heads, head_dim and seq (the longest cache; or "
+                         f"seq_k); missing {', '.join(missing).replace('seq_k', 'seq')}")
+    given = {k: keys[k] for k in keys if k not in (*STEP_SETS, "name", "preset", "serving_step", "training",
+                                                   "seq_q")}
+    try:
+        return [Workload(mix.batch, seq_q=max(mix.q_lens), serving_step=mix.id,
+                         name=name or f"step {mix.id} s{cache}", **given)]
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{spot}: {exc}") from None
 
 
 def load_workloads(path: str | Path, *, training: bool | None = None) -> list[Workload]:

@@ -2,16 +2,18 @@
 flash_attn_varlen_func, bshd. Read against flash-attn-4 4.0.0b36 (flash_attn/cute/interface.py, mask.py): causal is
 bottom-right (mask.py: col_limit_right = row + 1 + seqlen_k - seqlen_q); paged KV through page_table (batch,
 max_pages) int32 with seqused_k, K/V (num_pages, page_size, kv_heads, head_dim), any page size (page_size != tile_n
-takes the non-TMA path); q varlen through cu_seqlens_q; softcap=, learnable_sink=, head_dim_v. Its public functions
-take no q/k/v_descale in this version (only the private _flash_attn_fwd does), so FP8 is refused."""
+takes the non-TMA path); q varlen through cu_seqlens_q; softcap=, learnable_sink=, head_dim_v; ALiBi and the bias
+tensor as a score_mod reading aux_tensors (fa4_score_mods). Its public functions take no q/k/v_descale in this
+version (only the private _flash_attn_fwd does), so FP8 is refused."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
-from harness.backends.base import Backend, MaskForm, Plan, Unsupported
+from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Plan, Unsupported
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, SlidingWindow
@@ -23,17 +25,133 @@ def _sm100_fits(d: int, dv: int) -> bool:
 
 
 #: what the kernels take per architecture (interface.py _validate_head_dims; the sm80/sm120 paths assert no paged
-#: KV): head dims (q/k, v) allowed, as a predicate's description and the predicate
+#: KV): head dims (q/k, v) allowed, as a predicate's description and the predicate; `plain_backward_dims`: the head
+#: dims whose backward takes no modifier (sm100/sm110 (256, 256) runs the dedicated hd256 backward, which asserts no
+#: score_mod and no learnable_sink - sm100_hd256_2cta_fmha_backward.py - and softcap == 0 - interface.py)
 ARCHITECTURES = {
     9: {"name": "sm90", "head_dims": "8..256 (q/k and v), multiples of 8",
-        "fits": lambda d, dv: 8 <= d <= 256 and 8 <= dv <= 256 and d % 8 == 0 and dv % 8 == 0},
+        "fits": lambda d, dv: 8 <= d <= 256 and 8 <= dv <= 256 and d % 8 == 0 and dv % 8 == 0,
+        "plain_backward_dims": ()},
     10: {"name": "sm100", "head_dims": "8..128, or (192, 128) DeepSeek, or (256, 256), multiples of 8",
-         "fits": _sm100_fits},
+         "fits": _sm100_fits, "plain_backward_dims": ((256, 256),)},
     11: {"name": "sm110", "head_dims": "8..128, or (192, 128) DeepSeek, or (256, 256), multiples of 8",
-         "fits": _sm100_fits},
+         "fits": _sm100_fits, "plain_backward_dims": ((256, 256),)},
 }
 FP8_REFUSAL = ("flash-attn-4 4.0.0b36's flash_attn_func / flash_attn_varlen_func take no q_descale / k_descale / "
                "v_descale (only its private _flash_attn_fwd does)")
+#: why a bias case has no backward here
+BIAS_BACKWARD_REFUSAL = ("flash-attn-4 4.0.0b36 gives aux_tensors no gradient (FlashAttnFunc.backward returns None for "
+                         "them), so the bias input would get no dbias")
+
+
+# --- ALiBi and the bias as a score_mod (flash-attn-4 4.0.0b36, flash_attn/cute/softmax.py) ---
+# apply_score_mod_inner multiplies the raw q.k by softmax_scale first, then calls
+#   score_mod(score, batch_idx, head_idx, q_idx=, kv_idx=, seqlen_info=, aux_tensors=)
+# (call_score_mod) on TensorSSA vectors; q_idx / kv_idx are the positions within the sequence (floored by the GQA
+# pack factor, wrapped modulo the sequence lengths when aux_tensors are given so loads stay in bounds) and
+# seqlen_info carries seqlen_q / seqlen_k. The mask is applied afterwards. So a score_mod sees the harness's scaled
+# score s: the ALiBi slope is used as it is, not divided by the scale. With aux_tensors the vector width is 1
+# (flash_fwd.py, flash_fwd_sm100.py: __vec_size__ defaults to 1 with aux tensors; the backward kernels use 1 with
+# any score_mod), so an SSA index is one element. softcap= and score_mod cannot be given together (interface.py
+# asserts), so a capped ALiBi/bias case folds the cap into the score_mod, in the spec's order (cap, ALiBi, bias).
+
+
+def modified_scores(score, batch_idx, head_idx, q_idx, kv_idx, offset, aux_tensors, *, ops, softcap: float | None,
+                    alibi: bool, bias: str | None):
+    """The spec's modifiers (harness.spec.modifiers) on the scaled score s, with the DSL's operations `ops`:
+    s <- c * tanh(s / c); s <- s - slope_h * |i + offset - j| (offset = seq_k - seq_q: bottom-right, as
+    modifiers.alibi_term); s <- s + bias[b or 0, h, i, j]. aux_tensors: the slopes (heads,) float32 when `alibi`,
+    then the bias (batch or 1, heads, seq_q, seq_k) when `bias` ("full" indexed by b, "head" by 0)."""
+    if softcap is not None:
+        score = ops.tanh(score / softcap) * softcap
+    if alibi:
+        score = score - ops.gather(aux_tensors[0], head_idx) * ops.distance(q_idx, offset, kv_idx)
+    if bias is not None:
+        b = batch_idx if bias == "full" else 0
+        score = score + ops.gather(aux_tensors[1 if alibi else 0], b, head_idx, q_idx, kv_idx)
+    return score
+
+
+def score_grad(grad, score, *, ops, softcap: float | None):
+    """d(modified score)/d(scaled score) times `grad`: the cap's 1 - tanh^2(s / c); ALiBi and the bias add terms
+    that do not depend on s (as utils.create_softcap_scoremod_bwd in 4.0.0b36)."""
+    if softcap is None:
+        return grad
+    t = ops.tanh(score / softcap)
+    return grad * (1.0 - t * t)
+
+
+class CuteOps:
+    """The operations modified_scores needs, in the CUTLASS DSL (as FA4's own score_mods in tests/cute/
+    score_mod_definitions.py write them): |int| by math.absi then to Float32, one element of an aux tensor through
+    Int32 register fragments, tanh with fastmath (utils.create_softcap_scoremod)."""
+
+    def __init__(self):
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass._mlir.dialects import math as mlir_math
+        from flash_attn.cute.utils import scalar_to_ssa
+
+        self.cutlass, self.cute, self.mlir_math, self.scalar_to_ssa = cutlass, cute, mlir_math, scalar_to_ssa
+
+    def __repr__(self) -> str:  # FA4 keys its compile cache on repr() of a score_mod's closure cells
+        return "CuteOps"
+
+    def offset(self, seqlen_info):
+        return self.scalar_to_ssa(seqlen_info.seqlen_k - seqlen_info.seqlen_q, self.cutlass.Int32)
+
+    def distance(self, q_idx, offset, kv_idx):
+        d = q_idx + offset - kv_idx
+        return self.cute.TensorSSA(self.mlir_math.absi(d), d.shape, d.dtype).to(self.cutlass.Float32)
+
+    def tanh(self, x):
+        return self.cute.math.tanh(x, fastmath=True)
+
+    def gather(self, tensor, *indices):
+        coords = []
+        for index in indices:  # an SSA index (width 1) through a register fragment; a constant as it is
+            if isinstance(index, int):
+                coords.append(index)
+                continue
+            frag = self.cute.make_rmem_tensor(1, self.cutlass.Int32)
+            frag.store(index)
+            coords.append(frag[0])
+        value = self.cute.make_rmem_tensor(1, tensor.element_type)
+        value[0] = tensor[tuple(coords)] if len(coords) > 1 else tensor[coords[0]]
+        return value.load().to(self.cutlass.Float32)
+
+
+def cute_dsl():
+    """(ops, jit) of the CUTLASS DSL: CuteOps() and cute.jit (imported here: only a CUDA machine with
+    nvidia-cutlass-dsl has them)."""
+    import cutlass.cute as cute
+
+    return _cute_ops(), cute.jit
+
+
+@lru_cache(maxsize=1)
+def _cute_ops() -> CuteOps:
+    return CuteOps()
+
+
+def fa4_score_mods(softcap: float | None, alibi: bool, bias: str | None):
+    """(score_mod, score_mod_bwd) for flash_attn_func's score_mod= / score_mod_bwd=, with the signatures of 4.0.0b36's
+    call_score_mod / call_score_mod_bwd; built once per modifier set so FA4's compile cache (keyed on the callable's
+    source and closure, utils.hash_callable) finds them again."""
+    ops, jit = cute_dsl()
+    return _score_mods(softcap, alibi, bias, ops, jit)
+
+
+@lru_cache(maxsize=32)
+def _score_mods(softcap, alibi, bias, ops, jit):
+    def score_mod(score, batch_idx, head_idx, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return modified_scores(score, batch_idx, head_idx, q_idx, kv_idx, ops.offset(seqlen_info), aux_tensors,
+                               ops=ops, softcap=softcap, alibi=alibi, bias=bias)
+
+    def score_mod_bwd(grad, score, batch_idx, head_idx, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return score_grad(grad, score, ops=ops, softcap=softcap)
+
+    return jit(score_mod), jit(score_mod_bwd)
 
 
 def fa4_args(case: AttentionCase) -> dict:
@@ -64,10 +182,14 @@ def fa4_paged_args(case: AttentionCase, device) -> dict:
 
 @dataclass
 class Fa4Plan(Plan):
-    """The call's keywords on the device; `paged`: flash_attn_varlen_func with a page_table."""
+    """The call's keywords on the device; `paged`: flash_attn_varlen_func with a page_table; `score_mod`: ALiBi /
+    the bias (and the cap, folded in) as a score_mod whose aux_tensors arrive with the call."""
 
     kwargs: dict
     paged: bool = False
+    score_mod: bool = False
+    #: why a call with gradients raises BackwardUnsupported ('' = it has a backward)
+    backward_refused: str = ""
 
 
 @register
@@ -80,10 +202,10 @@ class FlashAttn4(Backend):
     max_head_dim = 256
     package = "flash-attn-4"
     supports_backward = True
-    modifiers = frozenset({"softcap", "sinks"})
-    modifier_refusals = {"alibi": "FlashAttention-4 has no alibi_slopes (a score_mod could add it: not translated)",
-                         "bias": "FlashAttention-4 takes no bias tensor (a score_mod with aux_tensors could: not "
-                                 "translated)"}
+    #: softcap= and learnable_sink= natively; ALiBi and the bias through a score_mod (fa4_score_mods)
+    modifiers = frozenset({"softcap", "sinks", "alibi", "bias"})
+    #: modifiers whose backward FA4 does not give (the case's forward runs and is judged alone)
+    backward_refusals = {"bias": BIAS_BACKWARD_REFUSAL}
     supports_head_dim_v = True
     paged_kv = True
     mixed_batch = True
@@ -123,12 +245,36 @@ class FlashAttn4(Backend):
         return [f"flash-attn-4 on {arch['name']} takes head dims {arch['head_dims']}; got ({case.head_dim}, "
                 f"{case.head_dim_v})"]
 
+    def arch_backward_reasons(self, case: AttentionCase, major: int) -> list[str]:
+        """What architecture `major`'s backward cannot take of `case` (its forward can), from ARCHITECTURES."""
+        arch, dims = ARCHITECTURES[major], (case.head_dim, case.head_dim_v)
+        if case.modifiers and dims in arch["plain_backward_dims"]:
+            return [f"flash-attn-4 on {arch['name']} runs head dims {dims}'s backward in its dedicated hd256 kernel, "
+                    f"which takes no softcap, learnable_sink or score_mod; case has {case.modifier_id}"]
+        return []
+
     def can_run(self, case, device, *, backward=False, dropout=False):
         reasons = super().can_run(case, device, backward=backward, dropout=dropout)
         if device.type == "cuda" and torch.cuda.is_available():
             major = torch.cuda.get_device_capability(device)[0]
             reasons += self.arch_reasons(case, major) if major in ARCHITECTURES else []
+        return reasons + (self.case_backward_reasons(case, device) if backward else [])
+
+    def case_backward_reasons(self, case: AttentionCase, device: torch.device) -> list[str]:
+        """Why `case`'s backward cannot run here although its forward can: a modifier FA4 gives no gradient for
+        (backward_refusals), the architecture's plain-only backward (arch_backward_reasons)."""
+        reasons = [f"{self.name} has no {m} backward: {why}" for m, why in self.backward_refusals.items()
+                   if m in case.modifiers]
+        if device.type == "cuda" and torch.cuda.is_available():
+            major = torch.cuda.get_device_capability(device)[0]
+            reasons += self.arch_backward_reasons(case, major) if major in ARCHITECTURES else []
         return reasons
+
+    def modifier_path(self, case):
+        native = [f"native {'learnable_sink' if m == 'sinks' else m}=" for m in ("softcap", "sinks")
+                  if m in case.modifiers and not (m == "softcap" and (case.alibi or case.bias))]
+        folded = [m for m in ("softcap", "alibi", "bias") if m in case.modifiers] if case.alibi or case.bias else []
+        return " + ".join(native + ([f"score_mod ({', '.join(folded)}) + aux_tensors"] if folded else []))
 
     def mask_form(self, case, device):
         if case.page_size is not None:
@@ -137,18 +283,34 @@ class FlashAttn4(Backend):
         return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in fa4_args(case).items()))
 
     def prepare(self, case, device, block_table=None) -> Fa4Plan:
-        """The call's keywords on the device, once (the block table arrives with each call)."""
+        """The call's keywords on the device, once (the block table and the modifiers' tensors arrive with each
+        call); with ALiBi or a bias, the score_mod pair built here, outside any timing."""
         if case.page_size is not None:
             return Fa4Plan(op=f"{self.name} (varlen, page_table)", kwargs=fa4_paged_args(case, device), paged=True)
-        return Fa4Plan(op=self.name, kwargs=fa4_args(case))
+        kwargs, refused = fa4_args(case), "; ".join(self.case_backward_reasons(case, torch.device(device)))
+        if not (case.alibi or case.bias):
+            return Fa4Plan(op=self.name, kwargs=kwargs, backward_refused=refused)
+        score_mod, score_mod_bwd = fa4_score_mods(case.softcap, case.alibi, case.bias)
+        return Fa4Plan(op=f"{self.name} (score_mod)", kwargs={**kwargs, "score_mod": score_mod,
+                                                               "score_mod_bwd": score_mod_bwd}, score_mod=True,
+                       backward_refused=refused)
 
     def forward(self, q, k, v, *, mask, scale, prepared: Fa4Plan | None = None, softcap=None, sinks=None,
-                block_table=None, cache_seqlens=None):
+                alibi_slopes=None, bias=None, block_table=None, cache_seqlens=None):
         from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
 
         plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap, sinks=sinks,
-                             block_table=block_table)
+                             alibi_slopes=alibi_slopes, bias=bias, block_table=block_table)
+        grads = [t for t in (q, k, v, sinks, bias) if t is not None and t.requires_grad]
+        if plan.backward_refused and grads and torch.is_grad_enabled():
+            raise BackwardUnsupported(plan.backward_refused)
         modifiers = {"softcap": softcap or 0.0, "learnable_sink": sinks}
+        if plan.score_mod:  # the cap is inside the score_mod (FA4 asserts softcap and score_mod are not both given)
+            # detached: the kernel gives aux tensors no gradient (the bias's backward is refused above), and torch's
+            # DLPack export refuses a tensor that requires grad (4.0.0b36's to_cute_tensor detaches for the same reason)
+            aux = [t.detach().contiguous() for t in (None if alibi_slopes is None else alibi_slopes.float(), bias)
+                   if t is not None]
+            modifiers = {"softcap": 0.0, "learnable_sink": sinks, "aux_tensors": aux}
         if not plan.paged:
             out = flash_attn_func(q, k, v, softmax_scale=scale, **plan.kwargs, **modifiers)
             return out[0] if isinstance(out, tuple) else out

@@ -8,7 +8,10 @@ What goes in, by one rule: the node's image has torch with its own dependencies 
 networkx, jinja2, fsspec, filelock, triton, the nvidia libraries) and, by default, the scientific stack the harness
 imports (numpy, scipy, pandas, matplotlib, pytest); the wheelhouse carries the rest - LEAN below, each without its
 dependencies, so nothing can pull torch in. `--full` adds SCIENTIFIC with everything it depends on, for an image
-with torch alone. Never torch, and of the nvidia libraries only the CUDA 12 runtime xformers' extension links.
+with torch alone. Never torch, and of the nvidia libraries only the CUDA 12 runtime xformers' extension links and
+the CUTLASS DSL's. FlashAttention-4 (flash_attn_4_wheels) goes in only where it fits under --limit-mib (the lent GPU
+machine's 64 MiB by default): its CUTLASS DSL compiler alone is ~88 MiB, and a wheelhouse without it says so in one
+line (manifest.json's "left_out").
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +36,45 @@ SCIENTIFIC = ("numpy", "scipy>=1.10", "pandas>=2", "matplotlib>=3.7", "pytest>=8
 CUDA_RUNTIME = {12: None, 13: "nvidia-cuda-runtime-cu12"}
 #: a wheel of these must never come into the wheelhouse (the node's torch stays the node's)
 NEVER = ("torch", "triton")
+#: the nvidia wheels FlashAttention-4 needs: the CUTLASS DSL (its compiler per CUDA flavour)
+CUTLASS_DSL = "4.8.1"
+FLASH_ATTN_4 = "4.0.0b36"
+#: the lent GPU machine's limit on what travels with the checkout (MiB): the wheelhouse's default --limit-mib
+CARRY_LIMIT_MIB = 64
+
+
+def flash_attn_4_wheels(torch_cuda: int) -> tuple[str, ...]:
+    """FlashAttention-4 and what it imports, as pip resolves `flash-attn-4[cuN]==4.0.0b36` for CPython 3.12 (torch
+    and typing-extensions aside: the node's), each taken --no-deps; largest first, so a wheelhouse over its limit
+    stops at the first download. One compiler flavour: the CUTLASS DSL loads the newest installed one the driver
+    runs (cutlass/_mlir/_mlir_libs/__init__.py), so the torch's CUDA major's."""
+    return (f"nvidia-cutlass-dsl-libs-cu{torch_cuda}=={CUTLASS_DSL}", f"cuda-bindings>={torch_cuda},<{torch_cuda + 1}",
+            "apache-tvm-ffi==0.1.15.post2", f"nvidia-cutlass-dsl-libs-base=={CUTLASS_DSL}", "torch-c-dlpack-ext",
+            "quack-kernels>=0.5.3", f"flash-attn-4=={FLASH_ATTN_4}", "protobuf>=4.21.12",
+            f"nvidia-cutlass-dsl-libs-core=={CUTLASS_DSL}", "cuda-pathfinder", "einops", f"nvidia-cutlass-dsl=={CUTLASS_DSL}")
+
+
+def flash_attn_4_requirement(torch_cuda_version: str | None) -> str:
+    """What setup.sh installs for FlashAttention-4 (with its dependencies, torch held where it is) for a torch of
+    CUDA `torch_cuda_version` (torch.version.cuda): its cu13 extra for CUDA 13; a one-line ValueError where it
+    cannot install."""
+    major = None if torch_cuda_version is None else int(str(torch_cuda_version).split(".")[0])
+    if major not in (12, 13):
+        have = "a torch without CUDA" if major is None else f"torch CUDA {torch_cuda_version}"
+        raise ValueError(f"{have}: flash-attn-4 {FLASH_ATTN_4}'s CUTLASS DSL has compilers for CUDA 12 and 13 only")
+    return f"flash-attn-4{'[cu13]' if major == 13 else ''}=={FLASH_ATTN_4}"
+
+
+def print_flash_attn_4_requirement() -> int:
+    """setup.sh's question: prints the requirement for this torch (0), or why there is none (1)."""
+    import torch
+
+    try:
+        print(flash_attn_4_requirement(torch.version.cuda))
+    except ValueError as exc:
+        print(exc)
+        return 1
+    return 0
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
@@ -93,22 +136,64 @@ def manifest(dest: Path) -> dict:
     return {"wheels": wheels, "total_bytes": sum(w["size"] for w in wheels)}
 
 
-def build(dest: Path, python: str = "3.12", platform: str = "manylinux_2_28_x86_64", torch_cuda: int = 13,
-          full: bool = False, run: Runner = subprocess.run) -> dict:
-    """Download everything into `dest` and write dest/manifest.json; one-line ValueError naming the package and
-    the target when pip finds no wheel for it, or when a forbidden wheel (torch) came in."""
-    dest.mkdir(parents=True, exist_ok=True)
-    target = f"python {python}, {platform}, torch CUDA {torch_cuda}"
-    for what, cmd in commands(dest, python, platform, torch_cuda, full):
+def _download(cmds: list[tuple[str, list[str]]], target: str, run: Runner) -> None:
+    for what, cmd in cmds:
         proc = run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise ValueError(f"no wheel of {what} for {target}: pip says: {_pip_says(proc.stdout + proc.stderr)}")
+
+
+def add_if_it_fits(dest: Path, wheels: tuple[str, ...], what: str, python: str, platform: str, limit_mib: float,
+                   run: Runner = subprocess.run) -> str:
+    """Download `wheels` (each --no-deps) into a staging folder inside `dest` and move them in when the wheelhouse
+    stays within `limit_mib` (0 = no limit); otherwise - over the limit, or no wheel of one for the target - stop
+    there, leave them all out and return the one line that says so ('' when they went in)."""
+    from packaging.utils import parse_wheel_filename
+
+    stage = dest / f".staging-{what}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    have, limit = sum(path.stat().st_size for path in dest.glob("*.whl")), limit_mib * 2**20
+    flags = target_flags(python, platform)
+    try:
+        for req in wheels:
+            try:
+                _download([(req, [sys.executable, "-m", "pip", "download", "--no-deps", *flags, "--dest", str(stage),
+                                  req])], f"python {python}, {platform}", run)
+            except ValueError as exc:
+                return f"{what} left out of the wheelhouse: {exc}"
+            sizes = {path: path.stat().st_size for path in stage.glob("*.whl")}
+            if limit and have + sum(sizes.values()) > limit:
+                big = max(sizes, key=sizes.get)
+                return (f"{what} left out of the wheelhouse: with {parse_wheel_filename(big.name)[0]} "
+                        f"({sizes[big] / 2**20:.1f} MiB) it would be {(have + sum(sizes.values())) / 2**20:.1f} MiB, "
+                        f"over --limit-mib {limit_mib:g} (--limit-mib 0 takes it, for a node reached by rsync; a node "
+                        "with network: bash setup.sh)")
+        for path in stage.glob("*.whl"):
+            path.replace(dest / path.name)
+        return ""
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def build(dest: Path, python: str = "3.12", platform: str = "manylinux_2_28_x86_64", torch_cuda: int = 13,
+          full: bool = False, run: Runner = subprocess.run, limit_mib: float = CARRY_LIMIT_MIB) -> dict:
+    """Download everything into `dest` and write dest/manifest.json; one-line ValueError naming the package and
+    the target when pip finds no wheel for it, or when a forbidden wheel (torch) came in. FlashAttention-4 goes in
+    last, where the wheelhouse stays within `limit_mib` (0 = no limit); manifest["left_out"] says why not."""
+    dest.mkdir(parents=True, exist_ok=True)
+    target = f"python {python}, {platform}, torch CUDA {torch_cuda}"
+    _download(commands(dest, python, platform, torch_cuda, full), target, run)
+    left_out = add_if_it_fits(dest, flash_attn_4_wheels(torch_cuda), "flash-attn-4", python, platform, limit_mib, run)
     found = manifest(dest)
     forbidden = [w["filename"] for w in found["wheels"] if w["name"] in NEVER or
-                 (w["name"].startswith("nvidia-") and w["name"] != CUDA_RUNTIME[torch_cuda])]
+                 (w["name"].startswith("nvidia-") and w["name"] != CUDA_RUNTIME[torch_cuda]
+                  and not w["name"].startswith("nvidia-cutlass-dsl"))]
     if forbidden:
         raise ValueError(f"the wheelhouse must not carry {', '.join(forbidden)} (the node's torch stays): remove them")
-    found["target"] = {"python": python, "platform": platform, "torch_cuda": torch_cuda, "full": full}
+    found["target"] = {"python": python, "platform": platform, "torch_cuda": torch_cuda, "full": full,
+                       "limit_mib": limit_mib}
+    found["left_out"] = {"flash-attn-4": left_out} if left_out else {}
     (dest / "manifest.json").write_text(json.dumps(found, indent=1))
     return found
 
@@ -145,9 +230,11 @@ def report_unmet() -> int:
 
 
 def _wheelhouse(args: argparse.Namespace) -> int:
-    found = build(Path(args.dir), args.python, args.platform, args.torch_cuda, args.full)
+    found = build(Path(args.dir), args.python, args.platform, args.torch_cuda, args.full, limit_mib=args.limit_mib)
     for w in found["wheels"]:
         print(f"  {w['filename']:<70} {w['size'] / 2**20:7.2f} MiB")
+    for line in found["left_out"].values():
+        print(line)
     print(f"{len(found['wheels'])} wheels, {found['total_bytes'] / 2**20:.1f} MiB in {args.dir} (manifest.json); "
           f"on the node: bash setup.sh --offline {args.dir}")
     return 0
@@ -166,4 +253,7 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--full", action="store_true",
                    help="also the scientific stack (numpy, scipy, pandas, matplotlib, pytest, with their "
                         "dependencies) for an image that has torch alone (~90 MiB more)")
+    p.add_argument("--limit-mib", type=float, default=CARRY_LIMIT_MIB,
+                   help="FlashAttention-4 (its CUTLASS DSL compiler ~88 MiB) goes in only if the wheelhouse stays "
+                        "within this size; 0 = no limit. Default: %(default)g (the lent GPU machine's carry limit)")
     p.set_defaults(func=_wheelhouse)

@@ -47,3 +47,14 @@ def test_cli_serving_step_refuses_batch_and_decode_flags(capsys):
     code = main(["recommend", "--serving-step", "--batch", "4", "--heads", "8", "--head-dim", "64", "--seq", "96",
                  "--device", "cpu", "--backends", "naive"])
     assert code == 2 and "--serving-step sets the batch and its query lengths" in capsys.readouterr().err
+
+
+def test_cli_recommend_reads_a_serving_step_from_a_workload_file(tmp_path, capsys):
+    """docs/timing.md's `serving_step` key: the same mixed case as --serving-step, ranked under the shape's name."""
+    path = tmp_path / "w.toml"
+    path.write_text('[[shape]]\nname = "tiny step"\nserving_step = "p1x24-d5-v2x4"\nheads = 4\nkv_heads = 2\n'
+                    'head_dim = 32\nseq = 80\npage_size = 16\ndtype = "fp32"\n')
+    code = main(["recommend", "--workload", str(path), "--device", "cpu", "--backends", "naive", "--no-checks"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "tiny step" in out.out and "naive" in out.out

@@ -14,8 +14,8 @@ from harness.cli import wheelhouse
 class FakePip:
     """Answers `pip wheel`/`pip download` by writing a wheel file per requirement into the destination."""
 
-    def __init__(self, fail: str | None = None, extra: tuple[str, ...] = ()):
-        self.calls, self.fail, self.extra = [], fail, extra
+    def __init__(self, fail: str | None = None, extra: tuple[str, ...] = (), sizes: dict[str, int] | None = None):
+        self.calls, self.fail, self.extra, self.sizes = [], fail, extra, sizes or {}
 
     def __call__(self, cmd, **kwargs):
         self.calls.append(cmd)
@@ -28,6 +28,8 @@ class FakePip:
         name = "attention_harness" if cmd[3] == "wheel" else req.split("=")[0].split(">")[0].replace("-", "_")
         with open(f"{dest}/{name}-1.0-py3-none-any.whl", "wb") as f:
             f.write(name.encode())
+            if name in self.sizes:  # a sparse file of that size
+                f.truncate(self.sizes[name])
         for extra in self.extra:
             open(f"{dest}/{extra}", "wb").close()
         return subprocess.CompletedProcess(cmd, 0, "", "")
@@ -49,6 +51,49 @@ def test_commands_for_a_cuda13_python312_node(tmp_path):
     assert "--no-deps" not in scientific and scientific[-len(wheelhouse.SCIENTIFIC):] == list(wheelhouse.SCIENTIFIC)
 
 
+#: FlashAttention-4's wheels for a CUDA 13 torch (as pip resolves flash-attn-4[cu13]==4.0.0b36, torch aside)
+FA4 = {"flash-attn-4", "quack-kernels", "torch-c-dlpack-ext", "apache-tvm-ffi", "einops", "nvidia-cutlass-dsl",
+       "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core", "nvidia-cutlass-dsl-libs-cu13",
+       "cuda-bindings", "cuda-pathfinder", "protobuf"}
+
+
+def test_flash_attn_4_is_left_out_over_the_limit_in_one_line_and_taken_without_one(tmp_path):
+    """Its CUTLASS DSL compiler (nvidia-cutlass-dsl-libs-cu13 4.8.1 for cp312: 91,954,433 bytes, pip download
+    --no-deps, 2026-12-02) alone is over the lent machine's 64 MiB: the first download says so and the rest are not
+    fetched; with --limit-mib 0 every wheel goes in."""
+    sizes = {"nvidia_cutlass_dsl_libs_cu13": 91_954_433}
+    pip = FakePip(sizes=sizes)
+    found = wheelhouse.build(tmp_path / "lean", run=pip)
+    line = found["left_out"]["flash-attn-4"]
+    assert "\n" not in line and line.startswith("flash-attn-4 left out of the wheelhouse: with "
+                                                "nvidia-cutlass-dsl-libs-cu13 (87.7 MiB) it would be 87.7 MiB, over "
+                                                "--limit-mib 64")
+    assert not FA4 & {w["name"] for w in found["wheels"]}
+    assert [c[-1] for c in pip.calls if "cutlass" in c[-1] or "flash-attn-4" in c[-1]] == [
+        "nvidia-cutlass-dsl-libs-cu13==4.8.1"]
+    assert sorted(p.name for p in (tmp_path / "lean").iterdir() if not p.name.endswith(".whl")) == ["manifest.json"]
+    full = wheelhouse.build(tmp_path / "all", run=FakePip(sizes=sizes), limit_mib=0)
+    assert full["left_out"] == {} and FA4 <= {w["name"] for w in full["wheels"]}
+    assert "nvidia-cutlass-dsl-libs-cu12" not in {w["name"] for w in full["wheels"]}  # one compiler flavour
+
+
+def test_flash_attn_4_without_a_wheel_for_the_target_is_left_out_with_pips_words(tmp_path):
+    found = wheelhouse.build(tmp_path, python="3.9", run=FakePip(fail="quack-kernels"))
+    assert found["left_out"]["flash-attn-4"].startswith("flash-attn-4 left out of the wheelhouse: no wheel of "
+                                                        "quack-kernels>=0.5.3 for python 3.9, manylinux_2_28_x86_64: "
+                                                        "pip says: ERROR: Could not find a version")
+    assert not FA4 & {w["name"] for w in found["wheels"]} and "xformers" in {w["name"] for w in found["wheels"]}
+
+
+def test_setup_installs_flash_attn_4_for_cuda_12_and_13_and_says_why_not_otherwise():
+    assert wheelhouse.flash_attn_4_requirement("13.0") == "flash-attn-4[cu13]==4.0.0b36"
+    assert wheelhouse.flash_attn_4_requirement("12.8") == "flash-attn-4==4.0.0b36"
+    for cuda, have in ((None, "a torch without CUDA"), ("11.8", "torch CUDA 11.8")):
+        with pytest.raises(ValueError, match=f"^{have}: flash-attn-4 4.0.0b36's CUTLASS DSL has compilers for CUDA "
+                                             "12 and 13 only$"):
+            wheelhouse.flash_attn_4_requirement(cuda)
+
+
 def test_platforms_include_every_older_glibc_tag():
     tags = wheelhouse.platforms("manylinux_2_28_x86_64")
     assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags and tags[-1] == "manylinux1_x86_64"
@@ -60,10 +105,11 @@ def test_manifest_names_versions_sizes_and_hashes(tmp_path):
     found = wheelhouse.build(tmp_path, run=FakePip())
     written = json.loads((tmp_path / "manifest.json").read_text())
     assert written == found and found["target"] == {"python": "3.12", "platform": "manylinux_2_28_x86_64",
-                                                     "torch_cuda": 13, "full": False}
+                                                     "torch_cuda": 13, "full": False, "limit_mib": 64}
+    assert found["left_out"] == {}  # these fake wheels are bytes: FlashAttention-4 fits
     by_name = {w["name"]: w for w in found["wheels"]}
     assert {"attention-harness", "xformers", "nvidia-cuda-runtime-cu12", "pytest-benchmark", "ruptures",
-            "submitit", "py-cpuinfo", "cloudpickle", "hypothesis", "sortedcontainers"} == set(by_name)
+            "submitit", "py-cpuinfo", "cloudpickle", "hypothesis", "sortedcontainers"} | FA4 == set(by_name)
     x = by_name["xformers"]
     assert x["version"] == "1.0" and x["filename"] == "xformers-1.0-py3-none-any.whl" and x["size"] == 8
     assert x["sha256"] == hashlib.sha256(b"xformers").hexdigest()
