@@ -145,7 +145,14 @@ def _graph_round(work):
         for name, t in zip(("q", "k", "v"), new[:3]):
             buffers[name].copy_(t)
 
-    phase = Phase(None, lambda: work(buffers["q"], buffers["v"]), None, buffers, refill, lambda value: (None, {}))
+    def rehearse(new):
+        import torch
+
+        for name, t in zip(("q", "k", "v"), new[:3]):
+            torch.empty_like(buffers[name]).copy_(t)
+
+    phase = Phase(None, lambda: work(buffers["q"], buffers["v"]), None, buffers, refill, lambda value: (None, {}),
+                  refill, rehearse)
     checks = _Checks(gamed.Recomputing(), phase, inputs, round_inputs(3, ("c", "b", "fwd"), 0))
     checks.renew()
     # what measure gave back: nine replays on seen inputs, the last (on new inputs) 250x slower
@@ -192,3 +199,50 @@ def test_fp8_queries_round_inputs_are_exact_after_quantization():
         q, k, v, _ = backend_inputs(Naive(), case, t.inputs(inputs), requires_grad=False)
         for got, verified, factor in ((q, base[0], t.qk), (k, base[1], t.qk), (v, base[2], t.v)):
             assert torch.equal(got.float(), verified.float() * factor)
+
+
+def test_each_confirming_pair_starts_its_two_calls_after_the_same_work():
+    """The speed rule's confirming pairs: a call on new inputs after renew, then a call on the same inputs after
+    rehearse - renew's work done into scratch - never a call straight after another. On a loaded 2-core VM an honest
+    bf16 CPU call right after the new inputs' copies was 8-16x slower than its immediate repeat (naive fwd, sdpa-math
+    bwd: three rejected keys in one default run, 2026-12-02), as the OpenMP threads had to be woken; the old order
+    (renew, call, call) rejected them."""
+    from harness.execution.timed import Phase, _Checks
+
+    events = []
+    inputs = make_inputs(CASE, "cpu", 3)
+    phase = Phase(lambda: events.append("setup"), lambda: events.append("call"), None, {},
+                  lambda new: events.append("renew"), lambda value: (None, {}), None,
+                  lambda new: events.append("rehearse"))
+    checks = _Checks(gamed.Recomputing(), phase, inputs, round_inputs(3, ("c", "b", "fwd"), 0))
+    checks._confirm(CPU)
+    assert events == ["renew", "setup", "call", "rehearse", "setup", "call"] * len(checks.plan.confirm)
+
+
+@pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
+def test_rehearse_leaves_the_buffers_their_versions_and_the_backward_s_graph_as_the_last_call_saw_them(phase):
+    """What a cache keyed by content, identity (data pointer and version) or graph sees before the confirming
+    call on seen inputs is what it saw at the call before: rehearse writes scratch, not the buffers."""
+    from harness.backends.naive import Naive
+    from harness.execution.timed import phase_callables
+
+    prepared = prepare_case(CASE, CPU, 5)
+    timed = phase_callables(Naive(), CASE, prepared.inputs, CPU, phase)
+    if timed.build is not None:
+        timed.build()
+    plan = round_inputs(5, (CASE.id, "naive", phase), 0)
+    timed.renew(plan.confirm[0].inputs(prepared.inputs))
+    before = {n: (t.data_ptr(), t._version, t.detach().clone()) for n, t in timed.buffers.items()}
+    cells = [c.cell_contents for c in timed.fn.__closure__ or () if isinstance(c.cell_contents, list)]
+    graph_before = [[id(out) for out in cell] for cell in cells]  # the backward alone: its built forward
+    timed.rehearse(plan.confirm[0].inputs(prepared.inputs))
+    for n, t in timed.buffers.items():
+        ptr, version, value = before[n]
+        assert (t.data_ptr(), t._version) == (ptr, version) and torch_equal(t, value), n
+    assert [[id(out) for out in cell] for cell in cells] == graph_before
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a.detach(), b)
