@@ -274,7 +274,12 @@ class _Checks:
         self._note(self.snapshot.written())
         seen, new = m.samples_ms[:-1], m.samples_ms[-1:]
         if self._renewed and seen_violation(seen, new):  # a graph's too: its last sample replays on new inputs
-            self._note(seen_violation(*self._confirm(device)))
+            repeats, confirmed = self._confirm(device)
+            # slower than the pairs' repeats and than the round's own calls on seen inputs: a cache is fast on
+            # both, while on a loaded VM one lucky repeat beside one stalled new call is not (an FP8 case has one
+            # confirming pair: e4m3 leaves few exact transforms)
+            if seen_violation(seen, confirmed):
+                self._note(seen_violation(repeats, confirmed))
         for o in self.observed:
             o.out = None if o.out is None else self.backend.from_layout(o.out).cpu()
             o.grads = {n: (self.backend.from_layout(g) if n in GRADS else g).cpu() for n, g in o.grads.items()}

@@ -246,3 +246,22 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return torch.equal(a.detach(), b)
+
+
+def test_a_lucky_repeat_beside_a_stalled_new_call_on_a_noisy_round_is_not_a_cache(monkeypatch):
+    """An honest FP8 key on a loaded VM (one confirming pair): its round's calls on seen inputs took ~49 ms, the
+    new call 10 ms, the pair's repeat 1.3 ms - 7.9x the repeat, but a fifth of the round's own median; rejected
+    by the pairs alone (2026-12-02). A cache is fast on the round's calls too, and is still rejected."""
+    import harness.execution.timed as timed_module
+    from harness.measure.timing import Measurement
+
+    phase = timed_module.Phase(None, lambda: None, None, {}, lambda new: None, lambda value: (None, {}), None,
+                               lambda new: None)
+    plan = RoundInputs(TRANSFORMS[0], TRANSFORMS[1], (TRANSFORMS[2],))
+    for round_ms, expected in ((49.0, ""), (1.0, "faster on inputs it has seen")):
+        pair = iter([10.0, 1.3])  # the confirming pair: the new call, then its repeat
+        monkeypatch.setattr(timed_module, "_once", lambda fn, device: next(pair))
+        checks = timed_module._Checks(gamed.Recomputing(), phase, make_inputs(CASE, "cpu", 3), plan)
+        checks._renewed = True
+        problem = checks.finish(Measurement((round_ms,) * 9 + (12.0,), "cpu-clock", 1), CPU)[1]
+        assert problem.startswith(expected) if expected else problem == "", (round_ms, problem)
