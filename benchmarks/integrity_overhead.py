@@ -19,7 +19,7 @@ import torch
 from harness.backends.registry import get_backends
 from harness.execution.benchmark import judge_timed
 from harness.execution.call import Call
-from harness.execution.integrity import round_inputs
+from harness.execution.integrity import round_inputs, round_options
 from harness.execution.runner import prepare_case
 from harness.execution.timed import TimingCall, run_timing
 from harness.measure.timing import TimingConfig
@@ -30,7 +30,8 @@ from harness.store.schema import PHASES
 def one_round(backend, prepared, phase, config, checked: bool) -> tuple[float, float]:
     """(CPU seconds of this process over the round, median latency ms): CPU time, not wall time, so the other
     processes of a shared machine do not count (they still slow its caches)."""
-    inputs = round_inputs(prepared.seed, (prepared.case.id, backend.name, phase), 0) if checked else None
+    inputs = (round_inputs(prepared.seed, (prepared.case.id, backend.name, phase), 0, **round_options(prepared.case))
+              if checked else None)
     start = time.process_time()
     result = run_timing(backend, TimingCall(Call(prepared.case, prepared.seed), phase, config, inputs=inputs),
                         prepared.device)

@@ -23,7 +23,7 @@ from gate_study import Busy  # noqa: E402
 
 from harness.backends.registry import get_backends  # noqa: E402
 from harness.execution.call import Call  # noqa: E402
-from harness.execution.integrity import round_inputs, seen_violation  # noqa: E402
+from harness.execution.integrity import round_inputs, round_options, seen_violation  # noqa: E402
 from harness.execution.runner import prepare_case  # noqa: E402
 from harness.execution.timed import TimingCall, run_timing  # noqa: E402
 from harness.measure.timing import TimingConfig  # noqa: E402
@@ -53,7 +53,7 @@ def main() -> None:
             prepared = prepare_case(case, device, 11)
             triggered = rejected = 0
             for r in range(args.rounds):
-                plan = round_inputs(11 + r, (case.id, name, phase), r, fp8_kv=case.fp8_kv is not None)
+                plan = round_inputs(11 + r, (case.id, name, phase), r, **round_options(case))
                 result = run_timing(backend, TimingCall(Call(case, 11 + r), phase, config, inputs=plan), device)
                 samples = result.measurement.samples_ms
                 triggered += bool(seen_violation(samples[:-1], samples[-1:]))

@@ -107,7 +107,7 @@ class ExecutorTimer:
         from harness.backends.registry import get_backends
         from harness.execution.benchmark import judge_timed
         from harness.execution.call import Call
-        from harness.execution.integrity import round_inputs
+        from harness.execution.integrity import round_inputs, round_options
         from harness.execution.runner import prepare_case
         from harness.execution.timed import TimingCall
 
@@ -118,7 +118,7 @@ class ExecutorTimer:
         key = (case.id, backend, phase)
         index = self.rounds.get(key, self.first_round)
         self.rounds[key] = index + 1
-        plan = round_inputs(self.seed, key, index, fp8_kv=case.fp8_kv is not None)
+        plan = round_inputs(self.seed, key, index, **round_options(case))
         # the memory was measured in the run; known_memory skips the probe (an extra call per round)
         answer = self.executor.time(impl, TimingCall(Call(case, self.seed), phase, self.config,
                                                      estimate_ms=estimate_ms, known_memory=(0, "not measured"),

@@ -12,7 +12,7 @@ from harness.backends.base import Backend
 from harness.execution.call import Call
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
-from harness.execution.integrity import round_inputs
+from harness.execution.integrity import round_inputs, round_options
 from harness.execution.rounds import Round
 from harness.execution.timed import Observed, TimingCall
 from harness.measure.bandwidth import roofline_columns
@@ -100,8 +100,7 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase, config,
                         estimate_ms=prior.median if prior is not None else None, known_memory=timing_round.memory,
                         cpu_mem_budget=cpu_mem_budget,
-                        inputs=round_inputs(prepared.seed or 0, key, timing_round.index,
-                                            fp8_kv=case.fp8_kv is not None))
+                        inputs=round_inputs(prepared.seed or 0, key, timing_round.index, **round_options(case)))
     answer = executor.time(backend, timing, device)
     if answer.failure is not None:
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,

@@ -23,7 +23,10 @@ _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 #: An honest call costs the same on any values of one shape; a result cache on hits is 5-20x faster
 #: (tests/unit/execution/test_integrity_timing.py's planted kernels), and a stall on one call is not confirmed.
 SEEN_FACTOR = 3.0
-CONFIRM_CALLS = 3
+#: at most this many confirming pairs, ended by the first that is not slower on its new inputs: every pair must be
+#: for a rejection, so a bursty machine that stalls ~30 % of calls (samples of 1 ms and of 20-300 ms in one round,
+#: benchmarks/speed_rule_study.py) falsely rejects a triggered round with odds ~0.2^6, not ~0.2^3 or 0.2
+CONFIRM_CALLS = 6
 
 
 def run_seed(seed: int | None) -> int:
@@ -75,22 +78,31 @@ class Transform:
     qk: float = 1.0
     v: float = 1.0
     d_out: float = 1.0
+    #: a confirming input set's: one (batch, kv head) slice of v flipped in sign on top, so there are enough sets
+    #: whose content no other call of the round had (an FP8 cache has three exact transforms); timed, never judged
+    flip: int | None = None
 
     @property
     def identity(self) -> bool:
-        return (self.qk, self.v, self.d_out) == (1.0, 1.0, 1.0)
+        return (self.qk, self.v, self.d_out, self.flip) == (1.0, 1.0, 1.0, None)
 
     def inputs(self, inputs: Inputs) -> Inputs:
         q, k, v, d_out, sinks, bias = inputs
-        return Inputs(q * self.qk, k * self.qk, v * self.v, d_out * self.d_out, sinks, bias)
+        v = v * self.v
+        if self.flip is not None:  # canonical v: (batch, kv_heads, seq_k, head_dim_v)
+            v.flatten(0, 1)[self.flip].neg_()
+        return Inputs(q * self.qk, k * self.qk, v, d_out * self.d_out, sinks, bias)
 
     def factor(self, quantity: str) -> float:
         """What `quantity` of the verified answer is multiplied by to give this transform's answer."""
+        if self.flip is not None:
+            raise ValueError(f"{self.describe()}: a confirming input set is timed, never judged")
         return {"out": self.v, "dv": self.d_out, "dq": self.qk * self.v * self.d_out,
                 "dk": self.qk * self.v * self.d_out}.get(quantity, self.v * self.d_out)
 
     def describe(self) -> str:
-        return f"q,k x{self.qk:g}, v x{self.v:g}, dO x{self.d_out:g}"
+        flip = "" if self.flip is None else f", v slice {self.flip} x-1"
+        return f"q,k x{self.qk:g}, v x{self.v:g}, dO x{self.d_out:g}{flip}"
 
 
 #: the transforms drawn from: every answer changes (out by v, dv by dO, dq and dk by qk.v.dO: none is 1), so an
@@ -117,10 +129,17 @@ FP8_TRANSFORMS = tuple(Transform(qk, v, d) for qk in (1.0, -1.0) for v in (1.0, 
                        if (qk, v) != (1.0, 1.0))
 
 
-def round_inputs(seed: int, key: Iterable, round_index: int, *, fp8_kv: bool = False) -> RoundInputs:
+def round_options(case) -> dict:
+    """round_inputs' keywords for an AttentionCase: whether its K/V are an FP8 cache, and v's slices."""
+    return {"fp8_kv": case.fp8_kv is not None, "slices": case.batch * case.kv_heads}
+
+
+def round_inputs(seed: int, key: Iterable, round_index: int, *, fp8_kv: bool = False, slices: int = 1
+                 ) -> RoundInputs:
     """A round's transforms, drawn from the run's seed (nothing in the code tells which come next), its key and
     its round: rounds of a key start from different input sets while there are enough. fp8_kv: only the exact
-    transforms of an FP8 cache (FP8_TRANSFORMS)."""
+    transforms of an FP8 cache (FP8_TRANSFORMS). slices: v's (batch, kv head) slices, batch * kv_heads; with two
+    or more, the confirming sets are topped up to CONFIRM_CALLS with one slice of seen's v flipped."""
     order = list(FP8_TRANSFORMS if fp8_kv else TRANSFORMS)
     random.Random(f"{seed}:{':'.join(map(str, key))}").shuffle(order)
     seen = order[round_index % len(order)]
@@ -131,6 +150,9 @@ def round_inputs(seed: int, key: Iterable, round_index: int, *, fp8_kv: bool = F
     for t in rest:  # q, k, v unlike any other call's of the round: a forward has no dO to tell them apart
         if len(confirm) < CONFIRM_CALLS and all((t.qk, t.v) != (o.qk, o.v) for o in (seen, new, *confirm)):
             confirm.append(t)
+    if slices >= 2:  # each differs from seen in its slice, from new and the others elsewhere
+        for i in random.Random(f"{seed}:{round_index}").sample(range(slices), min(slices, CONFIRM_CALLS - len(confirm))):
+            confirm.append(Transform(seen.qk, seen.v, seen.d_out, flip=i))
     return RoundInputs(seen, new, tuple(confirm))
 
 

@@ -96,7 +96,7 @@ def test_a_round_s_new_inputs_change_every_answer_and_rounds_differ():
     seen = set()
     for index in range(3):
         r = round_inputs(11, ("c", "b", "fwd"), index)
-        assert isinstance(r, RoundInputs) and not r.seen.identity and len(r.confirm) == 3
+        assert isinstance(r, RoundInputs) and not r.seen.identity and len(r.confirm) == 4  # every (qk, v) unlike seen and new; slices top up the rest
         for q in ("out", "dq", "dk", "dv"):
             assert r.new.factor(q) != r.seen.factor(q)
         assert all((c.qk, c.v) not in {(r.seen.qk, r.seen.v), (r.new.qk, r.new.v)} for c in r.confirm)
@@ -201,14 +201,16 @@ def test_fp8_queries_round_inputs_are_exact_after_quantization():
             assert torch.equal(got.float(), verified.float() * factor)
 
 
-def test_each_confirming_pair_starts_its_two_calls_after_the_same_work():
+def test_each_confirming_pair_starts_its_two_calls_after_the_same_work(monkeypatch):
     """The speed rule's confirming pairs: a call on new inputs after renew, then a call on the same inputs after
     rehearse - renew's work done into scratch - never a call straight after another. On a loaded 2-core VM an honest
     bf16 CPU call right after the new inputs' copies was 8-16x slower than its immediate repeat (naive fwd, sdpa-math
     bwd: three rejected keys in one default run, 2026-12-02), as the OpenMP threads had to be woken; the old order
     (renew, call, call) rejected them."""
+    import harness.execution.timed as timed_module
     from harness.execution.timed import Phase, _Checks
 
+    monkeypatch.setattr(timed_module, "_once", lambda fn, device: (fn(), 1.0)[1])  # every call costs the same
     events = []
     inputs = make_inputs(CASE, "cpu", 3)
     phase = Phase(lambda: events.append("setup"), lambda: events.append("call"), None, {},
@@ -216,7 +218,8 @@ def test_each_confirming_pair_starts_its_two_calls_after_the_same_work():
                   lambda new: events.append("rehearse"))
     checks = _Checks(gamed.Recomputing(), phase, inputs, round_inputs(3, ("c", "b", "fwd"), 0))
     checks._confirm(CPU)
-    assert events == ["renew", "setup", "call", "rehearse", "setup", "call"] * len(checks.plan.confirm)
+    # the calls cost the same on any inputs: the first pair is not slower on its new ones, and ends it
+    assert events == ["renew", "setup", "call", "rehearse", "setup", "call"]
 
 
 @pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
@@ -265,3 +268,49 @@ def test_a_lucky_repeat_beside_a_stalled_new_call_on_a_noisy_round_is_not_a_cach
         checks._renewed = True
         problem = checks.finish(Measurement((round_ms,) * 9 + (12.0,), "cpu-clock", 1), CPU)[1]
         assert problem.startswith(expected) if expected else problem == "", (round_ms, problem)
+
+
+@pytest.mark.parametrize("fp8_kv", [False, True])
+def test_a_round_has_up_to_six_confirming_sets_whose_content_no_other_call_had(fp8_kv):
+    """An FP8 cache has three exact transforms, so one confirming pair used to be all it had; with v's (batch, kv
+    head) slices the confirming sets are topped up to CONFIRM_CALLS by flipping one slice of seen's v (timed only,
+    never judged: factor refuses them), each unlike every other call's inputs of the round."""
+    import torch
+
+    from harness.execution.integrity import CONFIRM_CALLS
+
+    case = AttentionCase(2, 4, 8, 16, "fp32", kv_heads=2)
+    inputs = make_inputs(case, "cpu", 1)
+    for r in range(6):
+        plan = round_inputs(9, ("k",), r, fp8_kv=fp8_kv, slices=case.batch * case.kv_heads)
+        exact = [t for t in plan.confirm if t.flip is None]  # 4 (qk, v) pairs unlike seen's and new's; FP8: 1
+        assert len(exact) == (1 if fp8_kv else 4)
+        assert len(plan.confirm) == min(CONFIRM_CALLS, len(exact) + case.batch * case.kv_heads)
+        sets = [t.inputs(inputs) for t in (plan.seen, plan.new, *plan.confirm)]
+        for i, a in enumerate(sets):
+            for b in sets[i + 1:]:
+                assert not (torch.equal(a.q, b.q) and torch.equal(a.k, b.k) and torch.equal(a.v, b.v))
+        flipped = [t for t in plan.confirm if t.flip is not None]
+        assert flipped and all(pytest.raises(ValueError, t.factor, "out") for t in flipped)
+
+
+def test_confirmation_ends_at_the_first_pair_not_slower_on_its_new_inputs(monkeypatch):
+    """Every pair must be slower on its new inputs for a rejection, so an honest key's confirmation stops at its
+    first even pair: a stall costs it one or two pairs, not six; a cache runs all six and is rejected."""
+    import harness.execution.timed as timed_module
+    from harness.measure.timing import Measurement
+
+    calls = []
+    phase = timed_module.Phase(None, lambda: None, None, {}, lambda new: None, lambda value: (None, {}), None,
+                               lambda new: None)
+    plan = round_inputs(9, ("k",), 0, slices=CASE.batch * CASE.kv_heads)
+    for pairs, expected_pairs, expected in (([(30.0, 1.0), (1.1, 1.0)], 2, ""),
+                                            ([(30.0, 1.0)] * 6, 6, "faster on inputs it has seen")):
+        times = iter(t for pair in pairs for t in pair)
+        calls.clear()
+        monkeypatch.setattr(timed_module, "_once", lambda fn, device: calls.append(1) or next(times))
+        checks = timed_module._Checks(gamed.Recomputing(), phase, make_inputs(CASE, "cpu", 3), plan)
+        checks._renewed = True
+        problem = checks.finish(Measurement((1.0,) * 9 + (30.0,), "cpu-clock", 1), CPU)[1]
+        assert len(calls) == 2 * expected_pairs
+        assert problem.startswith(expected) if expected else problem == ""
