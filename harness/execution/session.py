@@ -204,14 +204,17 @@ class RunSession:
             return self.cache.prepared.get(case)
         return self.cache.answers.get(case, lambda: replace(self.prepared(case), inputs=None))
 
-    def benchmark_round(self, case: AttentionCase, backend: Backend, phase: str, round_index: int) -> PerfResult | None:
-        """Time round `round_index` of one key, given what its earlier rounds found, and record its row (final as
-        built) and samples. None when an earlier round of this key already ended it (its row says why)."""
+    def benchmark_round(self, case: AttentionCase, backend: Backend, phase: str, round_index: int,
+                        verdict: BackendResult) -> PerfResult | None:
+        """Time round `round_index` of one key whose correctness `verdict` the caller holds (the run's, from
+        `verdict()`), given what its earlier rounds found, and record its row (final as built) and samples. The
+        round flows down from here - benchmark, executor, timed call - and back, never up into correctness again.
+        None when an earlier round of this key already ended it (its row says why)."""
         key = TimingKey(case.id, backend.name, phase)
         timing_round = self.schedule.next(key, round_index)
         if timing_round is None:
             return None
-        result = measure_phase(backend, self.timing_inputs(case), phase, self.verdict(case, backend),
+        result = measure_phase(backend, self.timing_inputs(case), phase, verdict,
                                config=self.schedule.timing_of(round_index), peaks=self.peaks, run_id=self.run_id,
                                cpu_mem_budget=self.cpu_mem_budget, timing_round=timing_round,
                                executor=self.executor, bw_peak=self.bw_peak)

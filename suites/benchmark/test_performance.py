@@ -22,7 +22,8 @@ EXTRA_INFO = ("case_id", "backend", "phase", "latency_ms", "latency_iqr_ms", "la
 def test_performance(case, backend, phase, perf_round, run_session, benchmark, request):
     if not request.config.getoption("benchmark_enabled"):
         pytest.skip("performance tests run only with --benchmark")
-    result = run_session.benchmark_round(case, backend, phase, perf_round)
+    verdict = run_session.verdict(case, backend)  # the correctness stage's (run now if -k left its test out)
+    result = run_session.benchmark_round(case, backend, phase, perf_round, verdict)
     if result is None:  # the reason is in that round's skip and row; repeating it would multiply the skip summary
         pytest.skip("not timed after an earlier round")
     if result.measurement is None:
