@@ -192,7 +192,8 @@ class Busy:
         self.procs = []
 
 
-def part_load(out: Path, pairs: int, loaded: bool, select: str, budget_s: float, busy: int, log) -> list[dict]:
+def part_load(out: Path, pairs: int, loaded: bool, select: str, budget_s: float, busy: int, log,
+              kinds: tuple[str, ...] = ("aa", "ab")) -> list[dict]:
     """The README's CI recipe under load (`busy` bursty CPU-bound processes started and stopped by the study) or
     without it: per pair, two runs of one commit then compare --remeasure (A/A), and the 2x slowdown of the
     tunable backend in a second worktree (A/B), each on the smoke matrix's keys that `select` picks."""
@@ -202,6 +203,8 @@ def part_load(out: Path, pairs: int, loaded: bool, select: str, budget_s: float,
     rows = []
     for i in range(pairs):
         for kind, (a_tree, b_tree) in (("aa", (ROOT, ROOT)), ("ab", (base_tree, new_tree))):
+            if kind not in kinds:
+                continue
             results = out / f"{name}-{kind}-{i:02d}"
             printed: list[str] = []
             with Busy(busy if loaded else 0, limit_s=1800, seed=i):
@@ -424,6 +427,7 @@ def main() -> None:
     parser.add_argument("--select", default="fp32-b2-h4-s64",
                         help="-k expression: the smoke keys of the load and quiet parts (default: 6 keys)")
     parser.add_argument("--busy", type=int, default=2, help="busy processes of the load parts")
+    parser.add_argument("--kinds", default="aa,ab", help="the load and quiet parts' pairs: aa (unchanged code), ab (2x)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     def log(row: dict) -> None:
@@ -444,7 +448,8 @@ def main() -> None:
         rows += part_aa(args.out, 1, "default", 600.0, log)
     for loaded, part in ((True, "load"), (False, "quiet")):
         if part in parts:
-            rows += part_load(args.out, args.pairs, loaded, args.select, args.budget_s, args.busy, log)
+            rows += part_load(args.out, args.pairs, loaded, args.select, args.budget_s, args.busy, log,
+                              tuple(args.kinds.split(",")))
     if "redecide" in parts:  # needs the stored load/quiet pairs (and their study.csv) under --out
         rows += part_redecide(args.out, log)
     if "noise" in parts:  # needs the stored smoke-aa and smoke-ab runs under --out
