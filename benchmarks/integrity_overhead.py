@@ -61,11 +61,16 @@ def main() -> None:
                 continue
             for phase in PHASES:
                 walls, lats = {False: [], True: []}, {False: [], True: []}
-                for _ in range(args.repeats):
-                    for checked in (False, True):
-                        wall, lat = one_round(backend, prepared, phase, config, checked)
-                        walls[checked].append(wall)
-                        lats[checked].append(lat)
+                try:
+                    for _ in range(args.repeats):
+                        for checked in (False, True):
+                            wall, lat = one_round(backend, prepared, phase, config, checked)
+                            walls[checked].append(wall)
+                            lats[checked].append(lat)
+                except Exception as exc:  # noqa: BLE001 - a key this script cannot time is listed, the rest go on
+                    print(f"{case.id + ' ' + backend.name + ' ' + phase:70s} not measured: {type(exc).__name__}: "
+                          f"{str(exc)[:120]}")
+                    continue
                 w = {c: statistics.median(v) for c, v in walls.items()}
                 totals[False] += w[False]
                 totals[True] += w[True]
