@@ -101,7 +101,8 @@ class FlashAttn2(Backend):
     native_probes = frozenset({"causal", "mask", "dropout"})
     modifiers = frozenset({"softcap", "alibi"})
     modifier_refusals = {
-        "sinks": "FlashAttention-2 has no sink logit (FlashAttention-3/4 add `learnable_sink=`)",
+        "sinks": ("FlashAttention-2 has no sink logit (FlashAttention-4 adds `learnable_sink=`; the hopper FA3 "
+                  "interface has none)"),
         "bias": "FlashAttention-2 takes no bias tensor (FlashAttention-4's score_mod can add one)",
         "head_dim_v": "FlashAttention-2 needs v's head dim equal to q/k's (FlashAttention-3 accepts a different one)",
     }

@@ -115,7 +115,7 @@ def test_fa2_refuses_what_it_lacks_naming_the_version_that_adds_it():
     fa2, cpu = FlashAttn2(), torch.device("cpu")
     why = {m: fa2.can_run(AttentionCase(1, 2, 4, 8, "bf16", **kw), cpu) for m, kw in
            [("sinks", dict(sinks=True)), ("bias", dict(bias="head")), ("dv", dict(head_dim_v=4))]}
-    assert "FlashAttention-3/4 add `learnable_sink=`" in why["sinks"][0]
+    assert "FlashAttention-4 adds `learnable_sink=`" in why["sinks"][0]
     assert "no bias tensor" in why["bias"][0] and "FlashAttention-3 accepts" in why["dv"][0]
     assert fa2.can_run(AttentionCase(1, 2, 4, 8, "bf16", softcap=50.0, alibi=True), cpu) == []
     assert fa2.modifier_path(AttentionCase(1, 2, 4, 8, "bf16", softcap=50.0, alibi=True)) == \
