@@ -205,7 +205,7 @@ def test_each_confirming_pair_starts_its_two_calls_after_the_same_work(monkeypat
     """The speed rule's confirming pairs: a call on new inputs after renew, then a call on the same inputs after
     rehearse - renew's work done into scratch - never a call straight after another. On a loaded 2-core VM an honest
     bf16 CPU call right after the new inputs' copies was 8-16x slower than its immediate repeat (naive fwd, sdpa-math
-    bwd: three rejected keys in one default run, 2026-12-02), as the OpenMP threads had to be woken; the old order
+    bwd: three rejected keys in one default run, 2026-12-02) (likely its OpenMP threads waking); the old order
     (renew, call, call) rejected them."""
     import harness.execution.timed as timed_module
     from harness.execution.timed import Phase, _Checks
