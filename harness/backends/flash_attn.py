@@ -13,9 +13,10 @@ from harness.spec.masks import (CacheCausal, Causal, CausalBottomRight, Document
                                 SlidingWindow)
 
 
-def fa2_args(mask: MaskSpec | None, seq_q: int, seq_k: int) -> dict:
+def fa2_args(mask: MaskSpec | None, seq_q: int, seq_k: int, name: str = "FA2") -> dict:
     """Mask spec -> FA2 keywords {causal, window_size} (+ 'key_lengths', or 'cu_seqlens_q'/'cu_seqlens_k' of
-    one batch element for Documents, for the varlen path).
+    one batch element for Documents, for the varlen path). `name`: whose keywords these are, in a refusal (FA3's
+    flash_attn_func takes the same causal and window_size).
 
     FA2 aligns causal and windows bottom-right; a top-left causal mask is the same only when seq_q == seq_k.
     Documents map to varlen directly: FA2's varlen causal is bottom-right within each sequence, as is theirs.
@@ -28,13 +29,13 @@ def fa2_args(mask: MaskSpec | None, seq_q: int, seq_k: int) -> dict:
     if isinstance(mask, CausalBottomRight) or (isinstance(mask, Causal) and seq_q == seq_k):
         return {"causal": True, "window_size": (-1, -1)}
     if isinstance(mask, Causal):
-        raise Unsupported(f"FA2 causal is bottom-right aligned; top-left causal with seq_q={seq_q} != seq_k={seq_k} "
-                          "has no FA2 form")
+        raise Unsupported(f"{name} causal is bottom-right aligned; top-left causal with seq_q={seq_q} != "
+                          f"seq_k={seq_k} has no {name} form")
     if isinstance(mask, SlidingWindow):
         return {"causal": False, "window_size": (mask.left, mask.right)}
     if isinstance(mask, KeyPadding):
         return {"causal": False, "window_size": (-1, -1), "key_lengths": mask.lengths}
-    raise Unsupported(f"FA2 has no form for mask {mask.id} (its varlen path aligns causal to each sequence's "
+    raise Unsupported(f"{name} has no form for mask {mask.id} (its varlen path aligns causal to each sequence's "
                       "own length, which differs from a padded top-left causal mask)")
 
 

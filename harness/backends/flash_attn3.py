@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Plan, Unsupported
+from harness.backends.flash_attn import fa2_args
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
-from harness.spec.masks import Causal, CausalBottomRight, SlidingWindow
 from harness.spec.paged import cu_seqlens, query_rows
 
 #: architectures the hopper build compiles for, and what it takes there (head dims rounded up to 64/96/128/192/256)
@@ -33,20 +33,13 @@ BACKWARD_HEAD_DIM_V = "FlashAttention-3's backward takes no V head dim other tha
 
 def fa3_args(case: AttentionCase) -> dict:
     """The mask's keywords of a contiguous case for flash_attn_func (causal, window_size), or Unsupported with the
-    reason. Its causal and windows are bottom-right, as CausalBottomRight and SlidingWindow are; a top-left Causal is
-    the same only when seq_q == seq_k."""
-    mask = case.mask
-    if mask is None:
-        return {"causal": False, "window_size": (-1, -1)}
-    if isinstance(mask, CausalBottomRight) or (isinstance(mask, Causal) and case.seq_q == case.seq_k):
-        return {"causal": True, "window_size": (-1, -1)}
-    if isinstance(mask, SlidingWindow):  # the same formula as FA2's, -1 unbounded
-        return {"causal": False, "window_size": (mask.left, mask.right)}
-    if isinstance(mask, Causal):
-        raise Unsupported(f"FlashAttention-3 causal is bottom-right aligned; top-left causal with seq_q={case.seq_q} "
-                          f"!= seq_k={case.seq_k} has no form")
-    raise Unsupported(f"FlashAttention-3 has no form for mask {mask.id} here (causal and windows only; key padding and "
-                      "documents through flash_attn_varlen_func are not translated)")
+    reason: FA2's translation (fa2_args), as flash_attn_func's causal and window_size are FA2's (bottom-right, -1
+    unbounded); the varlen forms it gives for key padding and documents are not translated here."""
+    args = fa2_args(case.mask, case.seq_q, case.seq_k, "FlashAttention-3")
+    if set(args) - {"causal", "window_size"}:
+        raise Unsupported(f"FlashAttention-3 has no form for mask {case.mask.id} here (causal and windows only; key "
+                          "padding and documents through flash_attn_varlen_func are not translated)")
+    return args
 
 
 def fa3_paged_args(case: AttentionCase, device) -> dict:
