@@ -1,11 +1,16 @@
-"""What the timing integrity checks cost (docs/integrity.md): one round of a key timed plain (the verified inputs,
-nothing observed) and checked (transformed inputs, input snapshots, the last two calls copied, the speed rule,
-and judging in the parent against the reference), interleaved so the machine's load falls on both alike.
+"""What the timing integrity checks cost (docs/integrity.md): a key timed as the main job times it (--rounds rounds,
+each its share of the default budget; the first estimates the latency and measures peak memory, the later ones are
+given both), plain (the verified inputs, nothing observed) and checked (transformed inputs, input snapshots, the
+last two calls copied, the speed rule, and judging against the reference), interleaved so the machine's load falls
+on both alike.
 
-    python benchmarks/integrity_overhead.py [--matrix smoke] [--backends naive sdpa] [--repeats 3] [--cases 6]
+    python benchmarks/integrity_overhead.py [--matrix default] [--backends naive sdpa] [--repeats 5] [--cases 30]
 
-Reports per key the CPU time of a round both ways (median over repeats) and the total over the slice; the
-median latency figure itself is also compared (the checks run outside the timed region: it should not move).
+The later rounds of both ways are given the same latency estimate (a calibration round's): a round's repetitions
+are its budget over the estimate, and the first round's estimate alone moved a fast key's round by +-40 % between
+two plain runs - noise that is not the checks'. Reports per key the wall and CPU time of its rounds both ways
+(median over repeats), and the total over the slice; the median latency figure itself is also compared (the
+checks run outside the timed region: it should not move).
 """
 
 from __future__ import annotations
@@ -17,68 +22,79 @@ import time
 import torch
 
 from harness.backends.registry import get_backends
-from harness.execution.benchmark import judge_timed
+from harness.execution.benchmark import judge_timed, phase_verdict
 from harness.execution.call import Call
 from harness.execution.integrity import round_inputs, round_options
-from harness.execution.runner import prepare_case
+from harness.execution.runner import execute, prepare_case
 from harness.execution.timed import TimingCall, run_timing
 from harness.measure.timing import TimingConfig
 from harness.spec.matrices import build_matrix
-from harness.store.schema import PHASES
+from harness.store.schema import PASS, PHASES
 
 
-def one_round(backend, prepared, phase, config, checked: bool) -> tuple[float, float]:
-    """(CPU seconds of this process over the round, median latency ms): CPU time, not wall time, so the other
-    processes of a shared machine do not count (they still slow its caches)."""
-    inputs = (round_inputs(prepared.seed, (prepared.case.id, backend.name, phase), 0, **round_options(prepared.case))
-              if checked else None)
-    start = time.process_time()
-    result = run_timing(backend, TimingCall(Call(prepared.case, prepared.seed), phase, config, inputs=inputs),
-                        prepared.device)
-    if checked and result.failure is None:
-        problem = judge_timed(backend, prepared, phase, result.observed) or result.integrity
-        assert not problem, problem
-    wall = time.process_time() - start
-    return wall, (result.measurement.median if result.measurement else float("nan"))
+def key_timing(backend, prepared, phase, rounds: int, estimate_ms: float, checked: bool, verified: dict
+               ) -> tuple[float, float, float]:
+    """(wall s, CPU s of this process, median latency ms of the last round) of timing one key in `rounds` rounds;
+    the rounds after the first are given `estimate_ms` and the first round's memory; `verified`: the key's
+    verdict's verified answers, as a suite run hands them to judge_timed."""
+    case, memory, wall, cpu, latency = prepared.case, None, 0.0, 0.0, float("nan")
+    for index in range(rounds):
+        inputs = (round_inputs(prepared.seed, (case.id, backend.name, phase), index, **round_options(case, phase))
+                  if checked else None)
+        timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase, TimingConfig().share(rounds, index),
+                            estimate_ms=None if index == 0 else estimate_ms, known_memory=memory, inputs=inputs)
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        result = run_timing(backend, timing, prepared.device)
+        if result.failure is not None:
+            raise RuntimeError(result.failure.reason)
+        if checked:
+            problem = judge_timed(backend, prepared, phase, result.observed, verified) or result.integrity
+            assert not problem, problem
+        wall += time.perf_counter() - start_wall
+        cpu += time.process_time() - start_cpu
+        memory, latency = (result.peak_mem_bytes, result.mem_method), result.measurement.median
+    return wall, cpu, latency
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--matrix", default="smoke")
+    parser.add_argument("--matrix", default="default")
     parser.add_argument("--backends", nargs="+", default=["naive", "sdpa"])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cases", type=int, default=6)
-    parser.add_argument("--budget-ms", type=float, default=100.0 / 3, help="one round's share of the default budget")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cases", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds a key, as --rounds of a suite run")
     args = parser.parse_args()
     device = torch.device("cpu")
-    config = TimingConfig.for_budget(args.budget_ms)
     totals = {False: 0.0, True: 0.0}
-    print(f"{'key':70s} {'plain cpu s':>11s} {'checked':>8s} {'+%':>6s} {'lat plain':>10s} {'lat chk':>9s}")
+    print(f"{'key':72s} {'plain s':>8s} {'checked':>8s} {'+% wall':>7s} {'+% cpu':>7s} {'lat plain':>10s} "
+          f"{'lat chk':>9s}")
     for case in build_matrix(args.matrix)[:args.cases]:
         prepared = prepare_case(case, device, 12345)
         for backend in get_backends(args.backends):
             if backend.can_run(case, device) or backend.unavailable_reason(device):
                 continue
+            verdict = execute(backend, prepared).released()
             for phase in PHASES:
-                walls, lats = {False: [], True: []}, {False: [], True: []}
+                if phase_verdict(verdict, phase)[0] != PASS:  # a suite run does not time it either
+                    continue
+                name = f"{case.id} {backend.name} {phase}"
+                runs = {False: [], True: []}
                 try:
+                    _, _, estimate = key_timing(backend, prepared, phase, 1, 0.0, False, {})  # calibration, warm-up
                     for _ in range(args.repeats):
                         for checked in (False, True):
-                            wall, lat = one_round(backend, prepared, phase, config, checked)
-                            walls[checked].append(wall)
-                            lats[checked].append(lat)
+                            runs[checked].append(key_timing(backend, prepared, phase, args.rounds, estimate, checked,
+                                                            verdict.verified))
                 except Exception as exc:  # noqa: BLE001 - a key this script cannot time is listed, the rest go on
-                    print(f"{case.id + ' ' + backend.name + ' ' + phase:70s} not measured: {type(exc).__name__}: "
-                          f"{str(exc)[:120]}")
+                    print(f"{name:72s} not measured: {type(exc).__name__}: {str(exc)[:120]}")
                     continue
-                w = {c: statistics.median(v) for c, v in walls.items()}
-                totals[False] += w[False]
-                totals[True] += w[True]
-                print(f"{case.id + ' ' + backend.name + ' ' + phase:70s} {w[False]:8.3f} {w[True]:9.3f} "
-                      f"{100 * (w[True] / w[False] - 1):6.1f} {statistics.median(lats[False]):10.4g} "
-                      f"{statistics.median(lats[True]):9.4g}")
-    print(f"total: plain {totals[False]:.2f} s, checked {totals[True]:.2f} s "
-          f"(+{100 * (totals[True] / totals[False] - 1):.1f}%); machine shared: {torch.get_num_threads()} threads, "
+                wall, cpu, lat = ({c: statistics.median(r[i] for r in runs[c]) for c in runs} for i in range(3))
+                totals[False] += wall[False]
+                totals[True] += wall[True]
+                print(f"{name:72s} {wall[False]:8.4f} {wall[True]:8.4f} {100 * (wall[True] / wall[False] - 1):7.1f} "
+                      f"{100 * (cpu[True] / cpu[False] - 1):7.1f} {lat[False]:10.4g} {lat[True]:9.4g}", flush=True)
+    print(f"total wall: plain {totals[False]:.2f} s, checked {totals[True]:.2f} s "
+          f"(+{100 * (totals[True] / totals[False] - 1):.1f}%); {torch.get_num_threads()} threads, "
           f"load average {open('/proc/loadavg').read().split()[0]}")
 
 

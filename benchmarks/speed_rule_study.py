@@ -53,7 +53,7 @@ def main() -> None:
             prepared = prepare_case(case, device, 11)
             triggered = rejected = 0
             for r in range(args.rounds):
-                plan = round_inputs(11 + r, (case.id, name, phase), r, **round_options(case))
+                plan = round_inputs(11 + r, (case.id, name, phase), r, **round_options(case, phase))
                 result = run_timing(backend, TimingCall(Call(case, 11 + r), phase, config, inputs=plan), device)
                 samples = result.measurement.samples_ms
                 triggered += bool(seen_violation(samples[:-1], samples[-1:]))

@@ -118,7 +118,7 @@ class ExecutorTimer:
         key = (case.id, backend, phase)
         index = self.rounds.get(key, self.first_round)
         self.rounds[key] = index + 1
-        plan = round_inputs(self.seed, key, index, **round_options(case))
+        plan = round_inputs(self.seed, key, index, **round_options(case, phase))
         # the memory was measured in the run; known_memory skips the probe (an extra call per round)
         answer = self.executor.time(impl, TimingCall(Call(case, self.seed), phase, self.config,
                                                      estimate_ms=estimate_ms, known_memory=(0, "not measured"),

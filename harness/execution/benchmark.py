@@ -12,7 +12,7 @@ from harness.backends.base import Backend
 from harness.execution.call import Call
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
-from harness.execution.integrity import round_inputs, round_options
+from harness.execution.integrity import IDENTITY, Transform, round_inputs, round_options
 from harness.execution.rounds import Round
 from harness.execution.timed import Observed, TimingCall
 from harness.measure.bandwidth import roofline_columns
@@ -21,7 +21,7 @@ from harness.measure.peaks import beyond_physical_limit
 from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig
 from harness.oracle.reference import Reference
-from harness.oracle.verdict import judge
+from harness.oracle.verdict import Check, judge, ruled
 from harness.spec.case import AttentionCase, Inputs, dtype_name
 from harness.store.rows import make_row
 from harness.store.schema import BWD, FWD, FWD_BWD, NOT_TIMED, PASS, REJECTED, TIMED, VERDICT_PHASES, Row
@@ -100,14 +100,14 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase, config,
                         estimate_ms=prior.median if prior is not None else None, known_memory=timing_round.memory,
                         cpu_mem_budget=cpu_mem_budget,
-                        inputs=round_inputs(prepared.seed or 0, key, timing_round.index, **round_options(case)))
+                        inputs=round_inputs(prepared.seed or 0, key, timing_round.index, **round_options(case, phase)))
     answer = executor.time(backend, timing, device)
     if answer.failure is not None:
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,
                               mem_method=answer.mem_method), None)
     m, mem_bytes, mem_method = answer.measurement, answer.peak_mem_bytes, answer.mem_method
     with stage("judging"):
-        problem = judge_timed(backend, prepared, phase, answer.observed) or answer.integrity
+        problem = judge_timed(backend, prepared, phase, answer.observed, verdict.verified) or answer.integrity
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
         where = f"round {timing_round.index + 1} of {timing_round.count}: " if timing_round.count > 1 else ""
         return PerfResult(row(REJECTED, f"{where}timed at median {m.median:.4g} ms, but {problem}"), None)
@@ -128,23 +128,60 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     return PerfResult(result, m, pooled)
 
 
-def judge_timed(backend: Backend, prepared: TimedCase, phase: str, observed: list[Observed]) -> str:
+def judge_timed(backend: Backend, prepared: TimedCase, phase: str, observed: list[Observed],
+                verified: dict[tuple[str, str], tuple[torch.Tensor, Check]] | None = None) -> str:
     """'' when what the timed calls returned is the verified answer of their inputs within the tolerance (never
-    bitwise: a nondeterministic kernel is honest); else the first failure, naming the call and the quantity."""
+    bitwise: a nondeterministic kernel is honest); else the first failure, naming the call and the quantity.
+
+    An answer that is a judged one times its transform's factor bit for bit - the verified answer of correctness
+    (`verified`, BackendResult.verified), else the last call's, judged first - has that one's figures, scaled
+    (_scaled_check: exact, as the transforms are); any other is compared with the float64 reference."""
     if not observed:
         return "nothing the timed calls returned came back to be judged"
-    case = prepared.case
+    case, verified = prepared.case, verified or {}
+    call = "no-grad" if phase == FWD else "grad"
     quantities = (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else [])
-    for i, o in enumerate(observed):
-        which = "the last call, on new inputs" if i == len(observed) - 1 else "a call on the round's inputs"
-        for quantity in quantities:
-            actual = o.out if quantity == "out" else o.grads.get(quantity)
+    for quantity in quantities:
+        answers = [o.out if quantity == "out" else o.grads.get(quantity) for o in observed]
+        naive = prepared.naive_error(quantity, backend.name)
+        known = verified.get((call, quantity))
+        checks: list[Check | None] = [None] * len(observed)
+        for i in [len(observed) - 1, *range(len(observed) - 1)]:  # the last first: the others may be scaled from it
+            actual, transform = answers[i], observed[i].transform
             if actual is None:
+                continue
+            last = len(observed) - 1
+            checks[i] = ((known and _scaled_check(known[1], actual, known[0], transform, IDENTITY, case.dtype, naive))
+                         or (i != last and _scaled_check(checks[last], actual, answers[last], transform,
+                                                         observed[last].transform, case.dtype, naive))
+                         or _judge_one(quantity, actual, transform, prepared, naive))
+        for i, (o, check) in enumerate(zip(observed, checks)):
+            which = "the last call, on new inputs" if i == len(observed) - 1 else "a call on the round's inputs"
+            if check is None:
                 return f"[{phase}, {which}] returned no {quantity}"
-            factor = o.transform.factor(quantity)
-            naive = prepared.naive_error(quantity, backend.name)
-            check = judge(quantity, actual, prepared.reference.get(quantity) * factor, case.dtype,
-                          None if naive is None else naive * abs(factor))
             if not check.passed:
                 return f"[{phase}, {which} ({o.transform.describe()})] {check.describe()}"
     return ""
+
+
+def _judge_one(quantity: str, actual: torch.Tensor, transform: Transform, prepared: TimedCase,
+               naive: float | None) -> Check:
+    """`actual` against the verified answer scaled as `transform` scales it, within the tolerance scaled alike."""
+    factor = transform.factor(quantity)
+    return judge(quantity, actual, prepared.reference.get(quantity), prepared.case.dtype,
+                 None if naive is None else naive * abs(factor), factor)
+
+
+def _scaled_check(judged: Check | None, actual: torch.Tensor, judged_actual: torch.Tensor, transform: Transform,
+                  judged_transform: Transform, dtype: torch.dtype, naive: float | None) -> Check | None:
+    """The Check of `actual` derived from one already judged, when `actual` is that answer times the ratio of
+    their transforms' factors bit for bit (a deterministic kernel's: the transforms are exact), so its error is
+    the judged error times that ratio, exactly; None when it is not (then it is judged on its own)."""
+    if judged is None or actual.shape != judged_actual.shape or actual.dtype != judged_actual.dtype:
+        return None
+    quantity = judged.quantity
+    ratio = transform.factor(quantity) / judged_transform.factor(quantity)  # a signed power of two
+    if not torch.equal(actual, judged_actual * ratio):
+        return None
+    return ruled(quantity, judged.err * abs(ratio), judged.nonfinite, judged.largest * abs(ratio), dtype,
+                 None if naive is None else naive * abs(transform.factor(quantity)))

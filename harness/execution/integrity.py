@@ -39,11 +39,20 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_BITS[t.element_size()]) if t.element_size() in _BITS and t.is_floating_point() else t
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same bits (NaN equal to itself, -0.0 unlike 0.0)."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+
+
 class Snapshot:
     """Bit-exact copies of named tensors, to tell afterwards which of them a call wrote into."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor | None]):
-        self._kept = {name: (t, _bits(t).clone()) for name, t in tensors.items() if t is not None}
+    def __init__(self, tensors: dict[str, torch.Tensor | None], copies: dict[str, torch.Tensor] | None = None):
+        """copies: tensors already equal to some of them bit for bit, and owned by the snapshot (what a refill
+        copied from): kept instead of cloning those again."""
+        copies = copies or {}
+        self._kept = {name: (t, _bits(copies[name]) if name in copies else _bits(t).clone())
+                      for name, t in tensors.items() if t is not None}
 
     def written(self) -> str:
         """'' when every tensor still holds what it held; else which were written, and how many elements."""
@@ -88,10 +97,14 @@ class Transform:
 
     def inputs(self, inputs: Inputs) -> Inputs:
         q, k, v, d_out, sinks, bias = inputs
-        v = v * self.v
+        # a factor of 1 hands the tensor on as it is: whoever gives it to a call copies it (backend_inputs)
+        if self.v != 1.0 or self.flip is not None:
+            v = v * self.v
         if self.flip is not None:  # canonical v: (batch, kv_heads, seq_k, head_dim_v)
             v.flatten(0, 1)[self.flip].neg_()
-        return Inputs(q * self.qk, k * self.qk, v, d_out * self.d_out, sinks, bias)
+        if self.qk != 1.0:
+            q, k = q * self.qk, k * self.qk
+        return Inputs(q, k, v, d_out * self.d_out, sinks, bias)
 
     def factor(self, quantity: str) -> float:
         """What `quantity` of the verified answer is multiplied by to give this transform's answer."""
@@ -104,6 +117,9 @@ class Transform:
         flip = "" if self.flip is None else f", v slice {self.flip} x-1"
         return f"q,k x{self.qk:g}, v x{self.v:g}, dO x{self.d_out:g}{flip}"
 
+
+#: the verified inputs as they are: the transform of correctness's call (a timed answer is scaled from its answer)
+IDENTITY = Transform()
 
 #: the transforms drawn from: every answer changes (out by v, dv by dO, dq and dk by qk.v.dO: none is 1), so an
 #: answer kept from any other call - correctness ran the identity - is wrong for them; 17 input sets
@@ -129,23 +145,31 @@ FP8_TRANSFORMS = tuple(Transform(qk, v, d) for qk in (1.0, -1.0) for v in (1.0, 
                        if (qk, v) != (1.0, 1.0))
 
 
-def round_options(case) -> dict:
-    """round_inputs' keywords for an AttentionCase: whether its K/V are an FP8 cache, and v's slices."""
-    return {"fp8_kv": case.fp8_kv is not None, "slices": case.batch * case.kv_heads}
+def round_options(case, phase: str) -> dict:
+    """round_inputs' keywords for an AttentionCase and a phase: whether its K/V are an FP8 cache, v's slices, and
+    whether the phase is the backward alone."""
+    from harness.store.schema import BWD
+
+    return {"fp8_kv": case.fp8_kv is not None, "slices": case.batch * case.kv_heads, "backward_alone": phase == BWD}
 
 
-def round_inputs(seed: int, key: Iterable, round_index: int, *, fp8_kv: bool = False, slices: int = 1
-                 ) -> RoundInputs:
+def round_inputs(seed: int, key: Iterable, round_index: int, *, fp8_kv: bool = False, slices: int = 1,
+                 backward_alone: bool = False) -> RoundInputs:
     """A round's transforms, drawn from the run's seed (nothing in the code tells which come next), its key and
     its round: rounds of a key start from different input sets while there are enough. fp8_kv: only the exact
     transforms of an FP8 cache (FP8_TRANSFORMS). slices: v's (batch, kv head) slices, batch * kv_heads; with two
-    or more, the confirming sets are topped up to CONFIRM_CALLS with one slice of seen's v flipped."""
+    or more, the confirming sets are topped up to CONFIRM_CALLS with one slice of seen's v flipped.
+    backward_alone: new differs from seen in dO alone - the graph already built gets a new dO, which changes every
+    gradient (dv by dO, dq and dk by qk.v.dO), so a per-graph memo is still wrong, and no new forward is made (on a
+    slow key it was a whole extra forward every round: +18 % on naive s1024's bwd, benchmarks/integrity_overhead.py)."""
     order = list(FP8_TRANSFORMS if fp8_kv else TRANSFORMS)
     random.Random(f"{seed}:{':'.join(map(str, key))}").shuffle(order)
     seen = order[round_index % len(order)]
     rest = order[round_index % len(order) + 1:] + order[:round_index % len(order)]
     new = next(t for t in rest if t.v != seen.v and t.d_out != seen.d_out
                and t.qk * t.v * t.d_out != seen.qk * seen.v * seen.d_out)
+    if backward_alone:
+        new = Transform(seen.qk, seen.v, new.d_out)
     confirm: list[Transform] = []
     for t in rest:  # q, k, v unlike any other call's of the round: a forward has no dO to tell them apart
         if len(confirm) < CONFIRM_CALLS and all((t.qk, t.v) != (o.qk, o.v) for o in (seen, new, *confirm)):

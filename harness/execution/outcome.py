@@ -70,6 +70,11 @@ def free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+#: the most bytes of verified answers a verdict keeps for timing: every CPU default case's (the largest, s1024 fp32,
+#: is 8 MiB with its gradients); a larger case's timed calls are judged against the float64 reference alone
+VERIFIED_BYTES = 16 * 2 ** 20
+
+
 @dataclass
 class BackendResult:
     """What one backend produced on one case (canonical layout) and the rows describing it."""
@@ -78,6 +83,10 @@ class BackendResult:
     checks: dict[str, Check] = field(default_factory=dict)
     out: torch.Tensor | None = None
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: what passed or failed, by (call, quantity) - call "no-grad" (the call inference and fwd timing make) or
+    #: "grad" (the training call): the answer as judged and its Check. Timing derives a timed answer's Check from
+    #: it when the timed answer is this one scaled bit for bit (benchmark.judge_timed), without a float64 pass.
+    verified: dict[tuple[str, str], tuple[torch.Tensor, Check]] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -95,5 +104,7 @@ class BackendResult:
         return next(r for r in self.rows if r.phase == phase)
 
     def released(self) -> "BackendResult":
-        """The same verdict without the output and gradient tensors (kept for later stages of a run)."""
-        return BackendResult(self.rows, self.checks)
+        """The same verdict without the output and gradient tensors (kept for later stages of a run); the verified
+        answers stay while they are small (VERIFIED_BYTES): timing judges its calls by them."""
+        size = sum(t.numel() * t.element_size() for t, _ in self.verified.values())
+        return BackendResult(self.rows, self.checks, verified=self.verified if size <= VERIFIED_BYTES else {})

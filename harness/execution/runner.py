@@ -171,6 +171,11 @@ def _judged_forward(backend: Backend, prepared: PreparedCase, answer: CallResult
     check = max((c for _, c in paths), key=lambda c: c.ratio)
     failed = [path + c.describe() for path, c in paths if not c.passed]
     result = BackendResult([], {"out": check}, answer.out)
+    if answer.inference_out is not None:
+        result.verified[("no-grad", "out")] = (answer.inference_out, paths[0][1])
+    # one call alone is the no-grad call (a backend that cannot train here) - the training call otherwise. The call
+    # is only which timed call tries it first: a Check derived from any judged answer is exact (judge_timed)
+    result.verified[("grad" if answer.inference_out is not None else "no-grad", "out")] = (answer.out, paths[-1][1])
     reason = "; ".join(filter(None, [*failed, note]))
     result.rows.append(verdict_row(prepared, backend, FWD, PASS if check.passed else FAIL, reason, [check],
                                    run_id, op=answer.op, tag=tag))
@@ -187,6 +192,7 @@ def _judged_backward(backend: Backend, prepared: PreparedCase, answer: CallResul
             checks.append(judge(name, answer.grads[name], prepared.reference.get(name), case.dtype,
                                 prepared.naive_error(name, backend.name)))
         result.checks[name] = checks[-1]
+        result.verified[("grad", name)] = (answer.grads[name], checks[-1])
     failed = [c.describe() for c in checks if not c.passed]
     return verdict_row(prepared, backend, BWD, FAIL if failed else PASS,
                        "; ".join(filter(None, failed + [prepared.note_for(backend.name)])), checks, run_id,

@@ -12,7 +12,7 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.cache import LRU
 from harness.execution.call import BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves
-from harness.execution.integrity import RoundInputs, Snapshot, Transform, aliased, seen_violation
+from harness.execution.integrity import RoundInputs, Snapshot, Transform, aliased, same_bits, seen_violation
 from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
 from harness.measure.memory import CPU_METHOD, first_call_peak, peak_memory
@@ -72,8 +72,9 @@ class Phase:
     """What timing a phase runs: `setup` before every repetition (outside the timed region), `fn` the timed call,
     and `build`, what fn reads made anew (a backward's forward), run before any of it - on the capture stream
     when timed as a CUDA graph, and captured there too.
-    buffers: the call's inputs by name (q, k, v, dO, sinks, bias); refill(inputs): new values into them;
-    renew(inputs): refill, and a new forward for the backward alone; rehearse(inputs): renew's work with the
+    buffers: the call's inputs by name (q, k, v, dO, sinks, bias); refill(inputs): new values into them, and
+    returns what it copied from by name (fresh tensors equal to the buffers, bit for bit, as a Snapshot's copies);
+    renew(inputs): refill, and a new forward for the backward alone (returning refill's); rehearse(inputs): renew's work with the
     buffers and the forward left as they are (what precedes a call on seen inputs in the speed rule's pairs);
     observe(value): a copy of what the call returned (Observed's tensors, on the device, the backend's layout)."""
 
@@ -81,9 +82,9 @@ class Phase:
     fn: Callable[[], object]
     build: Callable[[], None] | None = None
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
-    renew: Callable[[Inputs], None] | None = None
+    renew: Callable[[Inputs], dict[str, torch.Tensor]] | None = None
     observe: Callable[[object], tuple[torch.Tensor | None, dict[str, torch.Tensor]]] | None = None
-    refill: Callable[[Inputs], None] | None = None
+    refill: Callable[[Inputs], dict[str, torch.Tensor]] | None = None
     rehearse: Callable[[Inputs], None] | None = None
 
 
@@ -104,15 +105,23 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         for t in (q, k, v, *leaves.values()):
             t.grad = None
 
-    def refill(new: Inputs) -> None:
-        with torch.no_grad():
-            for mine, theirs in zip((q, k, v, d_out), backend_inputs(backend, case, new, requires_grad=False)):
-                mine.copy_(theirs)
+    copied: list[str] = []
 
-    def renew(new: Inputs) -> None:
-        refill(new)
-        if built:  # the backward alone: a new forward on the new inputs (a graph of its own)
-            build()
+    def refill(new: Inputs) -> dict[str, torch.Tensor]:
+        sources = dict(zip(("q", "k", "v", "dO"), backend_inputs(backend, case, new, requires_grad=False)))
+        copied.clear()
+        with torch.no_grad():
+            for (name, theirs), mine in zip(sources.items(), (q, k, v, d_out)):
+                if not same_bits(mine.detach(), theirs):  # an unchanged leaf is left alone: the graph stays valid
+                    mine.copy_(theirs)
+                    copied.append(name)
+        return sources
+
+    def renew(new: Inputs) -> dict[str, torch.Tensor]:
+        sources = refill(new)
+        if built and {"q", "k", "v"} & set(copied):  # the backward alone on new q, k or v: a new forward (a graph
+            build()                                  # of its own); a new dO alone runs on the graph already built
+        return sources
 
     def rehearse(new: Inputs) -> None:
         # renew's copies and forward, into scratch: the buffers' contents, versions and graph stay what the last
@@ -157,9 +166,10 @@ def graph_phase(timed: Phase, device: torch.device) -> tuple[Phase, Captured]:
     a replay returns (the static output; the gradients the graph writes stay the leaves' .grad) is observed."""
     captured = Captured(timed.fn, timed.setup, device, timed.build)
 
-    def renew(new: Inputs) -> None:
-        timed.refill(new)
+    def renew(new: Inputs) -> dict[str, torch.Tensor]:
+        sources = timed.refill(new)
         captured.rebuild()
+        return sources
 
     return (Phase(None, captured.replay, None, timed.buffers, renew, timed.observe, timed.refill, timed.rehearse),
             captured)
@@ -256,8 +266,8 @@ class _Checks:
     def renew(self) -> None:
         """Before the last repetition: what the seen calls wrote, then the new inputs into the same buffers."""
         self._note(self.snapshot.written())
-        self.timed.renew(self.plan.new.inputs(self.verified))
-        self.snapshot = Snapshot(self.timed.buffers)
+        copied_from = self.timed.renew(self.plan.new.inputs(self.verified))
+        self.snapshot = Snapshot(self.timed.buffers, copied_from)
         self._renewed = True
 
     def observe(self, value, renewed: bool) -> None:

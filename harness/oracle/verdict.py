@@ -44,6 +44,8 @@ class Check:
     nonfinite: bool
     #: how `tol` was formed, in figures (so a failure message defines its own numbers)
     rule: str = ""
+    #: max |ref| of the reference compared with (0 when empty)
+    largest: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -71,38 +73,56 @@ class Check:
 CHUNK = 1 << 18
 
 
-def compare(actual: torch.Tensor, ref: torch.Tensor) -> tuple[float, bool, float]:
-    """(max |actual - ref| over finite entries, whether actual has NaN/inf where ref is finite, max |ref|), in one
-    chunked pass. A chunk whose difference is all finite (the usual case) needs no finiteness masks; one that is
-    not is compared exactly as the whole-tensor formula would: bad entries zeroed, NaN propagated."""
+def compare(actual: torch.Tensor, ref: torch.Tensor, factor: float = 1.0) -> tuple[float, bool, float]:
+    """(max |actual - factor * ref| over finite entries, whether actual has NaN/inf where ref is finite,
+    max |factor * ref|), in one chunked pass. factor: a signed power of two (a timed call's transform,
+    integrity.Transform.factor), so factor * ref is exact and never made. A chunk whose difference is all finite
+    (the usual case) needs no finiteness masks; one that is not is compared exactly as the whole-tensor formula
+    would: bad entries zeroed, NaN propagated. One float64 scratch per call and in-place work on it: on this
+    2-core VM a fresh float64 temporary per step cost more than the arithmetic (page faults of each allocation)."""
+    if math.frexp(factor)[0] not in (0.5, -0.5):
+        raise ValueError(f"compare factor {factor!r} is not a signed power of two (exact scaling is)")
     actual = actual.detach()
     if actual.shape != ref.shape:
         raise ValueError(f"output shape {tuple(actual.shape)} != reference shape {tuple(ref.shape)}")
     if actual.numel() == 0:
         return 0.0, False, float("nan")
-    flat_actual, flat_ref = actual.to("cpu").reshape(-1), ref.detach().to("cpu").reshape(-1)
+    actual, ref = actual.to("cpu"), ref.detach().to("cpu")
+    n = actual.numel()
+    if n <= CHUNK:  # one chunk, in its own shape: a transposed layout's gradient is not copied to be flattened
+        pairs = [(actual, ref)]
+    else:
+        flat_actual, flat_ref = actual.reshape(-1), ref.reshape(-1)
+        pairs = ((flat_actual[s:s + CHUNK], flat_ref[s:s + CHUNK]) for s in range(0, n, CHUNK))
+    scratch = torch.empty(min(CHUNK, n), dtype=torch.float64)
     worst, largest, nonfinite = [], [], False
-    for start in range(0, flat_ref.numel(), CHUNK):
-        a = flat_actual[start:start + CHUNK].to(torch.float64)
-        r = flat_ref[start:start + CHUNK]
-        diff = (a - r).abs_()
+    for a, r in pairs:
+        diff = scratch[:a.numel()].view(a.shape).copy_(a).sub_(r, alpha=factor).abs_()
         chunk_max = diff.max()
         if not torch.isfinite(chunk_max):
             bad = ~torch.isfinite(a) & torch.isfinite(r)
             nonfinite = nonfinite or bool(bad.any())
             chunk_max = diff.masked_fill_(bad, 0.0).max()
         worst.append(chunk_max)
-        largest.append(r.abs().max())
-    return float(torch.stack(worst).max()), nonfinite, float(torch.stack(largest).max())
+        low, high = torch.aminmax(r)
+        largest.append(torch.maximum(-low, high))
+    return float(torch.stack(worst).max()), nonfinite, abs(factor) * float(torch.stack(largest).max())
 
 
 def judge(quantity: str, actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
-          naive_err: float | None) -> Check:
-    """Compare one quantity; naive_err=None means this *is* the naive baseline (fixed bound)."""
+          naive_err: float | None, factor: float = 1.0) -> Check:
+    """Compare one quantity with `factor * ref` (compare); naive_err=None means this *is* the naive baseline
+    (fixed bound)."""
     if dtype not in FLOORS:
         raise ValueError(f"no tolerance for dtype {dtype}; allowed: {', '.join(map(str, FLOORS))}")
-    err, nonfinite, largest = compare(actual, ref)
-    magnitude = max(1.0, largest) if ref.numel() else 1.0
+    err, nonfinite, largest = compare(actual, ref, factor)
+    return ruled(quantity, err, nonfinite, largest if ref.numel() else 0.0, dtype, naive_err)
+
+
+def ruled(quantity: str, err: float, nonfinite: bool, largest: float, dtype: torch.dtype,
+          naive_err: float | None) -> Check:
+    """The Check of a comparison already made (compare's figures): the tolerance the rule above gives."""
+    magnitude = max(1.0, largest)
     scale = f"max(1, max|ref|)={magnitude:.3g}"
     if naive_err is None:
         tol = NAIVE_BOUND[dtype] * magnitude
@@ -110,4 +130,4 @@ def judge(quantity: str, actual: torch.Tensor, ref: torch.Tensor, dtype: torch.d
     else:
         tol = FACTORS[quantity] * naive_err + FLOORS[dtype] * magnitude
         rule = f"{FACTORS[quantity]:g} x naive's err {naive_err:.3g} + {FLOORS[dtype]:g} x {scale}"
-    return Check(quantity, err, tol, naive_err, nonfinite, rule)
+    return Check(quantity, err, tol, naive_err, nonfinite, rule, largest)

@@ -39,7 +39,7 @@ def _timed(backend, phase, case=CASE, rounds=1, seed=3):
     (gamed.CachedNoGrad, "fwd", "out err"),
     (gamed.GradsFirstThenZeros, "bwd", "dq err"),
     (gamed.GradsFirstThenZeros, "fwd+bwd", "dq err"),
-    (gamed.MemoPerGraph, "bwd", "faster on inputs it has seen"),
+    (gamed.MemoPerGraph, "bwd", "on new inputs (q,k x1, v x-1, dO x-1)] dq err"),  # a new dO on its graph
     (gamed.ContentCache, "fwd", "faster on inputs it has seen"),
 ])
 def test_a_kernel_that_cheats_when_timed_loses_its_figure(kernel, phase, words):
@@ -314,3 +314,36 @@ def test_confirmation_ends_at_the_first_pair_not_slower_on_its_new_inputs(monkey
         problem = checks.finish(Measurement((1.0,) * 9 + (30.0,), "cpu-clock", 1), CPU)[1]
         assert len(calls) == 2 * expected_pairs
         assert problem.startswith(expected) if expected else problem == ""
+
+
+def test_a_seen_answer_that_is_the_new_one_scaled_bit_for_bit_is_judged_by_its_figures_else_on_its_own():
+    """judge_timed judges the last (new-input) answer against the reference; an answer on the round's inputs that
+    is that answer times the transforms' ratio bit for bit (a deterministic kernel's: the transforms are exact)
+    gets the same figures scaled, with no second pass over the reference - the same figures a pass would give.
+    One that is not (a nondeterministic kernel, or one wrong on seen inputs alone) is judged on its own."""
+    import torch
+
+    from harness.execution.benchmark import _judge_one, _scaled_check, judge_timed
+    from harness.execution.timed import Observed
+
+    prepared = prepare_case(CASE, CPU, 5)
+    plan = round_inputs(5, (CASE.id, "sdpa", "fwd"), 0)
+    verified = prepared.reference.out.to(torch.float32)
+    new_out = verified * plan.new.factor("out")
+    honest_seen = verified * plan.seen.factor("out")
+    naive = prepared.naive_error("out", "sdpa")
+    judged = _judge_one("out", honest_seen, plan.seen, prepared, naive)
+    assert judge_timed(gamed.Recomputing(), prepared, "fwd",
+                       [Observed(plan.seen, honest_seen), Observed(plan.new, new_out)]) == ""
+    derived = _scaled_check(_judge_one("out", new_out, plan.new, prepared, naive), honest_seen, new_out, plan.seen,
+                            plan.new, CASE.dtype, naive)
+    assert derived is not None and (derived.err, derived.tol, derived.largest) == (judged.err, judged.tol,
+                                                                                   judged.largest)
+    jittered = honest_seen + 1e-7 * torch.randn_like(honest_seen)  # within the tolerance, not bitwise scaled
+    assert judge_timed(gamed.Recomputing(), prepared, "fwd",
+                       [Observed(plan.seen, jittered), Observed(plan.new, new_out)]) == ""
+    wrong_seen = honest_seen.clone()
+    wrong_seen.view(-1)[3] += 1.0
+    problem = judge_timed(gamed.Recomputing(), prepared, "fwd",
+                          [Observed(plan.seen, wrong_seen), Observed(plan.new, new_out)])
+    assert problem.startswith("[fwd, a call on the round's inputs") and "out err" in problem

@@ -67,3 +67,23 @@ def test_shape_mismatch_and_empty_tensors():
     with pytest.raises(ValueError, match=r"output shape \(2, 3\) != reference shape \(3, 2\)"):
         verdict.compare(torch.zeros(2, 3), torch.zeros(3, 2, dtype=torch.float64))
     assert verdict.compare(torch.zeros(0, 4), torch.zeros(0, 4, dtype=torch.float64))[:2] == (0.0, False)
+
+
+@pytest.mark.parametrize("factor", [-1.0, 2.0, -0.5, 4.0])
+@pytest.mark.parametrize("plant", ["none", "nan", "inf", "ref-nan"])
+def test_a_factor_compares_with_the_scaled_reference_exactly(factor, plant):
+    """compare(actual, ref, factor) is compare(actual, factor * ref) without making factor * ref (a timed call's
+    transform scales the verified answer by a signed power of two): the same figures, bit for bit."""
+    torch.manual_seed(3)
+    ref = torch.randn(2, 5, 5, dtype=torch.float64)
+    actual = (ref * factor).to(torch.float32)
+    if plant in ("nan", "inf"):
+        actual.view(-1)[8] = float(plant)
+    elif plant == "ref-nan":
+        ref.view(-1)[8] = float("nan")
+    assert same(verdict.compare(actual, ref, factor), whole_tensor(actual, ref * factor))
+
+
+def test_a_factor_that_is_not_a_power_of_two_is_refused():
+    with pytest.raises(ValueError, match=r"compare factor 3.0 is not a signed power of two"):
+        verdict.compare(torch.zeros(2), torch.zeros(2, dtype=torch.float64), 3.0)
