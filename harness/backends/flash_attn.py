@@ -227,11 +227,11 @@ def fa2_mixed_plan(case, device) -> dict:
     """flash_attn_varlen_func's arguments of a mixed serving step over a paged cache: cu_seqlens_q from the query
     lengths and cu_seqlens_k from the cache lengths (int32, (batch + 1,)), their maxima, and `rows` (int64 indices
     of the padded q's (batch * seq_q) rows that carry a query, in request order)."""
-    q_lens, lengths = case.mask.q_lens, case.mask.lengths
-    from harness.spec.paged import cu_seqlens, query_rows
+    from harness.spec.paged import cu_seqlens, mixed_step_queries
 
-    return {"mode": "paged-varlen", "cu_q": cu_seqlens(q_lens).to(device), "cu_k": cu_seqlens(lengths).to(device),
-            "max_q": max(q_lens), "max_k": max(lengths), "rows": query_rows(case).to(device)}
+    queries, lengths = mixed_step_queries(case, device), case.mask.lengths
+    return {"mode": "paged-varlen", "cu_q": queries["cu_seqlens_q"], "cu_k": cu_seqlens(lengths).to(device),
+            "max_q": queries["max_seqlen_q"], "max_k": max(lengths), "rows": queries["rows"]}
 
 
 def fa2_plan(case, device) -> dict:

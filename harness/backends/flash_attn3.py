@@ -17,7 +17,7 @@ from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Plan, 
 from harness.backends.flash_attn import fa2_args
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
-from harness.spec.paged import cu_seqlens, query_rows
+from harness.spec.paged import mixed_step_queries
 
 #: architectures the hopper build compiles for, and what it takes there (head dims rounded up to 64/96/128/192/256)
 ARCHITECTURES = {9: {"name": "sm90", "max_head_dim": 256}}
@@ -45,12 +45,7 @@ def fa3_args(case: AttentionCase) -> dict:
 def fa3_paged_args(case: AttentionCase, device) -> dict:
     """flash_attn_with_kvcache's keywords of a paged case besides q, the caches and page_table: causal, and for a
     mixed step cu_seqlens_q / max_seqlen_q with `rows` (the padded q's rows that carry a query, packed)."""
-    out = {"causal": True, "rows": None}
-    if case.mask.mixed:
-        q_lens = case.mask.q_lens
-        cu, rows = cu_seqlens(q_lens).to(device), query_rows(case).to(device)
-        out.update(cu_seqlens_q=cu, max_seqlen_q=max(q_lens), rows=rows)
-    return out
+    return {"causal": True, "rows": None, **(mixed_step_queries(case, device) if case.mask.mixed else {})}
 
 
 def fa3_descales(batch: int, kv_heads: int, q_scale: torch.Tensor, k_scale: torch.Tensor,

@@ -17,7 +17,7 @@ from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Plan, 
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, SlidingWindow
-from harness.spec.paged import cu_seqlens, query_rows
+from harness.spec.paged import mixed_step_queries
 
 
 def _sm100_fits(d: int, dv: int) -> bool:
@@ -172,12 +172,8 @@ def fa4_paged_args(case: AttentionCase, device) -> dict:
     """flash_attn_varlen_func's arguments of a paged case besides q, K/V, page_table: seqused_k (the cache lengths),
     and for a mixed step cu_seqlens_q / max_seqlen_q with `rows` (the padded q's rows that carry a query)."""
     lengths = torch.tensor(case.mask.lengths, dtype=torch.int32, device=device)
-    out = {"seqused_k": lengths, "causal": True, "rows": None}
-    if case.mask.mixed:
-        q_lens = case.mask.q_lens
-        cu, rows = cu_seqlens(q_lens).to(device), query_rows(case).to(device)
-        out.update(cu_seqlens_q=cu, max_seqlen_q=max(q_lens), rows=rows)
-    return out
+    return {"seqused_k": lengths, "causal": True, "rows": None,
+            **(mixed_step_queries(case, device) if case.mask.mixed else {})}
 
 
 @dataclass

@@ -137,6 +137,14 @@ def query_rows(case: "AttentionCase") -> torch.Tensor:
     return torch.cat([b * case.seq_q + torch.arange(n) for b, n in enumerate(case.mask.q_lens)])
 
 
+def mixed_step_queries(case: "AttentionCase", device) -> dict:
+    """A mixed serving step's queries as varlen kernels take them packed: cu_seqlens_q (int32, (batch + 1,)) and
+    max_seqlen_q from the query lengths, and `rows` (query_rows, to scatter the packed output back)."""
+    q_lens = case.mask.q_lens
+    return {"cu_seqlens_q": cu_seqlens(q_lens).to(device), "max_seqlen_q": max(q_lens),
+            "rows": query_rows(case).to(device)}
+
+
 def cu_seqlens(lengths) -> torch.Tensor:
     """Varlen kernels' offsets, (len(lengths) + 1,) int32: 0, then the running sum of `lengths`."""
     return torch.nn.functional.pad(torch.as_tensor(lengths).cumsum(0), (1, 0)).to(torch.int32)
