@@ -72,10 +72,11 @@ class Phase:
     """What timing a phase runs: `setup` before every repetition (outside the timed region), `fn` the timed call,
     and `build`, what fn reads made anew (a backward's forward), run before any of it - on the capture stream
     when timed as a CUDA graph, and captured there too.
-    buffers: the call's inputs by name (q, k, v, dO, sinks, bias); refill(inputs): new values into them, and
-    returns what it copied from by name (fresh tensors equal to the buffers, bit for bit, as a Snapshot's copies);
-    renew(inputs): refill, and a new forward for the backward alone (returning refill's); rehearse(inputs): renew's work with the
-    buffers and the forward left as they are (what precedes a call on seen inputs in the speed rule's pairs);
+    buffers: the call's inputs by name (q, k, v, dO, sinks, bias); refill(inputs): new values into the buffers
+    whose bits change, and returns what it copied from by name (fresh tensors equal to the buffers, bit for bit, as
+    a Snapshot's copies); renew(inputs): refill, and for the backward alone a new forward when q, k or v changed
+    (returning refill's); rehearse(inputs): renew's work with the buffers and the forward left as they are (what
+    precedes a call on seen inputs in the speed rule's pairs);
     observe(value): a copy of what the call returned (Observed's tensors, on the device, the backend's layout)."""
 
     setup: Callable[[], None] | None
