@@ -41,6 +41,7 @@ def _timed(backend, phase, case=CASE, rounds=1, seed=3):
     (gamed.GradsFirstThenZeros, "fwd+bwd", "dq err"),
     (gamed.MemoPerGraph, "bwd", "on new inputs (q,k x1, v x-1, dO x-1)] dq err"),  # a new dO on its graph
     (gamed.ContentCache, "fwd", "faster on inputs it has seen"),
+    (gamed.MemoPerGraphAndDO, "bwd", "faster on inputs it has seen"),  # right on the new dO: slow only there
 ])
 def test_a_kernel_that_cheats_when_timed_loses_its_figure(kernel, phase, words):
     result = _timed(kernel(), phase)
