@@ -3,6 +3,7 @@ verified backend; only phases whose correctness passed are timed."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -106,7 +107,7 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,
                               mem_method=answer.mem_method), None)
     m, mem_bytes, mem_method = answer.measurement, answer.peak_mem_bytes, answer.mem_method
-    with stage("judging"):
+    with stage("judging"), _one_thread_on_cpu(device):
         problem = judge_timed(backend, prepared, phase, answer.observed, verdict.verified) or answer.integrity
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
         where = f"round {timing_round.index + 1} of {timing_round.count}: " if timing_round.count > 1 else ""
@@ -135,22 +136,28 @@ def judge_timed(backend: Backend, prepared: TimedCase, phase: str, observed: lis
 
     An answer that is a judged one times its transform's factor bit for bit - the verified answer of correctness
     (`verified`, BackendResult.verified), else the last call's, judged first - has that one's figures, scaled
-    (_scaled_check: exact, as the transforms are); any other is compared with the float64 reference."""
+    (_scaled_check: exact, as the transforms are) - or told so where the calls ran (Observed.scaled_last); any
+    other is compared with the float64 reference."""
     if not observed:
         return "nothing the timed calls returned came back to be judged"
     case, verified = prepared.case, verified or {}
     call = "no-grad" if phase == FWD else "grad"
     quantities = (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else [])
+    last = len(observed) - 1
     for quantity in quantities:
-        answers = [o.out if quantity == "out" else o.grads.get(quantity) for o in observed]
+        answers = [o.answer(quantity) for o in observed]
         naive = prepared.naive_error(quantity, backend.name)
         known = verified.get((call, quantity))
         checks: list[Check | None] = [None] * len(observed)
-        for i in [len(observed) - 1, *range(len(observed) - 1)]:  # the last first: the others may be scaled from it
+        for i in [last, *range(last)]:  # the last first: the others may be scaled from it
             actual, transform = answers[i], observed[i].transform
+            if i != last and quantity in observed[i].scaled_last:  # told where the calls ran (timed._drop_scaled)
+                checks[i] = checks[last] and _scaled(checks[last], transform.factor(quantity)
+                                                     / observed[last].transform.factor(quantity), case.dtype,
+                                                     None if naive is None else naive * abs(transform.factor(quantity)))
+                continue
             if actual is None:
                 continue
-            last = len(observed) - 1
             checks[i] = ((known and _scaled_check(known[1], actual, known[0], transform, IDENTITY, case.dtype, naive))
                          or (i != last and _scaled_check(checks[last], actual, answers[last], transform,
                                                          observed[last].transform, case.dtype, naive))
@@ -162,6 +169,22 @@ def judge_timed(backend: Backend, prepared: TimedCase, phase: str, observed: lis
             if not check.passed:
                 return f"[{phase}, {which} ({o.transform.describe()})] {check.describe()}"
     return ""
+
+
+@contextlib.contextmanager
+def _one_thread_on_cpu(device: torch.device):
+    """This process's torch on one thread for the block, on a CPU run: there the cores belong to the workers, whose
+    OpenMP threads still spin after a call, and a two-thread op here waited for a core at every step - the
+    default run's timed judging took 5.6 s on two threads and 1.1 s on one (2-core VM, 984 rounds)."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _judge_one(quantity: str, actual: torch.Tensor, transform: Transform, prepared: TimedCase,
@@ -183,5 +206,10 @@ def _scaled_check(judged: Check | None, actual: torch.Tensor, judged_actual: tor
     ratio = transform.factor(quantity) / judged_transform.factor(quantity)  # a signed power of two
     if not torch.equal(actual, judged_actual * ratio):
         return None
-    return ruled(quantity, judged.err * abs(ratio), judged.nonfinite, judged.largest * abs(ratio), dtype,
-                 None if naive is None else naive * abs(transform.factor(quantity)))
+    return _scaled(judged, ratio, dtype, None if naive is None else naive * abs(transform.factor(quantity)))
+
+
+def _scaled(judged: Check, ratio: float, dtype: torch.dtype, naive: float | None) -> Check:
+    """The Check of an answer that is `judged`'s answer times `ratio` (a signed power of two) bit for bit: its error
+    and max|ref| are judged's times |ratio| exactly; `naive`: the baseline error at its own transform."""
+    return ruled(judged.quantity, judged.err * abs(ratio), judged.nonfinite, judged.largest * abs(ratio), dtype, naive)

@@ -47,6 +47,12 @@ class Observed:
     transform: Transform
     out: torch.Tensor | None = None
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: quantities whose answer was the last call's times the ratio of the transforms' factors, bit for bit (told
+    #: where the calls ran: the tensor does not travel, and its Check is the last one's, scaled - judge_timed)
+    scaled_last: frozenset[str] = frozenset()
+
+    def answer(self, quantity: str) -> torch.Tensor | None:
+        return self.out if quantity == "out" else self.grads.get(quantity)
 
 
 @dataclass
@@ -294,6 +300,7 @@ class _Checks:
         for o in self.observed:
             o.out = None if o.out is None else self.backend.from_layout(o.out).cpu()
             o.grads = {n: (self.backend.from_layout(g) if n in GRADS else g).cpu() for n, g in o.grads.items()}
+        _drop_scaled(self.observed)
         return self.observed, "; ".join(self.problems)
 
     def _confirm(self, device: torch.device) -> tuple[list[float], list[float]]:
@@ -318,6 +325,26 @@ class _Checks:
     def _note(self, problem: str) -> None:
         if problem and problem not in self.problems:
             self.problems.append(problem)
+
+
+def _drop_scaled(observed: list[Observed]) -> None:
+    """Each earlier answer that is the last call's times the ratio of their transforms' factors, bit for bit (a
+    deterministic kernel's: the transforms are exact), is dropped and named in `scaled_last`: half the bytes a
+    round sends back from a worker and judges (a default run's observed answers cost ~4 s of worker pipe)."""
+    if len(observed) < 2:
+        return
+    last = observed[-1]
+    for o in observed[:-1]:
+        same = set()
+        for quantity in ("out", *o.grads):
+            mine, theirs = o.answer(quantity), last.answer(quantity)
+            if mine is None or theirs is None or mine.shape != theirs.shape or mine.dtype != theirs.dtype:
+                continue
+            if torch.equal(mine, theirs * (o.transform.factor(quantity) / last.transform.factor(quantity))):
+                same.add(quantity)
+        o.scaled_last = frozenset(same)
+        o.out = None if "out" in same else o.out
+        o.grads = {n: g for n, g in o.grads.items() if n not in same}
 
 
 def _once(fn: Callable[[], object], device: torch.device) -> float:

@@ -348,3 +348,28 @@ def test_a_seen_answer_that_is_the_new_one_scaled_bit_for_bit_is_judged_by_its_f
     problem = judge_timed(gamed.Recomputing(), prepared, "fwd",
                           [Observed(plan.seen, wrong_seen), Observed(plan.new, new_out)])
     assert problem.startswith("[fwd, a call on the round's inputs") and "out err" in problem
+
+
+def test_where_the_calls_ran_a_seen_answer_scaled_from_the_last_is_dropped_and_judged_by_its_figures():
+    """timed._drop_scaled (in the worker): an earlier answer that is the last one times the factors' ratio bit for
+    bit does not travel; judge_timed gives it the last answer's Check, scaled. One that differs travels and is
+    judged on its own - an answer wrong only on seen inputs still fails."""
+    import torch
+
+    from harness.execution.benchmark import judge_timed
+    from harness.execution.timed import Observed, _drop_scaled
+
+    prepared = prepare_case(CASE, CPU, 5)
+    plan = round_inputs(5, (CASE.id, "sdpa", "fwd"), 0)
+    verified = prepared.reference.out.to(torch.float32)
+    observed = [Observed(plan.seen, verified * plan.seen.factor("out")),
+                Observed(plan.new, verified * plan.new.factor("out"))]
+    _drop_scaled(observed)
+    assert observed[0].out is None and observed[0].scaled_last == {"out"}
+    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed) == ""
+    wrong = verified * plan.seen.factor("out")
+    wrong.view(-1)[3] += 1.0
+    observed = [Observed(plan.seen, wrong), Observed(plan.new, verified * plan.new.factor("out"))]
+    _drop_scaled(observed)
+    assert observed[0].out is not None and not observed[0].scaled_last
+    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed).startswith("[fwd, a call on the round's inputs")
