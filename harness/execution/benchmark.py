@@ -19,6 +19,7 @@ from harness.execution.timed import Observed, TimingCall
 from harness.measure.bandwidth import roofline_columns
 from harness.measure.flops import attention_flops
 from harness.measure.peaks import beyond_physical_limit
+from harness.measure.roofline import one_thread
 from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig
 from harness.oracle.reference import Reference
@@ -107,7 +108,10 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,
                               mem_method=answer.mem_method), None)
     m, mem_bytes, mem_method = answer.measurement, answer.peak_mem_bytes, answer.mem_method
-    with stage("judging"), _one_thread_on_cpu(device):
+    # On one thread on a CPU run: there the cores belong to the workers, whose OpenMP threads still spin after a
+    # call, and every two-thread op here waited for a core - the default run's timed judging took 5.6 s on two
+    # threads, 1.1 s on one (2-core VM, 984 rounds)
+    with stage("judging"), one_thread() if device.type == "cpu" else contextlib.nullcontext():
         problem = judge_timed(backend, prepared, phase, answer.observed, verdict.verified) or answer.integrity
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
         where = f"round {timing_round.index + 1} of {timing_round.count}: " if timing_round.count > 1 else ""
@@ -169,22 +173,6 @@ def judge_timed(backend: Backend, prepared: TimedCase, phase: str, observed: lis
             if not check.passed:
                 return f"[{phase}, {which} ({o.transform.describe()})] {check.describe()}"
     return ""
-
-
-@contextlib.contextmanager
-def _one_thread_on_cpu(device: torch.device):
-    """This process's torch on one thread for the block, on a CPU run: there the cores belong to the workers, whose
-    OpenMP threads still spin after a call, and a two-thread op here waited for a core at every step - the
-    default run's timed judging took 5.6 s on two threads and 1.1 s on one (2-core VM, 984 rounds)."""
-    if device.type != "cpu":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _judge_one(quantity: str, actual: torch.Tensor, transform: Transform, prepared: TimedCase,
