@@ -73,6 +73,9 @@ def free(device: torch.device) -> None:
 #: the most bytes of verified answers a verdict keeps for timing: every CPU default case's (the largest, s1024 fp32,
 #: is 8 MiB with its gradients); a larger case's timed calls are judged against the float64 reference alone
 VERIFIED_BYTES = 16 * 2 ** 20
+#: and all of a run's verdicts together (VerdictMemory): a GPU matrix's hundreds of mid-size cases would otherwise
+#: hold gigabytes of host memory for the whole run
+VERIFIED_RUN_BYTES = 2 ** 30
 
 
 @dataclass
@@ -103,8 +106,12 @@ class BackendResult:
     def row(self, phase: str) -> Row:
         return next(r for r in self.rows if r.phase == phase)
 
-    def released(self) -> "BackendResult":
+    @property
+    def verified_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t, _ in self.verified.values())
+
+    def released(self, budget: int = VERIFIED_BYTES) -> "BackendResult":
         """The same verdict without the output and gradient tensors (kept for later stages of a run); the verified
-        answers stay while they are small (VERIFIED_BYTES): timing judges its calls by them."""
-        size = sum(t.numel() * t.element_size() for t, _ in self.verified.values())
-        return BackendResult(self.rows, self.checks, verified=self.verified if size <= VERIFIED_BYTES else {})
+        answers stay while they fit VERIFIED_BYTES and `budget` (bytes): timing judges its calls by them."""
+        keep = self.verified_bytes <= min(VERIFIED_BYTES, budget)
+        return BackendResult(self.rows, self.checks, verified=self.verified if keep else {})
