@@ -138,9 +138,9 @@ def judge_timed(backend: Backend, prepared: TimedCase, phase: str, observed: lis
     """'' when what the timed calls returned is the verified answer of their inputs within the tolerance (never
     bitwise: a nondeterministic kernel is honest); else the first failure, naming the call and the quantity.
 
-    An answer that is a judged one times its transform's factor bit for bit - the verified answer of correctness
-    (`verified`, BackendResult.verified), else the last call's, judged first - has that one's figures, scaled
-    (_scaled_check: exact, as the transforms are) - or told so where the calls ran (Observed.scaled_last); any
+    An answer that is a judged one times its transform's factor bit for bit has that one's figures, scaled (exact,
+    as the transforms are): the verified answer of correctness (`verified`, BackendResult.verified), tested here,
+    or the last call's, judged first, as told where the calls ran (Observed.scaled_last, timed._drop_scaled); any
     other is compared with the float64 reference."""
     if not observed:
         return "nothing the timed calls returned came back to be judged"
@@ -155,16 +155,14 @@ def judge_timed(backend: Backend, prepared: TimedCase, phase: str, observed: lis
         checks: list[Check | None] = [None] * len(observed)
         for i in [last, *range(last)]:  # the last first: the others may be scaled from it
             actual, transform = answers[i], observed[i].transform
-            if i != last and quantity in observed[i].scaled_last:  # told where the calls ran (timed._drop_scaled)
-                checks[i] = checks[last] and _scaled(checks[last], transform.factor(quantity)
-                                                     / observed[last].transform.factor(quantity), case.dtype,
-                                                     None if naive is None else naive * abs(transform.factor(quantity)))
+            if i != last and quantity in observed[i].scaled_last:  # the last answer scaled, bit for bit
+                ratio = transform.factor(quantity) / observed[last].transform.factor(quantity)
+                checks[i] = _scaled(checks[last], ratio, case.dtype,
+                                    None if naive is None else naive * abs(transform.factor(quantity)))
                 continue
             if actual is None:
                 continue
             checks[i] = ((known and _scaled_check(known[1], actual, known[0], transform, IDENTITY, case.dtype, naive))
-                         or (i != last and _scaled_check(checks[last], actual, answers[last], transform,
-                                                         observed[last].transform, case.dtype, naive))
                          or _judge_one(quantity, actual, transform, prepared, naive))
         for i, (o, check) in enumerate(zip(observed, checks)):
             which = "the last call, on new inputs" if i == len(observed) - 1 else "a call on the round's inputs"

@@ -318,10 +318,10 @@ def test_confirmation_ends_at_the_first_pair_not_slower_on_its_new_inputs(monkey
 
 
 def test_a_seen_answer_that_is_the_new_one_scaled_bit_for_bit_is_judged_by_its_figures_else_on_its_own():
-    """judge_timed judges the last (new-input) answer against the reference; an answer on the round's inputs that
-    is that answer times the transforms' ratio bit for bit (a deterministic kernel's: the transforms are exact)
-    gets the same figures scaled, with no second pass over the reference - the same figures a pass would give.
-    One that is not (a nondeterministic kernel, or one wrong on seen inputs alone) is judged on its own."""
+    """_scaled_check: an answer that is a judged one times the transforms' ratio bit for bit (a deterministic
+    kernel's: the transforms are exact) gets the judged figures scaled, with no pass over the reference - the same
+    figures a pass gives. judge_timed with answers not told scaled judges each: a nondeterministic one (within the
+    tolerance) passes, one wrong on seen inputs alone fails."""
     import torch
 
     from harness.execution.benchmark import _judge_one, _scaled_check, judge_timed
