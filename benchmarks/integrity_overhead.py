@@ -26,29 +26,32 @@ from harness.execution.benchmark import judge_timed, phase_verdict
 from harness.execution.call import Call
 from harness.execution.integrity import round_inputs, round_options
 from harness.execution.runner import execute, prepare_case
-from harness.execution.timed import TimingCall, run_timing
+from harness.execution.in_process import InProcessExecutor
+from harness.execution.timed import TimingCall
 from harness.measure.timing import TimingConfig
 from harness.spec.matrices import build_matrix
 from harness.store.schema import PASS, PHASES
 
 
-def key_timing(backend, prepared, phase, rounds: int, estimate_ms: float, checked: bool, verified: dict
+def key_timing(executor, backend, prepared, phase, rounds: int, estimate_ms: float, checked: bool, verdict
                ) -> tuple[float, float, float]:
-    """(wall s, CPU s of this process, median latency ms of the last round) of timing one key in `rounds` rounds;
-    the rounds after the first are given `estimate_ms` and the first round's memory; `verified`: the key's
-    verdict's verified answers, as a suite run hands them to judge_timed."""
+    """(wall s, CPU s of this process, median latency ms of the last round) of timing one key in `rounds` rounds
+    through `executor` (the one that judged `verdict`, which kept its answers); the rounds after the first are
+    given `estimate_ms` and the first round's memory; the key's verdict is handed to judge_timed as a suite run
+    hands it."""
     case, memory, wall, cpu, latency = prepared.case, None, 0.0, 0.0, float("nan")
     for index in range(rounds):
         inputs = (round_inputs(prepared.seed, (case.id, backend.name, phase), index, **round_options(case, phase))
                   if checked else None)
         timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase, TimingConfig().share(rounds, index),
-                            estimate_ms=None if index == 0 else estimate_ms, known_memory=memory, inputs=inputs)
+                            estimate_ms=None if index == 0 else estimate_ms, known_memory=memory, inputs=inputs,
+                            verified=verdict.answer_id if checked else "")
         start_wall, start_cpu = time.perf_counter(), time.process_time()
-        result = run_timing(backend, timing, prepared.device)
+        result = executor.time(backend, timing, prepared.device)
         if result.failure is not None:
             raise RuntimeError(result.failure.reason)
         if checked:
-            problem = judge_timed(backend, prepared, phase, result.observed, verified) or result.integrity
+            problem = judge_timed(backend, prepared, phase, result.observed, verdict.verified) or result.integrity
             assert not problem, problem
         wall += time.perf_counter() - start_wall
         cpu += time.process_time() - start_cpu
@@ -64,7 +67,7 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="rounds a key, as --rounds of a suite run")
     args = parser.parse_args()
-    device = torch.device("cpu")
+    device, executor = torch.device("cpu"), InProcessExecutor()
     totals = {False: 0.0, True: 0.0}
     print(f"{'key':72s} {'plain s':>8s} {'checked':>8s} {'+% wall':>7s} {'+% cpu':>7s} {'lat plain':>10s} "
           f"{'lat chk':>9s}")
@@ -73,18 +76,18 @@ def main() -> None:
         for backend in get_backends(args.backends):
             if backend.can_run(case, device) or backend.unavailable_reason(device):
                 continue
-            verdict = execute(backend, prepared).released()
+            verdict = execute(backend, prepared, executor=executor).released()
             for phase in PHASES:
                 if phase_verdict(verdict, phase)[0] != PASS:  # a suite run does not time it either
                     continue
                 name = f"{case.id} {backend.name} {phase}"
                 runs = {False: [], True: []}
                 try:
-                    _, _, estimate = key_timing(backend, prepared, phase, 1, 0.0, False, {})  # calibration, warm-up
+                    _, _, estimate = key_timing(executor, backend, prepared, phase, 1, 0.0, False, verdict)  # calibration, warm-up
                     for _ in range(args.repeats):
                         for checked in (False, True):
-                            runs[checked].append(key_timing(backend, prepared, phase, args.rounds, estimate, checked,
-                                                            verdict.verified))
+                            runs[checked].append(key_timing(executor, backend, prepared, phase, args.rounds,
+                                                            estimate, checked, verdict))
                 except Exception as exc:  # noqa: BLE001 - a key this script cannot time is listed, the rest go on
                     print(f"{name:72s} not measured: {type(exc).__name__}: {str(exc)[:120]}")
                     continue

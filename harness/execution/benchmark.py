@@ -10,10 +10,10 @@ from typing import Protocol
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import Call
+from harness.execution.call import Call, timed_call
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
-from harness.execution.integrity import IDENTITY, Transform, round_inputs, round_options
+from harness.execution.integrity import Transform, round_inputs, round_options
 from harness.execution.rounds import Round
 from harness.execution.timed import Observed, TimingCall
 from harness.measure.bandwidth import roofline_columns
@@ -102,7 +102,8 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase, config,
                         estimate_ms=prior.median if prior is not None else None, known_memory=timing_round.memory,
                         cpu_mem_budget=cpu_mem_budget,
-                        inputs=round_inputs(prepared.seed or 0, key, timing_round.index, **round_options(case, phase)))
+                        inputs=round_inputs(prepared.seed or 0, key, timing_round.index, **round_options(case, phase)),
+                        verified=verdict.answer_id)
     answer = executor.time(backend, timing, device)
     if answer.failure is not None:
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,
@@ -134,38 +135,38 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
 
 
 def judge_timed(backend: Backend, prepared: TimedCase, phase: str, observed: list[Observed],
-                verified: dict[tuple[str, str], tuple[torch.Tensor, Check]] | None = None) -> str:
+                verified: dict[tuple[str, str], Check] | None = None) -> str:
     """'' when what the timed calls returned is the verified answer of their inputs within the tolerance (never
     bitwise: a nondeterministic kernel is honest); else the first failure, naming the call and the quantity.
 
-    An answer that is a judged one times its transform's factor bit for bit has that one's figures, scaled (exact,
-    as the transforms are): the verified answer of correctness (`verified`, BackendResult.verified), tested here,
-    or the last call's, judged first, as told where the calls ran (Observed.scaled_last, timed._drop_scaled); any
+    An answer told equal, bit for bit, to a judged one times its transform's factor where the calls ran
+    (Observed.scaled_verified, scaled_last: timed._drop_scaled) has that one's figures, scaled - exact, as the
+    transforms are: the verdict's Check (`verified`, BackendResult.verified) or the last call's, judged first; any
     other is compared with the float64 reference."""
     if not observed:
         return "nothing the timed calls returned came back to be judged"
     case, verified = prepared.case, verified or {}
-    call = "no-grad" if phase == FWD else "grad"
     quantities = (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else [])
-    last = len(observed) - 1
+    last = observed[-1]
     for quantity in quantities:
-        answers = [o.answer(quantity) for o in observed]
         naive = prepared.naive_error(quantity, backend.name)
-        known = verified.get((call, quantity))
-        checks: list[Check | None] = [None] * len(observed)
-        for i in [last, *range(last)]:  # the last first: the others may be scaled from it
-            actual, transform = answers[i], observed[i].transform
-            if i != last and quantity in observed[i].scaled_last:  # the last answer scaled, bit for bit
-                ratio = transform.factor(quantity) / observed[last].transform.factor(quantity)
-                checks[i] = _scaled(checks[last], ratio, case.dtype,
-                                    None if naive is None else naive * abs(transform.factor(quantity)))
-                continue
-            if actual is None:
-                continue
-            checks[i] = ((known and _scaled_check(known[1], actual, known[0], transform, IDENTITY, case.dtype, naive))
-                         or _judge_one(quantity, actual, transform, prepared, naive))
-        for i, (o, check) in enumerate(zip(observed, checks)):
+        known = verified.get((timed_call(phase), quantity))
+        checks: dict[int, Check | None] = {}
+        for i in [len(observed) - 1, *range(len(observed) - 1)]:  # the last first: the others may be scaled from it
+            o = observed[i]
+            factor = o.transform.factor(quantity)
+            scaled_naive = None if naive is None else naive * abs(factor)
+            if quantity in o.scaled_verified:
+                checks[i] = None if known is None else _scaled(known, factor, case.dtype, scaled_naive)
+            elif quantity in o.scaled_last:
+                last_check = checks[len(observed) - 1]
+                ratio = factor / last.transform.factor(quantity)
+                checks[i] = None if last_check is None else _scaled(last_check, ratio, case.dtype, scaled_naive)
+            elif o.answer(quantity) is not None:
+                checks[i] = _judge_one(quantity, o.answer(quantity), o.transform, prepared, naive)
+        for i, o in enumerate(observed):
             which = "the last call, on new inputs" if i == len(observed) - 1 else "a call on the round's inputs"
+            check = checks.get(i)
             if check is None:
                 return f"[{phase}, {which}] returned no {quantity}"
             if not check.passed:
@@ -179,20 +180,6 @@ def _judge_one(quantity: str, actual: torch.Tensor, transform: Transform, prepar
     factor = transform.factor(quantity)
     return judge(quantity, actual, prepared.reference.get(quantity), prepared.case.dtype,
                  None if naive is None else naive * abs(factor), factor)
-
-
-def _scaled_check(judged: Check | None, actual: torch.Tensor, judged_actual: torch.Tensor, transform: Transform,
-                  judged_transform: Transform, dtype: torch.dtype, naive: float | None) -> Check | None:
-    """The Check of `actual` derived from one already judged, when `actual` is that answer times the ratio of
-    their transforms' factors bit for bit (a deterministic kernel's: the transforms are exact), so its error is
-    the judged error times that ratio, exactly; None when it is not (then it is judged on its own)."""
-    if judged is None or actual.shape != judged_actual.shape or actual.dtype != judged_actual.dtype:
-        return None
-    quantity = judged.quantity
-    ratio = transform.factor(quantity) / judged_transform.factor(quantity)  # a signed power of two
-    if not torch.equal(actual, judged_actual * ratio):
-        return None
-    return _scaled(judged, ratio, dtype, None if naive is None else naive * abs(transform.factor(quantity)))
 
 
 def _scaled(judged: Check, ratio: float, dtype: torch.dtype, naive: float | None) -> Check:

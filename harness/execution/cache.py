@@ -22,6 +22,12 @@ PROBE_RUNS = 8
 #: inputs a process (a worker, or the in-process executor) drew from a seed: the correctness call and the timing
 #: rounds of one case share them; one case at a time, since the inputs of a large case are large
 DRAWN_INPUTS = 1
+#: the answers a process keeps of each correctness call it ran (Call.keep), for timing to compare its calls' answers
+#: with where they run: one over KEPT_ANSWER_BYTES is not kept (its timed answers travel back and are judged against
+#: the float64 reference), and a process keeps its newest ones up to KEPT_ANSWERS_BYTES - the CPU default matrix's
+#: are 48 MiB a backend (the largest case 10 MiB), and a worker on a GPU keeps them in host memory all run long
+KEPT_ANSWER_BYTES = 16 * 2 ** 20
+KEPT_ANSWERS_BYTES = 256 * 2 ** 20
 
 
 class LRU:
@@ -63,9 +69,23 @@ def answer_bytes(prepared) -> int:
     return sum(t.numel() * t.element_size() for t in prepared.reference if t is not None)
 
 
+def kept_bytes(answers: dict) -> int:
+    """Bytes a kept correctness call's answers hold."""
+    return sum(t.numel() * t.element_size() for t in answers.values())
+
+
 def cached(cache: LRU | None, key: Hashable, make: Callable[[], T]) -> T:
     """`make()` kept in `cache` under `key`; computed afresh when there is no cache (a probe run on its own)."""
     return make() if cache is None else cache.get(key, make)
+
+
+@dataclass
+class CallCaches:
+    """What a process that runs backend calls (a worker, the in-process executor) keeps between them: the inputs it
+    drew from a seed last, and its correctness calls' answers by answer id (CallResult.answer_id)."""
+
+    drawn: LRU = field(default_factory=lambda: LRU(DRAWN_INPUTS))
+    answers: LRU = field(default_factory=lambda: LRU(1 << 20, kept_bytes, KEPT_ANSWERS_BYTES))
 
 
 @dataclass

@@ -9,13 +9,14 @@ device, layout and shape), and turns every exception - SystemExit and KeyboardIn
 from __future__ import annotations
 
 import contextlib
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cache import LRU, cached
+from harness.execution.cache import KEPT_ANSWER_BYTES, LRU, CallCaches, cached, kept_bytes
 from harness.execution.integrity import Snapshot, aliased
 from harness.execution.outcome import Failure
 from harness.measure.stages import stage
@@ -23,9 +24,12 @@ from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.modifiers import MODIFIER_GRADS, alibi_slopes
 from harness.spec.fp8 import kv_scales, per_query_head, q_scales, quantize
 from harness.spec.paged import paged_inputs, paged_layout
-from harness.store.schema import ERROR, FAIL, GRADS
+from harness.store.schema import ERROR, FAIL, FWD, GRADS
 
 ENTRIES = ("forward", "native_causal", "native_mask", "native_dropout")
+#: the two calls a correctness verdict judges: the one inference and fwd timing make (no autograd), and the
+#: training call (its output and every gradient)
+NO_GRAD, GRAD = "no-grad", "grad"
 
 
 class Arrangement(Protocol):
@@ -134,6 +138,9 @@ class Call:
     rng_seed: int | None = None
     #: with backward: run a call without autograd first (what inference and fwd timing run), its output judged too
     inference: bool = False
+    #: keep the answers where the call ran (CallCaches.answers, under CallResult.answer_id): timing compares its
+    #: calls' answers with them there, so an answer that is a verified one scaled does not travel back
+    keep: bool = False
 
     def __post_init__(self):
         if self.entry not in ENTRIES:
@@ -166,10 +173,27 @@ class CallResult:
     compile_ms: float | None = None
     #: the output of the call without autograd (Call.inference), canonical layout, on the CPU
     inference_out: torch.Tensor | None = None
+    #: under which id the process that ran the call keeps its answers (Call.keep); '' when it keeps none
+    answer_id: str = ""
 
     @property
     def interrupted(self) -> bool:
         return any(f is not None and f.interrupted for f in (self.failure, self.backward_failure))
+
+
+def answers_by_call(call: Call, result: CallResult) -> dict[tuple[str, str], torch.Tensor]:
+    """The call's answers by (NO_GRAD or GRAD, quantity): the output without autograd, the training call's output
+    (without a backward, the call's one output is the no-grad one) and its gradients."""
+    answers = {} if result.inference_out is None else {(NO_GRAD, "out"): result.inference_out}
+    if result.out is not None:
+        answers[(GRAD if call.backward else NO_GRAD, "out")] = result.out
+    answers.update({(GRAD, name): grad for name, grad in result.grads.items()})
+    return answers
+
+
+def timed_call(phase: str) -> str:
+    """Which verified call a timed phase makes: fwd the no-grad one, bwd and fwd+bwd the training call."""
+    return NO_GRAD if phase == FWD else GRAD
 
 
 def call_inputs(call: Call, device: torch.device, drawn: LRU | None = None) -> Inputs:
@@ -258,9 +282,27 @@ def _entry(backend: Backend, call: Call, device: torch.device,
     return (lambda q, k, v: backend.native_dropout(q, k, v, p=call.p, scale=scale)), names
 
 
-def run_call(backend: Backend, call: Call, device: torch.device, drawn: LRU | None = None) -> CallResult:
+def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCaches | None = None) -> CallResult:
     """Run the call on `device` and return its outputs (CPU, canonical layout) or its failure; never raises for
-    anything the backend does. Seeded inputs are drawn through `drawn` (call_inputs)."""
+    anything the backend does. Seeded inputs are drawn through `caches` (call_inputs), and a kept call's answers are
+    kept there (Call.keep)."""
+    result = _run(backend, call, device, None if caches is None else caches.drawn)
+    if call.keep and caches is not None:
+        result.answer_id = _keep(caches.answers, answers_by_call(call, result))
+    return result
+
+
+def _keep(kept: LRU, answers: dict[tuple[str, str], torch.Tensor]) -> str:
+    """Keep copies of `answers` (what travels to the run may move to shared memory) under a new id; '' when they are
+    none or too large to keep (cache.KEPT_ANSWER_BYTES)."""
+    if not answers or kept_bytes(answers) > KEPT_ANSWER_BYTES:
+        return ""
+    answer_id = uuid.uuid4().hex  # a worker started anew keeps none: its ids are never found there
+    kept.get(answer_id, lambda: {key: t.clone() for key, t in answers.items()})
+    return answer_id
+
+
+def _run(backend: Backend, call: Call, device: torch.device, drawn: LRU | None) -> CallResult:
     with device_scope(device), _seeded(call.rng_seed, device):
         result = CallResult()
         try:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cache import DRAWN_INPUTS, LRU
+from harness.execution.cache import CallCaches
 from harness.execution.call import Call, CallResult, run_call
 from harness.execution.outcome import CallFailed, Failure, exception_text, interrupt_note
 from harness.execution.timed import TimingCall, TimingResult, run_timing
@@ -16,13 +16,15 @@ from harness.store.schema import UNAVAILABLE
 
 
 class InProcessExecutor:
-    """Runs every backend call here; each instance has its own drawn inputs and its own interrupt note."""
+    """Runs every backend call here; each instance has its own caches (drawn inputs, kept answers) and its own
+    interrupt note."""
 
     isolated = False
 
     def __init__(self):
-        #: the inputs this executor drew from a seed last (cache.DRAWN_INPUTS), its own: gone with it
-        self.drawn = LRU(DRAWN_INPUTS)
+        #: the inputs this executor drew from a seed last and the answers it kept (cache.CallCaches), its own: gone
+        #: with it
+        self.caches = CallCaches()
         #: set when a backend raised KeyboardInterrupt inside a call: its row is recorded, then the run stops
         self.interrupted: str | None = None
 
@@ -43,10 +45,10 @@ class InProcessExecutor:
         return (UNAVAILABLE, reason) if reason else None
 
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
-        return self._noted(run_call(backend, call, device, self.drawn), backend)
+        return self._noted(run_call(backend, call, device, self.caches), backend)
 
     def time(self, backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
-        return self._noted(run_timing(backend, timing, device, self.drawn), backend)
+        return self._noted(run_timing(backend, timing, device, self.caches), backend)
 
     def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any) -> Any:
         try:

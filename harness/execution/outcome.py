@@ -70,14 +70,6 @@ def free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-#: the most bytes of verified answers a verdict keeps for timing: every CPU default case's (the largest, s1024 fp32,
-#: is 8 MiB with its gradients); a larger case's timed calls are judged against the float64 reference alone
-VERIFIED_BYTES = 16 * 2 ** 20
-#: and all of a run's verdicts together (VerdictMemory): a GPU matrix's hundreds of mid-size cases would otherwise
-#: hold gigabytes of host memory for the whole run
-VERIFIED_RUN_BYTES = 2 ** 30
-
-
 @dataclass
 class BackendResult:
     """What one backend produced on one case (canonical layout) and the rows describing it."""
@@ -86,10 +78,11 @@ class BackendResult:
     checks: dict[str, Check] = field(default_factory=dict)
     out: torch.Tensor | None = None
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: what passed or failed, by (call, quantity) - call "no-grad" (the call inference and fwd timing make) or
-    #: "grad" (the training call): the answer as judged and its Check. Timing derives a timed answer's Check from
-    #: it when the timed answer is this one scaled bit for bit (benchmark.judge_timed), without a float64 pass.
-    verified: dict[tuple[str, str], tuple[torch.Tensor, Check]] = field(default_factory=dict)
+    #: the Check of each answer judged, by (call, quantity) (call.answers_by_call); and under which id the process
+    #: that ran the call keeps those answers (CallResult.answer_id): a timed answer that is one of them scaled, bit
+    #: for bit, gets its Check scaled, without a float64 pass (benchmark.judge_timed)
+    verified: dict[tuple[str, str], Check] = field(default_factory=dict)
+    answer_id: str = ""
 
     @property
     def status(self) -> str:
@@ -106,12 +99,6 @@ class BackendResult:
     def row(self, phase: str) -> Row:
         return next(r for r in self.rows if r.phase == phase)
 
-    @property
-    def verified_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t, _ in self.verified.values())
-
-    def released(self, budget: int = VERIFIED_BYTES) -> "BackendResult":
-        """The same verdict without the output and gradient tensors (kept for later stages of a run); the verified
-        answers stay while they fit VERIFIED_BYTES and `budget` (bytes): timing judges its calls by them."""
-        keep = self.verified_bytes <= min(VERIFIED_BYTES, budget)
-        return BackendResult(self.rows, self.checks, verified=self.verified if keep else {})
+    def released(self) -> "BackendResult":
+        """The same verdict without the output and gradient tensors (kept for later stages of a run)."""
+        return BackendResult(self.rows, self.checks, verified=self.verified, answer_id=self.answer_id)

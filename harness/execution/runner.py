@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import Arrangement, Call, CallResult
+from harness.execution.call import GRAD, Arrangement, Call, CallResult, answers_by_call
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult, failure_status, free
 from harness.measure.stages import stage
@@ -116,7 +116,7 @@ def correctness_call(backend: Backend, case: AttentionCase, device: torch.device
     """The call that checks `backend` on `case`: the inference call (no autograd), then forward and backward
     where the backend has a backward here."""
     backward = not backward_reason(backend, case, device)
-    return Call(case, seed, inputs, backward=backward, arrangement=arrangement, inference=backward)
+    return Call(case, seed, inputs, backward=backward, arrangement=arrangement, inference=backward, keep=True)
 
 
 def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arrangement: Arrangement | None = None,
@@ -138,11 +138,13 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
     answer = executor.call(backend, call, device)
     if answer.failure is not None and answer.failure.backward_only:  # the forward runs; only its backward cannot
         bwd_reason = answer.failure.reason
-        answer = executor.call(backend, replace(call, backward=False), device)
+        call = replace(call, backward=False)
+        answer = executor.call(backend, call, device)
     if answer.failure is not None:  # raised, died, timed out, or broke the output contract
         free(device)
         return both(answer.failure.status, answer.failure.reason, answer.op)
-    result = _judged_forward(backend, prepared, answer, run_id, tag)
+    result = _judged_forward(backend, prepared, call, answer, run_id, tag)
+    result.answer_id = answer.answer_id
     if bwd_reason:
         result.rows.append(verdict_row(prepared, backend, BWD, UNSUPPORTED, bwd_reason, run_id=run_id, tag=tag))
     elif answer.backward_failure is not None:
@@ -155,27 +157,20 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
     return result
 
 
-def _judged_forward(backend: Backend, prepared: PreparedCase, answer: CallResult, run_id: str,
+def _judged_forward(backend: Backend, prepared: PreparedCase, call: Call, answer: CallResult, run_id: str,
                     tag: str) -> BackendResult:
     case = prepared.case
     note = prepared.note_for(backend.name)
     naive = prepared.naive_error("out", backend.name)
+    # both calls of a training-capable backend: the fwd verdict is of the call inference makes, and of the training
+    # call's output; the worse stands in the row, and a failure names its call
+    outs = {key: t for key, t in answers_by_call(call, answer).items() if key[1] == "out"}
     with stage("judging"):
-        check = judge("out", answer.out, prepared.reference.out, case.dtype, naive)
-        # both calls of a training-capable backend: the fwd verdict is of the call inference makes, and of the
-        # training call's output; the worse stands in the row, and a failure names its path
-        paths = [("[fwd, grad] " if answer.inference_out is not None else "", check)]
-        if answer.inference_out is not None:
-            paths.insert(0, ("[fwd, no-grad] ", judge("out", answer.inference_out, prepared.reference.out,
-                                                      case.dtype, naive)))
-    check = max((c for _, c in paths), key=lambda c: c.ratio)
-    failed = [path + c.describe() for path, c in paths if not c.passed]
-    result = BackendResult([], {"out": check}, answer.out)
-    if answer.inference_out is not None:
-        result.verified[("no-grad", "out")] = (answer.inference_out, paths[0][1])
-    # one call alone is the no-grad call (a backend that cannot train here) - the training call otherwise. The call
-    # is only which timed call tries it first: a Check derived from any judged answer is exact (judge_timed)
-    result.verified[("grad" if answer.inference_out is not None else "no-grad", "out")] = (answer.out, paths[-1][1])
+        verified = {key: judge("out", t, prepared.reference.out, case.dtype, naive) for key, t in outs.items()}
+    check = max(verified.values(), key=lambda c: c.ratio)
+    failed = [(f"[fwd, {kind}] " if len(verified) > 1 else "") + c.describe()
+              for (kind, _), c in verified.items() if not c.passed]
+    result = BackendResult([], {"out": check}, answer.out, verified=verified)
     reason = "; ".join(filter(None, [*failed, note]))
     result.rows.append(verdict_row(prepared, backend, FWD, PASS if check.passed else FAIL, reason, [check],
                                    run_id, op=answer.op, tag=tag))
@@ -192,7 +187,7 @@ def _judged_backward(backend: Backend, prepared: PreparedCase, answer: CallResul
             checks.append(judge(name, answer.grads[name], prepared.reference.get(name), case.dtype,
                                 prepared.naive_error(name, backend.name)))
         result.checks[name] = checks[-1]
-        result.verified[("grad", name)] = (answer.grads[name], checks[-1])
+        result.verified[(GRAD, name)] = checks[-1]
     failed = [c.describe() for c in checks if not c.passed]
     return verdict_row(prepared, backend, BWD, FAIL if failed else PASS,
                        "; ".join(filter(None, failed + [prepared.note_for(backend.name)])), checks, run_id,

@@ -10,8 +10,9 @@ from typing import Callable
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cache import LRU
-from harness.execution.call import BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves
+from harness.execution.cache import CallCaches
+from harness.execution.call import (BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves,
+                                    timed_call)
 from harness.execution.integrity import RoundInputs, Snapshot, Transform, aliased, same_bits, seen_violation
 from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
@@ -28,7 +29,8 @@ class TimingCall:
     """Time `phase` of the call's case: estimate_ms from earlier rounds (None: estimate now); known_memory (bytes,
     method) from an earlier round (None: measure it); over cpu_mem_budget bytes of peak memory on the CPU is oom.
     inputs: the round's transforms of the verified inputs (integrity.round_inputs; None: the verified inputs, and
-    nothing is observed - a re-measurement or a study)."""
+    nothing is observed - a re-measurement or a study). verified: the answer id of the verdict's call
+    (CallResult.answer_id): an answer that is one it kept, scaled, is told rather than sent back."""
 
     call: Call
     phase: str
@@ -37,6 +39,7 @@ class TimingCall:
     known_memory: tuple[int, str] | None = None
     cpu_mem_budget: int | None = None
     inputs: RoundInputs | None = None
+    verified: str = ""
 
 
 @dataclass
@@ -47,8 +50,10 @@ class Observed:
     transform: Transform
     out: torch.Tensor | None = None
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: quantities whose answer was the last call's times the ratio of the transforms' factors, bit for bit (told
-    #: where the calls ran: the tensor does not travel, and its Check is the last one's, scaled - judge_timed)
+    #: quantities whose answer was, bit for bit, the verified answer of the call (TimingCall.verified) times the
+    #: transform's factor, or the last call's times the ratio of the transforms' factors: told where the calls ran,
+    #: the tensor does not travel, and its Check is that answer's, scaled (judge_timed)
+    scaled_verified: frozenset[str] = frozenset()
     scaled_last: frozenset[str] = frozenset()
 
     def answer(self, quantity: str) -> torch.Tensor | None:
@@ -195,16 +200,18 @@ def allow_backward_replay() -> None:
         functorch_config.donated_buffer = False
 
 
-def run_timing(backend: Backend, timing: TimingCall, device: torch.device, drawn: LRU | None = None) -> TimingResult:
+def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
+               caches: CallCaches | None = None) -> TimingResult:
     """Measure one round; every failure (raised, oom, over the CPU budget) comes back as a Failure. Seeded inputs
-    are drawn through `drawn` (call_inputs). With the round's transforms (timing.inputs), its calls are given the
+    are drawn through `caches` (call_inputs), where the verdict's answers are found (TimingCall.verified). With the round's transforms (timing.inputs), its calls are given the
     seen inputs, the last one new inputs, and what the last two returned comes back (observed) to be judged;
     integrity says what they did that no honest call does (docs/integrity.md)."""
     result = TimingResult()
     with device_scope(device):
         try:
             with stage("inputs"):
-                verified = call_inputs(timing.call, device, drawn)
+                verified = call_inputs(timing.call, device, None if caches is None else caches.drawn)
+                kept = _kept(caches, timing)
                 plan = timing.inputs
                 inputs = verified if plan is None else plan.seen.inputs(verified)
             case, phase = timing.call.case, timing.phase
@@ -218,7 +225,7 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device, drawn
             elif device.type == "cpu" and timing.estimate_ms is None:
                 with stage("timing"):
                     timed = phase_callables(backend, case, inputs, device, phase)
-                    checks = None if plan is None else _Checks(backend, timed, verified, plan)
+                    checks = None if plan is None else _Checks(backend, timed, verified, plan, kept)
                 with stage("peak memory"):
                     if timed.build is not None:
                         timed.build()  # made once: measure is not given it again
@@ -237,7 +244,7 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device, drawn
             with stage("timing"):
                 if timed is None:
                     timed = phase_callables(backend, case, inputs, device, phase)
-                    checks = None if plan is None else _Checks(backend, timed, verified, plan)
+                    checks = None if plan is None else _Checks(backend, timed, verified, plan, kept)
                 captured = None
                 if timing.config.cuda_graph and device.type == "cuda" and checks is not None:
                     # the samples are replays: the checks renew, observe and confirm the graph, not an eager call
@@ -263,8 +270,10 @@ class _Checks:
     """A round's integrity checks where the calls run: its inputs as given (a snapshot before the seen inputs and
     one before the new), its outputs owned, what the last two calls returned, and the speed on new inputs."""
 
-    def __init__(self, backend: Backend, timed: Phase, verified: Inputs, plan: RoundInputs):
+    def __init__(self, backend: Backend, timed: Phase, verified: Inputs, plan: RoundInputs,
+                 kept: dict[str, torch.Tensor] | None = None):
         self.backend, self.timed, self.verified, self.plan = backend, timed, verified, plan
+        self.kept = kept or {}
         self.snapshot = Snapshot(timed.buffers)
         self.problems: list[str] = []
         self.observed: list[Observed] = []
@@ -300,7 +309,7 @@ class _Checks:
         for o in self.observed:
             o.out = None if o.out is None else self.backend.from_layout(o.out).cpu()
             o.grads = {n: (self.backend.from_layout(g) if n in GRADS else g).cpu() for n, g in o.grads.items()}
-        _drop_scaled(self.observed)
+        _drop_scaled(self.observed, self.kept)
         return self.observed, "; ".join(self.problems)
 
     def _confirm(self, device: torch.device) -> tuple[list[float], list[float]]:
@@ -327,24 +336,42 @@ class _Checks:
             self.problems.append(problem)
 
 
-def _drop_scaled(observed: list[Observed]) -> None:
-    """Each earlier answer that is the last call's times the ratio of their transforms' factors, bit for bit (a
-    deterministic kernel's: the transforms are exact), is dropped and named in `scaled_last`: half the bytes a
-    round sends back from a worker and judges (a default run's observed answers cost ~4 s of worker pipe)."""
-    if len(observed) < 2:
-        return
-    last = observed[-1]
+def _kept(caches: CallCaches | None, timing: TimingCall) -> dict[str, torch.Tensor]:
+    """The answers of the verdict's call this process kept (TimingCall.verified), of the call the phase makes, by
+    quantity; none when it kept none (another process ran it, or they were dropped for size)."""
+    if caches is None or timing.verified not in caches.answers:
+        return {}
+    call = timed_call(timing.phase)
+    return {quantity: t for (kind, quantity), t in caches.answers.get(timing.verified).items() if kind == call}
+
+
+def _drop_scaled(observed: list[Observed], kept: dict[str, torch.Tensor]) -> None:
+    """Each answer that is, bit for bit, the kept verified one times its transform's factor, or (an earlier call's)
+    the last call's times the ratio of their factors (a deterministic kernel's: the transforms are exact), is
+    dropped and named in `scaled_verified` or `scaled_last`: what a round sends back from a worker and judges
+    (a default run's observed answers cost ~4 s of worker pipe when they all travelled)."""
+    for o in observed:
+        same = {quantity for quantity, answer in kept.items()
+                if _equal(o.answer(quantity), answer, o.transform.factor(quantity))}
+        o.scaled_verified = frozenset(same)
+        _drop(o, same)
+    last = observed[-1] if observed else None
     for o in observed[:-1]:
-        same = set()
-        for quantity in ("out", *o.grads):
-            mine, theirs = o.answer(quantity), last.answer(quantity)
-            if mine is None or theirs is None or mine.shape != theirs.shape or mine.dtype != theirs.dtype:
-                continue
-            if torch.equal(mine, theirs * (o.transform.factor(quantity) / last.transform.factor(quantity))):
-                same.add(quantity)
+        same = {quantity for quantity in ("out", *o.grads) if last.answer(quantity) is not None and _equal(
+            o.answer(quantity), last.answer(quantity), o.transform.factor(quantity) / last.transform.factor(quantity))}
         o.scaled_last = frozenset(same)
-        o.out = None if "out" in same else o.out
-        o.grads = {n: g for n, g in o.grads.items() if n not in same}
+        _drop(o, same)
+
+
+def _equal(answer: torch.Tensor | None, base: torch.Tensor, factor: float) -> bool:
+    """`answer` is `base` times `factor` (a signed power of two), bit for bit."""
+    return (answer is not None and answer.shape == base.shape and answer.dtype == base.dtype
+            and torch.equal(answer, base * factor))
+
+
+def _drop(o: Observed, quantities: set[str]) -> None:
+    o.out = None if "out" in quantities else o.out
+    o.grads = {n: g for n, g in o.grads.items() if n not in quantities}
 
 
 def _once(fn: Callable[[], object], device: torch.device) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ItemsView
 
 from harness.backends.base import Backend
-from harness.execution.outcome import VERIFIED_RUN_BYTES, BackendResult
+from harness.execution.outcome import BackendResult
 from harness.spec.case import AttentionCase
 
 
@@ -15,13 +15,10 @@ class VerdictMemory:
 
     def __init__(self):
         self._verdicts: dict[tuple[str, str], BackendResult] = {}
-        self._verified_bytes = 0
 
     def remember(self, case: AttentionCase, backend: Backend, result: BackendResult) -> None:
-        """Keep `result` released: its verified answers too while the run's stay within VERIFIED_RUN_BYTES."""
-        released = result.released(VERIFIED_RUN_BYTES - self._verified_bytes)
-        self._verified_bytes += released.verified_bytes
-        self._verdicts[(case.id, backend.name)] = released
+        """Keep `result` released (without its tensors)."""
+        self._verdicts[(case.id, backend.name)] = result.released()
 
     def get(self, case: AttentionCase, backend: Backend) -> BackendResult | None:
         """The verdict of (case, backend), or None when the run has not judged it."""

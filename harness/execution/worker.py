@@ -47,7 +47,7 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle; a worker finishes its call
     _redirect_output(spec.log_dir, backend_name)
     from harness.backends.registry import all_backends, load_backend_module
-    from harness.execution.cache import DRAWN_INPUTS, LRU
+    from harness.execution.cache import CallCaches
     from harness.execution.call import run_call
     from harness.execution.timed import allow_backward_replay, run_timing
 
@@ -67,7 +67,8 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
         send(conn, ("failed", Failure.of(exc)))
         return
     send(conn, ("ready", None))
-    drawn = LRU(DRAWN_INPUTS)  # the worker's own: a call and the timing rounds of its case share the seeded inputs
+    caches = CallCaches()  # the worker's own: a call and the timing rounds of its case share the seeded inputs,
+                           # and timing finds the correctness call's answers there
     while True:
         try:
             kind, payload = recv(conn)
@@ -81,9 +82,9 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
                 if kind == "available":
                     reply = ("ok", backend.unavailable_reason(device))
                 elif kind == "call":
-                    reply = ("ok", run_call(backend, payload, device, drawn))
+                    reply = ("ok", run_call(backend, payload, device, caches))
                 elif kind == "time":
-                    reply = ("ok", run_timing(backend, payload, device, drawn))
+                    reply = ("ok", run_timing(backend, payload, device, caches))
                 else:
                     fn, args = payload
                     reply = ("ok", fn(backend, device, *args))

@@ -7,7 +7,8 @@ import pytest
 from harness import AttentionCase
 from harness.execution.benchmark import measure_phase
 from harness.execution.device import resolve_device
-from harness.execution.integrity import (RoundInputs, TRANSFORMS, Transform, round_inputs, seen_violation)
+from harness.execution.in_process import InProcessExecutor
+from harness.execution.integrity import IDENTITY, RoundInputs, TRANSFORMS, Transform, round_inputs, seen_violation
 from harness.execution.rounds import Round
 from harness.execution.runner import execute, prepare_case
 from harness.measure.timing import TimingConfig
@@ -22,13 +23,15 @@ FAST = TimingConfig(warmup_ms=2, budget_ms=10, min_reps=5, max_reps=20)
 CASE = AttentionCase(1, 2, 16, 32, "fp32")
 
 
-def _timed(backend, phase, case=CASE, rounds=1, seed=3):
+def _timed(backend, phase, case=CASE, rounds=1, seed=3, executor=None):
+    """The key timed as a run times it: one executor for correctness and timing (it kept the verdict's answers)."""
+    executor = executor or InProcessExecutor()
     prepared = prepare_case(case, CPU, seed)
-    verdict = execute(backend, prepared)
+    verdict = execute(backend, prepared, executor=executor)
     assert verdict.status == "pass", verdict.reasons  # each passes correctness: it cheats only when timed
     result = None
     for index in range(rounds):
-        result = measure_phase(backend, prepared, phase, verdict, config=FAST, peaks={},
+        result = measure_phase(backend, prepared, phase, verdict, config=FAST, peaks={}, executor=executor,
                                timing_round=Round(index, rounds, None if result is None else result.pooled))
         if result.row.timing_status != TIMED:
             break
@@ -79,6 +82,38 @@ def test_honest_controls_are_timed_on_every_phase_and_round(kernel, phase):
     case = AttentionCase(1, 2, 16, 32, "fp32", mask=Causal()) if kernel is gamed.CaseCache else CASE
     row = _timed(kernel(), phase, case, rounds=2).row
     assert row.timing_status == TIMED and row.latency_ms > 0 and row.rounds == 2, row.timing_reason
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_deterministic_kernel_s_timed_answers_are_told_where_they_ran_and_judged_by_the_verdict(isolate):
+    """The executor that ran the correctness call kept its answers (Call.keep): a round's every answer that is a
+    verified one scaled, bit for bit, is told, not sent back - from a worker, nothing crosses the pipe - and the
+    rows are timed; an executor that did not run it (a fresh one) sends them and they are judged in float64."""
+    from harness.execution.call import Call
+    from harness.execution.executor import make_executor
+    from harness.execution.integrity import round_options
+    from harness.execution.timed import TimingCall
+    from harness.backends.naive import Naive
+
+    executor = make_executor(CPU, isolate=isolate)
+    try:
+        prepared = prepare_case(CASE, CPU, 3)
+        verdict = execute(Naive(), prepared, executor=executor)
+        assert verdict.answer_id and set(verdict.verified) == {("no-grad", "out"), ("grad", "out"), ("grad", "dq"),
+                                                               ("grad", "dk"), ("grad", "dv")}
+        for phase, quantities in (("fwd", {"out"}), ("bwd", {"dq", "dk", "dv"}),
+                                  ("fwd+bwd", {"out", "dq", "dk", "dv"})):
+            timing = TimingCall(Call(CASE, 3), phase, FAST, inputs=round_inputs(3, (CASE.id, "naive", phase), 0,
+                                                                                **round_options(CASE, phase)),
+                                verified=verdict.answer_id)
+            observed = executor.time(Naive(), timing, CPU).observed
+            assert [o.scaled_verified for o in observed] == [quantities] * 2, phase
+            assert all(o.out is None and not o.grads for o in observed), phase
+            assert _timed(Naive(), phase, executor=executor).row.timing_status == TIMED
+        fresh = InProcessExecutor().time(Naive(), timing, CPU).observed
+        assert not fresh[-1].scaled_verified and set(fresh[-1].grads) == {"dq", "dk", "dv"}
+    finally:
+        executor.close()
 
 
 def test_every_transform_gives_exactly_the_transformed_answer():
@@ -318,13 +353,13 @@ def test_confirmation_ends_at_the_first_pair_not_slower_on_its_new_inputs(monkey
 
 
 def test_a_seen_answer_that_is_the_new_one_scaled_bit_for_bit_is_judged_by_its_figures_else_on_its_own():
-    """_scaled_check: an answer that is a judged one times the transforms' ratio bit for bit (a deterministic
-    kernel's: the transforms are exact) gets the judged figures scaled, with no pass over the reference - the same
-    figures a pass gives. judge_timed with answers not told scaled judges each: a nondeterministic one (within the
+    """_scaled: an answer that is a judged one times the transforms' ratio bit for bit (a deterministic kernel's: the
+    transforms are exact) gets the judged figures scaled, with no pass over the reference - the same figures a pass
+    gives. judge_timed with answers not told scaled judges each: a nondeterministic one (within the
     tolerance) passes, one wrong on seen inputs alone fails."""
     import torch
 
-    from harness.execution.benchmark import _judge_one, _scaled_check, judge_timed
+    from harness.execution.benchmark import _judge_one, _scaled, judge_timed
     from harness.execution.timed import Observed
 
     prepared = prepare_case(CASE, CPU, 5)
@@ -336,9 +371,10 @@ def test_a_seen_answer_that_is_the_new_one_scaled_bit_for_bit_is_judged_by_its_f
     judged = _judge_one("out", honest_seen, plan.seen, prepared, naive)
     assert judge_timed(gamed.Recomputing(), prepared, "fwd",
                        [Observed(plan.seen, honest_seen), Observed(plan.new, new_out)]) == ""
-    derived = _scaled_check(_judge_one("out", new_out, plan.new, prepared, naive), honest_seen, new_out, plan.seen,
-                            plan.new, CASE.dtype, naive)
-    assert derived is not None and (derived.err, derived.tol, derived.largest) == (judged.err, judged.tol,
+    ratio = plan.seen.factor("out") / plan.new.factor("out")
+    derived = _scaled(_judge_one("out", new_out, plan.new, prepared, naive), ratio, CASE.dtype,
+                      naive * abs(plan.seen.factor("out")))
+    assert (derived.err, derived.tol, derived.largest) == (judged.err, judged.tol,
                                                                                    judged.largest)
     jittered = honest_seen + 1e-7 * torch.randn_like(honest_seen)  # within the tolerance, not bitwise scaled
     assert judge_timed(gamed.Recomputing(), prepared, "fwd",
@@ -351,12 +387,13 @@ def test_a_seen_answer_that_is_the_new_one_scaled_bit_for_bit_is_judged_by_its_f
 
 
 def test_where_the_calls_ran_a_seen_answer_scaled_from_the_last_is_dropped_and_judged_by_its_figures():
-    """timed._drop_scaled (in the worker): an earlier answer that is the last one times the factors' ratio bit for
-    bit does not travel; judge_timed gives it the last answer's Check, scaled. One that differs travels and is
-    judged on its own - an answer wrong only on seen inputs still fails."""
+    """timed._drop_scaled (in the worker): an answer that is the kept verified one times its factor, or an earlier
+    one that is the last one times the factors' ratio, bit for bit, does not travel; judge_timed gives it the
+    verdict's Check or the last answer's, scaled - the figures a float64 pass gives. One that differs travels and is
+    judged on its own - an answer wrong only on seen or only on new inputs still fails."""
     import torch
 
-    from harness.execution.benchmark import judge_timed
+    from harness.execution.benchmark import _judge_one, judge_timed
     from harness.execution.timed import Observed, _drop_scaled
 
     prepared = prepare_case(CASE, CPU, 5)
@@ -364,12 +401,28 @@ def test_where_the_calls_ran_a_seen_answer_scaled_from_the_last_is_dropped_and_j
     verified = prepared.reference.out.to(torch.float32)
     observed = [Observed(plan.seen, verified * plan.seen.factor("out")),
                 Observed(plan.new, verified * plan.new.factor("out"))]
-    _drop_scaled(observed)
+    _drop_scaled(observed, {})
     assert observed[0].out is None and observed[0].scaled_last == {"out"}
     assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed) == ""
     wrong = verified * plan.seen.factor("out")
     wrong.view(-1)[3] += 1.0
     observed = [Observed(plan.seen, wrong), Observed(plan.new, verified * plan.new.factor("out"))]
-    _drop_scaled(observed)
+    _drop_scaled(observed, {})
     assert observed[0].out is not None and not observed[0].scaled_last
     assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed).startswith("[fwd, a call on the round's inputs")
+
+    # the verdict's answer kept where the calls ran: both answers are it, scaled - nothing travels
+    naive = prepared.naive_error("out", "sdpa")
+    check = _judge_one("out", verified, IDENTITY, prepared, naive)
+    observed = [Observed(plan.seen, verified * plan.seen.factor("out")),
+                Observed(plan.new, verified * plan.new.factor("out"))]
+    _drop_scaled(observed, {"out": verified})
+    assert all(o.out is None and o.scaled_verified == {"out"} for o in observed)
+    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed, {("no-grad", "out"): check}) == ""
+    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed, {}).endswith("returned no out")
+    bad = verified * 4.0  # the verdict's passed; 4x its answer is judged and fails, though both scaled bit for bit
+    observed = [Observed(plan.seen, verified * plan.seen.factor("out")), Observed(plan.new, bad)]
+    _drop_scaled(observed, {"out": verified})
+    assert observed[0].out is None and observed[1].out is not None and not observed[1].scaled_verified
+    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed,
+                       {("no-grad", "out"): check}).startswith("[fwd, the last call, on new inputs")

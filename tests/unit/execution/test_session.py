@@ -90,21 +90,6 @@ def test_the_verdict_memory_keeps_verdicts_without_tensors():
     assert memory.get(AttentionCase(1, 2, 16, 8, "fp32"), backend) is None and len(memory) == 1
 
 
-def test_the_verdict_memory_keeps_verified_answers_within_the_run_s_budget(monkeypatch):
-    """Timing judges by the verified answers the verdicts keep (BackendResult.verified), each verdict's up to
-    VERIFIED_BYTES and the run's together up to VERIFIED_RUN_BYTES; past it a verdict keeps none (its timed calls
-    are then judged against the float64 reference)."""
-    import harness.execution.verdicts as verdicts
-
-    monkeypatch.setattr(verdicts, "VERIFIED_RUN_BYTES", 100)
-    memory, backend = VerdictMemory(), Naive()
-    cases = [AttentionCase(1, 2, 16, d, "fp32") for d in (8, 16, 24)]
-    for case in cases:  # 64 bytes of verified answer each: the first fits 100, the second would not
-        row = Row(run_id="", case_id=case.id, backend="naive", phase="fwd", status="pass")
-        memory.remember(case, backend, BackendResult([row], {}, verified={("no-grad", "out"): (torch.ones(16), None)}))
-    assert [bool(memory.get(c, backend).verified) for c in cases] == [True, False, False]
-
-
 def test_a_later_benchmark_round_reads_the_verdict_the_session_remembers(tmp_path):
     session = RunSession(CPU, tmp_path)
     first = session.verdict(CASE, Naive())
@@ -165,7 +150,7 @@ def test_caches_are_bounded_and_die_with_their_session(tmp_path):
     session.finish()
     assert len(session.cache.prepared) == 0
     assert isinstance(RunSession(CPU, tmp_path / "b").cache, RunCaches)
-    assert InProcessExecutor().drawn is not InProcessExecutor().drawn  # each executor draws its own inputs
+    assert InProcessExecutor().caches is not InProcessExecutor().caches  # each executor draws its own inputs
 
 
 def test_no_module_keeps_a_cache_of_its_own():
