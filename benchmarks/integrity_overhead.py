@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="rounds a key, as --rounds of a suite run")
+    parser.add_argument("--control", action="store_true",
+                        help="both sides plain (an A/A run): the spread the method itself gives a key's figure")
     args = parser.parse_args()
     device, executor = torch.device("cpu"), InProcessExecutor()
     totals = {False: 0.0, True: 0.0}
@@ -87,7 +89,7 @@ def main() -> None:
                     for _ in range(args.repeats):
                         for checked in (False, True):
                             runs[checked].append(key_timing(executor, backend, prepared, phase, args.rounds,
-                                                            estimate, checked, verdict))
+                                                            estimate, checked and not args.control, verdict))
                 except Exception as exc:  # noqa: BLE001 - a key this script cannot time is listed, the rest go on
                     print(f"{name:72s} not measured: {type(exc).__name__}: {str(exc)[:120]}")
                     continue
