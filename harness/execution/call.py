@@ -100,19 +100,23 @@ def case_kwargs(case: AttentionCase, device: torch.device, leaves: dict[str, tor
     return kwargs
 
 
-def backend_inputs(backend: Backend, case: AttentionCase, inputs: Inputs,
-                   requires_grad: bool) -> tuple[torch.Tensor, ...]:
+def backend_inputs(backend: Backend, case: AttentionCase, inputs: Inputs, requires_grad: bool,
+                   copy: bool = True) -> tuple[torch.Tensor, ...]:
     """Fresh copies of `case`'s q, k, v, d_out in the backend's native layout (contiguous), outside any timing; for
-    a paged case, k and v are its k_cache and v_cache (harness.spec.paged)."""
+    a paged case, k and v are its k_cache and v_cache (harness.spec.paged). copy=False: the values alone, sharing
+    `inputs`' memory where they already are in that layout (what a timing round's refill copies from)."""
     if case.fp8_kv is not None:  # K and V as the FP8 cache holds them (canonical, quantized once, untimed)
         scales = kv_scales(case.kv_heads, case.fp8_kv)
         inputs = inputs._replace(k=quantize(inputs.k.detach(), scales[0]), v=quantize(inputs.v.detach(), scales[1]))
     if case.fp8_q:  # and q, each head with its group's scale
         inputs = inputs._replace(q=quantize(inputs.q.detach(), per_query_head(q_scales(case.kv_heads, case.fp8_kv),
                                                                               case.heads)))
-    q, k, v, d_out = (backend.to_layout(t).detach().clone(memory_format=torch.contiguous_format) for t in inputs[:4])
+    q, k, v, d_out = (backend.to_layout(t).detach().clone(memory_format=torch.contiguous_format) if copy
+                      else backend.to_layout(t).detach().contiguous() for t in inputs[:4])
     if case.page_size is not None:
         k, v = paged_inputs(case, inputs.k.detach(), inputs.v.detach())[:2]
+    if not copy:
+        return q, k, v, d_out
     return q.requires_grad_(requires_grad), k.requires_grad_(requires_grad), v.requires_grad_(requires_grad), d_out
 
 

@@ -48,8 +48,8 @@ class Snapshot:
     """Bit-exact copies of named tensors, to tell afterwards which of them a call wrote into."""
 
     def __init__(self, tensors: dict[str, torch.Tensor | None], copies: dict[str, torch.Tensor] | None = None):
-        """copies: tensors already equal to some of them bit for bit, and owned by the snapshot (what a refill
-        copied from): kept instead of cloning those again."""
+        """copies: tensors already equal to some of them bit for bit that no call is given (what a refill copied
+        from): kept instead of cloning those again."""
         copies = copies or {}
         self._kept = {name: (t, _bits(copies[name]) if name in copies else _bits(t).clone())
                       for name, t in tensors.items() if t is not None}

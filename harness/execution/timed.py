@@ -84,8 +84,8 @@ class Phase:
     and `build`, what fn reads made anew (a backward's forward), run before any of it - on the capture stream
     when timed as a CUDA graph, and captured there too.
     buffers: the call's inputs by name (q, k, v, dO, sinks, bias); refill(inputs): new values into the buffers
-    whose bits change, and returns what it copied from by name (fresh tensors equal to the buffers, bit for bit, as
-    a Snapshot's copies); renew(inputs): refill, and for the backward alone a new forward when q, k or v changed
+    (for the backward alone, only those whose bits change), and returns what it copied from by name (tensors equal
+    to the buffers bit for bit that no call is given, as a Snapshot's copies); renew(inputs): refill, and for the backward alone a new forward when q, k or v changed
     (returning refill's); rehearse(inputs): renew's work with the buffers and the forward left as they are (what
     precedes a call on seen inputs in the speed rule's pairs);
     observe(value): a copy of what the call returned (Observed's tensors, on the device, the backend's layout)."""
@@ -120,13 +120,15 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
     copied: list[str] = []
 
     def refill(new: Inputs) -> dict[str, torch.Tensor]:
-        sources = dict(zip(("q", "k", "v", "dO"), backend_inputs(backend, case, new, requires_grad=False)))
+        # the values alone (no copy of their own): the buffers are what the calls get, these only what they held
+        sources = dict(zip(("q", "k", "v", "dO"), backend_inputs(backend, case, new, requires_grad=False, copy=False)))
         copied.clear()
         with torch.no_grad():
             for (name, theirs), mine in zip(sources.items(), (q, k, v, d_out)):
-                if not same_bits(mine.detach(), theirs):  # an unchanged leaf is left alone: the graph stays valid
-                    mine.copy_(theirs)
-                    copied.append(name)
+                if built and same_bits(mine.detach(), theirs):  # the backward alone's unchanged leaf is left alone:
+                    continue                                       # its retained graph stays valid
+                mine.copy_(theirs)
+                copied.append(name)
         return sources
 
     def renew(new: Inputs) -> dict[str, torch.Tensor]:
