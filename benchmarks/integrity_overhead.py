@@ -85,7 +85,8 @@ def main() -> None:
                 name = f"{case.id} {backend.name} {phase}"
                 runs = {False: [], True: []}
                 try:
-                    _, _, estimate = key_timing(executor, backend, prepared, phase, 1, 0.0, False, verdict)  # calibration, warm-up
+                    # calibration, warm-up
+                    _, _, estimate = key_timing(executor, backend, prepared, phase, 1, 0.0, False, verdict)
                     for _ in range(args.repeats):
                         for checked in (False, True):
                             runs[checked].append(key_timing(executor, backend, prepared, phase, args.rounds,

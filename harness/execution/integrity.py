@@ -118,9 +118,6 @@ class Transform:
         return f"q,k x{self.qk:g}, v x{self.v:g}, dO x{self.d_out:g}{flip}"
 
 
-#: the verified inputs as they are: the transform of correctness's call (a timed answer is scaled from its answer)
-IDENTITY = Transform()
-
 #: the transforms drawn from: every answer changes (out by v, dv by dO, dq and dk by qk.v.dO: none is 1), so an
 #: answer kept from any other call - correctness ran the identity - is wrong for them; 17 input sets
 TRANSFORMS = tuple(Transform(qk, v, d) for qk in (1.0, -1.0) for v in (-1.0, 2.0, -2.0) for d in (-1.0, 2.0, -2.0)

@@ -85,9 +85,9 @@ class Phase:
     when timed as a CUDA graph, and captured there too.
     buffers: the call's inputs by name (q, k, v, dO, sinks, bias); refill(inputs): new values into the buffers
     (for the backward alone, only those whose bits change), and returns what it copied from by name (tensors equal
-    to the buffers bit for bit that no call is given, as a Snapshot's copies); renew(inputs): refill, and for the backward alone a new forward when q, k or v changed
-    (returning refill's); rehearse(inputs): renew's work with the buffers and the forward left as they are (what
-    precedes a call on seen inputs in the speed rule's pairs);
+    to the buffers bit for bit that no call is given, as a Snapshot's copies); renew(inputs): refill, and for the
+    backward alone a new forward when q, k or v changed (returning refill's); rehearse(inputs): renew's work with
+    the buffers and the forward left as they are (what precedes a call on seen inputs in the speed rule's pairs);
     observe(value): a copy of what the call returned (Observed's tensors, on the device, the backend's layout)."""
 
     setup: Callable[[], None] | None
@@ -205,9 +205,10 @@ def allow_backward_replay() -> None:
 def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                caches: CallCaches | None = None) -> TimingResult:
     """Measure one round; every failure (raised, oom, over the CPU budget) comes back as a Failure. Seeded inputs
-    are drawn through `caches` (call_inputs), where the verdict's answers are found (TimingCall.verified). With the round's transforms (timing.inputs), its calls are given the
-    seen inputs, the last one new inputs, and what the last two returned comes back (observed) to be judged;
-    integrity says what they did that no honest call does (docs/integrity.md)."""
+    are drawn through `caches` (call_inputs), where the verdict's answers are found (TimingCall.verified). With the
+    round's transforms (timing.inputs), its calls are given the seen inputs, the last one new inputs, and what the
+    last two returned comes back (observed) to be judged; integrity says what they did that no honest call does
+    (docs/integrity.md)."""
     result = TimingResult()
     with device_scope(device):
         try:

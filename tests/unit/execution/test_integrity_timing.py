@@ -8,7 +8,7 @@ from harness import AttentionCase
 from harness.execution.benchmark import measure_phase
 from harness.execution.device import resolve_device
 from harness.execution.in_process import InProcessExecutor
-from harness.execution.integrity import IDENTITY, RoundInputs, TRANSFORMS, Transform, round_inputs, seen_violation
+from harness.execution.integrity import RoundInputs, TRANSFORMS, Transform, round_inputs, seen_violation
 from harness.execution.rounds import Round
 from harness.execution.runner import execute, prepare_case
 from harness.measure.timing import TimingConfig
@@ -413,7 +413,7 @@ def test_where_the_calls_ran_a_seen_answer_scaled_from_the_last_is_dropped_and_j
 
     # the verdict's answer kept where the calls ran: both answers are it, scaled - nothing travels
     naive = prepared.naive_error("out", "sdpa")
-    check = _judge_one("out", verified, IDENTITY, prepared, naive)
+    check = _judge_one("out", verified, Transform(), prepared, naive)  # the verified inputs as they are
     observed = [Observed(plan.seen, verified * plan.seen.factor("out")),
                 Observed(plan.new, verified * plan.new.factor("out"))]
     _drop_scaled(observed, {"out": verified})
