@@ -17,9 +17,10 @@ from harness.execution.cache import RunCaches
 from harness.execution.executor import Executor, make_executor
 from harness.execution.integrity import run_seed
 from harness.execution.outcome import BackendResult
+from harness.execution.prefetch import Prefetcher
 from harness.execution.recorder import RunRecorder
 from harness.execution.rounds import RoundSchedule
-from harness.execution.runner import execute, prepare_case
+from harness.execution.runner import correctness_call, execute, prepare_case
 from harness.execution.timed import allow_backward_replay
 from harness.execution.verdicts import VerdictMemory
 from harness.measure.timing import TimingConfig
@@ -53,6 +54,8 @@ class RunSession:
         self.bw_peak: float | None = None
         self.run_peaks = None
         self._crash_safe: Executor | None = None
+        #: compiles ahead beside the run until its first timing (compile_ahead)
+        self.prefetcher: Prefetcher | None = None
         allow_backward_replay()  # --no-isolate: compiled backends run in this process
         run_id = new_run_id() if run_id is None else run_id
         if results_root is None:
@@ -156,12 +159,33 @@ class RunSession:
             self._crash_safe = make_executor(self.device, isolate=True, log_dir=log_dir)
         return self._crash_safe
 
+    def compile_ahead(self, pairs: Sequence[tuple[AttentionCase, Backend]]) -> None:
+        """Compile the correctness calls of `pairs` ((case, backend), in the order the run makes them) whose
+        backend compiles every new shape, beside the run, until its first timing (execution/prefetch.py). On the CPU
+        only: there the second core is idle through the probes and checks, and a flex graph is seconds of g++; on a
+        GPU inductor already compiles a graph's kernels in parallel, and a second CUDA context would share the device."""
+        if self.device.type != "cpu" or self.prefetcher is not None or "prefetch" in self.env:
+            return
+        calls = [(b, replace(correctness_call(b, c, self.device, self.seed), keep=False)) for c, b in pairs
+                 if b.compiles_per_shape and not b.can_run(c, self.device)]
+        if calls:
+            log_dir = None if self.run_dir is None else str(self.run_dir / "workers")
+            self.prefetcher = Prefetcher(calls, self.device, log_dir)
+
+    def _stop_prefetch(self) -> None:
+        """End the prefetcher (at the first timing, or the run's end) and say in env.json what it did."""
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
+            self.env["prefetch"] = self.prefetcher.summary()
+            self.prefetcher = None
+
     def finish(self, complete: bool = True) -> None:
         """Stop the workers and drop the caches; clocks/power/throttle state after the run (compare warns when
         they moved), the workers restarted after a crash or timeout, whether it reached its end (`complete`);
         then fold the CSV."""
         from harness.store.host import snapshot_clocks
 
+        self._stop_prefetch()
         self.executor.close()
         if self._crash_safe is not None:
             self._crash_safe.close()
@@ -185,6 +209,8 @@ class RunSession:
 
     def check(self, case: AttentionCase, backend: Backend) -> BackendResult:
         """Run `backend` on `case` against the reference, write its verdict rows and remember the verdict."""
+        if self.prefetcher is not None:
+            self.prefetcher.claim(backend, case)
         result = execute(backend, self.prepared(case), self.run_id, executor=self.executor)
         self.recorder.write(result.rows)
         self.verdicts.remember(case, backend, result)
@@ -210,6 +236,7 @@ class RunSession:
         `verdict()`), given what its earlier rounds found, and record its row (final as built) and samples. The
         round flows down from here - benchmark, executor, timed call - and back, never up into correctness again.
         None when an earlier round of this key already ended it (its row says why)."""
+        self._stop_prefetch()  # nothing compiles beside a timing
         key = TimingKey(case.id, backend.name, phase)
         timing_round = self.schedule.next(key, round_index)
         if timing_round is None:

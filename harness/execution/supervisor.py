@@ -15,6 +15,7 @@ import fnmatch
 import multiprocessing as mp
 import multiprocessing.connection
 import signal
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -108,17 +109,18 @@ class Worker:
         self.process.join(timeout=5)
         return "failed", Failure(ERROR, f"{_death(self.process)} while {doing}; restarted for the next call")
 
-    def ask(self, kind: str, payload: Any, timeout: float, doing: str) -> tuple[str, Any]:
+    def ask(self, kind: str, payload: Any, timeout: float, doing: str, beside: bool = False) -> tuple[str, Any]:
         """Send a request and wait for (status, answer); the worker's own stage times join this process's clock,
-        and "worker pipe" is left with the rest: pickling, shared memory, the pipe."""
-        with stage("worker pipe"):
+        and "worker pipe" is left with the rest: pickling, shared memory, the pipe. beside=True: a worker beside the
+        run (execution/prefetch.py), on another thread: its times are not the run's."""
+        with stage("worker pipe") if not beside else nullcontext():
             try:
                 send(self.conn, (kind, payload))
             except (OSError, ValueError):  # died before this request
                 self.process.join(timeout=5)
                 return "failed", Failure(ERROR, f"{_death(self.process)} before {doing}")
             reply = self._receive(timeout, doing)
-            if len(reply) == 3:  # a worker's reply; one made up here has no times
+            if len(reply) == 3 and not beside:  # a worker's reply; one made up here has no times
                 CLOCK.merge(reply[2])
         return reply[0], reply[1]
 

@@ -33,8 +33,9 @@ _PROGRESS_KEY = pytest.StashKey[Progress]()
 _STAGE_COUNTS_KEY = pytest.StashKey[dict]()
 #: a long run says where it is at most this often (and at a stage's end once it has run this long)
 PROGRESS_EVERY_S = 30.0
-#: suites/<stage>/test_*.py run in this order. The probes and correctness judge nothing the other needs; the
-#: benchmark goes last: it times only what correctness passed.
+#: suites/<stage>/test_*.py run in this order. The probes and correctness judge nothing the other needs; the probes
+#: go first so that the prefetcher (execution/prefetch.py) has correctness graphs to compile beside them; the
+#: benchmark goes last: it times only what correctness passed, with nothing compiling beside it.
 STAGES = ("probes", "correctness", "benchmark")
 
 
@@ -195,6 +196,9 @@ def pytest_collection_finish(session):
     names = [STAGES[i] if i < len(STAGES) else "other tests" for i in map(_stage, session.items)]
     session.config.stash[_STAGE_COUNTS_KEY] = {name: (0, names.count(name)) for name in dict.fromkeys(names)}
     session.config.stash[_PROGRESS_KEY] = progress
+    # flex's correctness graphs compile on the second core while this one runs the probes (execution/prefetch.py)
+    run.compile_ahead([(item.callspec.params["case"], item.callspec.params["backend"]) for item in session.items
+                       if item.originalname == "test_correctness"])
 
 
 def pytest_generate_tests(metafunc):
