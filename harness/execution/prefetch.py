@@ -32,9 +32,10 @@ class Prefetcher:
     def __init__(self, calls: list[tuple[Backend, Call]], device: torch.device, log_dir: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, modules: tuple[str, ...] | None = None):
         self._pending = list(reversed(calls))
-        # one thread: the compiler is one process, and the run's own worker has the other core
-        self._spec = WorkerSpec(str(device), loaded_modules() if modules is None else modules, 1,
-                                None if log_dir is None else str(Path(log_dir) / "prefetch"))
+        # the run's workers' threads, as inductor writes the thread count into the CPU kernels it compiles (with
+        # another count not one of its graphs is a cache hit for the run); the compiler is one process either way
+        self._spec = WorkerSpec(str(device), loaded_modules() if modules is None else modules,
+                                torch.get_num_threads(), None if log_dir is None else str(Path(log_dir) / "prefetch"))
         self.timeout_s = timeout_s
         self._claimed: set[tuple[str, str]] = set()
         self._lock = threading.Lock()

@@ -23,11 +23,12 @@ def _module(tmp_path, delay_s: float):
     log = tmp_path / "calls.txt"
     module = tmp_path / "per_shape_probe.py"
     module.write_text(
-        "import time\nfrom harness.backends.naive import Naive\nfrom harness.backends.registry import register\n\n"
+        "import time\nimport torch\nfrom harness.backends.naive import Naive\n"
+        "from harness.backends.registry import register\n\n"
         "@register\nclass PerShape(Naive):\n"
         f"    name = {NAME!r}\n    compiles_per_shape = True\n\n"
         "    def forward(self, q, k, v, **kw):\n"
-        f"        open({str(log)!r}, 'a').write(f'{{q.shape[2]}}\\n')\n"
+        f"        open({str(log)!r}, 'a').write(f'{{q.shape[2]}} {{torch.get_num_threads()}}\\n')\n"
         f"        time.sleep({delay_s})\n"
         "        return super().forward(q, k, v, **kw)\n")
     stand_in = type("PerShape", (Backend,), {"name": NAME, "compiles_per_shape": True})()
@@ -35,7 +36,8 @@ def _module(tmp_path, delay_s: float):
 
 
 def _seen(log) -> list[int]:
-    return [int(line) for line in log.read_text().split()] if log.exists() else []
+    """The sequence length of each call the worker made."""
+    return [int(line.split()[0]) for line in log.read_text().splitlines()] if log.exists() else []
 
 
 def _until(predicate, timeout_s: float = 120.0) -> None:
@@ -53,6 +55,8 @@ def test_it_runs_the_calls_last_to_first_skipping_what_the_run_claimed(tmp_path)
     _until(lambda: prefetcher.ended != "")
     prefetcher.stop()
     assert _seen(log) == [11, 10, 9]
+    # the run's thread count: inductor writes it into the CPU kernels, so with another none would be a cache hit
+    assert {int(line.split()[1]) for line in log.read_text().splitlines()} == {torch.get_num_threads()}
     assert prefetcher.summary()["calls"] == 3 and prefetcher.ended == "met the run"
     assert (tmp_path / "workers" / "prefetch" / f"{NAME}.log").exists()  # its worker's output has its own folder
 
