@@ -58,6 +58,8 @@ def check_in_session(session: RunSession, backends: Iterable[Backend], cases: It
     at the end. A KeyboardInterrupt inside a backend stops it once that row is written."""
     rows: list[Row] = []
     complete = False
+    backends, cases = list(backends), list(cases)
+    session.compile_ahead([(c, b) for c in cases for b in backends])  # flex's graphs on the second core
     try:
         for case in cases:
             for backend in backends:

@@ -163,8 +163,10 @@ class RunSession:
         """Compile the correctness calls of `pairs` ((case, backend), in the order the run makes them) whose
         backend compiles every new shape, beside the run, until its first timing (execution/prefetch.py). On the CPU
         only: there the second core is idle through the probes and checks, and a flex graph is seconds of g++; on a
-        GPU inductor already compiles a graph's kernels in parallel, and a second CUDA context would share the device."""
-        if self.device.type != "cpu" or self.prefetcher is not None or "prefetch" in self.env:
+        GPU inductor already compiles a graph's kernels in parallel, and a second CUDA context would share the device.
+        Only a run whose calls go to worker processes: one kept in this process (--no-isolate) starts none beside."""
+        if self.device.type != "cpu" or not self.executor.isolated or self.prefetcher is not None \
+                or "prefetch" in self.env:
             return
         calls = [(b, replace(correctness_call(b, c, self.device, self.seed), keep=False)) for c, b in pairs
                  if b.compiles_per_shape and not b.can_run(c, self.device)]

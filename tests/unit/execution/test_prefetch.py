@@ -9,6 +9,7 @@ import torch
 from harness.backends.base import Backend
 from harness.backends.naive import Naive
 from harness.execution.call import Call
+from harness.execution.executor import make_executor
 from harness.execution.prefetch import Prefetcher
 from harness.execution.session import RunSession
 from harness.spec.case import AttentionCase
@@ -84,6 +85,9 @@ def test_the_session_prefetches_only_what_compiles_per_shape_and_stops_it_before
     module, log, backend = _module(tmp_path, 1.0)
     monkeypatch.setattr(prefetch, "loaded_modules", lambda: (module,))  # what a run's --backend-module would load
     session = RunSession(CPU, tmp_path)
+    session.compile_ahead([(c, backend) for c in CASES])
+    assert session.prefetcher is None  # calls kept in this process (--no-isolate): no process beside them
+    session = RunSession(CPU, tmp_path, executor=make_executor(CPU, isolate=True, modules=()))
     session.compile_ahead([(c, Naive()) for c in CASES])
     assert session.prefetcher is None  # naive compiles nothing
     session.compile_ahead([(c, backend) for c in CASES])
