@@ -33,7 +33,7 @@ def _check(args: argparse.Namespace) -> int:
     results_root(args.results_dir)  # a results dir that is a file or cannot be written is refused in one line
     # a run folder like the suites', built the same way: `python -m harness report` and `compare` take it
     session = RunSession.from_options(args, device, cases, matrix)
-    session.recorder.enter_stage("correctness")  # check's one stage, named as the suites name it
+    session.enter_stage("correctness")  # check's one stage, named as the suites name it
     path = session.writer.path
     df = check_in_session(session, backends, cases)
     per_case = df.groupby(["backend", "case_id"]).status.agg(worst_status)

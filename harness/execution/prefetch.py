@@ -4,8 +4,8 @@ call it finished is a hit in torch's on-disk compile cache when the run reaches 
 
 Why: on the CPU a flex graph is one g++ compile of ~5 s on one core (torch 2.13; ~30 graphs in `default`), while the
 run's own probes and correctness checks leave the second core mostly idle. Nothing is timed while it runs: the
-session stops it before the first timing round, and it waits for the compile in hand rather than kill it, so no
-compiler outlives it beside a timing and no half-written library is left in the cache.
+session stops it when the benchmark stage begins or at its first timing round, and it waits for the compile in hand
+rather than kill it, so no compiler outlives it beside a timing and no half-written library is left in the cache.
 """
 
 from __future__ import annotations

@@ -174,6 +174,13 @@ class RunSession:
             log_dir = None if self.run_dir is None else str(self.run_dir / "workers")
             self.prefetcher = Prefetcher(calls, self.device, log_dir)
 
+    def enter_stage(self, name: str) -> None:
+        """The run enters stage `name` (suite/plugin.py STAGES; env.json says where it is): the benchmark stage stops
+        the prefetcher before any of its tests, whether or not it times through benchmark_round."""
+        if name == "benchmark":
+            self._stop_prefetch()
+        self.recorder.enter_stage(name)
+
     def _stop_prefetch(self) -> None:
         """End the prefetcher (at the first timing, or the run's end) and say in env.json what it did."""
         if self.prefetcher is not None:

@@ -133,7 +133,7 @@ def pytest_runtest_protocol(item, nextitem):
     index = _stage(item)
     name = STAGES[index] if index < len(STAGES) else "other tests"
     if session is not None:
-        session.recorder.enter_stage(name)
+        session.enter_stage(name)
     try:
         return (yield)
     finally:

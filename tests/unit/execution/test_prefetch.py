@@ -99,3 +99,20 @@ def test_the_session_prefetches_only_what_compiles_per_shape_and_stops_it_before
     session.compile_ahead([(c, backend) for c in CASES])
     assert session.prefetcher is None  # a run that has timed starts none again
     session.finish()
+
+
+def test_entering_the_benchmark_stage_stops_it_before_any_of_its_tests(tmp_path, monkeypatch):
+    """The timing-fidelity test times through the executor, not benchmark_round: the stage itself stops it."""
+    import harness.execution.prefetch as prefetch
+
+    module, log, backend = _module(tmp_path, 1.0)
+    monkeypatch.setattr(prefetch, "loaded_modules", lambda: (module,))
+    session = RunSession(CPU, tmp_path, executor=make_executor(CPU, isolate=True, modules=()))
+    session.compile_ahead([(c, backend) for c in CASES])
+    _until(lambda: len(_seen(log)) >= 1)
+    session.enter_stage("correctness")
+    assert session.prefetcher is not None  # the probes and correctness leave it going
+    session.enter_stage("benchmark")
+    assert session.prefetcher is None and session.env["prefetch"]["ended"] == "stopped before timing"
+    assert session.env["stage"] == "benchmark"
+    session.finish()
