@@ -74,6 +74,7 @@ def test_stop_waits_for_the_call_in_hand_and_starts_no_other(tmp_path):
 def test_a_worker_that_cannot_start_ends_it_with_the_reason(tmp_path):
     ghost = type("Ghost", (Backend,), {"name": "not-in-the-worker", "compiles_per_shape": True})()
     prefetcher = Prefetcher([(ghost, Call(CASES[0], 0))], CPU, modules=())
+    _until(lambda: prefetcher.ended != "")  # a stop before its first call would end it "stopped before timing"
     prefetcher.stop()
     assert "the worker of not-in-the-worker could not start" in prefetcher.ended and prefetcher.done == []
 
@@ -90,10 +91,11 @@ def test_the_session_prefetches_only_what_compiles_per_shape_and_stops_it_before
     session = RunSession(CPU, tmp_path, executor=make_executor(CPU, isolate=True, modules=()))
     session.compile_ahead([(c, Naive()) for c in CASES])
     assert session.prefetcher is None  # naive compiles nothing
+    naive, case = Naive(), CASES[0]
+    verdict = session.verdict(case, naive)  # before: the round below must follow the first prefetched call at once
     session.compile_ahead([(c, backend) for c in CASES])
     _until(lambda: len(_seen(log)) == 1)
-    naive, case = Naive(), CASES[0]
-    session.benchmark_round(case, naive, "fwd", 0, session.verdict(case, naive))
+    session.benchmark_round(case, naive, "fwd", 0, verdict)
     assert session.env["prefetch"]["ended"] == "stopped before timing" and session.prefetcher is None
     assert set(_seen(log)) == {11}  # the call in hand (its no-grad and grad forwards), nothing beside the timing
     session.compile_ahead([(c, backend) for c in CASES])
