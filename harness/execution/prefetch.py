@@ -10,7 +10,6 @@ rather than kill it, so no compiler outlives it beside a timing and no half-writ
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import threading
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch
 from harness.backends.base import Backend
 from harness.backends.registry import loaded_modules
 from harness.execution.call import Call
-from harness.execution.supervisor import DEFAULT_TIMEOUT_S, FORKSERVER_PRELOAD, Worker
+from harness.execution.supervisor import DEFAULT_TIMEOUT_S, Worker, worker_context
 from harness.execution.wire import WorkerSpec
 from harness.spec.case import AttentionCase
 
@@ -62,9 +61,7 @@ class Prefetcher:
         return None
 
     def _run(self) -> None:
-        start, workers = time.monotonic(), {}
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+        start, workers, ctx = time.monotonic(), {}, worker_context()
         try:
             while (item := self._next()) is not None:
                 backend, call = item

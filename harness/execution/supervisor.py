@@ -40,6 +40,13 @@ START_TIMEOUT_S = 180.0
 FORKSERVER_PRELOAD = ("harness.execution.worker",)
 
 
+def worker_context():
+    """The multiprocessing context every worker starts from: forkserver, with FORKSERVER_PRELOAD imported once."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return ctx
+
+
 def timeouts(values: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:
     """(default seconds, (pattern, seconds) overrides) from the --call-timeout-s values (cli.options.call_timeout
     parses each), last one winning."""
@@ -144,8 +151,7 @@ class IsolatedExecutor:
         #: how many workers were replaced after dying or timing out, per backend
         self.restarts: dict[str, int] = {}
         self._available: dict[str, str | None] = {}
-        self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+        self._ctx = worker_context()
         self._spec = WorkerSpec(str(self.device), self.modules, threads or torch.get_num_threads(), log_dir)
         atexit.register(self.close)
 
