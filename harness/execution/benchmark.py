@@ -1,11 +1,9 @@
-"""The benchmark stage for one (case, backend, phase) round: latency, peak memory, FLOP/s and roofline of a
-verified backend; only phases whose correctness passed are timed."""
+"""One benchmark round of a verified (case, backend, phase): latency, peak memory, FLOP/s, roofline, its row."""
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -22,62 +20,38 @@ from harness.measure.peaks import beyond_physical_limit
 from harness.measure.roofline import one_thread
 from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig
-from harness.oracle.reference import Reference
+from harness.oracle.prepared import PreparedCase
 from harness.oracle.verdict import Check, judge, ruled
-from harness.spec.case import AttentionCase, Inputs, dtype_name
+from harness.spec.case import dtype_name
 from harness.store.rows import make_row
 from harness.store.schema import BWD, FWD, FWD_BWD, NOT_TIMED, PASS, REJECTED, TIMED, VERDICT_PHASES, Row
 
 
 @dataclass
 class PerfResult:
-    """The row of one timed round (latency columns pooled over every round so far), this round's measurement and
-    the pooled one (None when nothing was timed)."""
+    """A round's row (latency pooled over the rounds so far), its measurement and the pooled one (None: not timed)."""
 
     row: Row
     measurement: Measurement | None
     pooled: Measurement | None = None
 
 
-class TimedCase(Protocol):
-    """What timing reads of a case: its seeded inputs (None: whoever runs the backend draws them from the seed),
-    and the verified answer the timed calls are judged against (a PreparedCase)."""
-
-    case: AttentionCase
-    device: torch.device
-    inputs: Inputs | None
-    seed: int | None
-    reference: Reference
-
-    def naive_error(self, quantity: str, backend_name: str) -> float | None: ...
-
-
 def phase_verdict(verdict: BackendResult, phase: str) -> tuple[str, str]:
-    """(correctness status, reason) that gates timing: a phase is timed only when its correctness passed (fwd+bwd:
-    both); the reason names the phase that did not."""
-    needed = list(VERDICT_PHASES) if phase == FWD_BWD else [phase]
-    for p in needed:
+    """(correctness status, reason) that gates timing (fwd+bwd: both phases); the reason names the phase."""
+    for p in (VERDICT_PHASES if phase == FWD_BWD else [phase]):
         row = verdict.row(p)
         if row.status != PASS:
             return row.status, f"{p} is {row.status}: {row.reason}"
     return PASS, ""
 
 
-def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: BackendResult, *,
+def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict: BackendResult, *,
                   config: TimingConfig, peaks: dict[str, float], run_id: str = "",
                   cpu_mem_budget: int | None = None, timing_round: Round = Round(), executor: Executor | None = None,
                   bw_peak: float | None = None) -> PerfResult:
-    """Time one phase (one round) of a verified backend and build its results row, final as built: every
-    outcome (not timed, failed, timed) goes through the one `row` below, given the round and what the key's
-    earlier rounds found.
-
-    timing_round: which round this is; its `pooled` earlier rounds go into the row's latency columns, its `memory`
-    (bytes, method) is not measured again, and a `suspicious_reason` of an earlier round stays on the row.
-    bw_peak: the measured copy bandwidth (GB/s): the ceiling a memory-bound row is judged against.
-
-    The row's timing_status/timing_reason say how timing ended; its correctness status is left alone (fwd and bwd
-    rows fold into their verdict rows), except on the fwd+bwd key, which carries the correctness of both phases.
-    """
+    """Time one round of a verified phase and build its row, final as built: every outcome goes through `row`.
+    bw_peak: the copy bandwidth (GB/s) a memory-bound row is judged against. Only a fwd+bwd row carries a correctness
+    status (fwd and bwd rows fold into their verdict rows)."""
     executor = executor if executor is not None else make_executor()
     case, device = prepared.case, prepared.device
     status, reason = phase_verdict(verdict, phase)
@@ -89,8 +63,8 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     def row(timing_status: str, timing_reason: str = "", **more) -> Row:
         if timing_status not in (TIMED, REJECTED):  # a rejected round's earlier figures are withheld too
             timing_reason = timing_round.ended(timing_reason)
-        elif timing_status == TIMED and not more["suspicious"] and timing_round.suspicious_reason:  # once flagged, stays flagged, with its why
-            more["suspicious"], timing_reason = True, timing_round.suspicious_reason
+        elif timing_status == TIMED and not more["suspicious"] and timing_round.suspicious_reason:
+            more["suspicious"], timing_reason = True, timing_round.suspicious_reason  # once flagged, stays flagged
         return make_row(run_id=run_id, case=case, backend=backend.name, backend_version=backend.version(),
                         phase=phase, device=device, timing_status=timing_status, timing_reason=timing_reason,
                         **correctness, **more)
@@ -109,9 +83,8 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,
                               mem_method=answer.mem_method), None)
     m, mem_bytes, mem_method = answer.measurement, answer.peak_mem_bytes, answer.mem_method
-    # On one thread on a CPU run: there the cores belong to the workers, whose OpenMP threads still spin after a
-    # call, and every two-thread op here waited for a core - the default run's timed judging took 5.6 s on two
-    # threads, 1.1 s on one (2-core VM, 984 rounds)
+    # one thread on a CPU: the workers' OpenMP threads still spin after a call, and the default run's timed judging
+    # took 5.6 s on two threads, 1.1 s on one (2-core VM, 984 rounds)
     with stage("judging"), one_thread() if device.type == "cpu" else contextlib.nullcontext():
         problem = judge_timed(backend, prepared, phase, answer.observed, verdict.verified) or answer.integrity
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
@@ -134,15 +107,11 @@ def measure_phase(backend: Backend, prepared: TimedCase, phase: str, verdict: Ba
     return PerfResult(result, m, pooled)
 
 
-def judge_timed(backend: Backend, prepared: TimedCase, phase: str, observed: list[Observed],
+def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: list[Observed],
                 verified: dict[tuple[str, str], Check] | None = None) -> str:
-    """'' when what the timed calls returned is the verified answer of their inputs within the tolerance (never
-    bitwise: a nondeterministic kernel is honest); else the first failure, naming the call and the quantity.
-
-    An answer told equal, bit for bit, to a judged one times its transform's factor where the calls ran
-    (Observed.scaled_verified, scaled_last: timed._drop_scaled) has that one's figures, scaled - exact, as the
-    transforms are: the verdict's Check (`verified`, BackendResult.verified) or the last call's, judged first; any
-    other is compared with the float64 reference."""
+    """'' when the timed calls' answers are their inputs' verified answer within the tolerance (never bitwise);
+    else the first failure, naming the call and the quantity. An answer told scaled where the calls ran gets the
+    verdict's Check (`verified`) or the last call's, scaled; any other is judged against the float64 reference."""
     if not observed:
         return "nothing the timed calls returned came back to be judged"
     case, verified = prepared.case, verified or {}
@@ -174,7 +143,7 @@ def judge_timed(backend: Backend, prepared: TimedCase, phase: str, observed: lis
     return ""
 
 
-def _judge_one(quantity: str, actual: torch.Tensor, transform: Transform, prepared: TimedCase,
+def _judge_one(quantity: str, actual: torch.Tensor, transform: Transform, prepared: PreparedCase,
                naive: float | None) -> Check:
     """`actual` against the verified answer scaled as `transform` scales it, within the tolerance scaled alike."""
     factor = transform.factor(quantity)
@@ -183,6 +152,5 @@ def _judge_one(quantity: str, actual: torch.Tensor, transform: Transform, prepar
 
 
 def _scaled(judged: Check, ratio: float, dtype: torch.dtype, naive: float | None) -> Check:
-    """The Check of an answer that is `judged`'s answer times `ratio` (a signed power of two) bit for bit: its error
-    and max|ref| are judged's times |ratio| exactly; `naive`: the baseline error at its own transform."""
+    """The Check of `judged`'s answer times `ratio` (a signed power of two): error and max|ref| scale exactly."""
     return ruled(judged.quantity, judged.err * abs(ratio), judged.nonfinite, judged.largest * abs(ratio), dtype, naive)

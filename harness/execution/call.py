@@ -1,16 +1,10 @@
-"""One backend call, described as data so it can run here or in a worker process, and what it returned.
-
-`run_call` is the only place a backend's forward (or native probe) and backward are invoked for correctness: it
-prepares the backend once (untimed), checks the output against the contract (a tensor of the input's dtype,
-device, layout and shape), and turns every exception - SystemExit and KeyboardInterrupt included - into a
-`Failure` with a status and one line of text. Tensors come back in the canonical layout, on the CPU.
-"""
+"""One backend call as data (run here or in a worker) and what it returned; `run_call` is its one runner."""
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 import torch
@@ -27,8 +21,7 @@ from harness.spec.paged import paged_inputs, paged_layout
 from harness.store.schema import ERROR, FAIL, FWD, GRADS
 
 ENTRIES = ("forward", "native_causal", "native_mask", "native_dropout")
-#: the two calls a correctness verdict judges: the one inference and fwd timing make (no autograd), and the
-#: training call (its output and every gradient)
+#: the two calls a correctness verdict judges: no autograd (as inference and fwd timing), and the training call
 NO_GRAD, GRAD = "no-grad", "grad"
 
 
@@ -42,15 +35,8 @@ class Arrangement(Protocol):
 
 
 class BoundCall:
-    """`backend` on `case`: its plan built at construction (Backend.prepare, untimed), `__call__(q, k, v)` runs only
-    the kernel's work, and `ops(training)` names the kernels that call runs (from the plan: the worker's answer
-    carries them back, so a row names what ran where it ran).
-
-    Every keyword argument the case implies reaches `forward` from one place, `case_kwargs` (Backend.forward): the
-    paged block_table/cache_seqlens, and the modifiers - softcap a float, alibi_slopes (heads,) float32 on the
-    device, and the input tensors sinks/bias from `leaves` (modifier_leaves: the tensors whose gradients are
-    judged; default: the seed-0 inputs, without gradients). The runner never binds a backend to a modifier it does
-    not declare (Backend.can_run refuses first)."""
+    """`backend` on `case`, its plan built once (untimed); `__call__(q, k, v)` is only the kernel's work. leaves:
+    sinks/bias (default: the seed-0 inputs', without gradients)."""
 
     def __init__(self, backend: Backend, case: AttentionCase, device: torch.device,
                  arrangement: Arrangement | None = None, leaves: dict[str, torch.Tensor] | None = None):
@@ -70,7 +56,7 @@ class BoundCall:
         return out if self.arrangement is None else self.arrangement.output(out)
 
     def ops(self, training: bool) -> tuple[str, str]:
-        """(forward, backward) kernels a call with gradients (`training`) or without runs (Backend.ops)."""
+        """(forward, backward) kernels the call runs with gradients or without (Backend.ops)."""
         return self.backend.ops(self.plan, training)
 
 
@@ -81,14 +67,13 @@ def modifier_leaves(inputs: Inputs, requires_grad: bool) -> dict[str, torch.Tens
 
 
 def case_kwargs(case: AttentionCase, device: torch.device, leaves: dict[str, torch.Tensor]) -> dict:
-    """forward's keyword arguments that `case` implies besides mask and scale (those present): a paged case's
-    block_table and cache_seqlens (harness.spec.paged), an FP8 case's k_scale, v_scale and q_scale (harness.spec.fp8),
-    softcap, alibi_slopes, and the leaves sinks and bias."""
+    """forward's keywords `case` implies besides mask and scale: block_table, cache_seqlens, k_scale, v_scale,
+    q_scale, softcap, alibi_slopes (heads,) float32, and the leaves (sinks, bias)."""
     kwargs: dict = {}
     if case.page_size is not None:
         layout = paged_layout(case, device)
         kwargs.update(block_table=layout.block_table, cache_seqlens=layout.cache_seqlens)
-    if case.fp8_kv is not None:  # the FP8 cache's scales (harness.spec.fp8): the case's, float32 on the device
+    if case.fp8_kv is not None:  # the case's FP8 cache scales, float32 on the device
         kwargs.update(zip(("k_scale", "v_scale"), (s.to(device) for s in kv_scales(case.kv_heads, case.fp8_kv))))
     if case.fp8_q:  # and q's, per tensor or per kv-head group
         kwargs["q_scale"] = q_scales(case.kv_heads, case.fp8_kv).to(device)
@@ -102,9 +87,8 @@ def case_kwargs(case: AttentionCase, device: torch.device, leaves: dict[str, tor
 
 def backend_inputs(backend: Backend, case: AttentionCase, inputs: Inputs, requires_grad: bool,
                    copy: bool = True) -> tuple[torch.Tensor, ...]:
-    """Fresh copies of `case`'s q, k, v, d_out in the backend's native layout (contiguous), outside any timing; for
-    a paged case, k and v are its k_cache and v_cache (harness.spec.paged). copy=False: the values alone, sharing
-    `inputs`' memory where they already are in that layout (what a timing round's refill copies from)."""
+    """Fresh contiguous copies of q, k, v, d_out in the backend's layout (paged: k_cache, v_cache). copy=False: the
+    values alone, sharing `inputs`' memory where possible (what a timing round's refill copies from)."""
     if case.fp8_kv is not None:  # K and V as the FP8 cache holds them (canonical, quantized once, untimed)
         scales = kv_scales(case.kv_heads, case.fp8_kv)
         inputs = inputs._replace(k=quantize(inputs.k.detach(), scales[0]), v=quantize(inputs.v.detach(), scales[1]))
@@ -115,20 +99,19 @@ def backend_inputs(backend: Backend, case: AttentionCase, inputs: Inputs, requir
                       else backend.to_layout(t).detach().contiguous() for t in inputs[:4])
     if case.page_size is not None:
         k, v = paged_inputs(case, inputs.k.detach(), inputs.v.detach())[:2]
-    if not copy:
-        return q, k, v, d_out
-    return q.requires_grad_(requires_grad), k.requires_grad_(requires_grad), v.requires_grad_(requires_grad), d_out
+    if copy:
+        for t in (q, k, v):
+            t.requires_grad_(requires_grad)
+    return q, k, v, d_out
 
 
 @dataclass(frozen=True)
 class Call:
     """One call of a backend on `case`, as data (it may run in a worker process).
 
-    seed/inputs: with a seed, the inputs are make_inputs(case, device, seed) - given here to save drawing them
-    again in this process, and dropped when the call crosses to a worker, which draws them itself; with
-    seed=None, `inputs` are the call's own (scaled, poisoned, sliced) and travel with it. entry: 'forward' (the mask spec through the backend's own translation) or one of its native
-    probes. backward: also run the backward with the inputs' d_out. mask (native_mask) and p (native_dropout) are
-    the probe's arguments; rng_seed seeds torch's RNG for the call alone (dropout).
+    seed: the inputs are make_inputs(case, device, seed); `inputs` then only saves drawing them here, and a worker
+    draws its own. seed=None: `inputs` are the call's own and travel with it. entry: 'forward' or a native probe,
+    whose arguments are mask (native_mask) and p (native_dropout); rng_seed seeds torch's RNG for the call alone.
     """
 
     case: AttentionCase
@@ -142,8 +125,7 @@ class Call:
     rng_seed: int | None = None
     #: with backward: run a call without autograd first (what inference and fwd timing run), its output judged too
     inference: bool = False
-    #: keep the answers where the call ran (CallCaches.answers, under CallResult.answer_id): timing compares its
-    #: calls' answers with them there, so an answer that is a verified one scaled does not travel back
+    #: keep the answers where the call ran (CallResult.answer_id), for timing to compare its answers with there
     keep: bool = False
 
     def __post_init__(self):
@@ -153,10 +135,7 @@ class Call:
             raise ValueError("a Call needs a seed to draw its inputs from, or the inputs themselves")
 
     def to_cpu(self) -> "Call":
-        """The call as it crosses to a worker: seeded inputs dropped (the worker draws them), its own inputs and
-        mask on the CPU (the worker moves them to its device)."""
-        from dataclasses import replace
-
+        """The call as it crosses to a worker: seeded inputs dropped, its own inputs and mask on the CPU."""
         inputs = None if self.inputs is None or self.seed is not None else self.inputs.map(lambda t: t.detach().cpu())
         mask = None if self.mask is None else self.mask.cpu()
         return replace(self, inputs=inputs, mask=mask)
@@ -170,14 +149,13 @@ class CallResult:
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     failure: Failure | None = None
     backward_failure: Failure | None = None
-    #: the kernels that ran, named by the call's plan where the call ran (BoundCall.ops; set once the forward,
-    #: and the backward, answered), and the compile time of the graph, for backends that compile
+    #: the kernels that ran, named where the call ran (BoundCall.ops), and the compile time of a compiling backend
     op: str = ""
     backward_op: str = ""
     compile_ms: float | None = None
-    #: the output of the call without autograd (Call.inference), canonical layout, on the CPU
+    #: the output of the call without autograd (Call.inference)
     inference_out: torch.Tensor | None = None
-    #: under which id the process that ran the call keeps its answers (Call.keep); '' when it keeps none
+    #: the id its process keeps the answers under (Call.keep); '' when none
     answer_id: str = ""
 
     @property
@@ -186,8 +164,7 @@ class CallResult:
 
 
 def answers_by_call(call: Call, result: CallResult) -> dict[tuple[str, str], torch.Tensor]:
-    """The call's answers by (NO_GRAD or GRAD, quantity): the output without autograd, the training call's output
-    (without a backward, the call's one output is the no-grad one) and its gradients."""
+    """The call's answers by (NO_GRAD or GRAD, quantity); without a backward its one output is the no-grad one."""
     answers = {} if result.inference_out is None else {(NO_GRAD, "out"): result.inference_out}
     if result.out is not None:
         answers[(GRAD if call.backward else NO_GRAD, "out")] = result.out
@@ -201,24 +178,21 @@ def timed_call(phase: str) -> str:
 
 
 def call_inputs(call: Call, device: torch.device, drawn: LRU | None = None) -> Inputs:
-    """The call's inputs on `device`: given ones moved there, or the seeded ones drawn - kept in `drawn` (the
-    inputs its process drew last, cache.DRAWN_INPUTS) for the next call and timing rounds of the same case."""
+    """The call's inputs on `device`: given ones moved there, or the seeded ones drawn (kept in `drawn`)."""
     if call.inputs is not None:
         return call.inputs.map(lambda t: t.to(device))
     return cached(drawn, (call.case, call.seed, str(device)), lambda: make_inputs(call.case, device, call.seed))
 
 
 def device_scope(device: torch.device):
-    """Make `device` the current CUDA device for the duration (events, streams and graphs follow the current
-    device, not the tensors'), a no-op on the CPU."""
+    """`device` as the current CUDA device (events, streams and graphs follow it, not the tensors'); CPU: no-op."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor,
                        dtype: torch.dtype | None = None) -> Failure | None:
-    """Why `out` breaks the Backend contract (a tensor of the case's `dtype` - default q's: an FP8 q's case has its
-    own - on q's device, strided, shaped like q with v's head dim), or None. A non-tensor is an error; a tensor of
-    the wrong kind is a wrong answer (fail)."""
+    """Why `out` breaks the Backend contract (a strided tensor of `dtype`, default q's, on q's device, shaped like q
+    with v's head dim), or None: a non-tensor is an error, a wrong tensor a fail."""
     if not isinstance(out, torch.Tensor):
         return Failure(ERROR, f"forward returned {type(out).__name__}, not a tensor")
     expected = (*q.shape[:-1], v.shape[-1])
@@ -238,14 +212,12 @@ def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor,
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
-    """A copy on the CPU, taken now: what the call returned as it stands when the call has returned (a CPU tensor
-    too - `.cpu()` would alias it, and a background thread still writing it would fill it in before it is judged)."""
+    """A CPU copy taken now (`.cpu()` would alias a CPU tensor a background thread may still be writing)."""
     return t.detach().to("cpu", copy=True)
 
 
-def _poison(out: torch.Tensor) -> None:
-    """Fill a judged output with NaN before it is freed: the allocator hands its block to the next call of the
-    same size, and an `empty` output of that call must not find this answer there (KernelBench's result reuse)."""
+def poison(out: torch.Tensor) -> None:
+    """NaN into a judged output, so the next call's `empty` output cannot find it (KernelBench's result reuse)."""
     if out.is_floating_point():
         with torch.no_grad():
             out.detach().fill_(float("nan"))
@@ -253,8 +225,7 @@ def _poison(out: torch.Tensor) -> None:
 
 def _owned(path: str, out: object, q: torch.Tensor, v: torch.Tensor, given: dict[str, torch.Tensor],
            snapshot: Snapshot, dtype: torch.dtype) -> Failure | None:
-    """The contract (contract_violation, the case's `dtype`), then the call's inputs left as given and its output its
-    own; `path` prefixes the reason with the call that broke it."""
+    """contract_violation, then inputs left as given and the output owned; `path` prefixes the reason."""
     failure = contract_violation(out, q, v, dtype)
     if failure is None:
         problem = "; ".join(filter(None, [snapshot.written(), aliased(out, given)]))
@@ -271,8 +242,7 @@ def _grad_violation(name: str, grad: torch.Tensor, leaf: torch.Tensor) -> str | 
 
 def _entry(backend: Backend, call: Call, device: torch.device,
            leaves: dict[str, torch.Tensor]) -> tuple[Callable, tuple[str, str]]:
-    """The callable (q, k, v) -> out for the call's entry, prepared, and the (forward, backward) kernels it runs:
-    the plan's (BoundCall.ops); a native probe is the library's own call, named by the backend's name."""
+    """The prepared (q, k, v) -> out of the call's entry and its (forward, backward) kernel names."""
     scale = call.case.scale
     if call.entry == "forward":
         bound = BoundCall(backend, call.case, device, call.arrangement, leaves)
@@ -287,23 +257,14 @@ def _entry(backend: Backend, call: Call, device: torch.device,
 
 
 def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCaches | None = None) -> CallResult:
-    """Run the call on `device` and return its outputs (CPU, canonical layout) or its failure; never raises for
-    anything the backend does. Seeded inputs are drawn through `caches` (call_inputs), and a kept call's answers are
-    kept there (Call.keep)."""
+    """The call's outputs (CPU, canonical layout) or its failure; never raises for anything the backend does. A kept
+    call's answers are kept in `caches` under a new id when they fit (cache.KEPT_ANSWER_BYTES)."""
     result = _run(backend, call, device, None if caches is None else caches.drawn)
-    if call.keep and caches is not None:
-        result.answer_id = _keep(caches.answers, answers_by_call(call, result))
+    answers = answers_by_call(call, result) if call.keep and caches is not None else {}
+    if answers and kept_bytes(answers) <= KEPT_ANSWER_BYTES:  # copies: the originals may travel in shared memory
+        result.answer_id = uuid.uuid4().hex  # a worker started anew keeps none: its ids are never found there
+        caches.answers.get(result.answer_id, lambda: {key: t.clone() for key, t in answers.items()})
     return result
-
-
-def _keep(kept: LRU, answers: dict[tuple[str, str], torch.Tensor]) -> str:
-    """Keep copies of `answers` (what travels to the run may move to shared memory) under a new id; '' when they are
-    none or too large to keep (cache.KEPT_ANSWER_BYTES)."""
-    if not answers or kept_bytes(answers) > KEPT_ANSWER_BYTES:
-        return ""
-    answer_id = uuid.uuid4().hex  # a worker started anew keeps none: its ids are never found there
-    kept.get(answer_id, lambda: {key: t.clone() for key, t in answers.items()})
-    return answer_id
 
 
 def _run(backend: Backend, call: Call, device: torch.device, drawn: LRU | None) -> CallResult:
@@ -327,7 +288,7 @@ def _run(backend: Backend, call: Call, device: torch.device, drawn: LRU | None) 
                     return result
                 with stage("to host"):
                     result.inference_out = _host(backend.from_layout(inference.detach()))
-                _poison(inference)
+                poison(inference)
                 del inference
             grad_mode = contextlib.nullcontext() if call.backward else torch.no_grad()
             with grad_mode, stage("forward"):  # a compiling backend's first call includes its compile
@@ -372,7 +333,6 @@ def _run(backend: Backend, call: Call, device: torch.device, drawn: LRU | None) 
 
 @contextlib.contextmanager
 def _seeded(seed: int | None, device: torch.device):
-    """torch's RNG seeded for the call alone (restored after), when a seed is given."""
     if seed is None:
         yield
         return

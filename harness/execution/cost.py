@@ -1,6 +1,4 @@
-"""What a matrix will cost before it runs: per case FLOPs and memory, the float64 reference's time from a rate
-measured here, and a refusal (with the figures and the override flag) when the reference would take too long
-or not fit."""
+"""What a matrix will cost before it runs (FLOPs, memory, the reference's time at rates measured here), or why not."""
 
 from __future__ import annotations
 
@@ -29,9 +27,7 @@ CALIBRATION = {"cpu": AttentionCase(1, 8, 512, 128, "fp32"), "cuda": AttentionCa
 
 @dataclass(frozen=True)
 class CaseCost:
-    """One case's work and memory: FLOPs of the attention a backend does (fwd, bwd), of the dense float64
-    reference (fwd+bwd), and the bytes the inputs, the reference and the same-dtype baseline need on the
-    device at their peak."""
+    """One case's FLOPs (a backend's fwd, bwd; the reference's) and the peak bytes of inputs, reference, baseline."""
 
     case: AttentionCase
     flops_fwd: int
@@ -43,8 +39,7 @@ class CaseCost:
 
     @classmethod
     def of(cls, case: AttentionCase, reference_budget_bytes: int, baseline_budget_bytes: int) -> "CaseCost":
-        """The cost of `case` when the reference's block buffers may take `reference_budget_bytes` and the naive
-        baseline's score matrices `baseline_budget_bytes` (beyond it they are chunked by query rows)."""
+        """The cost of `case` under the reference's and baseline's buffer budgets (beyond them they chunk)."""
         q_elems = case.batch * case.heads * case.seq_q * case.head_dim
         kv_elems = case.batch * case.kv_heads * case.seq_k * case.head_dim
         # q, k, v, d_out and the gradients of the first three, in the case's dtype
@@ -59,18 +54,15 @@ class CaseCost:
 
     @property
     def peak_bytes(self) -> int:
-        """The most the harness itself holds for this case at once: inputs plus the larger of reference and
-        baseline (they run one after the other)."""
+        """Inputs plus the larger of reference and baseline (they run one after the other)."""
         return self.input_bytes + max(self.reference_bytes, self.baseline_bytes)
 
 
 #: the baseline's calibration GEMM on each device: (batch, n, d) of a (b, n, d) @ (b, d, n) matmul
 BASELINE_GEMM = {"cpu": (4, 256, 128), "cuda": (16, 2048, 128)}
-#: a rate is the best of this many timed samples after one untimed warm-up call: the first call pays thread
-#: pool start, oneDNN/cuBLAS kernel selection and page faults, and one sample of a sub-millisecond GEMM on a
-#: shared 2-core VM was seen anywhere from 17.6 to 883 GFLOP/s (issue 23). The best, not the median: other load
-#: only ever slows a sample down, and the median of five moved 25x between three commands of one session on a
-#: loaded 2-core VM (issue 35), so the best sample is the one that says what the machine can do
+#: a rate is the best of this many samples after an untimed warm-up (thread pool start, kernel selection, page
+#: faults). The best, not the median: load only slows a sample down, and the median of five moved 25x between three
+#: commands on a loaded 2-core VM (issues 23, 35; docs/design/execution.md)
 REPEATS = {"baseline": 7, "reference": 3}
 #: a baseline sample repeats the GEMM until it has run this long, so a fast machine's timer resolution and
 #: scheduling jitter do not decide its rate
@@ -78,12 +70,8 @@ MIN_SAMPLE_S = 0.02
 
 
 def _best_seconds(call, device: torch.device, repeats: int, min_sample_s: float = 0.0) -> float:
-    """Fewest seconds per `call()` over `repeats` samples after a warm-up call; each sample loops the call until
-    it has lasted `min_sample_s`."""
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
+    """Fewest seconds per `call()` over `repeats` samples (each at least `min_sample_s`) after a warm-up call."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     call()
     sync()
     samples = []
@@ -102,11 +90,7 @@ def _best_seconds(call, device: torch.device, repeats: int, min_sample_s: float 
 
 @contextlib.contextmanager
 def _per_thread(device: torch.device):
-    """On a CPU, time on one thread and scale by the run's thread count (yields that factor; 1 on a GPU). Under
-    load a multi-threaded GEMM stalls at every barrier where a sibling thread was descheduled: on a loaded 2-core
-    VM 2 threads read 1 GFLOP/s in bf16 where 1 thread read 40-60 and the quiet machine 130 (issue 35). One
-    thread's best sample is what a core does; times the threads, the rate the run can reach, not the load of the
-    moment, so the estimate holds from one command to the next (a busier machine runs slower, as ASSUMED says)."""
+    """On a CPU, time on one thread and yield the thread count to scale by (1 on a GPU; docs/design/execution.md)."""
     if device.type == "cuda":
         yield 1
         return
@@ -120,9 +104,7 @@ def _per_thread(device: torch.device):
 
 @functools.lru_cache(maxsize=None)
 def baseline_rate(device: torch.device, dtype: torch.dtype) -> float:
-    """FLOP/s of a batched GEMM in `dtype` on `device`, the naive baseline's own operation (on a CPU without
-    bf16/fp16 units that is ~1 GFLOP/s against ~15-100 in fp32: the baseline, not the reference, is then what
-    costs): the best of REPEATS samples after a warm-up (on a CPU: of one thread, times the threads)."""
+    """FLOP/s of a batched GEMM in `dtype` on `device` (the baseline's operation; ~1 GFLOP/s without bf16 units)."""
     b, n, d = BASELINE_GEMM["cuda" if device.type == "cuda" else "cpu"]
     x = torch.randn(b, n, d, device=device).to(dtype)
     y = torch.randn(b, d, n, device=device).to(dtype)
@@ -133,20 +115,12 @@ def baseline_rate(device: torch.device, dtype: torch.dtype) -> float:
 
 @functools.lru_cache(maxsize=None)
 def reference_rate(device: torch.device) -> float:
-    """The float64 reference's FLOP/s on `device`: the best of REPEATS calls on a calibration case, after a
-    warm-up (each call is long enough, ~0.1-1 s on a CPU, to need no loop; on a CPU: one thread, times the
-    threads)."""
+    """The float64 reference's FLOP/s on `device`, on the calibration case (a call is long enough to need no loop)."""
     case = CALIBRATION["cuda" if device.type == "cuda" else "cpu"]
     inputs = make_inputs(case, device)
     with _per_thread(device) as threads:
         seconds = _best_seconds(lambda: reference_attention(case, inputs), device, REPEATS["reference"])
     return reference_flops(case) / seconds * threads
-
-
-def device_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    return available_memory()
 
 
 def _duration(seconds: float) -> str:
@@ -167,8 +141,7 @@ ASSUMED = ("Assumed: the reference runs at the rate of a calibration case timed 
 
 @dataclass(frozen=True)
 class MatrixCost:
-    """The cost of a list of cases on one device, with the rates the estimate used: the reference's (FLOP/s)
-    and, per dtype, the naive baseline's."""
+    """The cost of cases on one device, with the rates used (FLOP/s): the reference's, the baseline's per dtype."""
 
     costs: tuple[CaseCost, ...]
     device: torch.device
@@ -187,23 +160,17 @@ class MatrixCost:
 
     @property
     def seconds(self) -> float:
-        """The harness's own work before any backend runs: the reference and the baseline of every case."""
         return self.reference_seconds + self.baseline_seconds
 
     def case_seconds(self, cost: CaseCost) -> float:
         return cost.reference_flops / self.rate + cost.reference_flops / self.baseline_rates[cost.case.dtype]
 
     @property
-    def slowest(self) -> CaseCost:
-        return max(self.costs, key=self.case_seconds)
-
-    @property
     def largest(self) -> CaseCost:
         return max(self.costs, key=lambda c: c.peak_bytes)
 
     def summary(self) -> str:
-        """One line: the cases, the reference's and baseline's expected time at the measured rates, the
-        largest memory need."""
+        """One line: the cases, the reference's and baseline's expected time, the largest memory need."""
         total = sum(c.reference_flops for c in self.costs)
         rates = ", ".join(f"{str(t).replace('torch.', '')} {r / 1e9:.3g}" for t, r in self.baseline_rates.items())
         return (f"{len(self.costs)} cases on {self.device}: float64 reference ~{_duration(self.reference_seconds)} "
@@ -212,9 +179,7 @@ class MatrixCost:
                 f"~{_gib(self.largest.peak_bytes)} ({self.largest.case.id}) of {_gib(self.memory)}. {ASSUMED}")
 
     def run_seconds(self, rates: "RunRates", backends: int, rounds: int) -> float:
-        """The whole run's wall time at `rates` (a device measured before): start-up, the reference and baseline,
-        every backend's correctness call (its transfer and judging by the elements it returns), and `rounds`
-        benchmark rounds of every (backend, phase) key - the slow dense backends' calls counted by their work."""
+        """The whole run's wall time at `rates`: start-up, reference, baseline, correctness calls, `rounds` rounds."""
         if rates.device_type != self.device.type:
             raise ValueError(f"rates of a {rates.device_type} device for a run on {self.device}")
         total = rates.startup_s + self.seconds
@@ -226,14 +191,14 @@ class MatrixCost:
         return total
 
     def refusal(self, limit_s: float = LIMIT_S) -> str | None:
-        """Why this matrix should not run here (the reference and baseline would take too long, or a case does
-        not fit), or None."""
+        """Why this matrix should not run here (too long, or a case does not fit), or None."""
         problems = []
         if self.seconds > limit_s:
-            slow = self.slowest
+            slow = max(self.costs, key=self.case_seconds)
             problems.append(f"the float64 reference and the same-dtype baseline would take ~"
-                            f"{_duration(self.seconds)} on {self.device} (reference ~{_duration(self.reference_seconds)}"
-                            f", baseline ~{_duration(self.baseline_seconds)}; limit {_duration(limit_s)}; "
+                            f"{_duration(self.seconds)} on {self.device} (reference "
+                            f"~{_duration(self.reference_seconds)}, baseline ~{_duration(self.baseline_seconds)}; "
+                            f"limit {_duration(limit_s)}; "
                             f"{slow.case.id} alone ~{_duration(self.case_seconds(slow))})")
         if self.largest.peak_bytes > self.memory:
             big = self.largest
@@ -249,10 +214,7 @@ class MatrixCost:
 
 @dataclass(frozen=True)
 class RunRates:
-    """What a whole run costs per unit on one device, measured there once (docs/measurements.md): fixed start-up,
-    a correctness call's fixed part and its judging rate (elements returned and compared on the host per second),
-    one benchmark round of one key, and the slow dense backends (naive, sdpa-math: the whole score matrix) with
-    their FLOP/s, the calls one of their rounds makes, and the reference's and baseline's rates."""
+    """A whole run's unit costs on one device (docs/measurements.md); slow_*: the dense naive and sdpa-math."""
 
     device_type: str
     startup_s: float
@@ -267,12 +229,7 @@ class RunRates:
     memory: int
 
 
-#: one H200 (2026-11-30, torch 2.11, docs/measurements.md). Fitted to its gpu-smoke run with 7 backends: the first
-#: timing row came at 247 s for its 11 cases then (start-up taken as 60 s; the rest, 187 s over 77 correctness calls
-#: returning 1159M elements a backend in all, split as 0.5 s a call plus 5.5e7 elements/s), a benchmark round took
-#: ~120 s for 231 keys (0.52 s a key). The slow backends' rate is sdpa-math's causal fwd+bwd on bf16-b4-h16-s4096-d128 (54.7 ms
-#: for 1.65 TFLOP of dense GEMMs: 30 TFLOP/s), their calls a round min_reps/rounds (4) plus the estimate's; the
-#: reference's rate is its causal figure (22.4 TFLOP/s), the baseline's the measured matmul peaks.
+#: one H200 (2026-11-30, torch 2.11), fitted to its gpu-smoke run with 7 backends (docs/design/execution.md)
 H200 = RunRates("cuda", startup_s=60.0, call_s=0.5, judged_per_s=5.5e7, key_round_s=0.52, slow_backends=2,
                 slow_calls_per_round=5, slow_rate=30e12, reference_rate=22.4e12,
                 baseline_rates={torch.bfloat16: 693e12, torch.float16: 664e12, torch.float32: 50e12},
@@ -294,8 +251,7 @@ def run_estimate(cases: list[AttentionCase], rates: RunRates = H200, backends: i
 def matrix_cost(cases: list[AttentionCase], device: torch.device, *, rate: float | None = None,
                 baseline_rates: dict[torch.dtype, float] | None = None, memory: int | None = None,
                 reference_budget_bytes: int | None = None, baseline_budget_bytes: int | None = None) -> MatrixCost:
-    """The cost of `cases` on `device`. What is not given is measured or queried there: the rates
-    (reference_rate, baseline_rate), the device's memory, and the budgets the run itself would use."""
+    """The cost of `cases` on `device`; what is not given (rates, memory, budgets) is measured or queried there."""
     if not cases:
         raise ValueError("no cases to estimate")
     ref_budget = reference_budget(device) if reference_budget_bytes is None else reference_budget_bytes
@@ -304,13 +260,13 @@ def matrix_cost(cases: list[AttentionCase], device: torch.device, *, rate: float
     rates = baseline_rates if baseline_rates is not None else {t: baseline_rate(device, t) for t in dtypes}
     return MatrixCost(tuple(CaseCost.of(c, ref_budget, base_budget) for c in cases), device,
                       reference_rate(device) if rate is None else rate, rates,
-                      device_memory(device) if memory is None else memory)
+                      memory if memory is not None else torch.cuda.get_device_properties(device).total_memory
+                      if device.type == "cuda" else available_memory())
 
 
 def check_cost(cases: list[AttentionCase], device: torch.device, *, allow: bool,
                limit_s: float = LIMIT_S) -> MatrixCost:
-    """The cost of `cases` here; raises ValueError with the figures and the override flag when it should not
-    run and `allow` is False."""
+    """The cost of `cases` here; a ValueError with the figures and the override flag when refused and not `allow`."""
     cost = matrix_cost(cases, device)
     why = cost.refusal(limit_s)
     if why and not allow:

@@ -24,8 +24,7 @@ def resolve_device(name: str | None) -> torch.device:
 
 
 def indexed(device: torch.device) -> torch.device:
-    """A CUDA device with its index ('cuda' -> 'cuda:<current>'), so that rows name the device that ran and
-    torch.cuda.set_device accepts it (torch.cuda._utils._get_device_index raises on a bare 'cuda')."""
+    """'cuda' -> 'cuda:<current>': rows name the device that ran, and torch.cuda.set_device rejects a bare 'cuda'."""
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device

@@ -1,5 +1,4 @@
-"""Where backend calls run: the Executor protocol, its two implementations (execution/in_process.py, and
-execution/supervisor.py's supervised worker processes) and the one factory that makes them."""
+"""Where backend calls run: the Executor protocol and the one factory of its two implementations."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ class Executor(Protocol):
         """Why `backend` cannot run on `device` at all (not installed, wrong device, a broken check), or None."""
 
     def refusal(self, backend: Backend, device: torch.device) -> tuple[str, str] | None:
-        """(status, reason) when `backend` cannot run on `device`: 'unavailable', or 'error' where the harness
-        itself could not set it up (a worker that could not start)."""
+        """(status, reason) when `backend` cannot run on `device`: unavailable, or error (a worker did not start)."""
 
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
         """One correctness call; a raise, a crash or a timeout comes back as its failure."""
@@ -39,11 +37,10 @@ class Executor(Protocol):
         """One timing round of one phase, run where the backend runs."""
 
     def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any) -> Any:
-        """fn(backend, device, *args) - our own code around a backend (a probe, a deployment check); anything it
-        raises, or a worker's death, comes back as CallFailed."""
+        """fn(backend, device, *args), our code around a backend; anything it raises, or a death, is CallFailed."""
 
     def worker_restarts(self) -> dict[str, int]:
-        """How many workers were replaced after dying or timing out, per backend."""
+        """Workers replaced after dying or timing out, per backend."""
 
     def close(self) -> None:
         """Stop what the executor started (its workers)."""
@@ -52,9 +49,7 @@ class Executor(Protocol):
 def make_executor(device: torch.device | str | None = None, *, isolate: bool = False, timeout_s: float | None = None,
                   timeouts: tuple[tuple[str, float], ...] = (), log_dir: str | None = None,
                   threads: int | None = None, modules: tuple[str, ...] | None = None) -> Executor:
-    """An executor of its own for a run: in this process (isolate=False), or each backend in a supervised worker on
-    `device` (isolate=True: the call timeout, per-case overrides, the workers' log folder, threads and plugin
-    modules apply there)."""
+    """A run's own executor: in this process, or (isolate=True) each backend in a supervised worker on `device`."""
     if not isolate:
         return InProcessExecutor()
     if device is None:

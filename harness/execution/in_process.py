@@ -1,5 +1,4 @@
-"""The in-process Executor: every backend call runs in this process (--no-isolate, and the Python API's default),
-so a crash or hang of a backend is the run's."""
+"""The in-process Executor (--no-isolate, the Python API's default): a backend's crash or hang is the run's."""
 
 from __future__ import annotations
 
@@ -16,19 +15,15 @@ from harness.store.schema import UNAVAILABLE
 
 
 class InProcessExecutor:
-    """Runs every backend call here; each instance has its own caches (drawn inputs, kept answers) and its own
-    interrupt note."""
+    """Runs every backend call here, with caches and an interrupt note of its own."""
 
     isolated = False
 
     def __init__(self):
-        #: the inputs this executor drew from a seed last and the answers it kept (cache.CallCaches), its own: gone
-        #: with it
         self.caches = CallCaches()
-        #: set when a backend raised KeyboardInterrupt inside a call: its row is recorded, then the run stops
         self.interrupted: str | None = None
 
-    def _noted(self, result: CallResult | TimingResult, backend: Backend):
+    def _noted(self, result: CallResult | TimingResult | Failure, backend: Backend):
         """`result` as is, remembering a KeyboardInterrupt inside the backend."""
         if result.interrupted:
             self.interrupted = interrupt_note(backend.name)
@@ -54,10 +49,7 @@ class InProcessExecutor:
         try:
             return fn(backend, device, *args)
         except BaseException as exc:  # noqa: B036
-            failure = Failure.of(exc)
-            if failure.interrupted:
-                self.interrupted = interrupt_note(backend.name)
-            raise CallFailed(failure) from exc
+            raise CallFailed(self._noted(Failure.of(exc), backend)) from exc
 
     def worker_restarts(self) -> dict[str, int]:
         return {}

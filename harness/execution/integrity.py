@@ -1,36 +1,31 @@
-"""The integrity checks of a backend's calls: inputs left as given, outputs owned, inputs a kernel cannot memorise
-(exact transforms of the verified ones), and speed on new inputs against speed on inputs already seen.
-
-Every check is of what a call did, never of how: docs/integrity.md lists the threats and what each check costs.
-"""
+"""Integrity checks of what a backend's calls did (docs/integrity.md): inputs, outputs, transforms, speed rule."""
 
 from __future__ import annotations
 
 import random
 import secrets
+import statistics
 from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 
 from harness.spec.case import Inputs
+from harness.store.schema import BWD
 
 #: same-size integer views: inputs are compared bit for bit (NaN in padding compares equal to itself)
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-#: a call on new inputs slower than this many times the median call on inputs already seen (same round, same
-#: shape) is a cache hit being timed; confirmed on CONFIRM_CALLS more new inputs before the round is rejected.
-#: An honest call costs the same on any values of one shape; a result cache on hits is 5-20x faster
-#: (tests/unit/execution/test_integrity_timing.py's planted kernels), and a stall on one call is not confirmed.
+#: a call on new inputs slower than this many times the median call on seen inputs is a cache hit being timed (once
+#: confirmed): an honest call costs the same on any values of one shape; a planted result cache hits 5-20x faster
 SEEN_FACTOR = 3.0
-#: at most this many confirming pairs, ended by the first that is not slower on its new inputs: every pair must be
-#: for a rejection, so a bursty machine that stalls ~30 % of calls (samples of 1 ms and of 20-300 ms in one round,
-#: benchmarks/speed_rule_study.py) falsely rejects a triggered round with odds ~0.2^6, not ~0.2^3 or 0.2
+#: at most this many confirming pairs, every one slower on its new inputs for a rejection: a machine stalling ~30 %
+#: of calls falsely rejects a triggered round with odds ~0.2^6 (benchmarks/speed_rule_study.py)
 CONFIRM_CALLS = 6
 
 
 def run_seed(seed: int | None) -> int:
-    """The run's input seed: the one given (to reproduce a run), else one drawn now, which no code can predict."""
+    """The seed given (to reproduce a run), else one drawn now, which no code can predict."""
     return secrets.randbelow(2 ** 31) if seed is None else seed
 
 
@@ -48,8 +43,7 @@ class Snapshot:
     """Bit-exact copies of named tensors, to tell afterwards which of them a call wrote into."""
 
     def __init__(self, tensors: dict[str, torch.Tensor | None], copies: dict[str, torch.Tensor] | None = None):
-        """copies: tensors already equal to some of them bit for bit that no call is given (what a refill copied
-        from): kept instead of cloning those again."""
+        """copies: tensors bit-equal to some of them that no call is given, kept instead of cloning again."""
         copies = copies or {}
         self._kept = {name: (t, _bits(copies[name]) if name in copies else _bits(t).clone())
                       for name, t in tensors.items() if t is not None}
@@ -77,18 +71,15 @@ def aliased(out: torch.Tensor, inputs: dict[str, torch.Tensor | None]) -> str:
 
 @dataclass(frozen=True)
 class Transform:
-    """An exact change of a case's inputs whose answer follows from the verified one: q and k times `qk` (+-1:
-    the scores q.k^T are unchanged, bit for bit), v times `v` and dO times `d_out` (signed powers of two: exact
-    in floating point, barring overflow). Then out scales by v; dv by d_out; dq and dk by qk * v * d_out;
-    dsinks and dbias by v * d_out. The naive baseline's rounding errors scale by the same factors (its every
-    operation is scaled by a power of two), so the tolerance of the transformed answer is the verified one's,
-    scaled. Masks, softcap, ALiBi, sinks, paging and the bias see unchanged scores: valid for every case."""
+    """An exact change of a case's inputs: q and k times `qk` (+-1: scores unchanged bit for bit), v times `v` and
+    dO times `d_out` (signed powers of two). out scales by v; dv by d_out; dq and dk by qk * v * d_out; dsinks and
+    dbias by v * d_out; the naive baseline's errors (the tolerance) alike. Valid for every case."""
 
     qk: float = 1.0
     v: float = 1.0
     d_out: float = 1.0
-    #: a confirming input set's: one (batch, kv head) slice of v flipped in sign on top, so there are enough sets
-    #: whose content no other call of the round had (an FP8 cache has three exact transforms); timed, never judged
+    #: a confirming set's one (batch, kv head) slice of v flipped in sign, for enough sets unlike the round's others
+    #: (an FP8 cache has three exact transforms); timed, never judged
     flip: int | None = None
 
     @property
@@ -118,47 +109,36 @@ class Transform:
         return f"q,k x{self.qk:g}, v x{self.v:g}, dO x{self.d_out:g}{flip}"
 
 
-#: the transforms drawn from: every answer changes (out by v, dv by dO, dq and dk by qk.v.dO: none is 1), so an
-#: answer kept from any other call - correctness ran the identity - is wrong for them; 17 input sets
+#: the transforms drawn from: every answer changes (none of v, dO, qk.v.dO is 1); 17 input sets
 TRANSFORMS = tuple(Transform(qk, v, d) for qk in (1.0, -1.0) for v in (-1.0, 2.0, -2.0) for d in (-1.0, 2.0, -2.0)
                    if qk * v * d != 1.0)
 
 
 @dataclass(frozen=True)
 class RoundInputs:
-    """What one timing round gives a call: `seen` for every repetition but the last, `new` for the last (its every
-    answer differs from seen's, so an answer kept from the seen inputs fails), `confirm` for the calls that
-    confirm a cache (their q, k or v differ from every other call's of the round)."""
+    """A round's inputs: `seen` for every repetition but the last, `new` (every answer unlike seen's) for the last,
+    `confirm` for the calls that confirm a cache (q, k or v unlike every other call's of the round)."""
 
     seen: Transform
     new: Transform
     confirm: tuple[Transform, ...]
 
 
-#: for an FP8 KV cache: its scales are fixed by the case, so v x 2 may saturate e4m3 (max 448) where v x -1 is exact
-#: (e4m3 is symmetric); q and k still flip sign, so no call's inputs equal the verified ones (an FP8 q's flip is exact
-#: too, whatever its per-group scale: quantize(-q) = -quantize(q))
+#: for an FP8 KV cache (fixed scales): v x 2 may saturate e4m3 where v x -1 is exact; q and k still flip sign
+#: (an FP8 q's flip is exact too: quantize(-q) = -quantize(q))
 FP8_TRANSFORMS = tuple(Transform(qk, v, d) for qk in (1.0, -1.0) for v in (1.0, -1.0) for d in (-1.0, 2.0, -2.0)
                        if (qk, v) != (1.0, 1.0))
 
 
 def round_options(case, phase: str) -> dict:
-    """round_inputs' keywords for an AttentionCase and a phase: whether its K/V are an FP8 cache, v's slices, and
-    whether the phase is the backward alone."""
-    from harness.store.schema import BWD
-
+    """round_inputs' keywords for an AttentionCase and a phase."""
     return {"fp8_kv": case.fp8_kv is not None, "slices": case.batch * case.kv_heads, "backward_alone": phase == BWD}
 
 
 def round_inputs(seed: int, key: Iterable, round_index: int, *, fp8_kv: bool = False, slices: int = 1,
                  backward_alone: bool = False) -> RoundInputs:
-    """A round's transforms, drawn from the run's seed (nothing in the code tells which come next), its key and
-    its round: rounds of a key start from different input sets while there are enough. fp8_kv: only the exact
-    transforms of an FP8 cache (FP8_TRANSFORMS). slices: v's (batch, kv head) slices, batch * kv_heads; with two
-    or more, the confirming sets are topped up to CONFIRM_CALLS with one slice of seen's v flipped.
-    backward_alone: new differs from seen in dO alone - the graph already built gets a new dO, which changes every
-    gradient (dv by dO, dq and dk by qk.v.dO), so a per-graph memo is still wrong, and no new forward is made (on a
-    slow key it was a whole extra forward every round: +18 % on naive s1024's bwd, benchmarks/integrity_overhead.py)."""
+    """A round's transforms, drawn from the run's seed, its key and its round; slices: batch * kv_heads (flipped to
+    top up the confirming sets). backward_alone: new differs in dO alone (no new forward: +18 % on naive's bwd)."""
     order = list(FP8_TRANSFORMS if fp8_kv else TRANSFORMS)
     random.Random(f"{seed}:{':'.join(map(str, key))}").shuffle(order)
     seen = order[round_index % len(order)]
@@ -172,19 +152,19 @@ def round_inputs(seed: int, key: Iterable, round_index: int, *, fp8_kv: bool = F
         if len(confirm) < CONFIRM_CALLS and all((t.qk, t.v) != (o.qk, o.v) for o in (seen, new, *confirm)):
             confirm.append(t)
     if slices >= 2:  # each differs from seen in its slice, from new and the others elsewhere
-        for i in random.Random(f"{seed}:{round_index}").sample(range(slices), min(slices, CONFIRM_CALLS - len(confirm))):
+        rng = random.Random(f"{seed}:{round_index}")
+        for i in rng.sample(range(slices), min(slices, CONFIRM_CALLS - len(confirm))):
             confirm.append(Transform(seen.qk, seen.v, seen.d_out, flip=i))
     return RoundInputs(seen, new, tuple(confirm))
 
 
 def seen_violation(seen_ms: Iterable[float], new_ms: Iterable[float]) -> str:
-    """'' unless every call on new inputs was slower than SEEN_FACTOR x the median call on inputs already seen:
-    then the figure was a cache's, and the reason gives both speeds. The median, not the fastest, so a seen call
-    that stalled cannot hide a cache; every new call, so one that stalled cannot accuse an honest kernel."""
-    seen, new = sorted(seen_ms), list(new_ms)
+    """'' unless every call on new inputs was slower than SEEN_FACTOR x the median seen call (the median, so a
+    stalled seen call cannot hide a cache; every new call, so a stalled one cannot accuse): then the reason."""
+    seen, new = list(seen_ms), list(new_ms)
     if not seen or not new:
         return ""
-    median = seen[len(seen) // 2] if len(seen) % 2 else (seen[len(seen) // 2 - 1] + seen[len(seen) // 2]) / 2
+    median = statistics.median(seen)
     if min(new) <= SEEN_FACTOR * median:
         return ""
     return (f"faster on inputs it has seen: median {median:.4g} ms a call on repeated inputs, at least "

@@ -13,7 +13,7 @@ from harness.store.schema import ERROR, OOM, UNSUPPORTED, Row, worst_status
 
 
 def failure_status(exc: BaseException) -> tuple[str, str]:
-    """(status, reason) of a backend call that raised: unsupported, oom (with the size attempted) or error."""
+    """(status, reason) of a backend call that raised: unsupported, oom or error."""
     if isinstance(exc, Unsupported):
         return UNSUPPORTED, str(exc)
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
@@ -58,8 +58,7 @@ class CallFailed(Exception):
 
 
 def interrupt_note(backend_name: str) -> str:
-    """What an executor remembers when a backend raised KeyboardInterrupt inside a call (the wording that stops the
-    run, after its row is written)."""
+    """What an executor remembers when a backend raised KeyboardInterrupt (the run stops after its row)."""
     return f"{backend_name} raised KeyboardInterrupt inside a call"
 
 
@@ -78,9 +77,8 @@ class BackendResult:
     checks: dict[str, Check] = field(default_factory=dict)
     out: torch.Tensor | None = None
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: the Check of each answer judged, by (call, quantity) (call.answers_by_call); and under which id the process
-    #: that ran the call keeps those answers (CallResult.answer_id): a timed answer that is one of them scaled, bit
-    #: for bit, gets its Check scaled, without a float64 pass (benchmark.judge_timed)
+    #: the Check of each answer judged, by (call, quantity), and the id its process keeps them under: a timed answer
+    #: that is one of them scaled gets its Check scaled, without a float64 pass (benchmark.judge_timed)
     verified: dict[tuple[str, str], Check] = field(default_factory=dict)
     answer_id: str = ""
 
@@ -100,5 +98,5 @@ class BackendResult:
         return next(r for r in self.rows if r.phase == phase)
 
     def released(self) -> "BackendResult":
-        """The same verdict without the output and gradient tensors (kept for later stages of a run)."""
+        """The same verdict without the output and gradient tensors."""
         return BackendResult(self.rows, self.checks, verified=self.verified, answer_id=self.answer_id)

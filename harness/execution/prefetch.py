@@ -1,12 +1,4 @@
-"""Compiling ahead: the session's one prefetcher runs the correctness calls of a backend that compiles every new
-shape (flex on the CPU) in a worker of its own, from the last call back, while the run goes from the first; each
-call it finished is a hit in torch's on-disk compile cache when the run reaches it.
-
-Why: on the CPU a flex graph is one g++ compile of ~5 s on one core (torch 2.13; ~30 graphs in `default`), while the
-run's own probes and correctness checks leave the second core mostly idle. Nothing is timed while it runs: the
-session stops it when the benchmark stage begins or at its first timing round, and it waits for the compile in hand
-rather than kill it, so no compiler outlives it beside a timing and no half-written library is left in the cache.
-"""
+"""Compiling ahead: a per-shape compiling backend's correctness calls run beside the run, last first (flex on CPU)."""
 
 from __future__ import annotations
 
@@ -25,21 +17,19 @@ from harness.spec.case import AttentionCase
 
 
 class Prefetcher:
-    """Runs `calls` ((backend, call) in the order the run will reach them) last to first on a thread, one worker
-    per backend, answers thrown away. `claim` marks what the run has reached (skipped here); `stop` ends it."""
+    """Runs `calls` ((backend, call) in the run's order) last to first on a thread, a worker per backend."""
 
     def __init__(self, calls: list[tuple[Backend, Call]], device: torch.device, log_dir: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, modules: tuple[str, ...] | None = None):
         self._pending = list(reversed(calls))
-        # the run's workers' threads, as inductor writes the thread count into the CPU kernels it compiles (with
-        # another count not one of its graphs is a cache hit for the run); the compiler is one process either way
+        # the run's workers' threads: inductor writes the thread count into the CPU kernels it compiles
         self._spec = WorkerSpec(str(device), loaded_modules() if modules is None else modules,
                                 torch.get_num_threads(), None if log_dir is None else str(Path(log_dir) / "prefetch"))
         self.timeout_s = timeout_s
         self._claimed: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        #: what it did, for env.json: the calls it finished, its seconds, and why it ended
+        #: for env.json: the calls it finished, its seconds, why it ended
         self.done: list[str] = []
         self.seconds = 0.0
         self.ended = ""
@@ -47,7 +37,7 @@ class Prefetcher:
         self._thread.start()
 
     def claim(self, backend: Backend, case: AttentionCase) -> None:
-        """The run is about to check `backend` on `case` itself: the prefetcher will not start that call."""
+        """The run is about to check `backend` on `case` itself: not started here."""
         with self._lock:
             self._claimed.add((backend.name, case.id))
 
@@ -84,7 +74,7 @@ class Prefetcher:
             self.seconds = time.monotonic() - start
 
     def stop(self) -> None:
-        """Start nothing more and wait for the call in hand (one compile, seconds) and the worker's end."""
+        """Start nothing more; wait for the call in hand and the worker's end."""
         self._stopping.set()
         self._thread.join()
 

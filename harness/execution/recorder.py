@@ -15,13 +15,7 @@ from harness.store.writer import ResultsWriter, SamplesWriter
 
 
 class RunRecorder:
-    """Writes a run's rows as they are made, its samples and env.json, in `run_dir` (results.csv, samples.csv).
-
-    Without a run folder (harness.check from Python) rows go only to `results_path` when given, and no samples
-    or env.json are kept. Every row is flushed as it is written, so a run stopped half-way keeps what it did; its
-    env.json says it is running and in which stage from the start, so a run killed there is known as unfinished
-    (store.run_state).
-    """
+    """Writes a run's rows as made, its samples and env.json in `run_dir`; else rows to `results_path`, if given."""
 
     def __init__(self, run_id: str, run_dir: Path | None = None, env: dict | None = None, *,
                  results_path: Path | None = None):
@@ -29,14 +23,12 @@ class RunRecorder:
             raise ValueError("a recorder writes to a run folder or to one results_path, not both")
         self.run_id, self.run_dir = run_id, None if run_dir is None else Path(run_dir)
         self._started = time.monotonic()
-        if run_dir is not None:  # a run's time_spent starts with it; a folder-less check leaves the clock alone
-            stages.CLOCK.reset()
         #: seconds spent in each suite stage's tests (correctness, probes, benchmark), from pytest's reports
         self.test_seconds: dict[str, float] = {}
         self.env: dict = dict(env or {})
-        if run_dir is not None:
-            self.env.update(status=RUNNING, stage=START)
         if self.run_dir is not None:
+            stages.CLOCK.reset()  # a run's time_spent starts with it; a folder-less check leaves the clock alone
+            self.env.update(status=RUNNING, stage=START)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             results_path = self.run_dir / RESULTS
         self.writer = None if results_path is None else ResultsWriter(results_path)
@@ -48,7 +40,7 @@ class RunRecorder:
             self.writer.write(rows)
 
     def write_samples(self, key: TimingKey, samples_ms: Iterable[float], round_index: int) -> None:
-        """One round's raw samples of `key`, labelled with its round (kept only in a run folder)."""
+        """One round's raw samples of `key` (kept only in a run folder)."""
         if self.samples is not None:
             self.samples.write(self.run_id, *key, samples_ms, round_index=round_index)
 
@@ -56,14 +48,13 @@ class RunRecorder:
         self.test_seconds[stage_name] = self.test_seconds.get(stage_name, 0.0) + seconds
 
     def time_spent(self) -> dict:
-        """Where the run's wall time went so far: per suite stage, and per harness stage (measure.stages: the
-        reference, worker start-up, the backends' forward, judging, timing...), exclusive seconds and counts."""
+        """Where the run's wall time went so far: per suite stage, and per harness stage (measure.stages)."""
         return {"wall_s": round(time.monotonic() - self._started, 3),
                 "tests_s": {k: round(v, 3) for k, v in self.test_seconds.items()},
                 "stages": {name: {"s": round(s, 3), "n": n} for name, (s, n) in stages.CLOCK.snapshot().items()}}
 
     def enter_stage(self, name: str) -> None:
-        """Record in env.json that the run is now in stage `name` (a run killed in it says where it stopped)."""
+        """Record in env.json that the run is now in stage `name`."""
         if self.env.get("stage") != name:
             self.env["stage"] = name
             self.save_env()
@@ -73,8 +64,7 @@ class RunRecorder:
             write_env(self.run_dir, self.env)
 
     def finish(self, *, complete: bool = True, **env: object) -> None:
-        """Record the end-of-run facts `env`, the time spent and whether the run reached its end (`complete`;
-        False: it was interrupted), then fold the results file to one row per key."""
+        """Record the end-of-run facts `env`, the time spent and `complete`; fold the results to a row per key."""
         self.env.update(env)
         self.env["status"] = COMPLETE if complete else INTERRUPTED
         self.env["time_spent"] = self.time_spent()

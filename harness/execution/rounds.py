@@ -10,14 +10,7 @@ from harness.store.schema import TIMED, Row, TimingKey
 
 @dataclass(frozen=True)
 class Round:
-    """Which round of a key is timed, and what the key's earlier rounds found: everything the one perf-row builder
-    (execution.benchmark.measure_phase) needs to build a row that is final, with nothing patched after it.
-
-    pooled: the earlier rounds' samples pooled (None: no earlier round of the key was timed).
-    suspicious_reason: why an earlier round was flagged suspicious (faster than its roofline); the results file
-    folds rows, later non-empty values winning, so a later round must carry the flag and its reason on.
-    memory: (peak bytes, method) measured in an earlier round: memory does not change between rounds.
-    """
+    """Which round of a key is timed, and what its earlier rounds found (docs/design/execution.md)."""
 
     index: int = 0
     count: int = 1
@@ -30,8 +23,7 @@ class Round:
             raise ValueError(f"round index={self.index!r} of count={self.count!r}: must be 0 <= index < count")
 
     def ended(self, reason: str) -> str:
-        """The timing reason of a round that ended its key: after timed rounds, which round it was and that the
-        row's latency columns (folded from the earlier rows) pool those."""
+        """The timing reason of a round that ended its key, naming the round after timed ones."""
         if self.pooled is None:
             return reason
         return (f"round {self.index + 1} of {self.count}: {reason}; the latency columns pool the rounds timed "
@@ -39,9 +31,7 @@ class Round:
 
 
 class RoundSchedule:
-    """Times every key in `count` rounds spread over the run (the suite orders them round-major), so a key's
-    samples see the run's changing conditions and compare can tell a transient from a regression; each round
-    gets 1/count of the budget, and a key whose round was not timed (failed, refused) has no later round."""
+    """Times every key in `count` rounds spread over the run, each with 1/count of the budget."""
 
     def __init__(self, timing: TimingConfig, count: int = 1):
         if count < 1:
@@ -54,8 +44,7 @@ class RoundSchedule:
 
     @property
     def round_timing(self) -> TimingConfig:
-        """The first round's share of the timing budget (the run's env records it; a re-measurement times each
-        round with it): all rounds together cost about what one round would."""
+        """The first round's share of the timing budget (env.json records it for a re-measurement)."""
         return self.timing_of(0)
 
     def timing_of(self, index: int) -> TimingConfig:
@@ -63,8 +52,7 @@ class RoundSchedule:
         return self.timing.share(self.count, index)
 
     def next(self, key: TimingKey, index: int) -> Round | None:
-        """Round `index` of `key` with what its earlier rounds found, or None when an earlier round ended the key
-        (its row says why). A round run alone (no earlier round ran) is timed as a first one."""
+        """Round `index` of `key` with what its earlier rounds found, or None when an earlier round ended the key."""
         before = self.rows.get(key)
         if before is not None and before.timing_status != TIMED:
             return None
@@ -72,7 +60,7 @@ class RoundSchedule:
         return Round(index, self.count, self._pooled.get(key), suspicious or "", self._memory.get(key))
 
     def record(self, row: Row, pooled: Measurement | None) -> None:
-        """Remember a round's final row and, when it was timed, the pooled measurement and its memory."""
+        """Remember a round's final row and, when timed, the pooled measurement and its memory."""
         if pooled is not None:
             self._pooled[row.key] = pooled
             self._memory.setdefault(row.key, (row.peak_mem_bytes, row.mem_method))

@@ -25,8 +25,7 @@ from harness.store.schema import BASELINE, BWD, FAIL, FWD, JUDGED, PASS, UNSUPPO
 
 def verdict_row(prepared: PreparedCase, backend: Backend, phase: str, status: str, reason: str = "",
                 checks: list[Check] | None = None, run_id: str = "", op: str = "", tag: str = "") -> Row:
-    """A correctness row of `backend` on the prepared case; `op` names the kernel that ran when it answered; a
-    probe's `tag` keys the row 'tag:<case id>' (make_row)."""
+    """A correctness row of `backend` on the prepared case; `op`: the kernel that answered; `tag`: a probe's key."""
     return make_row(run_id=run_id, case=prepared.case, backend=backend.name, backend_version=backend.version(),
                     phase=phase, device=prepared.device, status=status, reason=reason, checks=checks or (), tag=tag,
                     backend_op=op if status in JUDGED else "",
@@ -37,8 +36,7 @@ def verdict_row(prepared: PreparedCase, backend: Backend, phase: str, status: st
 
 
 def baseline_budget(device: torch.device) -> int:
-    """Bytes the naive baseline may use for its score matrices before it is computed in query-row chunks: a
-    quarter of the device's free memory (at most 4 GiB on the CPU)."""
+    """Bytes the naive baseline's scores may take unchunked: a quarter of free memory (CPU: at most 4 GiB)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0] // 4
     return min(4 * 2 ** 30, available_memory() // 4)
@@ -46,12 +44,8 @@ def baseline_budget(device: torch.device) -> int:
 
 def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, inputs: Inputs | None = None,
                  reference_inputs: Inputs | None = None, budget_bytes: int | None = None) -> PreparedCase:
-    """Inputs (seeded randn unless given), the float64 reference and the naive baseline's errors for `case`.
-
-    `reference_inputs` (default: the inputs) feed the reference and the naive baseline, so values that must
-    not matter (NaN in storage beyond the end) can be kept out of them. The baseline is the harness's own code
-    (oracle.baseline): it runs in this process, dense when it fits `budget_bytes` (default: baseline_budget).
-    """
+    """Inputs (seeded unless given), the float64 reference and the naive baseline's errors for `case`;
+    `reference_inputs` (default: the inputs) feed reference and baseline (dense within `budget_bytes`)."""
     seeded = inputs is None
     with stage("inputs"):
         inputs = make_inputs(case, device, seed) if seeded else inputs
@@ -64,8 +58,7 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, in
             clean = clean._replace(q=fp8.dequantized_q(case, clean.q, torch.float64))
     if case.page_size is not None:  # the oracle attends the pages gathered back through the block table
         clean = paged_reference_inputs(case, clean)
-    # The reference runs where the inputs are (FP64 on the GPU: seconds where the CPU takes hours) and is kept on
-    # the CPU, where every output is judged.
+    # FP64 where the inputs are (a GPU: seconds where the CPU takes hours), kept on the CPU where outputs are judged
     with stage("reference"):
         reference = reference_attention(case, clean).to("cpu")
     prepared = PreparedCase(case, device, inputs, reference, None, seed=seed if seeded else None)
@@ -113,16 +106,14 @@ def backward_reason(backend: Backend, case: AttentionCase, device: torch.device)
 
 def correctness_call(backend: Backend, case: AttentionCase, device: torch.device, seed: int | None = 0,
                      inputs: Inputs | None = None, arrangement: Arrangement | None = None) -> Call:
-    """The call that checks `backend` on `case`: the inference call (no autograd), then forward and backward
-    where the backend has a backward here."""
+    """The call that checks `backend` on `case`: no-grad, then forward and backward where it has a backward here."""
     backward = not backward_reason(backend, case, device)
     return Call(case, seed, inputs, backward=backward, arrangement=arrangement, inference=backward, keep=True)
 
 
 def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arrangement: Arrangement | None = None,
             executor: Executor | None = None, tag: str = "") -> BackendResult:
-    """Run forward and backward of `backend` on the prepared case (through `executor`: here, or in its worker)
-    and judge both phases against the reference; a probe's `tag` keys its rows 'tag:<case id>' as they are built."""
+    """Run `backend` on the prepared case and judge both phases; a probe's `tag` keys its rows 'tag:<case id>'."""
     executor = executor if executor is not None else make_executor()
     case, device = prepared.case, prepared.device
 
@@ -162,8 +153,7 @@ def _judged_forward(backend: Backend, prepared: PreparedCase, call: Call, answer
     case = prepared.case
     note = prepared.note_for(backend.name)
     naive = prepared.naive_error("out", backend.name)
-    # both calls of a training-capable backend: the fwd verdict is of the call inference makes, and of the training
-    # call's output; the worse stands in the row, and a failure names its call
+    # the fwd verdict judges the no-grad call and the training call's output: the worse stands, a failure names it
     outs = {key: t for key, t in answers_by_call(call, answer).items() if key[1] == "out"}
     with stage("judging"):
         verified = {key: judge("out", t, prepared.reference.out, case.dtype, naive) for key, t in outs.items()}

@@ -1,6 +1,4 @@
-"""A run session: built from the command-line options, it runs the stages' calls through what records the run
-(execution.recorder), what remembers verdicts (execution.verdicts) and what schedules timing rounds
-(execution.rounds), with the run's caches (execution.cache)."""
+"""A run session: its recorder, verdicts, timing rounds, caches and executor, built from the command-line options."""
 
 from __future__ import annotations
 
@@ -21,23 +19,20 @@ from harness.execution.prefetch import Prefetcher
 from harness.execution.recorder import RunRecorder
 from harness.execution.rounds import RoundSchedule
 from harness.execution.runner import correctness_call, execute, prepare_case
+from harness.execution.supervisor import timeouts
 from harness.execution.timed import allow_backward_replay
 from harness.execution.verdicts import VerdictMemory
+from harness.measure.peaks import RunPeaks
 from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
 from harness.spec.case import AttentionCase
 from harness.store.environment import REPO_ROOT, environment, new_run_id
+from harness.store.host import snapshot_clocks
 from harness.store.schema import Row, TimingKey
 
 
 class RunSession:
-    """One run on `device`: its folder under `results_root` (None: no folder; rows go to `results_path` alone, when
-    given), the seed of its inputs, its executor (where backend calls run; a session's own in-process one by
-    default, so a KeyboardInterrupt it remembers is this run's only) and its timing rounds.
-
-    Build one with `from_options` (the pytest plugin and `python -m harness check` do); the parts:
-    recorder (run dir, writers, env.json), verdicts (what correctness found), schedule (timing rounds), cache.
-    """
+    """One run on `device`, in its folder under `results_root` (None: rows to `results_path` alone, when given)."""
 
     def __init__(self, device: torch.device, results_root: Path | str | None, seed: int = 0, *,
                  run_id: str | None = None, timing: TimingConfig | None = None, rounds: int = 1,
@@ -48,8 +43,7 @@ class RunSession:
         self.executor = executor if executor is not None else make_executor()
         self.verdicts = VerdictMemory()
         self.cache = RunCaches()
-        #: measured dense-matmul TFLOP/s per dtype name and copy bandwidth (GB/s), set by measure_peaks(): the
-        #: best of the start samples of `run_peaks`, sampled again at the end of the run
+        #: measured dense-matmul TFLOP/s per dtype name and copy bandwidth (GB/s), set by measure_peaks()
         self.peaks: dict[str, float] = {}
         self.bw_peak: float | None = None
         self.run_peaks = None
@@ -60,22 +54,24 @@ class RunSession:
         run_id = new_run_id() if run_id is None else run_id
         if results_root is None:
             self.recorder = RunRecorder(run_id, results_path=None if results_path is None else Path(results_path))
-            return
-        env = environment(self.device, timing_mode=self.timing_mode)
-        # what `compare --remeasure` needs to time this run's keys again the same way
-        env.update(run_id=run_id, rounds=rounds, device=str(device), seed=seed,
-                   round_timing=vars(self.schedule.round_timing))
-        self.recorder = RunRecorder(run_id, Path(results_root) / run_id, env)
+        else:
+            mode = ("cpu-clock" if device.type != "cuda" else
+                    "cuda-graph" if self.schedule.timing.cuda_graph else "cuda-events")
+            env = environment(self.device, timing_mode=mode)
+            # what `compare --remeasure` needs to time this run's keys again the same way
+            env.update(run_id=run_id, rounds=rounds, device=str(device), seed=seed,
+                       round_timing=vars(self.schedule.round_timing))
+            self.recorder = RunRecorder(run_id, Path(results_root) / run_id, env)
+        # what the suites read of the run
+        self.run_id, self.run_dir, self.writer, self.env = (self.recorder.run_id, self.recorder.run_dir,
+                                                            self.recorder.writer, self.recorder.env)
+        self.rounds = self.schedule.count
+        self._log_dir = None if self.run_dir is None else str(self.run_dir / "workers")  # the workers' logs
 
     @classmethod
     def from_options(cls, options: Namespace, device: torch.device, cases: Sequence[AttentionCase],
                      matrix: str) -> "RunSession":
-        """The run `options` describe (pytest's config.option or an argparse Namespace: cli/options.py's names),
-        ready to run `cases` (from `matrix`, or --preset/--hf-config): its executor (supervised workers unless
-        --no-isolate, with --call-timeout-s), the cases' description in env.json, and with --benchmark the device's
-        measured peaks. A front end without the timing options (check) gets TimingConfig's defaults."""
-        from harness.execution.supervisor import timeouts
-
+        """The run `options` describe (pytest's config.option or cli/options.py's Namespace), ready for `cases`."""
         run_id, root = new_run_id(), Path(options.results_dir)
         timed = getattr(options, "benchmark_enabled", False)
         default, overrides = timeouts(options.call_timeout_s)
@@ -96,39 +92,11 @@ class RunSession:
                                {"matrix": matrix}, list(options.backend_module))
         return session
 
-    # what the suites read of the run
-    @property
-    def run_id(self) -> str:
-        return self.recorder.run_id
-
-    @property
-    def run_dir(self) -> Path | None:
-        return self.recorder.run_dir
-
-    @property
-    def writer(self):
-        return self.recorder.writer
-
-    @property
-    def env(self) -> dict:
-        return self.recorder.env
-
     def save_env(self) -> None:
         self.recorder.save_env()
 
-    @property
-    def rounds(self) -> int:
-        return self.schedule.count
-
-    @property
-    def timing_mode(self) -> str:
-        if self.device.type != "cuda":
-            return "cpu-clock"
-        return "cuda-graph" if self.schedule.timing.cuda_graph else "cuda-events"
-
     def describe_cases(self, cases: dict, backend_modules: list[str]) -> None:
-        """Record where the run's cases came from ({'matrix': name} or {'preset': ...} / {'hf_config': path})
-        and the plugin modules its backends need."""
+        """Record where the run's cases came from and the plugin modules its backends need."""
         self.env["cases"] = cases
         self.env["backend_modules"] = [str(Path(m).resolve()) if m.endswith(".py") else m for m in backend_modules]
         # where the code was: a re-measurement in another checkout of it finds the plugin modules that lay inside
@@ -136,11 +104,7 @@ class RunSession:
         self.save_env()
 
     def measure_peaks(self, dtypes) -> None:
-        """The device's dense-matmul TFLOP/s per dtype and copy bandwidth, the best of several samples: the
-        rooflines rows are judged against, and the physical limit that rejects a figure (measure.peaks). The
-        samples are taken again at the end of the run (finish); env.json keeps all of them."""
-        from harness.measure.peaks import RunPeaks
-
+        """The device's dense-matmul TFLOP/s per dtype and copy bandwidth (measure.peaks), sampled again at finish."""
         self.run_peaks = RunPeaks(self.device, dtypes)
         self.peaks, self.bw_peak = self.run_peaks.judged, self.run_peaks.gbps
         self.env["matmul_peak_tflops"] = self.run_peaks.tflops
@@ -150,50 +114,38 @@ class RunSession:
         self.save_env()
 
     def crash_safe_executor(self) -> Executor:
-        """The executor for probes designed to crash a backend (empty tensors): the run's own when it isolates,
-        else workers kept for them alone, so that --no-isolate still survives them."""
+        """The executor for probes designed to crash a backend: workers, even under --no-isolate."""
         if self.executor.isolated:
             return self.executor
         if self._crash_safe is None:
-            log_dir = None if self.run_dir is None else str(self.run_dir / "workers")
-            self._crash_safe = make_executor(self.device, isolate=True, log_dir=log_dir)
+            self._crash_safe = make_executor(self.device, isolate=True, log_dir=self._log_dir)
         return self._crash_safe
 
     def compile_ahead(self, pairs: Sequence[tuple[AttentionCase, Backend]]) -> None:
-        """Compile the correctness calls of `pairs` ((case, backend), in the order the run makes them) whose
-        backend compiles every new shape, beside the run, until its first timing (execution/prefetch.py). On the CPU
-        only: there the second core is idle through the probes and checks, and a flex graph is seconds of g++; on a
-        GPU inductor already compiles a graph's kernels in parallel, and a second CUDA context would share the device.
-        Only a run whose calls go to worker processes: one kept in this process (--no-isolate) starts none beside."""
+        """Compile ahead (execution/prefetch.py) the calls of `pairs` whose backend compiles per shape."""
         if self.device.type != "cpu" or not self.executor.isolated or self.prefetcher is not None \
                 or "prefetch" in self.env:
             return
         calls = [(b, replace(correctness_call(b, c, self.device, self.seed), keep=False)) for c, b in pairs
                  if b.compiles_per_shape and not b.can_run(c, self.device)]
         if calls:
-            log_dir = None if self.run_dir is None else str(self.run_dir / "workers")
-            self.prefetcher = Prefetcher(calls, self.device, log_dir)
+            self.prefetcher = Prefetcher(calls, self.device, self._log_dir)
 
     def enter_stage(self, name: str) -> None:
-        """The run enters stage `name` (suite/plugin.py STAGES; env.json says where it is): the benchmark stage stops
-        the prefetcher before any of its tests, whether or not it times through benchmark_round."""
+        """The run enters stage `name` (suite/plugin.py STAGES); the benchmark stage stops the prefetcher."""
         if name == "benchmark":
             self._stop_prefetch()
         self.recorder.enter_stage(name)
 
     def _stop_prefetch(self) -> None:
-        """End the prefetcher (at the first timing, or the run's end) and say in env.json what it did."""
+        """End the prefetcher and say in env.json what it did."""
         if self.prefetcher is not None:
             self.prefetcher.stop()
             self.env["prefetch"] = self.prefetcher.summary()
             self.prefetcher = None
 
     def finish(self, complete: bool = True) -> None:
-        """Stop the workers and drop the caches; clocks/power/throttle state after the run (compare warns when
-        they moved), the workers restarted after a crash or timeout, whether it reached its end (`complete`);
-        then fold the CSV."""
-        from harness.store.host import snapshot_clocks
-
+        """Stop the workers, drop the caches, record the end state (clocks, restarts, `complete`), fold the CSV."""
         self._stop_prefetch()
         self.executor.close()
         if self._crash_safe is not None:
@@ -208,7 +160,7 @@ class RunSession:
 
     # correctness
     def prepared(self, case: AttentionCase) -> PreparedCase:
-        """Inputs, reference and naive errors for `case`, computed once and kept for the next few lookups."""
+        """Inputs, reference and naive errors for `case`, kept for the next few lookups."""
         def make() -> PreparedCase:
             prepared = prepare_case(case, self.device, self.seed)
             self.cache.answers.get(case, lambda: replace(prepared, inputs=None))  # timing judges against it
@@ -231,26 +183,18 @@ class RunSession:
         return known if known is not None else self.check(case, backend).released()
 
     # the benchmark
-    def timing_inputs(self, case: AttentionCase) -> PreparedCase:
-        """What timing needs: the verified answer the timed calls are judged against (the float64 reference and
-        the naive errors, kept for the run within cache.ANSWER_BYTES; computed again only when dropped), with the
-        case's seeded inputs when this process holds them (else whoever runs the backend draws them)."""
-        if case in self.cache.prepared:
-            return self.cache.prepared.get(case)
-        return self.cache.answers.get(case, lambda: replace(self.prepared(case), inputs=None))
-
     def benchmark_round(self, case: AttentionCase, backend: Backend, phase: str, round_index: int,
                         verdict: BackendResult) -> PerfResult | None:
-        """Time round `round_index` of one key whose correctness `verdict` the caller holds (the run's, from
-        `verdict()`), given what its earlier rounds found, and record its row (final as built) and samples. The
-        round flows down from here - benchmark, executor, timed call - and back, never up into correctness again.
-        None when an earlier round of this key already ended it (its row says why)."""
+        """Time and record round `round_index` of one key; None when an earlier round of this key ended it."""
         self._stop_prefetch()  # nothing compiles beside a timing
         key = TimingKey(case.id, backend.name, phase)
         timing_round = self.schedule.next(key, round_index)
         if timing_round is None:
             return None
-        result = measure_phase(backend, self.timing_inputs(case), phase, verdict,
+        # the verified answer (kept within cache.ANSWER_BYTES), with the seeded inputs when this process holds them
+        prepared = self.cache.prepared.get(case) if case in self.cache.prepared else self.cache.answers.get(
+            case, lambda: replace(self.prepared(case), inputs=None))
+        result = measure_phase(backend, prepared, phase, verdict,
                                config=self.schedule.timing_of(round_index), peaks=self.peaks, run_id=self.run_id,
                                cpu_mem_budget=self.cpu_mem_budget, timing_round=timing_round,
                                executor=self.executor, bw_peak=self.bw_peak)

@@ -1,12 +1,4 @@
-"""The supervisor side of isolation: the isolated Executor, which runs each backend in a worker process of its own
-(execution/worker.py), and the handle of one worker.
-
-One persistent worker per backend (its compile caches and CUDA context are paid for once). The worker draws the
-case's inputs itself from (case, seed), runs the call and the timing next to the kernel - so latencies are the
-same as in-process - and sends outputs back (execution/wire.py). The supervisor waits on the reply and on the
-process itself, as pytest-xdist's and pytest-timeout's do: a worker that dies (a signal, os._exit) or outlives the
-call's timeout is reported and replaced, and the sweep goes on.
-"""
+"""The isolated Executor: each backend in a supervised worker process of its own, replaced when it dies or hangs."""
 
 from __future__ import annotations
 
@@ -48,8 +40,7 @@ def worker_context():
 
 
 def timeouts(values: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:
-    """(default seconds, (pattern, seconds) overrides) from the --call-timeout-s values (cli.options.call_timeout
-    parses each), last one winning."""
+    """(default seconds, (pattern, seconds) overrides) from the --call-timeout-s values, the last one winning."""
     default = next((s for p, s in reversed(values) if p == "*"), DEFAULT_TIMEOUT_S)
     return default, tuple((p, s) for p, s in reversed(values) if p != "*")
 
@@ -84,10 +75,6 @@ class Worker:
             self.start_failure = reply[1]
             self.kill()
 
-    @property
-    def alive(self) -> bool:
-        return self.start_failure is None and self.process.is_alive()
-
     def kill(self) -> None:
         if self.process.is_alive():
             self.process.kill()
@@ -117,9 +104,7 @@ class Worker:
         return "failed", Failure(ERROR, f"{_death(self.process)} while {doing}; restarted for the next call")
 
     def ask(self, kind: str, payload: Any, timeout: float, doing: str, beside: bool = False) -> tuple[str, Any]:
-        """Send a request and wait for (status, answer); the worker's own stage times join this process's clock,
-        and "worker pipe" is left with the rest: pickling, shared memory, the pipe. beside=True: a worker beside the
-        run (execution/prefetch.py), on another thread: its times are not the run's."""
+        """Send a request and wait for (status, answer); beside=True: a worker beside the run (its times not merged)."""
         with stage("worker pipe") if not beside else nullcontext():
             try:
                 send(self.conn, (kind, payload))
@@ -133,8 +118,7 @@ class Worker:
 
 
 class IsolatedExecutor:
-    """The isolated Executor: each backend's calls run in its own supervised worker on `device` (see the module
-    docstring). timeouts: (case id pattern, seconds) overrides of `timeout_s`, first match wins (fnmatch patterns)."""
+    """Each backend's calls in its own worker; timeouts: (fnmatch case id pattern, seconds), the first match wins."""
 
     isolated = True
 
@@ -145,10 +129,8 @@ class IsolatedExecutor:
         #: plugin modules each worker loads (default: those loaded in this process so far)
         self.modules = loaded_modules() if modules is None else tuple(modules)
         self.timeout_s, self.timeouts, self.log_dir = timeout_s, tuple(timeouts), log_dir
-        #: set when a backend raised KeyboardInterrupt inside a call: its row is recorded, then the run stops
         self.interrupted: str | None = None
         self.workers: dict[str, Worker] = {}
-        #: how many workers were replaced after dying or timing out, per backend
         self.restarts: dict[str, int] = {}
         self._available: dict[str, str | None] = {}
         self._ctx = worker_context()
@@ -158,21 +140,16 @@ class IsolatedExecutor:
     def timeout_for(self, case_id: str) -> float:
         return next((s for pattern, s in self.timeouts if fnmatch.fnmatchcase(case_id, pattern)), self.timeout_s)
 
-    def _worker(self, backend: Backend) -> Worker:
+    def _ask(self, backend: Backend, kind: str, payload: Any, timeout: float, doing: str) -> tuple[str, Any]:
         worker = self.workers.get(backend.name)
-        if worker is not None and worker.start_failure is not None:
-            return worker  # it could not start: every call says why
-        if worker is None or not worker.alive:
-            if worker is not None:
-                worker.kill()
-                self.restarts[backend.name] = self.restarts.get(backend.name, 0) + 1
+        if worker is not None and worker.start_failure is None and not worker.process.is_alive():
+            worker.kill()
+            self.restarts[backend.name] = self.restarts.get(backend.name, 0) + 1
+            worker = None
+        if worker is None:
             with stage("worker start"):
                 worker = self.workers[backend.name] = Worker(backend.name, self._spec, self._ctx)
-        return worker
-
-    def _ask(self, backend: Backend, kind: str, payload: Any, timeout: float, doing: str) -> tuple[str, Any]:
-        worker = self._worker(backend)
-        if worker.start_failure is not None:
+        if worker.start_failure is not None:  # it could not start: every call says why
             return "failed", Failure(worker.start_failure.status,
                                      f"the worker of {backend.name} could not start: {worker.start_failure.reason}")
         return worker.ask(kind, payload, timeout, doing)
@@ -212,13 +189,10 @@ class IsolatedExecutor:
         status, answer = self._ask(backend, "run", (fn, args), self.timeout_s,
                                    f"running {getattr(fn, '__name__', 'a task')} for {backend.name}")
         if status != "ok":
-            if answer.interrupted:
-                self.interrupted = interrupt_note(backend.name)
-            raise CallFailed(answer)
+            raise CallFailed(self._noted(answer, backend))
         return answer
 
     def _noted(self, result, backend: Backend):
-        """`result` as is, remembering a KeyboardInterrupt inside the backend."""
         if result.interrupted:
             self.interrupted = interrupt_note(backend.name)
         return result

@@ -1,10 +1,9 @@
-"""One timing round of one phase, described as data so it runs where the backend runs (here or in its worker):
-peak memory, the repetitions, the compile time. Timing stays next to the kernel, so isolation costs no latency."""
+"""One timing round of one phase as data, run next to the kernel (here or in its worker): memory, samples, compile."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -12,7 +11,7 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.cache import CallCaches
 from harness.execution.call import (BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves,
-                                    timed_call)
+                                    poison, timed_call)
 from harness.execution.integrity import RoundInputs, Snapshot, Transform, aliased, same_bits, seen_violation
 from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
@@ -26,11 +25,8 @@ from harness.store.schema import FWD, FWD_BWD, GRADS, OOM
 
 @dataclass(frozen=True)
 class TimingCall:
-    """Time `phase` of the call's case: estimate_ms from earlier rounds (None: estimate now); known_memory (bytes,
-    method) from an earlier round (None: measure it); over cpu_mem_budget bytes of peak memory on the CPU is oom.
-    inputs: the round's transforms of the verified inputs (integrity.round_inputs; None: the verified inputs, and
-    nothing is observed - a re-measurement or a study). verified: the answer id of the verdict's call
-    (CallResult.answer_id): an answer that is one it kept, scaled, is told rather than sent back."""
+    """Time `phase` of the call's case; estimate_ms, known_memory (bytes, method) from earlier rounds (None: measure
+    now); inputs: the round's transforms (None: nothing observed); verified: the verdict call's answer id."""
 
     call: Call
     phase: str
@@ -44,15 +40,13 @@ class TimingCall:
 
 @dataclass
 class Observed:
-    """What a timed call returned, read right after it returned, on the CPU in the canonical layout: the output
-    (fwd, fwd+bwd) and the gradients (bwd, fwd+bwd), and the transform its inputs were made with."""
+    """What a timed call returned (CPU, canonical layout) and the transform its inputs were made with."""
 
     transform: Transform
     out: torch.Tensor | None = None
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: quantities whose answer was, bit for bit, the verified answer of the call (TimingCall.verified) times the
-    #: transform's factor, or the last call's times the ratio of the transforms' factors: told where the calls ran,
-    #: the tensor does not travel, and its Check is that answer's, scaled (judge_timed)
+    #: quantities whose answer was, bit for bit, the verified one (or the last call's) scaled: dropped where the
+    #: calls ran, judged by that answer's Check, scaled (judge_timed)
     scaled_verified: frozenset[str] = frozenset()
     scaled_last: frozenset[str] = frozenset()
 
@@ -69,8 +63,7 @@ class TimingResult:
     compile_ms: float | None = None
     #: the last repetition on the inputs seen, then the last one on new inputs (empty: nothing observed)
     observed: list[Observed] = field(default_factory=list)
-    #: why the timed calls broke an integrity rule judged where they ran (inputs written, output aliased, faster
-    #: on inputs seen); '' when none
+    #: the integrity rules the timed calls broke where they ran; '' when none
     integrity: str = ""
 
     @property
@@ -80,15 +73,8 @@ class TimingResult:
 
 @dataclass
 class Phase:
-    """What timing a phase runs: `setup` before every repetition (outside the timed region), `fn` the timed call,
-    and `build`, what fn reads made anew (a backward's forward), run before any of it - on the capture stream
-    when timed as a CUDA graph, and captured there too.
-    buffers: the call's inputs by name (q, k, v, dO, sinks, bias); refill(inputs): new values into the buffers
-    (for the backward alone, only those whose bits change), and returns what it copied from by name (tensors equal
-    to the buffers bit for bit that no call is given, as a Snapshot's copies); renew(inputs): refill, and for the
-    backward alone a new forward when q, k or v changed (returning refill's); rehearse(inputs): renew's work with
-    the buffers and the forward left as they are (what precedes a call on seen inputs in the speed rule's pairs);
-    observe(value): a copy of what the call returned (Observed's tensors, on the device, the backend's layout)."""
+    """What timing a phase runs: `setup` before every repetition (untimed), `fn` the timed call, `build` what fn
+    reads made anew; buffers: the call's inputs by name; refill, renew, rehearse, observe: docs/design/execution.md."""
 
     setup: Callable[[], None] | None
     fn: Callable[[], object]
@@ -101,8 +87,7 @@ class Phase:
 
 
 def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
-    """The Phase of fwd (inference, no autograd), bwd (the backward alone, on a retained graph, with the shared
-    dO) or fwd+bwd (one training step). Gradients are reset in setup; the backend's `prepare` runs here, once."""
+    """The Phase of fwd (no autograd), bwd (the backward alone, on a retained graph) or fwd+bwd (a training step)."""
     q, k, v, d_out = backend_inputs(backend, case, inputs, requires_grad=phase != FWD)
     leaves = modifier_leaves(inputs, requires_grad=phase != FWD)  # sinks/bias: their gradients are work too
     call = BoundCall(backend, case, device, leaves=leaves)
@@ -148,36 +133,32 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
 
     def observe(value) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
         out = value.detach().clone() if isinstance(value, torch.Tensor) else None
-        if out is not None and out.is_floating_point():  # its block, freed, must not hand this answer on
-            with torch.no_grad():
-                value.detach().fill_(float("nan"))
+        if out is not None:
+            poison(value)
         grads = {} if phase == FWD else {name: (t.grad if t.grad is not None else torch.zeros_like(t)).clone()
                                          for name, t in judged}
         return out, grads
 
-    if phase == FWD:
-        def inference():  # as the correctness call runs it: a compiled backend guarded on grad mode compiles once
-            with torch.no_grad():
-                return forward()
-        return Phase(None, inference, None, buffers, renew, observe, refill, rehearse)
-    if phase == FWD_BWD:
-        def step():
-            out = forward()
-            out.backward(d_out)
-            return out
-        return Phase(reset, step, None, buffers, renew, observe, refill, rehearse)
+    def inference():  # as the correctness call runs it: a compiled backend guarded on grad mode compiles once
+        with torch.no_grad():
+            return forward()
+
+    def step():
+        out = forward()
+        out.backward(d_out)
+        return out
 
     def build():  # the forward, made anew; retain_graph lets every repetition run the same backward alone
         built[:] = [forward()]
 
-    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build, buffers, renew, observe, refill,
-                 rehearse)
+    setup, fn, make = {FWD: (None, inference, None), FWD_BWD: (reset, step, None)}.get(
+        phase, (reset, lambda: built[0].backward(d_out, retain_graph=True), build))
+    return Phase(setup, fn, make, buffers, renew, observe, refill, rehearse)
 
 
 def graph_phase(timed: Phase, device: torch.device) -> tuple[Phase, Captured]:
-    """`timed` captured in a CUDA graph (its build in a graph of its own), as a Phase whose call is a replay: no
-    setup (it ran before the capture), renew refills the static inputs and replays the build from them, and what
-    a replay returns (the static output; the gradients the graph writes stay the leaves' .grad) is observed."""
+    """`timed` captured in a CUDA graph (its build in one of its own), as a Phase whose call is a replay; renew
+    refills the static inputs and replays the build."""
     captured = Captured(timed.fn, timed.setup, device, timed.build)
 
     def renew(new: Inputs) -> dict[str, torch.Tensor]:
@@ -185,17 +166,12 @@ def graph_phase(timed: Phase, device: torch.device) -> tuple[Phase, Captured]:
         captured.rebuild()
         return sources
 
-    return (Phase(None, captured.replay, None, timed.buffers, renew, timed.observe, timed.refill, timed.rehearse),
-            captured)
+    return replace(timed, setup=None, fn=captured.replay, build=None, renew=renew), captured
 
 
 def allow_backward_replay() -> None:
-    """Let a compiled backend's backward run again on the same graph, as the bwd phase does (retain_graph=True).
-
-    AOTAutograd donates the forward's saved buffers to the backward by default and then refuses retain_graph:
-    seen on an H200 (torch 2.11), flex's every bwd row was "This backward function was compiled with non-empty
-    donated buffers which requires create_graph=False and retain_graph=False". Only graphs compiled after this
-    call are affected, so a process calls it before any backend runs (the run's session, each worker)."""
+    """Let a compiled backward run again on one graph (retain_graph), before any backend runs: AOTAutograd's donated
+    buffers refuse it (flex's every bwd row on an H200, torch 2.11)."""
     import torch._functorch.config as functorch_config
 
     if hasattr(functorch_config, "donated_buffer"):  # torch >= 2.5
@@ -204,11 +180,8 @@ def allow_backward_replay() -> None:
 
 def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                caches: CallCaches | None = None) -> TimingResult:
-    """Measure one round; every failure (raised, oom, over the CPU budget) comes back as a Failure. Seeded inputs
-    are drawn through `caches` (call_inputs), where the verdict's answers are found (TimingCall.verified). With the
-    round's transforms (timing.inputs), its calls are given the seen inputs, the last one new inputs, and what the
-    last two returned comes back (observed) to be judged; integrity says what they did that no honest call does
-    (docs/integrity.md)."""
+    """Measure one round; every failure comes back as a Failure. With the round's transforms, the calls get the seen
+    inputs, the last one new inputs; what the last two returned comes back (observed) to be judged."""
     result = TimingResult()
     with device_scope(device):
         try:
@@ -218,10 +191,8 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                 plan = timing.inputs
                 inputs = verified if plan is None else plan.seen.inputs(verified)
             case, phase = timing.call.case, timing.phase
-            # On the CPU the round's first call (kept apart from the samples) is also its memory probe, and its
-            # time is handed to measure; elsewhere, or when the latency is already known (no first call), the probe
-            # is a call of its own.
-            # the checks see the buffers before any call is made on them (an input written by the first call too)
+            # On the CPU the round's first call is also its memory probe (its time goes to measure); elsewhere the
+            # probe is a call of its own. The checks see the buffers before any call (the first may write them too)
             timed, checks, first_ms = None, None, None
             if timing.known_memory is not None:
                 result.peak_mem_bytes, result.mem_method = timing.known_memory
@@ -242,7 +213,10 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                     result.peak_mem_bytes, result.mem_method = peak_memory(probe.fn, device=device,
                                                                            setup=probe.setup)
                     del probe
-            if _over_budget(result, timing, device):
+            budget = timing.cpu_mem_budget
+            if budget is not None and device.type == "cpu" and result.peak_mem_bytes > budget:
+                result.failure = Failure(OOM, f"needed {result.peak_mem_bytes} bytes above inputs > CPU budget "
+                                              f"{budget}")
                 return result
             with stage("timing"):
                 if timed is None:
@@ -270,8 +244,7 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
 
 
 class _Checks:
-    """A round's integrity checks where the calls run: its inputs as given (a snapshot before the seen inputs and
-    one before the new), its outputs owned, what the last two calls returned, and the speed on new inputs."""
+    """A round's integrity checks where the calls run: inputs left as given, outputs owned, speed on new inputs."""
 
     def __init__(self, backend: Backend, timed: Phase, verified: Inputs, plan: RoundInputs,
                  kept: dict[str, torch.Tensor] | None = None):
@@ -296,17 +269,15 @@ class _Checks:
         self.observed.append(Observed(self.plan.new if renewed else self.plan.seen, out, grads))
 
     def finish(self, m: Measurement, device: torch.device) -> tuple[list[Observed], str]:
-        """(what was observed, on the CPU in the canonical layout; the integrity problems, '' when none), once
-        the device is synchronised; a last call faster on seen inputs is confirmed on more new ones first."""
+        """(what was observed, CPU, canonical layout; the integrity problems, '' when none)."""
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self._note(self.snapshot.written())
         seen, new = m.samples_ms[:-1], m.samples_ms[-1:]
         if self._renewed and seen_violation(seen, new):  # a graph's too: its last sample replays on new inputs
             repeats, confirmed = self._confirm(device)
-            # slower than the pairs' repeats and than the round's own calls on seen inputs: a cache is fast on
-            # both, while on a loaded VM one lucky repeat beside one stalled new call is not (an FP8 case has one
-            # confirming pair: e4m3 leaves few exact transforms)
+            # slower than both the pairs' repeats and the round's seen calls: a cache is fast on both, while on a
+            # loaded VM one lucky repeat beside one stalled new call is not
             if seen_violation(seen, confirmed):
                 self._note(seen_violation(repeats, confirmed))
         for o in self.observed:
@@ -316,12 +287,7 @@ class _Checks:
         return self.observed, "; ".join(self.problems)
 
     def _confirm(self, device: torch.device) -> tuple[list[float], list[float]]:
-        """(calls on inputs just seen, calls on new ones), in pairs: a call on a confirming input set (a new graph
-        for the backward alone; with a CUDA graph, a replay on the refilled inputs), then one more on the same
-        inputs - so a stall of the machine falls on both sides alike, and a cache kept per graph, identity or
-        content hits on the second. Both calls of a pair come right after the same work (renew before the first,
-        rehearse before the second): a pause before one side alone (the new inputs' copies, the snapshots) made an
-        honest bf16 CPU call 8-16x slower than its repeat on a loaded 2-core VM, and rejected it (docs/integrity.md)."""
+        """(calls on inputs just seen, calls on new ones), in pairs after the same work (docs/design/execution.md)."""
         seen, new = [], []
         for transform in self.plan.confirm:
             inputs = transform.inputs(self.verified)
@@ -340,8 +306,7 @@ class _Checks:
 
 
 def _kept(caches: CallCaches | None, timing: TimingCall) -> dict[str, torch.Tensor]:
-    """The answers of the verdict's call this process kept (TimingCall.verified), of the call the phase makes, by
-    quantity; none when it kept none (another process ran it, or they were dropped for size)."""
+    """This process's kept answers of the verdict's call the phase makes, by quantity ({} when none)."""
     if caches is None or timing.verified not in caches.answers:
         return {}
     call = timed_call(timing.phase)
@@ -349,10 +314,7 @@ def _kept(caches: CallCaches | None, timing: TimingCall) -> dict[str, torch.Tens
 
 
 def _drop_scaled(observed: list[Observed], kept: dict[str, torch.Tensor]) -> None:
-    """Each answer that is, bit for bit, the kept verified one times its transform's factor, or (an earlier call's)
-    the last call's times the ratio of their factors (a deterministic kernel's: the transforms are exact), is
-    dropped and named in `scaled_verified` or `scaled_last`: what a round sends back from a worker and judges
-    (a default run's observed answers cost ~4 s of worker pipe when they all travelled)."""
+    """Drop each answer that is the kept verified one or the last call's, scaled, bit for bit (scaled_*)."""
     for o in observed:
         same = {quantity for quantity, answer in kept.items()
                 if _equal(o.answer(quantity), answer, o.transform.factor(quantity))}
@@ -392,18 +354,8 @@ def _once(fn: Callable[[], object], device: torch.device) -> float:
     return (time.perf_counter_ns() - begin) / 1e6
 
 
-def _over_budget(result: TimingResult, timing: TimingCall, device: torch.device) -> bool:
-    """Set the round's oom failure when its peak memory is over the CPU budget; True then."""
-    budget = timing.cpu_mem_budget
-    if budget is not None and device.type == "cpu" and result.peak_mem_bytes > budget:
-        result.failure = Failure(OOM, f"needed {result.peak_mem_bytes} bytes above inputs > CPU budget {budget}")
-        return True
-    return False
-
-
 def fidelity_of(backend: Backend, device: torch.device, case, seed: int):
-    """The forward of `backend` on `case` timed by the harness and by an independent timer, interleaved
-    (measure.fidelity); runs where the backend runs, like every timing."""
+    """The forward of `backend` on `case` timed by the harness and an independent timer (measure.fidelity)."""
     from harness.measure.fidelity import fidelity
 
     call = BoundCall(backend, case, device)

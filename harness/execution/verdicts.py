@@ -10,18 +10,15 @@ from harness.spec.case import AttentionCase
 
 
 class VerdictMemory:
-    """The correctness verdict of each (case id, backend name) judged in the run, without its tensors (which may
-    be large on a GPU): the benchmark stage times a phase only when its verdict passed."""
+    """The correctness verdict of each (case id, backend name) judged in the run, without its tensors."""
 
     def __init__(self):
         self._verdicts: dict[tuple[str, str], BackendResult] = {}
 
     def remember(self, case: AttentionCase, backend: Backend, result: BackendResult) -> None:
-        """Keep `result` released (without its tensors)."""
         self._verdicts[(case.id, backend.name)] = result.released()
 
     def get(self, case: AttentionCase, backend: Backend) -> BackendResult | None:
-        """The verdict of (case, backend), or None when the run has not judged it."""
         return self._verdicts.get((case.id, backend.name))
 
     def items(self) -> ItemsView[tuple[str, str], BackendResult]:

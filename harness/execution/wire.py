@@ -1,5 +1,4 @@
-"""The wire format between the run and its workers: requests and replies pickled by torch's multiprocessing pickler,
-small CPU tensors copied into the message and large ones in shared memory, and the spec every worker starts from."""
+"""The wire format to the workers: torch's pickler, small CPU tensors inline, large ones in shared memory."""
 
 from __future__ import annotations
 
@@ -11,10 +10,8 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401 - registers tensor reductions: large CPU tensors travel in shared memory
 
-#: tensors up to this size travel as bytes in the message: below it, copying is cheaper than a shared-memory
-#: segment and the file descriptor handed over for it. Measured here (benchmarks/worker_transfer.py, four tensors
-#: a call): 64 KiB each 1.2 ms inline against 3.8 ms; 256 KiB 7.3 against 5.6; 1 MiB 32 against 8.5; 8 MiB 209
-#: against 37 (an earlier threshold of 16 MiB came from one 1 MB figure)
+#: tensors up to this size travel inline: cheaper than a shared-memory segment below it (benchmarks/worker_transfer.py,
+#: four tensors a call: 64 KiB each 1.2 ms inline against 3.8 ms; 256 KiB 7.3 against 5.6; 1 MiB 32 against 8.5)
 INLINE_BYTES = 128 * 2 ** 10
 
 

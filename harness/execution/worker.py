@@ -1,6 +1,4 @@
-"""A worker process's loop: set up one backend on the device, say ready (or why not), then serve the supervisor's
-requests (availability, a call, a timing round, a task) until told to stop or orphaned. Its stdout and stderr go to
-a log file, Ctrl-C is the run's to handle, and a sticky CUDA error ends it so that a fresh one takes over."""
+"""A worker process: one backend on the device, serving the supervisor's requests until stopped or orphaned."""
 
 from __future__ import annotations
 
@@ -17,8 +15,9 @@ from harness.execution.outcome import Failure
 from harness.execution.wire import WorkerSpec, recv, send
 from harness.measure.stages import CLOCK, stage
 
+
 def _redirect_output(log_dir: str | None, name: str) -> None:
-    """Send this process's stdout and stderr (file descriptors, so C++ and library output too) to a log file."""
+    """This process's stdout and stderr file descriptors (C++ output too) to a log file."""
     if log_dir is None:
         return
     Path(log_dir).mkdir(parents=True, exist_ok=True)
@@ -31,8 +30,7 @@ def _redirect_output(log_dir: str | None, name: str) -> None:
 
 
 def _cuda_broken(device: torch.device) -> bool:
-    """True when the CUDA context is unusable (a device-side assert, an illegal address): errors that stick to
-    the process, so every later call in it would fail too."""
+    """True when the CUDA context is unusable (a device-side assert, an illegal address: sticky errors)."""
     if device.type != "cuda":
         return False
     try:
@@ -43,7 +41,6 @@ def _cuda_broken(device: torch.device) -> bool:
 
 
 def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
-    """A worker's life: set up, say ready (or why not), then serve requests until told to stop or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle; a worker finishes its call
     _redirect_output(spec.log_dir, backend_name)
     from harness.backends.registry import all_backends, load_backend_module

@@ -8,12 +8,7 @@ from harness.store.schema import FAILING, OBSERVED, OOM, PASS, Row
 
 
 def conclude(rows: list[Row], known_failure: str | None = None) -> None:
-    """Turn written rows into the test outcome: fail/error fails; out of memory (the device's limit, not a wrong
-    answer) or nothing judged or observed skips with the reasons; anything else passes.
-
-    `known_failure` is a documented limitation (e.g. naive attention overflowing fp16 by design): the test
-    then must fail, and is reported as xfail; if it passes, the claim is stale and the test fails.
-    """
+    """Rows to the test outcome: fail/error fails, oom or nothing judged skips, else passes; `known_failure`: xfail."""
     statuses = {r.status for r in rows}
     bad = [f"{r.phase}: {r.status}: {r.reason}" for r in rows if r.status in FAILING]
     if known_failure is not None:

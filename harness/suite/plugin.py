@@ -1,8 +1,4 @@
-"""The pytest plugin behind `pytest suites`: options, parametrization, stage order, the run session, the summary.
-
-suites/conftest.py loads it with `pytest_plugins = ["harness.suite.plugin"]`. Items run in stage order:
-the probes, then correctness, then the benchmark (which times only what correctness passed).
-"""
+"""The pytest plugin behind `pytest suites`: options, parametrization, stage order, the run session, the summary."""
 
 from __future__ import annotations
 
@@ -33,21 +29,22 @@ _PROGRESS_KEY = pytest.StashKey[Progress]()
 _STAGE_COUNTS_KEY = pytest.StashKey[dict]()
 #: a long run says where it is at most this often (and at a stage's end once it has run this long)
 PROGRESS_EVERY_S = 30.0
-#: suites/<stage>/test_*.py run in this order. The probes and correctness judge nothing the other needs; the probes
-#: go first so that the prefetcher (execution/prefetch.py) has correctness graphs to compile beside them; the
-#: benchmark goes last: it times only what correctness passed, with nothing compiling beside it.
+#: suites/<stage>/test_*.py run in this order: the probes first, so the prefetcher compiles correctness graphs
+#: beside them; the benchmark last: it times only what correctness passed, with nothing compiling beside it
 STAGES = ("probes", "correctness", "benchmark")
+#: each stage index's name (_stage), any other test last
+_NAMES = (*STAGES, "other tests")
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("attention harness")
     add_to_pytest(group, "backends", "backend_module", "matrix", "preset", "hf_config", "allow_expensive", "device",
-                  "results_dir", "seed", "benchmark",
-                  "timing_budget_ms", "rounds", "cuda_graph", "threads", "cpu_mem_budget_gb", "no_report", "shard",
-                  "no_isolate", "call_timeout_s")
+                  "results_dir", "seed", "benchmark", "timing_budget_ms", "rounds", "cuda_graph", "threads",
+                  "cpu_mem_budget_gb", "no_report", "shard", "no_isolate", "call_timeout_s")
 
 
 def pytest_configure(config):
+    main = getattr(config, "workerinput", None) is None and not config.option.collectonly  # not xdist's, not collect
     try:
         for module in config.option.backend_module:
             load_backend_module(module)
@@ -57,14 +54,13 @@ def pytest_configure(config):
         if config.option.shard:
             config._harness_cases = select_shard(config._harness_cases, *parse_shard(config.option.shard))
         results_root(config.option.results_dir)
-        config._harness_cost = None
-        if getattr(config, "workerinput", None) is None and not config.option.collectonly:
-            config._harness_cost = check_cost(config._harness_cases, device, allow=config.option.allow_expensive)
+        config._harness_cost = (check_cost(config._harness_cases, device, allow=config.option.allow_expensive)
+                                if main else None)
     except (ValueError, FileNotFoundError) as exc:
         raise pytest.UsageError(str(exc)) from None
     if config.option.threads is not None:
         torch.set_num_threads(config.option.threads)  # fixed for the whole run, recorded in env and rows
-    if getattr(config, "workerinput", None) is None and not config.option.collectonly:
+    if main:
         session = RunSession.from_options(config.option, device, config._harness_cases, config._harness_matrix)
         config.stash[_SESSION_KEY] = session
         if config.getoption("benchmark_storage", None) == "file://./.benchmarks":
@@ -76,8 +72,7 @@ def pytest_configure(config):
 
 
 def suite_cases(option, device) -> tuple[str, list]:
-    """(what the cases are, the cases): a model preset or HF config when given (not with an explicit
-    --matrix), else the named matrix ('auto': gpu on CUDA, default elsewhere)."""
+    """(what the cases are, the cases): a model preset or HF config when given, else the named matrix."""
     shape = model_shape(option.preset, option.hf_config)
     if shape is not None:
         if option.matrix != AUTO:
@@ -97,9 +92,7 @@ def pytest_report_header(config):
 
 
 def _readable_benchmark_table(config) -> None:
-    """pytest-benchmark's table, where the user left its defaults: one group per (phase, case), backends side by
-    side, and the columns the harness measures (shown when a --benchmark-* option asks for it; the run's report has
-    everything)."""
+    """pytest-benchmark's table, where the user left its defaults: the columns the harness measures, in ms."""
     option = config.option
     if not hasattr(option, "benchmark_columns"):  # pytest-benchmark not loaded (-p no:benchmark)
         return
@@ -110,10 +103,7 @@ def _readable_benchmark_table(config) -> None:
 
 
 def _quiet_benchmark_table(config) -> None:
-    """pytest-benchmark's own tables (their "(1.0)" ratios run the other way from the harness's speedups) only
-    when the user asks for pytest-benchmark: --benchmark-verbose or any other --benchmark-* option; otherwise
-    the harness's summary and report say it all. pytest-benchmark reads the option after this (its configure is
-    trylast)."""
+    """pytest-benchmark's own tables (ratios the other way from ours) only when a --benchmark-* option asks."""
     if hasattr(config.option, "benchmark_quiet") and not any(
             str(a).startswith("--benchmark-") for a in config.invocation_params.args):
         config.option.benchmark_quiet = True
@@ -126,12 +116,10 @@ def _stage(item) -> int:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Record the stage the run is in (env.json: a run killed here says where it stopped), then add the test's wall
-    time (setup, call, teardown) to its suite stage's total (the run's time_spent) and count it in the progress."""
+    """Record the stage the run is in, then add the test's wall time to its stage's total and count it."""
     start = time.perf_counter()
     session = item.config.stash.get(_SESSION_KEY, None)
-    index = _stage(item)
-    name = STAGES[index] if index < len(STAGES) else "other tests"
+    name = _NAMES[_stage(item)]
     if session is not None:
         session.enter_stage(name)
     try:
@@ -143,8 +131,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def _progress(item, nextitem, stage: str) -> None:
-    """Count the test done; every PROGRESS_EVERY_S, and at the end of a stage once the run has gone on that long,
-    a line: the stage, tests done, time elapsed and left (advisor.progress, weighted by the cost model)."""
+    """Count the test done; a progress line every PROGRESS_EVERY_S, and at a stage's end once the run is that long."""
     progress = item.config.stash.get(_PROGRESS_KEY, None)
     if progress is None:
         return
@@ -157,9 +144,7 @@ def _progress(item, nextitem, stage: str) -> None:
 
 
 def _item_weights(config, items) -> list[float]:
-    """Each test's expected seconds, for the time left: a correctness test its case's float64 reference and
-    baseline (the cost model, execution/cost.py) shared by the case's backends; a benchmark test one round's
-    timing budget; any other 1 s. The pace so far scales them (advisor.progress)."""
+    """Each test's expected seconds (the cost model's for correctness, a round's budget for the benchmark)."""
     cost = getattr(config, "_harness_cost", None)
     per_case = {c.case.id: cost.case_seconds(c) for c in cost.costs} if cost is not None else {}
     backends = max(1, len(getattr(config, "_harness_backends", ()) or ()))
@@ -168,7 +153,7 @@ def _item_weights(config, items) -> list[float]:
     for item in items:
         params = getattr(item, "callspec", None)
         case = params.params.get("case") if params is not None else None
-        stage = STAGES[_stage(item)] if _stage(item) < len(STAGES) else ""
+        stage = _NAMES[_stage(item)]
         if stage == "benchmark":
             weights.append(max(round_s, 0.01))
         elif stage == "correctness" and case is not None and case.id in per_case:
@@ -184,8 +169,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_collection_finish(session):
-    """A long run says where it is: the progress lines' counts and weights (the cost model's), made once the
-    items are known."""
+    """The progress lines' counts and weights, made once the items are known; the prefetcher's calls."""
     run = session.config.stash.get(_SESSION_KEY, None)
     if run is None or not session.items:
         return
@@ -193,7 +177,7 @@ def pytest_collection_finish(session):
     progress = Progress(len(session.items), weights=_item_weights(session.config, session.items),
                         every_s=PROGRESS_EVERY_S,
                         say=None if tr is None else lambda line: tr.write(f"\nattention harness: {line}\n"))
-    names = [STAGES[i] if i < len(STAGES) else "other tests" for i in map(_stage, session.items)]
+    names = [_NAMES[i] for i in map(_stage, session.items)]
     session.config.stash[_STAGE_COUNTS_KEY] = {name: (0, names.count(name)) for name in dict.fromkeys(names)}
     session.config.stash[_PROGRESS_KEY] = progress
     # flex's correctness graphs compile on the second core while this one runs the probes (execution/prefetch.py)
@@ -221,8 +205,7 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_runtest_teardown(item, nextitem):
-    """A backend that raised KeyboardInterrupt inside a call has its row written; the run stops after this test,
-    as after a Ctrl-C, with the summary and every finished row kept."""
+    """After a backend's KeyboardInterrupt (its row written) the run stops, as after a Ctrl-C."""
     session = item.config.stash.get(_SESSION_KEY, None)
     if session is not None and session.executor.interrupted:
         item.session.shouldstop = session.executor.interrupted
@@ -238,9 +221,7 @@ def run_session(request) -> RunSession:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """The harness's summary, after every other plugin's (pytest-benchmark's tables, pytest's short summary): the
-    outermost wrapper's code after `yield` runs last, so only pytest's one-line count follows it. The run is
-    finished here, marked complete unless it was interrupted (Ctrl-C, a backend's KeyboardInterrupt)."""
+    """The harness's summary after every other plugin's (docs/design/execution.md), and the run's finish."""
     result = yield
     session = config.stash.get(_SESSION_KEY, None)
     if session is None:
@@ -294,11 +275,8 @@ def summary_lines(session: RunSession) -> list[str]:
     for backend, c in counts.items():
         line = f"{backend:<{width}}" + "".join(f"{c.get(s, 0):>{len(s) + 2}}" for s in statuses)
         if session.perf_rows:
-            line += "".join(f"{_median(speedups[backend][p]):>{len(SPEEDUP) + len(p) + 3}}" for p in PHASES)
+            medians = [f"{statistics.median(s):.2f}" if (s := speedups[backend][p]) else "-" for p in PHASES]
+            line += "".join(f"{m:>{len(SPEEDUP) + len(p) + 3}}" for m, p in zip(medians, PHASES))
         lines.append(line)
     lines.append(LEGEND + (SPEEDUP_LEGEND if session.perf_rows else ""))
     return lines
-
-
-def _median(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f}" if values else "-"

@@ -9,9 +9,7 @@ from harness.spec.matrices import REGISTRY
 
 
 def tier(config) -> str | None:
-    """The probes' tier, 'default' or 'full' (the matrix's runtime class, spec/matrices.REGISTRY), when these
-    suites run in this session; None when they do not (a smoke matrix, or a shard other than 0: they have no
-    cases to shard, so shard 0 alone runs them)."""
+    """The probes' tier, 'default' or 'full'; None when they do not run here (smoke, or a shard other than 0)."""
     # a model preset's cases ("model NAME") are the main job's size: the default tier
     runtime = REGISTRY[name].runtime if (name := config._harness_matrix) in REGISTRY else "default"
     if runtime == "smoke":
