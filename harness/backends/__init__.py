@@ -1,4 +1,4 @@
-"""Backends: the contract, the registry and one module per built-in backend; the registry loads them (registry.BUILT_IN)."""
+"""Backends: the contract, the registry and one module per built-in backend (registry.BUILT_IN)."""
 
 from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Unsupported
 from harness.backends.registry import all_backends, get_backends, load_backend_module, register

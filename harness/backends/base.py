@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -24,15 +25,12 @@ class Unsupported(Exception):
 
 
 class BackwardUnsupported(Unsupported):
-    """Raised by a backend called with gradients required when its forward would run but it has no backward for
-    the case: the forward is then run and judged alone, and the backward recorded unsupported with this reason."""
+    """No backward for the case (raised when called with gradients): the forward is judged alone."""
 
 
 @dataclass(kw_only=True)
 class Plan:
-    """What `prepare` builds once per case, outside any timing, and hands `forward` as `prepared=`: a backend's own
-    plan subclasses it with its state (masks, biases, lengths, the wrapper). It names the kernels the call will run,
-    so the row records what ran wherever the call ran (a worker sends the names back with the call's result)."""
+    """What `prepare` builds once per case and hands `forward` as `prepared=`, naming the kernels the row records."""
 
     #: the forward's kernel, e.g. 'sdpa:flash' (the backend's name where it cannot tell)
     op: str
@@ -40,15 +38,12 @@ class Plan:
     backward_op: str = ""
 
     def ops(self, training: bool) -> tuple[str, str]:
-        """(forward, backward) kernels of a call with gradients (`training`) or without; a backend whose kernel
-        depends on that (xformers: a training and an inference form) overrides this."""
+        """(forward, backward) kernels of a call with gradients (`training`) or without."""
         return self.op, self.backward_op or self.op
 
 
 class ProbeHooks:
-    """The library's own calls, for the semantics and dropout probes (harness/probes), in the backend's layout: no
-    mask spec involved, so a probe observes what the library itself does. A backend lists the ones it offers in
-    `native_probes` and overrides them next to its mask translation."""
+    """The library's own calls (no mask spec) for the semantics and dropout probes, in the backend's layout."""
 
     name: ClassVar[str] = ""
     #: the library calls offered (subset of NATIVE_PROBES): native_causal, native_mask, native_dropout
@@ -70,8 +65,7 @@ class ProbeHooks:
 
 
 class DescriptionHooks:
-    """What rows, `python -m harness backends` and the advisor read about a backend besides its results: the
-    version recorded, the kernels it can run here, how modifiers and masks reach its kernel, compile times."""
+    """What rows, `python -m harness backends` and the advisor read about a backend besides its results."""
 
     name: ClassVar[str] = ""
     #: the distribution whose version its rows record and env.json keeps (None = torch's, which env.json keeps anyway)
@@ -103,13 +97,11 @@ class DescriptionHooks:
         return cls.version_name or (cls.package.replace("-", "_") if cls.package else None)
 
     def kernels(self) -> str:
-        """Which kernels this backend's calls can run here, where it can tell ('' otherwise): printed by
-        `python -m harness backends` under the backend's line."""
+        """Which kernels this backend's calls can run here, where it can tell ('' otherwise)."""
         return ""
 
     def modifier_path(self, case: AttentionCase) -> str:
-        """How `case`'s modifiers reach the kernel, for the row's modifier_path column (e.g. 'score_mod',
-        'attn_mask float', 'native softcap'); backends with a translation say which."""
+        """How `case`'s modifiers reach the kernel, for the row's modifier_path column (e.g. 'score_mod')."""
         return ", ".join(sorted(case.modifiers)) + " as forward keywords"
 
     def mask_form(self, case: AttentionCase, device: torch.device) -> "MaskForm":
@@ -126,23 +118,10 @@ class DescriptionHooks:
 class Backend(ProbeHooks, DescriptionHooks):
     """An attention implementation: what it can run, declared as data; `prepare`, once per case; `forward`, timed.
 
-    Subclasses set `name` and `layout` and implement `forward(q, k, v, *, mask, scale)` where q is
-    (batch, heads, seq_q, head_dim) for layout 'bhsd' or (batch, seq_q, heads, head_dim) for 'bshd',
-    k/v likewise with kv_heads and seq_k (v's last dim is the case's head_dim_v), and `mask` is a harness mask spec
-    or None. The output has q's layout and v's head dim. As in xformers' AttentionOpBase (xformers 0.0.35,
-    ops/fmha/common.py: capabilities as class data, `not_supported_reasons`, `supports = not reasons`), what a
-    backend can run is the class data below; `can_run` derives every reason from it, `not_supported_reasons` may
-    add case-specific ones, and `supports` is `not can_run(...)`. The probes' and the describing hooks sit apart
-    (ProbeHooks, DescriptionHooks).
-
-    Modifiers (harness.spec.modifiers): a backend lists those it implements in `modifiers`; it is never called with
-    any other (the case is `unsupported`, with the reason), and the declared ones reach `forward` as keyword
-    arguments, only when the case uses them: `softcap` (float), `sinks` ((heads,) in the case's dtype, requires
-    grad), `alibi_slopes` ((heads,) float32), `bias` ((batch or 1, heads, seq_q, seq_k) in the case's dtype,
-    requires grad; that canonical layout whatever the backend's). A paged case (`paged_kv`) reaches it as
-    forward(q, k_cache, v_cache, *, mask, scale, block_table, cache_seqlens), caches (num_blocks, page_size,
-    kv_heads, head_dim), block_table (batch, max_blocks) int32, cache_seqlens (batch,) int32 (harness.spec.paged).
-    """
+    Subclasses set `name` and `layout` and implement `forward(q, k, v, *, mask, scale)`: q (batch, heads, seq_q,
+    head_dim) for 'bhsd' or (batch, seq_q, heads, head_dim) for 'bshd', k/v likewise with kv_heads, seq_k and v's
+    head_dim_v; the output in q's layout with v's head dim (README "Your own kernel"). `can_run` derives every
+    reason from the class data below (plus `not_supported_reasons`); `supports` is `not can_run(...)`."""
 
     name: ClassVar[str] = ""
     layout: ClassVar[str] = "bhsd"
@@ -165,32 +144,25 @@ class Backend(ProbeHooks, DescriptionHooks):
     modifier_refusals: ClassVar[dict[str, str]] = {}
     #: v may have a head dim other than q/k's (case.head_dim_v)
     supports_head_dim_v: ClassVar[bool] = False
-    #: takes paged KV cases (see the class docstring); q and the output in this backend's layout
+    #: takes paged KV cases: forward(q, k_cache, v_cache, ..., block_table, cache_seqlens) (harness.spec.paged)
     paged_kv: ClassVar[bool] = False
     #: the page sizes its paged kernel takes are multiples of this (FA2: 256)
     page_size_multiple: ClassVar[int] = 1
-    #: takes a mixed serving step: a CacheCausal with per-sequence query lengths (q_lens), q padded to the longest
-    #: run; rows past a sequence's q_lens[b] see no key and must come out 0 (harness.spec.masks.cache_causal)
+    #: takes a mixed serving step (CacheCausal with q_lens, q padded): rows past q_lens[b] must come out 0
     mixed_batch: ClassVar[bool] = False
-    #: takes an FP8 KV case (harness.spec.fp8): k and v float8 e4m3fn, forward(..., k_scale=, v_scale=) float32
-    #: (1,) per tensor or (kv_heads,) per head, x ~= x8 * scale
+    #: takes an FP8 KV case (harness.spec.fp8): k, v float8 e4m3fn, k_scale= / v_scale= float32 (1,) or (kv_heads,)
     fp8_kv: ClassVar[bool] = False
-    #: takes an FP8 Q/K/V case (case.fp8_q; harness.spec.fp8): q float8 e4m3fn too, forward(..., q_scale=) float32
-    #: (1,) per tensor or (kv_heads,) per kv-head group, the output bfloat16 (the case's dtype)
+    #: takes FP8 q too (case.fp8_q): q_scale= float32 (1,) or (kv_heads,) per kv-head group; the output bfloat16
     fp8_q: ClassVar[bool] = False
 
     def prepare(self, case: AttentionCase, device: torch.device) -> Plan | Any:
-        """Everything the call needs that depends only on (case, device) - native masks, biases, lengths, the op
-        to run - built once, outside any timing: a `Plan` naming the kernels (or any state: the row then names the
-        backend). Its result is passed to `forward` as `prepared=`; the default (None) passes nothing, so a backend
-        without `prepare` is called exactly as `forward(q, k, v, mask, scale)`."""
+        """What the call needs that depends only on (case, device), built once outside any timing: a `Plan` (or any
+        state) passed to `forward` as `prepared=`; None passes nothing."""
         return None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: MaskSpec | None,
                 scale: float) -> torch.Tensor:
         raise NotImplementedError
-
-    # -- what the class data implies: the reasons a case cannot run (override not_supported_reasons to add) --
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why this backend cannot run at all here (library missing, wrong device, GPU arch); None if it can."""
@@ -235,12 +207,8 @@ class Backend(ProbeHooks, DescriptionHooks):
                  dropout: bool = False) -> bool:
         return not self.can_run(case, device, backward=backward, dropout=dropout)
 
-    # -- the plumbing the harness calls around prepare and forward (a backend rarely overrides it) --
-
     def prepared_plan(self, case: AttentionCase, device: torch.device) -> Plan | Any:
-        """prepare(case, device), or None when this backend's forward takes no `prepared` (a subclass that overrides
-        `forward` without it - a user wrapping a built-in backend - is called the plain way, and its parent's
-        prepare is skipped rather than built for nothing)."""
+        """prepare(case, device), or None when this backend's forward takes no `prepared` (a user's subclass)."""
         params = inspect.signature(type(self).forward).parameters
         if "prepared" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             return None
@@ -257,17 +225,15 @@ class Backend(ProbeHooks, DescriptionHooks):
         return self.prepare(case, q.device) if table is None else self.prepare(case, q.device, block_table=table)
 
     def ops(self, plan: Plan | Any, training: bool) -> tuple[str, str]:
-        """(forward, backward) kernels a call with `plan` runs: the plan's own, or this backend's name where its
-        prepare returns no Plan."""
+        """(forward, backward) kernels a call with `plan` runs: the plan's own, or this backend's name."""
         return plan.ops(training) if isinstance(plan, Plan) else (self.name, self.name)
 
     def case_of(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None, *, mask: MaskSpec | None,
                 scale: float, block_table: torch.Tensor | None = None, cache_seqlens: torch.Tensor | None = None,
                 softcap: float | None = None, sinks: torch.Tensor | None = None,
                 alibi_slopes: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> AttentionCase:
-        """The case that tensors in this backend's layout and forward's keywords describe: for `prepare` when forward
-        is called without `prepared` (a user calling the backend directly). With a block_table, k is the paged cache
-        (num_blocks, page_size, kv_heads, head_dim)."""
+        """The case that tensors in this backend's layout and forward's keywords describe (for `prepare` when forward
+        is called without `prepared`). With a block_table, k is the paged cache."""
         canonical_q = self.from_layout(q)
         if block_table is not None:
             return paged_case_of(canonical_q, k, mask, scale)
@@ -279,11 +245,10 @@ class Backend(ProbeHooks, DescriptionHooks):
                              bias=None if bias is None else ("head" if bias.shape[0] == 1 else "full"))
 
     def to_layout(self, x: torch.Tensor) -> torch.Tensor:
-        """Canonical (B, H, S, D) -> this backend's layout; done before timing, never inside `forward`."""
+        """Canonical (B, H, S, D) <-> this backend's layout (a transpose, its own inverse); done before timing."""
         return x if self.layout == "bhsd" else x.transpose(1, 2)
 
-    def from_layout(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.layout == "bhsd" else x.transpose(1, 2)
+    from_layout = to_layout
 
     def backward_reasons(self, device: torch.device) -> list[str]:
         """Why there is no backward here, from the capability data (empty = there is one)."""
@@ -306,6 +271,34 @@ class Backend(ProbeHooks, DescriptionHooks):
                            + self.modifier_refusals.get("head_dim_v", f"{self.name} needs equal head dims "
                                                         "(supports_head_dim_v is False)"))
         return reasons
+
+
+class FlashFamily(Backend):
+    """The declaration FlashAttention-2/3/4 and FlashInfer share: (batch, seq, heads, head_dim), fp16/bf16, CUDA
+    only, head dims up to 256."""
+
+    layout = "bshd"
+    dtypes = (torch.float16, torch.bfloat16)
+    devices = ("cuda",)
+    max_head_dim = 256
+
+
+def refusal(translate: Callable[..., Any], *args) -> list[str]:
+    """[why] when translate(*args) raises Unsupported (a translation's refusal as a reason), else []."""
+    try:
+        translate(*args)
+    except Unsupported as exc:
+        return [str(exc)]
+    return []
+
+
+def cuda_import_problem(name: str, device: torch.device, module: str, what: str, hint: str) -> str | None:
+    """Why backend `name` cannot run here: `module` not importable (`what` it is, its error, `hint`), or no CUDA."""
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        return f"{what} not importable ({type(exc).__name__}: {exc}); {hint}"
+    return None if device.type == "cuda" else f"{name} needs CUDA; device is {device.type}"
 
 
 #: the mask path of a backend that does not describe its translation (a plugin without `mask_form`)

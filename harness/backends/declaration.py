@@ -1,8 +1,4 @@
-"""What a backend class declares, checked when it registers: `forward`'s signature and the capability attributes.
-
-A plugin whose `forward` lacks the `scale` keyword, or whose `dtypes` is a string, would otherwise fail once per
-case (a TypeError row each) or be skipped for a wrong reason; checked here, it fails once, when its module loads.
-"""
+"""What a backend class declares, checked once when it registers: `forward`'s signature and the capabilities."""
 
 from __future__ import annotations
 
@@ -28,8 +24,8 @@ def _optional_tuple(of: type, label: str, allowed: tuple | None = None) -> Calla
     return check
 
 
-def _flag(value) -> str | None:
-    return None if isinstance(value, bool) else "must be True or False"
+def _instance(types: type | tuple[type, ...], what: str) -> Callable[[Any], str | None]:
+    return lambda value: None if isinstance(value, types) else f"must be {what}"
 
 
 def _max_head_dim(value) -> str | None:
@@ -44,18 +40,11 @@ def _native_probes(value) -> str | None:
     return f"{', '.join(map(repr, bad))} not allowed; allowed: {', '.join(NATIVE_PROBES)}" if bad else None
 
 
-def _deterministic(value) -> str | None:
-    return None if value is None or isinstance(value, (bool, str)) else "must be None, True/False or a string"
-
-
 def _optional_name(what: str) -> Callable[[Any], str | None]:
     return lambda value: None if value is None or (isinstance(value, str) and value) else f"must be None or {what}"
 
 
-def _label(value) -> str | None:
-    return None if isinstance(value, str) else "must be a string ('' = the backend's name)"
-
-
+_flag = _instance(bool, "True or False")
 #: each capability attribute of Backend and the check of its declared value (None = fine, else what is wrong)
 CAPABILITIES: dict[str, Callable[[Any], str | None]] = {
     "dtypes": _optional_tuple(torch.dtype, "torch dtypes, e.g. (torch.float16, torch.bfloat16)"),
@@ -70,10 +59,10 @@ CAPABILITIES: dict[str, Callable[[Any], str | None]] = {
     "fp8_kv": _flag,
     "fp8_q": _flag,
     "native_probes": _native_probes,
-    "deterministic": _deterministic,
+    "deterministic": _instance((type(None), bool, str), "None, True/False or a string"),
     "package": _optional_name("a distribution name"),
     "version_name": _optional_name("env.json's name for the package's version"),
-    "label": _label,
+    "label": _instance(str, "a string ('' = the backend's name)"),
     "colour": _optional_name("a matplotlib colour, e.g. '#1f77b4'"),
     "marker": _optional_name("a matplotlib marker, e.g. 'o'"),
 }
@@ -82,8 +71,7 @@ FORWARD_KEYWORDS = ("mask", "scale")
 
 
 def forward_problem(cls: type[Backend]) -> str | None:
-    """What is wrong with `cls.forward`'s signature for the harness's call `forward(q, k, v, mask=..., scale=...)`,
-    or None."""
+    """What is wrong with `cls.forward`'s signature for the call `forward(q, k, v, mask=..., scale=...)`, or None."""
     try:
         params = inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):

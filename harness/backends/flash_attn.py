@@ -6,21 +6,20 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.backends.base import Backend, MaskForm, Plan, Unsupported
+from harness.backends.base import FlashFamily, MaskForm, Plan, Unsupported, cuda_import_problem
 from harness.backends.flash_attn_package import fa2_problem
+from harness.backends.paged_gather import run_packed
 from harness.backends.registry import register
 from harness.spec.masks import (CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec,
                                 SlidingWindow)
+from harness.spec.paged import cu_seqlens, mixed_step_queries
 
 
 def fa2_args(mask: MaskSpec | None, seq_q: int, seq_k: int, name: str = "FA2") -> dict:
     """Mask spec -> FA2 keywords {causal, window_size} (+ 'key_lengths', or 'cu_seqlens_q'/'cu_seqlens_k' of
-    one batch element for Documents, for the varlen path). `name`: whose keywords these are, in a refusal (FA3's
-    flash_attn_func takes the same causal and window_size).
-
-    FA2 aligns causal and windows bottom-right; a top-left causal mask is the same only when seq_q == seq_k.
-    Documents map to varlen directly: FA2's varlen causal is bottom-right within each sequence, as is theirs.
-    """
+    one batch element for Documents, for the varlen path); `name` is whose keywords these are, in a refusal.
+    FA2 aligns causal and windows bottom-right (so top-left causal only when seq_q == seq_k), and its varlen
+    causal bottom-right within each sequence, as Documents' is."""
     if mask is None:
         return {"causal": False, "window_size": (-1, -1)}
     if isinstance(mask, Documents):
@@ -42,10 +41,9 @@ def fa2_args(mask: MaskSpec | None, seq_q: int, seq_k: int, name: str = "FA2") -
 def fa2_visible(seq_q: int, seq_k: int, *, causal: bool, window_size: tuple[int, int],
                 key_lengths: tuple[int, ...] | None = None, cu_seqlens_q: tuple[int, ...] | None = None,
                 cu_seqlens_k: tuple[int, ...] | None = None) -> torch.Tensor:
-    """FA2's documented visibility, (B|1, 1, Sq, Sk) bool: query i sees keys in
-    [i + Sk - Sq - left, i + Sk - Sq + right] (-1 = unbounded; causal means right = 0), and j < length.
-    With cu_seqlens (varlen), sequence s is queries [cu_q[s], cu_q[s+1]) and keys [cu_k[s], cu_k[s+1]),
-    sees nothing outside itself, and the rule above applies inside it with its own lengths."""
+    """FA2's documented visibility, (B|1, 1, Sq, Sk) bool: query i sees keys in [i + Sk - Sq - left, i + Sk - Sq +
+    right] (-1 = unbounded; causal means right = 0), and j < length; with cu_seqlens (varlen), the same inside each
+    sequence [cu_q[s], cu_q[s+1]) x [cu_k[s], cu_k[s+1]) with its own lengths, nothing outside it."""
     if cu_seqlens_q is not None:
         ok = torch.zeros(seq_q, seq_k, dtype=torch.bool)
         spans = zip(cu_seqlens_q, cu_seqlens_q[1:], cu_seqlens_k, cu_seqlens_k[1:])
@@ -76,10 +74,8 @@ def fa2_modifier_args(softcap: float | None = None, alibi_slopes: torch.Tensor |
 
 
 def fa2_documented_scores(scores: torch.Tensor, *, softcap: float, alibi_slopes: torch.Tensor | None) -> torch.Tensor:
-    """FA2's documented score transform of scaled scores (B|1, H, Sq, Sk): "softcap: float. Anything > 0 activates
-    softcapping attention" (the kernel: tanh(s / softcap) * softcap on the scaled scores, flash_api.cpp sets
-    params.softcap = softmax_scale / softcap), then "A bias of (-alibi_slope * |i + seqlen_k - seqlen_q - j|) is
-    added to the attention score of query i and key j" (flash_attn_interface.py docstrings), then the mask."""
+    """FA2's documented score transform of scaled scores (B|1, H, Sq, Sk): tanh(s / softcap) * softcap when softcap
+    > 0, then "-alibi_slope * |i + seqlen_k - seqlen_q - j|" added (flash_attn_interface.py), then the mask."""
     if softcap > 0:
         scores = torch.tanh(scores / softcap) * softcap
     if alibi_slopes is not None:
@@ -91,13 +87,9 @@ def fa2_documented_scores(scores: torch.Tensor, *, softcap: float, alibi_slopes:
 
 
 @register
-class FlashAttn2(Backend):
+class FlashAttn2(FlashFamily):
     name = "flash-attn"
     colour, marker = "#e377c2", "*"
-    layout = "bshd"
-    dtypes = (torch.float16, torch.bfloat16)
-    devices = ("cuda",)
-    max_head_dim = 256
     package = "flash-attn"
     native_probes = frozenset({"causal", "mask", "dropout"})
     modifiers = frozenset({"softcap", "alibi"})
@@ -107,37 +99,29 @@ class FlashAttn2(Backend):
         "bias": "FlashAttention-2 takes no bias tensor (FlashAttention-4's score_mod can add one)",
         "head_dim_v": "FlashAttention-2 needs v's head dim equal to q/k's (FlashAttention-3 accepts a different one)",
     }
-    #: paged through flash_attn_with_kvcache(block_table=); flash-attn 2.8.3 flash_attn_interface.py, its docstring:
-    #: "(num_blocks, page_block_size, nheads_k, headdim) if there's a block_table ... page_block_size must be a
-    #: multiple of 256"
+    #: paged through flash_attn_with_kvcache(block_table=) ("page_block_size must be a multiple of 256", 2.8.3)
     paged_kv = True
     page_size_multiple = 256
-    #: a mixed serving step through flash_attn_varlen_func(..., block_table=): q packed by cu_seqlens_q from the
-    #: per-sequence query lengths, cu_seqlens_k from the cache lengths; causal bottom-right per sequence (its docstring)
-    mixed_batch = True
+    mixed_batch = True  # flash_attn_varlen_func(..., block_table=), q packed by cu_seqlens_q (fa2_mixed_plan)
 
     def unavailable_reason(self, device):
         """FlashAttention-2 is its interface module (which loads flash_attn_2_cuda), not the `flash_attn` name:
         flash-attn-4 installs a `flash_attn` namespace package without it."""
+        hint = "FlashAttention-2 builds from source with CUDA only (docs/gpu.md)"
         problem = fa2_problem()
         if problem is not None:
-            return f"{problem}; FlashAttention-2 builds from source with CUDA only (docs/gpu.md)"
-        try:
-            import flash_attn.flash_attn_interface  # noqa: F401
-        except Exception as exc:
-            return (f"flash_attn.flash_attn_interface not importable ({type(exc).__name__}: {exc}); FlashAttention-2 "
-                    "builds from source with CUDA only (docs/gpu.md)")
-        if device.type != "cuda":
-            return f"flash-attn needs CUDA; device is {device.type}"
+            return f"{problem}; {hint}"
+        problem = cuda_import_problem(self.name, device, "flash_attn.flash_attn_interface",
+                                      "flash_attn.flash_attn_interface", hint)
+        if problem is not None:
+            return problem
         major, minor = torch.cuda.get_device_capability(device)
         if major < 8:
             return f"FlashAttention-2 needs sm80+; device is sm{major}{minor}"
         return None
 
-    # Native probes (harness/probes/semantics.py, dropout.py): FA2's own arguments, no mask spec involved.
     def native_causal(self, q, k, v, *, scale):
         from flash_attn.flash_attn_interface import flash_attn_func
-
         return flash_attn_func(q, k, v, softmax_scale=scale, causal=True)
 
     def native_mask(self, q, k, v, *, mask, scale):
@@ -146,7 +130,6 @@ class FlashAttn2(Backend):
 
     def native_dropout(self, q, k, v, *, p, scale):
         from flash_attn.flash_attn_interface import flash_attn_func
-
         return flash_attn_func(q, k, v, dropout_p=p, softmax_scale=scale)
 
     def mask_form(self, case, device):
@@ -156,9 +139,8 @@ class FlashAttn2(Backend):
         return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in shown.items()) + varlen)
 
     def prepare(self, case, device) -> Fa2Plan:
-        """FA2's keywords for the mask, and for its varlen path the int32 cu_seqlens and the flat indices of the kept
-        keys, all on the device: the call does no host work and no host-device traffic (a boolean-mask gather
-        would synchronize)."""
+        """FA2's keywords, and for its varlen path the int32 cu_seqlens and the kept keys' flat indices, on the
+        device: the call does no host work and no host-device traffic (a boolean-mask gather would synchronize)."""
         if case.page_size is not None and case.mask.mixed:  # varlen over the pages: the step's own cu_seqlens
             return Fa2Plan(op=f"{self.name} (varlen paged: q packed and scattered back inside the timed call)",
                            call=fa2_mixed_plan(case, device))
@@ -173,19 +155,21 @@ class FlashAttn2(Backend):
     def forward(self, q, k, v, *, mask, scale, prepared: Fa2Plan | None = None, softcap=None, alibi_slopes=None,
                 block_table=None, cache_seqlens=None):
         from flash_attn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
-
         if block_table is not None and isinstance(mask, CacheCausal) and mask.mixed:
-            # a mixed step: the rows that carry queries, packed; the output scattered back
             plan = (prepared.call if prepared is not None else
                     fa2_mixed_plan(self.case_of(q, k, mask=mask, scale=scale, block_table=block_table), q.device))
-            b, sq, h, d = q.shape
-            packed = q.reshape(b * sq, h, d).index_select(0, plan["rows"])
-            out = flash_attn_varlen_func(packed, k, v, plan["cu_q"], plan["cu_k"], plan["max_q"], plan["max_k"],
-                                         softmax_scale=scale, causal=True, block_table=block_table)
-            return q.new_zeros(b * sq, h, d).index_copy_(0, plan["rows"], out).reshape(b, sq, h, d)
+            return run_packed(q, plan["rows"], lambda packed: flash_attn_varlen_func(
+                packed, k, v, plan["cu_q"], plan["cu_k"], plan["max_q"], plan["max_k"], softmax_scale=scale,
+                causal=True, block_table=block_table))
         if block_table is not None:  # paged: k, v are the caches (num_blocks, page_size, kv_heads, head_dim)
-            return fa2_paged_call(q, k, v, mask=mask, scale=scale, block_table=block_table,
-                                  cache_seqlens=cache_seqlens)
+            # its causal is bottom-right against each sequence's own cache_seqlens ("aligned to the bottom right
+            # corner of the attention matrix"): query i sees keys j <= cache_seqlens[b] - seq_q + i, i.e. CacheCausal
+            from flash_attn.flash_attn_interface import flash_attn_with_kvcache
+            if not isinstance(mask, CacheCausal):
+                raise Unsupported(f"flash_attn_with_kvcache has no form for mask {getattr(mask, 'id', mask)} over a "
+                                  "paged cache")
+            return flash_attn_with_kvcache(q, k, v, cache_seqlens=cache_seqlens, block_table=block_table,
+                                           softmax_scale=scale, causal=True)
         plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap,
                              alibi_slopes=alibi_slopes).call
         b, sq, h, d = q.shape
@@ -204,31 +188,14 @@ class FlashAttn2(Backend):
 
 @dataclass
 class Fa2Plan(Plan):
-    """fa2_plan's arguments of the call ({'mode': 'paged'} for a paged case: flash_attn_with_kvcache takes the block
-    table and lengths as they come)."""
+    """fa2_plan's (or fa2_mixed_plan's) arguments of the call; {'mode': 'paged'} for a paged case."""
 
     call: dict
 
 
-def fa2_paged_call(q, k_cache, v_cache, *, mask, scale, block_table, cache_seqlens):
-    """flash_attn_with_kvcache over the paged cache. Its causal is bottom-right against each sequence's own
-    cache_seqlens ("aligned to the bottom right corner of the attention matrix", seqlen_k = cache_seqlens[b]): query
-    i sees keys j <= cache_seqlens[b] - seq_q + i, which is CacheCausal; no other mask has that form."""
-    from flash_attn.flash_attn_interface import flash_attn_with_kvcache
-
-    if not isinstance(mask, CacheCausal):
-        raise Unsupported(f"flash_attn_with_kvcache has no form for mask {getattr(mask, 'id', mask)} over a paged "
-                          "cache")
-    return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
-                                   softmax_scale=scale, causal=True)
-
-
 def fa2_mixed_plan(case, device) -> dict:
-    """flash_attn_varlen_func's arguments of a mixed serving step over a paged cache: cu_seqlens_q from the query
-    lengths and cu_seqlens_k from the cache lengths (int32, (batch + 1,)), their maxima, and `rows` (int64 indices
-    of the padded q's (batch * seq_q) rows that carry a query, in request order)."""
-    from harness.spec.paged import cu_seqlens, mixed_step_queries
-
+    """flash_attn_varlen_func's arguments of a mixed serving step over a paged cache: cu_seqlens_q / cu_seqlens_k
+    (int32, (batch + 1,)) from the query and cache lengths, their maxima, and `rows` (query_rows, to pack q)."""
     queries, lengths = mixed_step_queries(case, device), case.mask.lengths
     return {"mode": "paged-varlen", "cu_q": queries["cu_seqlens_q"], "cu_k": cu_seqlens(lengths).to(device),
             "max_q": queries["max_seqlen_q"], "max_k": max(lengths), "rows": queries["rows"]}

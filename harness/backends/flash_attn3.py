@@ -1,11 +1,4 @@
-"""FlashAttention-3 (the hopper build: `flash_attn_interface`, CUDA extension flash_attn_3._C; sm90): contiguous cases
-through flash_attn_func (causal and windows bottom-right, softcap, GQA, head_dim_v, backward), paged KV through
-flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=, page_table=, causal=True), a mixed serving step with
-cu_seqlens_q / max_seqlen_q, and FP8 Q/K/V on both with q_descale/k_descale/v_descale (batch, num_heads_k) float32.
-Read against Dao-AILab/flash-attention hopper/flash_attn_interface.py (stored at commit 01afd16) and
-hopper/flash_api.cpp (stored at commit 000090d): "page_block_size can be arbitrary"; causal "aligned to the bottom
-right corner", windows [i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right]; FP8 in means bf16 out and
-head dims multiples of 16; the backward takes no head_dim_v != head_dim; no learnable sink at that commit."""
+"""FlashAttention-3 (the hopper build's `flash_attn_interface`, sm90): contiguous, paged, mixed and FP8 Q/K/V calls."""
 
 from __future__ import annotations
 
@@ -13,11 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Plan, Unsupported
+from harness.backends.base import (BackwardUnsupported, FlashFamily, MaskForm, Plan, Unsupported, cuda_import_problem,
+                                   refusal)
 from harness.backends.flash_attn import fa2_args
+from harness.backends.paged_gather import paged_call_args, run_packed
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
-from harness.spec.paged import mixed_step_queries
 
 #: architectures the hopper build compiles for, and what it takes there (head dims rounded up to 64/96/128/192/256)
 ARCHITECTURES = {9: {"name": "sm90", "max_head_dim": 256}}
@@ -32,9 +26,8 @@ BACKWARD_HEAD_DIM_V = "FlashAttention-3's backward takes no V head dim other tha
 
 
 def fa3_args(case: AttentionCase) -> dict:
-    """The mask's keywords of a contiguous case for flash_attn_func (causal, window_size), or Unsupported with the
-    reason: FA2's translation (fa2_args), as flash_attn_func's causal and window_size are FA2's (bottom-right, -1
-    unbounded); the varlen forms it gives for key padding and documents are not translated here."""
+    """The mask's keywords of a contiguous case for flash_attn_func (causal, window_size: FA2's, fa2_args), or
+    Unsupported with the reason (key padding and documents' varlen forms are not translated here)."""
     args = fa2_args(case.mask, case.seq_q, case.seq_k, "FlashAttention-3")
     if set(args) - {"causal", "window_size"}:
         raise Unsupported(f"FlashAttention-3 has no form for mask {case.mask.id} here (causal and windows only; key "
@@ -42,17 +35,10 @@ def fa3_args(case: AttentionCase) -> dict:
     return args
 
 
-def fa3_paged_args(case: AttentionCase, device) -> dict:
-    """flash_attn_with_kvcache's keywords of a paged case besides q, the caches and page_table: causal, and for a
-    mixed step cu_seqlens_q / max_seqlen_q with `rows` (the padded q's rows that carry a query, packed)."""
-    return {"causal": True, "rows": None, **(mixed_step_queries(case, device) if case.mask.mixed else {})}
-
-
 def fa3_descales(batch: int, kv_heads: int, q_scale: torch.Tensor, k_scale: torch.Tensor,
                  v_scale: torch.Tensor) -> dict:
     """q_descale / k_descale / v_descale as FA3 takes them, (batch, num_heads_k) float32 ("(b, h_k), not (b, h)",
-    flash_api.cpp), from the case's scales (1,) per tensor or (kv_heads,) per kv head (group): broadcast views, no
-    copy (the kernel reads them through their strides)."""
+    flash_api.cpp), from scales (1,) or (kv_heads,): broadcast views the kernel reads through their strides."""
     return {f"{n}_descale": s.float().view(1, -1).expand(batch, kv_heads)
             for n, s in (("q", q_scale), ("k", k_scale), ("v", v_scale))}
 
@@ -66,17 +52,11 @@ class Fa3Plan(Plan):
 
 
 @register
-class FlashAttn3(Backend):
+class FlashAttn3(FlashFamily):
     name = "flash-attn-3"
     colour, marker = "#393b79", "d"
-    layout = "bshd"
-    dtypes = (torch.float16, torch.bfloat16)
-    devices = ("cuda",)
-    max_head_dim = 256
     package = "flash-attn-3"
-    #: flash_attn_func's FlashAttnFunc.backward (the paged call "Does not support backward pass": paged cases are
-    #: forward-only here anyway)
-    supports_backward = True
+    supports_backward = True  # flash_attn_func's (the paged call has none; paged cases are forward-only anyway)
     modifiers = frozenset({"softcap"})
     modifier_refusals = {
         "sinks": "FlashAttention-3's hopper interface (commit 01afd16) has no learnable sink (FlashAttention-4 has "
@@ -87,20 +67,16 @@ class FlashAttn3(Backend):
     supports_head_dim_v = True
     paged_kv = True
     mixed_batch = True
-    #: FP8 Q, K and V together (q/k/v_descale); an FP8 cache with bf16 queries is refused (FP8_REFUSAL)
-    fp8_kv = True
+    fp8_kv = True  # FP8 Q, K and V together (q/k/v_descale); an FP8 cache with bf16 queries is refused
     fp8_q = True
 
     def unavailable_reason(self, device):
-        """FlashAttention-3 is the top-level `flash_attn_interface` of the hopper build, not FA2's or FA4's
-        `flash_attn` package."""
-        try:
-            import flash_attn_interface  # noqa: F401
-        except Exception as exc:
-            return (f"flash_attn_interface (FlashAttention-3, hopper/) not importable ({type(exc).__name__}: {exc}); "
-                    "it builds from flash-attention's hopper/ with CUDA on sm90")
-        if device.type != "cuda":
-            return f"flash-attn-3 needs CUDA; device is {device.type}"
+        """FlashAttention-3 is the hopper build's top-level `flash_attn_interface`, not a `flash_attn` package."""
+        problem = cuda_import_problem(self.name, device, "flash_attn_interface",
+                                      "flash_attn_interface (FlashAttention-3, hopper/)",
+                                      "it builds from flash-attention's hopper/ with CUDA on sm90")
+        if problem is not None:
+            return problem
         major, minor = torch.cuda.get_device_capability(device)
         if major not in ARCHITECTURES:
             return f"flash-attn-3 (hopper build) runs on sm90; device is sm{major}{minor}"
@@ -117,12 +93,7 @@ class FlashAttn3(Backend):
         d, dv = case.head_dim, case.head_dim_v
         if dv != d and not ((128 < d <= 192 and 96 < dv <= 128) or (d <= 64 and dv <= 512)):
             reasons.append(f"{HEAD_DIM_V_REFUSAL}; got ({d}, {dv})")
-        if case.page_size is None:
-            try:
-                fa3_args(case)
-            except Unsupported as exc:
-                reasons.append(str(exc))
-        return reasons
+        return reasons + (refusal(fa3_args, case) if case.page_size is None else [])
 
     def mask_form(self, case, device):
         if case.page_size is not None:
@@ -138,13 +109,12 @@ class FlashAttn3(Backend):
         fp8 = " FP8 Q/K/V with q/k/v_descale" if case.fp8_q else ""
         if case.page_size is not None:
             return Fa3Plan(op=f"{self.name} (flash_attn_with_kvcache, page_table{',' if fp8 else ''}{fp8})",
-                           kwargs=fa3_paged_args(case, device), paged=True)
+                           kwargs=paged_call_args(case, device), paged=True)
         return Fa3Plan(op=f"{self.name} (flash_attn_func{',' if fp8 else ''}{fp8})", kwargs=fa3_args(case))
 
     def forward(self, q, k, v, *, mask, scale, prepared: Fa3Plan | None = None, softcap=None, block_table=None,
                 cache_seqlens=None, k_scale=None, v_scale=None, q_scale=None):
         from flash_attn_interface import flash_attn_func, flash_attn_with_kvcache
-
         plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap, block_table=block_table)
         kwargs = dict(plan.kwargs, softcap=0.0 if softcap is None else float(softcap))
         if q_scale is not None:  # FP8: the descales per (sequence, kv head), views of the case's scales
@@ -154,15 +124,10 @@ class FlashAttn3(Backend):
                 raise BackwardUnsupported(BACKWARD_HEAD_DIM_V)
             out = flash_attn_func(q, k, v, softmax_scale=scale, **kwargs)
             return out[0] if isinstance(out, tuple) else out
-        rows = kwargs.pop("rows")
-        if rows is None:
-            return flash_attn_with_kvcache(q, k, v, cache_seqlens=cache_seqlens, page_table=block_table,
+        rows = kwargs.pop("rows")  # a mixed step: q packed by cu_seqlens_q
+
+        def call(x):
+            return flash_attn_with_kvcache(x, k, v, cache_seqlens=cache_seqlens, page_table=block_table,
                                            softmax_scale=scale, **kwargs)
-        b, sq, h, d = q.shape  # a mixed step: q packed by cu_seqlens_q, the output scattered back
-        flat = q.reshape(b * sq, h, d)
-        # FP8 q gathered as bytes: a gather is dtype-agnostic, whatever float8 kernels this torch dispatches
-        packed = (flat.view(torch.uint8).index_select(0, rows).view(q.dtype) if q.element_size() == 1
-                  else flat.index_select(0, rows))
-        out = flash_attn_with_kvcache(packed, k, v, cache_seqlens=cache_seqlens, page_table=block_table,
-                                      softmax_scale=scale, **kwargs)
-        return out.new_zeros(b * sq, h, v.shape[-1]).index_copy_(0, rows, out).reshape(b, sq, h, v.shape[-1])
+
+        return call(q) if rows is None else run_packed(q, rows, call)

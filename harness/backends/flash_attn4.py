@@ -1,10 +1,4 @@
-"""FlashAttention-4 (flash-attn-4, CuTe DSL; sm90 and sm100): flash_attn.cute.interface.flash_attn_func and
-flash_attn_varlen_func, bshd. Read against flash-attn-4 4.0.0b36 (flash_attn/cute/interface.py, mask.py): causal is
-bottom-right (mask.py: col_limit_right = row + 1 + seqlen_k - seqlen_q); paged KV through page_table (batch,
-max_pages) int32 with seqused_k, K/V (num_pages, page_size, kv_heads, head_dim), any page size (page_size != tile_n
-takes the non-TMA path); q varlen through cu_seqlens_q; softcap=, learnable_sink=, head_dim_v; ALiBi and the bias
-tensor as a score_mod reading aux_tensors (fa4_score_mods). Its public functions take no q/k/v_descale in this
-version (only the private _flash_attn_fwd does), so FP8 is refused."""
+"""FlashAttention-4 (flash-attn-4, CuTe DSL; sm90/sm100): flash_attn.cute.interface's two calls, bshd, paged too."""
 
 from __future__ import annotations
 
@@ -13,21 +7,20 @@ from functools import lru_cache
 
 import torch
 
-from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Plan, Unsupported
+from harness.backends.base import (BackwardUnsupported, FlashFamily, MaskForm, Plan, Unsupported, cuda_import_problem,
+                                   refusal)
+from harness.backends.paged_gather import paged_call_args, run_packed
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, SlidingWindow
-from harness.spec.paged import mixed_step_queries
 
 
 def _sm100_fits(d: int, dv: int) -> bool:
     return d % 8 == 0 and dv % 8 == 0 and ((8 <= d <= 128 and 8 <= dv <= 128) or (d, dv) in ((192, 128), (256, 256)))
 
 
-#: what the kernels take per architecture (interface.py _validate_head_dims; the sm80/sm120 paths assert no paged
-#: KV): head dims (q/k, v) allowed, as a predicate's description and the predicate; `plain_backward_dims`: the head
-#: dims whose backward takes no modifier (sm100/sm110 (256, 256) runs the dedicated hd256 backward, which asserts no
-#: score_mod and no learnable_sink - sm100_hd256_2cta_fmha_backward.py - and softcap == 0 - interface.py)
+#: head dims (q/k, v) each architecture takes (interface.py _validate_head_dims), described and as a predicate;
+#: `plain_backward_dims`: those whose backward (the dedicated hd256 kernel) takes no modifier
 ARCHITECTURES = {
     9: {"name": "sm90", "head_dims": "8..256 (q/k and v), multiples of 8",
         "fits": lambda d, dv: 8 <= d <= 256 and 8 <= dv <= 256 and d % 8 == 0 and dv % 8 == 0,
@@ -39,23 +32,12 @@ ARCHITECTURES = {
 }
 FP8_REFUSAL = ("flash-attn-4 4.0.0b36's flash_attn_func / flash_attn_varlen_func take no q_descale / k_descale / "
                "v_descale (only its private _flash_attn_fwd does)")
-#: why a bias case has no backward here
 BIAS_BACKWARD_REFUSAL = ("flash-attn-4 4.0.0b36 gives aux_tensors no gradient (FlashAttnFunc.backward returns None for "
                          "them), so the bias input would get no dbias")
 
 
-# --- ALiBi and the bias as a score_mod (flash-attn-4 4.0.0b36, flash_attn/cute/softmax.py) ---
-# apply_score_mod_inner multiplies the raw q.k by softmax_scale first, then calls
-#   score_mod(score, batch_idx, head_idx, q_idx=, kv_idx=, seqlen_info=, aux_tensors=)
-# (call_score_mod) on TensorSSA vectors; q_idx / kv_idx are the positions within the sequence (floored by the GQA
-# pack factor, wrapped modulo the sequence lengths when aux_tensors are given so loads stay in bounds) and
-# seqlen_info carries seqlen_q / seqlen_k. The mask is applied afterwards. So a score_mod sees the harness's scaled
-# score s: the ALiBi slope is used as it is, not divided by the scale. With aux_tensors the vector width is 1
-# (flash_fwd.py, flash_fwd_sm100.py: __vec_size__ defaults to 1 with aux tensors; the backward kernels use 1 with
-# any score_mod), so an SSA index is one element. softcap= and score_mod cannot be given together (interface.py
-# asserts), so a capped ALiBi/bias case folds the cap into the score_mod, in the spec's order (cap, ALiBi, bias).
-
-
+# ALiBi and the bias as a score_mod: it sees the scaled score, one element at a time with aux_tensors, and replaces
+# softcap= (FA4 asserts not both), so the cap is folded in (docs/design/backends.md, flash_attn4.py).
 def modified_scores(score, batch_idx, head_idx, q_idx, kv_idx, offset, aux_tensors, *, ops, softcap: float | None,
                     alibi: bool, bias: str | None):
     """The spec's modifiers (harness.spec.modifiers) on the scaled score s, with the DSL's operations `ops`:
@@ -82,16 +64,14 @@ def score_grad(grad, score, *, ops, softcap: float | None):
 
 
 class CuteOps:
-    """The operations modified_scores needs, in the CUTLASS DSL (as FA4's own score_mods in tests/cute/
-    score_mod_definitions.py write them): |int| by math.absi then to Float32, one element of an aux tensor through
-    Int32 register fragments, tanh with fastmath (utils.create_softcap_scoremod)."""
+    """The operations modified_scores needs, in the CUTLASS DSL, as FA4's own score_mods write them (tests/cute/
+    score_mod_definitions.py, utils.create_softcap_scoremod)."""
 
     def __init__(self):
         import cutlass
         import cutlass.cute as cute
         from cutlass._mlir.dialects import math as mlir_math
         from flash_attn.cute.utils import scalar_to_ssa
-
         self.cutlass, self.cute, self.mlir_math, self.scalar_to_ssa = cutlass, cute, mlir_math, scalar_to_ssa
 
     def __repr__(self) -> str:  # FA4 keys its compile cache on repr() of a score_mod's closure cells
@@ -121,17 +101,11 @@ class CuteOps:
         return value.load().to(self.cutlass.Float32)
 
 
-def cute_dsl():
-    """(ops, jit) of the CUTLASS DSL: CuteOps() and cute.jit (imported here: only a CUDA machine with
-    nvidia-cutlass-dsl has them)."""
-    import cutlass.cute as cute
-
-    return _cute_ops(), cute.jit
-
-
 @lru_cache(maxsize=1)
-def _cute_ops() -> CuteOps:
-    return CuteOps()
+def cute_dsl():
+    """(CuteOps(), cute.jit), imported here: only a CUDA machine with nvidia-cutlass-dsl has them."""
+    import cutlass.cute as cute
+    return CuteOps(), cute.jit
 
 
 def fa4_score_mods(softcap: float | None, alibi: bool, bias: str | None):
@@ -169,17 +143,14 @@ def fa4_args(case: AttentionCase) -> dict:
 
 
 def fa4_paged_args(case: AttentionCase, device) -> dict:
-    """flash_attn_varlen_func's arguments of a paged case besides q, K/V, page_table: seqused_k (the cache lengths),
-    and for a mixed step cu_seqlens_q / max_seqlen_q with `rows` (the padded q's rows that carry a query)."""
-    lengths = torch.tensor(case.mask.lengths, dtype=torch.int32, device=device)
-    return {"seqused_k": lengths, "causal": True, "rows": None,
-            **(mixed_step_queries(case, device) if case.mask.mixed else {})}
+    """flash_attn_varlen_func's paged keywords: seqused_k (the cache lengths) and paged_call_args'."""
+    return {"seqused_k": torch.tensor(case.mask.lengths, dtype=torch.int32, device=device),
+            **paged_call_args(case, device)}
 
 
 @dataclass
 class Fa4Plan(Plan):
-    """The call's keywords on the device; `paged`: flash_attn_varlen_func with a page_table; `score_mod`: ALiBi /
-    the bias (and the cap, folded in) as a score_mod whose aux_tensors arrive with the call."""
+    """The call's keywords on the device; `paged`: with a page_table; `score_mod`: ALiBi / the bias as a score_mod."""
 
     kwargs: dict
     paged: bool = False
@@ -189,13 +160,9 @@ class Fa4Plan(Plan):
 
 
 @register
-class FlashAttn4(Backend):
+class FlashAttn4(FlashFamily):
     name = "flash-attn-4"
     colour, marker = "#637939", "<"
-    layout = "bshd"
-    dtypes = (torch.float16, torch.bfloat16)
-    devices = ("cuda",)
-    max_head_dim = 256
     package = "flash-attn-4"
     supports_backward = True
     #: softcap= and learnable_sink= natively; ALiBi and the bias through a score_mod (fa4_score_mods)
@@ -207,15 +174,11 @@ class FlashAttn4(Backend):
     mixed_batch = True
 
     def unavailable_reason(self, device):
-        """FlashAttention-4 is flash_attn.cute.interface (the `flash_attn` namespace flash-attn-4 installs); FA2's
-        flash_attn.flash_attn_interface does not make it available, nor the reverse."""
-        try:
-            import flash_attn.cute.interface  # noqa: F401
-        except Exception as exc:
-            return (f"flash_attn.cute.interface not importable ({type(exc).__name__}: {exc}); pip install "
-                    "flash-attn-4 (needs nvidia-cutlass-dsl)")
-        if device.type != "cuda":
-            return f"flash-attn-4 needs CUDA; device is {device.type}"
+        """FlashAttention-4 is flash_attn.cute.interface (flash-attn-4's namespace), not FA2's flash_attn_interface."""
+        problem = cuda_import_problem(self.name, device, "flash_attn.cute.interface", "flash_attn.cute.interface",
+                                      "pip install flash-attn-4 (needs nvidia-cutlass-dsl)")
+        if problem is not None:
+            return problem
         major, minor = torch.cuda.get_device_capability(device)
         if major not in ARCHITECTURES:
             return (f"flash-attn-4 here is read for {', '.join(a['name'] for a in ARCHITECTURES.values())}; device is "
@@ -226,12 +189,7 @@ class FlashAttn4(Backend):
         reasons = super().not_supported_reasons(case)
         if case.fp8_kv is not None:
             reasons.append(FP8_REFUSAL)
-        if case.page_size is None:
-            try:
-                fa4_args(case)
-            except Unsupported as exc:
-                reasons.append(str(exc))
-        return reasons
+        return reasons + (refusal(fa4_args, case) if case.page_size is None else [])
 
     def arch_reasons(self, case: AttentionCase, major: int) -> list[str]:
         """What architecture `major` (9, 10, 11) cannot take of `case`, from ARCHITECTURES."""
@@ -251,20 +209,16 @@ class FlashAttn4(Backend):
 
     def can_run(self, case, device, *, backward=False, dropout=False):
         reasons = super().can_run(case, device, backward=backward, dropout=dropout)
-        if device.type == "cuda" and torch.cuda.is_available():
-            major = torch.cuda.get_device_capability(device)[0]
-            reasons += self.arch_reasons(case, major) if major in ARCHITECTURES else []
+        major = _cuda_major(device)
+        reasons += self.arch_reasons(case, major) if major in ARCHITECTURES else []
         return reasons + (self.case_backward_reasons(case, device) if backward else [])
 
     def case_backward_reasons(self, case: AttentionCase, device: torch.device) -> list[str]:
-        """Why `case`'s backward cannot run here although its forward can: a modifier FA4 gives no gradient for
-        (backward_refusals), the architecture's plain-only backward (arch_backward_reasons)."""
+        """Why `case`'s backward cannot run here although its forward can (backward_refusals, arch_backward_reasons)."""
         reasons = [f"{self.name} has no {m} backward: {why}" for m, why in self.backward_refusals.items()
                    if m in case.modifiers]
-        if device.type == "cuda" and torch.cuda.is_available():
-            major = torch.cuda.get_device_capability(device)[0]
-            reasons += self.arch_backward_reasons(case, major) if major in ARCHITECTURES else []
-        return reasons
+        major = _cuda_major(device)
+        return reasons + (self.arch_backward_reasons(case, major) if major in ARCHITECTURES else [])
 
     def modifier_path(self, case):
         native = [f"native {'learnable_sink' if m == 'sinks' else m}=" for m in ("softcap", "sinks")
@@ -279,8 +233,7 @@ class FlashAttn4(Backend):
         return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in fa4_args(case).items()))
 
     def prepare(self, case, device, block_table=None) -> Fa4Plan:
-        """The call's keywords on the device, once (the block table and the modifiers' tensors arrive with each
-        call); with ALiBi or a bias, the score_mod pair built here, outside any timing."""
+        """The call's keywords on the device, once; with ALiBi or a bias, the score_mod pair built here."""
         if case.page_size is not None:
             return Fa4Plan(op=f"{self.name} (varlen, page_table)", kwargs=fa4_paged_args(case, device), paged=True)
         kwargs, refused = fa4_args(case), "; ".join(self.case_backward_reasons(case, torch.device(device)))
@@ -294,7 +247,6 @@ class FlashAttn4(Backend):
     def forward(self, q, k, v, *, mask, scale, prepared: Fa4Plan | None = None, softcap=None, sinks=None,
                 alibi_slopes=None, bias=None, block_table=None, cache_seqlens=None):
         from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
-
         plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap, sinks=sinks,
                              alibi_slopes=alibi_slopes, bias=bias, block_table=block_table)
         grads = [t for t in (q, k, v, sinks, bias) if t is not None and t.requires_grad]
@@ -310,13 +262,16 @@ class FlashAttn4(Backend):
         if not plan.paged:
             out = flash_attn_func(q, k, v, softmax_scale=scale, **plan.kwargs, **modifiers)
             return out[0] if isinstance(out, tuple) else out
-        kwargs, rows = dict(plan.kwargs), plan.kwargs["rows"]
-        del kwargs["rows"]
-        b, sq, h, d = q.shape
-        if rows is None:  # every sequence seq_q queries: q as a batch
-            out = flash_attn_varlen_func(q, k, v, page_table=block_table, softmax_scale=scale, **kwargs, **modifiers)
+        kwargs = dict(plan.kwargs)
+        rows = kwargs.pop("rows")  # None: every sequence seq_q queries, q as a batch; else q packed by cu_seqlens_q
+
+        def call(x):
+            out = flash_attn_varlen_func(x, k, v, page_table=block_table, softmax_scale=scale, **kwargs, **modifiers)
             return out[0] if isinstance(out, tuple) else out
-        packed = q.reshape(b * sq, h, d).index_select(0, rows)        # a mixed step: q packed by cu_seqlens_q
-        out = flash_attn_varlen_func(packed, k, v, page_table=block_table, softmax_scale=scale, **kwargs, **modifiers)
-        out = out[0] if isinstance(out, tuple) else out
-        return q.new_zeros(b * sq, h, d).index_copy_(0, rows, out).reshape(b, sq, h, d)
+
+        return call(q) if rows is None else run_packed(q, rows, call)
+
+
+def _cuda_major(device: torch.device) -> int | None:
+    """The compute capability's major of a CUDA `device`, None off CUDA."""
+    return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" and torch.cuda.is_available() else None

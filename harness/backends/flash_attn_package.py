@@ -1,5 +1,4 @@
-"""What the importable `flash_attn` name is here - FlashAttention-2, flash-attn-4's namespace, or nothing - found
-without importing it (importing FA2 loads its CUDA extension; xformers imports it whenever the name exists)."""
+"""Whether the importable `flash_attn` is FlashAttention-2, found without importing it (that loads CUDA code)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ FA4_NAMESPACE = "flash_attn is flash-attn-4's namespace, not FlashAttention-2"
 
 
 def fa2_problem() -> str | None:
-    """Why `flash_attn` is not FlashAttention-2 here, or None when its interface module (flash_attn_interface.py,
-    which imports the flash_attn_2_cuda extension) is there to import."""
+    """Why `flash_attn` is not FlashAttention-2 here, or None when its flash_attn_interface.py is there to import."""
     try:
         spec = importlib.util.find_spec("flash_attn")
     except (ImportError, ValueError) as exc:  # a broken parent or a module without a spec in sys.modules
@@ -29,8 +27,7 @@ def fa2_problem() -> str | None:
 
 
 def flash_attn_is_foreign() -> bool:
-    """True when a `flash_attn` exists but is not FlashAttention-2 (xformers' flash.py would then fail importing
-    flash_attn.flash_attn_interface)."""
+    """True when a `flash_attn` exists but is not FlashAttention-2 (xformers' flash.py would fail importing it)."""
     problem = fa2_problem()
     return problem is not None and problem != NOT_INSTALLED
 

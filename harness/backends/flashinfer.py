@@ -1,6 +1,4 @@
-"""FlashInfer (flashinfer-python): ragged prefill and paged decode / verification through its batch wrappers, NHD
-layout; `plan()` in prepare, `run()` the timed call. Read against flashinfer-python 0.6.1 (decode.py, prefill.py,
-data/include/flashinfer/attention/prefill.cuh and variants.cuh for the mask rules)."""
+"""FlashInfer's batch wrappers (ragged prefill, paged decode / verification), NHD: plan() in prepare, run() timed."""
 
 from __future__ import annotations
 
@@ -10,11 +8,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.backends.base import Backend, MaskForm, Plan, Unsupported
+from harness.backends.base import FlashFamily, MaskForm, Plan, Unsupported, refusal
 from harness.backends.flash_attn import fa2_plan
+from harness.backends.paged_gather import run_packed
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
+from harness.spec.fp8 import kv_scales
 from harness.spec.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
+from harness.spec.paged import paged_layout, query_rows
 
 #: bytes of the float workspace every wrapper takes (FlashInfer's examples and tests use 128 MiB)
 WORKSPACE_BYTES = 128 * 2 ** 20
@@ -22,7 +23,6 @@ WORKSPACE_BYTES = 128 * 2 ** 20
 
 def flashinfer_mask(mask: MaskSpec | None, seq_q: int, seq_k: int) -> dict:
     """Mask spec -> {causal, window_left} of a ragged prefill request (+ 'key_lengths' for key padding).
-
     FlashInfer's causal is bottom-right within each request (prefill.cuh: masked when kv_idx + qo_len > kv_len +
     q_idx) and its window is left of that diagonal (variants.cuh: kept when kv_idx + qo_len + window_left >= kv_len +
     qo_idx); so top-left causal matches only when seq_q == seq_k, and a window must end on the diagonal."""
@@ -43,9 +43,8 @@ def flashinfer_mask(mask: MaskSpec | None, seq_q: int, seq_k: int) -> dict:
 def paged_plan_args(block_table: torch.Tensor, lengths: torch.Tensor, page_size: int, seq_q: int,
                     q_lens: tuple[int, ...] | None = None) -> dict:
     """The paged-KV plan() arguments of FlashInfer's CSR page format, int32 on the CPU: request b owns pages
-    kv_indices[kv_indptr[b]:kv_indptr[b+1]] (the first ceil(length_b / page_size) entries of its block-table row)
-    and its last page holds kv_last_page_len[b] keys (1..page_size); qo_indptr packs seq_q queries a request, or
-    q_lens[b] for request b of a mixed serving step."""
+    kv_indices[kv_indptr[b]:kv_indptr[b+1]] (its block-table row's first ceil(length_b / page_size)), its last holding
+    kv_last_page_len[b] keys (1..page_size); qo_indptr packs seq_q queries a request (q_lens[b] in a mixed step)."""
     lengths = lengths.to("cpu", torch.int64)
     pages = (lengths + page_size - 1) // page_size
     owned = torch.arange(block_table.shape[1]).view(1, -1) < pages.view(-1, 1)
@@ -59,8 +58,7 @@ def paged_plan_args(block_table: torch.Tensor, lengths: torch.Tensor, page_size:
 
 def ragged_plan_args(case: AttentionCase) -> dict:
     """qo_indptr / kv_indptr (int32) of a contiguous case's requests, and `keep` (int64 indices of the kept keys in
-    the flattened (batch * seq_k) keys, or None): a request per batch element, per document for Documents, keys cut
-    to each length for key padding - FA2's varlen cu_seqlens exactly (flash_attn.fa2_plan builds them)."""
+    the flattened (batch * seq_k) keys, or None): FA2's varlen cu_seqlens exactly (flash_attn.fa2_plan)."""
     varlen = fa2_plan(case, "cpu")
     if varlen["mode"] == "varlen":
         return {"qo_indptr": varlen["cu_q"], "kv_indptr": varlen["cu_k"], "keep": varlen["keep"]}
@@ -71,8 +69,7 @@ def ragged_plan_args(case: AttentionCase) -> dict:
 
 @dataclass
 class FlashInferPlan(Plan):
-    """What plan() was given, on the CPU (kind: decode, paged-prefill or ragged), and the planned wrapper; `op` is
-    'flashinfer:<kind>'."""
+    """What plan() was given, on the CPU (kind: decode, paged-prefill or ragged), and the planned wrapper."""
 
     kind: str
     args: dict
@@ -82,15 +79,13 @@ class FlashInferPlan(Plan):
     keep: torch.Tensor | None = field(default=None, repr=False)
     #: a mixed serving step: the padded q's rows (batch * seq_q) that carry a query, int64, packed in request order
     rows: torch.Tensor | None = field(default=None, repr=False)
-    #: an FP8 cache's (k_scale, v_scale) as floats, read once here: run() folds k_scale into sm_scale and multiplies
-    #: the output by v_scale (prefill.py / decode.py run(), flashinfer-python 0.6.1)
+    #: an FP8 cache's (k_scale, v_scale) as floats, read once here, for run() (flashinfer-python 0.6.1)
     kv_scales: tuple[float, float] | None = None
 
 
 def flashinfer_plan(case: AttentionCase, block_table: torch.Tensor | None = None) -> FlashInferPlan:
-    """The wrapper and plan() arguments of `case` (no FlashInfer import: testable on the CPU). A paged case is a
-    decode (one query: BatchDecodeWithPagedKVCacheWrapper, which attends the whole cache) or a verification
-    (BatchPrefillWithPagedKVCacheWrapper with causal=True: bottom-right per request, i.e. CacheCausal)."""
+    """The wrapper and plan() arguments of `case` (no FlashInfer import); a paged case is a decode (one query, the
+    whole cache) or a verification (the paged prefill wrapper with causal=True: bottom-right, i.e. CacheCausal)."""
     scales = None
     if case.fp8_kv is not None:
         if case.fp8_kv != "tensor":
@@ -99,21 +94,13 @@ def flashinfer_plan(case: AttentionCase, block_table: torch.Tensor | None = None
         if case.page_size is None:
             raise Unsupported("FlashInfer's FP8 KV path here is its paged wrappers'; a contiguous FP8 case is not "
                               "translated")
-        from harness.spec.fp8 import kv_scales
-
         scales = tuple(float(s) for s in kv_scales(case.kv_heads, case.fp8_kv))
     if case.page_size is not None:
-        from harness.spec.paged import paged_layout
-
         table = paged_layout(case).block_table if block_table is None else block_table
         mixed = case.mask.q_lens if case.mask.mixed else None
         args = paged_plan_args(table, case.mask.lengths_tensor(), case.page_size, case.seq_q, mixed)
         kind = "decode" if case.seq_q == 1 else "paged-prefill"
-        rows = None
-        if mixed is not None:  # the padded q's rows that hold queries: request b's first q_lens[b] of its seq_q
-            from harness.spec.paged import query_rows
-
-            rows = query_rows(case)
+        rows = None if mixed is None else query_rows(case)  # the padded q's rows that hold queries
         return FlashInferPlan(kind, args, causal=case.seq_q > 1, op=f"flashinfer:{kind}" + (
             " (q packed by qo_indptr and scattered back inside the timed call)" if mixed else ""), rows=rows,
             kv_scales=scales)
@@ -127,11 +114,9 @@ def flashinfer_plan(case: AttentionCase, block_table: torch.Tensor | None = None
 
 
 def jit_problem() -> str | None:
-    """Why FlashInfer cannot build its kernels here: it JIT-compiles each one with nvcc at first use unless the
-    flashinfer-jit-cache package holds it prebuilt (flashinfer/jit/env.py has_flashinfer_jit_cache; jit/cpp_ext.py
-    get_cuda_path: CUDA_HOME, CUDA_PATH, `which nvcc`, /usr/local/cuda)."""
+    """Why FlashInfer cannot build its kernels here: no nvcc where jit/cpp_ext.py get_cuda_path looks, and no
+    prebuilt flashinfer-jit-cache (flashinfer/jit/env.py)."""
     import importlib.util
-
     if importlib.util.find_spec("flashinfer_jit_cache") is not None:
         return None
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
@@ -144,22 +129,15 @@ def jit_problem() -> str | None:
 
 
 @register
-class FlashInfer(Backend):
+class FlashInfer(FlashFamily):
     name = "flashinfer"
     colour, marker = "#bcbd22", "h"
-    layout = "bshd"
-    dtypes = (torch.float16, torch.bfloat16)
-    devices = ("cuda",)
-    max_head_dim = 256
     package = "flashinfer-python"
     version_name = "flashinfer"
     supports_backward = False  # FlashInfer is an inference library: its wrappers have no backward
-    #: paged natively: the block table's pages in FlashInfer's CSR form (kv_indptr, kv_indices, kv_last_page_len)
-    paged_kv = True
-    #: a mixed serving step: the paged prefill wrapper with qo_indptr from the per-sequence query lengths
-    mixed_batch = True
-    #: FP8 paged caches with per-tensor scales (kv_data_type float8_e4m3fn, run(k_scale=, v_scale=))
-    fp8_kv = True
+    paged_kv = True  # the block table's pages in FlashInfer's CSR form
+    mixed_batch = True  # the paged prefill wrapper with qo_indptr from the per-sequence query lengths
+    fp8_kv = True  # paged caches with per-tensor scales (kv_data_type float8_e4m3fn, run(k_scale=, v_scale=))
 
     def unavailable_reason(self, device):
         try:
@@ -171,22 +149,15 @@ class FlashInfer(Backend):
         return jit_problem()
 
     def not_supported_reasons(self, case):
-        reasons = super().not_supported_reasons(case)
-        try:
-            flashinfer_plan(case)
-        except Unsupported as exc:
-            reasons.append(str(exc))
-        return reasons
+        return super().not_supported_reasons(case) + refusal(flashinfer_plan, case)
 
     def mask_form(self, case, device):
         plan = flashinfer_plan(case)
         return MaskForm("native", 0, f"{plan.kind}: causal={plan.causal}, window_left={plan.window_left}")
 
     def prepare(self, case: AttentionCase, device: torch.device, block_table: torch.Tensor | None = None):
-        """The wrapper, planned once on the device: plan() copies the indptr arrays and schedules the work, so
-        run() - the timed call - does neither."""
+        """The wrapper, planned once on the device: plan() copies the indptr arrays and schedules the work."""
         import flashinfer
-
         plan = flashinfer_plan(case, block_table)
         plan.rows = None if plan.rows is None else plan.rows.to(device)
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
@@ -217,9 +188,8 @@ class FlashInfer(Backend):
         fp8 = {} if prepared.kv_scales is None else dict(zip(("k_scale", "v_scale"), prepared.kv_scales))
         if prepared.kind == "decode":  # q (batch, heads, head_dim); the caches as they are (NHD pages)
             return prepared.wrapper.run(q.reshape(b, h, d), (k, v), **fp8).reshape(b, 1, h, d)
-        if prepared.rows is not None:  # a mixed step: q packed by qo_indptr, the runs scattered back, padding 0
-            packed = prepared.wrapper.run(q.reshape(b * sq, h, d).index_select(0, prepared.rows), (k, v), **fp8)
-            return q.new_zeros(b * sq, h, d).index_copy_(0, prepared.rows, packed).reshape(b, sq, h, d)
+        if prepared.rows is not None:  # a mixed step: q packed by qo_indptr
+            return run_packed(q, prepared.rows, lambda packed: prepared.wrapper.run(packed, (k, v), **fp8))
         if prepared.kind == "paged-prefill":
             return prepared.wrapper.run(q.reshape(b * sq, h, d), (k, v), **fp8).reshape(b, sq, h, d)
         k_flat, v_flat = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])  # (batch * seq_k, kv_heads, D)

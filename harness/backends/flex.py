@@ -1,5 +1,4 @@
-"""FlexAttention, compiled once per (shape, mask); the mask spec's own predicate is its mask_mod, the modifiers'
-spec formulas its score_mod, and sinks a correction from the returned log-sum-exp."""
+"""FlexAttention, compiled per (shape, mask): the spec's predicate as mask_mod, its formulas as score_mod, sinks."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from harness.backends.fp8_dequant import dequant_note, dequantized_inputs
 from harness.backends.registry import register
 from harness.spec.masks import MaskSpec
 from harness.spec.modifiers import alibi_term, softcap_scores
+from harness.spec.paged import paged_layout
 
 
 def flex_mask_mod(mask: MaskSpec, seq_q: int, seq_k: int, device="cpu"):
@@ -28,10 +28,8 @@ def flex_mask_mod(mask: MaskSpec, seq_q: int, seq_k: int, device="cpu"):
 
 def flex_score_mod(seq_q: int, seq_k: int, *, softcap: float | None = None, alibi_slopes: torch.Tensor | None = None,
                    bias: torch.Tensor | None = None, batch: int = 1):
-    """The modifiers -> flex score_mod(score, b, h, q_idx, kv_idx), in the spec's order (cap, ALiBi, bias) and with
-    the spec's own elementwise formulas; flex applies the BlockMask after it, as the spec applies the mask last.
-    bias (B|1, H, Sq, Sk) is indexed by b through an expanded view (a "head" bias is the same for every b).
-    None when there is no modifier to apply."""
+    """The modifiers -> flex score_mod(score, b, h, q_idx, kv_idx) with the spec's formulas in its order (cap, ALiBi,
+    bias; flex applies the BlockMask after it), or None without any; bias (B|1, H, Sq, Sk) via an expanded view."""
     if softcap is None and alibi_slopes is None and bias is None:
         return None
     full = None if bias is None else bias.expand(batch, *bias.shape[1:])
@@ -49,9 +47,8 @@ def flex_score_mod(seq_q: int, seq_k: int, *, softcap: float | None = None, alib
 
 
 def sink_corrected(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """Attention without the sink -> with it: out * sigmoid(lse - sigma_h), since the sink adds exp(sigma_h) to the
-    row's denominator exp(lse); differentiable in sinks (and lse). out (B, H, Sq, Dv); lse (B, H, Sq) natural log;
-    a row that sees no key (lse = -inf) stays 0."""
+    """Attention without the sink -> with it: out * sigmoid(lse - sigma_h) (the sink adds exp(sigma_h) to the row's
+    denominator exp(lse)), differentiable. out (B, H, Sq, Dv); lse (B, H, Sq) natural log; an empty row stays 0."""
     weight = torch.sigmoid(lse.float() - sinks.float().view(1, -1, 1))
     return (out.float() * weight.unsqueeze(-1)).to(out.dtype)
 
@@ -59,9 +56,8 @@ def sink_corrected(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) ->
 def paged_mask_mod(mask: MaskSpec, block_table: torch.Tensor, num_blocks: int, page_size: int, seq_q: int,
                    seq_k: int):
     """Mask spec + block table -> a mask_mod over the PHYSICAL cache (attention-gym's examples/paged_attention):
-    physical key kv_idx sits in page kv_idx // page_size at slot kv_idx % page_size; that page is logical page
-    `logical_page[b, page]` of sequence b (-1: not b's), so its logical position is that times page_size plus the
-    slot, and the spec's own predicate decides on the logical position."""
+    physical key kv_idx is at slot kv_idx % page_size of page kv_idx // page_size, logical page `logical_page[b,
+    page]` of sequence b (-1: not b's); the spec's own predicate decides on the logical position."""
     allows = mask.predicate(block_table.device)
     batch, max_blocks = block_table.shape
     logical_page = torch.full((batch, num_blocks), -1, dtype=torch.int64, device=block_table.device)
@@ -94,10 +90,8 @@ DYNAMIC = False
 def _compiled_flex():
     from torch._dynamo import config as dynamo_config
     from torch.nn.attention.flex_attention import flex_attention
-
-    # Past either limit dynamo runs the function eagerly, unfused and materializing scores, after one log line
-    # (torch 2.13: recompile_limit 8 per code object, accumulated_recompile_limit 256 over all of its graphs).
-    # Raise both, and make hitting one anyway an error instead of a silent fallback.
+    # Past either limit (torch 2.13: 8 per code object, 256 over all its graphs) dynamo silently runs the function
+    # eagerly, unfused and materializing scores: raise both, and make hitting one anyway an error.
     for attr in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
                  "accumulated_cache_size_limit"):
         if hasattr(dynamo_config, attr):
@@ -122,22 +116,17 @@ class Flex(Backend):
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
     native_probes = frozenset({"mask"})
     compiles_per_shape = True
-    #: FlexAttention has no backward on CPU
-    backward_devices = ("cuda",)
+    backward_devices = ("cuda",)  # FlexAttention has no backward on CPU
     #: softcap, ALiBi and bias as a score_mod; sinks from the log-sum-exp flex returns (return_aux)
     modifiers = frozenset({"softcap", "alibi", "bias", "sinks"})
     supports_head_dim_v = True
-    #: paged natively: a mask_mod over the physical cache (paged_mask_mod), no gather
-    paged_kv = True
-    #: a mixed serving step through the same mask_mod (padding rows see no key: flex gives them 0)
-    mixed_batch = True
-    #: an FP8 cache dequantized inside the timed call (flex has no FP8 K/V), then attended as any case
-    fp8_kv = True
+    paged_kv = True  # a mask_mod over the physical cache (paged_mask_mod), no gather
+    mixed_batch = True  # through the same mask_mod (padding rows see no key: flex gives them 0)
+    fp8_kv = True  # dequantized inside the timed call (flex has no FP8 K/V), then attended as any case
     fp8_q = True  # q likewise
 
     def __init__(self):
         self._block_masks: dict = {}
-        self._compiled: set = set()
         #: milliseconds spent in the first (compiling) call of each (shape, mask) key, for reporting
         self.compile_ms: dict = {}
         self._last_key = None
@@ -150,10 +139,8 @@ class Flex(Backend):
         return None
 
     def native_mask(self, q, k, v, *, mask, scale):
-        """Native probe (harness/probes/semantics.py): a dense (B|1, H|1, Sq, Sk) mask in flex's own forms - a bool
-        one as a mask_mod looking it up, an additive one as a score_mod adding it."""
+        """A dense mask in flex's own forms: a bool one as a mask_mod looking it up, an additive one as a score_mod."""
         from torch.nn.attention.flex_attention import create_block_mask
-
         b, h, sq, _ = q.shape
         dense = mask.expand(b, h, sq, k.shape[2]).contiguous()
         if dense.dtype == torch.bool:
@@ -178,18 +165,14 @@ class Flex(Backend):
                                                        device=str(device))
         return self._block_masks[key]
 
-    def compile_key(self, q, k, mask, v=None, modifiers: tuple = ()):
-        return (tuple(q.shape), tuple(k.shape), None if v is None else v.shape[-1], q.dtype, str(q.device), mask,
-                q.requires_grad, modifiers)
-
     def modifier_path(self, case):
         parts = [f"score_mod ({', '.join(m for m in ('softcap', 'alibi', 'bias') if m in case.modifiers)})"
                  if case.modifiers - {"sinks"} else "", "sinks: out * sigmoid(lse - sigma)" if case.sinks else ""]
         return " + ".join(p for p in parts if p)
 
     def prepare(self, case, device, block_table: torch.Tensor | None = None) -> FlexPlan:
-        """The BlockMask of the case's mask on the device (built once per (mask, shape, device)); None: no mask.
-        A paged case's is over the physical cache, from `block_table` (default: the case's, the one its call gets)."""
+        """The BlockMask of the case's mask on the device (built once per (mask, shape, device)); None: no mask. A
+        paged case's is over the physical cache, from `block_table` (default: the case's)."""
         fp8 = f" ({dequant_note(case)})" if case.fp8_kv else ""
         if case.page_size is not None:
             return FlexPlan(op=f"{self.name} (paged block mask over the physical cache){fp8}",
@@ -199,9 +182,6 @@ class Flex(Backend):
 
     def paged_block_mask(self, case, device, block_table: torch.Tensor | None = None):
         from torch.nn.attention.flex_attention import create_block_mask
-
-        from harness.spec.paged import paged_layout
-
         layout = paged_layout(case, device)
         table = layout.block_table if block_table is None else block_table
         key = ("paged", case.mask, case.page_size, tuple(table.shape), case.seq_q, str(device))
@@ -233,14 +213,13 @@ class Flex(Backend):
             from torch.nn.attention.flex_attention import flex_attention
             return self._sinks(flex_attention(q, k, v, block_mask=block_mask, scale=scale,
                                               enable_gqa=k.shape[1] != q.shape[1], **modifiers), sinks)
-        key = self.compile_key(q, k, mask, v, (softcap, alibi_slopes is not None, bias is not None and
-                                               tuple(bias.shape), sinks is not None))
-        first = key not in self._compiled
+        key = (tuple(q.shape), tuple(k.shape), v.shape[-1], q.dtype, str(q.device), mask, q.requires_grad,
+               (softcap, alibi_slopes is not None, bias is not None and tuple(bias.shape), sinks is not None))
+        first = key not in self.compile_ms
         start = time.perf_counter()
         out = _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1],
                                **modifiers)
         if first:
-            self._compiled.add(key)
             self.compile_ms[key] = (time.perf_counter() - start) * 1e3
         self._last_key = key
         return self._sinks(out, sinks)
@@ -248,10 +227,7 @@ class Flex(Backend):
     @staticmethod
     def _sinks(out, sinks):
         """With sinks, flex returned (out, aux): the sink's correction from aux.lse."""
-        if sinks is None:
-            return out
-        out, aux = out
-        return sink_corrected(out, aux.lse, sinks)
+        return out if sinks is None else sink_corrected(out[0], out[1].lse, sinks)
 
     def compile_time_ms(self):
         return self.compile_ms.get(self._last_key)

@@ -1,6 +1,4 @@
-"""FP8 KV caches (and FP8 queries) for a backend without an FP8 kernel: K and V - and q, with its per-group scale -
-dequantized inside the timed call (the cost such a backend pays), into the case's dtype, in whatever layout they
-arrive."""
+"""FP8 K/V (and q) dequantized inside the timed call, the cost a backend without an FP8 kernel pays."""
 
 from __future__ import annotations
 
@@ -8,18 +6,14 @@ import torch
 
 from harness.spec.fp8 import FP8_DTYPE, FP8_Q_DTYPE, dequantize, per_query_head
 
-#: what the rows of a dequantizing backend say ran
-DEQUANT_NOTE = "FP8 K/V dequantized inside the timed call"
-QKV_DEQUANT_NOTE = "FP8 Q/K/V dequantized inside the timed call"
 
-#: the head dim of q, K and V as a backend receives them: canonical (B, H, S, D), bshd (B, S, H, D), and a paged
-#: cache (num_blocks, page_size, Hkv, D)
+#: the heads' axis of q, K and V as a backend receives them: bhsd, bshd, a paged cache (num_blocks, page_size, Hkv, D)
 HEAD_AXIS = {"bhsd": 1, "bshd": 2, "paged": 2}
 
 
 def dequant_note(case) -> str:
     """What a dequantizing backend's row says it did for `case`: '' when nothing is FP8."""
-    return "" if case.fp8_kv is None else QKV_DEQUANT_NOTE if case.fp8_q else DEQUANT_NOTE
+    return "" if case.fp8_kv is None else f"FP8 {'Q/K/V' if case.fp8_q else 'K/V'} dequantized inside the timed call"
 
 
 def dequantized_kv(k: torch.Tensor, v: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,

@@ -38,8 +38,7 @@ class Naive(Backend):
     fp8_q = True  # and q
 
     def prepare(self, case, device) -> NaivePlan:
-        """The dense bool mask and the ALiBi term in the case's dtype on the device, built once: the call only
-        attends (a paged case's call gathers its pages first, inside the timed call)."""
+        """The dense bool mask and the ALiBi term in the case's dtype on the device, built once: the call attends."""
         alibi = (alibi_bias(alibi_slopes(case.heads).to(device), case.seq_q, case.seq_k).to(case.dtype)
                  if case.alibi else None)
         notes = [GATHER_NOTE if case.page_size is not None else "", dequant_note(case)]

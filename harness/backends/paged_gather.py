@@ -1,13 +1,14 @@
-"""Helpers of the backends' paged paths: the gather (for a backend without a paged kernel), and the case a direct
-paged call describes."""
+"""The backends' paged helpers: the gather, a mixed step's packed call, the case a direct paged call describes."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
 from harness.spec.case import AttentionCase
 from harness.spec.masks import CacheCausal, MaskSpec
-from harness.spec.paged import gather_kv
+from harness.spec.paged import gather_kv, mixed_step_queries
 
 #: what the rows of a gathering backend say ran: the gather is part of every timed call
 GATHER_NOTE = "gather through the block table inside the timed call"
@@ -29,3 +30,21 @@ def paged_case_of(q: torch.Tensor, k_cache: torch.Tensor, mask: MaskSpec, scale:
     b, h, sq, d = q.shape
     return AttentionCase(b, h, sq, d, q.dtype, kv_heads=k_cache.shape[2], seq_k=max(mask.lengths), mask=mask,
                          scale=scale, page_size=k_cache.shape[1])
+
+
+def paged_call_args(case: AttentionCase, device) -> dict:
+    """A paged kernel's keywords besides q, the caches and the page table: causal (bottom-right against each cache
+    length: CacheCausal), and for a mixed step cu_seqlens_q / max_seqlen_q with `rows` (to pack q: run_packed)."""
+    return {"causal": True, "rows": None, **(mixed_step_queries(case, device) if case.mask.mixed else {})}
+
+
+def run_packed(q: torch.Tensor, rows: torch.Tensor, call: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """A mixed serving step: `call` on the rows of q (batch, seq_q, heads, head_dim) that carry a query (`rows`, int64
+    into batch * seq_q), packed; its (tokens, heads, head_dim_v) output scattered back, padding rows 0."""
+    b, sq, h, d = q.shape
+    flat = q.reshape(b * sq, h, d)
+    # FP8 q gathered as bytes: a gather is dtype-agnostic, whatever float8 kernels this torch dispatches
+    packed = (flat.view(torch.uint8).index_select(0, rows).view(q.dtype) if q.element_size() == 1
+              else flat.index_select(0, rows))
+    out = call(packed)
+    return out.new_zeros(b * sq, h, out.shape[-1]).index_copy_(0, rows, out).reshape(b, sq, h, out.shape[-1])

@@ -17,19 +17,16 @@ BUILT_IN = tuple(f"harness.backends.{module}" for module in
                  ("naive", "sdpa", "flex", "xformers", "flash_attn", "flash_attn3", "flash_attn4", "flashinfer"))
 
 _REGISTRY: dict[str, Backend] = {}
-#: plugin modules loaded so far (absolute .py paths or dotted names), so worker processes can load them too
+#: plugin modules loaded so far (absolute .py paths or dotted names, in order), so worker processes can load them too
 _LOADED: list[str] = []
 
 
 def register(cls: type[Backend] | None = None, *, replace: bool = False):
     """Class decorator (`@register`, or `@register(replace=True)`): validate and add a backend to the registry.
 
-    A name already taken by another class is an error - a plugin would otherwise silently take the place of a
-    built-in (and replacing naive would move every tolerance) - unless the plugin says replace=True. The same
-    class registered again (its module imported twice) just replaces itself. The declaration (name, layout,
-    capability attributes, `forward`'s signature) is checked first: a bad one is a ValueError naming the backend,
-    its file and every problem (backends/declaration.py).
-    """
+    A bad declaration (backends/declaration.py) is a ValueError naming the backend, its file and every problem. A
+    name taken by another class is an error unless replace=True (a plugin would otherwise silently take a built-in's
+    place, and replacing naive would move every tolerance); the same class registered again just replaces itself."""
     if cls is None:
         return lambda c: register(c, replace=replace)
     if not isinstance(cls, type) or not issubclass(cls, Backend):
@@ -39,8 +36,9 @@ def register(cls: type[Backend] | None = None, *, replace: bool = False):
         label = repr(cls.name) if isinstance(cls.name, str) and cls.name else cls.__qualname__
         raise ValueError(f"backend {label} ({cls.__qualname__} in {where(cls)}): {'; '.join(problems)}")
     current = _REGISTRY.get(cls.name)
-    if current is not None and not replace and _identity(type(current)) != _identity(cls):
-        owner = type(current)
+    owner = type(current)
+    same_class = (owner.__module__, owner.__qualname__) == (cls.__module__, cls.__qualname__)
+    if current is not None and not replace and not same_class:
         what = ("a built-in backend" if owner.__module__.startswith("harness.backends.")
                 else f"{owner.__module__}.{owner.__qualname__}")
         raise ValueError(f"backend name {cls.name!r} is taken by {what}; give {cls.__qualname__} another name, or "
@@ -49,24 +47,15 @@ def register(cls: type[Backend] | None = None, *, replace: bool = False):
     return cls
 
 
-def _identity(cls: type) -> tuple[str, str]:
-    return cls.__module__, cls.__qualname__
-
-
 def _remember(spec: str) -> None:
     if spec not in _LOADED:
         _LOADED.append(spec)
 
 
-def _load_builtins() -> None:
+def all_backends() -> dict[str, Backend]:
+    """Every registered backend by name: the built-ins in BUILT_IN's order (naive first), then plugins as registered."""
     for module in BUILT_IN:  # by name: each module imports this one to register itself
         importlib.import_module(module)
-
-
-def all_backends() -> dict[str, Backend]:
-    """Every registered backend by name: the built-ins in BUILT_IN's order (naive, the baseline, first), whichever
-    module happened to be imported first, then plugins in the order they registered."""
-    _load_builtins()
     rank = {module: i for i, module in enumerate(BUILT_IN)}
     return dict(sorted(_REGISTRY.items(), key=lambda item: rank.get(type(item[1]).__module__, len(BUILT_IN))))
 
@@ -88,8 +77,7 @@ def versioned_backends() -> dict[str, Backend]:
 
 
 def label(name: str) -> str:
-    """How the report and figures name backend `name`: its declared label, else the name (also for a backend not
-    registered in this process, e.g. a plugin of a stored run)."""
+    """How the report and figures name backend `name`: its declared label, else the name (also when unregistered)."""
     backend = all_backends().get(name)
     return (backend.label or name) if backend is not None else name
 

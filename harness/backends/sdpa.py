@@ -21,8 +21,7 @@ from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, MaskSpec
 from harness.spec.modifiers import additive_term, alibi_slopes
 
-#: messages of SDPA refusing a pinned kernel, and of cuDNN failing to build a plan for a shape it was offered
-#: (cudnn frontend graph or execution-plan errors raised at run time): both mean "this kernel cannot run this case"
+#: SDPA refusing a pinned kernel, and cuDNN failing to build a plan at run time: "this kernel cannot run this case"
 _REFUSALS = ("No viable backend", "No available kernel")
 _CUDNN_PLAN_ERRORS = ("cuDNN Frontend error", "No execution plans support the graph", "No valid execution plans",
                       "CUDNN_STATUS_", "mha_graph->execute")
@@ -32,12 +31,8 @@ _KERNEL_NAMES = {SDPBackend.MATH: "math", SDPBackend.FLASH_ATTENTION: "flash",
 
 
 def sdpa_mask_args(mask: MaskSpec | None, seq_q: int, seq_k: int, batch: int, device) -> dict:
-    """Mask spec -> SDPA keyword arguments.
-
-    Top-left causal maps to is_causal=True (SDPA's documented top-left alignment); bottom-right causal is
-    the same thing when seq_q == seq_k. Everything else becomes a dense bool mask (True = attend), which
-    the flash kernels on GPU refuse: that cost is the honest one for SDPA.
-    """
+    """Mask spec -> SDPA keyword arguments: is_causal=True for top-left causal (SDPA's alignment; bottom-right too
+    when seq_q == seq_k), else a dense bool mask (True = attend), which the flash kernels refuse: SDPA's honest cost."""
     if mask is None:
         return {}
     if isinstance(mask, Causal) or (isinstance(mask, CausalBottomRight) and seq_q == seq_k):
@@ -47,10 +42,9 @@ def sdpa_mask_args(mask: MaskSpec | None, seq_q: int, seq_k: int, batch: int, de
 
 def sdpa_modifier_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, float_mask: torch.Tensor,
                          bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> tuple:
-    """(k, v, attn_mask) carrying the bias and the sinks to SDPA: the bias added to the float mask; each sink as
-    one appended key and value of zeros whose mask column holds sigma_h (its score 0 * scale + sigma_h is the
-    unscaled sink logit, its value adds nothing: exactly the sink's term in the denominator). Autograd carries
-    dsinks and dbias back through the mask. q (B, H, Sq, D); k, v (B, Hkv, Sk, D|Dv)."""
+    """(k, v, attn_mask) carrying the bias and the sinks to SDPA: the bias added to the float mask; each sink one
+    appended zero key and value whose mask column holds sigma_h (exactly the sink's term in the denominator);
+    dsinks and dbias flow back through the mask. q (B, H, Sq, D); k, v (B, Hkv, Sk, D|Dv)."""
     attn_mask = float_mask if bias is None else float_mask + bias
     if sinks is None:
         return k, v, attn_mask
@@ -96,8 +90,7 @@ class _Sdpa(Backend):
 
     def prepare(self, case: AttentionCase, device: torch.device) -> SdpaPlan:
         """The mask arguments on the device, and which kernel runs: SDPA's own choice (torch._fused_sdp_choice, which
-        prefers cuDNN on sm90 with a recent cuDNN) or the pinned one, refused here with torch's reasons on CUDA; a
-        paged case's call gathers its pages first, inside the timed call (GATHER_NOTE)."""
+        prefers cuDNN on sm90 with a recent cuDNN) or the pinned one, refused here with torch's reasons on CUDA."""
         if case.modifiers:  # the float mask's constant part; bias and sinks join it in the call (their grads)
             slopes = alibi_slopes(case.heads) if case.alibi else None
             float_mask = additive_term(case.mask, case.seq_q, case.seq_k, case.batch, case.dtype, device, slopes)
@@ -143,8 +136,6 @@ class _Sdpa(Backend):
             return MaskForm.dense(args["attn_mask"], "attn_mask")
         return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in args.items()))
 
-    # Native probes (harness/probes/semantics.py, dropout.py): SDPA's own arguments, no mask spec involved,
-    # so the semantics suites observe what SDPA itself does with them.
     def native_causal(self, q, k, v, *, scale):
         return self._call(q, k, v, scale=scale, is_causal=True)
 
@@ -155,18 +146,18 @@ class _Sdpa(Backend):
         return self._call(q, k, v, scale=scale, dropout_p=p)
 
     def _call(self, q, k, v, *, scale, **kwargs):
-        gqa = k.shape[1] != q.shape[1]
+        def call():
+            return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=k.shape[1] != q.shape[1], **kwargs)
+
         if self.kernel is None:
-            return _cudnn_refusals(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa,
-                                                                          **kwargs))
+            return _cudnn_refusals(call)
         if torch.compiler.is_compiling():  # under a user's torch.compile: no warnings capture (a graph break)
             with sdpa_kernel(self.kernel):
-                return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa, **kwargs)
+                return call()
         with warnings.catch_warnings(record=True) as caught, sdpa_kernel(self.kernel):
             warnings.simplefilter("always")  # the second identical refusal must be heard too
             try:
-                return _cudnn_refusals(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa,
-                                                                              **kwargs))
+                return _cudnn_refusals(call)
             except RuntimeError as exc:
                 if not any(m in str(exc) for m in _REFUSALS):
                     raise
@@ -183,8 +174,8 @@ def _shaped(case: AttentionCase, device: torch.device) -> tuple[torch.Tensor, ..
 
 
 def _refused_why(kernel: SDPBackend, q, k, v, kwargs: dict, gqa: bool) -> None:
-    """Raise Unsupported with torch's reasons when the pinned CUDA kernel cannot take these inputs. torch's
-    can_use_* checks give them on every call (debug=True), where a refused call warns some of them only once."""
+    """Raise Unsupported with torch's reasons (can_use_*(debug=True): all of them on every call, where a refused call
+    warns some only once) when the pinned CUDA kernel cannot take these inputs."""
     checks = {SDPBackend.FLASH_ATTENTION: torch.backends.cuda.can_use_flash_attention,
               SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.can_use_efficient_attention,
               SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.can_use_cudnn_attention}
@@ -208,11 +199,10 @@ _NATIVE_WARNING = re.compile(r"Warning: (.*?)(?: \(function [\w:]+\))?\s*$")
 
 @contextlib.contextmanager
 def native_warnings():
-    """Collect the C++ warnings torch writes to stderr meanwhile (the list fills when the block ends).
-
-    torch.backends.cuda.can_use_*_attention(params, debug=True) give their reasons with TORCH_WARN, but their
-    bindings install no Python warning handler (torch/csrc/Module.cpp, 2.11-2.13), so the reasons go to fd 2
-    and never reach `warnings`: seen on an H200, every refusal read "torch's checks refused these inputs"."""
+    """Collect the C++ warnings torch writes to stderr meanwhile (the list fills when the block ends): torch's
+    can_use_*_attention(params, debug=True) TORCH_WARN their reasons to fd 2, never to `warnings` (no Python handler
+    in their bindings, torch/csrc/Module.cpp 2.11-2.13: on an H200 every refusal read "torch's checks refused these
+    inputs")."""
     found: list[str] = []
     lines: list[str] = []
     try:

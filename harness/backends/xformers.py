@@ -1,16 +1,4 @@
-"""xformers memory_efficient_attention, layout (B, S, H, D): the masks' translation to attn_bias and the ops that
-ran, forward and backward (loading the library is xformers_library.py's).
-
-`prepare` builds the attn_bias once on the device and asks xformers' own dispatcher (xformers 0.0.35,
-ops/fmha/dispatch.py) which forward and backward ops will run, so the timed call passes `op=(fw, bw)` and does
-no dispatch, no bias building and no host-device copy. Two forms, because xformers chooses the backward op
-inside the forward call and no backward op takes every form the forward does:
-- inference: GQA as 5-D (B, S, G, H, D) with K/V expanded (stride 0) - forward-only in xformers;
-- training: GQA with K/V expanded to every head in 4-D (autograd sums dK/dV back over the group), since fa3B,
-  fa2B and cutlassB all have SUPPORTS_BMGHK=False.
-Key padding (alone or with causal, window or bottom-right causal) is an additive tensor bias of the whole mask:
-LowerTriangularMaskWithTensorBias is accepted by cutlassF only, and no backward op takes the padded-keys masks.
-"""
+"""xformers memory_efficient_attention (B, S, H, D): masks as attn_bias, ops chosen once by its dispatcher."""
 
 from __future__ import annotations
 
@@ -20,22 +8,40 @@ from typing import Callable
 import torch
 
 from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Plan, Unsupported
+from harness.backends.paged_gather import run_packed
 from harness.backends.registry import register
 from harness.backends.xformers_library import load_problem, xformers_kernels
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, Documents, MaskSpec, SlidingWindow, split_padding
 from harness.spec.modifiers import additive_term, alibi_slopes
+from harness.spec.paged import paged_layout, query_rows
+
+
+def _padded_zeros(shape: tuple[int, ...], dtype, device) -> torch.Tensor:
+    """Zeros of `shape` (..., Sk) in storage whose rows are padded to a multiple of 8: xformers' kernels want the
+    bias rows aligned (they raise otherwise); the slice keeps the logical shape."""
+    *lead, sk = shape
+    return torch.zeros(*lead, (sk + 7) // 8 * 8, dtype=dtype, device=device)[..., :sk]
+
+
+def _form_inputs(gqa: str, packed: bool, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: int) -> tuple:
+    """q, k, v (B, S, H or Hkv, D) as a form passes them: GQA "5d" (B, S, Hkv, g, D) with K/V expanded (stride 0),
+    "expand" K/V repeated to every head (autograd sums dK/dV back over the group); `packed`: the batch as one
+    sequence (BlockDiagonal masks)."""
+    if gqa == "5d":
+        q = q.reshape(*q.shape[:2], k.shape[2], g, q.shape[-1])
+        k, v = (t.unsqueeze(3).expand(*t.shape[:3], g, t.shape[-1]) for t in (k, v))
+    elif gqa == "expand":
+        k, v = (t.repeat_interleave(g, dim=2) for t in (k, v))
+    if packed:
+        q, k, v = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v))
+    return q, k, v
 
 
 def _padding_bias(mask: MaskSpec, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
-    """Additive bias (0 where `mask` allows, -inf elsewhere), shape (B, ..., Sq, Sk), of the whole mask.
-
-    Allocated with the last dim rounded up to 8 and sliced, because xformers' kernels want the bias rows
-    aligned (it raises otherwise); the slice keeps the logical shape.
-    """
+    """Additive bias (0 where `mask` allows, -inf elsewhere), shape (B, ..., Sq, Sk), of the whole mask, rows padded."""
     *lead, sq, sk = shape
-    storage = torch.zeros(*lead, sq, (sk + 7) // 8 * 8, dtype=dtype, device=device)
-    bias = storage[..., :sk]
+    bias = _padded_zeros(shape, dtype, device)
     keep = mask.materialize(sq, sk, device, batch=lead[0])                  # (B|1, 1, Sq, Sk)
     keep = keep.reshape(keep.shape[0], *([1] * (len(lead) - 1)), sq, sk)
     bias.masked_fill_(~keep.expand(*lead, sq, sk), float("-inf"))
@@ -43,14 +49,10 @@ def _padding_bias(mask: MaskSpec, shape: tuple[int, ...], dtype, device) -> torc
 
 
 def xformers_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.float32, device="cpu"):
-    """Mask spec -> xformers attn_bias: typed masks where xformers has one, a tensor bias of the whole mask when
-    key padding is part of it (see the module docstring).
-
-    `shape` is the bias shape xformers expects: (B, H, Sq, Sk), or (B, G, H, Sq, Sk) for 5-D GQA inputs.
-    Documents become a BlockDiagonal mask over the batch packed into one sequence (see `documents_bias`).
-    """
+    """Mask spec -> xformers attn_bias of `shape` ((B, H, Sq, Sk), or (B, G, H, Sq, Sk) for 5-D GQA inputs): typed
+    masks where xformers has one, a tensor bias of the whole mask when key padding is part of it (no backward op
+    takes the padded-keys masks), Documents a BlockDiagonal mask over the batch packed into one sequence."""
     from xformers.ops.fmha import attn_bias as ab
-
     if isinstance(mask, Documents):
         return documents_bias(mask, shape[0], device)
     structural, pad = split_padding(mask)
@@ -75,10 +77,9 @@ def xformers_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.flo
 def xformers_additive_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.float32, device="cpu",
                            slopes: torch.Tensor | None = None) -> torch.Tensor:
     """The modifiers' constant part as one additive tensor attn_bias of `shape` ((B, H, Sq, Sk) or (B, G, H/G, Sq,
-    Sk)): the ALiBi term plus the mask as -inf, in storage whose rows are padded to 8 as xformers' kernels need.
-    A bias input joins it in the call (`with_bias`), so its gradient reaches the input."""
+    Sk)): the ALiBi term plus the mask as -inf, rows padded; a bias input joins it in the call (`with_bias`)."""
     *lead, sq, sk = shape
-    out = torch.zeros(*lead, sq, (sk + 7) // 8 * 8, dtype=dtype, device=device)[..., :sk]
+    out = _padded_zeros(shape, dtype, device)
     constant = additive_term(mask, sq, sk, lead[0], dtype, device, slopes)    # (B|1, H|1, Sq, Sk)
     heads = lead[1:] if constant.shape[1] > 1 else [1] * (len(lead) - 1)       # H -> the heads' dims of `shape`
     out[...] = constant.reshape(constant.shape[0], *heads, sq, sk)            # broadcast into the padded storage
@@ -93,15 +94,10 @@ def with_bias(constant: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 
 
 def documents_bias(mask: Documents, batch: int, device="cpu"):
-    """Documents -> xformers BlockDiagonal mask whose blocks are every batch element's documents in order.
-
-    Inputs then go in packed as (1, batch * seq, ...). Causal documents of equal query and key lengths use
-    BlockDiagonalCausalMask (top-left per block, the same there); unequal ones the FromBottomRight variant,
-    which refuses a document with fewer keys than queries. The offsets live on `device` (from_seqlens defaults
-    to "cuda", which is cuda:0, whatever device the run uses).
-    """
+    """Documents -> xformers BlockDiagonal mask whose blocks are every batch element's documents in order, inputs
+    packed as (1, batch * seq, ...); causal ones of unequal lengths the FromBottomRight variant. The offsets live on
+    `device` (from_seqlens defaults to "cuda", which is cuda:0, whatever device the run uses)."""
     from xformers.ops.fmha import attn_bias as ab
-
     q_lens, k_lens = list(mask.q_lengths) * batch, list(mask.k_lengths) * batch
     device = torch.device(device)
     if not mask.causal:
@@ -141,9 +137,8 @@ class Form:
 
 @dataclass
 class XformersPlan(Plan):
-    """Both forms of a case; `backward_refused` says why there is no training form. The kernels are the training
-    form's in a call with gradients, the inference form's otherwise (xformers picks the backward op inside the
-    forward call, so the form decides both)."""
+    """Both forms of a case (docs/design/backends.md); `backward_refused` says why there is no training form. A call
+    with gradients runs the training form's kernels, else the inference form's."""
 
     inference: Form
     training: Form | None
@@ -177,11 +172,9 @@ def _first_lines(exc: Exception, n: int = 6) -> str:
 
 def xformers_plan(case: AttentionCase, device: torch.device,
                   tensor: Callable[..., torch.Tensor] = torch.empty) -> XformersPlan:
-    """Choose the ops of both forms with xformers' own dispatcher. `tensor(shape, dtype, device)` makes the
-    stand-in q/k/v the dispatcher inspects (shapes, dtype, strides, device); tests pass fakes that look like CUDA.
-    Raises Unsupported when no forward op takes the case."""
+    """Choose the ops of both forms with xformers' own dispatcher (Unsupported when no forward op takes the case);
+    `tensor(shape, dtype, device)` makes the stand-in q/k/v it inspects (tests pass fakes that look like CUDA)."""
     from xformers.ops import fmha
-
     b, h, hkv, sq, sk, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim
     g = h // hkv
     packed = isinstance(case.mask, Documents)
@@ -193,21 +186,13 @@ def xformers_plan(case: AttentionCase, device: torch.device,
         q = tensor((b, sq, h, d), dtype=case.dtype, device=device)
         k = tensor((b, sk, hkv, d), dtype=case.dtype, device=device)
         v = tensor((b, sk, hkv, case.head_dim_v), dtype=case.dtype, device=device)
-        if gqa == "5d":
-            q = q.reshape(b, sq, hkv, g, d)
-            k, v = (t.unsqueeze(3).expand(b, sk, hkv, g, t.shape[-1]) for t in (k, v))
-            shape = (b, hkv, g, sq, sk)
-        else:
-            if gqa == "expand":
-                k, v = (t.repeat_interleave(g, dim=2) for t in (k, v))
-            shape = (b, h, sq, sk)
+        q, k, v = _form_inputs(gqa, packed, q, k, v, g)
+        shape = (b, hkv, g, sq, sk) if gqa == "5d" else (b, h, sq, sk)
         if case.modifiers:  # the whole score transform as one tensor; requires grad where the bias input does
             bias = xformers_additive_bias(case.mask, shape, case.dtype, device, slopes)
             bias.requires_grad_(needs_grad and case.bias is not None)
         else:
             bias = xformers_bias(case.mask, shape, case.dtype, device)
-        if packed:
-            q, k, v = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v))
         inp = fmha.Inputs(query=q, key=k, value=v, attn_bias=bias, scale=case.scale)
         try:
             fw = fmha.dispatch._dispatch_fw(inp, needs_grad)
@@ -232,7 +217,6 @@ def xformers_plan(case: AttentionCase, device: torch.device,
 def xformers_paged_bias(case: AttentionCase, block_table: torch.Tensor, device="cpu"):
     """CacheCausal over a block table -> PagedBlockDiagonalCausalWithOffsetPaddedKeysMask (offsets on `device`)."""
     from xformers.ops.fmha import attn_bias as ab
-
     q_seqlen = list(case.mask.q_lens) if case.mask.mixed else [case.seq_q] * case.batch   # a mixed step's own
     return ab.PagedBlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens(
         q_seqlen, list(case.mask.lengths), block_table, case.page_size, device=torch.device(device))
@@ -241,32 +225,26 @@ def xformers_paged_bias(case: AttentionCase, block_table: torch.Tensor, device="
 def xformers_paged_plan(case: AttentionCase, device: torch.device,
                         tensor: Callable[..., torch.Tensor] = torch.empty,
                         block_table: torch.Tensor | None = None) -> Form:
-    """A paged case's inference form: PagedBlockDiagonalCausalWithOffsetPaddedKeysMask (xformers 0.0.35
-    attn_bias.py: query i of block b sees keys j <= kv_seqlen[b] - q_seqlen[b] + i, i.e. CacheCausal) over the block
-    table, q packed as (1, batch * seq_q, heads, head_dim) (5-D with GQA), K/V the physical cache viewed as
-    (1, num_blocks * page_size, kv_heads, head_dim); the forward op from xformers' own dispatcher."""
+    """A paged case's inference form: PagedBlockDiagonalCausalWithOffsetPaddedKeysMask (query i of block b sees keys
+    j <= kv_seqlen[b] - q_seqlen[b] + i, i.e. CacheCausal), q packed as (1, batch * seq_q, heads, head_dim) (5-D with
+    GQA), K/V the physical cache as (1, num_blocks * page_size, kv_heads, head_dim)."""
     from xformers.ops import fmha
-
-    from harness.spec.paged import paged_layout
-
     layout = paged_layout(case, device)
     table = layout.block_table if block_table is None else block_table
     b, h, hkv, sq, d = case.batch, case.heads, case.kv_heads, case.seq_q, case.head_dim
     g, slots = h // hkv, layout.num_blocks * case.page_size
     bias = xformers_paged_bias(case, table, device)
-    rows, tokens = None, b * sq
-    if case.mask.mixed:  # q packed by the per-sequence query lengths (the bias's q_seqlen)
-        rows = torch.cat([i * sq + torch.arange(n) for i, n in enumerate(case.mask.q_lens)]).to(device)
-        tokens = rows.numel()
-    q = tensor((1, tokens, h, d), dtype=case.dtype, device=device)
+    # a mixed step: q packed by the per-sequence query lengths (the bias's q_seqlen)
+    rows = query_rows(case).to(device) if case.mask.mixed else None
+    tokens = b * sq if rows is None else rows.numel()
+    gqa = "5d" if g > 1 else "none"
     k = tensor((1, slots, hkv, d), dtype=case.dtype, device=device)
-    if g > 1:
-        q, k = q.reshape(1, tokens, hkv, g, d), k.unsqueeze(3).expand(1, slots, hkv, g, d)
+    q, k, _ = _form_inputs(gqa, False, tensor((1, tokens, h, d), dtype=case.dtype, device=device), k, k, g)
     try:
         fw = fmha.dispatch._dispatch_fw(fmha.Inputs(query=q, key=k, value=k, attn_bias=bias, scale=case.scale), False)
     except NotImplementedError as exc:
         raise Unsupported(f"no xformers forward op for the paged bias: {_first_lines(exc, 12)[:600]}") from None
-    return Form(bias, fw, None, "5d" if g > 1 else "none", True, paged=True, rows=rows)
+    return Form(bias, fw, None, gqa, True, paged=True, rows=rows)
 
 
 @register
@@ -282,13 +260,11 @@ class Xformers(Backend):
     modifier_refusals = {"softcap": "xformers 0.0.35's memory_efficient_attention has no softcap",
                          "sinks": "xformers 0.0.35's memory_efficient_attention has no sink logit"}
     supports_head_dim_v = True
-    #: paged through PagedBlockDiagonalCausalWithOffsetPaddedKeysMask; the op xformers 0.0.35 dispatches it to on
-    #: sm80/sm90 is fa2F over the flash_attn package's fwd_kvcache (ops/fmha/flash.py 415-423, 636-656; torch's
-    #: bundled flash drops the paged masks, flash.py 458-460), whose page_block_size must be a multiple of 256
+    #: paged through PagedBlockDiagonalCausalWithOffsetPaddedKeysMask, dispatched (0.0.35, sm80/sm90) to fa2F over
+    #: the flash_attn package's fwd_kvcache (ops/fmha/flash.py 415-423, 636-656), pages a multiple of 256
     paged_kv = True
     page_size_multiple = 256
-    #: a mixed serving step: the same paged bias with each sequence's own q_seqlen, q packed and scattered back
-    mixed_batch = True
+    mixed_batch = True  # the same paged bias with each sequence's own q_seqlen
 
     def unavailable_reason(self, device):
         problem = load_problem()
@@ -321,29 +297,22 @@ class Xformers(Backend):
             return MaskForm.dense(bias, "tensor attn_bias")
         return MaskForm("native", 0, type(bias).__name__)
 
-    # Native probes (harness/probes/semantics.py, dropout.py): xformers' own arguments, no mask spec involved.
-    def native_causal(self, q, k, v, *, scale):
-        """xformers has no causal flag; LowerTriangularMask is the mask its docs use for "causal"."""
+    def native_causal(self, q, k, v, *, scale):  # no causal flag: LowerTriangularMask is its docs' "causal"
         import xformers.ops as xops
         from xformers.ops.fmha import attn_bias as ab
-
         return xops.memory_efficient_attention(q, k, v, attn_bias=ab.LowerTriangularMask(), scale=scale)
 
     def native_mask(self, q, k, v, *, mask, scale):
-        """`mask` (B|1, H|1, Sq, Sk), bool or additive, passed as attn_bias; additive ones go in storage whose
-        rows are padded to a multiple of 8, as xformers requires, so only the kind of mask is under test."""
+        """`mask` (B|1, H|1, Sq, Sk), bool or additive (in rows padded to 8, as xformers requires), as attn_bias."""
         import xformers.ops as xops
-
         b, sq, h, _ = q.shape
         full = mask.expand(b, h, sq, k.shape[1])
         if mask.dtype != torch.bool:
-            storage = torch.zeros(b, h, sq, (k.shape[1] + 7) // 8 * 8, dtype=q.dtype, device=q.device)
-            full = storage[..., :k.shape[1]].copy_(full)
+            full = _padded_zeros(full.shape, q.dtype, q.device).copy_(full)
         return xops.memory_efficient_attention(q, k, v, attn_bias=full, scale=scale)
 
     def native_dropout(self, q, k, v, *, p, scale):
         import xformers.ops as xops
-
         return xops.memory_efficient_attention(q, k, v, p=p, scale=scale)
 
     def modifier_path(self, case):
@@ -353,41 +322,28 @@ class Xformers(Backend):
     def forward(self, q, k, v, *, mask, scale, prepared: XformersPlan | None = None, alibi_slopes=None, bias=None,
                 block_table=None, cache_seqlens=None):
         import xformers.ops as xops
-
         plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, alibi_slopes=alibi_slopes, bias=bias,
                              block_table=block_table)
+        b, sq, h, d = q.shape
+        g = h // k.shape[2]
         if block_table is not None:  # paged: the physical cache as one sequence of slots, q packed
             form = plan.inference
-            b, sq, h, d = q.shape
-            hkv, g = k.shape[2], h // k.shape[2]
             k, v = (t.flatten(0, 1).unsqueeze(0) for t in (k, v))            # (1, num_blocks * P, Hkv, D)
-            q = q.reshape(b * sq, h, d)
+
+            def call(x):  # (tokens, H, D) -> (tokens, H, D)
+                q_g, k_g, v_g = _form_inputs(form.gqa, False, x.unsqueeze(0), k, v, g)
+                out = xops.memory_efficient_attention_forward(q_g, k_g, v_g, attn_bias=form.bias, scale=scale,
+                                                              op=form.fw)
+                return out.reshape(x.shape[0], h, d)
+
             if form.rows is not None:  # a mixed step: only the rows that carry queries, packed
-                q = q.index_select(0, form.rows)
-            tokens = q.shape[0]
-            q = q.reshape(1, tokens, h, d)
-            if g > 1:
-                q = q.reshape(1, tokens, hkv, g, d)
-                k, v = (t.unsqueeze(3).expand(*t.shape[:3], g, d) for t in (k, v))
-            out = xops.memory_efficient_attention_forward(q, k, v, attn_bias=form.bias, scale=scale, op=form.fw)
-            if form.rows is not None:  # scattered back; padding rows 0
-                return out.new_zeros(b * sq, h, d).index_copy_(0, form.rows, out.reshape(tokens, h, d)).reshape(
-                    b, sq, h, d)
-            return out.reshape(b, sq, h, d)
+                return run_packed(q, form.rows, call)
+            return call(q.reshape(b * sq, h, d)).reshape(b, sq, h, d)
         training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if training and plan.training is None:
             raise BackwardUnsupported(plan.backward_refused)
         form = plan.training if training else plan.inference
-        b, sq, h, d = q.shape
-        sk, hkv = k.shape[1], k.shape[2]
-        if form.gqa == "5d":  # (B, S, G, H/G, D), K/V expanded (stride 0) over the group
-            g = h // hkv
-            q = q.reshape(b, sq, hkv, g, d)
-            k, v = (t.unsqueeze(3).expand(b, sk, hkv, g, t.shape[-1]) for t in (k, v))
-        elif form.gqa == "expand":  # every head its own K/V: autograd sums dK/dV back over the group
-            k, v = (t.repeat_interleave(h // hkv, dim=2) for t in (k, v))
-        if form.packed:  # BlockDiagonal masks take the batch packed into one sequence
-            q, k, v = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v))
+        q, k, v = _form_inputs(form.gqa, form.packed, q, k, v, g)
         attn_bias = form.bias if bias is None else with_bias(form.bias.detach(), bias)
         out = xops.memory_efficient_attention(q, k, v, attn_bias=attn_bias, scale=scale, op=form.op)
         return out.reshape(b, sq, h, v.shape[-1])

@@ -1,5 +1,4 @@
-"""Loading xformers: its CUDA extension's needs (the CUDA 12 runtime, torch's stable ABI), why it does not load
-here in one line, and which kernels its dispatcher can pick - as flash_attn_package.py is for FlashAttention-2."""
+"""Loading xformers: its extension's needs, why it does not load here in one line, which kernels it can pick."""
 
 from __future__ import annotations
 
@@ -16,9 +15,7 @@ from torch.torch_version import TorchVersion
 
 from harness.backends.flash_attn_package import flash_attn_is_foreign
 
-#: what xformers 0.0.35's wheel was built with (its cpp_lib.json: torch 2.10.0+cu128). Its extension _C.so uses
-#: only torch's stable ABI (CHANGELOG 0.0.34: "compatible with any later version"; setup.py -DTORCH_STABLE_ONLY),
-#: so any torch >= 2.10 loads it, whatever CUDA that torch has, once the CUDA 12 runtime _C.so links is found.
+#: what xformers 0.0.35's wheel was built with (cpp_lib.json), on torch's stable ABI only (docs/design/backends.md)
 BUILT_FOR = "torch 2.10.0+cu128, on torch's stable ABI: loads with any torch >= 2.10 given libcudart.so.12"
 #: the oldest torch whose stable ABI has every symbol _C.so imports (its build target)
 STABLE_ABI_TORCH = "2.10"
@@ -30,8 +27,7 @@ cuda12_runtime_loaded: Path | None = None
 
 
 def find_cuda12_runtime(paths: list[str] | None = None) -> Path | None:
-    """The pip-installed libcudart.so.12 on the import path (site-packages of the venv or of the system python it
-    sees), or None."""
+    """The pip-installed libcudart.so.12 on the import path (the venv's or the system python's), or None."""
     for entry in sys.path if paths is None else paths:
         candidate = Path(entry or ".", CUDA12_RUNTIME)
         if candidate.is_file():
@@ -41,9 +37,8 @@ def find_cuda12_runtime(paths: list[str] | None = None) -> Path | None:
 
 def make_cuda12_runtime_visible(load: Callable[..., object] = ctypes.CDLL) -> Path | None:
     """Load the pip-installed CUDA 12 runtime before xformers when torch is not a CUDA 12 build, so that _C.so's
-    NEEDED libcudart.so.12 resolves to it (the loader matches an already-loaded library by its soname) - no
-    LD_LIBRARY_PATH needed. A CUDA 12 torch already loaded its own libcudart.so.12, and a second copy from another
-    file would sit beside it, so nothing is loaded then; a CPU torch has no CUDA for _C.so to use either way."""
+    NEEDED libcudart.so.12 resolves to it (the loader matches a loaded library by soname; no LD_LIBRARY_PATH). A CUDA
+    12 torch has its own loaded (a second copy would sit beside it), and a CPU torch has no CUDA for _C.so."""
     global cuda12_runtime_loaded
     cuda = torch.version.cuda
     if cuda12_runtime_loaded is not None or cuda is None or cuda.split(".")[0] == "12":
@@ -57,8 +52,7 @@ def make_cuda12_runtime_visible(load: Callable[..., object] = ctypes.CDLL) -> Pa
 
 @contextlib.contextmanager
 def _hidden(module: str):
-    """`module` unimportable inside the block: sys.modules[name] = None makes importlib.util.find_spec return None
-    and `import` raise ImportError. What was there before is put back."""
+    """`module` unimportable inside the block (sys.modules[name] = None), what was there put back after."""
     before = sys.modules.get(module, _hidden)
     sys.modules[module] = None
     try:
@@ -71,13 +65,9 @@ def _hidden(module: str):
 
 
 def _import_xformers():
-    """Import xformers with its load-failure warning (logged and warned) kept off the terminal: the failure is
-    this backend's unavailable reason instead.
-
-    First the CUDA 12 runtime is made visible (make_cuda12_runtime_visible). A `flash_attn` that is not
-    FlashAttention-2 (flash-attn-4's namespace) is hidden during the import: xformers' ops/fmha/flash.py imports
-    flash_attn.flash_attn_interface whenever find_spec("flash_attn") finds the name, which would fail the whole
-    `import xformers.ops`; hidden, xformers uses torch's bundled flash instead, as it does with no flash_attn."""
+    """Import xformers, its load-failure warning kept off the terminal (it is the unavailable reason instead), the
+    CUDA 12 runtime made visible first, and a `flash_attn` that is not FlashAttention-2 hidden meanwhile (xformers'
+    flash.py would fail the whole import on it; hidden, xformers uses torch's bundled flash)."""
     if "xformers" not in sys.modules:  # xformers loads _C.so when its top package is first imported
         make_cuda12_runtime_visible()
     logger = logging.getLogger("xformers")
@@ -94,17 +84,15 @@ def _import_xformers():
 
 
 def _root_cause(exc: BaseException) -> BaseException:
-    """The innermost exception of a `raise ... from` chain: xformers 0.0.35 (_cpp_lib.py) raises
-    xFormersInvalidLibException from torch.ops.load_library's OSError("Could not load this library: ...") (torch
-    _ops.py), which is raised from ctypes' OSError carrying the loader's own words."""
+    """The innermost exception of a `raise ... from` chain: xformers' xFormersInvalidLibException comes from torch's
+    OSError("Could not load this library: ..."), raised from ctypes' OSError carrying the loader's own words."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
     return exc
 
 
 def load_problem() -> str | None:
-    """Why xformers cannot run here, from its own load state, or None when its C++/CUDA extension loaded: the
-    loader's real words and what to install."""
+    """Why xformers cannot run here (the loader's real words and what to install), or None when _C.so loaded."""
     try:
         xformers = _import_xformers()
     except Exception as exc:
@@ -112,7 +100,6 @@ def load_problem() -> str | None:
     if getattr(xformers, "_has_cpp_library", True):
         return None
     from xformers import _cpp_lib
-
     failure = _cpp_lib._cpp_library_load_exception
     cause = _root_cause(failure) if failure is not None else None
     words = " ".join(str(cause or "unknown reason").split())[:300]
@@ -134,13 +121,10 @@ def load_problem() -> str | None:
 
 
 def xformers_kernels() -> str:
-    """Which kernels xformers' attention ops run here, read from its modules (xformers 0.0.35 ops/fmha):
-    flash.py's fa2 ops call torch's bundled flash (`torch.ops.aten._flash_attention_*`, names ending in -pt) when no
-    flash_attn package is importable, else that package's flash_attn_2_cuda; cutlass.py's ops are torch's own
-    `torch.ops.aten._efficient_attention_*`; flash3.py's fa3 ops need the separate flash_attn_3 package."""
+    """Which kernels xformers' attention ops run here, read from its modules (xformers 0.0.35 ops/fmha): fa2 (torch's
+    bundled flash or the flash_attn package), cutlass (torch's aten._efficient_attention_*), fa3 (flash_attn_3)."""
     xformers = _import_xformers()
     from xformers.ops.fmha import cutlass, dispatch, flash, flash3
-
     if flash._USE_PT_FLASH_ATTN:
         fa2 = f"fa2F/fa2B = torch's bundled flash {flash.FLASH_VERSION} (aten._flash_attention_forward/backward)"
     elif flash.FLASH_VERSION != "0.0.0":

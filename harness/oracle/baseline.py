@@ -1,10 +1,4 @@
-"""Naive attention in the input dtype: the same-precision baseline a backend's tolerance is built from.
-
-Dense when its score matrices fit a memory budget; otherwise in query-row chunks. A row's output does not depend
-on the other rows, so the forward error of each row is what dense naive gives; dK/dV are sums over query rows,
-accumulated here in float32 from each chunk's same-precision matmul, so the gradients keep the same rounding
-model (one rounding per matmul in the dtype) at any chunk size.
-"""
+"""Naive attention in the input dtype: the same-precision baseline a backend's tolerance is built from."""
 
 from __future__ import annotations
 
@@ -27,10 +21,9 @@ def naive_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch
                scale: float, *, softcap: float | None = None, alibi: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Eager attention of some query rows, every op in the inputs' dtype. q (B, H, n, D); k (B, Hkv, Sk, D);
-    v (B, Hkv, Sk, Dv); allowed (B|1, 1, n, Sk) bool or None. The modifiers, in harness.spec.modifiers' order:
-    softcap (float), alibi (H, n, Sk) the ALiBi term of these rows, bias (B|1, H, n, Sk), sinks (H,) - the sink a
-    logit column of its own (with a zero value) as transformers' gpt-oss eager attention does. A row that sees no
-    key gives output 0 and gradient 0, like the reference."""
+    v (B, Hkv, Sk, Dv); allowed (B|1, 1, n, Sk) bool or None; in harness.spec.modifiers' order softcap (float), alibi
+    (H, n, Sk) these rows' ALiBi term, bias (B|1, H, n, Sk), sinks (H,) (a logit column with a zero value, as
+    transformers' gpt-oss eager attention). A row that sees no key gives output 0 and gradient 0."""
     h, hkv = q.shape[1], k.shape[1]
     if hkv != h:  # GQA: query head i uses kv head i // (h // hkv)
         k = k.repeat_interleave(h // hkv, dim=1)
@@ -70,8 +63,7 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mas
 
 def modifier_rows(case: AttentionCase, inputs: Inputs, rows: tuple[int, int], dtype: torch.dtype,
                   bias: torch.Tensor | None = None) -> dict:
-    """naive_rows' modifier arguments for query rows `rows` of `case` (bias: the leaf to slice, default the
-    input's), in `dtype`."""
+    """naive_rows' modifier arguments for query rows `rows` of `case` in `dtype` (bias: the leaf to slice)."""
     bias = inputs.bias if bias is None else bias
     start, stop = rows
     return {"softcap": case.softcap,
@@ -94,8 +86,7 @@ def chunk_rows(case: AttentionCase, budget_bytes: int) -> int:
 
 @dataclass(frozen=True)
 class Baseline:
-    """Naive's checks against the reference (out and the case's gradients; naive is held to its fixed bound) and
-    how it ran."""
+    """Naive's checks against the reference (out and the case's gradients, at its fixed bound) and how it ran."""
 
     checks: dict[str, Check]
     method: str
@@ -107,9 +98,8 @@ class Baseline:
 
 
 def baseline(case: AttentionCase, inputs: Inputs, reference: Reference, budget_bytes: int) -> Baseline:
-    """Naive attention of `inputs` forward and backward (upstream gradient inputs.d_out) in the case's dtype, judged
-    against `reference`; dense within `budget_bytes`, else in query-row chunks. Raises what the computation raises
-    (e.g. out of memory): the caller turns that into its note."""
+    """Naive attention of `inputs` forward and backward (upstream inputs.d_out) in the case's dtype, judged against
+    `reference`; dense within `budget_bytes`, else in query-row chunks. Errors (e.g. out of memory) propagate."""
     rows = chunk_rows(case, budget_bytes)
     out, grads = (_dense if rows >= case.seq_q else _chunked)(case, inputs, rows)
     checks = {"out": judge("out", out, reference.out, case.dtype, None)}
@@ -136,7 +126,8 @@ def _chunked(case: AttentionCase, inputs: Inputs, rows: int):
     q_all = inputs.q.detach()
     out = torch.empty(*q_all.shape[:-1], case.head_dim_v, dtype=q_all.dtype, device=q_all.device)
     dq = torch.empty_like(q_all)
-    # every gradient but dq sums over query rows: accumulated in float32 from each chunk's same-precision result
+    # every gradient but dq sums over query rows: accumulated in float32 from each chunk's same-precision result,
+    # so the rounding model (one rounding per matmul in the dtype) is the dense one at any chunk size
     sums = {GRADIENT_OF[n]: torch.zeros(t.shape, dtype=torch.float32, device=t.device) for n, t in _leaves(inputs).items()
             if n != "q"}
     for start in range(0, case.seq_q, rows):

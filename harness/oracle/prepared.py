@@ -30,8 +30,8 @@ class PreparedCase:
     quant_err: float | None = None
 
     def naive_error(self, quantity: str, backend_name: str) -> float | None:
-        """The baseline error a backend's tolerance is built from (verdict.judge): None for naive itself (held
-        to its fixed bound); without a usable baseline, the naive bound at this quantity's magnitude."""
+        """The baseline error a backend's tolerance is built from: None for naive itself, the naive bound at this
+        quantity's magnitude without a usable baseline."""
         if backend_name == BASELINE:
             return None
         if self.naive_errors is not None and quantity in self.naive_errors:

@@ -1,17 +1,4 @@
-"""The oracle: float64 attention with hand-written gradients, chunked over query blocks, on the case's device.
-
-On a GPU it runs there (FP64 tensor cores: seconds where the CPU takes hours); on the CPU, on the CPU: the same
-code either way. Memory is O(block x seq_k) for the scores instead of O(seq_q x seq_k), the block chosen from a
-memory budget, so the reference handles sequence lengths no dense implementation can. Every matmul is one
-batched GEMM over (batch x kv heads) with the query heads of a group stacked as rows, the scale folded into the
-GEMM, the softmax done in place in one reused buffer, and dK/dV accumulated in place (baddbmm_): the elementwise
-passes a block costs stay few next to its six GEMMs. A query row that sees no key is defined as output 0 and
-gradient 0 (FlashAttention-2's and SDPA's convention since torch 2.5); with a sink, its output is 0 by the
-formula. The modifiers (softcap, ALiBi, bias, sinks; harness.spec.modifiers gives their semantics) are applied to
-each block's scores in the spec's order, with their hand-written gradients: the cap's chain factor 1 - (s'/c)^2,
-dbias = dS (summed over the batch for a "head" bias), dsinks_h = -sum P_sink * delta. A case without modifiers
-runs exactly the plain path.
-"""
+"""The oracle: float64 attention with hand-written gradients, blocked over query rows, on the case's device."""
 
 from __future__ import annotations
 
@@ -42,8 +29,7 @@ def reference_budget(device: str | torch.device) -> int:
 
 
 class Reference(NamedTuple):
-    """float64 tensors in the canonical layout: out like q with v's head dim, dq like q, dk/dv like k/v, dsinks
-    (heads,) and dbias like the bias input (None where the case has no such input)."""
+    """float64, canonical layout: out like q with v's head dim, dq/dk/dv like q/k/v, dsinks (heads,), dbias as bias."""
 
     out: torch.Tensor
     dq: torch.Tensor | None
@@ -63,16 +49,14 @@ class Reference(NamedTuple):
 
 
 def reference_flops(case: AttentionCase, grads: bool = True) -> int:
-    """The GEMM work the reference does, dense whatever the mask: QK^T and PV forward; dP, dQ, dK, dV backward
-    (QK^T, dQ, dK over head_dim; PV, dP, dV over head_dim_v)."""
+    """The GEMM work the reference does, dense whatever the mask: QK^T and PV forward; dP, dQ, dK, dV backward."""
     per_dim = 2 * case.batch * case.heads * case.seq_q * case.seq_k
     return per_dim * (case.head_dim + case.head_dim_v) * (3 if grads else 1)
 
 
 def block_rows(case: AttentionCase, budget_bytes: int | None = None, device: str | torch.device = "cpu",
                grads: bool = True) -> int:
-    """Query rows per block: as many as the budget allows for the score-sized buffers (one, or two with
-    gradients), capped on the CPU where bigger blocks only spill the caches."""
+    """Query rows per block: as many as the budget allows for the score-sized buffers, capped on the CPU."""
     budget_bytes = reference_budget(device) if budget_bytes is None else budget_bytes
     buffers = 2 if grads else 1
     per_row = buffers * case.batch * case.heads * case.seq_k * 8
@@ -80,16 +64,12 @@ def block_rows(case: AttentionCase, budget_bytes: int | None = None, device: str
     return min(rows, CPU_MAX_BLOCK) if torch.device(device).type == "cpu" else rows
 
 
-def default_block(case: AttentionCase) -> int:
-    return block_rows(case)
-
-
 def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = True, block: int | None = None,
                         device: str | torch.device | None = None,
                         budget_bytes: int | None = None) -> Reference:
-    """Exact attention of `inputs` for `case` in float64 on `device` (default: the inputs' own); gradients use
-    inputs.d_out as upstream. Blocks of `block` query rows (default: as many as `budget_bytes` allows, default
-    reference_budget(device)). The result stays on that device."""
+    """Exact attention of `inputs` for `case` in float64 on `device` (default: the inputs' own), the result left
+    there; gradients use inputs.d_out as upstream. A query row that sees no key gives output 0 and gradient 0. Blocks
+    of `block` query rows (default: as many as `budget_bytes` allows, default reference_budget(device))."""
     device = torch.device(device) if device is not None else inputs.q.device
     block = block or block_rows(case, budget_bytes, device, grads)
     if block < 1:

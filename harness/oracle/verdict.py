@@ -1,21 +1,7 @@
-"""The correctness rule: a backend may be as wrong as naive attention in the same dtype, times a factor, plus a floor.
+"""The correctness rule: err(backend) <= factor * err(naive, same dtype) + floor(dtype) * max(1, max|ref|).
 
-    err(backend) <= factor[quantity] * err(naive, same dtype) + floor[dtype] * max(1, max|ref|)
-
-err is the max absolute difference from the float64 reference. Why this rule:
-- Scaling by the same-precision naive error (FlashAttention-2's rule) makes the tolerance follow what the
-  dtype, shape and mask really cost, instead of one fixed atol that is loose for small cases and too tight
-  for long sequences or large gradients.
-- factor: 2 for the output (FA2 uses 2); 4 for dq/dk/dv, because a fused backward recomputes P from a
-  differently rounded logsumexp and accumulates dk/dv over all query rows in another order (FA2 uses 2-3,
-  PyTorch's own tests allow dk 16-25, dq up to 180 - we stay far stricter and measure the margin).
-- floor: about one unit of rounding of the dtype at magnitude 1 (fp16 eps 9.8e-4, bf16 eps 7.8e-3, fp32
-  1e-5 as in PyTorch's tests), scaled by the reference magnitude: it covers cases where naive happens to be
-  exact (seq 1, a single visible key) and the backend is off by one rounding.
-Any NaN/inf where the reference is finite fails regardless of size.
-
-naive itself cannot be judged by a rule built from its own error, so it is held to a fixed bound of
-`NAIVE_BOUND[dtype] * max(1, max|ref|)` - generous for honest rounding, far below any semantic bug.
+err is the max absolute difference from the float64 reference; NaN/inf where the reference is finite always fails;
+naive itself is held to NAIVE_BOUND[dtype] * max(1, max|ref|). Why this rule: docs/design/backends.md.
 """
 
 from __future__ import annotations
@@ -67,19 +53,15 @@ class Check:
 
 
 #: elements compared at a time: one chunk's float64 temporaries (2 MiB each) stay in cache, so a comparison reads
-#: memory once. A (4, 4096, 16, 128) bf16 output, the size of every large gpu-smoke case, on this 2-core VM: best
-#: 0.06-0.10 s against 1.3-1.4 s for whole-tensor ops (chunks of 2^16: 0.10-0.18 s, 2^20: 0.12-0.30 s, 2^22: 0.58 s;
-#: benchmarks/judging_cost.py)
+#: memory once (a gpu-smoke output: 0.06-0.10 s against 1.3-1.4 s whole-tensor; docs/measurements.md)
 CHUNK = 1 << 18
 
 
 def compare(actual: torch.Tensor, ref: torch.Tensor, factor: float = 1.0) -> tuple[float, bool, float]:
     """(max |actual - factor * ref| over finite entries, whether actual has NaN/inf where ref is finite,
     max |factor * ref|), in one chunked pass. factor: a signed power of two (a timed call's transform,
-    integrity.Transform.factor), so factor * ref is exact and never made. A chunk whose difference is all finite
-    (the usual case) needs no finiteness masks; one that is not is compared exactly as the whole-tensor formula
-    would: bad entries zeroed, NaN propagated. One float64 scratch per call and in-place work on it: on this
-    2-core VM a fresh float64 temporary per step cost more than the arithmetic (page faults of each allocation)."""
+    integrity.Transform.factor), so factor * ref is exact and never made. Only a chunk whose difference is not
+    finite pays for finiteness masks (bad entries zeroed, NaN propagated, as the whole-tensor formula)."""
     if math.frexp(factor)[0] not in (0.5, -0.5):
         raise ValueError(f"compare factor {factor!r} is not a signed power of two (exact scaling is)")
     actual = actual.detach()
@@ -94,6 +76,7 @@ def compare(actual: torch.Tensor, ref: torch.Tensor, factor: float = 1.0) -> tup
     else:
         flat_actual, flat_ref = actual.reshape(-1), ref.reshape(-1)
         pairs = ((flat_actual[s:s + CHUNK], flat_ref[s:s + CHUNK]) for s in range(0, n, CHUNK))
+    # one float64 scratch, worked on in place: a fresh temporary per step cost more than the arithmetic (page faults)
     scratch = torch.empty(min(CHUNK, n), dtype=torch.float64)
     worst, largest, nonfinite = [], [], False
     for a, r in pairs:
@@ -111,8 +94,7 @@ def compare(actual: torch.Tensor, ref: torch.Tensor, factor: float = 1.0) -> tup
 
 def judge(quantity: str, actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
           naive_err: float | None, factor: float = 1.0) -> Check:
-    """Compare one quantity with `factor * ref` (compare); naive_err=None means this *is* the naive baseline
-    (fixed bound)."""
+    """Compare one quantity with `factor * ref`; naive_err=None: this *is* the naive baseline (fixed bound)."""
     if dtype not in FLOORS:
         raise ValueError(f"no tolerance for dtype {dtype}; allowed: {', '.join(map(str, FLOORS))}")
     err, nonfinite, largest = compare(actual, ref, factor)

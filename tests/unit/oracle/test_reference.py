@@ -95,10 +95,10 @@ def test_rows_without_keys_are_zero_with_zero_gradient():
 
 
 def test_long_sequence_memory_is_blocked():
-    from harness.oracle.reference import DEFAULT_BUDGET_BYTES, default_block
+    from harness.oracle.reference import DEFAULT_BUDGET_BYTES, block_rows
     case = AttentionCase(1, 1, 32768, 128, "fp64")
     # the two score-sized float64 buffers of a block stay in the budget: never seq_q x seq_k
-    assert 2 * default_block(case) * case.seq_k * 8 <= DEFAULT_BUDGET_BYTES < case.seq_q * case.seq_k * 8
+    assert 2 * block_rows(case) * case.seq_k * 8 <= DEFAULT_BUDGET_BYTES < case.seq_q * case.seq_k * 8
 
 
 @pytest.mark.parametrize("mask", [None, Causal(), KeyPadding((9, 5))], ids=["none", "causal", "keypad"])
