@@ -1,13 +1,9 @@
-"""Batch invariance: one sequence's output computed alone and co-batched with sequences of other lengths, compared
-bitwise (vLLM's `supports_batch_invariance`, FlashInfer's test_batch_invariant_fa2.py). Prefill, decode over a
-contiguous cache, and decode over a paged cache; recorded (observed), as nothing promises it.
-
-Sequence 0 is the longest of the batch, so its inputs alone are the batch's first slice, unchanged.
-"""
+"""Batch invariance: one sequence's output alone and co-batched, compared bitwise; recorded (observed)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -25,8 +21,7 @@ KINDS = ("prefill", "decode", "paged-decode")
 
 
 def invariance_case(kind: str, dtype: torch.dtype, device: torch.device) -> AttentionCase:
-    """Three sequences of different lengths, the first the longest: sizes spanning several kernel tiles on a GPU,
-    small on the CPU."""
+    """Three sequences of different lengths, the first the longest; several kernel tiles long on a GPU."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}; allowed: {', '.join(KINDS)}")
     n = 1024 if device.type == "cuda" else 129
@@ -42,9 +37,7 @@ def _first(mask: MaskSpec | None) -> MaskSpec | None:
     """The mask of sequence 0 alone: per-sequence lengths cut to the first."""
     if isinstance(mask, PerSequenceLengths):
         return type(mask)(mask.lengths[:1])
-    if isinstance(mask, And):
-        return And(_first(mask.first), _first(mask.second))
-    return mask
+    return And(_first(mask.first), _first(mask.second)) if isinstance(mask, And) else mask
 
 
 def alone(case: AttentionCase, inputs: Inputs) -> tuple[AttentionCase, Inputs]:
@@ -65,31 +58,24 @@ def check_batch_invariance(backend: Backend, kind: str, device: torch.device, *,
     """One 'batch-invariance-<kind>:<case id>' fwd row: observed (or why it could not run)."""
     executor = executor if executor is not None else make_executor()
     case = invariance_case(kind, probe_dtype(backend, device), device)
-    tag = f"batch-invariance-{kind}"
-
-    def row(status: str, observed: str = "", reason: str = "") -> Row:
-        return probe_row(case, backend, device, tag=tag, phase=FWD, status=status, observed=observed,
-                         reason=reason, run_id=run_id)
-
+    row = partial(probe_row, case, backend, device, tag=f"batch-invariance-{kind}", phase=FWD, run_id=run_id)
     inputs = make_inputs(case, "cpu", seed)
     pair = ((case, inputs), alone(case, inputs))
     gate = refused(backend, case, device, executor) or refused(backend, pair[1][0], device, executor)
     if gate:
-        return row(gate[0], "", gate[1])
+        return row(status=gate[0], reason=gate[1])
     outs = []
     for c, x in pair:
         answer = executor.call(backend, Call(c, None, x), device)
         if answer.failure is not None:
-            return row(ERROR, "", answer.failure.reason)
+            return row(status=ERROR, reason=answer.failure.reason)
         outs.append(answer.out)
     _, seen = compare(outs[0][:1], outs[1])
-    return row(OBSERVED, seen, "recorded: no backend promises batch invariance")
+    return row(status=OBSERVED, observed=seen, reason="recorded: no backend promises batch invariance")
 
 
 def batch_invariance_check(backend: Backend, device: torch.device, case: AttentionCase, seed: int = 0) -> dict:
-    """The advisor's deployment check on the workload itself: {batch_invariant: yes/no/error, batch_invariance_note}
-    - sequence 0's forward output alone vs in the workload's batch, in this process (the advisor's executor runs it
-    where the backend runs)."""
+    """The advisor's check on its workload, in this process: {batch_invariant: yes/no/error, batch_invariance_note}."""
     try:
         inputs = make_inputs(case, device, seed)
         outs = []

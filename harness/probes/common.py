@@ -1,37 +1,36 @@
-"""Shared plumbing of the probes: the dtype a probe uses, the refusal rows, and classifying a block of values."""
+"""Shared plumbing of the probes: their dtype, rows and refusals, a question's Probe and Answer, classifying values."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
 from harness.backends.base import Backend
+from harness.execution.cache import LRU, cached
+from harness.execution.call import Call
 from harness.execution.executor import Executor, make_executor
-from harness.execution.runner import refusal
+from harness.execution.runner import prepare_case, refusal
+from harness.oracle.prepared import PreparedCase
 from harness.oracle.verdict import FLOORS, Check
-from harness.spec.case import AttentionCase
+from harness.spec.case import AttentionCase, Inputs
 from harness.store.rows import make_row
-from harness.store.schema import JUDGED, UNSUPPORTED, Row
+from harness.store.schema import JUDGED, OBSERVED, UNSUPPORTED, Row
 
-#: how close to mean(V) a block must be to be called so: ten of the verdict's floors of fp16, the least precise
-#: dtype a probe uses (probe_dtype)
+#: how close to mean(V) a block must be to be called so: ten fp16 floors (the least precise dtype a probe uses)
 MEAN_V_TOLERANCE = 10 * FLOORS[torch.float16]
 
 
 def probe_dtype(backend: Backend, device: torch.device) -> torch.dtype:
-    """The dtype a probe uses: fp32 on CPU (least rounding noise); fp16 on GPU, the one dtype every fused GPU
-    kernel takes (SDPA flash and FA2 refuse fp32, and a refusal would hide the kernel's semantics). A backend
-    that declares neither gets its first declared dtype."""
+    """fp32 on CPU (least rounding noise); fp16 on GPU, which every fused kernel takes; else its first dtype."""
     preferred = torch.float16 if device.type == "cuda" else torch.float32
-    if backend.dtypes is None or preferred in backend.dtypes:
-        return preferred
-    return backend.dtypes[0]
+    return preferred if backend.dtypes is None or preferred in backend.dtypes else backend.dtypes[0]
 
 
 def probe_row(case: AttentionCase, backend: Backend, device: torch.device, *, tag: str, phase: str, status: str,
               observed: str = "", reason: str = "", checks: list[Check] | None = None, run_id: str = "",
               op: str = "", **columns) -> Row:
-    """One row about `case` under `tag` (the id 'tag:<case id>' keeps it apart from the matrix's rows); `op` names
-    the kernel that ran, as the call's result brought it back from where it ran (CallResult.op)."""
+    """One row about `case` under `tag` (id 'tag:<case id>'); `op`: the kernel that ran (CallResult.op)."""
     return make_row(run_id=run_id, case=case, backend=backend.name, backend_version=backend.version(), phase=phase,
                     device=device, status=status, reason=reason, checks=checks or (), tag=tag, observed=observed,
                     backend_op=op if status in JUDGED else "", **columns)
@@ -40,7 +39,6 @@ def probe_row(case: AttentionCase, backend: Backend, device: torch.device, *, ta
 def refused(backend: Backend, case: AttentionCase, device: torch.device, executor: Executor | None = None, *,
             backward: bool = False, dropout: bool = False) -> tuple[str, str] | None:
     """(status, reason) when the probe cannot run here: unavailable, or unsupported by the capability data."""
-    executor = executor if executor is not None else make_executor()
     gate = refusal(backend, case, device, executor)
     if gate:
         return gate
@@ -48,9 +46,19 @@ def refused(backend: Backend, case: AttentionCase, device: torch.device, executo
     return (UNSUPPORTED, "; ".join(reasons)) if reasons else None
 
 
+def empty_rows(case: AttentionCase) -> torch.Tensor:
+    """(B, H, Sq) bool: query rows that see no key."""
+    return ~case.key_mask().any(-1).expand(case.batch, case.heads, case.seq_q)
+
+
+def mean_v(case: AttentionCase, inputs: Inputs) -> torch.Tensor:
+    """(B, H, Sq, Dv) float64: each row's uniform average of V over every key (a finite mask on an empty row)."""
+    v = inputs.v.to("cpu", torch.float64).repeat_interleave(case.heads // case.kv_heads, dim=1)
+    return v.mean(2, keepdim=True).expand(case.batch, case.heads, case.seq_q, case.head_dim_v)
+
+
 def classify(values: torch.Tensor, mean_v: torch.Tensor | None = None) -> str:
-    """What a block of values is: all '0', has 'NaN', has 'inf', equals 'mean(V)' (a uniform softmax over every
-    key, what a finite mask value gives an empty row) or anything else ('garbage')."""
+    """What a block of values is: all '0', has 'NaN', has 'inf', equals 'mean(V)' or anything else ('garbage')."""
     x = values.detach().to("cpu", torch.float64)
     if x.numel() == 0 or bool((x == 0).all()):
         return "0"
@@ -64,3 +72,48 @@ def classify(values: torch.Tensor, mean_v: torch.Tensor | None = None) -> str:
         if bool(torch.allclose(x, m, rtol=MEAN_V_TOLERANCE, atol=atol)):
             return "mean(V)"
     return "garbage"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Who is asked, where, with which seed, where its calls run, and the run's probe cache (None: no sharing)."""
+
+    backend: Backend
+    device: torch.device
+    seed: int = 0
+    executor: Executor = field(default_factory=make_executor)
+    cache: LRU | None = None
+
+    def prepared(self, case: AttentionCase) -> PreparedCase:
+        return cached(self.cache, ("prepared", case, str(self.device), self.seed),
+                      lambda: prepare_case(case, self.device, self.seed))
+
+    def call(self, case: AttentionCase, inputs: Inputs, **call) -> tuple[torch.Tensor | None, str]:
+        """(output in canonical layout, or None; why not) of one call on given inputs, without gradients."""
+        answer = self.executor.call(self.backend, Call(case, None, inputs, **call), self.device)
+        return (None, answer.failure.reason) if answer.failure is not None else (answer.out, "")
+
+
+@dataclass
+class Answer:
+    """A question's answer for one backend: status observed/unsupported/unavailable, the value, why."""
+
+    status: str
+    observed: str = ""
+    reason: str = ""
+    checks: list[Check] = field(default_factory=list)
+
+
+def skip(probe: Probe, case: AttentionCase) -> Answer | None:
+    """The answer when `probe`'s backend cannot run `case` here (unavailable or unsupported), else None."""
+    gate = refused(probe.backend, case, probe.device, probe.executor)
+    return Answer(gate[0], "", gate[1]) if gate else None
+
+
+def matching(checks: dict[str, Check]) -> Answer:
+    """The first candidate whose check passed, else 'neither' with every candidate's error."""
+    for name, check in checks.items():
+        if check.passed:
+            return Answer(OBSERVED, name, checks=[check])
+    errs = ", ".join(f"{name} {c.err:.3g}" for name, c in checks.items())
+    return Answer(OBSERVED, "neither", f"err vs {errs}", list(checks.values()))

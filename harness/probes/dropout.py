@@ -1,13 +1,4 @@
-"""Dropout through a backend's native_dropout probe: judged statistically, its RNG stream only recorded.
-
-With V = identity (head_dim = seq_k) the output row *is* the dropped, rescaled attention row, so the kept
-pattern is visible without any hook into the kernel. Checks (pass/fail):
-- kept fraction within Z binomial standard deviations of 1 - p;
-- every kept weight equals P / (1 - p) (inverted dropout), dropped ones are exactly 0;
-- unbiased: the mean row sum over repeats is 1 within Z standard errors;
-- backward uses the forward's mask: dV == P_dropped^T @ dO.
-The mask a seed produces differs across libraries (different RNG streams); that is recorded, never failed.
-"""
+"""Dropout through a backend's native_dropout probe: judged statistically, its RNG stream only recorded."""
 
 from __future__ import annotations
 
@@ -29,38 +20,20 @@ P = 0.25
 REPEATS = 8
 #: standard deviations allowed: a correct backend fails a check with probability ~6e-7
 Z = 5.0
-#: relative tolerance of a kept weight against P / (1 - p): the verdict's floor (verdict.FLOORS) in fp32/fp64,
-#: ten of them in fp16/bf16, where the kept weight is rounded to the input dtype once more than the reference
+#: relative tolerance of a kept weight against P / (1 - p): the verdict's floor, ten of them in fp16/bf16 (the kept
+#: weight is rounded to the input dtype once more than the reference)
 RTOL = {dtype: floor * (10 if dtype in (torch.float16, torch.bfloat16) else 1) for dtype, floor in FLOORS.items()}
 #: weights below this are left out of the kept-fraction count: in fp16/bf16 they may round to 0 when kept
 _MIN_WEIGHT = 1e-3
 
 
 def dropout_case(dtype: torch.dtype) -> AttentionCase:
-    """(2, 4, 32x32, head_dim 32): head_dim = seq_k so V can be the identity."""
+    """head_dim = seq_k, so V can be the identity."""
     return AttentionCase(2, 4, 32, 32, dtype)
-
-
-def _identity_inputs(case: AttentionCase, device: torch.device, seed: int) -> Inputs:
-    q, k, _, d_out = make_inputs(case, device, seed)[:4]
-    eye = torch.eye(case.seq_k, dtype=case.dtype, device=device)
-    return Inputs(q, k, eye.expand(case.batch, case.kv_heads, case.seq_k, case.head_dim).contiguous(), d_out)
 
 
 class _Refused(Exception):
     """A dropout call gave no output; the message is the backend's reason."""
-
-
-def _run(executor: Executor, backend: Backend, device: torch.device, inputs: Inputs, case: AttentionCase, seed: int,
-         grad: bool):
-    """One seeded native_dropout call, canonical layout, CPU: (out, dV or None, the kernel that ran); the global RNG
-    is left alone."""
-    answer = executor.call(backend, Call(case, None, inputs, entry="native_dropout", p=P, backward=grad,
-                                         rng_seed=seed), device)
-    failure = answer.failure or answer.backward_failure
-    if failure is not None:
-        raise _Refused(failure.reason)
-    return answer.out, answer.grads.get("dv"), answer.op
 
 
 def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
@@ -77,11 +50,23 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
     gate = refused(backend, case, device, executor, dropout=True)
     if gate:
         return rows((gate[0], "", gate[1]))
-    inputs = _identity_inputs(case, device, seed)
+    q, k, _, d_out = make_inputs(case, device, seed)[:4]
+    eye = torch.eye(case.seq_k, dtype=case.dtype, device=device)
+    inputs = Inputs(q, k, eye.expand(case.batch, case.kv_heads, case.seq_k, case.head_dim).contiguous(), d_out)
     probs = reference_attention(case, inputs, grads=False).out.cpu()    # V = I: the undropped attention weights
+
+    def run(rng_seed: int, grad: bool = False):
+        """One seeded native_dropout call: (out, dV or None, the kernel that ran); the global RNG is left alone."""
+        call = Call(case, None, inputs, entry="native_dropout", p=P, backward=grad, rng_seed=rng_seed)
+        answer = executor.call(backend, call, device)
+        failure = answer.failure or answer.backward_failure
+        if failure is not None:
+            raise _Refused(failure.reason)
+        return answer.out, answer.grads.get("dv"), answer.op
+
     try:
-        outs = [_run(executor, backend, device, inputs, case, seed + r, grad=False)[0].double() for r in range(REPEATS)]
-        again, _, op = _run(executor, backend, device, inputs, case, seed, grad=False)
+        outs = [run(seed + r)[0].double() for r in range(REPEATS)]
+        again, _, op = run(seed)
         again = again.double()
     except _Refused as exc:  # a library that refuses dropout here (e.g. a kernel without it) says so
         return rows((UNSUPPORTED, "refused", str(exc)))
@@ -95,15 +80,13 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
     rel = max(float(torch.where(o != 0, (o - expected).abs() / expected.clamp_min(1e-30), 0.0).max()) for o in outs)
     sums = torch.stack([o.sum(-1) for o in outs]).flatten()
     sum_bound = Z * float(sums.std()) / math.sqrt(sums.numel())
-    failures = []
-    if abs(frac - (1 - P)) > bound:
-        failures.append(f"kept fraction {frac:.4f} outside {1 - P} +- {bound:.4f}")
-    if rel > RTOL[case.dtype]:
-        failures.append(f"kept weights differ from P/(1-p) by {rel:.3g} (relative) > {RTOL[case.dtype]:g}")
-    if abs(float(sums.mean()) - 1) > sum_bound:
-        failures.append(f"biased: mean row sum {float(sums.mean()):.4f} outside 1 +- {sum_bound:.4f}")
+    mean = float(sums.mean())
+    failures = [why for bad, why in (
+        (abs(frac - (1 - P)) > bound, f"kept fraction {frac:.4f} outside {1 - P} +- {bound:.4f}"),
+        (rel > RTOL[case.dtype], f"kept weights differ from P/(1-p) by {rel:.3g} (relative) > {RTOL[case.dtype]:g}"),
+        (abs(mean - 1) > sum_bound, f"biased: mean row sum {mean:.4f} outside 1 +- {sum_bound:.4f}")) if bad]
     digest = hashlib.sha1(kept[0].numpy().tobytes()).hexdigest()[:12]
-    observed = (f"kept {frac:.4f} (1-p={1 - P}, bound {bound:.4f}); mean row sum {float(sums.mean()):.4f}; "
+    observed = (f"kept {frac:.4f} (1-p={1 - P}, bound {bound:.4f}); mean row sum {mean:.4f}; "
                 f"seed {seed} mask sha1 {digest}; same seed repeats: {'yes' if torch.equal(again, outs[0]) else 'no'}")
     fwd = (FAIL if failures else PASS, observed, "; ".join(failures))
 
@@ -111,7 +94,7 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
     if no_backward:
         return rows(fwd, (UNSUPPORTED, "", "; ".join(no_backward)), op)
     try:
-        out, dv, op = _run(executor, backend, device, inputs, case, seed, grad=True)
+        out, dv, op = run(seed, grad=True)
     except _Refused as exc:
         return rows(fwd, (ERROR, "", str(exc)), op)
     out64, dv64 = out.to("cpu", torch.float64), dv.to("cpu", torch.float64)

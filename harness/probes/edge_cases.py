@@ -1,32 +1,23 @@
-"""Edge cases that must be correct: each is a case plus how its inputs reach the backend, judged like any case.
-
-Arrangements (the values never change, only how the backend receives them, so the reference is the case's):
-- plain:       contiguous, as in the correctness suite;
-- noncontig:   q/k/v are transposed views of (B, S, H, D)-ordered storage for 'bhsd' backends (and the
-               reverse for 'bshd'), and the upstream gradient dO arrives non-contiguous too;
-- fused-qkv:   q/k/v are slices of one (..., 3 * head_dim) buffer, as a fused QKV projection leaves them;
-- expanded-kv: an MQA case whose single K/V head reaches the backend expanded (stride 0) to every head;
-- nan-tail:    K/V storage runs past seq_k and holds NaN there: an out-of-bounds read shows as NaN.
-Magnitudes scale q/k/v before the run (randn x3, x10, fp16 near overflow); the reference uses the same values.
-"""
+"""Edge cases that must be correct: a case plus how its inputs reach the backend, judged like any case."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 
 from harness.backends.base import Backend
 from harness.execution.cache import LRU, cached
-from harness.execution.executor import Executor, make_executor
+from harness.execution.executor import Executor
 from harness.execution.runner import execute, prepare_case
 from harness.spec.case import AttentionCase, Inputs, make_inputs
-from harness.spec.masks import MaskSpec, parse_mask
+from harness.spec.masks import parse_mask
 from harness.spec.matrices import RUNTIME_CLASSES
 from harness.store.schema import BASELINE, Row
 
 ARRANGEMENTS = ("plain", "noncontig", "fused-qkv", "expanded-kv", "nan-tail")
-#: the runtime classes that run probes (a smoke matrix runs none: spec/matrices.RUNTIME_CLASSES)
+#: the runtime classes that run probes (a smoke matrix runs none)
 TIERS = RUNTIME_CLASSES[1:]
 #: extra NaN-filled positions past the end of K/V storage in 'nan-tail' (more than a typical 16-key tile edge)
 NAN_TAIL = 37
@@ -34,7 +25,7 @@ NAN_TAIL = 37
 
 @dataclass(frozen=True)
 class EdgeCase:
-    """A named edge case: the case, how its inputs are arranged, how they are scaled, and its tier."""
+    """A named edge case: the case, how its inputs are arranged (ARRANGEMENTS), how they are scaled, its tier."""
 
     name: str
     case: AttentionCase
@@ -87,8 +78,7 @@ def _relaid(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Arranged:
-    """How the leaf tensors reach the backend (an execution.call.Arrangement): views of them, so gradients flow
-    back to the leaves, and the upstream gradient made non-contiguous for 'noncontig'."""
+    """How the leaf tensors reach the backend (an execution.call.Arrangement): views, so gradients reach them."""
 
     arrange: str
 
@@ -108,13 +98,9 @@ class Arranged:
         elif self.arrange == "expanded-kv":
             heads = q.shape[head_dim]
             k, v = (t.expand(*[heads if i == head_dim else n for i, n in enumerate(t.shape)]) for t in (k, v))
-        elif self.arrange == "nan-tail":
-            def padded(t):
-                tail = list(t.shape)
-                tail[seq_dim] = NAN_TAIL
-                nan = torch.full(tail, float("nan"), dtype=t.dtype, device=t.device)
-                return torch.cat([t, nan], dim=seq_dim).narrow(seq_dim, 0, t.shape[seq_dim])
-            k, v = padded(k), padded(v)
+        elif self.arrange == "nan-tail":                                  # storage runs on past seq_k, in NaN
+            pad = (0, 0) * (3 - seq_dim) + (0, NAN_TAIL)
+            k, v = (F.pad(t, pad, value=float("nan")).narrow(seq_dim, 0, t.shape[seq_dim]) for t in (k, v))
         return q, k, v
 
     def output(self, out: torch.Tensor) -> torch.Tensor:
@@ -135,21 +121,18 @@ def edge_inputs(edge: EdgeCase, device: torch.device, seed: int = 0) -> Inputs:
 
 def run_edge(edge: EdgeCase, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
              executor: Executor | None = None, cache: LRU | None = None) -> list[Row]:
-    """Forward and backward of `backend` on the edge case, judged against the float64 reference: rows 'edge:...'.
-    The edge case's reference and naive baseline are kept in `cache` (the run's prepared cases: the suite runs
-    edge cases case-major, backend by backend), else computed for this call alone."""
-    executor = executor if executor is not None else make_executor()
+    """Rows 'edge:...' of `backend` on the edge case, judged; its reference is kept in `cache` (prepared cases)."""
     arrangement = None if edge.arrange == "plain" else Arranged(edge.arrange)
     prepared = cached(cache, (edge, str(device), seed),
                       lambda: prepare_case(edge.case, device, inputs=edge_inputs(edge, device, seed)))
     return execute(backend, prepared, run_id, arrangement=arrangement, executor=executor, tag=edge.tag).rows
 
 
-def _case(dtype: str, seq_q: int, head_dim: int = 64, mask: str | MaskSpec = "none", *, batch: int = 2,
-          heads: int = 4, kv_heads: int | None = None, seq_k: int | None = None) -> AttentionCase:
+def _case(dtype: str, seq_q: int, head_dim: int = 64, mask: str = "none", *, batch: int = 2, heads: int = 4,
+          kv_heads: int | None = None, seq_k: int | None = None) -> AttentionCase:
     seq_k = seq_q if seq_k is None else seq_k
-    spec = parse_mask(mask, batch=batch, seq_k=seq_k) if isinstance(mask, str) else mask
-    return AttentionCase(batch, heads, seq_q, head_dim, dtype, kv_heads=kv_heads, seq_k=seq_k, mask=spec)
+    return AttentionCase(batch, heads, seq_q, head_dim, dtype, kv_heads=kv_heads, seq_k=seq_k,
+                         mask=parse_mask(mask, batch=batch, seq_k=seq_k))
 
 
 _NAIVE_QK = "naive computes q @ k^T in the input dtype before scaling (by design), so fp16 scores overflow"
@@ -157,8 +140,7 @@ _NAIVE_DP = "naive's autograd keeps dO @ V^T in the input dtype (by design), so 
 
 
 def edge_cases(tier: str = "default") -> list[EdgeCase]:
-    """The edge cases of a tier ('full' includes 'default'). The default tier only adds what the default
-    correctness matrix lacks (seq 2 and 1025, head dims 160-224, strided and scaled inputs, cross-attention)."""
+    """The edge cases of a tier ('full' includes 'default', which adds only what the default matrix lacks)."""
     if tier not in TIERS:
         raise ValueError(f"tier={tier!r}; allowed: {', '.join(TIERS)}")
     cases = [
@@ -174,8 +156,7 @@ def edge_cases(tier: str = "default") -> list[EdgeCase]:
         EdgeCase("nan-tail", _case("fp32", 33, mask="keypad", seq_k=40), "nan-tail"),
         EdgeCase("randn3", _case("bf16", 129, mask="causal"), magnitude=(3.0, 3.0, 3.0)),
         EdgeCase("randn10", _case("fp32", 129), magnitude=(10.0, 10.0, 10.0)),
-        # fp16 near overflow, with every true result well inside fp16's range (|x| <= 65504):
-        # scaled scores of +-150, where exp() overflows fp16 unless the row max is subtracted first;
+        # fp16 near overflow, every true result inside its range: scores of +-150 overflow exp() without the row max;
         EdgeCase("fp16-large-scores", _case("fp16", 64, mask="causal"), magnitude=(6.0, 6.0, 1.0)),
         # unscaled q.k up to ~1e5, past 65504, while scale * q.k stays finite;
         EdgeCase("fp16-qk-overflow", _case("fp16", 64, mask="causal"), magnitude=(48.0, 48.0, 1.0),
@@ -197,8 +178,7 @@ def edge_cases(tier: str = "default") -> list[EdgeCase]:
                   for dt in ("fp16", "bf16") for arr in ("noncontig", "fused-qkv", "expanded-kv")]
         cases += [EdgeCase("nan-tail", _case(dt, 113, mask=m, seq_k=203), "nan-tail", tier="full")
                   for dt in ("fp16", "bf16") for m in ("keypad", "causal-br")]
-        # randn x 10 in bf16 is left out: scores of magnitude ~300 round by 2 in bf16, so the same-precision
-        # naive baseline exceeds its own fixed bound and the case could not be judged
+        # not randn x 10 in bf16: scores ~300 round by 2, so the naive baseline exceeds its own bound (unjudgeable)
         cases += [EdgeCase(f"randn{m:g}", _case(dt, 257, mask="causal"), magnitude=(m, m, m), tier="full")
                   for dt, m in (("fp32", 3.0), ("fp16", 3.0), ("bf16", 3.0), ("fp32", 10.0), ("fp16", 10.0))]
         cases += [EdgeCase("cross-keypad", _case(dt, sq, mask="keypad", seq_k=sk), tier="full")

@@ -1,10 +1,4 @@
-"""Empty tensors (batch 0, seq_q 0, seq_k 0) per backend, probed in the backend's worker: a crash is a result too.
-
-An empty problem has no AttentionCase (the spec requires sizes >= 1), so the probe builds the tensors itself.
-Verdict: the output has q's shape and is finite (rows with no key are 0, as everywhere in the harness);
-gradients have their inputs' shapes and are finite. A clean exception means 'unsupported'; a process that
-dies (a signal, as compiled FlexAttention on CPU does with seq 0) is an 'error' - the worker is replaced.
-"""
+"""Empty tensors (batch 0, seq_q 0, seq_k 0) per backend, probed in the backend's worker: a crash is a result too."""
 
 from __future__ import annotations
 
@@ -19,14 +13,10 @@ from harness.spec.case import AttentionCase, dtype_name
 from harness.store.schema import ERROR, FAIL, FWD_BWD, PASS, UNAVAILABLE, UNSUPPORTED, Row
 
 #: name -> (batch, heads, seq_q, seq_k, head_dim)
-SHAPES: dict[str, tuple[int, int, int, int, int]] = {
-    "batch0": (0, 2, 5, 7, 16),
-    "seq_q0": (2, 2, 0, 7, 16),
-    "seq_k0": (2, 2, 5, 0, 16),
-}
+SHAPES: dict[str, tuple[int, int, int, int, int]] = {"batch0": (0, 2, 5, 7, 16), "seq_q0": (2, 2, 0, 7, 16),
+                                                     "seq_k0": (2, 2, 5, 0, 16)}
 
-#: (backend, device type, shape) -> why that probe is expected to fail: the suite marks these strict xfail,
-#: so the CSV keeps the error and a fixed version shows up as an unexpected pass
+#: (backend, device type, shape) -> why that probe is expected to fail (strict xfail: a fix shows as a pass)
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
     ("flex", "cpu", "seq_q0"): "compiled flex_attention kills the process with SIGFPE on CPU for seq_q=0 "
                                "(seen with torch 2.13; eager flex returns the empty output)",
@@ -36,8 +26,7 @@ KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
 
 
 def probe(backend: Backend, device: torch.device, shape: str) -> dict:
-    """Run forward and backward on one empty shape where called: {'status', 'observed', 'reason', 'op'} (op: the
-    kernel that ran, named by the backend's plan)."""
+    """Forward and backward on one empty shape, where called: {'status', 'observed', 'reason', 'op'}."""
     if shape not in SHAPES:
         raise ValueError(f"unknown empty shape {shape!r}; allowed: {', '.join(SHAPES)}")
     b, h, sq, sk, d = SHAPES[shape]
@@ -49,8 +38,7 @@ def probe(backend: Backend, device: torch.device, shape: str) -> dict:
     canon = [torch.randn(s, generator=gen).to(device, dtype) for s in ((b, h, sq, d), (b, h, sk, d), (b, h, sk, d))]
     grad = not backend.backward_reasons(device)
     q, k, v = (backend.to_layout(t).contiguous().requires_grad_(grad) for t in canon)
-    # No AttentionCase describes an empty problem, so the backend's prepared state (its plan for an unmasked call,
-    # which depends on no size) comes from the nearest non-empty case; the kernel itself sees the empty tensors.
+    # the backend's plan for an unmasked call depends on no size: the nearest non-empty case gives it
     stand_in = AttentionCase(max(b, 1), h, max(sq, 1), d, dtype, seq_k=max(sk, 1))  # unmasked, scale d ** -0.5
     try:
         call = BoundCall(backend, stand_in, device)
@@ -72,13 +60,11 @@ def probe(backend: Backend, device: torch.device, shape: str) -> dict:
         if g is not None and (g.shape != t.shape or not bool(torch.isfinite(g).all())):
             problems.append(f"d{name} has shape {tuple(g.shape)} or NaN/inf")
     observed = f"out {tuple(out_c.shape)}" + ("" if grad else "; no backward")
-    return dict(status=FAIL if problems else PASS, observed=observed, reason="; ".join(problems),
-                op=call.ops(grad)[0])
+    return dict(status=FAIL if problems else PASS, observed=observed, reason="; ".join(problems), op=call.ops(grad)[0])
 
 
 def probe_all(backends: list[Backend], device: torch.device, executor: Executor) -> dict:
-    """{(backend name, shape): outcome} for every shape, each probed through `executor` - an isolated one, since
-    a backend that dies on an empty problem must only end its worker."""
+    """{(backend name, shape): outcome} through `executor` (isolated: a backend that dies ends only its worker)."""
     results = {}
     for backend in backends:
         refused = executor.refusal(backend, device)

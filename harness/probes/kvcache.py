@@ -1,11 +1,4 @@
-"""Decode and chunked prefill against a KV cache, per backend, judged against one full causal pass.
-
-- decode: the last query alone over every cached key (CausalBottomRight, which is what a cache means) must
-  equal the last row of full causal attention - the float64 reference of that query - forward and backward.
-- chunked prefill: the sequence's queries in pieces, each over the keys cached so far (bottom-right causal):
-  each chunk is judged like any case, then the pieces together (outputs stacked, dQ stacked, dK/dV summed
-  over chunks) are judged against the float64 reference of the one full pass.
-"""
+"""Decode and chunked prefill against a KV cache, per backend, judged against one full causal pass."""
 
 from __future__ import annotations
 
@@ -16,6 +9,7 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.executor import Executor, make_executor
 from harness.execution.runner import execute, prepare_case
+from harness.oracle.prepared import PreparedCase
 from harness.oracle.verdict import judge
 from harness.probes.common import probe_row
 from harness.spec.case import AttentionCase, Inputs, make_inputs
@@ -23,14 +17,12 @@ from harness.spec.masks import Causal, CausalBottomRight
 from harness.store.schema import BWD, FAIL, FWD, GRADS, PASS, Row
 
 
-def _slice(inputs: Inputs, start: int, stop: int) -> Inputs:
-    """Queries (and their upstream gradient) start:stop, keys and values 0:stop - the cache at that point."""
+def _chunk(full: AttentionCase, inputs: Inputs, start: int, stop: int, device: torch.device) -> PreparedCase:
+    """Queries (and d_out) start:stop over the cache at that point, keys and values 0:stop (bottom-right causal)."""
     q, k, v, d_out = inputs[:4]
-    return Inputs(q[:, :, start:stop], k[:, :, :stop], v[:, :, :stop], d_out[:, :, start:stop])
-
-
-def _piece(full: AttentionCase, start: int, stop: int) -> AttentionCase:
-    return replace(full, seq_q=stop - start, seq_k=stop, mask=CausalBottomRight())
+    piece = replace(full, seq_q=stop - start, seq_k=stop, mask=CausalBottomRight())
+    sliced = Inputs(q[:, :, start:stop], k[:, :, :stop], v[:, :, :stop], d_out[:, :, start:stop])
+    return prepare_case(piece, device, inputs=sliced)
 
 
 def _full(case: AttentionCase) -> AttentionCase:
@@ -42,11 +34,8 @@ def _full(case: AttentionCase) -> AttentionCase:
 def decode_rows(backend: Backend, case: AttentionCase, device: torch.device, *, seed: int = 0,
                 run_id: str = "", executor: Executor | None = None) -> list[Row]:
     """Rows 'decode:<decode case id>' (fwd, bwd): the last query of `case` over its whole cache."""
-    executor = executor if executor is not None else make_executor()
     full = _full(case)
-    inputs = make_inputs(full, device, seed)
-    piece = _piece(full, full.seq_q - 1, full.seq_q)
-    prepared = prepare_case(piece, device, inputs=_slice(inputs, full.seq_q - 1, full.seq_q))
+    prepared = _chunk(full, make_inputs(full, device, seed), full.seq_q - 1, full.seq_q, device)
     return execute(backend, prepared, run_id, executor=executor, tag="decode").rows
 
 
@@ -69,8 +58,8 @@ def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: tor
     have_grads = True
     ops: dict[str, str] = {}                                            # phase -> the kernel the chunks ran
     for i, (start, stop) in enumerate(chunk_bounds(full.seq_q, chunks)):
-        prepared = prepare_case(_piece(full, start, stop), device, inputs=_slice(inputs, start, stop))
-        result = execute(backend, prepared, run_id, executor=executor, tag=f"prefill:chunk{i + 1}of{chunks}")
+        result = execute(backend, _chunk(full, inputs, start, stop, device), run_id, executor=executor,
+                         tag=f"prefill:chunk{i + 1}of{chunks}")
         rows += result.rows
         ops = {row.phase: row.backend_op for row in result.rows}
         if result.out is None:
@@ -88,14 +77,12 @@ def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: tor
     def check(name, actual, expected):
         return judge(name, actual, expected, full.dtype, whole.naive_error(name, backend.name))
 
-    tag = f"prefill:assembled{chunks}"
-    fwd = check("out", torch.cat(outs, dim=2), ref.out)
-    rows.append(probe_row(full, backend, device, tag=tag, phase=FWD, status=PASS if fwd.passed else FAIL,
-                          reason="" if fwd.passed else fwd.describe(), checks=[fwd], run_id=run_id,
-                          op=ops.get(FWD, "")))
+    judged = {FWD: [check("out", torch.cat(outs, dim=2), ref.out)]}
     if have_grads:
-        grads = [check("dq", torch.cat(dq, dim=2), ref.dq), check("dk", dk, ref.dk), check("dv", dv, ref.dv)]
-        bad = [c.describe() for c in grads if not c.passed]
-        rows.append(probe_row(full, backend, device, tag=tag, phase=BWD, status=FAIL if bad else PASS,
-                              reason="; ".join(bad), checks=grads, run_id=run_id, op=ops.get(BWD, "")))
+        judged[BWD] = [check("dq", torch.cat(dq, dim=2), ref.dq), check("dk", dk, ref.dk), check("dv", dv, ref.dv)]
+    for phase, checks in judged.items():
+        bad = [c.describe() for c in checks if not c.passed]
+        rows.append(probe_row(full, backend, device, tag=f"prefill:assembled{chunks}", phase=phase,
+                              status=FAIL if bad else PASS, reason="; ".join(bad), checks=checks, run_id=run_id,
+                              op=ops.get(phase, "")))
     return rows

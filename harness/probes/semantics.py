@@ -1,33 +1,25 @@
-"""Semantics questions: where backends follow different conventions, record what each one does (status 'observed').
-
-Each question runs a small probe per backend and answers with a short value for the CSV `observed` column
-('top-left', 'out=0 dq=0 dk,dv=ok', ...). Questions about a library's own arguments use the native probes a
-backend declares in `native_probes` (the Backend contract), written next to its mask translation, in the
-backend's layout. A backend without the probe gets an 'unsupported' row saying so; a probe that raises is
-itself an answer ('refused', with the library's message as the reason), since refusing is a behaviour users
-need to know about.
-"""
+"""Semantics questions: where backends follow different conventions, record what each one does (status 'observed')."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import wraps
 from typing import Callable
 
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cache import LRU
+from harness.execution.cache import LRU, cached
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
 from harness.execution.runner import execute
 from harness.oracle.prepared import PreparedCase
 from harness.oracle.reference import reference_attention
 from harness.oracle.verdict import Check, judge
-from harness.probes.common import classify, probe_dtype, probe_row
-from harness.probes.modifier_semantics import MODIFIER_QUESTIONS
-from harness.probes.probe import Answer, Probe, skip
+from harness.probes.common import Answer, Probe, classify, empty_rows, matching, mean_v, probe_dtype, probe_row, skip
 from harness.spec.case import AttentionCase, Inputs
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, MaskSpec
+from harness.spec.modifiers import alibi_slopes, softcap_scores
 from harness.store.schema import BWD, ERROR, FWD, FWD_BWD, NOT_RUN, OBSERVED, UNSUPPORTED, Row
 
 #: batch element 0 sees no key at all (empty rows); element 1 sees keys 0-3 of 7 (partial rows)
@@ -37,96 +29,72 @@ SCALE = 0.3
 
 
 def semantics_case(dtype: torch.dtype) -> AttentionCase:
-    """The shared probe case: (2, 2, 5x7, 16), PADDING, SCALE."""
     return AttentionCase(2, 2, 5, 16, dtype, seq_k=7, mask=PADDING, scale=SCALE)
-
-
-def _naive_err(prepared: PreparedCase, backend: Backend, quantity: str) -> float | None:
-    return prepared.naive_error(quantity, backend.name)
-
-
-def _empty_rows(case: AttentionCase) -> torch.Tensor:
-    """(B, H, Sq) bool: query rows that see no key."""
-    return ~case.key_mask().any(-1).expand(case.batch, case.heads, case.seq_q)
-
-
-def _mean_v(case: AttentionCase, inputs: Inputs) -> torch.Tensor:
-    """(B, H, Sq, D): each row's uniform average of V over every key, what a finite mask value gives an empty row."""
-    v = inputs.v.to("cpu", torch.float64).repeat_interleave(case.heads // case.kv_heads, dim=1)
-    return v.mean(2, keepdim=True).expand(case.batch, case.heads, case.seq_q, case.head_dim)
 
 
 def _visible(x: torch.Tensor, case: AttentionCase) -> torch.Tensor:
     """x (B, H, Sq, D) with the empty rows zeroed, so checks judge only rows that see keys."""
-    return x.detach().to("cpu", torch.float64).masked_fill(_empty_rows(case)[..., None], 0.0)
+    return x.detach().to("cpu", torch.float64).masked_fill(empty_rows(case)[..., None], 0.0)
 
 
 def _judge_visible(out: torch.Tensor, ref: torch.Tensor, prepared: PreparedCase, backend: Backend) -> Check:
     case = prepared.case
-    return judge("out", _visible(out, case), _visible(ref, case), case.dtype, _naive_err(prepared, backend, "out"))
+    return judge("out", _visible(out, case), _visible(ref, case), case.dtype, prepared.naive_error("out", backend.name))
 
 
 def _state(check: Check) -> str:
     return "NaN" if check.nonfinite else ("ok" if check.passed else f"wrong(err {check.err:.2g})")
 
 
-def _spec_run(probe: Probe) -> tuple[PreparedCase, BackendResult, Answer | None]:
-    """The semantics case through the backend's own mask translation, forward and backward, and the answer
-    to give instead when that run produced no output (see _result_failure)."""
-    backend, device, seed = probe.backend, probe.device, probe.seed
-    prepared = probe.prepared(semantics_case(probe_dtype(backend, device)))
-    result = probe.cached(("spec", backend, str(device), seed),
-                          lambda: execute(backend, prepared, executor=probe.executor))
-    return prepared, result, _result_failure(result)
+def _on_spec_run(answer: Callable[[Probe, PreparedCase, BackendResult], Answer]) -> Callable:
+    """A question answered from the semantics case's run (forward and backward, once per probe cache); a run
+    without output answers instead: unsupported/unavailable stay so, an exception is the answer."""
+
+    @wraps(answer)
+    def question(probe: Probe) -> tuple[AttentionCase, Answer]:
+        backend, device = probe.backend, probe.device
+        prepared = probe.prepared(semantics_case(probe_dtype(backend, device)))
+        result = cached(probe.cache, ("spec", backend, str(device), probe.seed),
+                        lambda: execute(backend, prepared, executor=probe.executor))
+        if result.out is not None:
+            return prepared.case, answer(probe, prepared, result)
+        if result.status in NOT_RUN:
+            return prepared.case, Answer(result.status, "", result.reasons)
+        return prepared.case, Answer(OBSERVED, ERROR, result.reasons)
+
+    return question
 
 
-def _result_failure(result: BackendResult) -> Answer | None:
-    """A run that did not produce an output: unsupported/unavailable stay so; an exception is the answer."""
-    if result.out is not None:
-        return None
-    if result.status in NOT_RUN:
-        return Answer(result.status, "", result.reasons)
-    return Answer(OBSERVED, ERROR, result.reasons)
-
-
-def fully_masked_rows(probe: Probe) -> tuple[AttentionCase, Answer]:
+@_on_spec_run
+def fully_masked_rows(probe: Probe, prepared: PreparedCase, result: BackendResult) -> Answer:
     """Rows whose every key is masked: output 0 / NaN / mean(V) / garbage / error, and the gradients."""
-    prepared, result, failed = _spec_run(probe)
-    case = prepared.case
-    if failed:
-        return case, failed
-    empty = _empty_rows(case)
-    parts = [f"out={classify(result.out.cpu()[empty], _mean_v(case, prepared.inputs)[empty])}"]
+    empty = empty_rows(prepared.case)
+    parts = [f"out={classify(result.out.cpu()[empty], mean_v(prepared.case, prepared.inputs)[empty])}"]
     if "dq" in result.grads:
         parts.append(f"dq={classify(result.grads['dq'].cpu()[empty])}")
         dk, dv = _state(result.checks["dk"]), _state(result.checks["dv"])
         parts.append(f"dk,dv={dk}" if dk == dv else f"dk={dk} dv={dv}")
     else:
         parts.append(f"grads={result.row(BWD).status}")
-    return case, Answer(OBSERVED, " ".join(parts), result.reasons, list(result.checks.values()))
+    return Answer(OBSERVED, " ".join(parts), result.reasons, list(result.checks.values()))
 
 
-def scale_honoured(probe: Probe) -> tuple[AttentionCase, Answer]:
+@_on_spec_run
+def scale_honoured(probe: Probe, prepared: PreparedCase, result: BackendResult) -> Answer:
     """Is a non-default `scale` used (versus silently 1/sqrt(head_dim))? Judged on rows that see keys."""
-    prepared, result, failed = _spec_run(probe)
-    case = prepared.case
-    if failed:
-        return case, failed
     check = _judge_visible(result.out, prepared.reference.out, prepared, probe.backend)
     if check.passed:
-        return case, Answer(OBSERVED, "honoured", checks=[check])
-    default = reference_attention(replace(case, scale=None), prepared.inputs, grads=False).out.cpu()
+        return Answer(OBSERVED, "honoured", checks=[check])
+    default = reference_attention(replace(prepared.case, scale=None), prepared.inputs, grads=False).out.cpu()
     if _judge_visible(result.out, default, prepared, probe.backend).passed:
-        return case, Answer(OBSERVED, "ignored (used 1/sqrt(head_dim))", checks=[check])
-    return case, Answer(OBSERVED, f"wrong (err {check.err:.3g})", checks=[check])
+        return Answer(OBSERVED, "ignored (used 1/sqrt(head_dim))", checks=[check])
+    return Answer(OBSERVED, f"wrong (err {check.err:.3g})", checks=[check])
 
 
-def nan_in_masked_kv(probe: Probe) -> tuple[AttentionCase, Answer]:
+@_on_spec_run
+def nan_in_masked_kv(probe: Probe, prepared: PreparedCase, result: BackendResult) -> Answer:
     """NaN written into K or V at keys the mask hides: does it reach rows that see other keys?"""
-    prepared, result, failed = _spec_run(probe)
     case = prepared.case
-    if failed:
-        return case, failed
     hidden = ~case.key_mask(probe.device).any(2, keepdim=True).transpose(-1, -2)  # (B, 1, Sk, 1): keys nobody sees
     q, k, v, d_out = prepared.inputs[:4]
     parts = []
@@ -137,10 +105,11 @@ def nan_in_masked_kv(probe: Probe) -> tuple[AttentionCase, Answer]:
             parts.append(f"{name}=error ({why})")
         else:
             parts.append(f"{name}={'leaks' if bool(_visible(out, case).isnan().any()) else 'contained'}")
-    return case, Answer(OBSERVED, " ".join(parts))
+    return Answer(OBSERVED, " ".join(parts))
 
 
 def _native(probe: Probe, native: str, case: AttentionCase) -> Answer | None:
+    """The answer when the backend cannot run `case` or lacks the `native_<native>` probe, else None."""
     refusal = skip(probe, case)
     if refusal:
         return refusal
@@ -151,21 +120,16 @@ def _native(probe: Probe, native: str, case: AttentionCase) -> Answer | None:
 
 def _which(probe: Probe, case: AttentionCase, candidates: dict[str, MaskSpec | None]) -> Answer:
     """Call native_causal on `case` and name the candidate mask whose reference it matches."""
-    skip = _native(probe, "causal", case)
-    if skip:
-        return skip
+    refusal = _native(probe, "causal", case)
+    if refusal:
+        return refusal
     prepared = {name: probe.prepared(replace(case, mask=m)) for name, m in candidates.items()}
     inputs = next(iter(prepared.values())).inputs                       # same seed and shapes: same inputs
     out, why = probe.call(case, inputs, entry="native_causal")
     if out is None:
         return Answer(OBSERVED, "refused", why)
-    checks = {name: judge("out", out, p.reference.out, case.dtype, _naive_err(p, probe.backend, "out"))
-              for name, p in prepared.items()}
-    for name, check in checks.items():
-        if check.passed:
-            return Answer(OBSERVED, name, checks=[check])
-    errs = ", ".join(f"{name} {c.err:.3g}" for name, c in checks.items())
-    return Answer(OBSERVED, "neither", f"err vs {errs}", list(checks.values()))
+    return matching({name: judge("out", out, p.reference.out, case.dtype, p.naive_error("out", probe.backend.name))
+                     for name, p in prepared.items()})
 
 
 def causal_non_square(probe: Probe) -> tuple[AttentionCase, Answer]:
@@ -180,30 +144,35 @@ def decode_causal(probe: Probe) -> tuple[AttentionCase, Answer]:
     return case, _which(probe, case, {"sees all keys (causal off)": None, "sees key 0 only (top-left)": Causal()})
 
 
-def _mask_runs(probe: Probe) -> dict[str, tuple[torch.Tensor | None, str]]:
-    """native_mask with the semantics case's mask as bool, additive -inf and additive finfo.min tensors:
-    {form: (output or None, why not)} - refusing a mask kind is an answer."""
-    case = semantics_case(probe_dtype(probe.backend, probe.device))
-    prepared = probe.prepared(case)
-    dense = case.key_mask(probe.device)                                 # (B, 1, Sq, Sk)
-    zeros = torch.zeros(dense.shape, dtype=case.dtype, device=probe.device)
-    forms = {"bool": dense, "additive": zeros.masked_fill(~dense, float("-inf")),
-             "finfo.min": zeros.masked_fill(~dense, torch.finfo(case.dtype).min)}
-    return {name: probe.call(case, prepared.inputs, entry="native_mask", mask=mask) for name, mask in forms.items()}
+def _on_mask_runs(answer: Callable[[Probe, PreparedCase, dict], Answer]) -> Callable:
+    """A question answered from native_mask with the semantics case's mask as bool, additive -inf and additive
+    finfo.min tensors: {form: (output or None, why not)}, once per probe cache."""
+
+    @wraps(answer)
+    def question(probe: Probe) -> tuple[AttentionCase, Answer]:
+        case = semantics_case(probe_dtype(probe.backend, probe.device))
+        refusal = _native(probe, "mask", case)
+        if refusal:
+            return case, refusal
+        prepared = probe.prepared(case)
+
+        def run():
+            dense = case.key_mask(probe.device)                         # (B, 1, Sq, Sk)
+            zeros = torch.zeros(dense.shape, dtype=case.dtype, device=probe.device)
+            forms = {"bool": dense, "additive": zeros.masked_fill(~dense, float("-inf")),
+                     "finfo.min": zeros.masked_fill(~dense, torch.finfo(case.dtype).min)}
+            return {name: probe.call(case, prepared.inputs, entry="native_mask", mask=mask)
+                    for name, mask in forms.items()}
+
+        outs = cached(probe.cache, ("mask", probe.backend, str(probe.device), probe.seed), run)
+        return case, answer(probe, prepared, outs)
+
+    return question
 
 
-def _mask_outputs(probe: Probe) -> dict[str, tuple[torch.Tensor | None, str]]:
-    return probe.cached(("mask", probe.backend, str(probe.device), probe.seed), lambda: _mask_runs(probe))
-
-
-def mask_kinds(probe: Probe) -> tuple[AttentionCase, Answer]:
+@_on_mask_runs
+def mask_kinds(probe: Probe, prepared: PreparedCase, outs: dict) -> Answer:
     """Does the library take a bool mask (True = attend) and an additive one, with the right result?"""
-    case = semantics_case(probe_dtype(probe.backend, probe.device))
-    skip = _native(probe, "mask", case)
-    if skip:
-        return case, skip
-    prepared = probe.prepared(case)
-    outs = _mask_outputs(probe)
     parts, reasons, checks = [], [], []
     for name in ("bool", "additive"):
         out, why = outs[name]
@@ -213,44 +182,103 @@ def mask_kinds(probe: Probe) -> tuple[AttentionCase, Answer]:
             continue
         checks.append(_judge_visible(out, prepared.reference.out, prepared, probe.backend))
         parts.append(f"{name}={_state(checks[-1])}")
-    return case, Answer(OBSERVED, " ".join(parts), "; ".join(reasons), checks)
+    return Answer(OBSERVED, " ".join(parts), "; ".join(reasons), checks)
 
 
-def finite_negative_mask(probe: Probe) -> tuple[AttentionCase, Answer]:
+@_on_mask_runs
+def finite_negative_mask(probe: Probe, prepared: PreparedCase, outs: dict) -> Answer:
     """Masking with finfo(dtype).min instead of -inf: rows that see keys, and rows masked entirely."""
-    case = semantics_case(probe_dtype(probe.backend, probe.device))
-    skip = _native(probe, "mask", case)
-    if skip:
-        return case, skip
-    prepared = probe.prepared(case)
-    out, why = _mask_outputs(probe)["finfo.min"]
+    out, why = outs["finfo.min"]
     if out is None:
-        return case, Answer(OBSERVED, "refused", why)
+        return Answer(OBSERVED, "refused", why)
     check = _judge_visible(out, prepared.reference.out, prepared, probe.backend)
-    empty = _empty_rows(case)
-    full = classify(out[empty], _mean_v(case, prepared.inputs)[empty])
-    return case, Answer(OBSERVED, f"partial rows={_state(check)} masked rows={full}", checks=[check])
+    empty = empty_rows(prepared.case)
+    full = classify(out[empty], mean_v(prepared.case, prepared.inputs)[empty])
+    return Answer(OBSERVED, f"partial rows={_state(check)} masked rows={full}", checks=[check])
 
 
-#: question name -> (phase of its row, probe)
+def _candidate(case: AttentionCase, inputs: Inputs, *, cap_after_mask: bool = False, alibi=None) -> torch.Tensor:
+    """Float64 attention under one convention: the cap before (spec) or after the mask, and an ALiBi term
+    alibi(i, j, seq_q, seq_k) (None: no ALiBi). Empty rows give 0."""
+    g = case.heads // case.kv_heads
+    q, k, v = (t.to("cpu", torch.float64) for t in inputs[:3])
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = (q @ k.transpose(-1, -2)) * case.scale
+    if case.softcap is not None and not cap_after_mask:
+        s = softcap_scores(s, case.softcap)
+    if alibi is not None:
+        i, j = torch.arange(case.seq_q).view(-1, 1), torch.arange(case.seq_k).view(1, -1)
+        s = s + alibi_slopes(case.heads).double().view(-1, 1, 1) * alibi(i, j, case.seq_q, case.seq_k)
+    allowed = case.key_mask()
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    if case.softcap is not None and cap_after_mask:
+        s = softcap_scores(s, case.softcap)
+    visible = torch.isfinite(s).any(-1, keepdim=True)
+    return torch.softmax(s.masked_fill(~visible, 0.0), -1).masked_fill(~visible, 0.0) @ v
+
+
+def _modifier_run(probe: Probe, case: AttentionCase, answer: Callable) -> Answer:
+    """answer(prepared, out) of the backend's translation of `case`; not called when the backend cannot run it."""
+    refusal = skip(probe, case)
+    if refusal:
+        return refusal
+    prepared = probe.prepared(case)
+    out, why = probe.call(case, prepared.inputs)
+    return Answer(OBSERVED, "refused", why) if out is None else answer(prepared, out)
+
+
+def _convention(probe: Probe, case: AttentionCase, candidates: dict) -> Answer:
+    """Name the candidate (name -> float64 output of the inputs) that the backend's output matches."""
+    return _modifier_run(probe, case, lambda prepared, out: matching({
+        name: judge("out", out, ref(prepared.inputs), case.dtype, prepared.naive_error("out", probe.backend.name))
+        for name, ref in candidates.items()}))
+
+
+def softcap_order(probe: Probe) -> tuple[AttentionCase, Answer]:
+    """Softcap before the mask (the spec: masked keys stay -inf) or after it (they become -c and get weight)?"""
+    case = AttentionCase(2, 2, 5, 16, probe_dtype(probe.backend, probe.device), seq_k=7, mask=PADDING, softcap=2.0)
+    return case, _convention(probe, case, {
+        "before the mask": lambda x: _candidate(case, x),
+        "after the mask": lambda x: _candidate(case, x, cap_after_mask=True)})
+
+
+def alibi_convention(probe: Probe) -> tuple[AttentionCase, Answer]:
+    """ALiBi with seq_q=5 != seq_k=9, no mask: FA2's bottom-right |i + Sk - Sq - j| (the spec), top-left |i - j|,
+    attention-gym's (j - i) (not symmetric), or the sign flipped?"""
+    case = AttentionCase(2, 4, 5, 16, probe_dtype(probe.backend, probe.device), seq_k=9, alibi=True)
+    conventions = {"bottom-right symmetric (FA2)": lambda i, j, sq, sk: -(i + sk - sq - j).abs(),
+                   "top-left symmetric": lambda i, j, sq, sk: -(i - j).abs(),
+                   "kv_idx - q_idx (attention-gym)": lambda i, j, sq, sk: (j - i).double(),
+                   "sign flipped": lambda i, j, sq, sk: (i + sk - sq - j).abs()}
+    return case, _convention(probe, case, {name: (lambda x, f=f: _candidate(case, x, alibi=f))
+                                      for name, f in conventions.items()})
+
+
+def sink_empty_rows(probe: Probe) -> tuple[AttentionCase, Answer]:
+    """A row that sees no key, with a sink: 0 (the sink takes all the weight), NaN, mean(V) or garbage?"""
+    case = AttentionCase(2, 2, 5, 16, probe_dtype(probe.backend, probe.device), seq_k=7, mask=PADDING, sinks=True)
+    empty = empty_rows(case)
+    return case, _modifier_run(probe, case, lambda prepared, out: Answer(
+        OBSERVED, f"out={classify(out.cpu()[empty], mean_v(case, prepared.inputs)[empty])}"))
+
+
+#: the modifiers' questions (the cap's place, ALiBi's convention, a sink on an empty row)
+MODIFIER_QUESTIONS = {"softcap-order": (FWD, softcap_order), "alibi-convention": (FWD, alibi_convention),
+                      "sink-empty-rows": (FWD, sink_empty_rows)}
+
+
+#: question name -> (phase of its row, probe); one list for `ask` and every caller
 QUESTIONS: dict[str, tuple[str, Callable]] = {
-    "fully-masked-rows": (FWD_BWD, fully_masked_rows),
-    "causal-non-square": (FWD, causal_non_square),
-    "decode-causal": (FWD, decode_causal),
-    "finite-negative-mask": (FWD, finite_negative_mask),
-    "mask-kinds": (FWD, mask_kinds),
-    "scale": (FWD, scale_honoured),
-    "nan-in-masked-kv": (FWD, nan_in_masked_kv),
-}
-
-QUESTIONS.update(MODIFIER_QUESTIONS)  # one list for `ask` and every caller
+    "fully-masked-rows": (FWD_BWD, fully_masked_rows), "causal-non-square": (FWD, causal_non_square),
+    "decode-causal": (FWD, decode_causal), "finite-negative-mask": (FWD, finite_negative_mask),
+    "mask-kinds": (FWD, mask_kinds), "scale": (FWD, scale_honoured), "nan-in-masked-kv": (FWD, nan_in_masked_kv),
+    **MODIFIER_QUESTIONS}
 
 
 def ask(question: str, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
         executor: Executor | None = None, cache: LRU | None = None) -> Row:
-    """Answer one question for one backend as a CSV row (case_id 'semantics:<question>:<case id>'); its calls
-    run through `executor` (this process, or the backend's worker); runs shared by questions are kept in `cache`
-    (the run's probe cache), else made for this question alone."""
+    """One question's answer for one backend as a row 'semantics:<question>:<case id>'; `cache`: the probe cache."""
     executor = executor if executor is not None else make_executor()
     if question not in QUESTIONS:
         raise ValueError(f"unknown semantics question {question!r}; allowed: {', '.join(QUESTIONS)}")

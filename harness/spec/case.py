@@ -13,12 +13,8 @@ from harness.spec.masks import CacheCausal, MaskSpec
 from harness.spec.paged import cache_lengths, validate_paged_case
 from harness.store.schema import GRADS
 
-DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-    "fp64": torch.float64,
-}
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+                                  "fp64": torch.float64}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
@@ -40,21 +36,11 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES[dtype]
 
 
-def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r}: must be an int >= 1")
-    return value
-
-
 @dataclass(frozen=True)
 class AttentionCase:
-    """One attention problem. Tensors are described in the canonical layout (batch, heads, seq, head_dim).
-
-    q: (batch, heads, seq_q, head_dim); k: (batch, kv_heads, seq_k, head_dim); v: (batch, kv_heads, seq_k,
-    head_dim_v) (default head_dim). kv_heads < heads is grouped-query attention (MQA when 1): query head h uses kv
-    head h // (heads // kv_heads). softcap, sinks, alibi and bias are the modifiers of harness.spec.modifiers,
-    whose docstring gives their exact semantics.
-    """
+    """One attention problem. q: (batch, heads, seq_q, head_dim); k: (batch, kv_heads, seq_k, head_dim); v: (batch,
+    kv_heads, seq_k, head_dim_v). Query head h uses kv head h // (heads // kv_heads) (GQA; MQA when kv_heads is 1).
+    softcap, sinks, alibi and bias: harness.spec.modifiers (docs/variants.md)."""
 
     batch: int
     heads: int
@@ -70,25 +56,22 @@ class AttentionCase:
     alibi: bool = field(default=False, kw_only=True)
     bias: str | None = field(default=None, kw_only=True)
     head_dim_v: int | None = field(default=None, kw_only=True)
-    #: a paged KV cache of pages of this many keys (harness.spec.paged; mask=CacheCausal(lengths), seq_k the
-    #: longest cache); None: contiguous K/V
+    #: a paged KV cache of pages of this many keys (mask=CacheCausal(lengths), seq_k the longest); None: contiguous
     page_size: int | None = field(default=None, kw_only=True)
-    #: an FP8 (e4m3fn) KV cache with a float32 scale per "tensor" or per kv "head" (harness.spec.fp8): the backend
-    #: gets K and V as float8 with k_scale/v_scale; None: K and V in the case's dtype
+    #: an FP8 (e4m3fn) KV cache with a float32 scale per "tensor" or per kv "head" (harness.spec.fp8)
     fp8_kv: str | None = field(default=None, kw_only=True)
-    #: q float8 e4m3fn too, with q_scale per tensor or per kv-head group following fp8_kv (harness.spec.fp8): an FP8
-    #: Q/K/V case (FlashAttention-3's FP8 path), dtype bf16 (its output); False: q in the case's dtype
+    #: q float8 e4m3fn too, scaled per fp8_kv's granularity: an FP8 Q/K/V case (FlashAttention-3's), dtype bf16
     fp8_q: bool = field(default=False, kw_only=True)
 
     def __post_init__(self):
         for name in ("batch", "heads", "seq_q", "head_dim"):
-            _positive_int(name, getattr(self, name))
+            mods.validate_int(name, getattr(self, name))
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
-        kv_heads = self.heads if self.kv_heads is None else _positive_int("kv_heads", self.kv_heads)
+        kv_heads = self.heads if self.kv_heads is None else mods.validate_int("kv_heads", self.kv_heads)
         if self.heads % kv_heads:
             raise ValueError(f"heads={self.heads} is not a multiple of kv_heads={kv_heads}")
         object.__setattr__(self, "kv_heads", kv_heads)
-        object.__setattr__(self, "seq_k", self.seq_q if self.seq_k is None else _positive_int("seq_k", self.seq_k))
+        object.__setattr__(self, "seq_k", self.seq_q if self.seq_k is None else mods.validate_int("seq_k", self.seq_k))
         if self.mask is not None:
             if not isinstance(self.mask, MaskSpec):
                 raise ValueError(f"mask={self.mask!r}: must be a harness.masks spec or None")
@@ -102,7 +85,7 @@ class AttentionCase:
         mods.validate_flag("alibi", self.alibi)
         mods.validate_bias(self.bias)
         object.__setattr__(self, "head_dim_v", self.head_dim if self.head_dim_v is None
-                           else _positive_int("head_dim_v", self.head_dim_v))
+                           else mods.validate_int("head_dim_v", self.head_dim_v))
         if self.page_size is not None:
             validate_paged_case(self)
         if fp8.validate_fp8_kv(self.fp8_kv) is not None and (self.modifiers or self.dtype == torch.float64):
@@ -115,7 +98,6 @@ class AttentionCase:
 
     @property
     def modifiers(self) -> frozenset[str]:
-        """The modifiers this case uses (a subset of harness.spec.modifiers.MODIFIERS)."""
         present = {"softcap": self.softcap is not None, "sinks": self.sinks, "alibi": self.alibi,
                    "bias": self.bias is not None}
         return frozenset(name for name, on in present.items() if on)
@@ -129,7 +111,7 @@ class AttentionCase:
 
     @property
     def grads(self) -> tuple[str, ...]:
-        """The gradients judged for this case: dq, dk, dv, then dsinks and dbias where the case has them."""
+        """dq, dk, dv, then dsinks and dbias where the case has them."""
         return GRADS + tuple(g for m, g in mods.MODIFIER_GRADS.items() if m in self.modifiers)
 
     @property
@@ -138,11 +120,9 @@ class AttentionCase:
 
     @property
     def query_tokens(self) -> int:
-        """Query rows that carry a token: batch x seq_q, or a mixed serving step's sum of per-sequence query lengths
-        (CacheCausal.q_lens; its padding rows are not part of the workload)."""
-        if isinstance(self.mask, CacheCausal) and self.mask.mixed:
-            return sum(self.mask.q_lens)
-        return self.batch * self.seq_q
+        """Query rows that carry a token: batch x seq_q, or a mixed serving step's sum of CacheCausal.q_lens."""
+        mixed = isinstance(self.mask, CacheCausal) and self.mask.mixed
+        return sum(self.mask.q_lens) if mixed else self.batch * self.seq_q
 
     @property
     def mask_id(self) -> str:
@@ -154,32 +134,24 @@ class AttentionCase:
 
     @property
     def id(self) -> str:
-        """Stable readable id, e.g. 'bf16-b2-h8-s1024-d128-causal', 'fp32-b1-h8kv2-s113x203-d64-none' or
-        'bf16-b1-h16-s512-d192v128-causal-cap30-sink'."""
+        """Stable readable id, e.g. 'fp32-b1-h8kv2-s113x203-d64-none', 'bf16-b1-h16-s512-d192v128-causal-cap30'."""
         heads = f"h{self.heads}" + (f"kv{self.kv_heads}" if self.kv_heads != self.heads else "")
         seq = f"s{self.seq_q}" + (f"x{self.seq_k}" if self.seq_k != self.seq_q else "")
         dims = f"d{self.head_dim}" + (f"v{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")
-        parts = [dtype_name(self.dtype), f"b{self.batch}", heads, seq, dims, self.mask_id]
-        if self.modifiers:
-            parts.append(self.modifier_id)
-        if not self.default_scale:
-            parts.append(f"scale{self.scale:g}")
-        if self.page_size is not None:
-            parts.append(f"page{self.page_size}")
-        if self.fp8_kv is not None:
-            parts.append(f"fp8{'qkv' if self.fp8_q else 'kv'}-{self.fp8_kv}")
-        return "-".join(parts)
+        parts = [dtype_name(self.dtype), f"b{self.batch}", heads, seq, dims, self.mask_id,
+                 self.modifier_id if self.modifiers else "", "" if self.default_scale else f"scale{self.scale:g}",
+                 "" if self.page_size is None else f"page{self.page_size}",
+                 "" if self.fp8_kv is None else f"fp8{'qkv' if self.fp8_q else 'kv'}-{self.fp8_kv}"]
+        return "-".join(p for p in parts if p)
 
     def key_mask(self, device: str | torch.device = "cpu", rows: tuple[int, int] | None = None) -> torch.Tensor | None:
         """Dense bool mask (B or 1, 1, rows, seq_k) for this case, or None when nothing is masked."""
-        if self.mask is None:
-            return None
-        return self.mask.materialize(self.seq_q, self.seq_k, device, batch=self.batch, rows=rows)
+        return None if self.mask is None else self.mask.materialize(self.seq_q, self.seq_k, device, batch=self.batch,
+                                                                    rows=rows)
 
 
 class Inputs(NamedTuple):
-    """Canonical-layout inputs shared by every backend: q/k/v, the upstream gradient d_out, and the modifiers'
-    inputs with gradients - sinks (heads,) and bias (batch or 1, heads, seq_q, seq_k) - None when absent."""
+    """Canonical q/k/v, d_out, and the modifiers' sinks (heads,) and bias (batch or 1, heads, seq_q, seq_k) or None."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -189,27 +161,16 @@ class Inputs(NamedTuple):
     bias: torch.Tensor | None = None
 
     def map(self, fn) -> "Inputs":
-        """The inputs with `fn` applied to every tensor present (None stays None)."""
         return Inputs(*(None if t is None else fn(t) for t in self))
 
 
 def make_inputs(case: AttentionCase, device: str | torch.device = "cpu", seed: int = 0) -> Inputs:
-    """Deterministic torch.randn inputs from `seed`, generated in float32 on CPU then cast and moved.
-
-    Generating on CPU in float32 makes the values identical on every device and dtype for one seed. The modifiers'
-    tensors are drawn after q, k, v, d_out from the same generator and only when the case has them, so a case
-    without modifiers draws exactly what it always did. Softcap cases scale q so a visible share of the scaled
-    scores exceeds the cap; sinks are drawn on the scale of a row's log-denominator (harness.spec.modifiers); an FP8
-    KV case's K and V heads are drawn at harness.spec.fp8.magnitudes (its scales are the case's), an FP8 Q/K/V case's
-    q groups at harness.spec.fp8.query_magnitudes.
-    """
+    """Deterministic torch.randn inputs from `seed`, drawn in float32 on CPU (the same values on every device and
+    dtype), then cast and moved; the modifiers' tensors are drawn after q, k, v, d_out, only when present."""
     gen = torch.Generator().manual_seed(seed)
-    shapes = [
-        (case.batch, case.heads, case.seq_q, case.head_dim),
-        (case.batch, case.kv_heads, case.seq_k, case.head_dim),
-        (case.batch, case.kv_heads, case.seq_k, case.head_dim_v),
-        (case.batch, case.heads, case.seq_q, case.head_dim_v),
-    ]
+    b, h, hkv, sq, sk = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k
+    shapes = [(b, h, sq, case.head_dim), (b, hkv, sk, case.head_dim), (b, hkv, sk, case.head_dim_v),
+              (b, h, sq, case.head_dim_v)]                                  # q, k, v, d_out
     drawn = [torch.randn(s, generator=gen, dtype=torch.float32) for s in shapes]
     if case.fp8_kv is not None:  # heads of different ranges, k's unlike v's (harness.spec.fp8.magnitudes)
         k_mag, v_mag = fp8.magnitudes(case.kv_heads)
@@ -218,18 +179,14 @@ def make_inputs(case: AttentionCase, device: str | torch.device = "cpu", seed: i
         drawn[0] = drawn[0] * fp8.per_query_head(fp8.query_magnitudes(case.kv_heads), case.heads).view(1, -1, 1, 1)
     if case.softcap is not None:  # std(scale q.k) = scale sqrt(d) for N(0,1) q, k: make it SOFTCAP_SCORE_STD caps
         drawn[0] = drawn[0] * (mods.SOFTCAP_SCORE_STD * case.softcap / (case.scale * math.sqrt(case.head_dim)))
-    sinks = bias = None
-    if case.sinks:
-        sinks = torch.randn(case.heads, generator=gen) * mods.SINK_STD + (math.log(case.seq_k) + 0.5)
-    if case.bias is not None:
-        bias = torch.randn(mods.bias_shape(case.bias, case.batch, case.heads, case.seq_q, case.seq_k), generator=gen)
+    sinks = torch.randn(h, generator=gen) * mods.SINK_STD + (math.log(sk) + 0.5) if case.sinks else None
+    bias = None if case.bias is None else torch.randn(mods.bias_shape(case.bias, b, h, sq, sk), generator=gen)
     return Inputs(*drawn, sinks, bias).map(lambda t: t.to(device=device, dtype=case.dtype))
 
 
 def paged_case(batch: int, heads: int, seq_q: int, head_dim: int, dtype, *, kv_heads: int, cache: int,
                page_size: int, **modifiers) -> AttentionCase:
-    """A decode (seq_q = 1) or verification (seq_q = 2-8) step over paged caches of about `cache` keys
-    (spec.paged.cache_lengths); `modifiers` go to the case spec, which says whether a paged case takes them."""
+    """A decode (seq_q = 1) or verification (seq_q = 2-8) step over paged caches of about `cache` keys."""
     lengths = cache_lengths(cache, batch)
     return AttentionCase(batch, heads, seq_q, head_dim, dtype, kv_heads=kv_heads, seq_k=max(lengths),
                          mask=CacheCausal(lengths), page_size=page_size, **modifiers)

@@ -1,17 +1,4 @@
-"""FP8 KV caches (vLLM's `--kv-cache-dtype fp8`): K and V stored as float8 e4m3fn with a float32 scale per tensor or
-per kv head, x ~= x8 * scale. The scales, the quantization and the dequantization, defined once.
-
-The scales depend on the case alone (not on the drawn values), so a call's keyword arguments can be built before
-its inputs exist: make_inputs draws an FP8 case's K and V head h at magnitude K_MAGNITUDE(h) / V_MAGNITUDE(h) (heads
-of different ranges are why per-head scales exist), and the scale maps RANGE_STDS standard deviations of that
-magnitude to e4m3's largest finite value, 448 (rarer values saturate: the quantization's own error counts them).
-k and v get different magnitudes, so a kernel using k's scale for v is wrong.
-
-FP8 queries too (the case's `fp8_q`, FlashAttention-3's FP8 path): q e4m3 with a scale per tensor or per kv-head
-group (the query heads that share a kv head share a scale: FA3's q_descale is (batch, num_heads_k)), following the
-case's granularity; make_inputs draws q's group g at Q_MAGNITUDE(g) (query_magnitudes). An FP8 Q/K/V case outputs
-bfloat16 (FA3's FP8 kernels do; FP8_Q_DTYPE), the dtype every backend dequantizes into.
-"""
+"""FP8 (e4m3fn) KV caches and queries: the scales, quantization and dequantization, defined once (docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -37,24 +24,19 @@ def validate_fp8_kv(value: object) -> str | None:
 
 def magnitudes(kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(k, v) standard deviation per kv head, float32 (kv_heads,): k 1, 2, 4, 1, ...; v 0.5, 1.5, 3, 0.5, ..."""
-    h = torch.arange(kv_heads)
-    k = 2.0 ** (h % 3).float()
-    v = torch.tensor([0.5, 1.5, 3.0])[h % 3]
-    return k, v
+    h = torch.arange(kv_heads) % 3
+    return 2.0 ** h.float(), torch.tensor([0.5, 1.5, 3.0])[h]
 
 
 def kv_scales(kv_heads: int, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(k_scale, v_scale) float32: shape (1,) per tensor, (kv_heads,) per head; x ~= x8 * scale."""
     validate_fp8_kv(granularity)
     k, v = (m * RANGE_STDS / FP8_MAX for m in magnitudes(kv_heads))
-    if granularity == "tensor":
-        return k.max().view(1), v.max().view(1)
-    return k, v
+    return (k.max().view(1), v.max().view(1)) if granularity == "tensor" else (k, v)
 
 
 def query_magnitudes(kv_heads: int) -> torch.Tensor:
-    """q's standard deviation per kv-head group, float32 (kv_heads,): 1, 0.5, 0.25, 1, ... (k's are 1, 2, 4: the
-    scores keep one range while the groups' scales differ, so a kernel reading one group's scale for all is wrong)."""
+    """q's standard deviation per kv-head group, float32 (kv_heads,): 1, 0.5, 0.25, 1, ... (against k's 1, 2, 4)."""
     return torch.tensor([1.0, 0.5, 0.25])[torch.arange(kv_heads) % 3]
 
 
@@ -66,8 +48,7 @@ def q_scales(kv_heads: int, granularity: str) -> torch.Tensor:
 
 
 def per_query_head(scale: torch.Tensor, heads: int) -> torch.Tensor:
-    """A q scale (1,) or per kv-head group (kv_heads,) as one per query head (heads,) (group g: heads g*G..g*G+G-1,
-    G = heads // kv_heads, as GQA groups them); a per-tensor scale stays (1,)."""
+    """A per-group q scale (kv_heads,) as one per query head (heads,), grouped as GQA; a (1,) scale stays (1,)."""
     if scale.numel() == 1:
         return scale
     if heads % scale.numel():
@@ -76,14 +57,11 @@ def per_query_head(scale: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def _per_head(scale: torch.Tensor, ndim: int, head_axis: int) -> torch.Tensor:
-    shape = [1] * ndim
-    shape[head_axis] = scale.numel()
-    return scale.view(shape)
+    return scale.view([scale.numel() if i == head_axis else 1 for i in range(ndim)])
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor, head_axis: int = 1) -> torch.Tensor:
-    """x / scale saturated to +-448, as float8 e4m3fn; `head_axis` is the kv-head dim of x (1 in the canonical
-    (batch, kv_heads, seq, head_dim))."""
+    """x / scale saturated to +-448, as float8 e4m3fn; `head_axis`: x's kv-head dim (1 in (batch, kv_heads, seq, d))."""
     s = _per_head(scale.to(x.device, torch.float32), x.dim(), head_axis)
     return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
@@ -95,8 +73,7 @@ def dequantize(x8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, head_a
 
 
 def dequantized_kv(case, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Canonical K and V of an FP8 case as its cache holds them, dequantized into `dtype`: float64 for the reference
-    (exact), the case's dtype for the same-precision baseline (what naive's call computes from)."""
+    """Canonical K and V of an FP8 case as its cache holds them, dequantized into `dtype` (float64: exact)."""
     k_scale, v_scale = kv_scales(case.kv_heads, case.fp8_kv)
     return (dequantize(quantize(k, k_scale), k_scale, dtype), dequantize(quantize(v, v_scale), v_scale, dtype))
 

@@ -1,11 +1,4 @@
-"""Named case matrices: for a CPU (smoke, default, full) and for a GPU (gpu-smoke, gpu, gpu-full), plus 'auto'.
-
-The CPU matrices are sized for 2 cores (batch 2, 4 heads, sequences up to 2048). The GPU ones are modelled on
-what the field benchmarks (FlashAttention's and xformers' benchmark scripts, torch's transformer benchmarks):
-bf16 and fp16, ~16k tokens per batch, sequences 512-16k (32k/64k in gpu-full), head dims 64/128/256 with
-H*D = 2048, GQA 32/8 and MQA, the masks deployments use, decode over long KV caches - and a correctness slice
-that keeps the CPU matrices' odd sizes and edges.
-"""
+"""Named case matrices: for a CPU (smoke, default, full) and for a GPU (gpu-smoke, gpu, gpu-full), plus 'auto'."""
 
 from __future__ import annotations
 
@@ -26,19 +19,15 @@ TOKENS = 16384
 
 
 def _cases(dtypes, shapes, masks, head_dims, heads=((4, 4),), batch=2) -> list[AttentionCase]:
-    out = []
-    for dtype, (sq, sk), mask, d, (h, hkv) in product(dtypes, shapes, masks, head_dims, heads):
-        out.append(AttentionCase(batch, h, sq, d, parse_dtype(dtype), kv_heads=hkv, seq_k=sk,
-                                 mask=parse_mask(mask, batch=batch, seq_k=sk, seq_q=sq)))
-    return out
+    return [AttentionCase(batch, h, sq, d, parse_dtype(dtype), kv_heads=hkv, seq_k=sk,
+                          mask=parse_mask(mask, batch=batch, seq_k=sk, seq_q=sq))
+            for dtype, (sq, sk), mask, d, (h, hkv) in product(dtypes, shapes, masks, head_dims, heads)]
 
 
 def _tokens(dtypes, seqs, masks, shapes) -> list[AttentionCase]:
     """Square cases at TOKENS tokens per batch: seq in `seqs`, (heads, kv_heads, head_dim) in `shapes`."""
-    out = []
-    for dtype, seq, mask, (h, hkv, d) in product(dtypes, seqs, masks, shapes):
-        out += _cases([dtype], [(seq, seq)], [mask], [d], heads=((h, hkv),), batch=max(1, TOKENS // seq))
-    return out
+    return [c for dtype, seq, mask, (h, hkv, d) in product(dtypes, seqs, masks, shapes)
+            for c in _cases([dtype], [(seq, seq)], [mask], [d], heads=((h, hkv),), batch=max(1, TOKENS // seq))]
 
 
 def decode_batch(kv_len: int, cached_tokens: int = 262144, most: int = 16) -> int:
@@ -49,22 +38,20 @@ def decode_batch(kv_len: int, cached_tokens: int = 262144, most: int = 16) -> in
 
 def _decode(kv_lengths, cached_tokens: int = 262144) -> list[AttentionCase]:
     """One new token over a KV cache (GQA 32/8, d128, as Llama-3-8B decodes): every cached key is visible."""
-    return [c for n in kv_lengths
-            for c in _cases(["bf16"], [(1, n)], ["none"], [128], heads=((32, 8),), batch=decode_batch(n, cached_tokens))]
+    return [c for n in kv_lengths for c in _cases(["bf16"], [(1, n)], ["none"], [128], heads=((32, 8),),
+                                                  batch=decode_batch(n, cached_tokens))]
 
 
 def _paged(caches, q_lens, page_sizes, *, dtype="bf16", shape=(32, 8, 128), cached_tokens: int = 262144,
            batch: int | None = None) -> list[AttentionCase]:
-    """Paged-KV decode (q_len 1) and speculative-decoding verification (q_len 2-8) over caches of about each length
-    in `caches` (lengths per sequence differ, none a multiple of the page size: spec.paged.cache_lengths)."""
+    """Paged-KV decode (q_len 1) and verification (q_len 2-8) over caches of about each length in `caches`."""
     h, hkv, d = shape
     return [paged_case(batch or decode_batch(n, cached_tokens), h, q, d, parse_dtype(dtype), kv_heads=hkv, cache=n,
                        page_size=p) for n, q, p in product(caches, q_lens, page_sizes)]
 
 
 def _steps(caches, page_sizes, *, dtype="bf16", shape=(32, 8, 128), mix: StepMix = StepMix()) -> list[AttentionCase]:
-    """Mixed serving steps (spec.serving_step: by default one 512-token prefill chunk, 31 decodes, 4 verifications of
-    4 tokens) over caches of about each length in `caches`, paged in each of `page_sizes` (None: contiguous)."""
+    """Mixed serving steps over caches of about each length, paged in each of `page_sizes` (None: contiguous)."""
     h, hkv, d = shape
     return [serving_step(h, d, parse_dtype(dtype), kv_heads=hkv, cache=n, page_size=p, mix=mix)
             for n, p in product(caches, page_sizes)]
@@ -76,32 +63,8 @@ GQA_32_8, MQA = (32, 8, 64), (16, 1, 128)
 GPU_MASKS = ("window", "docs-causal", "keypad", "causal+keypad")
 
 
-def _gpu_correctness_slice() -> list[AttentionCase]:
-    """The CPU default matrix's odd sizes and edges in GPU dtypes: non-square shapes with every mask, odd head
-    dims, decode and tiny sequences, GQA/MQA - where kernels refuse or break, at sizes that cost nothing."""
-    return (_cases(["bf16"], [(113, 203), (203, 113)], CPU_MASKS + ("docs-causal",), [64])
-            + _cases(["fp16"], [(129, 129)], ["causal"], [40, 59, 80, 111, 256])
-            + _cases(["bf16"], [(1, 1), (1, 257), (17, 17), (1023, 1023)], ["causal-br"], [64])
-            + _cases(["bf16", "fp16"], [(127, 127)], ["causal"], [64], heads=((8, 2), (8, 1))))
-
-
 def _with(cases: list[AttentionCase], **modifiers) -> list[AttentionCase]:
-    """The cases with modifiers (AttentionCase's softcap, sinks, alibi, bias, head_dim_v) set."""
     return [replace(c, **modifiers) for c in cases]
-
-
-def _cpu_modifier_cases() -> list[AttentionCase]:
-    """One case per modifier and the combinations models use, on shapes the default matrix already has (flex
-    compiles every new (shape, score_mod) for seconds on 2 cores: 6 cases, not a grid)."""
-    square, odd = dict(batch=2, heads=4, seq_q=128, head_dim=64), dict(batch=2, heads=4, seq_q=113, head_dim=64)
-    return [
-        AttentionCase(**square, dtype="bf16", mask=SlidingWindow(32, 0), softcap=50.0),             # Gemma local
-        AttentionCase(2, 8, 127, 64, "fp32", kv_heads=2, mask=SlidingWindow(32, 0), sinks=True),    # gpt-oss
-        AttentionCase(**odd, dtype="fp32", seq_k=203, mask=CausalBottomRight(), alibi=True),        # BLOOM/MPT
-        AttentionCase(**square, dtype="bf16", mask=KeyPadding((96, 128)), bias="head"),             # T5-style
-        AttentionCase(**odd, dtype="fp32", seq_k=203, bias="full"),
-        AttentionCase(2, 4, 129, 192, "bf16", mask=Causal(), head_dim_v=128),                       # DeepSeek MLA
-    ]
 
 
 #: the attention of the models whose modifiers the GPU matrices run, at TOKENS tokens a batch: Gemma-2-9B's
@@ -116,17 +79,13 @@ def _gpu_model_cases(seqs) -> list[AttentionCase]:
             + _with(_tokens(["bf16"], seqs, ["causal"], [MHA_128]), alibi=True))
 
 
-#: smoke's padded batch: element 0 is all padding (its query rows see no key: output 0, gradient 0), element 1
-#: keeps 20 of 33 keys
+#: smoke's padded batch: element 0 is all padding (rows that see no key: output 0, gradient 0), element 1 20 of 33
 SMOKE_PADDING = KeyPadding((0, 20))
-#: smoke's sliding window: 8 keys back at 64 tokens, so it bites on every row past the ninth - a window as long
-#: as the sequence would be causal, and an off-by-one in it would pass (issue 34)
+#: 8 keys back at 64 tokens bites on every row past the ninth (a window as long as the sequence hid an off-by-one)
 SMOKE_WINDOW = SlidingWindow(8, 0)
 
 
 def _smoke() -> list[AttentionCase]:
-    # what defines a model, in fp32 and bf16: GQA with a window that bites (Mistral-style, 4/2 heads in bf16)
-    # and a padded batch with a sequence that is all padding
     return (_cases(["fp32", "bf16"], [(64, 64), (17, 33)], ["none", "causal"], [32])
             + [AttentionCase(2, 4, 64, 32, parse_dtype("fp32"), mask=SMOKE_WINDOW),
                AttentionCase(2, 4, 64, 32, parse_dtype("bf16"), kv_heads=2, mask=SMOKE_WINDOW)]
@@ -134,26 +93,28 @@ def _smoke() -> list[AttentionCase]:
 
 
 def _default() -> list[AttentionCase]:
-    # Every verdict class once, in the dtype where it is most telling: each case is a flex graph of ~5-9 s of one
-    # core to compile (CPU, torch 2.13) and its timed keys, so classes share cases where they can (bf16 with a
-    # head dim, MQA with bf16); docs/measurements.md has the coverage table, what went to `full` and why.
+    # Every verdict class once, in its most telling dtype: each case is a flex compile of ~5-9 s of one core (CPU,
+    # torch 2.13), so classes share cases; docs/measurements.md has the coverage table and what went to `full`.
+    square, odd = dict(batch=2, heads=4, seq_q=128, head_dim=64), dict(batch=2, heads=4, seq_q=113, head_dim=64)
     return (
         # every mask on a non-square shape; the other direction (Sq > Sk) where it has fully-masked rows
         _cases(["fp32"], [(113, 203)], CPU_MASKS, [64])
         + _cases(["fp32"], [(203, 113)], ["causal-br"], [64])
         + _cases(["bf16", "fp16"], [(128, 128)], ["causal"], [64])
-        # odd and largest head dims
         + _cases(["bf16"], [(129, 129)], ["causal"], [59, 256])
         + _cases(["fp32"], [(129, 129)], ["none"], [111])
-        # single-token queries (decode) over one and over 257 keys
         + _cases(["fp32"], [(1, 1), (1, 257)], ["causal-br"], [64])
         # sequence doubling, so memory growth (O(n^2) materialized vs O(n) fused) shows in one run
         + _cases(["fp32"], [(512, 512), (1024, 1024)], ["none"], [64])
-        # GQA (fp32) and MQA (bf16)
         + _cases(["fp32"], [(127, 127)], ["causal"], [64], heads=((8, 2),))
         + _cases(["bf16"], [(127, 127)], ["causal"], [64], heads=((8, 1),))
-        # attention modifiers (softcap, sinks, ALiBi, bias, head_dim_v)
-        + _cpu_modifier_cases()
+        # one case per modifier and the combinations models use (flex compiles every new (shape, score_mod))
+        + [AttentionCase(**square, dtype="bf16", mask=SlidingWindow(32, 0), softcap=50.0),          # Gemma local
+           AttentionCase(2, 8, 127, 64, "fp32", kv_heads=2, mask=SlidingWindow(32, 0), sinks=True),  # gpt-oss
+           AttentionCase(**odd, dtype="fp32", seq_k=203, mask=CausalBottomRight(), alibi=True),      # BLOOM/MPT
+           AttentionCase(**square, dtype="bf16", mask=KeyPadding((96, 128)), bias="head"),           # T5-style
+           AttentionCase(**odd, dtype="fp32", seq_k=203, bias="full"),
+           AttentionCase(2, 4, 129, 192, "bf16", mask=Causal(), head_dim_v=128)]                     # DeepSeek MLA
         # paged KV: a decode step (fp32) and a 4-token verification (bf16) over shuffled pages of 16
         + _paged([200], [1], [16], dtype="fp32", shape=(8, 2, 64), batch=3)
         + _paged([200], [4], [16], shape=(8, 2, 64), batch=3)
@@ -167,27 +128,23 @@ def _default() -> list[AttentionCase]:
     )
 
 
-def _moved_to_full() -> list[AttentionCase]:
-    """What the default matrix had until issue 33 and `full` keeps: the long cases (bf16 s1023, fp32 s2048: ~108 s
-    of timed samples on 2 cores), the other direction of every mask, a dtype twin of each question, the head-dim
-    sweep, tiny and off-tile long sequences, and Gemma's global softcap."""
-    return (_cases(["fp32"], [(203, 113)], CPU_MASKS, [64])
-            + _cases(["bf16"], [(128, 128)], CPU_MASKS, [64])
-            + _cases(["fp16"], [(128, 128)], ["none"], [64])
-            + _cases(["bf16"], [(129, 129)], ["causal"], [32, 40, 80, 96, 111, 128])
-            + _cases(["fp32"], [(129, 129)], ["none"], [40])
-            + _cases(["fp32"], [(17, 17), (1023, 1023)], ["causal-br"], [64])
-            + _cases(["bf16"], [(1023, 1023)], ["none"], [64])
-            + _cases(["fp32"], [(2048, 2048)], ["none"], [64])
-            + _cases(["fp32"], [(127, 127)], ["causal"], [64], heads=((8, 1),))
-            + _cases(["bf16"], [(127, 127)], ["causal"], [64], heads=((8, 2),))
-            + [AttentionCase(2, 4, 128, 64, "fp32", mask=Causal(), softcap=30.0)])                # Gemma global
-
-
 def _full() -> list[AttentionCase]:
     return (
         _default()
-        + _moved_to_full()
+        # what `default` had until issue 33: the long cases (bf16 s1023, fp32 s2048: ~108 s of timed samples on 2
+        # cores), the other direction of every mask, a dtype twin of each question, the head-dim sweep, tiny and
+        # off-tile long sequences, and Gemma's global softcap
+        + _cases(["fp32"], [(203, 113)], CPU_MASKS, [64])
+        + _cases(["bf16"], [(128, 128)], CPU_MASKS, [64])
+        + _cases(["fp16"], [(128, 128)], ["none"], [64])
+        + _cases(["bf16"], [(129, 129)], ["causal"], [32, 40, 80, 96, 111, 128])
+        + _cases(["fp32"], [(129, 129)], ["none"], [40])
+        + _cases(["fp32"], [(17, 17), (1023, 1023)], ["causal-br"], [64])
+        + _cases(["bf16"], [(1023, 1023)], ["none"], [64])
+        + _cases(["fp32"], [(2048, 2048)], ["none"], [64])
+        + _cases(["fp32"], [(127, 127)], ["causal"], [64], heads=((8, 1),))
+        + _cases(["bf16"], [(127, 127)], ["causal"], [64], heads=((8, 2),))
+        + [AttentionCase(2, 4, 128, 64, "fp32", mask=Causal(), softcap=30.0)]                # Gemma global
         + _cases(["fp32", "fp16", "bf16"], [(128, 128), (113, 203), (203, 113)], CPU_MASKS, [64])
         + _cases(["fp32", "bf16"], [(129, 129)], ["none", "causal"], [32, 40, 59, 80, 96, 111, 128, 256])
         + _cases(["fp32", "fp16", "bf16"], [(1, 239), (239, 1), (2, 2), (1025, 1025), (1023, 1024)],
@@ -196,10 +153,9 @@ def _full() -> list[AttentionCase]:
         + _cases(["fp32", "fp16", "bf16"], [(257, 257)], ["none", "causal", "window"],
                  [40, 59, 80, 96, 111, 160, 192, 224, 256])
         + _cases(["fp16", "bf16"], [(511, 1023)], CPU_MASKS, [128], heads=((8, 8), (8, 2), (8, 1)))
-        # the real serving step (one 512-token prefill chunk, 31 decodes, 4 verifications of 4) at CPU head counts
+        # the real serving step (StepMix's default) at CPU head counts
         + _steps([2048], [16], shape=(8, 2, 64))
-        # FP8 Q/K/V (spec.fp8, FlashAttention-3's FP8 path): a paged verification per kv-head group, a causal
-        # prefill per tensor (the FP8 KV cases' shapes)
+        # FP8 Q/K/V (FlashAttention-3's FP8 path) on the FP8 KV cases' shapes
         + _with(_paged([200], [4], [16], shape=(8, 2, 64), batch=3), fp8_kv="head", fp8_q=True)
         + _with(_cases(["bf16"], [(113, 203)], ["causal-br"], [64], heads=((8, 2),)), fp8_kv="tensor", fp8_q=True)
     )
@@ -222,11 +178,8 @@ def _gpu_smoke() -> list[AttentionCase]:
 
 
 def _gpu() -> list[AttentionCase]:
-    # the GPU main job within 15 minutes of one H200 (cost.run_estimate with its measured rates, 7 backends,
-    # 3 rounds; printed by `selftest --dry-run`): each question once - seq 1k/4k/16k, fp16, GQA and MQA, packed
-    # documents, decode and paged decode/verification, a mixed serving step, FP8 (its paged decode with Q, K and V
-    # in FP8: every FP8 kernel takes it, FA3's only that way; the FP8 KV cache with bf16 q in gpu-smoke and
-    # gpu-full), two models' modifiers, two odd sizes; the rest in gpu-full
+    # the GPU main job within 15 minutes of one H200 (cost.run_estimate, 7 backends, 3 rounds: `selftest --dry-run`),
+    # each question once; FP8 as a Q/K/V paged decode, which every FP8 kernel takes (FA3 only that way)
     return (_tokens(["bf16"], [1024, 4096, 16384], ["causal"], [MHA_128])
             + _tokens(["bf16"], [4096], ["docs-causal"], [MHA_128])
             + _tokens(["fp16"], [4096], ["causal"], [MHA_128])
@@ -242,7 +195,7 @@ def _gpu() -> list[AttentionCase]:
 
 
 def _gpu_wide() -> list[AttentionCase]:
-    """What `gpu` held until issue 33 (109 cases, ~1 h 50 min on an H200 by cost.run_estimate): in gpu-full."""
+    """What `gpu` held until issue 33 (~1 h 50 min on an H200 by cost.run_estimate)."""
     return (_tokens(["bf16"], [512, 1024, 2048, 4096, 8192, 16384], ["none", "causal"], [MHA_64, MHA_128])
             + _tokens(["fp16"], [1024, 4096, 16384], ["none", "causal"], [MHA_128])
             + _tokens(["bf16"], [1024, 4096, 16384], ["causal"], [MHA_256])
@@ -258,7 +211,11 @@ def _gpu_wide() -> list[AttentionCase]:
             + _with(_paged([32768], [1], [16]), fp8_kv="tensor")
             + _with(_paged([4096], [1], [16]), fp8_kv="head")                 # what `gpu` held until FP8 Q/K/V
             + _with(_paged([32768], [1], [16]) + _steps([4096], [16]), fp8_kv="tensor", fp8_q=True)
-            + _gpu_correctness_slice())
+            # the CPU default matrix's odd sizes and edges in GPU dtypes, where kernels refuse or break, at no cost
+            + _cases(["bf16"], [(113, 203), (203, 113)], CPU_MASKS + ("docs-causal",), [64])
+            + _cases(["fp16"], [(129, 129)], ["causal"], [40, 59, 80, 111, 256])
+            + _cases(["bf16"], [(1, 1), (1, 257), (17, 17), (1023, 1023)], ["causal-br"], [64])
+            + _cases(["bf16", "fp16"], [(127, 127)], ["causal"], [64], heads=((8, 2), (8, 1))))
 
 
 def _gpu_full() -> list[AttentionCase]:
@@ -273,17 +230,14 @@ def _gpu_full() -> list[AttentionCase]:
             + _cases(["bf16"], [(257, 257)], ["none", "causal", "window"], [40, 59, 80, 96, 111, 160, 192, 256]))
 
 
-#: how long a matrix runs, which also sets how far the probe suites go with it: "smoke" is a first look in
-#: minutes, so the probe suites (which would take longer than its cases) are off; "default" is the main job,
-#: with the probes' default tier; "full" takes hours, with the probes' full tier
+#: how long a matrix runs, and so the probes' tier: "smoke" (minutes) runs no probes, "default" and "full" their own
 RUNTIME_CLASSES = ("smoke", "default", "full")
 DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
 class Matrix:
-    """A named case matrix: what builds its cases, the device it is sized for, its runtime class, what is in it
-    (docs/timing.md's matrix table lists exactly these, checked by tests/unit/spec/test_matrices.py)."""
+    """A named case matrix; docs/timing.md's matrix table lists exactly these (tests/unit/spec/test_matrices.py)."""
 
     name: str
     build: Callable[[], list[AttentionCase]]
@@ -332,8 +286,7 @@ def matrix(name: str) -> Matrix:
 
 
 def resolve_matrix(name: str, device_type: str) -> str:
-    """'auto' -> the main job's matrix for the device ('gpu' on CUDA, 'default' elsewhere); a named matrix is
-    kept (and checked)."""
+    """'auto' -> the main job's matrix for the device ('gpu' on CUDA, 'default' elsewhere); others are checked."""
     if name == AUTO:
         device = "cuda" if device_type == "cuda" else "cpu"
         return next(m.name for m in REGISTRY.values() if m.device == device and m.runtime == "default")

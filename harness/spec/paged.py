@@ -1,10 +1,4 @@
-"""The paged KV cache of a case: a block table of shuffled physical pages, the caches laid out through it, the
-gather back to contiguous K/V, and one-line validation of user-supplied tables and lengths.
-
-Layouts (FlashAttention's): k_cache, v_cache (num_blocks, page_size, kv_heads, head_dim); block_table
-(batch, max_blocks) int32, entry [b, i] = the physical page of sequence b's keys i*page_size ... (i+1)*page_size - 1;
-cache_seqlens (batch,) int32, sequence b's cache length (its mask's CacheCausal.lengths[b]).
-"""
+"""A case's paged KV cache (FlashAttention's layouts): shuffled block table, the caches through it, gather, checks."""
 
 from __future__ import annotations
 
@@ -27,7 +21,6 @@ FORWARD_ONLY = "paged KV cases are forward-only: decode and verification take no
 
 
 def validate_paged_case(case: "AttentionCase") -> None:
-    """A paged case: page_size an int >= 1, the lengths in a CacheCausal mask, seq_k the longest of them."""
     page = case.page_size
     if not isinstance(page, int) or isinstance(page, bool) or page < 1:
         raise ValueError(f"page_size={page!r}: must be an int >= 1 (or None for a contiguous cache)")
@@ -57,21 +50,18 @@ class PagedLayout:
 
 
 def paged_layout(case: "AttentionCase", device: str | torch.device = "cpu") -> PagedLayout:
-    """The case's block table: every sequence owns ceil(seq_k / page_size) pages drawn from a seeded shuffle of
-    all the cache's pages (SPARE_PAGES of them owned by nobody), so logical order is never physical order."""
+    """The case's block table: each sequence owns ceil(seq_k / page_size) pages of a seeded shuffle of all pages."""
     page, batch = case.page_size, case.batch
     max_blocks = math.ceil(case.seq_k / page)
     num_blocks = batch * max_blocks + SPARE_PAGES
     order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(TABLE_SEED))
     table = order[:batch * max_blocks].view(batch, max_blocks).to(torch.int32)
-    lengths = torch.tensor(case.mask.lengths, dtype=torch.int32)
-    return PagedLayout(table.to(device), lengths.to(device), num_blocks, page)
+    lengths = torch.tensor(case.mask.lengths, dtype=torch.int32, device=device)
+    return PagedLayout(table.to(device), lengths, num_blocks, page)
 
 
 def to_paged(x: torch.Tensor, layout: PagedLayout) -> torch.Tensor:
-    """Canonical (batch, kv_heads, seq_k, head_dim) keys or values -> the cache (num_blocks, page_size, kv_heads,
-    head_dim) through the block table. Slots past seq_k in a sequence's last page and the spare pages hold seeded
-    stale values: a kernel reading them gets a wrong answer, not a lucky zero."""
+    """Canonical (batch, kv_heads, seq_k, head_dim) K or V -> the cache (num_blocks, page_size, kv_heads, head_dim)."""
     b, hkv, sk, d = x.shape
     gen = torch.Generator(x.device).manual_seed(STALE_SEED)
     cache = torch.randn(layout.num_blocks, layout.page_size, hkv, d, generator=gen, device=x.device).to(x.dtype)
@@ -84,8 +74,7 @@ def to_paged(x: torch.Tensor, layout: PagedLayout) -> torch.Tensor:
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_k: int, layout: str = "bhsd") -> torch.Tensor:
-    """The cache's pages in each sequence's logical order, contiguous: (batch, kv_heads, seq_k, head_dim) for layout
-    'bhsd', (batch, seq_k, kv_heads, head_dim) for 'bshd'. What a backend without a paged kernel does first."""
+    """The pages in logical order: (batch, kv_heads, seq_k, head_dim) ('bhsd') or (batch, seq_k, kv_heads, ...)."""
     pages = cache[block_table.long()]                                         # (B, max_blocks, P, Hkv, D)
     logical = pages.flatten(1, 2)[:, :seq_k]                                  # (B, Sk, Hkv, D)
     return logical if layout == "bshd" else logical.transpose(1, 2)
@@ -93,8 +82,7 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_k: int, layout
 
 def check_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                 cache_seqlens: torch.Tensor) -> None:
-    """Raise a one-line ValueError when the cache, block table or lengths do not fit together (outside timing:
-    it reads the tensors' values)."""
+    """A one-line ValueError when the cache, block table or lengths do not fit together (reads values: untimed)."""
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)}: both must be "
                          "(num_blocks, page_size, kv_heads, head_dim)")
@@ -107,11 +95,10 @@ def check_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch
                          f"{tuple(cache_seqlens.shape)}: must be int32 (batch,) with batch={block_table.shape[0]}")
     low, high = int(block_table.min()), int(block_table.max())
     if low < 0 or high >= num_blocks:
-        bad = low if low < 0 else high
-        raise ValueError(f"block_table entry {bad}: must be a page index in 0..{num_blocks - 1} (num_blocks)")
+        raise ValueError(f"block_table entry {low if low < 0 else high}: must be a page index in 0..{num_blocks - 1} "
+                         "(num_blocks)")
     capacity = block_table.shape[1] * page
-    longest = int(cache_seqlens.max())
-    if longest > capacity or int(cache_seqlens.min()) < 0:
+    if int(cache_seqlens.max()) > capacity or int(cache_seqlens.min()) < 0:
         raise ValueError(f"cache_seqlens {cache_seqlens.tolist()}: each must be in 0..{capacity} (max_blocks "
                          f"{block_table.shape[1]} x page_size {page})")
 
@@ -125,21 +112,18 @@ def paged_inputs(case: "AttentionCase", k: torch.Tensor, v: torch.Tensor) -> tup
 
 
 def reference_inputs(case: "AttentionCase", inputs: "Inputs") -> "Inputs":
-    """What the oracle attends for a paged case: the pages gathered back through the block table into contiguous
-    K/V (the float64 reference and the same-dtype baseline then run as for any case)."""
+    """What the oracle attends for a paged case: the pages gathered back through the block table into K/V."""
     k_cache, v_cache, table, _ = paged_inputs(case, inputs.k, inputs.v)
     return inputs._replace(k=gather_kv(k_cache, table, case.seq_k), v=gather_kv(v_cache, table, case.seq_k))
 
 
 def query_rows(case: "AttentionCase") -> torch.Tensor:
-    """The rows of a mixed serving step's padded q (its batch * seq_q) that carry a query: sequence b's first
-    q_lens[b], in request order (int64) - what varlen kernels take packed and scatter back."""
+    """The rows of a mixed step's padded q (batch * seq_q) that carry a query, in request order (int64)."""
     return torch.cat([b * case.seq_q + torch.arange(n) for b, n in enumerate(case.mask.q_lens)])
 
 
 def mixed_step_queries(case: "AttentionCase", device) -> dict:
-    """A mixed serving step's queries as varlen kernels take them packed: cu_seqlens_q (int32, (batch + 1,)) and
-    max_seqlen_q from the query lengths, and `rows` (query_rows, to scatter the packed output back)."""
+    """A mixed step's packed queries for varlen kernels: cu_seqlens_q (int32), max_seqlen_q and query_rows."""
     q_lens = case.mask.q_lens
     return {"cu_seqlens_q": cu_seqlens(q_lens).to(device), "max_seqlen_q": max(q_lens),
             "rows": query_rows(case).to(device)}
@@ -151,10 +135,6 @@ def cu_seqlens(lengths) -> torch.Tensor:
 
 
 def cache_lengths(longest: int, batch: int) -> tuple[int, ...]:
-    """Per-sequence cache lengths as a serving batch holds them: the first `longest` (or one less), the others
-    shorter down to about half of it, every one odd, so no page size > 1 divides it (each last page is partial)."""
-    out = []
-    for b in range(batch):
-        n = max(1, longest - (longest * b) // (2 * batch))
-        out.append(n if n % 2 else n - 1)
-    return tuple(out)
+    """Per-sequence cache lengths from `longest` down to about half of it, each odd (each last page is partial)."""
+    lengths = (max(1, longest - (longest * b) // (2 * batch)) for b in range(batch))
+    return tuple(n if n % 2 else n - 1 for n in lengths)

@@ -1,10 +1,4 @@
-"""The mixed serving step: one batch of prefill chunks, decodes and speculative-decoding verifications, each sequence
-with its own query length and cache length (CacheCausal(lengths, q_lens)), as vLLM's V1 engine and SGLang schedule.
-
-Sequence order in the batch: the prefill chunks, then the decodes, then the verifications. Cache lengths are
-spec.paged.cache_lengths' (odd, from `cache` down to about half of it, so every last page is partial), raised where
-needed so each cache holds its own queries (a prefill chunk is the newest `chunk` entries of its cache).
-"""
+"""The mixed serving step: prefill chunks, decodes, then verifications in one batch (CacheCausal(lengths, q_lens))."""
 
 from __future__ import annotations
 
@@ -13,20 +7,13 @@ from dataclasses import dataclass
 
 from harness.spec.case import AttentionCase, parse_dtype
 from harness.spec.masks import CacheCausal
+from harness.spec.modifiers import validate_int
 from harness.spec.paged import cache_lengths
-
-
-def _count(name: str, value: object, least: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ValueError(f"{name}={value!r}: must be an int >= {least}")
-    return value
 
 
 @dataclass(frozen=True)
 class StepMix:
-    """How many sequences of each kind a step batches: `prefills` chunks of `chunk` new tokens, `decodes` single
-    tokens, `verifications` runs of `spec_len` draft tokens. The default is the issue's step: one 512-token prefill
-    chunk, 31 decodes and 4 verifications of 4 tokens (36 sequences, 559 query tokens)."""
+    """A step's `prefills` chunks of `chunk` tokens, `decodes` single tokens, `verifications` of `spec_len` tokens."""
 
     prefills: int = 1
     chunk: int = 512
@@ -36,7 +23,7 @@ class StepMix:
 
     def __post_init__(self):
         for name, least in (("prefills", 0), ("chunk", 1), ("decodes", 0), ("verifications", 0), ("spec_len", 1)):
-            _count(name, getattr(self, name), least)
+            validate_int(name, getattr(self, name), least)
         if self.batch == 0:
             raise ValueError("StepMix(prefills=0, decodes=0, verifications=0): a step needs at least one sequence")
 
@@ -46,12 +33,11 @@ class StepMix:
 
     @property
     def q_lens(self) -> tuple[int, ...]:
-        """Each sequence's new tokens, in batch order."""
         return (self.chunk,) * self.prefills + (1,) * self.decodes + (self.spec_len,) * self.verifications
 
     @property
     def id(self) -> str:
-        """'p1x512-d31-v4x4': the mix in a name (workloads and tables)."""
+        """'p1x512-d31-v4x4'."""
         return f"p{self.prefills}x{self.chunk}-d{self.decodes}-v{self.verifications}x{self.spec_len}"
 
 
@@ -60,7 +46,7 @@ MIX_PATTERN = re.compile(r"p(\d+)x(\d+)-d(\d+)-v(\d+)x(\d+)")
 
 
 def parse_mix(text: str) -> StepMix:
-    """'p1x512-d31-v4x4' (StepMix.id's form: prefills x chunk, decodes, verifications x spec_len) -> its StepMix."""
+    """'p1x512-d31-v4x4' (StepMix.id's form) -> its StepMix."""
     match = MIX_PATTERN.fullmatch(str(text))
     if match is None:
         raise ValueError(f"serving step {text!r}: must read pPxC-dD-vVxS (P prefill chunks of C tokens, D decodes, V "
@@ -74,11 +60,10 @@ CPU_MIX = StepMix(prefills=1, chunk=24, decodes=5, verifications=2, spec_len=4)
 
 
 def step_lengths(mix: StepMix, cache: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(q_lens, cache lengths) of a step whose longest cache is about `cache` keys."""
-    _count("cache", cache, 1)
+    """(q_lens, cache lengths) of a step whose longest cache is about `cache` keys; each cache holds its queries."""
+    validate_int("cache", cache)
     q_lens = mix.q_lens
-    lengths = tuple(max(n, q | 1) for n, q in zip(cache_lengths(cache, mix.batch), q_lens))  # q | 1: odd, >= q
-    return q_lens, lengths
+    return q_lens, tuple(max(n, q | 1) for n, q in zip(cache_lengths(cache, mix.batch), q_lens))  # q | 1: odd, >= q
 
 
 def serving_step(heads: int, head_dim: int, dtype, *, kv_heads: int, cache: int, page_size: int | None,

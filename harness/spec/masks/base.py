@@ -1,14 +1,9 @@
-"""The mask contract: a small frozen object that says which (query, key) pairs may attend, and materializes itself.
-
-Convention everywhere: a boolean mask where True means "this query may attend this key".
-Every mask is defined once, by `allows(b, q_idx, k_idx, seq_q, seq_k)` written in plain torch ops on
-index tensors; `materialize()` evaluates it on a grid, and backends that take a predicate (flex) call it
-directly, so the semantics are never re-derived anywhere else.
-"""
+"""The mask contract: a frozen spec of which (query, key) pairs may attend (True = attend), defined by `allows`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -24,12 +19,13 @@ class MaskSpec:
     single_in_and: str = ""
 
     def allows(self, b: torch.Tensor, q_idx: torch.Tensor, k_idx: torch.Tensor, seq_q: int, seq_k: int) -> torch.Tensor:
-        """Elementwise predicate on broadcastable index tensors. True = query q_idx may attend k_idx."""
-        raise NotImplementedError
+        """Elementwise predicate on broadcastable index tensors (True = may attend); defined here or by predicate."""
+        if type(self).predicate is MaskSpec.predicate:
+            raise NotImplementedError
+        return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)
 
     def predicate(self, device: str | torch.device = "cpu"):
-        """`allows` with any tensors it needs already built on `device` (traced code such as flex's
-        mask_mod must not create tensors itself)."""
+        """`allows` with its tensors built on `device` (traced code such as flex's mask_mod must not create any)."""
         return self.allows
 
     @property
@@ -47,16 +43,13 @@ class MaskSpec:
         b = torch.arange(nb, device=device).view(nb, 1, 1, 1)
         q = torch.arange(start, stop, device=device).view(1, 1, -1, 1)
         k = torch.arange(seq_k, device=device).view(1, 1, 1, -1)
-        out = self.predicate(device)(b, q, k, seq_q, seq_k)
-        return out.expand(nb, 1, stop - start, seq_k)
+        return self.predicate(device)(b, q, k, seq_q, seq_k).expand(nb, 1, stop - start, seq_k)
 
     def batch_size(self, batch: int | None) -> int:
         return 1
 
     def key_ranges(self, seq_q: int, seq_k: int, batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Where every query row's visible keys form one interval: (lo, hi) int64 tensors of shape (B|1, seq_q),
-        row i seeing keys lo <= j < hi (hi <= lo: none). None where a mask's rows are not intervals. A shortcut
-        for counting at long sequences (O(seq_q), not O(seq_q x seq_k)); tests hold it equal to `allows`."""
+        """Each row's visible keys as one interval lo <= j < hi: int64 (B|1, seq_q) tensors; None if not intervals."""
         return None
 
     def __and__(self, other: "MaskSpec") -> "MaskSpec":
@@ -91,10 +84,7 @@ class And(MaskSpec):
         return f"{self.first.id}+{self.second.id}"
 
     def parts(self) -> tuple[MaskSpec, ...]:
-        out: list[MaskSpec] = []
-        for m in (self.first, self.second):
-            out.extend(m.parts() if isinstance(m, And) else (m,))
-        return tuple(out)
+        return tuple(p for m in (self.first, self.second) for p in (m.parts() if isinstance(m, And) else (m,)))
 
     def validate_for(self, batch, seq_q, seq_k):
         self.first.validate_for(batch, seq_q, seq_k)
@@ -107,9 +97,6 @@ class And(MaskSpec):
         first, second = self.first.predicate(device), self.second.predicate(device)
         return lambda *idx: first(*idx) & second(*idx)
 
-    def allows(self, b, q_idx, k_idx, seq_q, seq_k):
-        return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)
-
     def key_ranges(self, seq_q, seq_k, batch=None):
         first, second = self.first.key_ranges(seq_q, seq_k, batch), self.second.key_ranges(seq_q, seq_k, batch)
         if first is None or second is None:
@@ -117,9 +104,17 @@ class And(MaskSpec):
         return torch.maximum(first[0], second[0]), torch.minimum(first[1], second[1])  # intervals intersect
 
 
+def int_tuple(label: str, value: object, least: int) -> tuple[int, ...]:
+    """`value` as a non-empty tuple of ints >= `least`; a ValueError naming `label` otherwise."""
+    lengths = tuple(value) if isinstance(value, Sequence) else value
+    if not isinstance(lengths, tuple) or not lengths or any(
+            not isinstance(n, int) or isinstance(n, bool) or n < least for n in lengths):
+        raise ValueError(f"{label}={value!r}: must be a non-empty sequence of ints >= {least}")
+    return lengths
+
+
 def count_attended_pairs(mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, block: int = 1024) -> int:
-    """Exact number of (batch, query, key) pairs attended, for FLOP counts: from the rows' key intervals where
-    the mask has them, else from the materialized mask in chunks so memory stays small."""
+    """Exact number of (batch, query, key) pairs attended (FLOP counts): from key_ranges, else in chunks of rows."""
     if mask is None:
         return batch * seq_q * seq_k
     ranges = mask.key_ranges(seq_q, seq_k, batch)

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from itertools import accumulate
 
 import torch
 
-from harness.spec.masks.base import MaskSpec
+from harness.spec.masks.base import MaskSpec, int_tuple
 
 
 @dataclass(frozen=True)
 class Documents(MaskSpec):
-    """Packed documents (block-diagonal), the same packing in every batch element.
-
-    Document d holds queries [q_start[d], q_end[d]) and keys [k_start[d], k_end[d]), laid out back to back
-    from `q_lengths` and `k_lengths` (default: equal to q_lengths). Query i sees key j only when both lie
-    in the same document; with causal=True also j <= i + (k_end[d] - q_end[d]), i.e. causal aligned
-    bottom-right within each document (FA2 varlen; plain causal when a document has as many queries as
-    keys). Zero-length documents are allowed; a document with queries but no keys gives empty rows.
-    """
+    """Packed documents (block-diagonal), the same packing in every batch element, laid out back to back from
+    `q_lengths` and `k_lengths` (default: q_lengths; zero-length allowed). Query i sees key j of its own document;
+    with causal=True only j <= i + (k_end[d] - q_end[d]): bottom-right within each document (FA2 varlen)."""
 
     q_lengths: tuple[int, ...]
     k_lengths: tuple[int, ...] | None = None
@@ -30,17 +25,9 @@ class Documents(MaskSpec):
         return "docs-causal" if self.causal else "docs"
 
     def __post_init__(self):
-        for name in ("q_lengths", "k_lengths"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            lengths = tuple(value) if isinstance(value, Sequence) else value
-            if not isinstance(lengths, tuple) or not lengths or any(
-                    not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in lengths):
-                raise ValueError(f"Documents.{name}={value!r}: must be a non-empty sequence of ints >= 0")
-            object.__setattr__(self, name, lengths)
-        if self.k_lengths is None:
-            object.__setattr__(self, "k_lengths", self.q_lengths)
+        object.__setattr__(self, "q_lengths", int_tuple("Documents.q_lengths", self.q_lengths, 0))
+        object.__setattr__(self, "k_lengths", self.q_lengths if self.k_lengths is None
+                           else int_tuple("Documents.k_lengths", self.k_lengths, 0))
         if len(self.k_lengths) != len(self.q_lengths):
             raise ValueError(f"Documents: q_lengths={self.q_lengths!r} and k_lengths={self.k_lengths!r} "
                              "must list the same number of documents")
@@ -52,7 +39,7 @@ class Documents(MaskSpec):
         docs = "_".join(str(n) for n in self.q_lengths)
         if self.k_lengths != self.q_lengths:
             docs += "x" + "_".join(str(n) for n in self.k_lengths)
-        return ("docs-causal" if self.causal else "docs") + docs
+        return self.kind + docs
 
     def validate_for(self, batch, seq_q, seq_k):
         if sum(self.q_lengths) != seq_q or sum(self.k_lengths) != seq_k:
@@ -64,10 +51,7 @@ class Documents(MaskSpec):
         """Offsets (0, end of doc 0, ...) of 'q' or 'k' documents: FA2's cu_seqlens for one batch element."""
         if which not in ("q", "k"):
             raise ValueError(f"which={which!r}; allowed: q, k")
-        out = [0]
-        for n in (self.q_lengths if which == "q" else self.k_lengths):
-            out.append(out[-1] + n)
-        return tuple(out)
+        return (0, *accumulate(self.q_lengths if which == "q" else self.k_lengths))
 
     def predicate(self, device="cpu"):
         # Per-position lookup tables, built once: the document of each query and key, and each query's
@@ -87,9 +71,6 @@ class Documents(MaskSpec):
             return same & (k_idx <= q_idx + shift[q_idx]) if causal else same
 
         return allows
-
-    def allows(self, b, q_idx, k_idx, seq_q, seq_k):
-        return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)
 
     def key_ranges(self, seq_q, seq_k, batch=None):
         self.validate_for(1, seq_q, seq_k)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import re
 
-from harness.spec.masks.base import MaskSpec
+from harness.spec.masks.base import And, MaskSpec
 from harness.spec.masks.causal import Causal, CausalBottomRight
-from harness.spec.masks.base import And
 from harness.spec.masks.documents import Documents
 from harness.spec.masks.padding import KeyPadding
 from harness.spec.masks.window import SlidingWindow
@@ -17,29 +16,24 @@ _WINDOW_N = re.compile(r"window(\d+)")
 
 
 def document_lengths(seq: int) -> tuple[int, ...]:
-    """Four packed documents of unequal lengths (1/2, 1/4, 1/8 and the rest of `seq`), as varlen batches hold:
-    short ones in one tile, long ones over many, zero-length ones where `seq` is tiny."""
+    """Four packed documents of unequal lengths (1/2, 1/4, 1/8 and the rest of `seq`; zero-length when tiny)."""
     lengths = [seq // 2, seq // 4, seq // 8]
     return (*lengths, seq - sum(lengths))
 
 
 def parse_mask(name: str, *, batch: int, seq_k: int, seq_q: int | None = None) -> MaskSpec | None:
-    """Build a mask from a short CLI/matrix name; windows, padding and documents get shape-derived defaults
-    (`seq_q` defaults to `seq_k`)."""
+    """A mask from a short CLI/matrix name; windows, padding and documents get shape-derived sizes."""
     seq_q = seq_k if seq_q is None else seq_q
-    if name == "none":
-        return None
-    if name == "causal":
-        return Causal()
-    if name == "causal-br":
-        return CausalBottomRight()
+    fixed = {"none": None, "causal": Causal(), "causal-br": CausalBottomRight()}
+    if isinstance(name, str) and name in fixed:
+        return fixed[name]
     if name == "window":
         return SlidingWindow(max(1, seq_k // 4), 0)
     window = _WINDOW_N.fullmatch(name) if isinstance(name, str) else None
     if window:
         return SlidingWindow(int(window.group(1)), 0)
     if name in ("keypad", "causal+keypad"):
-        # Deterministic, varied lengths: the last batch element keeps every key, others lose some.
+        # the last batch element keeps every key, the others lose some
         lengths = tuple(max(1, seq_k - (seq_k * (batch - 1 - b)) // (2 * batch)) for b in range(batch))
         pad = KeyPadding(lengths)
         return pad if name == "keypad" else And(Causal(), pad)

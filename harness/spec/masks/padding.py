@@ -1,13 +1,13 @@
-"""Key padding: each batch element sees only its first `lengths[b]` keys."""
+"""Key padding: each batch element sees only its first `lengths[b]` keys; splitting it off a mask."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from functools import reduce
 
 import torch
 
-from harness.spec.masks.base import MaskSpec
+from harness.spec.masks.base import And, MaskSpec, int_tuple
 
 
 class PerSequenceLengths(MaskSpec):
@@ -16,16 +16,12 @@ class PerSequenceLengths(MaskSpec):
     lengths: tuple[int, ...]
     #: the least length allowed
     min_length: int = 0
+    per_batch = True
 
-    def _check_lengths(self) -> None:
-        lengths = tuple(self.lengths) if isinstance(self.lengths, Sequence) else self.lengths
-        if not isinstance(lengths, tuple) or not lengths or any(
-                not isinstance(n, int) or isinstance(n, bool) or n < self.min_length for n in lengths):
-            raise ValueError(f"{type(self).__name__}.lengths={self.lengths!r}: must be a non-empty sequence of ints "
-                             f">= {self.min_length}")
-        object.__setattr__(self, "lengths", lengths)
+    def __post_init__(self):
+        object.__setattr__(self, "lengths", int_tuple(f"{type(self).__name__}.lengths", self.lengths, self.min_length))
 
-    def _check_batch(self, batch: int, seq_k: int) -> None:
+    def validate_for(self, batch, seq_q, seq_k):
         name = type(self).__name__
         if len(self.lengths) != batch:
             raise ValueError(f"{name}.lengths={self.lengths!r} has {len(self.lengths)} entries; batch is {batch}")
@@ -38,9 +34,6 @@ class PerSequenceLengths(MaskSpec):
     def lengths_tensor(self, device: str | torch.device = "cpu") -> torch.Tensor:
         return torch.tensor(self.lengths, device=device, dtype=torch.int64)
 
-    def allows(self, b, q_idx, k_idx, seq_q, seq_k):
-        return self.predicate(k_idx.device)(b, q_idx, k_idx, seq_q, seq_k)
-
 
 @dataclass(frozen=True)
 class KeyPadding(PerSequenceLengths):
@@ -49,18 +42,11 @@ class KeyPadding(PerSequenceLengths):
     lengths: tuple[int, ...]
 
     kind = "keypad"
-    per_batch = True
     single_in_and = "combine the lengths into one KeyPadding instead"
-
-    def __post_init__(self):
-        self._check_lengths()
 
     @property
     def id(self) -> str:
         return "keypad" + "_".join(str(n) for n in self.lengths)
-
-    def validate_for(self, batch, seq_q, seq_k):
-        self._check_batch(batch, seq_k)
 
     def predicate(self, device="cpu"):
         lengths = self.lengths_tensor(device)
@@ -69,3 +55,15 @@ class KeyPadding(PerSequenceLengths):
     def key_ranges(self, seq_q, seq_k, batch=None):
         hi = self.lengths_tensor().view(-1, 1).expand(-1, seq_q)
         return torch.zeros_like(hi), hi
+
+
+def split_padding(mask: MaskSpec | None) -> tuple[MaskSpec | None, KeyPadding | None]:
+    """Split a mask into (structural part, key padding part); backends use it to map each part natively."""
+    if mask is None or isinstance(mask, KeyPadding):
+        return None, mask
+    if isinstance(mask, And):
+        parts = mask.parts()
+        pads = [p for p in parts if isinstance(p, KeyPadding)]
+        rest = [p for p in parts if not isinstance(p, KeyPadding)]
+        return (reduce(And, rest) if rest else None), (pads[0] if pads else None)
+    return mask, None

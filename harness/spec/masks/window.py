@@ -11,16 +11,8 @@ from harness.spec.masks.base import MaskSpec
 
 @dataclass(frozen=True)
 class SlidingWindow(MaskSpec):
-    """Bottom-right aligned local window, FlashAttention-2 semantics.
-
-    Query i sees keys j with i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right;
-    left/right = -1 means unbounded on that side. SlidingWindow(left, 0) is causal-bottom-right
-    attention limited to the last left + 1 keys.
-
-    `scaled_from` only labels a window that stands for a longer model window at a short check length (e.g.
-    Mistral's 4096 at 128 tokens, where it would not bite: spec.presets.check_window); it shows in the id and
-    changes nothing the mask allows.
-    """
+    """Query i sees keys j with i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right (-1: unbounded side);
+    `scaled_from` only labels, in the id, a window standing for a longer model window (presets.check_window)."""
 
     left: int
     right: int = 0
