@@ -1,12 +1,4 @@
-"""Change points in a testbed's history: per key, where its latency over the stored runs steps to a new level,
-found with ruptures' PELT, with the dates, git SHAs and versions on each side; and a trend figure per key.
-
-Method: a key's run medians in run order, split by measure/stats.change_points (PELT on the log series); a
-change is reported when the medians on its two sides differ by more than a change between runs must
-(stats.counts_as_change beyond MIN_RUN_CHANGE). ruptures (Truong, Oudre & Vayatis 2020) needs only numpy and
-scipy; apache-otava's E-divisive method was the alternative, but its package pins numpy==2.2.0.* and pulls cloud
-clients.
-"""
+"""Change points in a testbed's history, per key, with the runs on each side; and a trend figure per key."""
 
 from __future__ import annotations
 
@@ -36,8 +28,7 @@ def key_series(history: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
 
 def detect_changes(history: pd.DataFrame, *, testbed: str | None = None, penalty: float = PENALTY,
                    min_effect: float = MIN_RUN_CHANGE) -> pd.DataFrame:
-    """One row per change point of every key (of `testbed`, or every testbed): where, by how much, and the
-    dates, SHAs and versions of the runs on each side."""
+    """One row per change point of every key (of `testbed`, or all): the step and the runs on each side."""
     if testbed is not None:
         history = history[history.testbed_id.astype(str) == testbed]
     rows = []
@@ -102,8 +93,7 @@ def plot_trend(runs: pd.DataFrame, change_at: list[int], title: str, path: str |
 
 def write_trends(history: pd.DataFrame, changes: pd.DataFrame, out_dir: str | Path, *, every_key: bool = False,
                  penalty: float = PENALTY) -> Path:
-    """A trend figure per key with a change point (every key with `every_key`) and trends.md listing them,
-    under out_dir; returns trends.md."""
+    """A trend figure per changed key (every key with `every_key`) under out_dir, and trends.md, returned."""
     out_dir = Path(out_dir)
     changed = set(map(tuple, changes[["testbed_id", *KEY]].to_numpy())) if len(changes) else set()
     lines = ["# Latency over runs, per key", "", "Dashed red: a change point (compare/changes.py).", ""]

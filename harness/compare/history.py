@@ -13,8 +13,7 @@ from harness.store.run_dir import RESULTS, is_run_dir, read_env
 from harness.store.run_state import incomplete
 from harness.store.schema import BAD, FAIL, PASS, TIMED
 
-#: env.json fields added to every row (a row's own non-empty value wins where the schema has the column), with
-#: the library versions of every registered backend (env_fields)
+#: env.json fields added to every row (a row's own non-empty value wins), with every backend's version (env_fields)
 _ENV_FIELDS = ("testbed_id", "host", "device_type", "device_name", "cpu_model", "torch", "torch_git", "cuda",
                "driver", "triton", "git_sha", "git_dirty", "timing_mode", "started")
 
@@ -24,11 +23,7 @@ def env_fields() -> tuple[str, ...]:
 
 
 def run_dirs(results_dir: str | Path) -> list[Path]:
-    """Run directories directly under `results_dir` (or `results_dir` itself when it is one), oldest name first.
-
-    Only direct children: a launcher keeps its per-shard runs under <run>/shards/, and those rows are
-    already in the merged run.
-    """
+    """Run directories directly under `results_dir` (or itself when it is one; not shards), oldest name first."""
     root = Path(results_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"results directory {str(root)!r} does not exist")
@@ -38,19 +33,14 @@ def run_dirs(results_dir: str | Path) -> list[Path]:
 
 
 def load_run(run_dir: str | Path) -> pd.DataFrame:
-    """One run's rows with its env.json fields, `run_dir`, `incomplete` (why the run did not reach its end, or
-    empty) and `refused_rows` (lines of its results.csv the loader refused) added."""
+    """One run's rows with its env.json fields, `run_dir`, `incomplete` (why not) and `refused_rows` added."""
     run_dir = Path(run_dir)
     df = load_results(run_dir)
     refused = refused_rows(df)
     env = read_env(run_dir)
     df["run_id"] = df["run_id"].fillna(env.get("run_id", run_dir.name)) if "run_id" in df else run_dir.name
     for name in env_fields():
-        value = env.get(name)
-        if name in df.columns:
-            df[name] = df[name].where(df[name].notna(), value)
-        else:
-            df[name] = value
+        df[name] = df[name].where(df[name].notna(), env.get(name)) if name in df.columns else env.get(name)
     df["run_dir"] = str(run_dir)
     df["incomplete"] = incomplete(env) or ""
     df["refused_rows"] = refused
@@ -62,11 +52,7 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
 
 
 def load_history(results_dir: str | Path = "results") -> pd.DataFrame:
-    """All runs under `results_dir` in one frame, one row per (run, case, backend, phase).
-
-    A directory whose files cannot be read is skipped with a warning naming it, so one broken run
-    does not hide the others.
-    """
+    """All runs under `results_dir` in one frame; a run that cannot be read is skipped with a warning."""
     frames = []
     for run_dir in run_dirs(results_dir):
         try:

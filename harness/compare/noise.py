@@ -1,10 +1,4 @@
-"""A testbed's noise model: every key's A/A spread, learned from the runs stored for that testbed, kept as
-<results>/noise/<testbed>.json and read by the gate to set each key's margin.
-
-Two sources, the better one per key: repeated runs of the same code (git sha, dirty flag, torch and the
-backend's version) give the spread of the run medians directly, run-to-run offsets included; a single run's
-rounds give the within-run spread of the round medians, which is all a first run can tell.
-"""
+"""A testbed's noise model: every key's A/A spread from its stored runs, in <results>/noise/<testbed>.json."""
 
 from __future__ import annotations
 
@@ -34,11 +28,7 @@ def _key_text(key: tuple) -> str:
 
 
 def key_spreads(history: pd.DataFrame) -> pd.DataFrame:
-    """Per key of one testbed's runs: the A/A sigma of log(run median ratio), its source and run count.
-
-    `history` is load_history's frame (one row per run and key, with run_dir, git_sha, git_dirty, torch,
-    backend_version).
-    """
+    """Per key of one testbed's runs: the A/A sigma of log(run median ratio), its source and run count."""
     rows = []
     code = ["git_sha", "git_dirty", "torch", "backend_version"]
     runs = history.drop_duplicates("run_dir")

@@ -1,25 +1,4 @@
-"""`compare --remeasure`: time the suspect keys (slower, undecided) of a gate again, base and new code in pairs,
-until each is decided.
-
-A regression must reproduce before the gate reports it, as Chromium's Pinpoint re-runs a suspected regression
-and `asv continuous` re-measures both commits before it reports a change. On a shared machine a key's speed
-moves with the host's load over tens of seconds (1.1-1.7x on this project's VM), so the two stored runs, minutes
-apart, cannot settle a 10 % question; pairs can: each round times every suspect key with the base code and with
-the new code back to back, in alternating order, the keys in a new random order every round, and a key is
-judged on the log differences of its pairs (measure/paired.py: a signed-rank interval, and undecided when the
-machine's noise - the pairs' spread, the load average during the step - is too large to settle it) at a
-family-wise level: FAMILY_ALPHA over all the keys re-measured (Bonferroni). A key drops out once decided, after at
-least `min_rounds` pairs; the time budget bounds the whole step. Every re-measured round is judged as a suite run's
-(timers.ExecutorTimer: new inputs, outputs and gradients against the reference, inputs untouched, the speed rule):
-a key one of whose rounds fails a check on either side is no figure - its verdict is `rejected`, with the
-reason, and it fails the gate (compare/runs.mark_regressions).
-
-The new code is this checkout (it must be the new run's). The base code is, in order: `base_checkout` (a
-checkout of the base run's commit, e.g. `git worktree add`, timed by a server process started there with
-`base_python`); this checkout, when the base run was made by the same clean commit and library versions (an
-unchanged-code run, a nightly); else nobody - the new side alone is timed again and judged against the base run's
-stored rounds, with a note saying how to pair it.
-"""
+"""`compare --remeasure`: time the suspect keys of a gate again, base and new code in pairs, until each is decided."""
 
 from __future__ import annotations
 
@@ -48,21 +27,17 @@ DECIDED = (SLOWER, FASTER, UNCHANGED)
 
 @dataclass(frozen=True)
 class RemeasureConfig:
-    """How long and how hard to re-measure; see the module docstring for the design."""
+    """How long and how hard to re-measure (docs/regressions.md)."""
 
     budget_s: float = 120.0
-    #: 4 pairs before a key may be passed as unchanged: one pair can fall inside a burst; a slower key needs more,
-    #: pairs_needed(family level) (8 keys: 8 pairs), since n pairs' signed-rank bound reaches no level below 2^-n
+    #: pairs before a key may pass as unchanged (one can fall inside a burst); slower needs pairs_needed(level)
     min_rounds: int = 4
-    #: at most this many pairs, raised to pairs_needed + 4 when the family level needs more (many keys): a burst
-    #: that turns one pair costs the signed-rank bound a rank, which a few more pairs buy back
+    #: at most this many pairs, raised to pairs_needed + 4: a burst costs the bound a rank, more pairs buy it back
     max_rounds: int = 16
     seed: int = 0
     #: chance that any re-measured key of unchanged code is called slower (divided over the keys)
     family_alpha: float = FAMILY_ALPHA
-    #: new worker processes every round; off: two persistent workers running one code interleaved differed by
-    #: no more than their noise here (benchmarks/gate_study.py, part `process`), and a fresh flex worker
-    #: recompiles for ~8 s a round and side
+    #: new worker processes every round; off: persistent ones showed no offset (gate_study.py part `process`)
     fresh_workers: bool = False
 
     def __post_init__(self):
@@ -97,24 +72,21 @@ def _check_new_side(env: dict, run_dir: Path) -> str:
     return "uncommitted changes in the checkout: they are what is re-measured" if here["git_dirty"] else ""
 
 
-_AUTO = object()
-
-
 def machine_load() -> tuple[float, int]:
     """This machine's 1-minute load average and CPU count (what the gate's noise guard reads every round)."""
     return os.getloadavg()[0], os.cpu_count() or 1
 
 
+_AUTO = object()
+
+
 def remeasure(comparison: Comparison, config: RemeasureConfig = RemeasureConfig(), *, log=print,
               timer: KeyTimer | None = None, base_timer=_AUTO, base_checkout: str | Path | None = None,
               base_python: str | None = None, cases: dict | None = None, clock=time.monotonic,
-              load=_AUTO) -> Comparison:
-    """Re-time the suspect keys of `comparison` and re-decide their rows (columns `remeasured`, `first_verdict`,
-    `rounds_new` and the note say how). Fresh samples go to <new run>/remeasure/samples.csv (new code) and
-    base-samples.csv (base code). `timer`, `base_timer` (None: the new side only), `cases` (id -> case; default:
-    rebuilt from the new run's env.json), `clock` and `load` (() -> (load average, CPUs), read every round;
-    None: not read; default: this machine's) are for tests."""
-    load = machine_load if load is _AUTO else load
+              load=machine_load) -> Comparison:
+    """Re-time the suspect keys of `comparison` and re-decide their rows (`remeasured`, `first_verdict`, the note);
+    fresh samples go to <new run>/remeasure/. `timer`, `base_timer` (None: the new side only), `cases`, `clock`
+    and `load` (() -> (load average, CPUs); None: not read) are for tests."""
     if comparison.mode != "gate":
         raise ValueError("--remeasure needs a gate (both runs on one testbed), not a cross-device report")
     rows = comparison.rows
@@ -163,12 +135,11 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
     """The re-measurement loop: rounds of every pending key on both sides (or the new one), until decided."""
     rows = comparison.rows
     base_env, new_env = read_env(comparison.base.run_dir), read_env(comparison.new.run_dir)
-    writers = {"new": SamplesWriter(out_dir / "samples.csv")}
-    if base_timer is not None:
-        writers["base"] = SamplesWriter(out_dir / "base-samples.csv")
     run_ids = {"new": new_env.get("run_id", comparison.new.run_dir.name),
                "base": base_env.get("run_id", comparison.base.run_dir.name)}
     sides = {"base": base_timer, "new": timer} if base_timer is not None else {"new": timer}
+    files = {"base": "base-samples.csv", "new": "samples.csv"}
+    writers = {side: SamplesWriter(out_dir / files[side]) for side in sides}
     stored_base = samples_by_key(comparison.base.run_dir) if base_timer is None else {}
     alpha = config.family_alpha / len(pending)
     max_rounds = max(config.max_rounds, pairs_needed(alpha) + 4)

@@ -76,10 +76,8 @@ def _fmt(df: pd.DataFrame) -> pd.DataFrame:
         interval=[("" if pd.isna(lo) else f"{lo:.3f}-{hi:.3f}") for lo, hi in zip(df.ratio_low, df.ratio_high)],
         rounds=[("" if pd.isna(b) else f"{b:.0f}/{n:.0f}" + ("*" if r is True else ""))
                 for b, n, r in zip(df.rounds_base, df.rounds_new, df.remeasured)])[_SHOWN].copy()
-    for col in ("base_ms", "new_ms"):
-        out[col] = out[col].map(lambda x: "" if pd.isna(x) else f"{x:.4g}")
-    for col in ("ratio", "margin"):
-        out[col] = out[col].map(lambda x: "" if pd.isna(x) else f"{x:.3f}")
+    for col, spec in (("base_ms", ".4g"), ("new_ms", ".4g"), ("ratio", ".3f"), ("margin", ".3f")):
+        out[col] = out[col].map(lambda x, spec=spec: "" if pd.isna(x) else format(x, spec))
     return out.fillna("")
 
 
@@ -114,8 +112,7 @@ _TICK_ROOM = 9
 
 
 def ratio_ticks(lo: float, hi: float) -> list[float]:
-    """Ticks of a log ratio axis from lo to hi, no two closer than 1/_TICK_ROOM of its log width (labels like
-    0.95x 1x 1.05x collided on a wide axis), 1x first."""
+    """Ticks of a log ratio axis from lo to hi, 1x first, no two closer than 1/_TICK_ROOM of its log width."""
     if not (0 < lo < hi and math.isfinite(hi)):
         return [1.0]
     room = (math.log(hi) - math.log(lo)) / _TICK_ROOM
@@ -126,18 +123,8 @@ def ratio_ticks(lo: float, hi: float) -> list[float]:
     return sorted(chosen)
 
 
-def plot_ratios(cmp: Comparison, path: str | Path) -> Path | None:
-    """Horizontal dot plot of new/base median latency per (case, backend, phase), log scale; None if nothing timed."""
-    fig = ratio_figure(cmp)
-    if fig is None:
-        return None
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    return path
-
-
 def ratio_figure(cmp: Comparison):
-    """plot_ratios' figure (a matplotlib Figure on an Agg canvas), or None if nothing was timed."""
+    """Dot plot of new/base ratios per key, log scale (a Figure on an Agg canvas); None if nothing was timed."""
     df = cmp.rows
     timed = df[np.isfinite(df.ratio.astype(float))].sort_values("ratio")
     if timed.empty:
@@ -182,7 +169,8 @@ def write_report(cmp: Comparison, out_dir: str | Path) -> dict[str, Path]:
     files = {"csv": out_dir / "compare.csv", "md": out_dir / "compare.md"}
     cmp.rows.to_csv(files["csv"], index=False)
     files["md"].write_text(markdown(cmp))
-    png = plot_ratios(cmp, out_dir / "compare.png")
-    if png:
-        files["png"] = png
+    fig = ratio_figure(cmp)
+    if fig is not None:
+        files["png"] = out_dir / "compare.png"
+        fig.savefig(files["png"], dpi=120)
     return files

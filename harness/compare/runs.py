@@ -1,5 +1,4 @@
-"""Comparing two runs key by key: the testbed check, one decision per (case, backend, phase), and the gate's
-outcome (exit code)."""
+"""Comparing two runs key by key: the testbed check, one decision per key, and the gate's exit code."""
 
 from __future__ import annotations
 
@@ -12,14 +11,15 @@ import pandas as pd
 from harness.compare.decision import correctness_change
 from harness.compare.noise import NoiseModel
 from harness.measure.paired import BUSY_LOAD_PER_CPU
-from harness.measure.stats import GateConfig, GateVerdict, gate_verdict
+from harness.measure.stats import GateConfig, gate_verdict
 from harness.store.load import load_results, load_samples, refused_rows
 from harness.store.run_dir import RESULTS, read_env
 from harness.store.run_state import run_notes
-from harness.store.schema import KEY, LOST, MISSING, NEW_ONLY, NOT_TIMED, REJECTED, SLOWER, UNDECIDED, WORSE
+from harness.store.schema import KEY, LOST, MISSING, NEW_ONLY, REJECTED, SLOWER, UNDECIDED, WORSE
+
 COMPARE_COLUMNS = (*KEY, "verdict", "correctness", "regression", "base_ms", "new_ms", "ratio", "ratio_low",
-                   "ratio_high", "margin", "n_base", "n_new", "rounds_base", "rounds_new", "remeasured", "first_verdict", "status_base",
-                   "status_new", "err_ratio_base", "err_ratio_new", "note")
+                   "ratio_high", "margin", "n_base", "n_new", "rounds_base", "rounds_new", "remeasured",
+                   "first_verdict", "status_base", "status_new", "err_ratio_base", "err_ratio_new", "note")
 #: compare's exit codes: 2 is bad input (the CLI's), so undecided keys get their own
 EXIT_OK, EXIT_REGRESSION, EXIT_UNDECIDED = 0, 1, 3
 
@@ -39,10 +39,7 @@ class RunSide:
 
 @dataclass
 class Comparison:
-    """Two runs compared key by key: `rows` (COMPARE_COLUMNS), the thresholds used, and what may make it unreliable.
-
-    mode: 'gate' (same testbed: a regression fails it) or 'cross-device' (a report, never a gate).
-    """
+    """Two runs compared key by key; mode: 'gate' (same testbed) or 'cross-device' (a report, never a gate)."""
 
     rows: pd.DataFrame
     mode: str
@@ -104,13 +101,9 @@ def samples_by_key(run_dir: Path) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
 def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig = GateConfig(), *,
                  cross_device: bool = False, noise: NoiseModel | None = None, allow_missing: bool = False,
                  use_noise_model: bool = True) -> Comparison:
-    """One row per (case_id, backend, phase) of either run, with the timing verdict, the correctness change
-    and `regression` (True: slower, correctness worse/lost, or - unless allow_missing - missing from the new
-    run; always False in a cross-device report). `noise` (default: the model stored beside the base run, when
-    `use_noise_model`) sets each key's margin.
-
-    Raises MismatchedTestbeds when the testbeds differ and not `cross_device`.
-    """
+    """One row per key of either run with its timing verdict, correctness change and `regression`; `noise`
+    (default: the model beside the base run, when `use_noise_model`) sets each key's margin. Raises
+    MismatchedTestbeds when the testbeds differ and not `cross_device`."""
     base_dir, new_dir = Path(base_dir), Path(new_dir)
     base, new = load_results(base_dir), load_results(new_dir)
     base_id, new_id = run_testbed(base_dir, base), run_testbed(new_dir, new)
@@ -126,7 +119,6 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig =
     loaded = "; ".join(f"{name} run {w}" for name, env in (("base", base_env), ("new", new_env))
                        for w in busy_load(env))
     base_samples, new_samples = samples_by_key(base_dir), samples_by_key(new_dir)
-    base_env, new_env = read_env(base_dir), read_env(new_dir)
     same_inputs = base_env.get("seed", 0) == new_env.get("seed", 0)  # a run without a seed recorded used 0
     merged = base.copy().merge(new.copy(), on=list(KEY), how="outer", suffixes=("_base", "_new"), indicator=True,
                                sort=False)  # copies: an empty run comes back column by column (fragmented)
@@ -138,14 +130,15 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig =
         out = {**dict(zip(KEY, key)), "status_base": b.get("status"), "status_new": n.get("status"),
                "err_ratio_base": b.get("err_ratio"), "err_ratio_new": n.get("err_ratio"), "remeasured": False,
                "first_verdict": ""}
-        if row["_merge"] != "both":
-            if row["_merge"] == "left_only":
-                out.update(n_base=0, n_new=0, verdict=MISSING, correctness="",
-                           note="in the base run, not in the new one" + (" (allowed)" if allow_missing else ""))
-            else:
-                out.update(n_base=0, n_new=0, verdict=NEW_ONLY, correctness="", note="only in the new run")
+        if row["_merge"] == "left_only":
+            out.update(n_base=0, n_new=0, verdict=MISSING, correctness="",
+                       note="in the base run, not in the new one" + (" (allowed)" if allow_missing else ""))
+        elif row["_merge"] == "right_only":
+            out.update(n_base=0, n_new=0, verdict=NEW_ONLY, correctness="", note="only in the new run")
         else:
-            timing = key_verdict(key, base_samples, new_samples, config, noise, loaded)
+            (b_ms, b_rounds), (n_ms, n_rounds) = base_samples.get(key, ([], [])), new_samples.get(key, ([], []))
+            timing = gate_verdict(b_ms, n_ms, config, base_rounds=b_rounds, new_rounds=n_rounds,
+                                  noise=None if noise is None else noise.key(key), loaded=loaded)
             correctness, why = correctness_change(b, n, config, same_inputs)
             out.update(timing.columns(), verdict=timing.verdict, correctness=correctness,
                        note="; ".join(filter(None, [why, timing.note])))
@@ -163,17 +156,8 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig =
     return comparison
 
 
-def key_verdict(key: tuple, base_samples: dict, new_samples: dict, config: GateConfig,
-                noise: NoiseModel | None, loaded: str = "") -> GateVerdict:
-    (b_ms, b_rounds), (n_ms, n_rounds) = base_samples.get(key, ([], [])), new_samples.get(key, ([], []))
-    return gate_verdict(b_ms, n_ms, config, base_rounds=b_rounds, new_rounds=n_rounds,
-                        noise=None if noise is None else noise.key(key), loaded=loaded)
-
-
 def mark_regressions(comparison: Comparison) -> None:
-    """Set the rows' `regression` from their verdicts: slower, rejected (a re-measured round failed an integrity
-    check: never passed, not even with undecided keys allowed), correctness worse or lost, missing keys (unless
-    allowed), and - when the new run holds no rows at all - every base key."""
+    """Set the rows' `regression` (gate only): slower, rejected, correctness worse or lost, missing (unless allowed)."""
     df = comparison.rows
     missing = (df.verdict == MISSING) & (not comparison.allow_missing)
     df["regression"] = (comparison.mode == "gate") & (df.verdict.isin([SLOWER, REJECTED])
@@ -204,8 +188,7 @@ def run_warnings(env: dict) -> list[str]:
 
 
 def ratio_spread(comparison: Comparison) -> tuple[float, float] | None:
-    """(50th, 90th) percentile of |ratio - 1| over rows timed in both runs. Compare two runs of the same code
-    (an A/A pair) to see the testbed's run-to-run noise."""
+    """(50th, 90th) percentile of |ratio - 1| over rows timed in both runs: of an A/A pair, the testbed's noise."""
     ratios = comparison.rows["ratio"].astype(float)
     dev = (ratios[np.isfinite(ratios)] - 1).abs()
     return None if dev.empty else (float(dev.quantile(0.5)), float(dev.quantile(0.9)))

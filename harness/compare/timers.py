@@ -1,5 +1,4 @@
-"""The timers of a re-measurement (compare/remeasure.py): this checkout's code in worker processes, or another
-checkout's through its timing server; and whether the code here is the code that made a run."""
+"""The timers of a re-measurement: this checkout's code in workers, or another checkout's through its server."""
 
 from __future__ import annotations
 
@@ -16,15 +15,13 @@ from harness.store.schema import REJECTED
 
 @dataclass(frozen=True)
 class Rejected:
-    """A re-measured round whose timed calls failed an integrity check (docs/integrity.md): it is no figure;
-    `reason` names the check, the call and the median it claimed."""
+    """A re-measured round that failed an integrity check (docs/integrity.md): `reason` names the check and call."""
 
     reason: str
 
 
 class KeyTimer(Protocol):
-    """Times keys of one run with one checkout's code, one round at a time: a round's samples (ms), Rejected, or
-    why timing failed."""
+    """Times keys of one run with one checkout's code, one round at a time."""
 
     def start_round(self) -> None: ...
 
@@ -72,12 +69,7 @@ def code_mismatch(env: dict, here: dict, *, allow_dirty: bool) -> str | None:
 
 
 class ExecutorTimer:
-    """Times keys of a run with the code of this process, in worker processes (kept, or fresh every round).
-
-    Every round is judged as a suite run's is (execution/benchmark.py): its calls get the round's exact transforms
-    of the run's seeded inputs (the last call new ones), what the last two returned is judged against the case's
-    reference within the tolerance, inputs must stay untouched and the speed rule holds; a round that fails is
-    Rejected. The reference and the naive baseline's errors are computed once per case, here."""
+    """Times keys of a run with this process's code in workers, each round judged as a suite run's is."""
 
     def __init__(self, env: dict, log_dir: Path, fresh_workers: bool = False):
         from harness.backends.registry import load_backend_module
@@ -91,7 +83,7 @@ class ExecutorTimer:
         self.config = TimingConfig(**timing) if timing else TimingConfig().share(int(env.get("rounds") or 1))
         self.seed, self.threads = int(env.get("seed") or 0), env.get("threads")
         self.log_dir, self.fresh, self.executor = str(log_dir), fresh_workers, None
-        #: the run's rounds drew the transforms of round indices 0..rounds-1: a re-measured round takes the next
+        #: the run's rounds drew the input transforms of rounds 0..rounds-1: a re-measured round takes the next
         self.first_round = int(env.get("rounds") or 1)
         self.rounds: dict[tuple, int] = {}
         self.prepared: dict[str, object] = {}
@@ -143,8 +135,7 @@ class ExecutorTimer:
 
 
 def _here(module: str, checkout: str | None) -> str:
-    """A run's plugin module path, moved into this checkout when it lay inside the run's checkout (a worktree of
-    the base commit has its own copy of the repository's fixtures)."""
+    """A run's plugin module path, moved into this checkout when it lay inside the run's checkout."""
     if checkout and module.endswith(".py"):
         try:
             return str(REPO_ROOT / Path(module).relative_to(checkout))

@@ -1,13 +1,4 @@
-"""The base side of a paired re-measurement: times a run's keys with the code of the checkout it is started in,
-answering `compare --remeasure --base-checkout` over stdin/stdout, one JSON object per line.
-
-    python -m harness.compare.timing_server RUN_DIR [--log-dir DIR] [--fresh-workers]
-
-It first answers {"ready": true, "note": ...}, or {"refused": why} when this checkout is not the code that made
-RUN_DIR (another commit, torch or backend version). Then, per request line: {"op": "start_round"},
-{"op": "time", "case": id, "backend": name, "phase": p, "estimate_ms": x} -> {"samples": [...]},
-{"rejected": why} (an integrity check failed: no figure) or {"failure": why}, {"op": "end_round"}, {"op": "close"}.
-"""
+"""The base side of a paired re-measurement: times a run's keys with this checkout's code, JSON lines on stdio."""
 
 from __future__ import annotations
 
@@ -19,6 +10,9 @@ from pathlib import Path
 
 
 def serve(run_dir: Path, log_dir: Path, fresh_workers: bool, requests, answer) -> None:
+    """Answer {"ready": true, "note"} or {"refused": why}, then per request line: {"op": "start_round"},
+    {"op": "time", "case", "backend", "phase", "estimate_ms"} -> {"samples": [...]}, {"rejected": why} or
+    {"failure": why}, {"op": "end_round"}, {"op": "close"}."""
     from harness.compare.timers import ExecutorTimer, Rejected, code_mismatch, current_code, run_cases
     from harness.store.schema import REJECTED
     from harness.store.run_dir import read_env
@@ -41,11 +35,8 @@ def serve(run_dir: Path, log_dir: Path, fresh_workers: bool, requests, answer) -
             op = request.get("op")
             if op == "close":
                 break
-            if op == "start_round":
-                timer.start_round()
-                answer({"ok": True})
-            elif op == "end_round":
-                timer.end_round()
+            if op in ("start_round", "end_round"):
+                getattr(timer, op)()
                 answer({"ok": True})
             elif op == "time":
                 case = cases.get(request["case"])

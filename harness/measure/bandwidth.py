@@ -1,28 +1,23 @@
-"""The memory-bandwidth roofline: bytes an attention call must move, a device copy bandwidth sampled at the start
-and end of a run, and whether a row is compute- or memory-bound (its arithmetic intensity against the ridge point)."""
+"""The memory-bandwidth roofline: bytes a call must move, the device copy bandwidth, compute- or memory-bound."""
 
 from __future__ import annotations
 
 import torch
 
-from harness.measure.roofline import PEAK_SAMPLES
+from harness.measure.roofline import PEAK_SAMPLES, one_thread
 from harness.measure.timing import TimingConfig, measure
 from harness.spec.case import AttentionCase
 from harness.spec.masks import MaskSpec
 from harness.store.schema import BWD, FWD, FWD_BWD, PHASES
 
-#: bytes of the copied buffer: far above any L2 (50 MB on H100/H200) and the 2-core CPU's last-level cache, so the
-#: copy streams from memory; a CPU copy of 64 MiB takes ~10-30 ms, cheap enough to run at every start
+#: bytes of the copied buffer: far above any L2 (50 MB on H100/H200) and a CPU's last-level cache, so it streams
 COPY_BYTES = {"cuda": 2 ** 30, "cpu": 64 * 2 ** 20}
-#: the phases' minimal traffic in units of the forward's tensors: the backward reads Q, K, V, O, dO and writes
-#: dQ, dK, dV (each tensor once), twice the forward's Q + K + V + O
+#: minimal traffic in forward units: the backward reads Q, K, V, O, dO and writes dQ, dK, dV, twice the forward's
 PHASE_TRAFFIC = {FWD: 1, BWD: 2, FWD_BWD: 3}
 
 
 def visible_keys(mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, block: int = 1024) -> int:
-    """Keys that at least one query of a batch element sees, summed over the batch: each is read once per kv head.
-    From the rows' key intervals where the mask has them (a difference array, O(seq_q + seq_k)), else from the
-    materialized mask in row chunks."""
+    """Keys that at least one query of a batch element sees, summed over the batch."""
     if mask is None:
         return batch * seq_k
     ranges = mask.key_ranges(seq_q, seq_k, batch)
@@ -41,10 +36,7 @@ def visible_keys(mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, bloc
 
 
 def bytes_moved(case: AttentionCase, phase: str = FWD) -> int:
-    """The least traffic of one call in the case's dtype: Q + visible K + visible V + O, K and V counted once per kv
-    head (GQA's query heads share them), each tensor read or written once (Q and O: the case's query tokens, without
-    a mixed step's padding rows; K and V of an FP8 cache, and FP8 queries, at one byte an element); the backward twice
-    that."""
+    """Least bytes one call moves: Q, O and the visible K, V once per kv head (FP8: 1 byte); backward twice."""
     if phase not in PHASES:
         raise ValueError(f"phase={phase!r}; allowed: {', '.join(PHASES)}")
     size = case.dtype.itemsize
@@ -57,12 +49,7 @@ def bytes_moved(case: AttentionCase, phase: str = FWD) -> int:
 
 def copy_bandwidth_gbps(device: torch.device, config: TimingConfig = TimingConfig(warmup_ms=20, budget_ms=200),
                         nbytes: int | None = None, samples: int = PEAK_SAMPLES) -> float:
-    """Achieved GB/s (1e9 bytes, read + written) of a large device-to-device copy: the bandwidth ceiling; the best
-    of `samples` (copy_bandwidth_samples).
-
-    Measured, like the matmul peak, because the datasheet figure is not what a kernel gets; the fastest repetition
-    defines it (a roofline is the best the device did); read and write both count, as FlashAttention's benchmark
-    counts a kernel's traffic."""
+    """GB/s (1e9 bytes, read + written) of a large device copy, the best of `samples`: the ceiling."""
     return max(copy_bandwidth_samples(device, config, nbytes, samples))
 
 
@@ -80,51 +67,36 @@ def copy_bandwidth_samples(device: torch.device, config: TimingConfig = TimingCo
 
 
 def copy_bandwidth_per_thread_samples(device: torch.device, samples: int = 1) -> list[float]:
-    """On a multi-thread CPU, one thread's copy bandwidth times the threads, per sample: an upper bound of what all
-    threads can move (bandwidth saturates, it never grows faster than the threads), which other load depresses
-    far less than the all-thread copy (3.3 GB/s against 65 a minute before, on this 2-core VM under load
-    average 12, 2026-12-01). Empty elsewhere."""
+    """On a multi-thread CPU, one thread's copy GB/s times the threads, per sample."""
     threads = torch.get_num_threads()
     if device.type != "cpu" or threads < 2:
         return []
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return [round(threads * g, 3) for g in copy_bandwidth_samples(device, samples=samples)]
-    finally:
-        torch.set_num_threads(threads)
 
 
 def streams_from_memory(nbytes: int, device_type: str) -> bool:
-    """Whether a call moving `nbytes` cannot be served from a cache faster than the copy bandwidth: at least the
-    copy's own traffic (2 x COPY_BYTES: its source and destination), which the copy probe streamed at that rate.
-    Smaller working sets may sit in a cache whose bandwidth nothing here measured (on a CPU, L1/L2 are many times
-    DRAM's), so their GB/s is no physical limit."""
+    """Whether a call moving `nbytes` cannot be served from a cache: the copy probe's own traffic."""
     return nbytes >= 2 * COPY_BYTES["cuda" if device_type == "cuda" else "cpu"]
 
 
-def ridge_point(peak_tflops: float, peak_gbps: float) -> float:
-    """FLOP per byte where the two ceilings meet: below it a kernel cannot reach the matmul peak."""
-    return peak_tflops * 1e12 / (peak_gbps * 1e9)
-
-
 def bound(flops: float, nbytes: float, peak_tflops: float | None, peak_gbps: float | None) -> str | None:
-    """'memory' when the arithmetic intensity is below the ridge point, else 'compute'; None without both peaks."""
+    """'memory' below the ridge point (FLOP per byte where the ceilings meet), else 'compute'; None without."""
     if not peak_tflops or not peak_gbps or nbytes <= 0:
         return None
-    return "memory" if flops / nbytes < ridge_point(peak_tflops, peak_gbps) else "compute"
+    return "memory" if flops / nbytes < peak_tflops * 1e12 / (peak_gbps * 1e9) else "compute"
 
 
 def roofline_columns(case: AttentionCase, phase: str, flops: float, latency_ms: float, peak_tflops: float | None,
                      peak_gbps: float | None) -> dict:
-    """The row's bandwidth columns and its roofline verdict: bytes_moved, gbps, pct_of_bw_peak, bound, and
-    (suspicious, why) judged against the ceiling that binds it - a memory-bound row (decode) against the copy
-    bandwidth, a compute-bound one against the matmul peak."""
+    """bytes_moved, gbps, pct_of_bw_peak, bound, and (suspicious, why) against the binding ceiling."""
     nbytes = bytes_moved(case, phase)
     gbps = nbytes / (latency_ms * 1e-3) / 1e9 if latency_ms > 0 else float("nan")
     tflops = flops / (latency_ms * 1e-3) / 1e12 if latency_ms > 0 else float("nan")
     pct_bw = 100.0 * gbps / peak_gbps if peak_gbps else float("nan")
     pct = 100.0 * tflops / peak_tflops if peak_tflops else float("nan")
-    which = bound(flops, nbytes, peak_tflops, peak_gbps) or ("memory" if peak_gbps and not peak_tflops else "compute")
+    binds = bound(flops, nbytes, peak_tflops, peak_gbps)
+    which = binds or ("memory" if peak_gbps and not peak_tflops else "compute")
     why = ""
     if which == "memory" and pct_bw > 100:
         why = (f"suspicious: {gbps:.4g} GB/s exceeds the measured copy bandwidth {peak_gbps:.4g} GB/s (memory-bound "
@@ -132,4 +104,4 @@ def roofline_columns(case: AttentionCase, phase: str, flops: float, latency_ms: 
     elif which == "compute" and pct > 100:
         why = f"suspicious: {tflops:.3g} TFLOP/s exceeds the measured matmul peak {peak_tflops:.3g}"
     return {"bytes_moved": nbytes, "gbps": gbps, "pct_of_bw_peak": pct_bw,
-            "bound": bound(flops, nbytes, peak_tflops, peak_gbps), "suspicious": bool(why), "why": why}
+            "bound": binds, "suspicious": bool(why), "why": why}

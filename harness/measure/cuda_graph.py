@@ -8,21 +8,8 @@ import torch
 
 
 class Captured:
-    """fn captured in a CUDA graph on `device` (removes launch overhead, as do_bench_cudagraph does).
-
-    replay() runs the graph and returns what fn returned when captured: its static output, which every replay
-    writes again (read it after a synchronisation). `build` - what fn reads that is made once, a backward's
-    forward - is captured too, in a graph of its own that shares the call's memory pool, as
-    torch.cuda.make_graphed_callables captures a forward and then its backward: rebuild() replays it, so the
-    forward's saved tensors are recomputed from whatever the static inputs hold now (new inputs copied in), and
-    the next replay of the call differentiates that forward.
-
-    Both are built on one side stream of `device`: a backward timed alone replays ops autograd issues on the
-    stream of their forward, so that forward must be built on the stream the capture uses (torch docs, "Stream
-    semantics of backward passes"); never the current device's default stream (the capture would fail) nor
-    another device's (cuda:N). `setup` runs before the warm-up calls and before the capture (gradients reset:
-    the captured backward then writes gradients of its own, which stay the leaves' .grad through every replay),
-    and never between replays (a graph replays what it captured; host work would change nothing in it)."""
+    """fn captured in a CUDA graph on `device`, as do_bench_cudagraph does; replay() returns its static output.
+    `build` (a backward's forward) is captured first on the same pool; rebuild() replays it."""
 
     def __init__(self, fn: Callable[[], object], setup: Callable[[], None] | None, device: torch.device,
                  build: Callable[[], None] | None = None):
@@ -62,5 +49,5 @@ class Captured:
 
 def graphed(fn: Callable[[], object], setup: Callable[[], None] | None, device: torch.device,
             build: Callable[[], None] | None = None) -> Callable[[], object]:
-    """The replay of fn captured in a CUDA graph (Captured); build, a backward's forward, is captured first."""
+    """The replay of fn captured in a CUDA graph (Captured)."""
     return Captured(fn, setup, device, build).replay

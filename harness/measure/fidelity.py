@@ -1,11 +1,4 @@
-"""Timing fidelity: the harness's timer against an independent one on the same call, interleaved in blocks.
-
-One shot of each timer compares two moments of a shared machine, not two timers: here the timers alternate in
-blocks (ABBA order, so a slow drift hits both alike), each block gives a ratio of medians, and the figure is the
-median of the block ratios with their spread. A spread wider than the tolerance means the machine was too
-noisy during the study to tell the timers apart, and the result says so instead of reporting a number as if
-it were the harness's error.
-"""
+"""Timing fidelity: the harness's timer against an independent one on the same call, interleaved in blocks."""
 
 from __future__ import annotations
 
@@ -27,8 +20,7 @@ FIDELITY_TAG = "fidelity"
 
 def independent_samples_ms(fn: Callable[[], object], device: torch.device, calls: int,
                            budget_ms: float) -> tuple[list[float], str]:
-    """Latencies (ms) from a timer the harness does not own: on the CPU torch.utils.benchmark.Timer, one call per
-    sample (so it alternates with the harness call by call); on a GPU one triton do_bench median per block."""
+    """(latencies in ms, timer name): torch.utils.benchmark.Timer on CPU, triton do_bench on GPU."""
     if device.type == "cuda":
         from triton.testing import do_bench
         return [float(do_bench(fn, warmup=max(1, int(budget_ms / 4)), rep=max(1, int(budget_ms)),
@@ -40,8 +32,7 @@ def independent_samples_ms(fn: Callable[[], object], device: torch.device, calls
 
 @dataclass(frozen=True)
 class Fidelity:
-    """Harness / independent timer over interleaved blocks: `blocks` holds each block's (harness, independent)
-    samples; the figure is the median of the blocks' ratios, its uncertainty a bootstrap over blocks."""
+    """Harness / independent timer: `blocks` holds each block's (harness, independent) samples (ms)."""
 
     blocks: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...]
     harness: Measurement
@@ -53,13 +44,12 @@ class Fidelity:
         return float(np.median([x for _, theirs in self.blocks for x in theirs]))
 
     def block_ratios(self) -> np.ndarray:
-        """Each block's harness median over its independent median: the two timers side by side in time."""
+        """Each block's harness median over its independent median."""
         return np.array([np.median(ours) / np.median(theirs) for ours, theirs in self.blocks], float)
 
     @property
     def ratio(self) -> float:
-        """Median of the block ratios: a block whose moment was slow for one timer moves it by nothing, where
-        pooled medians mix every moment of the machine into both sides."""
+        """Median of the block ratios: a block slow for one timer moves it by nothing."""
         return float(np.median(self.block_ratios()))
 
     @property
@@ -94,8 +84,7 @@ class Fidelity:
 
 def fidelity(fn: Callable[[], object], device: torch.device, *, blocks: int = 30, calls: int = 10,
              block_ms: float = 50.0, tolerance: float = TOLERANCE) -> Fidelity:
-    """Time `fn` with the harness and the independent timer in `blocks` alternating blocks (ABBA order): on the
-    CPU `calls` calls each, on a GPU `block_ms` of repetitions each."""
+    """Time `fn` with the harness and the independent timer in `blocks` alternating blocks (ABBA order)."""
     if blocks < 2 or calls < 1 or not math.isfinite(block_ms) or block_ms <= 0:
         raise ValueError(f"blocks={blocks!r}, calls={calls!r}, block_ms={block_ms!r}: need >= 2 blocks of >= 1 call "
                          "and a finite budget > 0")

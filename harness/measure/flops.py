@@ -12,10 +12,7 @@ PHASE_FACTOR = {FWD: 1.0, BWD: BACKWARD_FACTOR, FWD_BWD: 1.0 + BACKWARD_FACTOR}
 
 
 def attention_flops(case: AttentionCase, phase: str) -> int:
-    """2*pairs*D_qk (QK^T) + 2*pairs*D_v (PV), pairs = attended (query, key) pairs over batch and heads; D_v is
-    case.head_dim_v (DeepSeek MLA: 192 + 128). The modifiers' elementwise work (softcap's tanh, ALiBi's and a bias's
-    add, a sink's extra denominator term) is a few operations per score next to D_qk + D_v multiply-adds: noted here,
-    not counted, as FlashAttention's benchmarks do not count the softmax either."""
+    """2*pairs*(D_qk + D_v) over the attended (query, key) pairs of all heads; modifiers not counted."""
     if phase not in PHASES:
         raise ValueError(f"phase={phase!r}; allowed: {', '.join(PHASES)}")
     pairs = count_attended_pairs(case.mask, case.batch, case.seq_q, case.seq_k) * case.heads

@@ -28,8 +28,7 @@ def peak_memory(fn: Callable[[], object], *, device: torch.device,
 
 
 def first_call_peak(fn: Callable[[], object], setup: Callable[[], None] | None = None) -> tuple[float, int]:
-    """(milliseconds, peak CPU bytes) of one call of fn() under the memory profiler, after setup(): a timed
-    round's first call, which is kept apart from the samples anyway (timing.measure's first_ms)."""
+    """(milliseconds, peak CPU bytes) of one call of fn() under the memory profiler, after setup()."""
     if setup:
         setup()
     start = time.perf_counter_ns()
@@ -43,8 +42,7 @@ CPU_METHOD = "cpu-profiler-peak"
 
 def cpu_peak(fn: Callable[[], object]) -> int:
     """Peak bytes allocated on the CPU during fn() above those live before it (fn's result is freed inside)."""
-    # The CPU allocator keeps no statistics; the profiler records every allocation and free with its
-    # size and time, so the running sum of those events, in time order, is the live-bytes curve.
+    # the CPU allocator keeps no statistics: the running sum of the profiler's allocation events is the live bytes
     from torch.profiler import ProfilerActivity, profile
 
     with captured_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

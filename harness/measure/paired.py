@@ -1,20 +1,4 @@
-"""The verdict on re-measured pairs (base and new code timed back to back): a signed-rank interval that stays valid
-with heavy-tailed pairs, and the guard that keeps a loaded machine's noise from being called a regression.
-
-Why (issue 35; figures in docs/regressions.md): under load (load average 4-5 on this 2-core VM) a pair's log ratio
-has tails to +-4, and a Student t interval on 12 such pairs called unchanged code 'slower' (1.056-233). Two
-answers, both needed:
-
-- The interval is the Wilcoxon signed-rank one (the order statistics of the pairs' Walsh averages, Hollander &
-  Wolfe ch. 3; R's wilcox.test(paired, conf.int=TRUE)) around the Hodges-Lehmann estimate: distribution-free,
-  so a burst moves it by one rank, not by its size. It needs only that unchanged code's log ratios are symmetric
-  about 0, which the alternating order (ABBA) of each pair gives. Its price: n pairs cannot reach a one-sided
-  level below 2^-n, so a family-wise level needs log2(keys / FAMILY_ALPHA) pairs (8 keys: 8 pairs).
-- A test is valid only while a pair's two halves see the same machine. When the pairs spread beyond what a
-  quiet machine gives, or the machine was overloaded during the re-measurement and the key's pairs show its
-  bursts, they measure the machine, not the code: such a key is 'undecided', with why and what would decide it,
-  never 'slower'.
-"""
+"""The verdict on re-measured pairs: a signed-rank interval, and the guard that keeps machine noise from failing it."""
 
 from __future__ import annotations
 
@@ -24,13 +8,11 @@ import math
 import numpy as np
 
 from harness.measure.stats import (FAMILY_ALPHA, SLOWER, FASTER, UNCHANGED, UNDECIDED, GateConfig, GateVerdict,
-                                   NOT_POSITIVE, counts_as_change, finite_exp, fmt_ratio, iqr)
+                                   NOT_POSITIVE, counts_as_change, finite_exp, fmt_ratio, iqr, rank_below)
 
-#: a run or re-measurement with a 1-minute load average above this many times the CPU count shared its machine
-#: with other work (runnable processes outnumbered the CPUs)
+#: a 1-minute load average above this many times the CPU count: runnable processes outnumbered the CPUs
 BUSY_LOAD_PER_CPU = 1.0
-#: the most a key's pairs may spread (normalized IQR of their log ratios) and still be judged: quiet pairs on this
-#: VM have an IQR of 0.09 (sd ~0.07); beyond 0.3 (pairs typically 1.35x apart) they measure the machine
+#: the most a key's pairs may spread (normalized IQR of log ratios) and be judged: quiet pairs here spread ~0.07
 PAIR_SPREAD_LIMIT = 0.3
 #: a pair whose log ratio lies farther than this from the estimate (2x) is a burst of the machine
 BURST = math.log(2.0)
@@ -42,8 +24,7 @@ EXACT_SIGNED_RANK = 60
 
 @functools.lru_cache(maxsize=None)
 def _signed_rank_counts(n: int) -> tuple[int, ...]:
-    """How many of the 2^n sign patterns give each signed-rank sum W+ = 0..n(n+1)/2: the exact null distribution
-    (each rank 1..n is in W+ or not)."""
+    """How many of the 2^n sign patterns give each signed-rank sum W+ = 0..n(n+1)/2: the exact null."""
     counts = [1]
     for rank in range(1, n + 1):
         grown = counts + [0] * rank
@@ -59,17 +40,9 @@ def pairs_needed(alpha: float) -> int:
 
 
 def _walsh_rank(n: int, alpha: float) -> int:
-    """k such that the k-th smallest (and k-th largest) of the n(n+1)/2 Walsh averages bounds the centre of the
-    pairs at one-sided level alpha: the largest k with P(W+ <= k - 1) <= alpha; 0 when no bound exists."""
+    """The largest k with P(W+ <= k - 1) <= alpha: the Walsh averages' bounding rank; 0: no bound."""
     if n <= EXACT_SIGNED_RANK:
-        counts, total = _signed_rank_counts(n), 2 ** n
-        below, k = 0, 0
-        for c in counts:
-            if (below + c) / total > alpha + 1e-12:
-                break
-            below += c
-            k += 1
-        return k
+        return rank_below(_signed_rank_counts(n), alpha + 1e-12)
     from scipy.stats import norm
 
     mean, sd = n * (n + 1) / 4, math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
@@ -78,8 +51,8 @@ def _walsh_rank(n: int, alpha: float) -> int:
 
 def signed_rank_interval(diffs, alpha: float) -> tuple[float, float, float, bool]:
     """(Hodges-Lehmann estimate, lower, upper, exact) of the centre of paired differences: the median of their
-    Walsh averages, bounded by its order statistics at one-sided level alpha each way. `exact` is False when
-    there are too few pairs for any bound at that level (the bounds are then the extreme differences)."""
+    Walsh averages and its order statistics at one-sided level alpha each way; not `exact`: too few pairs for any
+    bound (the bounds are then the extreme differences)."""
     d = np.asarray(diffs, float)
     n = len(d)
     walsh = np.sort(((d[:, None] + d[None, :]) / 2)[np.triu_indices(n)])
@@ -117,16 +90,8 @@ def decide_on_quieter(why: str, loaded: bool = True) -> str:
 
 def paired_verdict(base_medians, new_medians, cfg: GateConfig = GateConfig(), *, alpha: float = FAMILY_ALPHA,
                    n_base: int = 0, n_new: int = 0, load: tuple[float, int] | None = None) -> GateVerdict:
-    """Verdict on paired rounds: base_medians[i] and new_medians[i] are one round's median latency of the base
-    and the new code, timed back to back; `load` is (1-minute load average, CPUs) during the re-measurement.
-
-    The ratio is exp(Hodges-Lehmann estimate of the pairs' log ratios); the interval its signed-rank one at
-    one-sided level `alpha` each way. The margin is cfg.min_effect alone: the noise model's A/A spread is that
-    of separate runs, which pairing removes. slower: the interval above no change, the estimate beyond the
-    margin; unchanged: the estimate within the margin; faster: mirrored; otherwise undecided, with what would
-    decide it. Pairs that measure the machine (machine_noise) give undecided, unless their whole interval lies
-    within the margin (unchanged).
-    """
+    """Verdict on paired rounds: base_medians[i], new_medians[i] are one round's median (ms) of the base and new
+    code, back to back; `load` is (1-minute load average, CPUs) meanwhile. Margin: cfg.min_effect alone."""
     base, new = np.asarray(base_medians, float).ravel(), np.asarray(new_medians, float).ravel()
     if len(base) != len(new):
         raise ValueError(f"paired_verdict: {len(base)} base rounds against {len(new)} new ones; pairs need both")
@@ -150,8 +115,7 @@ def paired_verdict(base_medians, new_medians, cfg: GateConfig = GateConfig(), *,
     noise = machine_noise(diffs, shift, load)
     within = not counts_as_change(figures["base_ms"], figures["new_ms"], figures["ratio"], margin, cfg.abs_floor_ms)
     if noise and not (within and exact and finite_exp(high) <= margin):
-        # pairs that measure the machine settle nothing but a whole interval within the margin: bursts on either
-        # side move the estimate, so neither slower, faster nor a pass on the estimate alone
+        # bursts on either side move the estimate: only a whole interval within the margin settles such pairs
         where = "within" if within else "beyond"
         return GateVerdict(UNDECIDED, f"{interval} {where} the margin {margin:.3f}, but "
                                       + decide_on_quieter(noise, loaded=load is not None), **figures)

@@ -1,5 +1,4 @@
-"""The physical limit a timed figure is held to: the peaks sampled at a run's start and end, the best of them, and
-the margin above it that rejects a figure as beyond what the device can do."""
+"""The physical limit a timed figure is held to: the peaks sampled at a run's start and end, and the margin."""
 
 from __future__ import annotations
 
@@ -14,11 +13,7 @@ from harness.measure.stages import stage
 from harness.spec.case import AttentionCase, dtype_name
 from harness.store.schema import REJECTED, Row
 
-#: a timed figure above this multiple of the physical peak is rejected: an honest attention kernel reaches at most
-#: about the matmul peak (FlashAttention's forward ~70 % of it) and at most the copy bandwidth when it streams from
-#: memory, so 4x leaves room for a start peak depressed by other load up to ~3x (the end-of-run samples audit
-#: that), while a figure made by not doing the work (a cached output) is many times over on a large case (on a
-#: tiny one the call's own overhead hides it: the timed-output checks catch those, not this limit)
+#: a timed figure above this multiple of the physical peak is rejected: room for a start peak depressed ~3x by load
 PHYSICAL_MARGIN = 4.0
 #: how a rejected row's timing reason starts when the physical limit rejected it (not the integrity checks)
 BEYOND = "beyond the physical limit"
@@ -28,26 +23,21 @@ COPY_PER_THREAD = f"copy_gbps {PER_THREAD}"
 
 
 def limit_tflops(peaks: dict[str, float], dtype: str) -> float | None:
-    """The FLOP/s no kernel given `dtype` inputs beats: the best of the dtype's matmul peak and fp32's (a kernel may
-    compute narrow inputs in fp32; a CPU without bf16 units runs its bf16 matmul far below its fp32 one) and, on a
-    CPU, their one-thread bounds (roofline.PER_THREAD). None without any."""
+    """TFLOP/s no kernel given `dtype` inputs beats: its and fp32's peaks and one-thread bounds; None."""
     keys = (dtype, FP32, f"{dtype} {PER_THREAD}", f"{FP32} {PER_THREAD}")
     values = [peaks[k] for k in keys if peaks.get(k)]
     return max(values) if values else None
 
 
 def limit_gbps(peaks: dict[str, float], peak_gbps: float | None) -> float | None:
-    """The copy bandwidth no streamed working set beats: the best of the measured one and, on a CPU, its one-thread
-    bound (COPY_PER_THREAD). None without either."""
+    """The GB/s no streamed working set beats: the best of the measured copy and its one-thread bound; None without."""
     values = [v for v in (peak_gbps, peaks.get(COPY_PER_THREAD)) if v]
     return max(values) if values else None
 
 
 def beyond_physical_limit(case: AttentionCase, phase: str, flops: float, latency_ms: float, peaks: dict[str, float],
                           peak_gbps: float | None, device_type: str) -> str:
-    """'' when a timed figure is physically possible, else the reason its row is rejected, naming the figure, the
-    peak and the margin: TFLOP/s above PHYSICAL_MARGIN x limit_tflops, or (a working set that streams from
-    memory) GB/s above PHYSICAL_MARGIN x the copy bandwidth."""
+    """'' when a timed figure is physically possible, else why its row is rejected."""
     if not latency_ms > 0:
         return ""
     dtype = dtype_name(case.dtype)
@@ -69,16 +59,11 @@ def _floored(part: dict, threads: int) -> float:
 
 
 class RunPeaks:
-    """A run's peak samples: `samples` spaced ones of each dtype's matmul and of the copy bandwidth at its start,
-    whose best every row is judged against as it is built (rows are final when built), and as many at its end
-    (`measure_end`), which raise nothing already written but audit it (`record`: a rejected row that the best of all
-    samples would have let through is listed; a run with one has a start peak depressed by more than the margin
-    allowed for, which env.json then says)."""
+    """A run's peak samples: at its start, judging every row as built, and at its end, auditing them."""
 
     def __init__(self, device: torch.device, dtypes: Iterable[torch.dtype], samples: int = PEAK_SAMPLES):
-        # fp32 always: the limit of narrower dtypes includes it (limit_tflops)
         self.device, self.samples, self.threads = device, samples, torch.get_num_threads()
-        self.dtypes = sorted(set(dtypes) | {torch.float32}, key=str)
+        self.dtypes = sorted(set(dtypes) | {torch.float32}, key=str)  # limit_tflops includes fp32
         self.start = self._sample()
         self.end: dict | None = None
 
@@ -95,14 +80,12 @@ class RunPeaks:
 
     @property
     def gbps(self) -> float:
-        """The best of the start's copy-bandwidth samples (GB/s), at least one thread's (all threads copy at least
-        what one does alone: a best below it is a machine stalled by other load)."""
+        """The best of the start's copy-bandwidth samples (GB/s), at least one thread's."""
         return _floored(self.start, self.threads)
 
     @property
     def judged(self) -> dict[str, float]:
-        """What rows are judged against (measure_phase's `peaks`): tflops, and the copy bandwidth's one-thread
-        bound where there is one."""
+        """What rows are judged against: tflops, and the copy bandwidth's one-thread bound where there is one."""
         bound = self.start[COPY_PER_THREAD]
         return {**self.tflops, **({COPY_PER_THREAD: max(bound)} if bound else {})}
 
@@ -121,8 +104,7 @@ class RunPeaks:
         return best_peaks(merged, self.threads), max(_floored(part, self.threads) for part in parts)
 
     def overturned(self, rows: Iterable[Row]) -> list[str]:
-        """The keys of rows rejected for the physical limit whose figures the best of every sample (start and end)
-        lets through: rejected against a start peak that was depressed by more than the margin allows for."""
+        """Keys of rows rejected for the physical limit that the best of all samples (start and end) lets through."""
         tflops, gbps = self._all()
         gbps = limit_gbps(tflops, gbps)
         out = []
@@ -138,8 +120,7 @@ class RunPeaks:
         return out
 
     def record(self, rows: Iterable[Row] = ()) -> dict:
-        """What env.json keeps: every sample, the margin, what rows were judged against and, after the end
-        samples, the best of all and the rejected keys those would have let through."""
+        """What env.json keeps: every sample, the margin, the start's best, and the end's audit."""
         out = {"margin": PHYSICAL_MARGIN, "judged_against": "the best of the start samples",
                "start": self.start, "end": self.end, "start_best": {**self.judged, "copy_gbps": self.gbps}}
         if self.end is not None:

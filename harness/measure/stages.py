@@ -1,11 +1,4 @@
-"""Where the harness's own wall time goes: exclusive seconds and counts per stage of a run (worker start-up, the
-reference, the backend's forward, moving results between processes, judging, timing...), per process.
-
-A stage's time excludes the stages nested in it, so the stages partition the time they cover and add up to at
-most the run's wall time; what they do not cover (pytest itself, writing rows) is the difference. A worker
-process keeps its own clock and sends what a request added (`since`) with its reply; the supervisor adds it
-(`merge`) inside its own open stage, which is charged only for the rest (pickling, shared memory, waiting).
-"""
+"""Where the harness's own wall time goes: exclusive seconds and counts per stage of a run, per process."""
 
 from __future__ import annotations
 
@@ -72,13 +65,12 @@ CLOCK = StageClock()
 
 
 def stage(name: str):
-    """`with stage("reference"): ...` - charge the block to `name` on this process's clock."""
+    """Charge the block to `name` on this process's clock: `with stage("reference"): ...`."""
     return CLOCK.stage(name)
 
 
 def time_lines(spent: dict, top: int = 8) -> list[str]:
-    """A run's time_spent (RunSession.time_spent, as in env.json) in two lines: wall time by suite stage, then the
-    `top` harness stages by seconds (with how many times each ran), the rest, and what no stage covered."""
+    """A run's time_spent (as in env.json) in two lines: wall time by suite stage, then harness stages."""
     wall = spent["wall_s"]
     tests = ", ".join(f"{name} {s:.0f} s" for name, s in spent.get("tests_s", {}).items())
     by_time = sorted(spent.get("stages", {}).items(), key=lambda kv: -kv[1]["s"])
@@ -87,5 +79,4 @@ def time_lines(spent: dict, top: int = 8) -> list[str]:
         parts.append(f"{len(by_time) - top} more {sum(v['s'] for _, v in by_time[top:]):.1f} s")
     covered = sum(v["s"] for _, v in by_time)
     parts.append(f"outside these {max(wall - covered, 0.0):.1f} s")
-    lines = [f"time: {wall:.0f} s" + (f" ({tests})" if tests else ""), "  by stage: " + ", ".join(parts)]
-    return lines
+    return [f"time: {wall:.0f} s" + (f" ({tests})" if tests else ""), "  by stage: " + ", ".join(parts)]

@@ -1,33 +1,4 @@
-"""Every statistic that decides a timing verdict, in one module, with one vocabulary (the schema's
-TIMING_VERDICTS; the advisor shows them as slower/faster/tied, advisor/ranking.ADVISOR_WORDS): the gate between
-two runs (`gate_verdict`: compare/runs.py; re-measured pairs: measure/paired.py), change points over a
-testbed's history (`change_points`: compare/changes.py) and the advisor's ties between backends timed in one run
-(`timing_verdict`: advisor/ranking.py).
-
-Why the gate decides as it does (the measurements are in docs/measurements.md and benchmarks/gate_study.py):
-
-- The unit is the measurement round, not the sample. Samples of one round are taken back to back and share
-  that moment's conditions, so a rank test on hundreds of them calls any burst significant (p ~ 1e-146 for a
-  one-round hiccup). Rounds are spread over the run, so they sample what actually varies.
-- The shift is the Hodges-Lehmann estimate on the log round medians (the median of all pairwise differences)
-  with its distribution-free confidence interval from the Mann-Whitney null distribution (Hollander & Wolfe,
-  Nonparametric Statistical Methods, ch. 4; R's wilcox.test(conf.int=TRUE)). One round 1.5x slow in three moves
-  a mean by 15 %; it moves the Hodges-Lehmann estimate by nothing.
-- A key is slower when its interval excludes no change and the estimate exceeds the margin: the larger of
-  --min-effect and `noise_z` times the key's A/A spread on this testbed (compare/noise.py). This is asv's rule
-  (a factor and a significance test, `asv continuous`) with the factor learned per key.
-- A key whose estimate exceeds the margin without a significant interval is *undecided*, never passed
-  silently; `compare --remeasure` re-times such keys (and the slower ones, to confirm) until they are decided,
-  as Chromium's Pinpoint re-runs a suspected regression before it reports it.
-- Re-measured keys are decided on *paired* rounds (measure/paired.py): base and new code timed back to back,
-  in alternating order, round after round (`asv continuous` times both commits interleaved for the same reason).
-  On this VM a key's speed moves 1.1-1.7x over tens of seconds with the host's other load, for both sides
-  alike; the difference of a pair's log round medians cancels that, where two separate runs cannot. A run
-  made on a loaded machine (`loaded`) cannot settle a slower key at all: only pairs can.
-
-The advisor's question is another one: two backends timed in the same run share its conditions, so it tests
-their raw samples (Mann-Whitney), guarded by a t-test on their round medians.
-"""
+"""Every statistic that decides a timing verdict: the gate, re-measured pairs, change points, the advisor's ties."""
 
 from __future__ import annotations
 
@@ -40,37 +11,27 @@ import numpy as np
 
 from harness.store.schema import FASTER, NOT_TIMED, SLOWER, UNCHANGED, UNDECIDED
 
-#: smallest ratio of medians that counts as a change of one key from one run to another (the gate, re-measured
-#: pairs, change points over a history): 10 %, asv's default factor, because whole runs on a shared 2-core VM
-#: drift by ~5 %; the gate's noise model may raise it per key, never lower it
+#: smallest ratio of medians that counts as a change of a key between runs: asv's 10 %; runs here drift by ~5 %
 MIN_RUN_CHANGE = 0.10
-#: smallest ratio of medians that counts as a difference between two backends timed in one run (the advisor's
-#: ties): half the run-to-run figure, because backends timed in one run share its conditions, so the ~5 % drift
-#: between whole runs does not enter; the rank and round tests judge what noise is left
+#: smallest ratio that counts between two backends of one run: they share its conditions, so no run-to-run drift
 MIN_BACKEND_DIFFERENCE = 0.05
 #: smallest absolute change of the median (ms) that counts: CUDA events resolve ~0.5 us, launches jitter ~1 us
 ABS_FLOOR_MS = 0.001
 #: err_ratio (error over tolerance; > 1 fails) may grow by this much before it is flagged: a quarter of the budget
 ERR_GROWTH = 0.25
-#: the advisor's significance level of the two-sided Mann-Whitney U test on raw samples (asv uses the same 0.002):
-#: a recommendation runs a test per pair of backends, so 0.05 would call ~5 % of equal pairs different by chance
+#: the advisor's Mann-Whitney level (asv's 0.002): one test per pair of backends, so 0.05 would flag ~5 % by chance
 ALPHA = 0.002
-#: the advisor's level of the Student t-test on log round medians: samples of one round share its moment's
-#: conditions, rounds spread over the run sample the run-to-run noise
+#: the advisor's level of the t-test on log round medians: rounds spread over the run sample its noise
 ROUND_ALPHA = ALPHA
-#: fewest samples per side for an advisor's verdict: samples are taken back to back, so a handful can all fall
-#: inside one transient
+#: fewest samples per side for an advisor's verdict: back-to-back samples can all fall inside one transient
 MIN_SAMPLES = 10
 #: two-sided confidence of the gate's shift interval (slower needs its lower end above 0)
 CONFIDENCE = 0.90
-#: chance that any re-measured key of unchanged code is called slower: each key is tested at
-#: FAMILY_ALPHA / (keys re-measured) (Bonferroni), since a gate re-measures tens of keys at once
+#: chance that any re-measured key of unchanged code is called slower, split over the keys (Bonferroni)
 FAMILY_ALPHA = 0.05
-#: the gate's margin is this many A/A standard deviations of the key's log ratio (one false alarm in ~700 keys
-#: under normal noise; bursts beyond that are what re-measurement is for)
+#: the gate's margin in A/A standard deviations of the key's log ratio (one false alarm in ~700 normal keys)
 NOISE_Z = 3.0
-#: PELT penalty on the standardized history: ~12 keeps pure noise of 30 runs free of change points (the test
-#: plants both); lower finds smaller steps and more false ones
+#: PELT penalty on the standardized history: ~12 keeps pure noise of 30 runs free of change points (tested)
 PENALTY = 12.0
 #: fewest runs in a history's segment: one noisy run cannot be a segment
 MIN_SEGMENT = 3
@@ -101,7 +62,6 @@ def fmt_ratio(x: float) -> str:
 
 
 def _check(config, names: tuple[str, ...], ok, what: str) -> None:
-    """A one-line error naming the first of `names` whose value `ok` refuses, and what is allowed."""
     for name in names:
         value = getattr(config, name)
         if not ok(value):
@@ -141,8 +101,7 @@ class GateConfig:
 
 @dataclass(frozen=True)
 class KeyNoise:
-    """A key's A/A spread on a testbed: the standard deviation of log(new/base) of its run medians between two
-    runs of unchanged code, and how many runs it was estimated from."""
+    """A key's A/A spread on a testbed: the sd of log(new/base) of its run medians, and the runs it came from."""
 
     aa_sigma: float
     runs: int = 0
@@ -179,8 +138,7 @@ class TimingVerdict(KeyComparison):
 
 @dataclass(frozen=True)
 class GateVerdict(KeyComparison):
-    """How one key's new rounds compare with its base rounds; `ratio` is exp(Hodges-Lehmann shift of the log
-    round medians)."""
+    """One key's new rounds against its base rounds; `ratio` is exp(Hodges-Lehmann shift of the log round medians)."""
 
     #: the ratio's confidence interval
     ratio_low: float = math.nan
@@ -189,7 +147,7 @@ class GateVerdict(KeyComparison):
     margin: float = math.nan
 
     def columns(self) -> dict:
-        """Every field but the verdict and note, as compare.csv columns (the verdict is written beside them)."""
+        """Every field but the verdict and note (the verdict is written beside them)."""
         out = super().columns()
         out.pop("verdict")
         return out
@@ -214,8 +172,7 @@ def round_medians(ms, rounds) -> np.ndarray:
 
 
 def counts_as_change(base_ms: float, new_ms: float, ratio: float, margin: float, abs_floor_ms: float = 0.0) -> bool:
-    """Whether a move of the median from base_ms to new_ms (ratio new/base) counts: by at least abs_floor_ms, and
-    beyond `margin` (a ratio > 1) either way."""
+    """Whether base_ms -> new_ms moves by at least abs_floor_ms and beyond `margin` (> 1) either way."""
     return abs(new_ms - base_ms) >= abs_floor_ms and (ratio > margin or ratio * margin < 1)
 
 
@@ -234,10 +191,20 @@ def min_attainable_p(n_base: int, n_new: int) -> float:
     return min(1.0, 2 / comb(n_base + n_new, n_base))
 
 
+def rank_below(counts, level: float) -> int:
+    """The largest k with P(X <= k - 1) <= level, X distributed as the exact null `counts` (of X = 0, 1, ...)."""
+    total, below, k = sum(counts), 0, 0
+    for c in counts:
+        if (below + c) / total > level:
+            break
+        below += c
+        k += 1
+    return k
+
+
 def round_test(base: np.ndarray, new: np.ndarray, base_rounds: np.ndarray,
                new_rounds: np.ndarray) -> tuple[float, list[float], list[float]]:
-    """(p, base round medians, new round medians): two-sided Student t-test on the log medians of the rounds;
-    nan when either side has fewer than two rounds."""
+    """(p, base, new round medians): two-sided t-test on log round medians; nan with < 2 rounds a side."""
     from scipy.stats import ttest_ind
 
     lb, ln = round_medians(base, base_rounds).tolist(), round_medians(new, new_rounds).tolist()
@@ -251,13 +218,8 @@ def round_test(base: np.ndarray, new: np.ndarray, base_rounds: np.ndarray,
 
 def timing_verdict(base, new, cfg: TieConfig = TieConfig(), *, base_rounds=None,
                    new_rounds=None) -> TimingVerdict:
-    """Verdict on raw latency samples (ms) of two backends of one run: slower / faster / unchanged / undecided.
-
-    `*_rounds` label each sample with its measurement round (default: all one round). Undecided below
-    min_samples per side. slower/faster needs all of: p < alpha (rank test on the samples), a pooled median
-    ratio beyond 1 + min_effect (or its inverse), a median change of at least abs_floor_ms and, when both
-    sides have >= 2 rounds, round_p < round_alpha (the difference holds across rounds, not in one transient).
-    """
+    """Verdict on raw latency samples (ms) of two backends of one run, `*_rounds` their rounds (default: one):
+    slower/faster needs p < alpha, a median ratio beyond 1 + min_effect, abs_floor_ms and round_p < round_alpha."""
     from scipy.stats import mannwhitneyu
 
     base, new, base_rounds, new_rounds, counts = _labelled(base, new, base_rounds, new_rounds)
@@ -299,8 +261,7 @@ def timing_verdict(base, new, cfg: TieConfig = TieConfig(), *, base_rounds=None,
 
 @functools.lru_cache(maxsize=None)
 def _u_counts(m: int, n: int) -> tuple[int, ...]:
-    """How many of the C(m+n, m) orderings give each Mann-Whitney U = 0..m*n (no ties): the exact null
-    distribution, by the usual recursion on the largest observation."""
+    """How many of the C(m+n, m) orderings give each Mann-Whitney U = 0..m*n (no ties): the exact null."""
     if m == 0 or n == 0:
         return (1,)
     # the largest value is from the first sample (adds n to U) or from the second (adds nothing)
@@ -314,18 +275,10 @@ def _u_counts(m: int, n: int) -> tuple[int, ...]:
 
 
 def _rank_of_bound(m: int, n: int, confidence: float) -> int:
-    """k such that the k-th smallest and k-th largest of the m*n pairwise differences bound the shift with at
-    least `confidence` (exact up to EXACT_PAIRS pairs, normal approximation above); 1 is the widest."""
+    """k: the k-th smallest and largest pairwise differences bound the shift at `confidence`; >= 1."""
     alpha = (1 - confidence) / 2 + _SLACK
     if m * n <= EXACT_PAIRS:
-        counts = _u_counts(m, n)
-        total, below, k = sum(counts), 0, 0
-        for c in counts:  # largest k with P(U <= k - 1) <= alpha
-            if (below + c) / total > alpha:
-                break
-            below += c
-            k += 1
-        return max(k, 1)
+        return max(rank_below(_u_counts(m, n), alpha), 1)
     from scipy.stats import norm
 
     z = norm.ppf(1 - alpha)
@@ -355,14 +308,8 @@ CONFIRM = "from the runs' own rounds: compare --remeasure confirms or refutes it
 
 def gate_verdict(base_ms, new_ms, cfg: GateConfig = GateConfig(), *, base_rounds=None, new_rounds=None,
                  noise: KeyNoise | None = None, loaded: str = "") -> GateVerdict:
-    """Verdict on one key's raw latency samples (ms) in two runs, each labelled with its measurement round.
-
-    slower: the shift's interval excludes 0 and the estimate exceeds the margin; faster: the mirror image;
-    undecided: the estimate exceeds the margin (either way toward slower) but the interval does not exclude no
-    change - a suspected regression, re-measure it; unchanged: otherwise (the estimate is within the margin, or
-    a speed-up is not established). `loaded` says why a run was made on a loaded machine: its rounds then
-    measured the machine as much as the code, so a key they find slower is undecided until pairs decide it.
-    """
+    """Verdict on one key's raw latency samples (ms) in two runs, labelled with their rounds; `loaded`: why a run
+    was on a loaded machine, which makes a slower key undecided (docs/regressions.md has the rule)."""
     base, new, base_rounds, new_rounds, counts = _labelled(base_ms, new_ms, base_rounds, new_rounds)
     counts["margin"] = margin = margin_for(cfg, noise)
     if len(base) == 0 and len(new) == 0:
@@ -395,13 +342,7 @@ def gate_verdict(base_ms, new_ms, cfg: GateConfig = GateConfig(), *, base_rounds
 
 
 def change_points(latency_ms, penalty: float = PENALTY, min_size: int = MIN_SEGMENT) -> list[int]:
-    """Indices where a new level starts in a series of run latencies (ms), oldest first.
-
-    The series on a log scale, standardized by a robust noise estimate (the MAD of successive differences, which
-    a step does not inflate); ruptures' PELT with the l1 cost (a median per segment, so an outlier run pulls
-    nothing), segments of at least `min_size` runs and a BIC-like penalty. Whether a step is large enough to
-    report is counts_as_change's rule, as everywhere (compare/changes.detect_changes).
-    """
+    """Indices where a new level starts in run latencies (ms), oldest first: PELT on the log series."""
     import ruptures as rpt
 
     y = np.log(np.asarray(latency_ms, float))

@@ -1,7 +1,4 @@
-"""How the harness times a call: CUDA events with L2 flush on GPU, a monotonic clock on CPU, budgets in ms.
-
-Each method choice carries a one-line why. The result is a `Measurement` that keeps every raw sample.
-"""
+"""How the harness times a call: CUDA events with L2 flush on GPU, a monotonic clock on CPU, budgets in ms."""
 
 from __future__ import annotations
 
@@ -26,11 +23,7 @@ L2_FLUSH_BYTES = 256 * 2 ** 20
 
 @dataclass(frozen=True)
 class Measurement:
-    """Raw per-repetition latencies (ms), the round each was taken in, and the statistics derived from them.
-
-    A key is timed in rounds spread over a run; `merge` pools them, and `round_spread` says how far the run's
-    changing conditions moved the key (range of the round medians over the pooled median).
-    """
+    """Raw per-repetition latencies (ms), the round of each, and the statistics derived from them."""
 
     samples_ms: tuple[float, ...]
     mode: str
@@ -46,8 +39,7 @@ class Measurement:
 
     @classmethod
     def merge(cls, parts: Sequence["Measurement"]) -> "Measurement":
-        """The rounds of `parts`, in order, pooled into one measurement (each part's rounds renumbered after the
-        previous part's); mode, threads and the first call are the first part's."""
+        """The parts' rounds pooled, renumbered in order; mode, threads and first call are the first part's."""
         if not parts:
             raise ValueError("Measurement.merge: no measurements given")
         samples, labels, offset = [], [], 0
@@ -103,9 +95,7 @@ class Measurement:
                 "timing_mode": self.mode, "threads": self.threads}
 
 
-#: a suite run's time budget per timed key, all its rounds together (--timing-budget-ms): triton's do_bench
-#: default (rep=100 ms); on the CPU default matrix's ~550 keys that is ~1 minute of repetitions, and keys slower
-#: than budget / MIN_REPS get MIN_REPS instead
+#: a suite run's time budget per timed key, all rounds together (--timing-budget-ms): triton's do_bench rep=100 ms
 BUDGET_MS = 100.0
 #: warm-up before the repetitions, as a share of the budget: do_bench's warmup=25 ms of its rep=100 ms
 WARMUP_SHARE = 0.25
@@ -113,16 +103,13 @@ WARMUP_SHARE = 0.25
 MIN_REPS = MIN_SAMPLES
 #: at most this many repetitions a call: a 0.01 ms key would otherwise take 10,000 at the budget
 MAX_REPS = 500
-#: a CPU call at least this long (ms) is its own warm-up in a later round: its first repetition after other keys ran
-#: was not slower than the next ones (median ratio 1.005 and 1.012 on two 0.3-0.8 s keys,
-#: benchmarks/slow_call_warmup_study.py), and a warm-up call of it cost a whole call (a 1.6 s training step)
+#: a CPU call at least this long (ms) is its own warm-up in a later round (benchmarks/slow_call_warmup_study.py)
 SELF_WARMING_MS = 100.0
 
 
 @dataclass(frozen=True)
 class TimingConfig:
-    """Time budgets (ms) turned into repetition counts per call, as triton's do_bench does. The defaults are a
-    suite run's (`pytest suites --benchmark`); ADVISOR_TIMING below is the advisor's."""
+    """Time budgets (ms) turned into repetition counts per call, as triton's do_bench does; a suite run's defaults."""
 
     warmup_ms: float = BUDGET_MS * WARMUP_SHARE
     budget_ms: float = BUDGET_MS
@@ -141,8 +128,7 @@ class TimingConfig:
             raise ValueError(f"timing config {self}: budgets must be finite and > 0 and 1 <= min_reps <= max_reps")
 
     def share(self, rounds: int, index: int = 0) -> "TimingConfig":
-        """Round `index`'s share of this budget when a key is timed in `rounds` rounds: together about one round's
-        cost, and min_reps repetitions in all (10 over 3 rounds: 4, 3, 3), never fewer than one a round."""
+        """Round `index` of `rounds`: 1/rounds of the budgets, min_reps split over them (10: 4, 3, 3)."""
         if not 0 <= index < rounds:
             raise ValueError(f"round index={index!r} of rounds={rounds!r}: must be 0 <= index < rounds")
         min_reps = max(1, self.min_reps // rounds + (index < self.min_reps % rounds))
@@ -150,9 +136,7 @@ class TimingConfig:
                             max(min_reps, math.ceil(self.max_reps / rounds)), self.cuda_graph)
 
 
-#: the advisor's budget per backend (`recommend`): one workload and a few backends, so 5x a suite key's, and at
-#: least 15 repetitions: its alpha (0.002) needs >= 7 samples a side before any difference can be significant at
-#: all, and twice that before a noisy CPU's can be; with fewer every pair would be "undecided", i.e. tied
+#: the advisor's budget per backend: 5x a suite key's, and 15 repetitions, twice the 7 a side its alpha needs
 ADVISOR_TIMING = TimingConfig.for_budget(500.0, min_reps=15)
 
 
@@ -169,24 +153,10 @@ def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[
             build: Callable[[], None] | None = None, first_ms: float | None = None,
             renew: Callable[[], None] | None = None,
             observe: Callable[[object, bool], None] | None = None, graph: Captured | None = None) -> Measurement:
-    """Time `fn()` repeatedly; `setup()` runs before every repetition, outside the timed region.
-
-    estimate_ms: the latency already known (a later round of the same call): the first call and the estimate
-    are skipped, and only warmup (at least one call, for caches gone cold since) precedes the repetitions.
-    build: what `fn` needs made first (a backward's forward); with a CUDA graph it runs on the capture stream.
-    first_ms (CPU): the first call (kept apart from the samples) was made already, by the caller, and took this
-    long - the memory probe's call (timed.run_timing), so that it costs no call of its own.
-    renew: run before the last repetition, before its setup (new inputs in the same buffers): that repetition is
-    a sample like the others, on inputs the call has not seen.
-    observe(value, renewed): given what the last two repetitions returned, right after each returned (and, on
-    CUDA, its end event was recorded): so what a timed call returned is judged, read before anything else runs.
-    With a CUDA graph (config.cuda_graph) the samples are replays: the renewed one replays the graph on the new
-    inputs (its static inputs refilled, and what it reads that was built once - a backward's forward - replayed
-    from them), and what observe is given is the graph's static output, read after the replay.
-    graph: fn captured already (cuda_graph.Captured) by a caller that replays it outside measure too (the
-    integrity checks' confirming calls): its renew must rebuild what the graph reads; fn, setup and build are
-    then the graph's.
-    """
+    """Time `fn()` repeatedly, `setup()` before each repetition, untimed. estimate_ms: known latency (no estimate
+    calls); build: what fn needs made first (a backward's forward); first_ms (CPU): the caller's first call took
+    this long; renew: new inputs before the last repetition; observe(value, renewed): given what each of the last
+    two repetitions returned, right after; graph: fn already captured (cuda_graph.Captured)."""
     setup = setup or (lambda: None)
     if device.type == "cuda":
         if first_ms is not None:
@@ -217,21 +187,16 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None, fi
         # may include compilation or lazy init: kept apart from the samples
         first = once() if first_ms is None else first_ms
         looks.append(once())
-        # A second look matters only where the estimate sizes the repetitions: at or above budget/min_reps every
-        # estimate gives min_reps, and for a slow call (a 1.6 s naive bf16 training step) it cost a whole call.
+        # a second look only where the estimate sizes the repetitions: a slow call gets min_reps whatever it says
         if looks[0] < cfg.budget_ms / cfg.min_reps:
             looks.append(once())
         estimate = min(looks)
     warmup, reps = _reps(estimate, cfg)
-    # The estimate calls ran warm, right before the repetitions: they are warm-up already. A call slower than the
-    # warm-up budget then needs no more (one call of it was the whole warm-up); a known estimate (a later round,
-    # caches gone cold since) still gets its one call, unless the call is long enough to warm itself.
+    # the estimate calls are warm-up; a known estimate (caches cold since) gets one call unless it warms itself
     warmup = max(warmup - len(looks), 0 if looks or estimate >= SELF_WARMING_MS else 1)
     for _ in range(warmup):
         once()
-    # With no warm-up call after it, the last estimate call ran just as the next call will: it is the first sample
-    # (on three slow keys, over the median of the next three: 0.969-1.015, benchmarks/slow_call_warmup_study.py),
-    # which spares a slow key a whole call.
+    # with no warm-up call after it, the last estimate call ran as the next will: it is the first sample
     kept = looks[-1:] if looks and not warmup else []
     if renew is not None and reps - len(kept) < 1:
         kept = []  # the renewed call must be a repetition of its own
@@ -257,8 +222,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None =
                     def renew():
                         refill()
                         graph.rebuild()
-            # setup ran before the capture; between replays it would change nothing the graph does (and a reset
-            # of .grad would drop the gradients the graph writes, which observe reads)
+            # setup ran before the capture; between replays a reset of .grad would drop the graph's gradients
             target, mode, setup = graph.replay, "cuda-graph", (lambda: None)
         elif build is not None:
             build()
