@@ -21,19 +21,16 @@ from harness.spec.masks import MASK_NAMES, parse_mask
 from harness.store.environment import REPO_ROOT
 from harness.store.schema import FWD, FWD_BWD, GRADS
 
-#: compile checks run on a shrunken copy of the workload (same dtype, head_dim, mask kind, GQA or not):
-#: graph breaks follow the code path, which these decide, not the sizes; a full-size inductor compile on CPU
-#: would cost far more than the measurement itself.
+#: compile checks run on a shrunken copy of the workload (same dtype, head_dim, mask kind, GQA or not): graph
+#: breaks follow the code path, not the sizes, and a full-size inductor compile on CPU costs more than measuring
 CHECK_SEQ = 128
 CHECK_COLUMNS = ("compiles", "graph_breaks", "compile_note", "cuda_graph", "deterministic", "determinism_note",
                  "mask_path", "dense_mask_bytes", "mask_note")
 
 
 def check_case(case: AttentionCase) -> AttentionCase:
-    """The small case compile checks use: batch <= 2, kv heads <= 2 with groups of <= 2, seq <= CHECK_SEQ.
-
-    A mask that parse_mask cannot rebuild for the new shape (e.g. documents) keeps the full case.
-    """
+    """The small case compile checks use: batch <= 2, kv heads <= 2 with groups of <= 2, seq <= CHECK_SEQ; a mask
+    that parse_mask cannot rebuild for the new shape (e.g. documents) keeps the full case."""
     if case.mask is not None and case.mask_kind not in MASK_NAMES:
         return case
     batch, kv_heads = min(case.batch, 2), min(case.kv_heads, 2)
@@ -44,46 +41,33 @@ def check_case(case: AttentionCase) -> AttentionCase:
                          scale=None if case.default_scale else case.scale)
 
 
-def _is_library(filename: str) -> bool:
-    """True for the stdlib's and installed packages' files (torch's included): not where a user's break is."""
+def _break_note(exc: Exception) -> str:
+    """'harness/backends/flex.py:94 `start = time.perf_counter()`: why' for dynamo's refusal: the deepest frame
+    outside the stdlib and installed packages (torch's included), then the first sentence of its Explanation line
+    (its first line is generic: "Attempted to call function marked as skipped")."""
     paths = sysconfig.get_paths()
-    return filename.startswith((paths["stdlib"], paths["purelib"], paths["platlib"])) or "site-packages" in filename
-
-
-def _frame(stack) -> object | None:
-    """The deepest frame of `stack` outside the stdlib and installed packages (the line that broke the graph)."""
-    frames = list(stack or [])
-    ours = [f for f in frames if not _is_library(f.filename)]
-    return (ours or frames or [None])[-1]
-
-
-def _where(frame) -> str:
-    """'harness/backends/flex.py:94 `start = time.perf_counter()`' for a traceback frame."""
-    path = Path(frame.filename)
-    short = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else path.name
-    code = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
-    return f"{short}:{frame.lineno}" + (f" `{code[:80]}`" if code else "")
-
-
-def _break_summary(message: str, frame) -> str:
-    # Dynamo's first line is generic ("Attempted to call function marked as skipped"); the first sentence of its
-    # Explanation line says why.
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    frames = list(getattr(exc, "real_stack", None) or [])
+    ours = [f for f in frames if not f.filename.startswith((paths["stdlib"], paths["purelib"], paths["platlib"]))
+            and "site-packages" not in f.filename]
+    frame = (ours or frames or [None])[-1]
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     why = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Explanation:")),
                lines[0] if lines else "")
     why = re.split(r"(?<=[.`])\s+(?=[A-Z])", why)[0][:140]
-    return (f"{_where(frame)}: " if frame is not None else "") + why
+    if frame is None:
+        return why
+    path = Path(frame.filename)
+    short = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else path.name
+    code = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
+    return f"{short}:{frame.lineno}" + (f" `{code[:80]}`" if code else "") + f": {why}"
 
 
 def compile_check(backend: Backend, case: AttentionCase, device: torch.device, *, training: bool,
                   compile_backend: str = "inductor") -> dict:
-    """{compiles: yes/no/error, graph_breaks, compile_note} for backend.forward under torch.compile(fullgraph=True).
-
-    With `training` the backward of the compiled call runs too. 'no' is a graph break (dynamo's Unsupported): the
-    count is torch._dynamo.explain's, at least 1 (explain undercounts once an inner compiled call is cached), or
-    NaN when dynamo captured no graph at all (the whole call runs eagerly); the note names the line that broke.
-    'error' is any other failure (e.g. the compiler backend's), with its message.
-    """
+    """{compiles: yes/no/error, graph_breaks, compile_note} for backend.forward under torch.compile(fullgraph=True)
+    (with `training`, its backward too). 'no' is a graph break: the count is torch._dynamo.explain's, at least 1
+    (explain undercounts once an inner compiled call is cached), or NaN when dynamo captured no graph (the call runs
+    eagerly); the note names the line that broke. 'error' is any other failure, with its message."""
     small = check_case(case)
     q, k, v, d_out = backend_inputs(backend, small, make_inputs(small, device), requires_grad=training)
     bound = BoundCall(backend, small, device)  # prepare runs before compiling: only the call is compiled
@@ -96,29 +80,24 @@ def compile_check(backend: Backend, case: AttentionCase, device: torch.device, *
     torch._dynamo.reset()
     with warnings.catch_warnings():  # dynamo warns about the very breaks this check reports
         warnings.simplefilter("ignore")
-        return _compile_and_explain(call, (q, k, v), d_out if training else None, compile_backend, small.id)
-
-
-def _compile_and_explain(call, args: tuple, d_out: torch.Tensor | None, compile_backend: str, where: str) -> dict:
-    """compile_check without its setup: fullgraph first, explain only when that refused."""
-    try:
-        out = torch.compile(call, fullgraph=True, backend=compile_backend)(*args)
-        if d_out is not None:
-            out.backward(d_out)
-        return {"compiles": "yes", "graph_breaks": 0, "compile_note": f"{compile_backend}, on {where}"}
-    except torch._dynamo.exc.Unsupported as exc:
-        note = _break_summary(str(exc), _frame(getattr(exc, "real_stack", None)))
-    except Exception as exc:  # not a graph break: the compiler (or the compiled call) failed
-        torch._dynamo.reset()
-        return {"compiles": "error", "graph_breaks": math.nan, "compile_note": exception_text(exc, 200)}
-    try:
-        torch._dynamo.reset()
-        explained = torch._dynamo.explain(call)(*args)
-        count, graphs = explained.graph_break_count, explained.graph_count
-    except Exception:  # explain itself failed; the fullgraph refusal above still stands
-        count, graphs = 1, 1
-    finally:
-        torch._dynamo.reset()
+        try:
+            out = torch.compile(call, fullgraph=True, backend=compile_backend)(q, k, v)
+            if training:
+                out.backward(d_out)
+            return {"compiles": "yes", "graph_breaks": 0, "compile_note": f"{compile_backend}, on {small.id}"}
+        except torch._dynamo.exc.Unsupported as exc:
+            note = _break_note(exc)
+        except Exception as exc:  # not a graph break: the compiler (or the compiled call) failed
+            torch._dynamo.reset()
+            return {"compiles": "error", "graph_breaks": math.nan, "compile_note": exception_text(exc, 200)}
+        try:  # explain only when fullgraph refused
+            torch._dynamo.reset()
+            explained = torch._dynamo.explain(call)(q, k, v)
+            count, graphs = explained.graph_break_count, explained.graph_count
+        except Exception:  # explain itself failed; the fullgraph refusal above still stands
+            count, graphs = 1, 1
+        finally:
+            torch._dynamo.reset()
     if count < 0 or graphs == 0:
         return {"compiles": "no", "graph_breaks": math.nan, "compile_note": f"no graph captured (runs eagerly): {note}"}
     return {"compiles": "no", "graph_breaks": max(count, 1), "compile_note": note}
@@ -144,10 +123,8 @@ def cuda_graph_check(backend: Backend, case: AttentionCase, device: torch.device
 
 def determinism_check(backend: Backend, case: AttentionCase, device: torch.device, inputs: Inputs, *,
                       training: bool) -> tuple[str, str]:
-    """('yes' | 'no' | 'error', note): the timed phase run twice on identical inputs, results compared bitwise.
-
-    Training compares the output and dq/dk/dv of forward+backward; inference the forward output.
-    """
+    """('yes' | 'no' | 'error', note): the timed phase run twice on identical inputs, the output (and with
+    `training` dq, dk, dv) compared bitwise."""
     runs = []
     try:
         call = BoundCall(backend, case, device)
@@ -161,12 +138,11 @@ def determinism_check(backend: Backend, case: AttentionCase, device: torch.devic
             runs.append(result)
     except Exception as exc:
         return "error", exception_text(exc, 160)
-    compared = "out, dq, dk, dv" if training else "out"
     differ = [f"{name} (max |diff| {float((runs[1][name].double() - first.double()).abs().max()):.3g})"
               for name, first in runs[0].items() if not torch.equal(first, runs[1][name])]
     if differ:
         return "no", "differs over 2 runs: " + ", ".join(differ)
-    return "yes", f"{compared} bitwise equal over 2 runs"
+    return "yes", f"{'out, dq, dk, dv' if training else 'out'} bitwise equal over 2 runs"
 
 
 def mask_path(backend: Backend, device: torch.device, case: AttentionCase) -> dict:

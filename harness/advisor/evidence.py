@@ -26,7 +26,6 @@ from harness.store.schema import FWD, FWD_BWD, PASS, UNAVAILABLE, VERDICT_PHASES
 @dataclass
 class Evidence:
     """What is known of one backend on one workload: its verdict, and its samples when it passed and was timed."""
-
     backend: str
     status: str
     reason: str = ""
@@ -67,8 +66,8 @@ def _phase_status(rows: list[Row], training: bool) -> tuple[str, str, float]:
 def measure_now(case: AttentionCase, backends: list[Backend], device: torch.device, *, training: bool,
                 seed: int = 0, timing: TimingConfig = ADVISOR_TIMING, executor: Executor | None = None,
                 progress: Callable[[str], object] | None = None) -> dict[str, Evidence]:
-    """Correctness first (execute against the float64 reference), then timing and memory of the verified only.
-    `progress` is told each step as it ends: the reference and baseline, then each backend."""
+    """Correctness first (against the float64 reference), then timing and memory of the verified only; `progress` is
+    told each step as it ends."""
     executor = executor if executor is not None else make_executor()
     progress = progress or (lambda what: None)
     prepared = prepare_case(case, device, seed)
@@ -99,8 +98,8 @@ def measure_now(case: AttentionCase, backends: list[Backend], device: torch.devi
 
 def evidence_from_run(run_dir: str | Path, case: AttentionCase, phase: str, backends: list[Backend],
                       device: torch.device) -> tuple[dict[str, Evidence], str]:
-    """Evidence a run directory holds for (case id, phase), from this machine's testbed only, and a note on what
-    was used. A backend the run verified but did not time is left out (it is measured now)."""
+    """Evidence a run directory holds for (case id, phase) from this machine's testbed, and a note on what was used;
+    a backend verified there but not timed is left out (measured now)."""
     run_dir = Path(run_dir)
     results = load_results(run_dir)
     rows = results[(results.case_id == case.id) & (results.phase == phase)]
@@ -115,17 +114,14 @@ def evidence_from_run(run_dir: str | Path, case: AttentionCase, phase: str, back
     out = {}
     for backend in backends:
         match = rows[rows.backend == backend.name]
-        if not match.empty and not figures_usable(match.iloc[0].get("timing_status")):
-            r = match.iloc[0]  # its timing was rejected: an exclusion, with the reason
+        r = None if match.empty else match.iloc[0]
+        if r is not None and not figures_usable(r.get("timing_status")):  # its timing was rejected: an exclusion
             out[backend.name] = Evidence(backend.name, str(r.timing_status), str(r.get("timing_reason") or ""),
                                          package=backend.package, source=f"run {run_dir.name}")
-            continue
-        if match.empty or (match.iloc[0].status == PASS and not by_backend.get(backend.name)):
-            continue
-        r = match.iloc[0]
-        out[backend.name] = Evidence(backend.name, str(r.status), "" if pd.isna(r.reason) else str(r.reason),
-                                     float(r.err_ratio) if pd.notna(r.err_ratio) else math.nan,
-                                     by_backend.get(backend.name, ()),
-                                     float(r.peak_mem_bytes) if pd.notna(r.peak_mem_bytes) else math.nan,
-                                     package=backend.package, source=f"run {run_dir.name}")
+        elif r is not None and (r.status != PASS or by_backend.get(backend.name)):
+            out[backend.name] = Evidence(backend.name, str(r.status), "" if pd.isna(r.reason) else str(r.reason),
+                                         float(r.err_ratio) if pd.notna(r.err_ratio) else math.nan,
+                                         by_backend.get(backend.name, ()),
+                                         float(r.peak_mem_bytes) if pd.notna(r.peak_mem_bytes) else math.nan,
+                                         package=backend.package, source=f"run {run_dir.name}")
     return out, f"{run_dir}: used for {', '.join(out) or 'no backend'}"

@@ -1,5 +1,4 @@
-"""Progress while a long job runs (recommend, `pytest suites`): step i of n, what it did, the time elapsed and an
-estimate of what is left."""
+"""Progress while a long job runs (recommend, `pytest suites`): step i of n, the time elapsed and what is left."""
 
 from __future__ import annotations
 
@@ -13,14 +12,11 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """One line per finished step on `out` (stderr: stdout keeps the table), or through `say` when given. The
-    estimate left is the time so far per unit of work times the work remaining, so it settles as the run goes (the
-    first step, the float64 reference and baseline, is the longest on a CPU: the first estimates are high).
+    """One line per finished step on `out` (stderr: stdout keeps the table), or through `say` when given.
 
-    A step's work is 1, or its entry of `weights` (one per step, in order: e.g. the cost model's estimated seconds
-    of each case, so an expensive case ahead counts as such). With `every_s`, a line is printed only when that
-    many seconds passed since the last one, at the last step, or when a step asks (`force`): a run of thousands
-    of short steps says where it is without a line each."""
+    The time left is the time so far per unit of work times the work remaining: a step's work is 1, or its entry
+    of `weights` (e.g. the cost model's seconds per case). With `every_s`, a line only when that many seconds
+    passed since the last one, at the last step, or when a step asks (`force`)."""
 
     def __init__(self, total: int, *, out: TextIO | None = None, clock: Callable[[], float] = time.monotonic,
                  weights: Sequence[float] | None = None, every_s: float = 0.0,
@@ -32,16 +28,8 @@ class Progress:
         self.total, self.done = total, 0
         self.weights = list(weights) if weights is not None else [1.0] * total
         self.out = out if out is not None else sys.stderr
-        self.say = say
-        self.clock = clock
-        self.every_s = every_s
+        self.say, self.clock, self.every_s = say, clock, every_s
         self.start = self.last = clock()
-
-    def left_s(self, now: float | None = None) -> float:
-        """Seconds left at the pace so far (elapsed per unit of work done, times the work remaining)."""
-        now = self.clock() if now is None else now
-        done = sum(self.weights[:self.done])
-        return (now - self.start) / done * sum(self.weights[self.done:]) if done else float("nan")
 
     def step(self, what: str, *, force: bool = False) -> str | None:
         """Count one finished step; print and return its line (None when `every_s` says it is not due yet)."""
@@ -50,8 +38,9 @@ class Progress:
         if not (force or self.done == self.total or now - self.last >= self.every_s):
             return None
         self.last = now
+        left = (now - self.start) / sum(self.weights[:self.done]) * sum(self.weights[self.done:])
         line = (f"[{self.done}/{self.total}] {what}; {_duration(now - self.start)} elapsed, "
-                + ("done" if self.done == self.total else f"~{_duration(self.left_s(now))} left"))
+                + ("done" if self.done == self.total else f"~{_duration(left)} left"))
         if self.say is not None:
             self.say(line)
         else:

@@ -16,21 +16,16 @@ from harness.store.schema import FASTER, NOT_TIMED, PASS, SLOWER, TIED, TIED_NOI
 
 #: timing verdicts that mean "not shown to differ": such a pair is tied
 TIE_VERDICTS = (UNCHANGED, UNDECIDED)
-#: the advisor's one vocabulary for how a backend compares with another in this run (compare's statistic decides;
-#: "unchanged" is the gate's word for two runs, not for two backends); a tie the samples were too noisy to settle
-#: says so
+#: how a backend compares with another in this run ("unchanged" is the gate's word for two runs, not two backends)
 ADVISOR_WORDS = {UNCHANGED: TIED, UNDECIDED: TIED_NOISY, SLOWER: SLOWER, FASTER: FASTER}
 COLUMNS = ("rank", "tie_group", "backend", "status", "reason", "err_ratio", "latency_ms", "iqr_ms", "n_samples",
            "gbps", "pct_of_bw_peak", "vs_fastest", "anchor", "p_value", "timing_verdict", "peak_mem_bytes",
            *CHECK_COLUMNS, "batch_invariant", "batch_invariance_note", "deps", "source", "case_id", "phase")
 
 
-
-
 @dataclass
 class Recommendation:
     """The ranked backends of one workload (`table`, COLUMNS), the winner (None when nothing is eligible) and why."""
-
     table: pd.DataFrame
     winner: str | None
     explanation: str
@@ -48,25 +43,20 @@ class Recommendation:
 @dataclass
 class Overall:
     """One row per backend over every workload of a file, and the overall pick."""
-
     table: pd.DataFrame
     winner: str | None
     explanation: str
 
 
 def preference(e: Evidence) -> tuple:
-    """Order inside a tie: lower peak memory, then a deterministic result, then no package beyond torch, then the
-    lower median (unknown memory counts as the most)."""
+    """Order inside a tie: lower peak memory (unknown: the most), a deterministic result, no package, lower median."""
     memory = e.peak_mem_bytes if math.isfinite(e.peak_mem_bytes) else math.inf
     return memory, e.checks.get("deterministic") != "yes", e.package is not None, e.median
 
 
 def tie_groups(evidence: Iterable[Evidence], cfg: TieConfig = TieConfig()) -> list[list[Evidence]]:
-    """Eligible backends in tie groups, fastest group first, each sorted by `preference`.
-
-    A group is the fastest remaining backend (by median) and every remaining one that compare's timing_verdict
-    does not find slower than it (unchanged or undecided); ties are judged against that anchor only.
-    """
+    """Eligible backends in tie groups, fastest first, each sorted by `preference`: a group is the fastest remaining
+    backend and every remaining one compare's timing_verdict does not find slower than that anchor."""
     remaining = sorted((e for e in evidence if e.eligible), key=lambda e: e.median)
     groups = []
     while remaining:
@@ -79,10 +69,9 @@ def tie_groups(evidence: Iterable[Evidence], cfg: TieConfig = TieConfig()) -> li
 
 
 def rank_backends(evidence: Iterable[Evidence], cfg: TieConfig = TieConfig()) -> Recommendation:
-    """The ranked table (COLUMNS): eligible backends by tie group then preference, excluded ones after with their
-    status and reason. `anchor`, `p_value` and `timing_verdict` say how each row compared with the fastest of its
-    tie group (what decided the tie); `vs_fastest` is its median over the overall fastest one's. With the winner
-    (None when nothing is eligible) and the explanation."""
+    """The ranked table (COLUMNS): eligible backends by tie group then preference, then the excluded with why.
+    `anchor`, `p_value`, `timing_verdict`: each row against the fastest of its tie group; `vs_fastest`: its median
+    over the overall fastest one's."""
     evidence = list(evidence)
     groups = tie_groups(evidence, cfg)
     fastest = min((e for g in groups for e in g), key=lambda e: e.median, default=None)
@@ -164,8 +153,8 @@ def _gmean(values: list[float]) -> float:
 
 
 def overall(recommendations: dict[str, Recommendation]) -> Overall:
-    """One row per backend over all workloads. The overall pick is ranked on every workload (verified and timed
-    on each) with the best geometric-mean rank, then the lower geometric-mean latency over each one's fastest."""
+    """One row per backend over all workloads; the pick is ranked on every workload, with the best geometric-mean
+    rank, then the lower geometric-mean latency over each one's fastest."""
     tables = {label: r.table for label, r in recommendations.items()}
     names = list(dict.fromkeys(b for df in tables.values() for b in df.backend))
     rows = []

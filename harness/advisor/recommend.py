@@ -20,7 +20,6 @@ from harness.measure.stats import TieConfig
 from harness.measure.timing import ADVISOR_TIMING, TimingConfig
 from harness.store.host import device_name
 
-
 #: what `recommend --require` can demand of a backend
 REQUIREMENTS = ("batch-invariant",)
 
@@ -30,11 +29,8 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
                        checks: bool = True, compile_backend: str = "inductor",
                        cfg: TieConfig = TieConfig(), executor: Executor | None = None,
                        require: tuple[str, ...] = (), progress: Progress | None = None) -> Recommendation:
-    """The ranked backends of one workload (see rank_backends), with the workload, device and notes. Backend calls
-    run through `executor` (default: this process; the CLI isolates them in worker processes). `require`
-    (REQUIREMENTS): deployment properties a backend must show on the workload, or be excluded saying why.
-    `progress` counts steps_per_workload(len(backends)) steps: the reference, then each backend's verdict and
-    timing, then its checks."""
+    """The ranked backends of one workload (rank_backends), with the workload, device and notes. Backend calls run
+    through `executor` (default: this process). `require` (REQUIREMENTS): what a backend must show, or be excluded."""
     unknown = sorted(set(require) - set(REQUIREMENTS))
     if unknown:
         raise ValueError(f"require={unknown}; allowed: {', '.join(REQUIREMENTS)}")
@@ -93,15 +89,13 @@ def recommend(batch: int, heads: int, seq: int, head_dim: int, *, kv_heads: int 
 
 
 def steps_per_workload(backends: int) -> int:
-    """recommend_workload's progress steps: the reference and baseline, each backend's verdict and timing, each
-    backend's checks."""
+    """recommend_workload's progress steps: the reference and baseline, then each backend's verdict and checks."""
     return 1 + 2 * backends
 
 
 def recommend_many(workloads: list[Workload], *, progress: bool = False,
                    **kwargs) -> tuple[dict[str, Recommendation], Overall]:
-    """One recommendation per workload (by label) and the overall one (see `overall`); with `progress`, a line on
-    stderr per finished step (advisor/progress.py)."""
+    """One recommendation per workload (by label) and the overall one; with `progress`, a line per step on stderr."""
     steps = len(workloads) * steps_per_workload(len(get_backends(kwargs.get("backends"))))
     shown = Progress(steps) if progress else None
     recommendations = {w.label: recommend_workload(w, progress=shown, **kwargs) for w in workloads}

@@ -44,8 +44,7 @@ def _text(rows: pd.DataFrame, column: str) -> pd.Series:
 
 
 def _vs_anchor(row: pd.Series) -> str:
-    """How the row compared with the fastest of its tie group (which decided the tie): the anchor names itself as
-    that, and only group 1's anchor is the fastest overall."""
+    """How the row compared with the fastest of its tie group; only group 1's anchor is the fastest overall."""
     if row.timing_verdict == "anchor":
         return "fastest overall" if row.tie_group == 1 else f"fastest of tie group {int(row.tie_group)}"
     return f"vs {row.anchor}: {row.timing_verdict} p={_num(row.p_value, '.2g')}"
@@ -69,16 +68,12 @@ def format_table(rec: Recommendation) -> str:
             "rank": ranked["rank"].astype(int), "tie": ranked.tie_group.astype(int), "backend": ranked.backend,
             "err_ratio": ranked.err_ratio.map(lambda v: _num(v, ".3g")),
             "latency_ms": ranked.latency_ms.map(lambda v: _num(v, ".4g")),
-            "iqr_ms": ranked.iqr_ms.map(lambda v: _num(v, ".2g")),
-            "GB/s": ranked.gbps.map(lambda v: _num(v, ".4g")),
+            "iqr_ms": ranked.iqr_ms.map(lambda v: _num(v, ".2g")), "GB/s": ranked.gbps.map(lambda v: _num(v, ".4g")),
             "%bw": ranked.pct_of_bw_peak.map(lambda v: _num(v, ".3g", "%")),
             "vs_fastest": ranked.vs_fastest.map(lambda v: _num(v, ".2f", "x")),
-            "vs_tie_group": ranked.apply(_vs_anchor, axis=1),
-            "peak_mem": ranked.peak_mem_bytes.map(_bytes),
-            "fullgraph": ranked.apply(_compiles, axis=1),
-            "cuda_graph": _text(ranked, "cuda_graph"),
-            "determ": _text(ranked, "deterministic"),
-            "batch_inv": _text(ranked, "batch_invariant"),
+            "vs_tie_group": ranked.apply(_vs_anchor, axis=1), "peak_mem": ranked.peak_mem_bytes.map(_bytes),
+            "fullgraph": ranked.apply(_compiles, axis=1), "cuda_graph": _text(ranked, "cuda_graph"),
+            "determ": _text(ranked, "deterministic"), "batch_inv": _text(ranked, "batch_invariant"),
             "mask": ranked.apply(_mask, axis=1), "deps": ranked.deps})
         lines.append(show.to_string(index=False))
     lines.append(f"winner: {rec.explanation}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -14,12 +15,8 @@ from harness.store.schema import FWD, FWD_BWD
 
 @dataclass(frozen=True)
 class Workload:
-    """One shape to advise on: q (batch, heads, seq_q, head_dim), k/v (batch, kv_heads, seq_k, head_dim).
-
-    `mask` is a parse_mask name (padding lengths derive from the shape); `training` times forward+backward;
-    softcap, sinks, alibi, bias and head_dim_v are the case spec's modifiers (harness.spec.modifiers).
-    """
-
+    """One shape to advise on: q (batch, heads, seq_q, head_dim), k/v (batch, kv_heads, seq_k, head_dim); `mask` is
+    a parse_mask name; softcap, sinks, alibi, bias and head_dim_v are the case spec's modifiers."""
     batch: int
     heads: int
     seq_q: int
@@ -35,11 +32,9 @@ class Workload:
     alibi: bool = False
     bias: str | None = None
     head_dim_v: int | None = None
-    #: a paged KV cache of pages this size (a decode or verification step, seq_q = 1 or the speculation length,
-    #: over caches of about seq_k keys: spec.case.paged_case); `mask` is then CacheCausal's
+    #: a paged KV cache of pages this size (a decode or verification step over caches of about seq_k keys)
     page_size: int | None = None
-    #: a mixed serving step (spec.serving_step's mix id, e.g. 'p1x512-d31-v4x4') over caches of about seq_k keys:
-    #: batch and seq_q are then the mix's (its sequences, its longest query run); `mask` is CacheCausal's
+    #: a mixed serving step's mix id (e.g. 'p1x512-d31-v4x4'): batch and seq_q are then the mix's
     serving_step: str | None = None
 
     def __post_init__(self):
@@ -81,11 +76,9 @@ class Workload:
 def model_workloads(model: ModelShape, batch: int, seq: int, *, seq_k: int | None = None, dtype: str = "bf16",
                     training: bool = False, seq_q: int | None = None, page_size: int | None = None,
                     step: str = "", serving_step: str | None = None) -> list[Workload]:
-    """A model's workloads at (batch, seq): one per layer kind (Gemma 2's local and global layers), each with the
-    model's modifiers, so only a backend verified and timed on every kind is ranked overall (ranking.overall) and
-    the others are named with why. A serving step (`seq_q` queries over `seq` cached keys, `page_size`, named by
-    `step`) keeps the same layer kinds; so does a mixed `serving_step` (its mix id: batch and queries are the mix's,
-    `seq` the longest cache)."""
+    """A model's workloads at (batch, seq): one per layer kind (Gemma 2's local and global layers), with the model's
+    modifiers. A serving step (`seq_q` queries over `seq` cached keys, `page_size`, named by `step`) or a mixed
+    `serving_step` (a mix id: batch and queries are the mix's, `seq` the longest cache) keeps the layer kinds."""
     out = []
     for layer in model.layer_masks:
         case = model.case(batch, seq_k or seq, dtype, seq_q=seq_q or seq, layer_mask=layer)
@@ -110,6 +103,15 @@ STEP_SETS = ("batch", "seq_q", "mask")
 #: what a `preset` (spec/presets.py) sets, so a shape that names one may not give them too
 PRESET_SETS = ("heads", "kv_heads", "head_dim", "mask", "softcap", "sinks", "alibi", "bias", "head_dim_v")
 FILE_KEYS = ("defaults", "shape")
+
+
+@contextmanager
+def _at(spot: str):
+    """A ValueError or TypeError inside, as one ValueError that names `spot` first."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{spot}: {exc}") from None
 
 
 def _shape_keys(entry: object, where: str) -> dict:
@@ -153,54 +155,50 @@ def workloads_from_mapping(data: object, where: str = "workload", *, training: b
         missing = [k for k in ("batch", "heads", "seq_q", "head_dim") if k not in keys]
         if missing:
             raise ValueError(f"{spot}: missing {', '.join(missing)} (seq may stand for seq_q and seq_k)")
-        try:
+        with _at(spot):
             workloads.append(Workload(**{k: keys[k] for k in keys if k != "name"}, name=str(keys.get("name", ""))))
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"{spot}: {exc}") from None
     labels = [w.label for w in workloads]
     if len(set(labels)) != len(labels):
         raise ValueError(f"{where}: shape names must be unique; got {labels}")
     return workloads
 
 
-def _preset_workloads(keys: dict, own: dict, spot: str) -> list[Workload]:
-    """A shape that names a model preset: the preset's heads, kv heads, head dim, mask and modifiers at the shape's
-    batch, seq (or seq_q/seq_k), dtype, training and page_size; one workload per layer kind (model_workloads)."""
-    try:
+def _preset(keys: dict, own: dict | set, spot: str) -> ModelShape:
+    """The shape's preset, which sets heads, kv heads, head dim, mask and modifiers: the shape may not give them."""
+    with _at(spot):
         model = get_preset(str(keys["preset"]))
-    except ValueError as exc:
-        raise ValueError(f"{spot}: {exc}") from None
     clash = [k for k in PRESET_SETS if k in own]
     if clash:
         raise ValueError(f"{spot}: preset {model.name} sets heads, kv heads, head dim, mask and modifiers; drop "
                          f"{', '.join(clash)}")
+    return model
+
+
+def _preset_workloads(keys: dict, own: dict, spot: str) -> list[Workload]:
+    """A preset's shapes at the shape's batch, seq (or seq_q/seq_k), dtype, training and page_size."""
+    model = _preset(keys, own, spot)
     missing = [k for k in ("batch", "seq_q") if k not in keys]
     if missing:
         raise ValueError(f"{spot}: preset {model.name} needs batch and seq (or seq_q/seq_k); missing "
                          f"{', '.join(missing).replace('seq_q', 'seq')}")
-    try:
+    with _at(spot):
         out = model_workloads(model, keys["batch"], keys["seq_q"], seq_k=keys.get("seq_k"), seq_q=keys["seq_q"],
                               dtype=keys.get("dtype", "bf16"), training=keys.get("training", False),
                               page_size=keys.get("page_size"))
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"{spot}: {exc}") from None
     name = str(keys.get("name", ""))
     base = f"{model.name} b{keys['batch']} s{keys['seq_q']}"
     return [replace(w, name=w.name.replace(base, name, 1)) for w in out] if name else out
 
 
 def _step_workloads(keys: dict, own: set[str], spot: str) -> list[Workload]:
-    """A shape with `serving_step` (a mix id, or true for the default mix): a mixed serving step whose batch and
-    query lengths are the mix's, over caches of up to `seq` (or seq_k) keys, paged with `page_size`; a preset's
-    layer kinds (model_workloads) or the shape's heads and head_dim. Forward only."""
+    """A shape with `serving_step` (a mix id, or true for the default mix): the mix's batch and query lengths over
+    caches of up to `seq` (or seq_k) keys, paged with `page_size`, of a preset or the shape's heads and head_dim."""
     value = keys["serving_step"]
     if value is True:
         mix = StepMix()
     elif isinstance(value, str):
-        try:
+        with _at(spot):
             mix = parse_mix(value)
-        except ValueError as exc:
-            raise ValueError(f"{spot}: {exc}") from None
     else:
         raise ValueError(f"{spot}: serving_step={value!r}: must be a mix id pPxC-dD-vVxS such as {StepMix().id!r}, "
                          "or true for that one")
@@ -215,20 +213,12 @@ def _step_workloads(keys: dict, own: set[str], spot: str) -> list[Workload]:
     if "preset" in keys:
         if cache is None:
             raise ValueError(f"{spot}: serving step {mix.id} of preset {keys['preset']} needs seq (the longest cache)")
-        try:
-            model = get_preset(str(keys["preset"]))
-        except ValueError as exc:
-            raise ValueError(f"{spot}: {exc}") from None
-        clash = [k for k in PRESET_SETS if k in own]
-        if clash or model.mask != "causal":
-            raise ValueError(f"{spot}: preset {model.name} " + (f"sets heads, kv heads, head dim, mask and modifiers; "
-                             f"drop {', '.join(clash)}" if clash else f"has mask {model.mask}; a serving step is a "
-                             "causal decoder's"))
-        try:
+        model = _preset(keys, own, spot)
+        if model.mask != "causal":
+            raise ValueError(f"{spot}: preset {model.name} has mask {model.mask}; a serving step is a causal decoder's")
+        with _at(spot):
             out = model_workloads(model, mix.batch, cache, dtype=keys.get("dtype", "bf16"),
                                   page_size=keys.get("page_size"), serving_step=mix.id)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"{spot}: {exc}") from None
         base = f"{model.name} step {mix.id} s{cache}"
         return [replace(w, name=w.name.replace(base, name, 1)) for w in out] if name else out
     missing = [k for k in ("heads", "head_dim", "seq_k") if k not in keys]
@@ -237,11 +227,9 @@ def _step_workloads(keys: dict, own: set[str], spot: str) -> list[Workload]:
                          f"seq_k); missing {', '.join(missing).replace('seq_k', 'seq')}")
     given = {k: keys[k] for k in keys if k not in (*STEP_SETS, "name", "preset", "serving_step", "training",
                                                    "seq_q")}
-    try:
+    with _at(spot):
         return [Workload(mix.batch, seq_q=max(mix.q_lens), serving_step=mix.id,
                          name=name or f"step {mix.id} s{cache}", **given)]
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"{spot}: {exc}") from None
 
 
 def load_workloads(path: str | Path, *, training: bool | None = None) -> list[Workload]:
@@ -252,7 +240,6 @@ def load_workloads(path: str | Path, *, training: bool | None = None) -> list[Wo
     suffix = path.suffix.lower()
     if suffix == ".toml":
         import tomllib
-
         try:
             data = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:

@@ -11,7 +11,6 @@ def _backends(args: argparse.Namespace) -> int:
     from harness.backends.registry import get_backends, load_backend_module
     from harness.execution.device import resolve_device
     from harness.execution.executor import make_executor
-
     for module in args.backend_module:
         load_backend_module(module)
     device = resolve_device(args.device)
@@ -23,7 +22,8 @@ def _backends(args: argparse.Namespace) -> int:
     for backend in chosen:
         reason = executor.unavailable_reason(backend, device)
         missing += reason is not None
-        print(f"  {backend.name:<{width}}  {backend.version():<14}  {'ok' if reason is None else 'unavailable: ' + reason}")
+        state = "ok" if reason is None else "unavailable: " + reason
+        print(f"  {backend.name:<{width}}  {backend.version():<14}  {state}")
         kernels = backend.kernels()
         if kernels:  # indented under the line: what the backend's ops call underneath
             print(f"  {'':<{width}}  kernels: {kernels}")

@@ -19,7 +19,6 @@ def _check(args: argparse.Namespace) -> int:
     from harness.spec.presets import quick_cases
     from harness.store.run_dir import results_root
     from harness.store.schema import NOT_RUN, worst_status
-
     for module in args.backend_module:
         load_backend_module(module)
     backends = get_backends(args.backends)  # a misspelled name is refused before a run folder is made

@@ -19,7 +19,6 @@ def _compare(args: argparse.Namespace) -> int:
     from harness.compare.report import terminal_table, write_report
     from harness.compare.runs import compare_runs
     from harness.store.run_dir import resolve_run
-
     if args.remeasure_max_pairs < RemeasureConfig.min_rounds:
         raise ValueError(f"--remeasure-max-pairs={args.remeasure_max_pairs}: must be >= {RemeasureConfig.min_rounds} "
                          "(a key is never passed on fewer pairs)")

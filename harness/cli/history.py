@@ -1,5 +1,4 @@
-"""`python -m harness history`: every run under a results directory in one table; with --noise, each testbed's
-noise model (the gate's per-key margins); with --changes, change points per key and trend figures."""
+"""`python -m harness history`: every run in one table; --noise: noise models; --changes: change points, trends."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from harness.measure import stats
 def _history(args: argparse.Namespace) -> int:
     from harness.compare.history import history_text, load_history
     from harness.compare.noise import NoiseModel, build_noise_model, noise_path
-
     history = load_history(args.results_dir)
     if args.testbed is not None:
         known = sorted(set(history.testbed_id.dropna().astype(str)))
@@ -33,7 +31,6 @@ def _history(args: argparse.Namespace) -> int:
             print(f"no noise model of testbed {testbed} yet: `history --noise` builds it from the runs above")
     if args.changes:
         from harness.compare.changes import changes_text, detect_changes, key_series, write_trends
-
         changes = detect_changes(history, penalty=args.penalty, min_effect=args.min_effect)
         print(changes_text(changes, len(key_series(history))))
         out = Path(args.results_dir) / "history"

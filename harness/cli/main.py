@@ -1,8 +1,4 @@
-"""`python -m harness <command>`: the parser built from one module per command, and one-line errors for bad input.
-
-Each command module defines `add_subcommand(subparsers)`, which adds its parser and sets `func` (a callable
-taking the parsed args and returning the exit code).
-"""
+"""`python -m harness <command>`: the parser built from one module per command, and one-line errors for bad input."""
 
 from __future__ import annotations
 
@@ -11,10 +7,10 @@ import importlib
 import sys
 import warnings
 
+#: each defines `add_subcommand(subparsers)`: adds its parser, sets `func` (parsed args -> exit code)
 COMMAND_MODULES: list[str] = ["harness.cli.check", "harness.cli.backends", "harness.cli.history",
                               "harness.cli.compare", "harness.cli.run", "harness.cli.report", "harness.cli.recommend",
-                              "harness.cli.selftest", "harness.cli.wheelhouse",
-                              "harness.cli.xformers_smoke"]
+                              "harness.cli.selftest", "harness.cli.wheelhouse", "harness.cli.xformers_smoke"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -39,33 +35,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line_warning(message, category, filename, lineno, line=None) -> str:
-    """A warning as the commands print it: one line, the message alone (it names the file and line it is about)."""
-    return f"warning: {message}\n"
-
-
 def main(argv: list[str] | None = None) -> int:
-    default_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning
-    try:
-        return _main(argv)
-    finally:  # main() may be called in a process that goes on (tests, a notebook)
+    # a warning as the commands print it: one line, the message alone (it names the file and line it is about)
+    default_format, warnings.formatwarning = warnings.formatwarning, lambda message, *_, **__: f"warning: {message}\n"
+    try:  # restored after: main() may be called in a process that goes on (tests, a notebook)
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # --help, or a bad option (already printed in one line)
+            return exc.code if isinstance(exc.code, int) else 2
+        try:
+            return args.func(args)
+        except (ValueError, FileNotFoundError) as exc:  # bad input: one line naming the value, exit 2
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as exc:  # Ctrl-C, or a backend that raised it: what finished is written
+            print(f"interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
+            return 130
+    finally:
         warnings.formatwarning = default_format
-
-
-def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, or a bad option (already printed in one line)
-        return exc.code if isinstance(exc.code, int) else 2
-    try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError) as exc:  # bad input: one line naming the value, exit 2
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:  # Ctrl-C, or a backend that raised it: what finished is written
-        print(f"interrupted{': ' + str(exc) if str(exc) else ''}", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

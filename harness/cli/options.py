@@ -1,9 +1,4 @@
-"""Every command-line option, defined once and fed to both front ends: argparse (`python -m harness ...`) and
-pytest's addoption (`pytest suites ...`), so a flag means the same everywhere and is validated the same way.
-
-A front end takes the options it needs by name and may give one a different default with a reason
-(`check` defaults to the smoke matrix; the suites to the default one).
-"""
+"""Every command-line option, defined once and fed to both front ends: argparse and pytest's addoption."""
 
 from __future__ import annotations
 
@@ -19,8 +14,7 @@ from harness.spec.presets import PRESETS
 
 
 def _validator(kind: type, ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
-    """argparse's `type` for a number that must satisfy `ok`; argparse prefixes the flag, so the one-line error
-    reads 'argument --rounds: must be an integer >= 1; got 0'."""
+    """argparse's `type` for a number that must satisfy `ok`: 'argument --rounds: must be an integer >= 1; got 0'."""
     def parse(text: str):
         try:
             value = kind(text)
@@ -53,7 +47,6 @@ call_timeout.__name__ = "SECONDS or CASE_PATTERN=SECONDS"
 @dataclass(frozen=True)
 class Option:
     """One flag: its argparse keywords (which pytest's addoption takes too)."""
-
     flag: str
     help: str
     kwargs: dict = field(default_factory=dict)
@@ -64,26 +57,22 @@ class Option:
         kwargs = {**self.kwargs, **overrides}
         if self.parse is not None:
             kwargs["type"] = self.parse
-        default = kwargs.get("default")
-        # argparse reads the value itself (%(default)s), so help never repeats a default by hand; a literal %
-        # in the text is doubled for argparse's formatting
-        shown = "" if default in (None, False, []) or kwargs.get("action") else " (default: %(default)s)"
+        # argparse reads the value itself (%(default)s), so help never repeats a default by hand; a literal % is doubled
+        shown = "" if kwargs.get("default") in (None, False, []) or kwargs.get("action") else " (default: %(default)s)"
         return {**kwargs, "help": self.help.replace("%", "%%") + shown}
 
 
-_OPTIONS = [
+OPTIONS: dict[str, Option] = {o.flag.lstrip("-").replace("-", "_"): o for o in [
     Option("--backends", "comma-separated backend names, or 'all'", {"default": "all"}),
     Option("--backend-module", "module name or .py path registering extra backends (repeatable)",
            {"action": "append", "default": []}),
     Option("--matrix", f"case matrix: {AUTO} ({resolve_matrix(AUTO, 'cuda')} on a CUDA device, "
-                       f"{resolve_matrix(AUTO, 'cpu')} elsewhere), {', '.join(MATRICES)}",
-           {"default": AUTO}),
+                       f"{resolve_matrix(AUTO, 'cpu')} elsewhere), {', '.join(MATRICES)}", {"default": AUTO}),
     Option("--preset", f"cases from a model's attention shape instead of a matrix: {', '.join(PRESETS)}"),
     Option("--hf-config", "cases from a local transformers config.json (num_attention_heads, num_key_value_heads, "
                           "head_dim or hidden_size, sliding_window) instead of a matrix; nothing is downloaded"),
     Option("--batch", "batch size of the workload (with --preset/--hf-config: of the model's cases)", {}, positive_int),
-    Option("--seq", "query and key length (with --preset/--hf-config: of the model's cases)",
-           {}, positive_int),
+    Option("--seq", "query and key length (with --preset/--hf-config: of the model's cases)", {}, positive_int),
     Option("--allow-expensive", "run even when the float64 reference and the baseline are estimated to take over "
                                 "an hour, or a case to need more memory than the device has",
            {"action": "store_true"}),
@@ -107,11 +96,12 @@ _OPTIONS = [
            {"action": "store_false", "dest": "report"}),
     Option("--shard", "run only shard i of n of the cases, as 'i/n' (default: all)"),
     Option("--no-isolate", "run backends in this process instead of supervised worker processes (debugging; a "
-                           "crash or hang of a backend then ends the run)", {"action": "store_false", "dest": "isolate"}),
+                           "crash or hang of a backend then ends the run)",
+           {"action": "store_false", "dest": "isolate"}),
     Option("--call-timeout-s", "seconds one backend call may run before its worker is killed and the call is an "
                                f"error row (default: {DEFAULT_TIMEOUT_S:g}); CASE_PATTERN=SECONDS for cases whose id "
-                               "matches (fnmatch), e.g. 'bf16-b4-*=900'; repeatable", {"action": "append", "default": []},
-           call_timeout),
+                               "matches (fnmatch), e.g. 'bf16-b4-*=900'; repeatable",
+           {"action": "append", "default": []}, call_timeout),
     # the gate's thresholds (harness/measure/stats.py says why each default)
     Option("--min-effect", "smallest ratio change that counts (a key's noise model may raise it, never lower it)",
            {"default": stats.MIN_RUN_CHANGE}, nonnegative_float),
@@ -122,29 +112,26 @@ _OPTIONS = [
     Option("--abs-floor-ms", "smallest median change (ms) that counts", {"default": stats.ABS_FLOOR_MS},
            nonnegative_float),
     Option("--err-growth", "err_ratio increase flagged as worse", {"default": stats.ERR_GROWTH}, nonnegative_float),
-]
-OPTIONS: dict[str, Option] = {o.flag.lstrip("-").replace("-", "_"): o for o in _OPTIONS}
+]}
 
 
-def _pick(names: tuple[str, ...]) -> list[Option]:
+def _add(add: Callable[..., Any], names: tuple[str, ...], defaults: dict | None) -> None:
     unknown = [n for n in names if n not in OPTIONS]
     if unknown:
         raise KeyError(f"no option {unknown}; defined: {', '.join(OPTIONS)}")
-    return [OPTIONS[n] for n in names]
+    for name in names:
+        extra = {"default": defaults[name]} if defaults and name in defaults else {}
+        add(OPTIONS[name].flag, **OPTIONS[name].keywords(**extra))
 
 
 def add_to_argparse(parser, *names: str, defaults: dict | None = None) -> None:
     """Add the named options to an argparse parser or group; `defaults` overrides some defaults by name."""
-    for option, name in zip(_pick(names), names):
-        extra = {"default": defaults[name]} if defaults and name in defaults else {}
-        parser.add_argument(option.flag, **option.keywords(**extra))
+    _add(parser.add_argument, names, defaults)
 
 
 def add_to_pytest(group, *names: str, defaults: dict | None = None) -> None:
     """Add the named options to a pytest option group (pytest's addoption takes argparse's keywords)."""
-    for option, name in zip(_pick(names), names):
-        extra = {"default": defaults[name]} if defaults and name in defaults else {}
-        group.addoption(option.flag, **option.keywords(**extra))
+    _add(group.addoption, names, defaults)
 
 
 def compare_config(args: argparse.Namespace):

@@ -17,7 +17,6 @@ SHAPE_FLAGS = ("batch", "heads", "kv_heads", "seq", "seq_k", "head_dim")
 
 def _recommend(args: argparse.Namespace) -> int:
     import torch
-
     from harness.advisor.recommend import recommend_many
     from harness.advisor.table import format_overall, format_table
     from harness.advisor.workload import Workload, load_workloads, model_workloads
@@ -28,7 +27,6 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.execution.supervisor import timeouts
     from harness.execution.cost import check_cost
     from harness.spec.presets import model_shape
-
     for module in args.backend_module:
         load_backend_module(module)
     if args.threads is not None:  # CPU latency depends on it; recorded in each table's header
@@ -69,7 +67,6 @@ def _recommend(args: argparse.Namespace) -> int:
             raise ValueError(f"recommend needs --workload FILE, or the shape: missing {', '.join(need)}")
         if mixed:
             from harness.spec.serving_step import parse_mix
-
             mix = parse_mix(mixed)
             workloads = [Workload(mix.batch, args.heads, max(mix.q_lens), args.head_dim, kv_heads=args.kv_heads,
                                   seq_k=args.seq_k or args.seq, dtype=args.dtype, page_size=args.page_size,

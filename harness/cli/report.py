@@ -18,7 +18,6 @@ def _filters(args: argparse.Namespace) -> dict:
 def _plot(args: argparse.Namespace) -> int:
     from harness.report.data import load_run
     from harness.report.plots import plot_run
-
     run = load_run(args.run_dir, **_filters(args))
     written = [p for paths in plot_run(run, args.out).values() for p in paths]
     for path in written:
@@ -30,12 +29,9 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from harness.report.document import build_report
-
     from harness.store.run_dir import read_env
     from harness.store.run_state import run_notes
-
-    filters = _filters(args)
-    path = build_report(args.run_dir, out_dir=args.out, **filters)
+    path = build_report(args.run_dir, out_dir=args.out, **_filters(args))
     for note in run_notes(read_env(args.run_dir)):  # refused lines were warned as they were read
         print(f"note: {note}")
     print(f"report: {path}")

@@ -1,5 +1,4 @@
-"""`python -m harness run` (the suites sharded over GPUs, CPU processes or a Slurm array, merged into one run
-dir) and `python -m harness merge` (after `run --slurm N --no-wait`)."""
+"""`python -m harness run` (the suites sharded over GPUs, CPU processes or Slurm, merged) and `merge` (Slurm's)."""
 
 from __future__ import annotations
 
@@ -13,11 +12,9 @@ from harness.cli.options import add_to_argparse, positive_int
 def _run(args: argparse.Namespace) -> int:
     from harness.launch.local import gpu_devices, run_local
     from harness.launch.merge import ShardFailed
-
     try:
         if args.slurm is not None:
             from harness.launch.slurm import submit
-
             run_dir, _, result = submit(args.pytest_args, args.slurm, results_dir=args.results_dir,
                                         suites=args.suites, cluster=args.slurm_cluster, partition=args.slurm_partition,
                                         gpus_per_task=args.slurm_gpus_per_task, cpus_per_task=args.slurm_cpus_per_task,
@@ -49,7 +46,6 @@ def _print_statuses(df) -> None:
 
 def _merge(args: argparse.Namespace) -> int:
     from harness.launch.merge import ShardFailed, merge_shards
-
     try:
         df = merge_shards(args.run_dir, args.shards, allow_mixed_testbeds=args.allow_mixed_testbeds)
     except ShardFailed as exc:

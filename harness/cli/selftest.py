@@ -29,11 +29,12 @@ import time
 from pathlib import Path
 
 from harness.backends.registry import built_in_names
+from harness.cli.options import positive_float
 from harness.cli.selftest_plan import STEP_KEYS, Step, choose, fit, steps, timeout_for
 from harness.measure.stages import time_lines
+from harness.store.environment import REPO_ROOT
 from harness.store.schema import BASELINE, ERROR, UNAVAILABLE
 
-ROOT = Path(__file__).resolve().parents[2]
 #: the table, rewritten as each step ends, and the archive of everything a person needs to read the run
 TABLE, ARCHIVE, OUTCOMES = "selftest-table.txt", "selftest.tgz", "selftest.json"
 #: the CPU stand-in's backends: it proves the steps, CI pays for it, and flex compiles for minutes
@@ -41,8 +42,7 @@ DRY_RUN_BACKENDS = (BASELINE, "sdpa")
 
 
 def _backends_summary(stdout: str) -> str:
-    """'ok: naive, sdpa, ...; unavailable: xformers, flash-attn' from `harness backends`' lines
-    ('  name  version  ok' or '... unavailable: why'); the reasons are in the step's log."""
+    """'ok: naive, sdpa, ...; unavailable: xformers, flash-attn' from `harness backends`' lines (reasons: its log)."""
     ok, not_ok = [], []
     for line in stdout.splitlines()[1:]:
         fields = line.split()
@@ -55,7 +55,6 @@ def _rows_summary(results: Path) -> tuple[str, int]:
     """(pass/fail/... counts of the step's rows, harness errors: error rows of built-in backends, and naive rows
     that did not run - naive needs nothing but torch, so 'unavailable' there is the harness's failure)."""
     import pandas as pd
-
     csvs = sorted(results.glob("*/results.csv")) if results.exists() else []
     if not csvs:
         return "no results", 1
@@ -67,22 +66,16 @@ def _rows_summary(results: Path) -> tuple[str, int]:
 
 
 def _time_spent(results: Path | None) -> list[tuple[str, dict]]:
-    """(run directory relative to the step's results, its time_spent) for every run the step made (a launcher's
-    shards each have their own)."""
-    if results is None or not results.exists():
-        return []
-    found = []
-    for env in sorted(results.glob("**/env.json")):
-        spent = json.loads(env.read_text()).get("time_spent")
-        if spent:
-            found.append((str(env.parent.relative_to(results)), spent))
-    return found
+    """(run directory relative to the step's results, its time_spent) for every run the step made (shards too)."""
+    envs = sorted(results.glob("**/env.json")) if results is not None and results.exists() else []
+    spent = [(str(env.parent.relative_to(results)), json.loads(env.read_text()).get("time_spent")) for env in envs]
+    return [(run, used) for run, used in spent if used]
 
 
 def _run(command: list[str], timeout_s: float) -> tuple[int | None, str]:
     """(exit code or None when killed at its timeout, stdout + stderr). The step runs in its own process group,
     so a timeout ends its workers too (pytest's backend workers, the launcher's shards)."""
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=max(timeout_s, 1.0))
@@ -98,22 +91,19 @@ def _run(command: list[str], timeout_s: float) -> tuple[int | None, str]:
 
 
 def run_step(step: Step, log, work: Path, timeout_s: float) -> dict:
-    """Run one step for at most `timeout_s`; its whole output goes to <work>/<step>.log, a failing step's last
-    lines to `log` too."""
+    """Run one step for at most `timeout_s`; output to <work>/<step>.log, a failing step's last lines to `log`."""
     if step.skip:
         return {"status": "skipped" if not step.skip.startswith("not run") else "not run", "seconds": 0.0,
                 "detail": step.skip}
     start = time.monotonic()
     code, output = _run(step.command, timeout_s)
     seconds = time.monotonic() - start
-    log_file = work / f"{_file_name(step.name)}.log"
+    log_file = work / ("step-" + "".join(c if c.isalnum() else "-" for c in step.name).strip("-") + ".log")
     log_file.write_text(f"$ {' '.join(step.command)}\n(timeout {timeout_s:.0f} s)\n{output}")
     tail = output.strip().splitlines()
     detail = step.summarize(output) if step.summarize else (tail[-1][:120] if tail else "")
-    if code is None:
-        status = f"TIMEOUT ({timeout_s:.0f} s)"
-    else:
-        status = "ok" if code in step.ok_codes else f"FAILED (exit {code})"
+    status = (f"TIMEOUT ({timeout_s:.0f} s)" if code is None
+              else "ok" if code in step.ok_codes else f"FAILED (exit {code})")
     if step.results is not None and code is not None:
         rows, errors = _rows_summary(step.results)
         detail = rows + (f"; {errors} error row(s) of built-in backends" if errors else "")
@@ -125,13 +115,8 @@ def run_step(step: Step, log, work: Path, timeout_s: float) -> dict:
     return {"status": status, "seconds": seconds, "detail": detail, "timeout_s": timeout_s}
 
 
-def _file_name(step_name: str) -> str:
-    return "step-" + "".join(c if c.isalnum() else "-" for c in step_name).strip("-")
-
-
 def table(planned: list[Step], title: str) -> str:
-    """The summary: one line per step (its status, seconds, detail; 'pending' while it has not run yet), then
-    the steps that did not run."""
+    """The summary: one line per step (status, seconds, detail; 'pending' before it ran), then those not run."""
     width = max(len(s.name) for s in planned)
     lines = [title]
     for s in planned:
@@ -148,9 +133,8 @@ def table(planned: list[Step], title: str) -> str:
 def write_record(out: Path, work: Path, planned: list[Step], title: str) -> None:
     """The table (out/selftest-table.txt), every step's outcome (selftest.json) and the archive (selftest.tgz:
     both, each step's log, and env.json and results.csv of each run), each replaced whole (write, then rename)."""
-    text = table(planned, title)
     outcomes = json.dumps({s.name: s.outcome or {"status": "pending"} for s in planned}, indent=1)
-    for name, content in ((TABLE, text), (OUTCOMES, outcomes)):
+    for name, content in ((TABLE, table(planned, title)), (OUTCOMES, outcomes)):
         (work / name).write_text(content)
         (out / f".{name}.tmp").write_text(content)
         (out / f".{name}.tmp").replace(out / name)
@@ -168,29 +152,23 @@ def _available(names: str, device: str) -> list[str]:
     from harness.backends.registry import get_backends
     from harness.execution.device import resolve_device
     from harness.execution.executor import make_executor
-
-    dev = resolve_device(device)
-    executor = make_executor()
+    dev, executor = resolve_device(device), make_executor()
     return [b.name for b in get_backends(names) if executor.unavailable_reason(b, dev) is None]
 
 
 def gpu_matrix_estimate() -> str:
-    """One line: what the GPU main job (`gpu`) would take on an H200, by the cost model at that device's measured
-    rates (execution/cost.py H200)."""
+    """One line: what the GPU main job (`gpu`) would take on an H200, by the cost model at its measured rates."""
     from harness.execution.cost import H200_BACKENDS, H200_ROUNDS, run_estimate
     from harness.spec.matrices import build_matrix
-
     cases = build_matrix("gpu")
-    seconds = run_estimate(cases)
     return (f"the gpu matrix on an H200 (its measured rates, {H200_BACKENDS} backends, {H200_ROUNDS} rounds): "
-            f"{len(cases)} cases, ~{seconds / 60:.1f} min (harness.execution.cost.run_estimate)")
+            f"{len(cases)} cases, ~{run_estimate(cases) / 60:.1f} min (harness.execution.cost.run_estimate)")
 
 
 def _selftest(args: argparse.Namespace) -> int:
     if not args.gpu:
         raise ValueError("selftest needs --gpu (the GPU acceptance run; --gpu --dry-run for its CPU stand-in)")
     import torch
-
     if not args.dry_run and not torch.cuda.is_available():
         raise ValueError("selftest --gpu needs a CUDA device (torch sees none); --dry-run runs the CPU stand-in")
     start = time.monotonic()
@@ -234,8 +212,6 @@ def _selftest(args: argparse.Namespace) -> int:
 
 
 def add_subcommand(subparsers) -> None:
-    from harness.cli.options import positive_float
-
     p = subparsers.add_parser("selftest", help="the GPU acceptance run: every GPU path once, within a budget, one "
                                                "summary table", description=__doc__.split("\n\n", 1)[1])
     p.add_argument("--gpu", action="store_true", help="run the GPU acceptance steps")

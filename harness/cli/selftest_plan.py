@@ -1,9 +1,4 @@
-"""The GPU acceptance run's steps, most informative first, and the plan that fits them into a time budget.
-
-Each step is a subprocess with an estimate of its seconds here; `fit` keeps the steps, in order, whose estimates
-add up within the budget and says of every other one that it was not run and why. At run time a step's timeout is
-twice its estimate, cut so that the planned steps after it keep their estimates (`timeout_for`).
-"""
+"""The GPU acceptance run's steps, most informative first, and the plan that fits them into a time budget."""
 
 from __future__ import annotations
 
@@ -17,11 +12,8 @@ from harness.store.schema import BASELINE
 #: the steps' keys for --steps, in the order they run: most informative first
 STEP_KEYS = ("backends", "tests-gpu", "correctness", "benchmark", "fidelity", "cuda-graph", "cuda1", "memory",
              "launch")
-#: seconds a step is expected to take: (fixed, per backend it runs) on a GPU, then on the CPU stand-in. The GPU
-#: figures are estimates scaled from the H200 runs of 2026-11-30 (docs/measurements.md: one gpu-smoke benchmark
-#: round of seven backends ~2 min; the whole run 8-11.5 min with 8 backends), not per-step measurements; the CPU
-#: ones are dry-run step times (naive,sdpa) on the 2-core VM, which the same steps exceeded by up to 2x while other
-#: jobs shared it. Every run's table records the real seconds of each step.
+#: seconds a step is expected to take: (fixed, per backend it runs) on a GPU, then on the CPU stand-in: GPU ones
+#: scaled from the H200 runs of 2026-11-30, CPU ones dry-run times on the 2-core VM (docs/design/cli.md)
 ESTIMATES = {
     "backends": ((20, 0), (10, 0)),
     "tests-gpu": ((60, 0), (5, 0)),
@@ -35,8 +27,7 @@ ESTIMATES = {
 }
 #: a step may run to this many times its estimate while the later steps' estimates still fit
 TIMEOUT_FACTOR = 2.0
-#: the share of the budget the plan fills with estimates: the rest absorbs steps that run over theirs (the dry run's
-#: steps took up to 2x their estimates on the 2-core VM while other jobs shared it)
+#: the share of the budget the plan fills with estimates: the rest absorbs steps that run over theirs (up to 2x)
 PLAN_SHARE = 0.8
 #: the backends of the steps that prove a path rather than cover the backends (graphs, launcher, a second GPU)
 SUBSET = (BASELINE, "sdpa")
@@ -104,7 +95,8 @@ def steps(dry_run: bool, work: Path, gpus: int, backends: list[str],
                                     "--results-dir", str(work / "cuda1")),
              estimate("cuda1", len(subset)), PYTEST_RESULTS, work / "cuda1",
              skip=no_gpu or ("" if gpus >= 2 else f"{gpus} CUDA device(s): cuda:1 needs two")),
-        Step("memory", "memory growth", _py("-c", MEMORY_GROWTH.format(device=device, baseline=BASELINE)), estimate("memory", 0)),
+        Step("memory", "memory growth", _py("-c", MEMORY_GROWTH.format(device=device, baseline=BASELINE)),
+             estimate("memory", 0)),
         Step("launch", "run --gpus all" if not dry_run else "run --cpu-shards 2",
              _py("-m", "harness", "run", *(["--cpu-shards", "2"] if dry_run else ["--gpus", "all"]),
                  "--results-dir", str(work / "launch"), "--", "--matrix", matrix, *few, "-q", "--no-report"),
@@ -113,35 +105,31 @@ def steps(dry_run: bool, work: Path, gpus: int, backends: list[str],
 
 
 def fit(planned: list[Step], budget_s: float) -> None:
-    """Mark every step whose estimate no longer fits in PLAN_SHARE of `budget_s` after the steps before it as not
-    run (in order: a later, cheaper step may still fit)."""
+    """Mark not run every step whose estimate no longer fits in PLAN_SHARE of `budget_s` after the steps before it."""
     left = PLAN_SHARE * budget_s
     for step in planned:
         if step.skip:
             continue
-        if step.estimate_s > left:
+        if step.estimate_s > left:  # a later, cheaper step may still fit
             step.skip = (f"not run: over budget (~{step.estimate_s:.0f} s needed, {left:.0f} s of the plan's "
                          f"{PLAN_SHARE * budget_s:.0f} left; --budget-s {budget_s:.0f})")
-            continue
-        left -= step.estimate_s
+        else:
+            left -= step.estimate_s
 
 
 def timeout_for(step: Step, later: list[Step], left_s: float) -> float:
-    """The seconds `step` may run when `left_s` remain: TIMEOUT_FACTOR times its estimate, less what the planned
-    steps after it need."""
+    """Seconds `step` may run when `left_s` remain: TIMEOUT_FACTOR times its estimate, less what later steps need."""
     reserved = sum(s.estimate_s for s in later if not s.skip)
     return min(TIMEOUT_FACTOR * step.estimate_s, left_s - reserved)
 
 
 def choose(planned: list[Step], keys: list[str] | None) -> None:
     """Keep the steps named by --steps (others: not run, asked)."""
-    if keys is None:
-        return
-    unknown = [k for k in keys if k not in STEP_KEYS]
+    unknown = [k for k in keys or () if k not in STEP_KEYS]
     if unknown:
         raise ValueError(f"--steps {','.join(unknown)}: allowed {', '.join(STEP_KEYS)}")
     for step in planned:
-        if step.key not in keys and not step.skip:
+        if keys is not None and step.key not in keys and not step.skip:
             step.skip = "not run: not in --steps"
 
 

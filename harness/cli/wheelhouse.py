@@ -26,7 +26,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[2]
+from harness.store.environment import REPO_ROOT
+
+Runner = Callable[..., subprocess.CompletedProcess]
 #: pinned as the harness pins them (pyproject.toml; setup.sh for xformers): each downloaded with --no-deps
 LEAN = ("xformers==0.0.35", "pytest-benchmark>=4,<6", "py-cpuinfo", "ruptures>=1.1.8,<2", "submitit>=1.5",
         "cloudpickle", "hypothesis>=6", "sortedcontainers")  # hypothesis: the property-based tests (its one dep)
@@ -44,20 +46,19 @@ CARRY_LIMIT_MIB = 64
 
 
 def flash_attn_4_wheels(torch_cuda: int) -> tuple[str, ...]:
-    """FlashAttention-4 and what it imports, as pip resolves `flash-attn-4[cuN]==4.0.0b36` for CPython 3.12 (torch
-    and typing-extensions aside: the node's), each taken --no-deps; largest first, so a wheelhouse over its limit
-    stops at the first download. One compiler flavour: the CUTLASS DSL loads the newest installed one the driver
-    runs (cutlass/_mlir/_mlir_libs/__init__.py), so the torch's CUDA major's."""
+    """FlashAttention-4 and what it imports as pip resolves `flash-attn-4[cuN]` (torch and typing-extensions aside),
+    each --no-deps, largest first (a wheelhouse over its limit stops at the first download); one compiler flavour,
+    the torch's CUDA major's: the CUTLASS DSL loads the newest installed one (cutlass/_mlir/_mlir_libs/__init__.py)."""
     return (f"nvidia-cutlass-dsl-libs-cu{torch_cuda}=={CUTLASS_DSL}", f"cuda-bindings>={torch_cuda},<{torch_cuda + 1}",
             "apache-tvm-ffi==0.1.15.post2", f"nvidia-cutlass-dsl-libs-base=={CUTLASS_DSL}", "torch-c-dlpack-ext",
             "quack-kernels>=0.5.3", f"flash-attn-4=={FLASH_ATTN_4}", "protobuf>=4.21.12",
-            f"nvidia-cutlass-dsl-libs-core=={CUTLASS_DSL}", "cuda-pathfinder", "einops", f"nvidia-cutlass-dsl=={CUTLASS_DSL}")
+            f"nvidia-cutlass-dsl-libs-core=={CUTLASS_DSL}", "cuda-pathfinder", "einops",
+            f"nvidia-cutlass-dsl=={CUTLASS_DSL}")
 
 
 def flash_attn_4_requirement(torch_cuda_version: str | None) -> str:
-    """What setup.sh installs for FlashAttention-4 (with its dependencies, torch held where it is) for a torch of
-    CUDA `torch_cuda_version` (torch.version.cuda): its cu13 extra for CUDA 13; a one-line ValueError where it
-    cannot install."""
+    """What setup.sh installs for FlashAttention-4 for a torch of CUDA `torch_cuda_version` (torch.version.cuda):
+    its cu13 extra for CUDA 13; a one-line ValueError where it cannot install."""
     major = None if torch_cuda_version is None else int(str(torch_cuda_version).split(".")[0])
     if major not in (12, 13):
         have = "a torch without CUDA" if major is None else f"torch CUDA {torch_cuda_version}"
@@ -68,15 +69,12 @@ def flash_attn_4_requirement(torch_cuda_version: str | None) -> str:
 def print_flash_attn_4_requirement() -> int:
     """setup.sh's question: prints the requirement for this torch (0), or why there is none (1)."""
     import torch
-
     try:
         print(flash_attn_4_requirement(torch.version.cuda))
     except ValueError as exc:
         print(exc)
         return 1
     return 0
-
-Runner = Callable[..., subprocess.CompletedProcess]
 
 
 #: manylinux's legacy names for glibc 2.17, 2.12 and 2.5
@@ -96,11 +94,8 @@ def platforms(platform: str) -> list[str]:
 
 def target_flags(python: str, platform: str) -> list[str]:
     """pip download's flags for wheels that install on CPython `python` ('3.12') on `platform`."""
-    tag = "cp" + python.replace(".", "")
-    flags = ["--only-binary=:all:", "--python-version", python, "--implementation", "cp", "--abi", tag]
-    for name in platforms(platform):
-        flags += ["--platform", name]
-    return flags
+    return ["--only-binary=:all:", "--python-version", python, "--implementation", "cp", "--abi",
+            "cp" + python.replace(".", ""), *(flag for name in platforms(platform) for flag in ("--platform", name))]
 
 
 def commands(dest: Path, python: str, platform: str, torch_cuda: int, full: bool) -> list[tuple[str, list[str]]]:
@@ -109,7 +104,7 @@ def commands(dest: Path, python: str, platform: str, torch_cuda: int, full: bool
         raise ValueError(f"--torch-cuda {torch_cuda}: allowed {', '.join(map(str, CUDA_RUNTIME))}")
     pip = [sys.executable, "-m", "pip"]
     flags = target_flags(python, platform)
-    cmds = [("attention-harness", [*pip, "wheel", "--no-deps", "--wheel-dir", str(dest), str(ROOT)])]
+    cmds = [("attention-harness", [*pip, "wheel", "--no-deps", "--wheel-dir", str(dest), str(REPO_ROOT)])]
     lean = [*LEAN, *([CUDA_RUNTIME[torch_cuda]] if CUDA_RUNTIME[torch_cuda] else [])]
     cmds += [(req, [*pip, "download", "--no-deps", *flags, "--dest", str(dest), req]) for req in lean]
     if full:
@@ -127,7 +122,6 @@ def _pip_says(output: str) -> str:
 def manifest(dest: Path) -> dict:
     """Every wheel in `dest`: name, version, filename, size, sha256 (names as pip normalizes them)."""
     from packaging.utils import parse_wheel_filename
-
     wheels = []
     for path in sorted(dest.glob("*.whl")):
         name, version, _, _ = parse_wheel_filename(path.name)
@@ -145,11 +139,9 @@ def _download(cmds: list[tuple[str, list[str]]], target: str, run: Runner) -> No
 
 def add_if_it_fits(dest: Path, wheels: tuple[str, ...], what: str, python: str, platform: str, limit_mib: float,
                    run: Runner = subprocess.run) -> str:
-    """Download `wheels` (each --no-deps) into a staging folder inside `dest` and move them in when the wheelhouse
-    stays within `limit_mib` (0 = no limit); otherwise - over the limit, or no wheel of one for the target - stop
-    there, leave them all out and return the one line that says so ('' when they went in)."""
+    """Download `wheels` (each --no-deps) into a staging folder and move them into `dest` when it stays within
+    `limit_mib` (0 = no limit); otherwise leave them all out and return the one line that says why ('' when in)."""
     from packaging.utils import parse_wheel_filename
-
     stage = dest / f".staging-{what}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
@@ -178,9 +170,8 @@ def add_if_it_fits(dest: Path, wheels: tuple[str, ...], what: str, python: str, 
 
 def build(dest: Path, python: str = "3.12", platform: str = "manylinux_2_28_x86_64", torch_cuda: int = 13,
           full: bool = False, run: Runner = subprocess.run, limit_mib: float = CARRY_LIMIT_MIB) -> dict:
-    """Download everything into `dest` and write dest/manifest.json; one-line ValueError naming the package and
-    the target when pip finds no wheel for it, or when a forbidden wheel (torch) came in. FlashAttention-4 goes in
-    last, where the wheelhouse stays within `limit_mib` (0 = no limit); manifest["left_out"] says why not."""
+    """Download everything into `dest` and write dest/manifest.json; one-line ValueError when pip finds no wheel
+    for a package, or a forbidden wheel (torch) came in. FlashAttention-4 goes in last, if within `limit_mib`."""
     dest.mkdir(parents=True, exist_ok=True)
     target = f"python {python}, {platform}, torch CUDA {torch_cuda}"
     _download(commands(dest, python, platform, torch_cuda, full), target, run)
@@ -204,7 +195,6 @@ def unmet(dist: str = "attention-harness", extras: tuple[str, ...] = ("slurm",))
     from importlib.metadata import PackageNotFoundError, requires, version
 
     from packaging.requirements import Requirement
-
     missing = []
     for text in requires(dist) or []:
         req = Requirement(text)

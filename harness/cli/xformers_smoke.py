@@ -21,7 +21,6 @@ MASKS = ("none", "causal", "tensor bias")
 def environment() -> list[str]:
     """GPU, driver, python, torch and its CUDA, nvcc, and whether xformers' extension loads (and why not)."""
     import torch
-
     lines = [f"python {platform.python_version()}; torch {torch.__version__} (CUDA {torch.version.cuda}, "
              f"cuDNN {torch.backends.cudnn.version()})"]
     if torch.cuda.is_available():
@@ -37,11 +36,11 @@ def environment() -> list[str]:
         done = subprocess.run([tool, *args], capture_output=True, text=True, timeout=30)
         said = [line for line in done.stdout.strip().splitlines() if line.strip()]
         lines.append(f"{'driver' if tool == 'nvidia-smi' else 'nvcc'}: {said[-1] if said else done.stderr.strip()}")
-    from harness.backends import xformers_library as xb
-    problem = xb.load_problem()
+    from harness.backends import xformers_library
+    problem = xformers_library.load_problem()
     lines.append(f"xformers extension: {'loads' if problem is None else problem}")
     try:
-        lines.append(f"xformers kernels: {xb.xformers_kernels()}")
+        lines.append(f"xformers kernels: {xformers_library.xformers_kernels()}")
     except Exception as exc:  # not importable: the line above says why
         lines.append(f"xformers kernels: unknown ({type(exc).__name__})")
     return lines
@@ -53,7 +52,6 @@ def smoke(seconds: float) -> tuple[list[str], bool]:
     import torch.nn.functional as F
     import xformers.ops as xops
     from xformers.ops import fmha
-
     b, s, h, d = SHAPE
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, g = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
@@ -97,7 +95,6 @@ def smoke(seconds: float) -> tuple[list[str], bool]:
 
 def _xformers_smoke(args: argparse.Namespace) -> int:
     import torch
-
     for line in environment():
         print(line)
     if args.dry_run or not torch.cuda.is_available():

@@ -1,9 +1,4 @@
-"""Run `pytest suites` as one process per GPU (or per CPU shard) on a shard of the cases each, then merge.
-
-pytest-benchmark disables itself under pytest-xdist, so parallelism over devices is one plain pytest
-process per device, each on a deterministic shard (`--shard i/N`), each writing its own run dir under
-<run_dir>/shards/; the merge then checks that no row is lost or duplicated.
-"""
+"""Run `pytest suites` as one process per GPU (or per CPU shard) on a shard of the cases each, then merge."""
 
 from __future__ import annotations
 
@@ -62,11 +57,6 @@ def shard_command(index: int, count: int, pytest_args: Sequence[str], results_ro
     return cmd + (["--device", device] if device else [])
 
 
-def shard_threads(count: int) -> str:
-    """CPU threads per shard: the host's cores split between the shards, so they do not oversubscribe."""
-    return os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // count))
-
-
 @dataclass
 class LaunchResult:
     run_dir: Path
@@ -80,39 +70,34 @@ class LaunchResult:
 
 
 def run_local(pytest_args: Sequence[str], devices: Sequence[str], *, results_dir: str | Path = "results",
-              suites: str = "suites", cuda_visible: Sequence[str | None] | None = None,
-              quiet: bool = False) -> LaunchResult:
-    """One pytest process per entry of `devices` ('cpu' or 'cuda:0'), all at once; merged into one run dir.
-
-    `cuda_visible[i]` (when given) is shard i's CUDA_VISIBLE_DEVICES: each process then sees only its
-    GPU, as cuda:0, so no library opens a context on another process's GPU.
-    """
+              suites: str = "suites", cuda_visible: Sequence[str | None] | None = None) -> LaunchResult:
+    """One pytest process per entry of `devices` ('cpu' or 'cuda:0'), all at once, merged into one run dir;
+    `cuda_visible[i]` is shard i's CUDA_VISIBLE_DEVICES (its GPU alone, as cuda:0)."""
     pytest_args = check_pytest_args(pytest_args)
     count = len(devices)
     if count < 1:
         raise ValueError("run_local: no devices given")
     run_dir = Path(results_dir) / new_run_id()
-    procs, logs = [], []
+    # the host's cores split between the shards, so they do not oversubscribe
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // count))
+    procs = []
     try:
         for i, device in enumerate(devices):
             root = shard_root(run_dir, i, count)
             root.mkdir(parents=True)
-            env = {**os.environ, "OMP_NUM_THREADS": shard_threads(count)}
+            env = {**os.environ, "OMP_NUM_THREADS": threads}
             if cuda_visible is not None and cuda_visible[i] is not None:
                 env["CUDA_VISIBLE_DEVICES"] = cuda_visible[i]
-            logs.append(root.with_suffix(".log"))
-            with logs[-1].open("w") as log:
-                procs.append(subprocess.Popen(shard_command(i, count, pytest_args, root, device=device,
-                                                            suites=suites), stdout=log, stderr=subprocess.STDOUT,
-                                              env=env))
-            if not quiet:
-                print(f"shard {i}/{count} on {device}: pid {procs[-1].pid}, log {logs[-1]}", flush=True)
+            log = root.with_suffix(".log")
+            with log.open("w") as out:
+                procs.append(subprocess.Popen(shard_command(i, count, pytest_args, root, device=device, suites=suites),
+                                              stdout=out, stderr=subprocess.STDOUT, env=env))
+            print(f"shard {i}/{count} on {device}: pid {procs[-1].pid}, log {log}", flush=True)
         returncodes = []
         for i, proc in enumerate(procs):
             returncodes.append(proc.wait())
             write_exit_status(shard_root(run_dir, i, count), returncodes[-1])
-            if not quiet:
-                print(f"shard {i}/{count} exited {returncodes[-1]}", flush=True)
+            print(f"shard {i}/{count} exited {returncodes[-1]}", flush=True)
     except BaseException:
         for proc in procs:  # only the processes started here; an interrupted launcher leaves no orphans
             if proc.poll() is None:
@@ -122,10 +107,8 @@ def run_local(pytest_args: Sequence[str], devices: Sequence[str], *, results_dir
 
 
 def gpu_devices(spec: str, listing: str | None = None) -> tuple[list[str], list[str]]:
-    """(devices, CUDA_VISIBLE_DEVICES per shard) for --gpus, honouring a CUDA_VISIBLE_DEVICES already set.
-
-    Under MIG a process sees one instance (torch's device_count() is 1), so with no CUDA_VISIBLE_DEVICES set the
-    shards are the MIG instances nvidia-smi lists, each given to its process by UUID."""
+    """(devices, CUDA_VISIBLE_DEVICES per shard) for --gpus, honouring a CUDA_VISIBLE_DEVICES already set; under MIG
+    (a process sees one instance) the shards are the MIG instances nvidia-smi lists, each given by UUID."""
     import torch
 
     parent = os.environ.get("CUDA_VISIBLE_DEVICES")

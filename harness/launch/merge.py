@@ -31,12 +31,6 @@ def write_exit_status(root: str | Path, returncode: int) -> None:
     Path(root).with_suffix(".exit").write_text(f"{returncode}\n")
 
 
-def _log_tail(root: Path, lines: int = 5) -> str:
-    log = root.with_suffix(".log")
-    tail = log.read_text(errors="replace").strip().splitlines()[-lines:] if log.exists() else []
-    return f" (log {log}):\n    " + "\n    ".join(tail)
-
-
 def check_finished(roots: Sequence[Path]) -> None:
     """Raise ShardFailed naming every shard that has no exit status yet or that did not complete."""
     problems = []
@@ -46,8 +40,10 @@ def check_finished(roots: Sequence[Path]) -> None:
             problems.append(f"shard {i}/{len(roots)} has not finished (no {status.name})")
             continue
         rc = int(status.read_text().strip() or -1)
-        if rc not in COMPLETE:
-            problems.append(f"shard {i}/{len(roots)} exited {rc}" + _log_tail(root))
+        if rc not in COMPLETE:  # with the last lines of its log
+            log = root.with_suffix(".log")
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
+            problems.append(f"shard {i}/{len(roots)} exited {rc} (log {log}):\n    " + "\n    ".join(tail))
     if problems:
         raise ShardFailed(f"{len(problems)} of {len(roots)} shards unfinished or failed; not merged (shard runs kept "
                           f"under {roots[0].parent}):\n" + "\n".join(problems))
@@ -79,13 +75,9 @@ def _merge_env(envs: list[dict], shard_dirs: list[Path], rows: list[int], run_id
 
 def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path, *,
                allow_mixed_testbeds: bool = False) -> pd.DataFrame:
-    """Concatenate the shards' results.csv and samples.csv into out_dir (run id = its name) and merge env.json.
-
-    Refuses: an out_dir that already holds results, a key (case_id, backend, phase) in two shards, and
-    shards from different testbeds unless allow_mixed_testbeds (the merged testbed id is then their
-    '+'-joined ids, which only compares with the same mixture). Checks after writing that every
-    shard row and sample is in the merged files. Returns the merged results.
-    """
+    """Concatenate the shards' results.csv and samples.csv into out_dir (run id = its name), merge env.json, and
+    return the merged results read back. Refuses an out_dir that holds results, a key in two shards, and shards
+    of different testbeds unless allow_mixed_testbeds (the testbed id is then their '+'-joined ids)."""
     shard_dirs = [Path(d) for d in shard_dirs]
     out_dir = Path(out_dir)
     if not shard_dirs:
@@ -96,7 +88,6 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path, *,
     results = [load_results(d) for d in shard_dirs]
     samples = [load_samples(d) for d in shard_dirs]
     envs = [read_env(d) for d in shard_dirs]
-
     keyed = pd.concat([r[list(KEY)].assign(_shard=str(d)) for r, d in zip(results, shard_dirs)], ignore_index=True)
     dup = keyed[keyed.duplicated(list(KEY), keep=False)]
     if not dup.empty:
@@ -109,10 +100,8 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path, *,
         raise ValueError(f"shards come from {len(testbeds)} testbeds {testbeds}; merging them makes one run whose "
                          "timings compare with nothing. Run one job per GPU type, or pass allow_mixed_testbeds")
     testbed_id = "+".join(testbeds)
-
     out_dir.mkdir(parents=True, exist_ok=True)
-    # an older shard gains the columns it lacks (every schema change so far only added columns): the merged file
-    # is one schema, the current one
+    # an older shard gains the columns it lacks (schema changes so far only added columns): one schema, the current
     merged = pd.concat([r.reindex(columns=list(COLUMNS)) for r in results], ignore_index=True).assign(
         run_id=run_id, schema_version=SCHEMA_VERSION)
     merged_samples = pd.concat([s.reindex(columns=list(SAMPLE_COLUMNS)) for s in samples], ignore_index=True)
@@ -121,7 +110,6 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path, *,
     if len(merged_samples):
         _write_atomic(merged_samples, out_dir / SAMPLES)
     _write_atomic(merged, out_dir / RESULTS)  # last: its presence marks a complete merge
-
     # Verify from disk, not from memory: what a later reader sees is what counts.
     back = load_results(out_dir)
     expected = sum(len(r) for r in results)
@@ -136,10 +124,7 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path, *,
 
 def merge_shards(run_dir: str | Path, count: int | None = None, **kwargs) -> pd.DataFrame:
     """Merge the finished shard runs under run_dir/shards/ into run_dir; with `count`, require that many shards.
-
-    Refuses (ShardFailed) while any shard has no exit status or did not complete, so a merge never
-    takes the partial rows of a shard that is still running or crashed.
-    """
+    ShardFailed while any shard has no exit status or did not complete (still running, or crashed)."""
     root = Path(run_dir) / SHARDS_DIR
     roots = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     if not roots or (count is not None and len(roots) != count):

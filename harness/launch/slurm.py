@@ -1,8 +1,4 @@
-"""Run the shards of `pytest suites` as a Slurm job array through submitit, then merge them into one run dir.
-
-submitit is an optional extra (`pip install attention-harness[slurm]`); its local executor
-(cluster="local") runs the same array as local processes, which is how this is tested off a cluster.
-"""
+"""Run the shards of `pytest suites` as a Slurm job array through submitit, then merge them into one run dir."""
 
 from __future__ import annotations
 
@@ -26,7 +22,16 @@ def run_shard_job(cmd: list[str], cwd: str, root: str) -> int:
     return rc
 
 
-def _executor(folder: Path, cluster: str | None, parameters: dict):
+def submit(pytest_args: Sequence[str], shards: int, *, results_dir: str | Path = "results", suites: str = "suites",
+           cluster: str | None = None, partition: str | None = None, gpus_per_task: int = 1, cpus_per_task: int = 8,
+           timeout_min: int = 120, array_parallelism: int | None = None,
+           wait: bool = True) -> tuple[Path, list, LaunchResult | None]:
+    """Submit `shards` array tasks, each `pytest suites ... --shard i/N` with its own --results-dir, run in the
+    current directory: (run_dir, jobs, result); result is None when not waiting (`python -m harness merge` later)."""
+    if shards < 1:
+        raise ValueError(f"--slurm {shards!r}: the number of shards must be >= 1")
+    pytest_args = check_pytest_args(pytest_args)
+    run_dir = Path(results_dir).resolve() / new_run_id()
     try:
         import submitit
     except ImportError:
@@ -34,36 +39,16 @@ def _executor(folder: Path, cluster: str | None, parameters: dict):
             from None
     if cluster is not None and cluster not in CLUSTERS:
         raise ValueError(f"cluster {cluster!r}; allowed: {', '.join(CLUSTERS)} (or None: slurm when sbatch exists)")
-    executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
-    executor.update_parameters(**parameters)
-    return executor
-
-
-def submit(pytest_args: Sequence[str], shards: int, *, results_dir: str | Path = "results", suites: str = "suites",
-           cluster: str | None = None, partition: str | None = None, gpus_per_task: int = 1, cpus_per_task: int = 8,
-           timeout_min: int = 120, array_parallelism: int | None = None, extra: dict | None = None,
-           wait: bool = True) -> tuple[Path, list, LaunchResult | None]:
-    """Submit `shards` array tasks, each `pytest suites ... --shard i/N` with its own --results-dir.
-
-    Returns (run_dir, jobs, result); result is None when not waiting (merge later with
-    `python -m harness merge RUN_DIR`). Tasks run in the current directory: submit from the project root.
-    Each task gets `gpus_per_task` GPUs (Slurm sets CUDA_VISIBLE_DEVICES), so the suites' --device auto
-    picks its GPU; pass --device in pytest_args only to override that.
-    """
-    if shards < 1:
-        raise ValueError(f"--slurm {shards!r}: the number of shards must be >= 1")
-    pytest_args = check_pytest_args(pytest_args)
-    run_dir = Path(results_dir).resolve() / new_run_id()
-    local = cluster in ("local", "debug")
     parameters = {"timeout_min": timeout_min, "nodes": 1, "tasks_per_node": 1, "cpus_per_task": cpus_per_task,
                   # the local executor would hand out GPUs this machine may not have; Slurm allocates them
-                  "gpus_per_node": 0 if local else gpus_per_task,
-                  "name": f"harness-{run_dir.name}", **(extra or {})}
+                  "gpus_per_node": 0 if cluster in ("local", "debug") else gpus_per_task,
+                  "name": f"harness-{run_dir.name}"}
     if partition:
         parameters["slurm_partition"] = partition
     if array_parallelism:
         parameters["slurm_array_parallelism"] = array_parallelism
-    executor = _executor(run_dir / "submitit", cluster, parameters)
+    executor = submitit.AutoExecutor(folder=run_dir / "submitit", cluster=cluster)
+    executor.update_parameters(**parameters)
     roots = [shard_root(run_dir, i, shards) for i in range(shards)]
     for root in roots:
         root.mkdir(parents=True)
