@@ -9,30 +9,23 @@ from harness.report.data import GROUP_KEYS, SEMANTICS_PREFIX, Run, mask_kind
 from harness.store.schema import BAD, BWD, FWD, FWD_BWD, NOT_RUN, PASS, PHASES, UNAVAILABLE, VERDICT_PHASES
 
 
-def shape_groups(df: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
-    """Case rows split into the groups whose members differ only in sequence length, in a stable order."""
+def split_series(df: pd.DataFrame) -> tuple[list[tuple[tuple, pd.DataFrame]], pd.DataFrame]:
+    """(shape groups - case rows that differ only in sequence length - measured at two or more lengths, the rows of
+    every other case): lines vs dots. A length of 0 (empty-tensor probes) has no place on a log axis: always dots."""
     cases = df[~df.is_semantics] if "is_semantics" in df else df
     if cases.empty:
-        return []
+        return [], df.iloc[0:0]
     keyed = cases.assign(**{k: cases[k].fillna(-1) if cases[k].dtype.kind == "f" else cases[k].fillna("n/a")
                             for k in GROUP_KEYS})
-    return [(key, g) for key, g in keyed.groupby(list(GROUP_KEYS), sort=True, dropna=False)]
-
-
-def split_series(df: pd.DataFrame) -> tuple[list[tuple[tuple, pd.DataFrame]], pd.DataFrame]:
-    """(shape groups measured at two or more lengths, the rows of every other case): lines vs dots.
-
-    A length of 0 (empty-tensor probes) has no place on a log axis: such rows are always dots.
-    """
     series, singles = [], []
-    for key, g in shape_groups(df):
+    for key, g in keyed.groupby(list(GROUP_KEYS), sort=True, dropna=False):
         positive = g.seq_k > 0
         if g.seq_k[positive].nunique() >= 2:
             series.append((key, g[positive]))
             singles.append(g[~positive])
         else:
             singles.append(g)
-    return series, pd.concat(singles) if singles else df.iloc[0:0]
+    return series, pd.concat(singles)
 
 
 def case_label(row: pd.Series) -> str:
@@ -45,8 +38,7 @@ def case_label(row: pd.Series) -> str:
 
 
 def group_label(key: tuple) -> str:
-    """'bf16 · d64 · causal' (' · cap-sink' with modifiers) and a second line 'b2 h8 kv2 · seq_q = seq_k' (suite
-    first when tagged)."""
+    """'bf16 · d64 · causal' (' · cap-sink' with modifiers), then a line 'b2 h8 kv2 · seq_q = seq_k'."""
     suite, dtype, head_dim, kind, mods, batch, heads, kv_heads, shape = key
     heads_txt = f"h{heads:g}" + (f" kv{kv_heads:g}" if kv_heads != heads else "")
     mods_txt = f" · {mods}" if mods != "none" else ""
@@ -55,8 +47,7 @@ def group_label(key: tuple) -> str:
 
 
 def case_group(row: pd.Series) -> str:
-    """Column of the support matrix a case row belongs to: its suite (if tagged), dtype, mask family and modifier
-    family (the report splits by modifier: a backend's softcap support shows as its own column)."""
+    """Column of the support matrix a case row belongs to: its suite (if tagged), dtype, mask and modifier family."""
     dtype = row["dtype"]  # not row.dtype: that is the Series' own dtype
     mods = f" · {row['modifier_kind']}" if row.get("modifier_kind", "none") != "none" else ""
     return (f"{row['suite'] + ': ' if row['suite'] else ''}{dtype if isinstance(dtype, str) else '?'} · "
@@ -78,8 +69,7 @@ def support_counts(run: Run) -> pd.DataFrame:
 
 
 def unavailable_everywhere(table: pd.DataFrame) -> list[str]:
-    """Backends of a support_counts table that could not run here at all (every verdict row unavailable): a
-    column of grey cells that says one thing, which the figure leaves out and its caption says instead."""
+    """Backends of a support_counts table that could not run here at all (every verdict row unavailable)."""
     return [b for b in table.index if any(table.loc[b].map(bool))
             and all(set(cell) <= {UNAVAILABLE} for cell in table.loc[b])]
 
@@ -110,24 +100,20 @@ def short_cell(value: object) -> str:
     return str(value) if answered(value) else str(value).split(":")[0]
 
 
-def correct_cases(run: Run) -> pd.DataFrame:
-    """(case_id, backend) -> whether fwd and bwd verdicts passed (NaN phase verdict = not run)."""
-    rows = run.verdicts[run.verdicts.phase.isin(VERDICT_PHASES)]
-    wide = rows.pivot_table(index=["case_id", "backend"], columns="phase", values="status", aggfunc="first")
-    return wide.reindex(columns=list(VERDICT_PHASES)).eq(PASS)
-
-
 def timed_correct(run: Run) -> pd.DataFrame:
     """Timed rows whose correctness holds for that phase (fwd+bwd needs both); the only ones worth ranking."""
     cases = run.cases[run.cases.suite == ""]  # the benchmark times the matrix; a tagged probe is not a contender
     rows = cases[np.isfinite(cases.latency_ms) & ~cases.status.isin(BAD)]
     if rows.empty:
         return rows
-    ok = correct_cases(run)
+    verdicts = run.verdicts[run.verdicts.phase.isin(VERDICT_PHASES)]
+    # (case_id, backend) -> whether its fwd and its bwd verdict passed (NaN: not run)
+    ok = verdicts.pivot_table(index=["case_id", "backend"], columns="phase", values="status", aggfunc="first")\
+        .reindex(columns=list(VERDICT_PHASES)).eq(PASS)
     def passed(r) -> bool:
-        verdict = ok.loc[(r.case_id, r.backend)] if (r.case_id, r.backend) in ok.index else None
-        if verdict is None:
+        if (r.case_id, r.backend) not in ok.index:
             return False
+        verdict = ok.loc[(r.case_id, r.backend)]
         return bool(verdict[FWD] and verdict[BWD]) if r.phase == FWD_BWD else bool(verdict.get(r.phase))
     return rows[rows.apply(passed, axis=1)]
 
@@ -157,9 +143,8 @@ def winners(run: Run) -> pd.DataFrame:
 
 
 def headline(run: Run) -> pd.DataFrame:
-    """Per backend: the matrix's cases passed / failed / not run (what the run's summary counts: one verdict per
-    case, its worst phase), the probes' cases (edge:, ... a tagged suite) apart, median speedup per phase,
-    median peak memory, wins."""
+    """Per backend: the matrix's cases passed / failed / not run (one verdict per case, its worst phase, as the
+    run's summary counts), the probes' cases (a tagged suite) apart, median speedup per phase and memory, wins."""
     verdicts = run.verdicts
     per_case = verdicts[verdicts.suite == ""].groupby(["backend", "case_id"], sort=False).status.agg(set)
     per_probe = verdicts[verdicts.suite != ""].groupby(["backend", "case_id"], sort=False).status.agg(set)
@@ -214,9 +199,8 @@ def not_run(run: Run) -> pd.DataFrame:
 
 
 def modifier_support(run: Run) -> pd.DataFrame:
-    """backend x modifier family (cases with modifiers or a value head dim of their own): the verdict rows'
-    statuses ('pass 2, unsupported 2') and the path the modifiers took to the kernel (the rows' modifier_path).
-    Empty when the run has no such case."""
+    """backend x modifier family (cases with modifiers or their own value head dim): the verdict rows' statuses
+    ('pass 2, unsupported 2') and modifier_path; empty when the run has no such case."""
     rows = run.verdicts[run.verdicts.modifier_kind != "none"]
     if rows.empty:
         return pd.DataFrame()

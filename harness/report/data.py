@@ -14,7 +14,6 @@ from harness.measure.fidelity import FIDELITY_TAG
 from harness.spec.case import dtype_name, parse_dtype
 from harness.store.load import load_results, load_samples, refused_rows
 from harness.store.run_dir import RESULTS, SAMPLES, read_env
-from harness.store.run_state import benchmark_planned, incomplete, run_notes
 from harness.store.schema import BASELINE, COLUMNS, KEY, OBSERVED, VERDICT_PHASES
 
 SEMANTICS_PREFIX = "semantics:"
@@ -36,20 +35,6 @@ class Run:
     filters: dict = field(default_factory=dict)
     #: lines of the run's files the loader refused, by file name (results.csv, samples.csv)
     refused: dict = field(default_factory=dict)
-
-    @property
-    def notes(self) -> list[str]:
-        """What a reader must know before the figures: the run did not finish, lines of its files were refused."""
-        return run_notes(self.env, self.refused)
-
-    @property
-    def incomplete(self) -> str | None:
-        """Why the run did not reach its end, or None (store.run_state)."""
-        return incomplete(self.env)
-
-    @property
-    def benchmark_planned(self) -> bool:
-        return benchmark_planned(self.env)
 
     @property
     def cases(self) -> pd.DataFrame:
@@ -134,11 +119,8 @@ def peak_tflops(env: dict, dtype: str) -> float | None:
 
 def load_run(run_dir: str | Path, *, baseline: str = BASELINE, backends: list[str] | None = None,
              dtype: str | None = None, mask: str | None = None, strict_baseline: bool = False) -> Run:
-    """Read results.csv, samples.csv and env.json of `run_dir`, apply the filters, add derived columns.
-
-    Filters name values present in the run; anything else is a ValueError naming it. The baseline's rows are
-    kept under a backend filter because every speedup is measured against them.
-    """
+    """Read results.csv, samples.csv and env.json of `run_dir`, apply the filters (values present in the run, else a
+    ValueError naming it; the baseline's rows stay under a backend filter: speedups need them), add derived columns."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run directory at {run_dir}")
@@ -193,7 +175,10 @@ def _filter(df: pd.DataFrame, baseline: str, backends: list[str] | None, dtype: 
         filters["backends"] = ",".join(backends)
     if dtype:
         cases = ~df.is_semantics
-        wanted = _dtype_key(dtype)
+        try:  # the canonical short name ('bfloat16' -> 'bf16'), or the name itself when it is none
+            wanted = dtype_name(parse_dtype(dtype))
+        except ValueError:
+            wanted = dtype
         dtypes = sorted(df.loc[cases, "dtype"].dropna().astype(str).unique())
         if wanted not in dtypes:
             raise ValueError(f"dtype {dtype!r} is not in this run; present: {', '.join(dtypes)}")
@@ -217,17 +202,8 @@ def _quartiles(run_dir: Path) -> tuple[pd.DataFrame, int]:
     if samples.empty:
         return pd.DataFrame({**{k: pd.Series(dtype=object) for k in KEY},
                              "latency_q1_ms": pd.Series(dtype=float), "latency_q3_ms": pd.Series(dtype=float)}), refused
-    samples = samples.assign(latency_ms=pd.to_numeric(samples.latency_ms, errors="coerce"))
     q = samples.groupby(list(KEY)).latency_ms.quantile([0.25, 0.75]).unstack()  # linear, as np.percentile
     return q.set_axis(["latency_q1_ms", "latency_q3_ms"], axis=1).reset_index(), refused
-
-
-def _dtype_key(name: str) -> str:
-    """Canonical short dtype name ('bfloat16' -> 'bf16'), or the name itself when it is none."""
-    try:
-        return dtype_name(parse_dtype(name))
-    except ValueError:
-        return name
 
 
 def _derive_perf(run: Run) -> None:

@@ -18,6 +18,7 @@ from harness.report.analysis import (answered, failures, headline, modifier_supp
                                      short_cell, support_counts, unavailable_everywhere, winners)
 from harness.report.data import Run, load_run, peak_tflops
 from harness.report.trends import Trends, run_trends
+from harness.store.run_state import benchmark_planned, incomplete, run_notes
 from harness.store.schema import BASELINE, PHASES
 
 FAILURE_LINKS = 5  # per backend in the headline; the rest are one click away in the failures section
@@ -47,9 +48,6 @@ CAPTIONS = {
 TITLES = {"latency": "Latency", "speedup": "Speedup", "memory": "Peak memory", "tflops": "Throughput",
           "err_ratio": "Error-to-tolerance ratio", "support": "Support and correctness matrix",
           "semantics": "Semantics", "roofline": "Roofline", "bandwidth": "Decode bandwidth"}
-
-
-# --- a tiny document model, rendered twice -----------------------------------------------------------------
 
 
 @dataclass
@@ -170,18 +168,14 @@ def _html_table(table: Table) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-# --- the report's content -------------------------------------------------------------------------------
-
-
 def environment_table(run: Run) -> pd.DataFrame:
     """Where and with what the run happened, as (item, value) rows."""
     env, df = run.env, run.df
     timing = env.get("timing_mode") or ", ".join(sorted(df.timing_mode.dropna().astype(str).unique())) or None
-    dtypes = sorted(run.cases.dtype.dropna().astype(str).unique())
-    peaks = {d: peak_tflops(env, d) for d in dtypes}
+    peaks = {d: peak_tflops(env, d) for d in sorted(run.cases.dtype.dropna().astype(str).unique())}
     items = {
         "run": env.get("run_id") or run.run_dir.name,
-        "run status": (f"INCOMPLETE: {run.incomplete}" if run.incomplete else env.get("status")),
+        "run status": f"INCOMPLETE: {incomplete(env)}" if incomplete(env) else env.get("status"),
         "refused lines": "; ".join(f"{file}: {n}" for file, n in run.refused.items()) or None,
         "device": f"{env.get('device_name', '?')} ({env.get('device_type', '?')})",
         "cpu": env.get("cpu_model"), "threads": env.get("threads"),
@@ -199,41 +193,6 @@ def environment_table(run: Run) -> pd.DataFrame:
                                      for r in run.fidelity.itertuples()) or None,
     }
     return pd.DataFrame([(k, v) for k, v in items.items() if v not in (None, "")], columns=["item", "value"])
-
-
-def _headline_table(run: Run, fails: pd.DataFrame) -> pd.DataFrame:
-    table = headline(run)
-    if table.empty:
-        return table
-    links = []
-    for backend in table.backend:
-        mine = fails[fails.backend == backend]
-        shown = [f"[{r.case_id} {r.phase}](#{slug(r.backend, r.case_id, r.phase)})" for r in mine.head(FAILURE_LINKS).itertuples()]
-        if len(mine) > FAILURE_LINKS:
-            shown.append(f"[+{len(mine) - FAILURE_LINKS} more](#failures)")
-        links.append(", ".join(shown))
-    table.insert(table.columns.get_loc("not run") + 1, "failed rows", links)
-    return table.rename(columns=lambda c: c.replace("speedup", f"speedup vs {run.baseline}")
-                        .replace("baseline", run.baseline))
-
-
-def _winners_table(run: Run) -> pd.DataFrame:
-    """One row per shape, one column per phase: 'winner latency (next: runner-up ×margin)'."""
-    table = winners(run)
-    if table.empty:
-        return table
-    def cell(r) -> str:
-        flags = "".join(f" ({flag})" for flag in ("suspicious", "noisy") if getattr(r, flag))
-        text = f"{r.winner}{flags} {_fmt(r.latency_ms)} ms"
-        return text + (f" (next: {r.runner_up} ×{r.margin:.2f})" if r.runner_up else " (only one)")
-    table = table.assign(cell=[cell(r) for r in table.itertuples()])
-    shape = ["dtype", "head_dim", "mask", "modifier_kind", "batch", "heads", "kv_heads", "seq_q", "seq_k"]
-    wide = table.pivot_table(index=shape, columns="phase", values="cell", aggfunc="first", sort=False)
-    wide = wide.reindex(columns=[p for p in PHASES if p in wide.columns]).reset_index()
-    if (wide.kv_heads == wide.heads).all():
-        wide = wide.drop(columns=["kv_heads"])
-    wide.columns.name = None
-    return wide.rename(columns={p: f"{p} winner" for p in PHASES})
 
 
 def report_blocks(run: Run, figures: dict[str, list[Path]], trends: Trends | None = None) -> list:
@@ -274,7 +233,8 @@ def _history_section(trends: Trends) -> list:
                      "run medians; `python -m harness history --changes --all-trends` draws every key).")]
     c = trends.changes
     table = pd.DataFrame({"backend": c.backend, "case": c.case_id, "phase": c.phase,
-                          "before (ms)": c.before_ms.map("{:.4g}".format), "after (ms)": c.after_ms.map("{:.4g}".format),
+                          "before (ms)": c.before_ms.map("{:.4g}".format),
+                          "after (ms)": c.after_ms.map("{:.4g}".format),
                           "ratio": c.ratio.map("{:.2f}x".format),
                           "between runs": c.run_id_before.astype(str) + " → " + c.run_id_after.astype(str),
                           "git": c.git_sha_before.astype(str).str[:8] + " → " + c.git_sha_after.astype(str).str[:8]})
@@ -292,20 +252,31 @@ def _summary(run: Run) -> str:
     filters = ", ".join(f"{k} = {v}" for k, v in run.filters.items())
     if run.has_perf:
         kind = "Benchmark run: latency, memory and throughput included."
-    elif run.benchmark_planned:  # a benchmark run stopped before its timings is not a correctness-only run
+    elif benchmark_planned(run.env):  # a benchmark run stopped before its timings is not a correctness-only run
         kind = "Benchmark run without timings: no latency columns, so no performance figures."
     else:
         kind = "Correctness-only run: no latency columns, so no performance figures."
-    notes = "".join(f" {note[0].upper()}{note[1:]}." for note in run.notes)
+    notes = "".join(f" {note[0].upper()}{note[1:]}." for note in run_notes(run.env, run.refused))
     return (f"{run.cases.case_id.nunique()} cases × {len(run.backends)} backends on "
             f"{run.env.get('device_name', 'an unrecorded device')}, built from the stored results only"
             + (f" (filtered: {filters})" if filters else "") + ". " + kind + notes)
 
 
 def _headline_section(run: Run, fails: pd.DataFrame) -> list:
-    head = _headline_table(run, fails)
+    head = headline(run)
     if head.empty:
         return [Para("No attention cases in this run.")]
+    links = []
+    for backend in head.backend:
+        mine = fails[fails.backend == backend]
+        shown = [f"[{r.case_id} {r.phase}](#{slug(r.backend, r.case_id, r.phase)})"
+                 for r in mine.head(FAILURE_LINKS).itertuples()]
+        if len(mine) > FAILURE_LINKS:
+            shown.append(f"[+{len(mine) - FAILURE_LINKS} more](#failures)")
+        links.append(", ".join(shown))
+    head.insert(head.columns.get_loc("not run") + 1, "failed rows", links)
+    head = head.rename(columns=lambda c: c.replace("speedup", f"speedup vs {run.baseline}")
+                       .replace("baseline", run.baseline))
     legend = ("cases: the matrix's cases, each counted once under its worst phase, as the run's summary counts "
               "them; passed: every verdict that ran passed (partly run: some phase was unsupported or unavailable); "
               "failed: any fail, error or oom; not run: unsupported or unavailable (reasons below)")
@@ -319,19 +290,34 @@ def _headline_section(run: Run, fails: pd.DataFrame) -> list:
 
 
 def _winners_section(run: Run) -> list:
+    """One row per shape, one column per phase: 'winner latency (next: runner-up ×margin)'."""
+    table = winners(run)
+    if not table.empty:
+        def cell(r) -> str:
+            flags = "".join(f" ({flag})" for flag in ("suspicious", "noisy") if getattr(r, flag))
+            text = f"{r.winner}{flags} {_fmt(r.latency_ms)} ms"
+            return text + (f" (next: {r.runner_up} ×{r.margin:.2f})" if r.runner_up else " (only one)")
+        shape = ["dtype", "head_dim", "mask", "modifier_kind", "batch", "heads", "kv_heads", "seq_q", "seq_k"]
+        table = table.assign(cell=[cell(r) for r in table.itertuples()]).pivot_table(
+            index=shape, columns="phase", values="cell", aggfunc="first", sort=False)
+        table = table.reindex(columns=[p for p in PHASES if p in table.columns]).reset_index()
+        if (table.kv_heads == table.heads).all():
+            table = table.drop(columns=["kv_heads"])
+        table.columns.name = None
+        table = table.rename(columns={p: f"{p} winner" for p in PHASES})
     blocks = [Para("Fastest backend whose verdicts passed for that phase (fwd+bwd needs both); 'next' is the "
-                   "runner-up and how many times slower it was."), Table(_winners_table(run))]
+                   "runner-up and how many times slower it was."), Table(table)]
     if not run.has_baseline:
         blocks.append(Para(f"Baseline {run.baseline!r} has no timings in this run: no speedups."))
     return blocks
 
 
-def _figures_section(figures: dict[str, list[Path]], run: Run | None = None) -> list:
+def _figures_section(figures: dict[str, list[Path]], run: Run) -> list:
     blocks: list = []
     for kind, paths in figures.items():
         if kind != "semantics" and paths:
             caption = CAPTIONS.get(kind, "")
-            gone = unavailable_everywhere(support_counts(run)) if kind == "support" and run is not None else []
+            gone = unavailable_everywhere(support_counts(run)) if kind == "support" else []
             if gone:
                 caption += (f" Not shown: {', '.join(gone)}, unavailable on every case here (why: 'Not run, and "
                             "why').")
@@ -358,10 +344,8 @@ def _semantics_section(run: Run, figures: dict[str, list[Path]]) -> list:
 def build_report(run_dir: str | Path, baseline: str = BASELINE, out_dir: str | Path | None = None, *,
                  backends: list[str] | None = None, dtype: str | None = None, mask: str | None = None,
                  strict_baseline: bool = False) -> Path:
-    """Render every figure and the report of a stored run; returns the path of report.html (report.md beside it).
-
-    Reads results.csv, samples.csv and env.json only; nothing is re-run. Figures go to <out_dir>/figures/.
-    """
+    """Render every figure and the report of a stored run from its files only (nothing is re-run); returns the
+    path of report.html (report.md beside it). Figures go to <out_dir>/figures/."""
     run = load_run(run_dir, baseline=baseline, backends=backends, dtype=dtype, mask=mask,
                    strict_baseline=strict_baseline)
     out = Path(out_dir) if out_dir else run.run_dir

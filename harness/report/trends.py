@@ -1,4 +1,4 @@
-"""The testbed's history as a run report shows it: change points of this run's keys, up to this run, with trend figures."""
+"""The testbed's history as a run report shows it: change points of this run's keys up to it, with trend figures."""
 
 from __future__ import annotations
 
@@ -35,9 +35,8 @@ class Trends:
 
 
 def run_trends(run_dir: Path, env: dict, out_dir: Path) -> Trends | None:
-    """Change points, over the runs stored beside `run_dir` on its testbed up to it, of the keys this run holds;
-    a trend figure per changed key under out_dir/figures/trends/. None when the run has no testbed or no
-    siblings directory to read."""
+    """Change points, over the runs stored beside `run_dir` on its testbed up to it, of the keys this run holds, with
+    a trend figure per changed key under out_dir/figures/trends/; None without a testbed or a folder of runs."""
     testbed, root = env.get("testbed_id"), run_dir.parent
     if not testbed or not root.is_dir() or is_run_dir(root):
         return None
@@ -63,6 +62,7 @@ def run_trends(run_dir: Path, env: dict, out_dir: Path) -> Trends | None:
     for c in trends.changes.head(MAX_FIGURES).itertuples():
         key = (c.testbed_id, *(getattr(c, k) for k in KEY))
         runs_of_key = series[key]
+        path = out_dir / "figures" / "trends" / f"{trend_file(key)}.png"
         trends.figures.append(plot_trend(runs_of_key, change_points(runs_of_key.latency_ms.to_numpy()),
-                                         f"{key[2]} {key[1]} [{key[3]}]", out_dir / "figures" / "trends" / f"{trend_file(key)}.png"))
+                                         f"{key[2]} {key[1]} [{key[3]}]", path))
     return trends

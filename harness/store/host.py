@@ -28,9 +28,8 @@ def cpu_model() -> str:
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return cpu_model()
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+
 
 def package_version(dist: str) -> str | None:
     try:
@@ -48,20 +47,16 @@ def _setting(read) -> object:
 
 def tf32_settings() -> dict:
     """Whether fp32 matmuls and convolutions may use TF32, as torch reports it (the fp32_precision API where this
-    torch has it; reading the legacy flags raises once it was used) and the environment overrides that decide
-    it underneath: NVIDIA_TF32_OVERRIDE (read by cuBLAS/cuDNN) and TORCH_ALLOW_TF32_CUBLAS_OVERRIDE (torch, at
-    startup)."""
-    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    if hasattr(matmul, "fp32_precision"):
-        settings = {"matmul": _setting(lambda: matmul.fp32_precision), "cudnn": _setting(lambda: cudnn.fp32_precision),
-                    "default": _setting(lambda: torch.backends.fp32_precision)}
-        settings["matmul"] = settings["matmul"] if settings["matmul"] != "none" else _setting(
-            lambda: bool(matmul.allow_tf32))
-        settings["cudnn"] = settings["cudnn"] if settings["cudnn"] != "none" else _setting(
-            lambda: bool(cudnn.allow_tf32))
-    else:
-        settings = {"matmul": _setting(lambda: bool(matmul.allow_tf32)),
-                    "cudnn": _setting(lambda: bool(cudnn.allow_tf32))}
+    torch has it; reading the legacy flags raises once it was used; its "none" defers to them) and the environment
+    overrides underneath: NVIDIA_TF32_OVERRIDE (cuBLAS/cuDNN) and TORCH_ALLOW_TF32_CUBLAS_OVERRIDE (torch, at start)."""
+    flags = {"matmul": torch.backends.cuda.matmul, "cudnn": torch.backends.cudnn}
+    new_api = hasattr(flags["matmul"], "fp32_precision")
+    settings = {key: _setting(lambda: f.fp32_precision) if new_api else "none" for key, f in flags.items()}
+    for key, f in flags.items():
+        if settings[key] == "none":
+            settings[key] = _setting(lambda: bool(f.allow_tf32))
+    if new_api:
+        settings["default"] = _setting(lambda: torch.backends.fp32_precision)
     settings["float32_matmul_precision"] = _setting(torch.get_float32_matmul_precision)
     for var in ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"):
         settings[var] = os.environ.get(var)
@@ -131,16 +126,6 @@ def gpu_uuid(device: torch.device, listing: str | None = None) -> str | None:
     return f"GPU-{raw}"
 
 
-def _nvml_driver() -> str | None:
-    try:
-        import pynvml  # nvidia-ml-py; optional
-        pynvml.nvmlInit()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        return driver.decode() if isinstance(driver, bytes) else driver
-    except Exception:
-        return None
-
-
 #: nvidia-smi --query-gpu fields of a clock snapshot, keyed by the name they get in env.json
 _SMI_FIELDS = {"sm_clock_mhz": "clocks.sm", "mem_clock_mhz": "clocks.mem", "max_sm_clock_mhz": "clocks.max.sm",
                "power_w": "power.draw", "power_limit_w": "power.limit", "temperature_c": "temperature.gpu",
@@ -148,13 +133,9 @@ _SMI_FIELDS = {"sm_clock_mhz": "clocks.sm", "mem_clock_mhz": "clocks.mem", "max_
 
 
 def snapshot_clocks(device: torch.device) -> dict:
-    """Clocks, power, temperature and throttle state of `device` now, to record at run start and end.
-
-    A run whose clocks dropped or that throttled between the two snapshots timed a slower machine than its
-    testbed id says. Sources, best first: NVML (pynvml / nvidia-ml-py), nvidia-smi, else
-    {"source": "unavailable", "reason": ...}. On CPU: current core frequencies and load average, because on a
-    shared host other load is what makes two runs differ.
-    """
+    """Clocks, power, temperature and throttle state of `device` now, to record at run start and end. Sources,
+    best first: NVML (pynvml), nvidia-smi, else {"source": "unavailable", "reason": ...}; on CPU: core frequencies
+    and the load average (on a shared host, other load is what makes two runs differ)."""
     taken = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if device.type == "cpu":
         return {"source": "cpu", "taken": taken, **_cpu_clocks()}
@@ -213,4 +194,12 @@ def available_memory() -> int:
 
 def driver_version() -> str | None:
     """The NVIDIA driver's version (nvidia-smi, else NVML), or None."""
-    return _nvidia_smi("driver_version") or _nvml_driver()
+    if driver := _nvidia_smi("driver_version"):
+        return driver
+    try:
+        import pynvml  # nvidia-ml-py; optional
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        return driver.decode() if isinstance(driver, bytes) else driver
+    except Exception:
+        return None

@@ -1,15 +1,4 @@
-"""Reading a run's files: results.csv folded to one row per key, samples.csv, and rewriting results folded.
-
-results.csv is an append-only log, so an interrupted run keeps every finished row. A later stage of the same
-run (timing after correctness) appends a row with the same key carrying its new columns; `load_results` folds
-the rows of one key into one (later non-empty values win), and `compact` rewrites the file folded.
-
-Reading is strict: a line that does not parse - cut short by a killed writer (too few fields, or the last line
-without its end), a non-number in a numeric column, an unknown status, timing status or phase, an empty key - is
-refused, with one warning naming the file and the lines, and the count is carried on the frame (`refused_rows`)
-so that every report, comparison and history built on the run can say it. A refused line never becomes a guess:
-a truncated latency would move a speedup without a word. Every error names the file.
-"""
+"""Reading a run's files strictly: results.csv folded to one row per key, samples.csv, and rewriting results folded."""
 
 from __future__ import annotations
 
@@ -36,18 +25,9 @@ REQUIRED = (*KEY, "status")
 REFUSED = "refused_rows"
 #: how many refused lines a warning lists by number
 _SHOWN = 5
-
-
-def _kinds() -> dict[str, type]:
-    """Column -> the type its cells must parse as (int, float, bool or str), from the schema's Row annotations."""
-    out = {}
-    for name, hint in typing.get_type_hints(Row).items():
-        types = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
-        out[name] = types[0]
-    return out
-
-
-_KIND = _kinds()
+#: column -> the type its cells must parse as (int, float, bool or str), from the schema's Row annotations
+_KIND = {name: ([t for t in typing.get_args(hint) if t is not type(None)] or [hint])[0]
+         for name, hint in typing.get_type_hints(Row).items()}
 #: columns whose words are the schema's vocabulary: anything else is a damaged cell
 _ALLOWED = {"phase": PHASES, "status": STATUSES, "timing_status": TIMING_STATUSES, "bound": BOUNDS}
 #: a latency is a duration: a finite number >= 0 (a negative or infinite one is a damaged cell)
@@ -61,13 +41,9 @@ def refused_rows(df: pd.DataFrame) -> int:
     return int(df.attrs.get(REFUSED, 0))
 
 
-def _missing(cell: str, column: str) -> bool:
-    return cell == "" if column in _VERBATIM else cell in _NA_STRINGS
-
-
 def _cell_problem(column: str, cell: str, kind: type, required: bool) -> str | None:
     """Why `cell` cannot be column `column`'s value, or None."""
-    if _missing(cell, column):
+    if (cell == "") if column in _VERBATIM else (cell in _NA_STRINGS):
         return f"{column} is empty" if required else None
     allowed = _ALLOWED.get(column)
     if allowed is not None and cell not in allowed:
@@ -202,20 +178,8 @@ def fold(df: pd.DataFrame) -> pd.DataFrame:
     return df.groupby(list(KEY), sort=False, dropna=False).last().reset_index()[list(df.columns)]
 
 
-def check_schema_version(df: pd.DataFrame, path: Path) -> None:
-    """Refuse a file written by a newer harness than this one (its columns may mean something else)."""
-    if "schema_version" not in df.columns:
-        return
-    versions = pd.to_numeric(df["schema_version"], errors="coerce").dropna()
-    if len(versions) and versions.max() > SCHEMA_VERSION:
-        raise ValueError(f"{path}: written with results schema {int(versions.max())}; this harness reads up to "
-                         f"{SCHEMA_VERSION} (upgrade the harness to read it)")
-
-
 def load_results(path: str | Path) -> pd.DataFrame:
-    """Load a results.csv (or a run directory holding one), folded to one row per (case, backend, phase).
-
-    A file from an older schema gets the columns it lacks, empty; one from a newer schema is refused. Lines that
+    """Load a results.csv (or a run directory holding one), folded to one row per (case, backend, phase). Lines that
     do not parse are refused with a warning; `refused_rows(df)` says how many."""
     path = Path(path)
     if path.is_dir():
@@ -235,7 +199,11 @@ def load_results(path: str | Path) -> pd.DataFrame:
     na = {c: ([""] if c in _VERBATIM else _NA_STRINGS) for c in header}
     df = _frame(header, records, keep_default_na=False, na_values=na,
                 dtype={c: str for c in (*_VERBATIM, *KEY) if c in header})
-    check_schema_version(df, path)
+    # a file written by a newer harness is refused: its columns may mean something else
+    versions = pd.to_numeric(df.get("schema_version", pd.Series(dtype=float)), errors="coerce").dropna()
+    if len(versions) and versions.max() > SCHEMA_VERSION:
+        raise ValueError(f"{path}: written with results schema {int(versions.max())}; this harness reads up to "
+                         f"{SCHEMA_VERSION} (upgrade the harness to read it)")
     df = usable_figures(fold(df))
     df.attrs[REFUSED] = len(refused)
     return df

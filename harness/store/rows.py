@@ -27,8 +27,7 @@ def check_columns(checks: Sequence[Check]) -> dict:
     """err/tol (and the naive baseline's err) per judged quantity, the worst err/tol ratio, and NaN/inf."""
     out: dict = {}
     for check in checks:
-        out[f"{check.quantity}_err"] = check.err
-        out[f"{check.quantity}_tol"] = check.tol
+        out |= {f"{check.quantity}_err": check.err, f"{check.quantity}_tol": check.tol}
         if check.naive_err is not None:
             out[f"naive_{check.quantity}_err"] = check.naive_err
     if checks:
@@ -46,12 +45,9 @@ def provenance(device: torch.device) -> dict:
 def make_row(*, run_id: str, case: AttentionCase, backend: str, backend_version: str, phase: str, device: torch.device,
              status: str | None, reason: str | None = "", checks: Sequence[Check] = (), tag: str = "",
              **columns) -> Row:
-    """A results row about `case` run by `backend` on `device`.
-
-    `tag` prefixes the case id ('semantics:fully-masked-rows' -> 'semantics:fully-masked-rows:<case id>'), which
-    keeps a probe's rows apart from the correctness matrix's under the same case. `columns` set any other schema
-    column (a measurement's, `observed`, `backend_op`, or case columns a stand-in case cannot carry).
-    """
+    """A results row about `case` run by `backend` on `device`. `tag` prefixes the case id ('semantics:x' ->
+    'semantics:x:<case id>': a probe's rows apart from the matrix's under the same case); `columns` set any other
+    schema column (a measurement's, `observed`, `backend_op`, or case columns a stand-in case cannot carry)."""
     base = case_columns(case, device)
     if tag:
         base["case_id"] = f"{tag}:{base['case_id']}"

@@ -162,8 +162,8 @@ class Row(_RowJudged):
     the key and the case (_RowCase), each judged quantity's (JUDGED_QUANTITIES), then these."""
 
     #: FP8 KV cases: the quantization's own error, max|ref(dequantized K/V) - ref(unquantized K/V)| of the output (and
-    #: of q's quantization where fp8_q)
-    #: (both float64 references; the same for every backend), beside out_err, which judges the kernel alone
+    #: of q's quantization where fp8_q) (both float64 references; the same for every backend), beside out_err, which
+    #: judges the kernel alone
     quant_err: float | None = None
     #: how the naive baseline of the tolerance was computed: dense, chunked (rows a chunk), or the fixed bound
     baseline: str | None = None
@@ -208,13 +208,11 @@ class Row(_RowJudged):
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self):
-        if self.status is not None and self.status not in STATUSES:
-            raise ValueError(f"status={self.status!r}; allowed: {', '.join(STATUSES)}")
-        if self.timing_status is not None and self.timing_status not in TIMING_STATUSES:
-            raise ValueError(f"timing_status={self.timing_status!r}; allowed: {', '.join(TIMING_STATUSES)}")
-        if self.bound is not None and self.bound not in BOUNDS:
-            raise ValueError(f"bound={self.bound!r}; allowed: {', '.join(BOUNDS)}")
-        if self.phase not in PHASES:
+        for column, allowed in (("status", STATUSES), ("timing_status", TIMING_STATUSES), ("bound", BOUNDS)):
+            value = getattr(self, column)
+            if value is not None and value not in allowed:
+                raise ValueError(f"{column}={value!r}; allowed: {', '.join(allowed)}")
+        if self.phase not in PHASES:  # the key's phase is never empty
             raise ValueError(f"phase={self.phase!r}; allowed: {', '.join(PHASES)}")
 
     @property

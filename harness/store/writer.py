@@ -14,43 +14,44 @@ def _cell(value: object) -> object:
     return "" if value is None else value
 
 
+def _start(path: str | Path, header: Iterable[str]) -> Path:
+    """`path`, given its header line when it is new or empty."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerow(header)
+    return path
+
+
+def _append(path: Path, records: Iterable) -> None:
+    with path.open("a", newline="") as f:
+        csv.writer(f).writerows(records)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 class ResultsWriter:
     """Appends rows to `path` (a CSV with the schema's columns), flushing each so nothing finished is lost."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists() or self.path.stat().st_size == 0:
-            with self.path.open("w", newline="") as f:
-                csv.writer(f).writerow(COLUMNS)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = _start(path, COLUMNS)
 
     def write(self, rows: Iterable[Row]) -> None:
         rows = list(rows)
         for row in rows:
             if not isinstance(row, Row):
                 raise TypeError(f"ResultsWriter.write takes harness.store.schema.Row objects; got {type(row).__name__}")
-        with self.path.open("a", newline="") as f:
-            writer = csv.writer(f)
-            for row in rows:
-                writer.writerow([_cell(getattr(row, c)) for c in COLUMNS])
-            f.flush()
-            os.fsync(f.fileno())
+        _append(self.path, ([_cell(getattr(row, c)) for c in COLUMNS] for row in rows))
 
 
 class SamplesWriter:
     """Appends raw timing samples (one line per repetition) to the run's samples.csv."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        if not self.path.exists() or self.path.stat().st_size == 0:
-            with self.path.open("w", newline="") as f:
-                csv.writer(f).writerow(SAMPLE_COLUMNS)
+        self.path = _start(path, SAMPLE_COLUMNS)
 
     def write(self, run_id: str, case_id: str, backend: str, phase: str, samples_ms: Iterable[float],
               round_index: int = 0) -> None:
-        with self.path.open("a", newline="") as f:
-            writer = csv.writer(f)
-            for i, value in enumerate(samples_ms):
-                writer.writerow((run_id, case_id, backend, phase, round_index, i, repr(float(value))))
-            f.flush()
-            os.fsync(f.fileno())
+        _append(self.path, ((run_id, case_id, backend, phase, round_index, i, repr(float(value)))
+                            for i, value in enumerate(samples_ms)))

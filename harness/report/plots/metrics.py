@@ -23,7 +23,8 @@ CASES_PER_PAGE = 48  # columns of a per-case dot plot before its labels overlap
 
 @dataclass(frozen=True)
 class Metric:
-    """One y quantity: a panel per (shape group, phase) against seq_k, and a per-case panel per phase."""
+    """One y quantity: a panel per (shape group, phase) against seq_k, and a per-case panel per phase. `title` may
+    name {baseline}."""
 
     name: str
     title: str
@@ -57,18 +58,23 @@ def _set_seq_axis(ax: Axes, xs: np.ndarray, log: str = "auto") -> None:
     ax.set_xlabel("sequence length seq_k (keys)")
 
 
-def _draw_series(ax: Axes, rows: pd.DataFrame, metric: Metric, log: bool) -> None:
-    """One line per backend (label = backend name), dodged sideways so equal values do not hide each other."""
+def _draw(ax: Axes, rows: pd.DataFrame, metric: Metric, log: bool, along_seq: bool) -> None:
+    """One series per backend (label = backend name), dodged sideways so equal values do not hide each other: a
+    line against seq_k (by a few % of the axis), or markers within each case's column (x = rows.xpos)."""
     backends = list(dict.fromkeys(rows.backend))
-    xs = rows.seq_k.to_numpy(float)
-    octaves = max(1.0, float(np.log2(xs.max() / xs.min())))
-    for backend, g in rows.groupby("backend", sort=False):
-        g = g.sort_values("seq_k")
+    if along_seq:
+        xs = rows.seq_k.to_numpy(float)
+        octaves = max(1.0, float(np.log2(xs.max() / xs.min())))
+    for i, (backend, g) in enumerate(rows.groupby("backend", sort=False)):
         colour, marker = backend_style(backend)
-        # dodge each backend sideways by a few % of the axis: equal values would otherwise hide each other
-        dodge = 2 ** (0.03 * octaves * (backends.index(backend) - (len(backends) - 1) / 2))
-        x, y = g.seq_k.to_numpy(float) * dodge, g[metric.column].to_numpy(float)
-        ax.plot(x, _drawable(y, log), marker=marker, color=colour, label=backend, lw=1.6, ms=6)
+        offset = i - (len(backends) - 1) / 2
+        if along_seq:
+            g = g.sort_values("seq_k")
+            x, style = g.seq_k.to_numpy(float) * 2 ** (0.03 * octaves * offset), {"lw": 1.6}
+        else:
+            x, style = g.xpos.to_numpy(float) + 0.7 * offset / max(len(backends), 1), {"ls": "none"}
+        y = g[metric.column].to_numpy(float)
+        ax.plot(x, _drawable(y, log), marker=marker, color=colour, label=backend, ms=6, **style)
         _overlays(ax, g, x, y, metric, colour, log)
 
 
@@ -120,6 +126,7 @@ def metric_figures(run: Run, metric: Metric) -> list[tuple[str, Figure]]:
     df = metric_rows(run, metric)
     if df.empty:
         return []
+    metric = replace(metric, title=metric.title.format(baseline=run.baseline))
     series, singles = split_series(df)
     return _series_pages(run, metric, series) + _case_pages(run, metric, singles)
 
@@ -136,14 +143,15 @@ def _wants_log(rows: pd.DataFrame, metric: Metric) -> bool:
 
 
 def _style_y(ax: Axes, rows: pd.DataFrame, metric: Metric, log: bool) -> None:
-    if log:
-        _log_y(ax, _y_values(rows, metric))
+    if log:  # spanning at least a decade: a narrower log axis gets no major tick and unreadable minor labels
+        ax.set_yscale("log")
+        values = _y_values(rows, metric)
+        values = values[np.isfinite(values) & (values > 0)]
+        if len(values) and values.max() / values.min() < 10:
+            centre = float(np.sqrt(values.max() * values.min()))
+            ax.set_ylim(min(values.min() / 1.5, centre / 3.2), max(values.max() * 1.5, centre * 3.2))
     ax.set_ylabel(metric.ylabel)
     ax.grid(True, which="major", alpha=0.3)
-
-
-def _page_name(metric: Metric, suffix: str, number: int, pages: int) -> str:
-    return f"{metric.name}{suffix}" + (f"-{number}" if pages > 1 else "")
 
 
 def _series_pages(run: Run, metric: Metric, groups: list[tuple[tuple, pd.DataFrame]]) -> list[tuple[str, Figure]]:
@@ -166,7 +174,7 @@ def _series_pages(run: Run, metric: Metric, groups: list[tuple[tuple, pd.DataFra
                             transform=ax.transAxes)
                     continue
                 log = _wants_log(rows, metric)
-                _draw_series(ax, rows, metric, log)
+                _draw(ax, rows, metric, log, along_seq=True)
                 _set_seq_axis(ax, rows.seq_k.to_numpy(float), metric.log_x)
                 _style_y(ax, rows, metric, log)
                 ax.set_title(f"{group_label(key)} · {phase}", fontsize=9)
@@ -175,7 +183,7 @@ def _series_pages(run: Run, metric: Metric, groups: list[tuple[tuple, pd.DataFra
         _legend(fig, drawn, metric)
         suffix = f" (page {number} of {len(pages)})" if len(pages) > 1 else ""
         fig.suptitle(metric.title + suffix, fontsize=12)
-        out.append((_page_name(metric, "", number, len(pages)), fig))
+        out.append((metric.name + (f"-{number}" if len(pages) > 1 else ""), fig))
     return out
 
 
@@ -198,7 +206,7 @@ def _case_pages(run: Run, metric: Metric, rows: pd.DataFrame) -> list[tuple[str,
         for phase, ax in zip(phases, axes):
             panel = shown[shown.phase == phase]
             log = _wants_log(panel, metric)
-            _draw_cases(ax, panel, metric, log)
+            _draw(ax, panel, metric, log, along_seq=False)
             _style_y(ax, panel, metric, log)
             ax.set_xlim(-0.6, len(page) - 0.4)
             ax.set_xticks(range(len(page)), [labels[c] for c in page], rotation=60, ha="right", fontsize=7)
@@ -210,19 +218,8 @@ def _case_pages(run: Run, metric: Metric, rows: pd.DataFrame) -> list[tuple[str,
         _legend(fig, shown, metric)
         suffix = f" (page {number} of {len(pages)})" if len(pages) > 1 else ""
         fig.suptitle(f"{metric.case_title or metric.title}: per case{suffix}", fontsize=12)
-        out.append((_page_name(metric, "-cases", number, len(pages)), fig))
+        out.append((f"{metric.name}-cases" + (f"-{number}" if len(pages) > 1 else ""), fig))
     return out
-
-
-def _draw_cases(ax: Axes, rows: pd.DataFrame, metric: Metric, log: bool) -> None:
-    """One marker series per backend (label = backend name), dodged sideways within each case's column."""
-    backends = list(dict.fromkeys(rows.backend))
-    for backend, g in rows.groupby("backend", sort=False):
-        colour, marker = backend_style(backend)
-        x = g.xpos.to_numpy(float) + 0.7 * (backends.index(backend) - (len(backends) - 1) / 2) / max(len(backends), 1)
-        y = g[metric.column].to_numpy(float)
-        ax.plot(x, _drawable(y, log), ls="none", marker=marker, color=colour, label=backend, ms=6)
-        _overlays(ax, g, x, y, metric, colour, log)
 
 
 def _family_separators(ax: Axes, cases: pd.DataFrame) -> None:
@@ -233,28 +230,18 @@ def _family_separators(ax: Axes, cases: pd.DataFrame) -> None:
         ax.axvline(cases.xpos.iloc[i] + 0.5, color="grey", lw=0.6, alpha=0.5, label="_separator")
 
 
-def _log_y(ax: Axes, values: np.ndarray) -> None:
-    """Log y axis spanning at least a decade: a narrower one gets no major tick and unreadable minor labels."""
-    ax.set_yscale("log")
-    values = values[np.isfinite(values) & (values > 0)]
-    if len(values) and values.max() / values.min() < 10:
-        centre = float(np.sqrt(values.max() * values.min()))
-        ax.set_ylim(min(values.min() / 1.5, centre / 3.2), max(values.max() * 1.5, centre * 3.2))
-
-
 def _legend(fig: Figure, rows: pd.DataFrame, metric: Metric) -> None:
     """One legend per figure: the backends drawn in it, and the overlay markers that occur."""
     handles = [Line2D([], [], color=backend_color(b), marker=backend_style(b)[1], label=backend_label(b))
                for b in dict.fromkeys(rows.backend)]
-    if metric.timing_flags and rows.noisy.any():
-        handles.append(Line2D([], [], ls="", marker="o", ms=11, mfc="none", mec="black", label="noisy (IQR/median or rounds)"))
     values = rows[metric.column].to_numpy(float)
-    if np.isinf(values).any():
-        handles.append(Line2D([], [], ls="", marker="$\\infty$", ms=11, color="red", label="infinite (top edge)"))
-    if (values == 0).any() and metric.log_y != "never":
-        handles.append(Line2D([], [], ls="", marker="$0$", ms=8, color="black", label="0 on a log axis (bottom edge)"))
-    if metric.timing_flags and rows.suspicious.any():
-        handles.append(Line2D([], [], ls="", marker="x", ms=10, mew=2, color="red", label="suspicious (above peak)"))
+    marks = [(metric.timing_flags and rows.noisy.any(),
+              dict(marker="o", ms=11, mfc="none", mec="black", label="noisy (IQR/median or rounds)")),
+             (np.isinf(values).any(), dict(marker="$\\infty$", ms=11, color="red", label="infinite (top edge)")),
+             ((values == 0).any(), dict(marker="$0$", ms=8, color="black", label="0 on a log axis (bottom edge)")),
+             (metric.timing_flags and rows.suspicious.any(),
+              dict(marker="x", ms=10, mew=2, color="red", label="suspicious (above peak)"))]
+    handles += [Line2D([], [], ls="", **style) for shown, style in marks if shown]
     fig.legend(handles=handles, loc="outside right center", fontsize=9, title="backend", title_fontsize=9)
 
 
@@ -351,15 +338,6 @@ METRICS = {
 }
 
 
-def latency_figures(run: Run) -> list[tuple[str, Figure]]:
-    return metric_figures(run, METRICS["latency"])
-
-
-def speedup_figures(run: Run) -> list[tuple[str, Figure]]:
-    metric = METRICS["speedup"]
-    return metric_figures(run, replace(metric, title=metric.title.format(baseline=run.baseline)))
-
-
 def memory_figures(run: Run) -> list[tuple[str, Figure]]:
     """Peak memory in the unit that suits the run's largest value (KiB on a small CPU run, GiB on a big GPU one)."""
     largest = float(run.df.peak_mem_bytes.max()) if np.isfinite(run.df.peak_mem_bytes).any() else 0.0
@@ -368,12 +346,4 @@ def memory_figures(run: Run) -> list[tuple[str, Figure]]:
     scaled = replace(run, df=run.df.assign(peak_mem=run.df.peak_mem_bytes / size))
     metric = METRICS["memory"]
     return metric_figures(scaled, replace(metric, ylabel=metric.ylabel.format(unit=unit)))
-
-
-def tflops_figures(run: Run) -> list[tuple[str, Figure]]:
-    return metric_figures(run, METRICS["tflops"])
-
-
-def err_ratio_figures(run: Run) -> list[tuple[str, Figure]]:
-    return metric_figures(run, METRICS["err_ratio"])
 

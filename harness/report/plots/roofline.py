@@ -23,8 +23,8 @@ def bandwidth_peak(env: dict) -> float | None:
 
 
 def roofline_figures(run: Run) -> list[tuple[str, Figure]]:
-    """One log-log panel per dtype: every timed row at (FLOP/byte, TFLOP/s), the matmul peak flat, the copy
-    bandwidth as the slanted ceiling (bandwidth x intensity); below the ridge point a kernel is memory-bound."""
+    """One log-log panel per dtype: every timed row at (FLOP/byte, TFLOP/s) under the flat matmul peak and the
+    slanted copy bandwidth (bandwidth x intensity)."""
     df = run.cases
     df = df[df.tflops.notna() & df.bytes_moved.notna() & (df.bytes_moved > 0) & (df.tflops > 0)]
     if df.empty:

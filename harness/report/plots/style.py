@@ -8,7 +8,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from harness.backends.registry import all_backends, label
+from harness.backends.registry import all_backends, label as backend_label  # a backend's name in legends
 
 FIGURES_DIR = "figures"
 
@@ -31,11 +31,6 @@ def backend_color(name: str) -> str:
     return backend_style(name)[0]
 
 
-def backend_label(name: str) -> str:
-    """A backend's name in legends: its declared label (Backend.label), else the name."""
-    return label(name)
-
-
 def new_figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)  # Agg canvas, no pyplot: no global state, works headless and in threads
@@ -46,9 +41,6 @@ def save(figures: list[tuple[str, Figure]], out_dir: str | Path) -> list[Path]:
     """Write each (name, figure) as out_dir/figures/<name>.png; returns the paths."""
     target = Path(out_dir) / FIGURES_DIR
     target.mkdir(parents=True, exist_ok=True)
-    paths = []
     for name, fig in figures:
-        path = target / f"{name}.png"
-        fig.savefig(path)
-        paths.append(path)
-    return paths
+        fig.savefig(target / f"{name}.png")
+    return [target / f"{name}.png" for name, _ in figures]

@@ -17,7 +17,8 @@ from harness.store.schema import ERROR, FAIL, OOM, PASS, UNAVAILABLE, UNSUPPORTE
 # worst first: the colour of a cell is that of the worst status in it
 _STATUS_COLOURS = {FAIL: "#d62728", ERROR: "#8b0000", OOM: "#ff7f0e", PASS: "#2ca02c",
                    UNSUPPORTED: "#c7c7c7", UNAVAILABLE: "#f0f0f0"}
-_SHORT = {PASS: PASS, FAIL: FAIL, ERROR: ERROR, OOM: OOM, UNSUPPORTED: "unsup", UNAVAILABLE: "unavail"}
+_RANK = {status: i for i, status in enumerate(_STATUS_COLOURS)}
+_SHORT = {UNSUPPORTED: "unsup", UNAVAILABLE: "unavail"}
 
 
 def _cell_colour(counts: dict) -> str:
@@ -34,11 +35,8 @@ def _cell_colour(counts: dict) -> str:
 
 def support_figure(run: Run) -> list[tuple[str, Figure]]:
     """Backends x case groups; each cell: counts of (case, phase) verdict rows by status, coloured by the worst.
-
-    Backends are columns when there are more case groups than backends (a real run has dozens of groups),
-    so the figure grows downwards and stays readable at page width. A backend unavailable on every case (on a CPU:
-    the CUDA-only ones) is left out and named in the title: its column would be all grey.
-    """
+    Backends are columns when there are more case groups than backends (the figure grows downwards); a backend
+    unavailable on every case is left out and named in the title (its column would be all grey)."""
     table = support_counts(run)
     gone = unavailable_everywhere(table) if not table.empty else []
     table = table.drop(index=gone)
@@ -53,8 +51,9 @@ def support_figure(run: Run) -> list[tuple[str, Figure]]:
         for j, col_key in enumerate(grid.columns):
             counts = grid.at[row_key, col_key]
             colour = _cell_colour(counts)
-            ax.add_patch(_rect(j, i, colour))
-            text = "\n".join(f"{n} {_SHORT.get(s, s)}" for s, n in sorted(counts.items(), key=_status_order))
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=colour, edgecolor="white", lw=2))
+            ranked = sorted(counts.items(), key=lambda c: _RANK.get(c[0], len(_RANK)))  # no colour: last
+            text = "\n".join(f"{n} {_SHORT.get(s, s)}" for s, n in ranked)
             dark = colour in ("#d62728", "#8b0000", "#2ca02c")
             ax.text(j, i, text or "—", ha="center", va="center", fontsize=7.5, color="white" if dark else "black")
     ax.set_xlim(-0.5, n_cols - 0.5)
@@ -76,15 +75,6 @@ def support_figure(run: Run) -> list[tuple[str, Figure]]:
     legend.insert(4, Patch(color="#98df8a", label="pass + not run"))
     fig.legend(handles=legend, loc="outside lower center", ncol=4, fontsize=8)
     return [("support", fig)]
-
-
-def _status_order(item: tuple[str, int]) -> int:
-    order = list(_STATUS_COLOURS)
-    return order.index(item[0]) if item[0] in order else len(order)
-
-
-def _rect(x: float, y: float, colour: str) -> Rectangle:
-    return Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=colour, edgecolor="white", lw=2)
 
 
 def semantics_figure(run: Run) -> list[tuple[str, Figure]]:
