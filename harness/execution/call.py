@@ -247,13 +247,10 @@ def _entry(backend: Backend, call: Call, device: torch.device,
     if call.entry == "forward":
         bound = BoundCall(backend, call.case, device, call.arrangement, leaves)
         return bound, bound.ops(call.backward)
-    names = (backend.name, backend.name)
-    if call.entry == "native_causal":
-        return (lambda q, k, v: backend.native_causal(q, k, v, scale=scale)), names
-    if call.entry == "native_mask":
-        mask = call.mask.to(device)
-        return (lambda q, k, v: backend.native_mask(q, k, v, mask=mask, scale=scale)), names
-    return (lambda q, k, v: backend.native_dropout(q, k, v, p=call.p, scale=scale)), names
+    native = getattr(backend, call.entry)  # native_causal, native_mask or native_dropout
+    kwargs = ({"mask": call.mask.to(device)} if call.entry == "native_mask"
+              else {"p": call.p} if call.entry == "native_dropout" else {})
+    return (lambda q, k, v: native(q, k, v, scale=scale, **kwargs)), (backend.name, backend.name)
 
 
 def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCaches | None = None) -> CallResult:
@@ -320,8 +317,7 @@ def _run(backend: Backend, call: Call, device: torch.device, drawn: LRU | None) 
         judged = [*zip(GRADS, (q, k, v)), *((MODIFIER_GRADS[n], t) for n, t in leaves.items())]
         for name, leaf in judged:
             grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            problem = _grad_violation(name, grad, leaf)
-            if problem:
+            if problem := _grad_violation(name, grad, leaf):
                 problems.append(problem)
             else:
                 with stage("to host"):  # sinks and bias are canonical in every layout
@@ -333,9 +329,7 @@ def _run(backend: Backend, call: Call, device: torch.device, drawn: LRU | None) 
 
 @contextlib.contextmanager
 def _seeded(seed: int | None, device: torch.device):
-    if seed is None:
-        yield
-        return
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
         yield

@@ -76,14 +76,12 @@ def _best_seconds(call, device: torch.device, repeats: int, min_sample_s: float 
     sync()
     samples = []
     for _ in range(repeats):
-        calls, start = 0, time.perf_counter()
-        while True:
+        calls, start, elapsed = 0, time.perf_counter(), -1.0
+        while elapsed < min_sample_s:
             call()
             calls += 1
             sync()
             elapsed = time.perf_counter() - start
-            if elapsed >= min_sample_s:
-                break
         samples.append(elapsed / calls)
     return min(samples)
 
@@ -124,9 +122,8 @@ def reference_rate(device: torch.device) -> float:
 
 
 def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+    return (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200
+            else f"{seconds / 3600:.1f} h")
 
 
 def _gib(n: int) -> str:
@@ -242,10 +239,9 @@ def run_estimate(cases: list[AttentionCase], rates: RunRates = H200, backends: i
                  rounds: int = H200_ROUNDS) -> float:
     """Seconds a whole `pytest suites --benchmark` run of `cases` takes on the device `rates` were measured on."""
     budget = 8 * 2 ** 30  # the reference's and baseline's buffers: what a 141 GB device gives them, at most
-    cost = matrix_cost(cases, torch.device(rates.device_type), rate=rates.reference_rate,
+    return matrix_cost(cases, torch.device(rates.device_type), rate=rates.reference_rate,
                        baseline_rates=rates.baseline_rates, memory=rates.memory, reference_budget_bytes=budget,
-                       baseline_budget_bytes=budget)
-    return cost.run_seconds(rates, backends, rounds)
+                       baseline_budget_bytes=budget).run_seconds(rates, backends, rounds)
 
 
 def matrix_cost(cases: list[AttentionCase], device: torch.device, *, rate: float | None = None,
@@ -264,11 +260,9 @@ def matrix_cost(cases: list[AttentionCase], device: torch.device, *, rate: float
                       if device.type == "cuda" else available_memory())
 
 
-def check_cost(cases: list[AttentionCase], device: torch.device, *, allow: bool,
-               limit_s: float = LIMIT_S) -> MatrixCost:
+def check_cost(cases: list[AttentionCase], device: torch.device, *, allow: bool) -> MatrixCost:
     """The cost of `cases` here; a ValueError with the figures and the override flag when refused and not `allow`."""
     cost = matrix_cost(cases, device)
-    why = cost.refusal(limit_s)
-    if why and not allow:
+    if not allow and (why := cost.refusal()):
         raise ValueError(why)
     return cost

@@ -9,25 +9,18 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.cache import CallCaches
 from harness.execution.call import Call, CallResult, run_call
-from harness.execution.outcome import CallFailed, Failure, exception_text, interrupt_note
+from harness.execution.outcome import CallFailed, Failure, InterruptNoted, exception_text
 from harness.execution.timed import TimingCall, TimingResult, run_timing
 from harness.store.schema import UNAVAILABLE
 
 
-class InProcessExecutor:
+class InProcessExecutor(InterruptNoted):
     """Runs every backend call here, with caches and an interrupt note of its own."""
 
     isolated = False
 
     def __init__(self):
         self.caches = CallCaches()
-        self.interrupted: str | None = None
-
-    def _noted(self, result: CallResult | TimingResult | Failure, backend: Backend):
-        """`result` as is, remembering a KeyboardInterrupt inside the backend."""
-        if result.interrupted:
-            self.interrupted = interrupt_note(backend.name)
-        return result
 
     def unavailable_reason(self, backend: Backend, device: torch.device) -> str | None:
         try:

@@ -162,10 +162,7 @@ def seen_violation(seen_ms: Iterable[float], new_ms: Iterable[float]) -> str:
     """'' unless every call on new inputs was slower than SEEN_FACTOR x the median seen call (the median, so a
     stalled seen call cannot hide a cache; every new call, so a stalled one cannot accuse): then the reason."""
     seen, new = list(seen_ms), list(new_ms)
-    if not seen or not new:
-        return ""
-    median = statistics.median(seen)
-    if min(new) <= SEEN_FACTOR * median:
+    if not seen or not new or min(new) <= SEEN_FACTOR * (median := statistics.median(seen)):
         return ""
     return (f"faster on inputs it has seen: median {median:.4g} ms a call on repeated inputs, at least "
             f"{min(new):.4g} ms on {len(new)} new input set(s) of the same shape ({min(new) / median:.1f}x, "

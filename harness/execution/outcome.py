@@ -57,9 +57,16 @@ class CallFailed(Exception):
         self.failure = failure
 
 
-def interrupt_note(backend_name: str) -> str:
+class InterruptNoted:
     """What an executor remembers when a backend raised KeyboardInterrupt (the run stops after its row)."""
-    return f"{backend_name} raised KeyboardInterrupt inside a call"
+
+    interrupted: str | None = None
+
+    def _noted(self, result, backend):
+        """`result` as is, remembering a KeyboardInterrupt inside the backend."""
+        if result.interrupted:
+            self.interrupted = f"{backend.name} raised KeyboardInterrupt inside a call"
+        return result
 
 
 def free(device: torch.device) -> None:

@@ -55,8 +55,7 @@ class Prefetcher:
         try:
             while (item := self._next()) is not None:
                 backend, call = item
-                worker = workers.get(backend.name)
-                if worker is None:
+                if (worker := workers.get(backend.name)) is None:
                     worker = workers[backend.name] = Worker(backend.name, self._spec, ctx)
                 if worker.start_failure is not None:
                     self.ended = f"the worker of {backend.name} could not start: {worker.start_failure.reason}"

@@ -90,8 +90,7 @@ def refusal(backend: Backend, case: AttentionCase, device: torch.device,
             executor: Executor | None = None) -> tuple[str, str] | None:
     """(status, reason) when `backend` cannot run `case`'s forward on `device` at all, else None."""
     executor = executor if executor is not None else make_executor()
-    refused = executor.refusal(backend, device)
-    if refused:
+    if refused := executor.refusal(backend, device):
         return refused
     reasons = backend.can_run(case, device)
     return (UNSUPPORTED, "; ".join(reasons)) if reasons else None
@@ -99,9 +98,8 @@ def refusal(backend: Backend, case: AttentionCase, device: torch.device,
 
 def backward_reason(backend: Backend, case: AttentionCase, device: torch.device) -> str:
     """Why the correctness call of `backend` on `case` runs no backward ("" when it does)."""
-    if case.fp8_kv is not None:
-        return fp8.FORWARD_ONLY
-    return FORWARD_ONLY if case.page_size is not None else "; ".join(backend.backward_reasons(device))
+    return (fp8.FORWARD_ONLY if case.fp8_kv is not None else FORWARD_ONLY if case.page_size is not None
+            else "; ".join(backend.backward_reasons(device)))
 
 
 def correctness_call(backend: Backend, case: AttentionCase, device: torch.device, seed: int | None = 0,
@@ -121,8 +119,7 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
         return BackendResult([verdict_row(prepared, backend, p, status, reason, run_id=run_id, op=op, tag=tag)
                               for p in VERDICT_PHASES])
 
-    refused = refusal(backend, case, device, executor)
-    if refused:
+    if refused := refusal(backend, case, device, executor):
         return both(*refused)
     bwd_reason = backward_reason(backend, case, device)
     call = correctness_call(backend, case, device, prepared.seed, prepared.inputs, arrangement)
@@ -150,18 +147,16 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
 
 def _judged_forward(backend: Backend, prepared: PreparedCase, call: Call, answer: CallResult, run_id: str,
                     tag: str) -> BackendResult:
-    case = prepared.case
-    note = prepared.note_for(backend.name)
     naive = prepared.naive_error("out", backend.name)
     # the fwd verdict judges the no-grad call and the training call's output: the worse stands, a failure names it
     outs = {key: t for key, t in answers_by_call(call, answer).items() if key[1] == "out"}
     with stage("judging"):
-        verified = {key: judge("out", t, prepared.reference.out, case.dtype, naive) for key, t in outs.items()}
+        verified = {key: judge("out", t, prepared.reference.out, prepared.case.dtype, naive) for key, t in outs.items()}
     check = max(verified.values(), key=lambda c: c.ratio)
     failed = [(f"[fwd, {kind}] " if len(verified) > 1 else "") + c.describe()
               for (kind, _), c in verified.items() if not c.passed]
     result = BackendResult([], {"out": check}, answer.out, verified=verified)
-    reason = "; ".join(filter(None, [*failed, note]))
+    reason = "; ".join(filter(None, [*failed, prepared.note_for(backend.name)]))
     result.rows.append(verdict_row(prepared, backend, FWD, PASS if check.passed else FAIL, reason, [check],
                                    run_id, op=answer.op, tag=tag))
     return result
@@ -170,14 +165,13 @@ def _judged_forward(backend: Backend, prepared: PreparedCase, call: Call, answer
 def _judged_backward(backend: Backend, prepared: PreparedCase, answer: CallResult, result: BackendResult,
                      run_id: str, tag: str) -> Row:
     case = prepared.case
-    checks = []
     for name in case.grads:
         result.grads[name] = answer.grads[name]
         with stage("judging"):
-            checks.append(judge(name, answer.grads[name], prepared.reference.get(name), case.dtype,
-                                prepared.naive_error(name, backend.name)))
-        result.checks[name] = checks[-1]
-        result.verified[(GRAD, name)] = checks[-1]
+            result.checks[name] = result.verified[(GRAD, name)] = judge(
+                name, answer.grads[name], prepared.reference.get(name), case.dtype,
+                prepared.naive_error(name, backend.name))
+    checks = [result.checks[name] for name in case.grads]
     failed = [c.describe() for c in checks if not c.passed]
     return verdict_row(prepared, backend, BWD, FAIL if failed else PASS,
                        "; ".join(filter(None, failed + [prepared.note_for(backend.name)])), checks, run_id,

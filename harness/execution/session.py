@@ -55,9 +55,8 @@ class RunSession:
         if results_root is None:
             self.recorder = RunRecorder(run_id, results_path=None if results_path is None else Path(results_path))
         else:
-            mode = ("cpu-clock" if device.type != "cuda" else
-                    "cuda-graph" if self.schedule.timing.cuda_graph else "cuda-events")
-            env = environment(self.device, timing_mode=mode)
+            env = environment(self.device, timing_mode="cpu-clock" if device.type != "cuda" else
+                              "cuda-graph" if self.schedule.timing.cuda_graph else "cuda-events")
             # what `compare --remeasure` needs to time this run's keys again the same way
             env.update(run_id=run_id, rounds=rounds, device=str(device), seed=seed,
                        round_timing=vars(self.schedule.round_timing))
@@ -107,10 +106,8 @@ class RunSession:
         """The device's dense-matmul TFLOP/s per dtype and copy bandwidth (measure.peaks), sampled again at finish."""
         self.run_peaks = RunPeaks(self.device, dtypes)
         self.peaks, self.bw_peak = self.run_peaks.judged, self.run_peaks.gbps
-        self.env["matmul_peak_tflops"] = self.run_peaks.tflops
-        self.env["copy_bandwidth_gbps"] = self.bw_peak
-        self.env["peaks"] = self.run_peaks.record()
-        self.env["timing_config"] = vars(self.schedule.timing)
+        self.env.update(matmul_peak_tflops=self.run_peaks.tflops, copy_bandwidth_gbps=self.bw_peak,
+                        peaks=self.run_peaks.record(), timing_config=vars(self.schedule.timing))
         self.save_env()
 
     def crash_safe_executor(self) -> Executor:
@@ -188,8 +185,7 @@ class RunSession:
         """Time and record round `round_index` of one key; None when an earlier round of this key ended it."""
         self._stop_prefetch()  # nothing compiles beside a timing
         key = TimingKey(case.id, backend.name, phase)
-        timing_round = self.schedule.next(key, round_index)
-        if timing_round is None:
+        if (timing_round := self.schedule.next(key, round_index)) is None:
             return None
         # the verified answer (kept within cache.ANSWER_BYTES), with the seeded inputs when this process holds them
         prepared = self.cache.prepared.get(case) if case in self.cache.prepared else self.cache.answers.get(

@@ -17,7 +17,7 @@ from harness.backends.base import Backend
 from harness.backends.registry import loaded_modules
 from harness.execution.call import Call, CallResult
 from harness.execution.device import indexed
-from harness.execution.outcome import CallFailed, Failure, interrupt_note
+from harness.execution.outcome import CallFailed, Failure, InterruptNoted
 from harness.execution.timed import TimingCall, TimingResult
 from harness.execution.wire import WorkerSpec, recv, send
 from harness.execution.worker import worker_main
@@ -117,7 +117,7 @@ class Worker:
         return reply[0], reply[1]
 
 
-class IsolatedExecutor:
+class IsolatedExecutor(InterruptNoted):
     """Each backend's calls in its own worker; timeouts: (fnmatch case id pattern, seconds), the first match wins."""
 
     isolated = True
@@ -129,7 +129,6 @@ class IsolatedExecutor:
         #: plugin modules each worker loads (default: those loaded in this process so far)
         self.modules = loaded_modules() if modules is None else tuple(modules)
         self.timeout_s, self.timeouts, self.log_dir = timeout_s, tuple(timeouts), log_dir
-        self.interrupted: str | None = None
         self.workers: dict[str, Worker] = {}
         self.restarts: dict[str, int] = {}
         self._available: dict[str, str | None] = {}
@@ -140,7 +139,9 @@ class IsolatedExecutor:
     def timeout_for(self, case_id: str) -> float:
         return next((s for pattern, s in self.timeouts if fnmatch.fnmatchcase(case_id, pattern)), self.timeout_s)
 
-    def _ask(self, backend: Backend, kind: str, payload: Any, timeout: float, doing: str) -> tuple[str, Any]:
+    def _ask(self, backend: Backend, device: torch.device, kind: str, payload: Any, timeout: float,
+             doing: str) -> tuple[str, Any]:
+        self._check(device)
         worker = self.workers.get(backend.name)
         if worker is not None and worker.start_failure is None and not worker.process.is_alive():
             worker.kill()
@@ -157,7 +158,7 @@ class IsolatedExecutor:
     def unavailable_reason(self, backend: Backend, device: torch.device) -> str | None:
         self._check(device)
         if backend.name not in self._available:
-            status, answer = self._ask(backend, "available", None, START_TIMEOUT_S, "checking availability")
+            status, answer = self._ask(backend, device, "available", None, START_TIMEOUT_S, "checking availability")
             self._available[backend.name] = answer if status == "ok" else answer.reason
         return self._available[backend.name]
 
@@ -170,32 +171,23 @@ class IsolatedExecutor:
         return (ERROR if worker is not None and worker.start_failure is not None else UNAVAILABLE), reason
 
     def call(self, backend: Backend, call: Call, device: torch.device) -> CallResult:
-        self._check(device)
-        status, answer = self._ask(backend, "call", call.to_cpu(), self.timeout_for(call.case.id),
+        status, answer = self._ask(backend, device, "call", call.to_cpu(), self.timeout_for(call.case.id),
                                    f"running {backend.name} on {call.case.id}")
         return self._noted(answer if status == "ok" else CallResult(failure=answer), backend)
 
     def time(self, backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
-        self._check(device)
         timing = replace(timing, call=timing.call.to_cpu())
-        status, answer = self._ask(backend, "time", timing, self.timeout_for(timing.call.case.id),
+        status, answer = self._ask(backend, device, "time", timing, self.timeout_for(timing.call.case.id),
                                    f"timing {backend.name} {timing.phase} on {timing.call.case.id}")
-        if status == "ok":
-            return self._noted(answer, backend)
-        return TimingResult(failure=Failure(answer.status, f"during timing: {answer.reason}", answer.interrupted))
+        return self._noted(answer, backend) if status == "ok" else TimingResult(
+            failure=Failure(answer.status, f"during timing: {answer.reason}", answer.interrupted))
 
     def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any) -> Any:
-        self._check(device)
-        status, answer = self._ask(backend, "run", (fn, args), self.timeout_s,
+        status, answer = self._ask(backend, device, "run", (fn, args), self.timeout_s,
                                    f"running {getattr(fn, '__name__', 'a task')} for {backend.name}")
         if status != "ok":
             raise CallFailed(self._noted(answer, backend))
         return answer
-
-    def _noted(self, result, backend: Backend):
-        if result.interrupted:
-            self.interrupted = interrupt_note(backend.name)
-        return result
 
     def worker_restarts(self) -> dict[str, int]:
         return dict(self.restarts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -95,8 +96,7 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
     judged = [*zip(GRADS, (q, k, v)), *((MODIFIER_GRADS[n], t) for n, t in leaves.items())]
     built: list = []
 
-    def forward():
-        return call(q, k, v)
+    forward = functools.partial(call, q, k, v)
 
     def reset():
         for t in (q, k, v, *leaves.values()):
@@ -210,8 +210,7 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                     probe = phase_callables(backend, case, inputs, device, phase)
                     if probe.build is not None:
                         probe.build()
-                    result.peak_mem_bytes, result.mem_method = peak_memory(probe.fn, device=device,
-                                                                           setup=probe.setup)
+                    result.peak_mem_bytes, result.mem_method = peak_memory(probe.fn, device=device, setup=probe.setup)
                     del probe
             budget = timing.cpu_mem_budget
             if budget is not None and device.type == "cpu" and result.peak_mem_bytes > budget:

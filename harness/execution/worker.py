@@ -31,10 +31,9 @@ def _redirect_output(log_dir: str | None, name: str) -> None:
 
 def _cuda_broken(device: torch.device) -> bool:
     """True when the CUDA context is unusable (a device-side assert, an illegal address: sticky errors)."""
-    if device.type != "cuda":
-        return False
     try:
-        torch.cuda.synchronize(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         return False
     except Exception:
         return True
@@ -66,6 +65,10 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
     send(conn, ("ready", None))
     caches = CallCaches()  # the worker's own: a call and the timing rounds of its case share the seeded inputs,
                            # and timing finds the correctness call's answers there
+    serve = {"available": lambda _: backend.unavailable_reason(device),
+             "call": lambda call: run_call(backend, call, device, caches),
+             "time": lambda timing: run_timing(backend, timing, device, caches),
+             "run": lambda task: task[0](backend, device, *task[1])}
     while True:
         try:
             kind, payload = recv(conn)
@@ -76,15 +79,7 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
         before = CLOCK.snapshot()
         try:
             with stage(f"worker: {kind}"):  # what the request's nested stages do not cover
-                if kind == "available":
-                    reply = ("ok", backend.unavailable_reason(device))
-                elif kind == "call":
-                    reply = ("ok", run_call(backend, payload, device, caches))
-                elif kind == "time":
-                    reply = ("ok", run_timing(backend, payload, device, caches))
-                else:
-                    fn, args = payload
-                    reply = ("ok", fn(backend, device, *args))
+                reply = ("ok", serve[kind](payload))
         except BaseException as exc:  # noqa: B036
             reply = ("failed", Failure.of(exc))
         broken = _cuda_broken(device)

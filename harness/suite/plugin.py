@@ -85,10 +85,8 @@ def suite_cases(option, device) -> tuple[str, list]:
 def pytest_report_header(config):
     """What the run will cost the harness itself, estimated before it starts (execution/cost.py)."""
     cost = getattr(config, "_harness_cost", None)
-    lines = [f"attention harness: {config._harness_matrix} on {config._harness_device}"]
-    if cost is not None:
-        lines.append("attention harness: " + cost.summary())
-    return lines
+    return [f"attention harness: {config._harness_matrix} on {config._harness_device}",
+            *([] if cost is None else ["attention harness: " + cost.summary()])]
 
 
 def _readable_benchmark_table(config) -> None:
@@ -149,18 +147,17 @@ def _item_weights(config, items) -> list[float]:
     per_case = {c.case.id: cost.case_seconds(c) for c in cost.costs} if cost is not None else {}
     backends = max(1, len(getattr(config, "_harness_backends", ()) or ()))
     round_s = (getattr(config.option, "timing_budget_ms", None) or 1000.0) / 1000 / max(1, config.option.rounds)
-    weights = []
-    for item in items:
-        params = getattr(item, "callspec", None)
-        case = params.params.get("case") if params is not None else None
+
+    def weight(item) -> float:
+        case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
         stage = _NAMES[_stage(item)]
         if stage == "benchmark":
-            weights.append(max(round_s, 0.01))
-        elif stage == "correctness" and case is not None and case.id in per_case:
-            weights.append(max(per_case[case.id] / backends, 0.01))
-        else:
-            weights.append(1.0)
-    return weights
+            return max(round_s, 0.01)
+        if stage == "correctness" and case is not None and case.id in per_case:
+            return max(per_case[case.id] / backends, 0.01)
+        return 1.0
+
+    return list(map(weight, items))
 
 
 def pytest_collection_modifyitems(session, config, items):

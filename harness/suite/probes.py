@@ -12,9 +12,7 @@ def tier(config) -> str | None:
     """The probes' tier, 'default' or 'full'; None when they do not run here (smoke, or a shard other than 0)."""
     # a model preset's cases ("model NAME") are the main job's size: the default tier
     runtime = REGISTRY[name].runtime if (name := config._harness_matrix) in REGISTRY else "default"
-    if runtime == "smoke":
-        return None
-    if config.option.shard and parse_shard(config.option.shard)[0] != 0:
+    if runtime == "smoke" or config.option.shard and parse_shard(config.option.shard)[0] != 0:
         return None
     return runtime
 
