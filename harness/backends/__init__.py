@@ -3,4 +3,5 @@
 from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Unsupported
 from harness.backends.registry import all_backends, get_backends, load_backend_module, register
 
-__all__ = ["Backend", "BackwardUnsupported", "MaskForm", "Unsupported", "all_backends", "get_backends", "load_backend_module", "register"]
+__all__ = ["Backend", "BackwardUnsupported", "MaskForm", "Unsupported", "all_backends", "get_backends",
+           "load_backend_module", "register"]

@@ -292,13 +292,18 @@ def refusal(translate: Callable[..., Any], *args) -> list[str]:
     return []
 
 
-def cuda_import_problem(name: str, device: torch.device, module: str, what: str, hint: str) -> str | None:
-    """Why backend `name` cannot run here: `module` not importable (`what` it is, its error, `hint`), or no CUDA."""
+def cuda_import_problem(name: str, device: torch.device, module: str, what: str, hint: str,
+                        arch_ok: Callable[[int], bool], arch_need: str) -> str | None:
+    """Why backend `name` cannot run here: `module` not importable (`what` it is, its error, `hint`), no CUDA, or a GPU
+    whose compute capability's major `arch_ok` refuses (`arch_need`: what it needs)."""
     try:
         importlib.import_module(module)
     except Exception as exc:
         return f"{what} not importable ({type(exc).__name__}: {exc}); {hint}"
-    return None if device.type == "cuda" else f"{name} needs CUDA; device is {device.type}"
+    if device.type != "cuda":
+        return f"{name} needs CUDA; device is {device.type}"
+    major, minor = torch.cuda.get_device_capability(device)
+    return None if arch_ok(major) else f"{arch_need}; device is sm{major}{minor}"
 
 
 #: the mask path of a backend that does not describe its translation (a plugin without `mask_form`)

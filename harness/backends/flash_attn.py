@@ -10,8 +10,7 @@ from harness.backends.base import FlashFamily, MaskForm, Plan, Unsupported, cuda
 from harness.backends.flash_attn_package import fa2_problem
 from harness.backends.paged_gather import run_packed
 from harness.backends.registry import register
-from harness.spec.masks import (CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec,
-                                SlidingWindow)
+from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
 from harness.spec.paged import cu_seqlens, mixed_step_queries
 
 
@@ -50,9 +49,7 @@ def fa2_visible(seq_q: int, seq_k: int, *, causal: bool, window_size: tuple[int,
         for q0, q1, k0, k1 in spans:
             ok[q0:q1, k0:k1] = fa2_visible(q1 - q0, k1 - k0, causal=causal, window_size=window_size)[0, 0]
         return ok.view(1, 1, seq_q, seq_k)
-    left, right = window_size
-    if causal:
-        right = 0
+    left, right = window_size[0], 0 if causal else window_size[1]
     i = torch.arange(seq_q).view(-1, 1)
     j = torch.arange(seq_k).view(1, -1)
     ok = torch.ones(seq_q, seq_k, dtype=torch.bool)
@@ -60,10 +57,8 @@ def fa2_visible(seq_q: int, seq_k: int, *, causal: bool, window_size: tuple[int,
         ok &= j >= i + seq_k - seq_q - left
     if right >= 0:
         ok &= j <= i + seq_k - seq_q + right
-    if key_lengths is None:
-        return ok.view(1, 1, seq_q, seq_k)
-    lengths = torch.tensor(key_lengths).view(-1, 1, 1, 1)
-    return ok.view(1, 1, seq_q, seq_k) & (j.view(1, 1, 1, -1) < lengths)
+    ok = ok.view(1, 1, seq_q, seq_k)
+    return ok if key_lengths is None else ok & (j.view(1, 1, 1, -1) < torch.tensor(key_lengths).view(-1, 1, 1, 1))
 
 
 def fa2_modifier_args(softcap: float | None = None, alibi_slopes: torch.Tensor | None = None) -> dict:
@@ -80,9 +75,8 @@ def fa2_documented_scores(scores: torch.Tensor, *, softcap: float, alibi_slopes:
         scores = torch.tanh(scores / softcap) * softcap
     if alibi_slopes is not None:
         sq, sk = scores.shape[-2:]
-        i = torch.arange(sq).view(-1, 1)
-        j = torch.arange(sk).view(1, -1)
-        scores = scores - alibi_slopes.view(-1, 1, 1) * (i + sk - sq - j).abs()
+        distance = (torch.arange(sq).view(-1, 1) + sk - sq - torch.arange(sk).view(1, -1)).abs()   # |i + sk - sq - j|
+        scores = scores - alibi_slopes.view(-1, 1, 1) * distance
     return scores
 
 
@@ -111,14 +105,9 @@ class FlashAttn2(FlashFamily):
         problem = fa2_problem()
         if problem is not None:
             return f"{problem}; {hint}"
-        problem = cuda_import_problem(self.name, device, "flash_attn.flash_attn_interface",
-                                      "flash_attn.flash_attn_interface", hint)
-        if problem is not None:
-            return problem
-        major, minor = torch.cuda.get_device_capability(device)
-        if major < 8:
-            return f"FlashAttention-2 needs sm80+; device is sm{major}{minor}"
-        return None
+        return cuda_import_problem(self.name, device, "flash_attn.flash_attn_interface",
+                                   "flash_attn.flash_attn_interface", hint, lambda major: major >= 8,
+                                   "FlashAttention-2 needs sm80+")
 
     def native_causal(self, q, k, v, *, scale):
         from flash_attn.flash_attn_interface import flash_attn_func
@@ -170,8 +159,7 @@ class FlashAttn2(FlashFamily):
                                   "paged cache")
             return flash_attn_with_kvcache(q, k, v, cache_seqlens=cache_seqlens, block_table=block_table,
                                            softmax_scale=scale, causal=True)
-        plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap,
-                             alibi_slopes=alibi_slopes).call
+        plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap, alibi_slopes=alibi_slopes).call
         b, sq, h, d = q.shape
         sk = k.shape[1]
         modifiers = fa2_modifier_args(softcap, alibi_slopes)

@@ -35,14 +35,6 @@ def fa3_args(case: AttentionCase) -> dict:
     return args
 
 
-def fa3_descales(batch: int, kv_heads: int, q_scale: torch.Tensor, k_scale: torch.Tensor,
-                 v_scale: torch.Tensor) -> dict:
-    """q_descale / k_descale / v_descale as FA3 takes them, (batch, num_heads_k) float32 ("(b, h_k), not (b, h)",
-    flash_api.cpp), from scales (1,) or (kv_heads,): broadcast views the kernel reads through their strides."""
-    return {f"{n}_descale": s.float().view(1, -1).expand(batch, kv_heads)
-            for n, s in (("q", q_scale), ("k", k_scale), ("v", v_scale))}
-
-
 @dataclass
 class Fa3Plan(Plan):
     """The call's keywords on the device; `paged`: flash_attn_with_kvcache with a page_table."""
@@ -72,15 +64,10 @@ class FlashAttn3(FlashFamily):
 
     def unavailable_reason(self, device):
         """FlashAttention-3 is the hopper build's top-level `flash_attn_interface`, not a `flash_attn` package."""
-        problem = cuda_import_problem(self.name, device, "flash_attn_interface",
-                                      "flash_attn_interface (FlashAttention-3, hopper/)",
-                                      "it builds from flash-attention's hopper/ with CUDA on sm90")
-        if problem is not None:
-            return problem
-        major, minor = torch.cuda.get_device_capability(device)
-        if major not in ARCHITECTURES:
-            return f"flash-attn-3 (hopper build) runs on sm90; device is sm{major}{minor}"
-        return None
+        return cuda_import_problem(self.name, device, "flash_attn_interface",
+                                   "flash_attn_interface (FlashAttention-3, hopper/)",
+                                   "it builds from flash-attention's hopper/ with CUDA on sm90",
+                                   ARCHITECTURES.__contains__, "flash-attn-3 (hopper build) runs on sm90")
 
     def not_supported_reasons(self, case):
         reasons = super().not_supported_reasons(case)
@@ -97,8 +84,7 @@ class FlashAttn3(FlashFamily):
 
     def mask_form(self, case, device):
         if case.page_size is not None:
-            return MaskForm("native", 0, "page_table + cache_seqlens, causal" + (
-                " + cu_seqlens_q" if case.mask.mixed else ""))
+            return MaskForm("native", 0, "page_table + cache_seqlens, causal" + (" + cu_seqlens_q" * case.mask.mixed))
         return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in fa3_args(case).items()))
 
     def modifier_path(self, case):
@@ -118,7 +104,10 @@ class FlashAttn3(FlashFamily):
         plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap, block_table=block_table)
         kwargs = dict(plan.kwargs, softcap=0.0 if softcap is None else float(softcap))
         if q_scale is not None:  # FP8: the descales per (sequence, kv head), views of the case's scales
-            kwargs.update(fa3_descales(q.shape[0], k.shape[-2], q_scale, k_scale, v_scale))
+            # q_descale / k_descale / v_descale as FA3 takes them, (batch, num_heads_k) float32 ("(b, h_k), not (b, h)",
+            # flash_api.cpp), from scales (1,) or (kv_heads,): broadcast views the kernel reads through their strides
+            kwargs.update({f"{n}_descale": s.float().view(1, -1).expand(q.shape[0], k.shape[-2])
+                           for n, s in (("q", q_scale), ("k", k_scale), ("v", v_scale))})
         if not plan.paged:
             if v.shape[-1] != q.shape[-1] and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
                 raise BackwardUnsupported(BACKWARD_HEAD_DIM_V)

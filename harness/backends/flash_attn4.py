@@ -25,10 +25,8 @@ ARCHITECTURES = {
     9: {"name": "sm90", "head_dims": "8..256 (q/k and v), multiples of 8",
         "fits": lambda d, dv: 8 <= d <= 256 and 8 <= dv <= 256 and d % 8 == 0 and dv % 8 == 0,
         "plain_backward_dims": ()},
-    10: {"name": "sm100", "head_dims": "8..128, or (192, 128) DeepSeek, or (256, 256), multiples of 8",
-         "fits": _sm100_fits, "plain_backward_dims": ((256, 256),)},
-    11: {"name": "sm110", "head_dims": "8..128, or (192, 128) DeepSeek, or (256, 256), multiples of 8",
-         "fits": _sm100_fits, "plain_backward_dims": ((256, 256),)},
+    **{major: {"name": f"sm{major}0", "head_dims": "8..128, or (192, 128) DeepSeek, or (256, 256), multiples of 8",
+               "fits": _sm100_fits, "plain_backward_dims": ((256, 256),)} for major in (10, 11)},
 }
 FP8_REFUSAL = ("flash-attn-4 4.0.0b36's flash_attn_func / flash_attn_varlen_func take no q_descale / k_descale / "
                "v_descale (only its private _flash_attn_fwd does)")
@@ -142,12 +140,6 @@ def fa4_args(case: AttentionCase) -> dict:
                       "key padding and documents are not translated)")
 
 
-def fa4_paged_args(case: AttentionCase, device) -> dict:
-    """flash_attn_varlen_func's paged keywords: seqused_k (the cache lengths) and paged_call_args'."""
-    return {"seqused_k": torch.tensor(case.mask.lengths, dtype=torch.int32, device=device),
-            **paged_call_args(case, device)}
-
-
 @dataclass
 class Fa4Plan(Plan):
     """The call's keywords on the device; `paged`: with a page_table; `score_mod`: ALiBi / the bias as a score_mod."""
@@ -175,15 +167,10 @@ class FlashAttn4(FlashFamily):
 
     def unavailable_reason(self, device):
         """FlashAttention-4 is flash_attn.cute.interface (flash-attn-4's namespace), not FA2's flash_attn_interface."""
-        problem = cuda_import_problem(self.name, device, "flash_attn.cute.interface", "flash_attn.cute.interface",
-                                      "pip install flash-attn-4 (needs nvidia-cutlass-dsl)")
-        if problem is not None:
-            return problem
-        major, minor = torch.cuda.get_device_capability(device)
-        if major not in ARCHITECTURES:
-            return (f"flash-attn-4 here is read for {', '.join(a['name'] for a in ARCHITECTURES.values())}; device is "
-                    f"sm{major}{minor}")
-        return None
+        names = ", ".join(a["name"] for a in ARCHITECTURES.values())
+        return cuda_import_problem(self.name, device, "flash_attn.cute.interface", "flash_attn.cute.interface",
+                                   "pip install flash-attn-4 (needs nvidia-cutlass-dsl)", ARCHITECTURES.__contains__,
+                                   f"flash-attn-4 here is read for {names}")
 
     def not_supported_reasons(self, case):
         reasons = super().not_supported_reasons(case)
@@ -228,21 +215,21 @@ class FlashAttn4(FlashFamily):
 
     def mask_form(self, case, device):
         if case.page_size is not None:
-            return MaskForm("native", 0, "page_table + seqused_k, causal" + (" + cu_seqlens_q" if case.mask.mixed
-                                                                               else ""))
+            return MaskForm("native", 0, "page_table + seqused_k, causal" + (" + cu_seqlens_q" * case.mask.mixed))
         return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in fa4_args(case).items()))
 
     def prepare(self, case, device, block_table=None) -> Fa4Plan:
         """The call's keywords on the device, once; with ALiBi or a bias, the score_mod pair built here."""
         if case.page_size is not None:
-            return Fa4Plan(op=f"{self.name} (varlen, page_table)", kwargs=fa4_paged_args(case, device), paged=True)
-        kwargs, refused = fa4_args(case), "; ".join(self.case_backward_reasons(case, torch.device(device)))
-        if not (case.alibi or case.bias):
-            return Fa4Plan(op=self.name, kwargs=kwargs, backward_refused=refused)
-        score_mod, score_mod_bwd = fa4_score_mods(case.softcap, case.alibi, case.bias)
-        return Fa4Plan(op=f"{self.name} (score_mod)", kwargs={**kwargs, "score_mod": score_mod,
-                                                               "score_mod_bwd": score_mod_bwd}, score_mod=True,
-                       backward_refused=refused)
+            # flash_attn_varlen_func's paged keywords: seqused_k (the cache lengths) and paged_call_args'
+            lengths = torch.tensor(case.mask.lengths, dtype=torch.int32, device=device)
+            return Fa4Plan(op=f"{self.name} (varlen, page_table)", kwargs={"seqused_k": lengths,
+                                                                           **paged_call_args(case, device)}, paged=True)
+        kwargs, score_mod = fa4_args(case), bool(case.alibi or case.bias)
+        if score_mod:
+            kwargs.update(zip(("score_mod", "score_mod_bwd"), fa4_score_mods(case.softcap, case.alibi, case.bias)))
+        return Fa4Plan(op=self.name + (" (score_mod)" if score_mod else ""), kwargs=kwargs, score_mod=score_mod,
+                       backward_refused="; ".join(self.case_backward_reasons(case, torch.device(device))))
 
     def forward(self, q, k, v, *, mask, scale, prepared: Fa4Plan | None = None, softcap=None, sinks=None,
                 alibi_slopes=None, bias=None, block_table=None, cache_seqlens=None):
@@ -259,14 +246,13 @@ class FlashAttn4(FlashFamily):
             aux = [t.detach().contiguous() for t in (None if alibi_slopes is None else alibi_slopes.float(), bias)
                    if t is not None]
             modifiers = {"softcap": 0.0, "learnable_sink": sinks, "aux_tensors": aux}
-        if not plan.paged:
-            out = flash_attn_func(q, k, v, softmax_scale=scale, **plan.kwargs, **modifiers)
-            return out[0] if isinstance(out, tuple) else out
         kwargs = dict(plan.kwargs)
-        rows = kwargs.pop("rows")  # None: every sequence seq_q queries, q as a batch; else q packed by cu_seqlens_q
+        # None: every sequence seq_q queries, q as a batch (and every contiguous call); else q packed by cu_seqlens_q
+        rows = kwargs.pop("rows", None)
 
         def call(x):
-            out = flash_attn_varlen_func(x, k, v, page_table=block_table, softmax_scale=scale, **kwargs, **modifiers)
+            out = (flash_attn_varlen_func(x, k, v, page_table=block_table, softmax_scale=scale, **kwargs, **modifiers)
+                   if plan.paged else flash_attn_func(x, k, v, softmax_scale=scale, **kwargs, **modifiers))
             return out[0] if isinstance(out, tuple) else out
 
         return call(q) if rows is None else run_packed(q, rows, call)

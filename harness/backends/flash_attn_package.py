@@ -22,7 +22,9 @@ def fa2_problem() -> str | None:
     if any(Path(p, "flash_attn_interface.py").exists() for p in locations):
         return None
     if spec.origin in (None, "namespace"):  # a namespace package: no __init__.py in any of its folders
-        return f"{FA4_NAMESPACE} ({', '.join(locations)} holds {_children(locations)}, no flash_attn_interface)"
+        names = sorted({p.name for loc in locations for p in Path(loc).iterdir() if not p.name.startswith("__")})
+        return (f"{FA4_NAMESPACE} ({', '.join(locations)} holds {', '.join(names) or 'nothing'}, no "
+                "flash_attn_interface)")
     return f"flash_attn at {spec.origin} has no flash_attn_interface module: it is not FlashAttention-2"
 
 
@@ -30,8 +32,3 @@ def flash_attn_is_foreign() -> bool:
     """True when a `flash_attn` exists but is not FlashAttention-2 (xformers' flash.py would fail importing it)."""
     problem = fa2_problem()
     return problem is not None and problem != NOT_INSTALLED
-
-
-def _children(locations: list[str]) -> str:
-    names = sorted({p.name for loc in locations for p in Path(loc).iterdir() if not p.name.startswith("__")})
-    return ", ".join(names) or "nothing"

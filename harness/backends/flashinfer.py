@@ -56,17 +56,6 @@ def paged_plan_args(block_table: torch.Tensor, lengths: torch.Tensor, page_size:
             "kv_last_page_len": (lengths - (pages - 1) * page_size).to(torch.int32)}
 
 
-def ragged_plan_args(case: AttentionCase) -> dict:
-    """qo_indptr / kv_indptr (int32) of a contiguous case's requests, and `keep` (int64 indices of the kept keys in
-    the flattened (batch * seq_k) keys, or None): FA2's varlen cu_seqlens exactly (flash_attn.fa2_plan)."""
-    varlen = fa2_plan(case, "cpu")
-    if varlen["mode"] == "varlen":
-        return {"qo_indptr": varlen["cu_q"], "kv_indptr": varlen["cu_k"], "keep": varlen["keep"]}
-    b, sq, sk = case.batch, case.seq_q, case.seq_k
-    return {"qo_indptr": torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32),
-            "kv_indptr": torch.arange(0, (b + 1) * sk, sk, dtype=torch.int32), "keep": None}
-
-
 @dataclass
 class FlashInferPlan(Plan):
     """What plan() was given, on the CPU (kind: decode, paged-prefill or ragged), and the planned wrapper."""
@@ -108,8 +97,14 @@ def flashinfer_plan(case: AttentionCase, block_table: torch.Tensor | None = None
     if isinstance(case.mask, Documents) and mask["causal"] and any(
             k < q for q, k in zip(case.mask.q_lengths, case.mask.k_lengths)):
         raise Unsupported(f"FlashInfer causal needs kv_len >= qo_len in every request (prefill.cuh); {case.mask.id}")
-    args = ragged_plan_args(case)
-    keep = args.pop("keep")
+    # qo_indptr / kv_indptr (int32) of the case's requests, and `keep` (int64 indices of the kept keys in the flattened
+    # (batch * seq_k) keys, or None): FA2's varlen cu_seqlens exactly (flash_attn.fa2_plan)
+    varlen, b, sq, sk = fa2_plan(case, "cpu"), case.batch, case.seq_q, case.seq_k
+    if varlen["mode"] == "varlen":
+        args, keep = {"qo_indptr": varlen["cu_q"], "kv_indptr": varlen["cu_k"]}, varlen["keep"]
+    else:
+        args, keep = {"qo_indptr": torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32),
+                      "kv_indptr": torch.arange(0, (b + 1) * sk, sk, dtype=torch.int32)}, None
     return FlashInferPlan("ragged", args, mask["causal"], mask["window_left"], keep=keep, op="flashinfer:ragged")
 
 
@@ -163,8 +158,7 @@ class FlashInfer(FlashFamily):
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         args = {k: v.to(device) for k, v in plan.args.items()}
         kv_dtype = case.dtype if case.fp8_kv is None else torch.float8_e4m3fn
-        common = dict(q_data_type=case.dtype, kv_data_type=kv_dtype, sm_scale=case.scale,
-                      window_left=plan.window_left)
+        common = dict(q_data_type=case.dtype, kv_data_type=kv_dtype, sm_scale=case.scale, window_left=plan.window_left)
         if plan.kind == "decode":
             plan.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
             plan.wrapper.plan(args["kv_indptr"], args["kv_indices"], args["kv_last_page_len"], case.heads,

@@ -53,8 +53,7 @@ def sink_corrected(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) ->
     return (out.float() * weight.unsqueeze(-1)).to(out.dtype)
 
 
-def paged_mask_mod(mask: MaskSpec, block_table: torch.Tensor, num_blocks: int, page_size: int, seq_q: int,
-                   seq_k: int):
+def paged_mask_mod(mask: MaskSpec, block_table: torch.Tensor, num_blocks: int, page_size: int, seq_q: int, seq_k: int):
     """Mask spec + block table -> a mask_mod over the PHYSICAL cache (attention-gym's examples/paged_attention):
     physical key kv_idx is at slot kv_idx % page_size of page kv_idx // page_size, logical page `logical_page[b,
     page]` of sequence b (-1: not b's); the spec's own predicate decides on the logical position."""
@@ -92,12 +91,10 @@ def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
     # Past either limit (torch 2.13: 8 per code object, 256 over all its graphs) dynamo silently runs the function
     # eagerly, unfused and materializing scores: raise both, and make hitting one anyway an error.
-    for attr in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                 "accumulated_cache_size_limit"):
+    limits = ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit")
+    for attr, value in {**dict.fromkeys(limits, RECOMPILE_LIMIT), "fail_on_recompile_limit_hit": True}.items():
         if hasattr(dynamo_config, attr):
-            setattr(dynamo_config, attr, RECOMPILE_LIMIT)
-    if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
-        dynamo_config.fail_on_recompile_limit_hit = True
+            setattr(dynamo_config, attr, value)
     return torch.compile(flex_attention, dynamic=DYNAMIC)
 
 
@@ -173,7 +170,7 @@ class Flex(Backend):
     def prepare(self, case, device, block_table: torch.Tensor | None = None) -> FlexPlan:
         """The BlockMask of the case's mask on the device (built once per (mask, shape, device)); None: no mask. A
         paged case's is over the physical cache, from `block_table` (default: the case's)."""
-        fp8 = f" ({dequant_note(case)})" if case.fp8_kv else ""
+        fp8 = dequant_note(case)
         if case.page_size is not None:
             return FlexPlan(op=f"{self.name} (paged block mask over the physical cache){fp8}",
                             block_mask=self.paged_block_mask(case, device, block_table))
@@ -201,24 +198,23 @@ class Flex(Backend):
                                          "paged" if block_table is not None else self.layout)
         if block_table is not None:  # paged: attend the physical cache through a paged block mask
             k, v = physical_kv(k), physical_kv(v)
-        modifiers = dict(score_mod=flex_score_mod(q.shape[2], k.shape[2], softcap=softcap, alibi_slopes=alibi_slopes,
-                                                  bias=bias, batch=q.shape[0]))
+        kwargs = dict(score_mod=flex_score_mod(q.shape[2], k.shape[2], softcap=softcap, alibi_slopes=alibi_slopes,
+                                               bias=bias, batch=q.shape[0]),
+                      block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
         if sinks is not None:
             from torch.nn.attention.flex_attention import AuxRequest
             if q.device.type == "cpu":  # seen with torch 2.13: InductorError "... `return_lse` is not supported yet"
                 raise Unsupported(f"flex sinks need the returned log-sum-exp, which compiled flex on CPU does not give "
                                   f"(torch {torch.__version__}: inductor CPU supports inference only, no return_lse)")
-            modifiers["return_aux"] = AuxRequest(lse=True)
+            kwargs["return_aux"] = AuxRequest(lse=True)
         if torch.compiler.is_compiling():  # inside a user's torch.compile: no host timing (a graph break)
             from torch.nn.attention.flex_attention import flex_attention
-            return self._sinks(flex_attention(q, k, v, block_mask=block_mask, scale=scale,
-                                              enable_gqa=k.shape[1] != q.shape[1], **modifiers), sinks)
+            return self._sinks(flex_attention(q, k, v, **kwargs), sinks)
         key = (tuple(q.shape), tuple(k.shape), v.shape[-1], q.dtype, str(q.device), mask, q.requires_grad,
                (softcap, alibi_slopes is not None, bias is not None and tuple(bias.shape), sinks is not None))
         first = key not in self.compile_ms
         start = time.perf_counter()
-        out = _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1],
-                               **modifiers)
+        out = _compiled_flex()(q, k, v, **kwargs)
         if first:
             self.compile_ms[key] = (time.perf_counter() - start) * 1e3
         self._last_key = key

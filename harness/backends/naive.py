@@ -8,7 +8,7 @@ import torch
 
 from harness.backends.base import Backend, MaskForm, Plan
 from harness.backends.fp8_dequant import dequant_note, dequantized_inputs
-from harness.backends.paged_gather import GATHER_NOTE, gather_paged
+from harness.backends.paged_gather import gather_paged
 from harness.backends.registry import register
 from harness.oracle.baseline import naive_attention, naive_rows
 from harness.spec.masks import MaskSpec
@@ -41,9 +41,7 @@ class Naive(Backend):
         """The dense bool mask and the ALiBi term in the case's dtype on the device, built once: the call attends."""
         alibi = (alibi_bias(alibi_slopes(case.heads).to(device), case.seq_q, case.seq_k).to(case.dtype)
                  if case.alibi else None)
-        notes = [GATHER_NOTE if case.page_size is not None else "", dequant_note(case)]
-        op = self.name + "".join(f" ({n})" for n in notes if n)
-        return NaivePlan(op=op, allowed=case.key_mask(device), alibi=alibi)
+        return NaivePlan(op=self.name + dequant_note(case, gathers=True), allowed=case.key_mask(device), alibi=alibi)
 
     def forward(self, q, k, v, *, mask: MaskSpec | None, scale: float, prepared: NaivePlan | None = None,
                 softcap: float | None = None, sinks: torch.Tensor | None = None,

@@ -47,11 +47,6 @@ def register(cls: type[Backend] | None = None, *, replace: bool = False):
     return cls
 
 
-def _remember(spec: str) -> None:
-    if spec not in _LOADED:
-        _LOADED.append(spec)
-
-
 def all_backends() -> dict[str, Backend]:
     """Every registered backend by name: the built-ins in BUILT_IN's order (naive first), then plugins as registered."""
     for module in BUILT_IN:  # by name: each module imports this one to register itself
@@ -78,8 +73,7 @@ def versioned_backends() -> dict[str, Backend]:
 
 def label(name: str) -> str:
     """How the report and figures name backend `name`: its declared label, else the name (also when unregistered)."""
-    backend = all_backends().get(name)
-    return (backend.label or name) if backend is not None else name
+    return getattr(all_backends().get(name), "label", "") or name
 
 
 def get_backends(names: list[str] | str | None = None) -> list[Backend]:
@@ -116,11 +110,9 @@ def load_backend_module(spec: str) -> Any:
             module = importlib.util.module_from_spec(loader)
             sys.modules[mod_name] = module
             loader.loader.exec_module(module)
-            _remember(str(path.resolve()))  # absolute: a worker may start elsewhere
-            return module
-        module = importlib.import_module(spec)
-        _remember(spec)
-        return module
+            loaded = str(path.resolve())  # absolute: a worker may start elsewhere
+        else:
+            module, loaded = importlib.import_module(spec), spec
     except ValueError:
         raise
     except SystemExit as exc:  # sys.exit() at import: not an Exception, and would end the command without a word
@@ -129,3 +121,6 @@ def load_backend_module(spec: str) -> Any:
                          "module may only define and register backends") from None
     except Exception as exc:  # the user's import error, reduced to one line that names the module
         raise ValueError(f"--backend-module {spec!r} failed to import: {type(exc).__name__}: {exc}") from exc
+    if loaded not in _LOADED:
+        _LOADED.append(loaded)
+    return module

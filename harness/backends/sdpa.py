@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from harness.backends.base import Backend, MaskForm, Plan, Unsupported
 from harness.backends.native_stderr import captured_stderr
 from harness.backends.fp8_dequant import dequant_note, dequantized_inputs
-from harness.backends.paged_gather import GATHER_NOTE, gather_paged
+from harness.backends.paged_gather import gather_paged
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, MaskSpec
@@ -99,8 +99,7 @@ class _Sdpa(Backend):
             kwargs = sdpa_mask_args(case.mask, case.seq_q, case.seq_k, case.batch, device)
         gqa = case.kv_heads != case.heads
         if self.kernel is None:
-            q, k, v = _shaped(case, device)
-            choice = SDPBackend(torch._fused_sdp_choice(q, k, v, kwargs.get("attn_mask"), 0.0,
+            choice = SDPBackend(torch._fused_sdp_choice(*_shaped(case, device), kwargs.get("attn_mask"), 0.0,
                                                         kwargs.get("is_causal", False), scale=case.scale,
                                                         enable_gqa=gqa))
             kernel = _KERNEL_NAMES.get(choice, choice.name.lower())
@@ -108,9 +107,7 @@ class _Sdpa(Backend):
             if device.type == "cuda":  # torch's checks are compiled out on CPU: there the call says why it refuses
                 _refused_why(self.kernel, *_shaped(case, device), kwargs, gqa)
             kernel = _KERNEL_NAMES[self.kernel]
-        gathered = ("" if case.page_size is None else f" ({GATHER_NOTE})") + (f" ({dequant_note(case)})"
-                                                                              if case.fp8_kv else "")
-        return SdpaPlan(op=f"sdpa:{kernel}{gathered}", kwargs=kwargs)
+        return SdpaPlan(op=f"sdpa:{kernel}{dequant_note(case, gathers=True)}", kwargs=kwargs)
 
     def forward(self, q, k, v, *, mask, scale, prepared: SdpaPlan | None = None, sinks=None, alibi_slopes=None,
                 bias=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None, q_scale=None):
@@ -181,8 +178,7 @@ def _refused_why(kernel: SDPBackend, q, k, v, kwargs: dict, gqa: bool) -> None:
               SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.can_use_cudnn_attention}
     if kernel not in checks:
         return
-    params = torch.backends.cuda.SDPAParams(q, k, v, kwargs.get("attn_mask"), 0.0, kwargs.get("is_causal", False),
-                                            gqa)
+    params = torch.backends.cuda.SDPAParams(q, k, v, kwargs.get("attn_mask"), 0.0, kwargs.get("is_causal", False), gqa)
     with warnings.catch_warnings(record=True) as caught, native_warnings() as native:
         warnings.simplefilter("always")
         ok = checks[kernel](params, True)

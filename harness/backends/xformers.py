@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -41,11 +41,9 @@ def _form_inputs(gqa: str, packed: bool, q: torch.Tensor, k: torch.Tensor, v: to
 def _padding_bias(mask: MaskSpec, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
     """Additive bias (0 where `mask` allows, -inf elsewhere), shape (B, ..., Sq, Sk), of the whole mask, rows padded."""
     *lead, sq, sk = shape
-    bias = _padded_zeros(shape, dtype, device)
     keep = mask.materialize(sq, sk, device, batch=lead[0])                  # (B|1, 1, Sq, Sk)
     keep = keep.reshape(keep.shape[0], *([1] * (len(lead) - 1)), sq, sk)
-    bias.masked_fill_(~keep.expand(*lead, sq, sk), float("-inf"))
-    return bias
+    return _padded_zeros(shape, dtype, device).masked_fill_(~keep.expand(*lead, sq, sk), float("-inf"))
 
 
 def xformers_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.float32, device="cpu"):
@@ -143,16 +141,15 @@ class XformersPlan(Plan):
     inference: Form
     training: Form | None
     backward_refused: str = ""
+    #: the inference form's forward kernel, for a reader of the plan alone
+    op: str = field(default="", kw_only=True)
+
+    def __post_init__(self):
+        self.op = self.op or self.inference.op_names()[0]
 
     def ops(self, training: bool) -> tuple[str, str]:
         form = self.training if training and self.training is not None else self.inference
         return form.op_names()
-
-
-def xformers_plan_of(inference: Form, training: Form | None, backward_refused: str = "") -> XformersPlan:
-    """The plan of two forms (`op` is the inference form's forward kernel, for a reader of the plan alone)."""
-    return XformersPlan(op=inference.op_names()[0], inference=inference, training=training,
-                        backward_refused=backward_refused)
 
 
 def _op_name(op) -> str:
@@ -183,10 +180,8 @@ def xformers_plan(case: AttentionCase, device: torch.device,
     slopes = alibi_slopes(h) if case.alibi else None
 
     def form(gqa: str, needs_grad: bool) -> Form:
-        q = tensor((b, sq, h, d), dtype=case.dtype, device=device)
-        k = tensor((b, sk, hkv, d), dtype=case.dtype, device=device)
-        v = tensor((b, sk, hkv, case.head_dim_v), dtype=case.dtype, device=device)
-        q, k, v = _form_inputs(gqa, packed, q, k, v, g)
+        shapes = (b, sq, h, d), (b, sk, hkv, d), (b, sk, hkv, case.head_dim_v)      # q, k, v
+        q, k, v = _form_inputs(gqa, packed, *(tensor(s, dtype=case.dtype, device=device) for s in shapes), g)
         shape = (b, hkv, g, sq, sk) if gqa == "5d" else (b, h, sq, sk)
         if case.modifiers:  # the whole score transform as one tensor; requires grad where the bias input does
             bias = xformers_additive_bias(case.mask, shape, case.dtype, device, slopes)
@@ -209,9 +204,9 @@ def xformers_plan(case: AttentionCase, device: torch.device,
 
     inference = form("5d" if g > 1 else "none", needs_grad=False)
     try:
-        return xformers_plan_of(inference, form("expand" if g > 1 else "none", needs_grad=True))
+        return XformersPlan(inference, form("expand" if g > 1 else "none", needs_grad=True))
     except BackwardUnsupported as exc:
-        return xformers_plan_of(inference, None, str(exc))
+        return XformersPlan(inference, None, str(exc))
 
 
 def xformers_paged_bias(case: AttentionCase, block_table: torch.Tensor, device="cpu"):
@@ -284,8 +279,8 @@ class Xformers(Backend):
                 block_table: torch.Tensor | None = None) -> XformersPlan:
         """Both forms, ops chosen by xformers' dispatcher; a paged case's over `block_table` (default: the case's)."""
         if case.page_size is not None:
-            return xformers_plan_of(xformers_paged_plan(case, device, block_table=block_table), None,
-                                    "paged KV is forward-only")
+            return XformersPlan(xformers_paged_plan(case, device, block_table=block_table), None,
+                                "paged KV is forward-only")
         return xformers_plan(case, device)
 
     def mask_form(self, case, device):

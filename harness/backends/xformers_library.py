@@ -26,9 +26,9 @@ CUDA12_RUNTIME = Path("nvidia", "cuda_runtime", "lib", "libcudart.so.12")
 cuda12_runtime_loaded: Path | None = None
 
 
-def find_cuda12_runtime(paths: list[str] | None = None) -> Path | None:
+def find_cuda12_runtime() -> Path | None:
     """The pip-installed libcudart.so.12 on the import path (the venv's or the system python's), or None."""
-    for entry in sys.path if paths is None else paths:
+    for entry in sys.path:
         candidate = Path(entry or ".", CUDA12_RUNTIME)
         if candidate.is_file():
             return candidate
@@ -83,14 +83,6 @@ def _import_xformers():
     return xformers
 
 
-def _root_cause(exc: BaseException) -> BaseException:
-    """The innermost exception of a `raise ... from` chain: xformers' xFormersInvalidLibException comes from torch's
-    OSError("Could not load this library: ..."), raised from ctypes' OSError carrying the loader's own words."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    return exc
-
-
 def load_problem() -> str | None:
     """Why xformers cannot run here (the loader's real words and what to install), or None when _C.so loaded."""
     try:
@@ -100,8 +92,11 @@ def load_problem() -> str | None:
     if getattr(xformers, "_has_cpp_library", True):
         return None
     from xformers import _cpp_lib
-    failure = _cpp_lib._cpp_library_load_exception
-    cause = _root_cause(failure) if failure is not None else None
+    # the innermost exception of its `raise ... from` chain: xformers' xFormersInvalidLibException comes from torch's
+    # OSError("Could not load this library: ..."), raised from ctypes' OSError carrying the loader's own words
+    cause = _cpp_lib._cpp_library_load_exception
+    while cause is not None and cause.__cause__ is not None:
+        cause = cause.__cause__
     words = " ".join(str(cause or "unknown reason").split())[:300]
     said = f"{type(cause).__name__}: {words}" if cause is not None else words
     mine = f"xformers {xformers.__version__} could not load its extension _C.so ({said})"
@@ -132,7 +127,8 @@ def xformers_kernels() -> str:
     else:
         fa2 = "fa2: none (this torch has no bundled flash and no FlashAttention-2 is installed)"
     cutlass_ops = ("cutlassF-pt/cutlassB-pt = torch's aten._efficient_attention_forward/backward"
-                   if cutlass.FwOp.OPERATOR is not None else "cutlass: none (torch's efficient-attention schema differs)")
+                   if cutlass.FwOp.OPERATOR is not None
+                   else "cutlass: none (torch's efficient-attention schema differs)")
     fa3 = ("fa3F/fa3B = the flash_attn_3 package" if flash3._C_flashattention3 is not None and dispatch._get_use_fa3()
            else "fa3: none (no flash_attn_3 package)")
     gate = "" if getattr(xformers, "_has_cpp_library", True) else "none runs until _C.so loads; "

@@ -61,15 +61,12 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mas
     return naive_rows(q, k, v, allowed, scale, softcap=softcap, alibi=alibi, bias=bias, sinks=sinks)
 
 
-def modifier_rows(case: AttentionCase, inputs: Inputs, rows: tuple[int, int], dtype: torch.dtype,
-                  bias: torch.Tensor | None = None) -> dict:
-    """naive_rows' modifier arguments for query rows `rows` of `case` in `dtype` (bias: the leaf to slice)."""
-    bias = inputs.bias if bias is None else bias
-    start, stop = rows
+def modifier_rows(case: AttentionCase, inputs: Inputs, rows: tuple[int, int], dtype: torch.dtype) -> dict:
+    """naive_rows' modifier arguments for query rows `rows` of `case` in `dtype` (inputs.bias: the leaf to slice)."""
     return {"softcap": case.softcap,
             "alibi": alibi_bias(alibi_slopes(case.heads).to(inputs.q.device), case.seq_q, case.seq_k, rows)
             .to(dtype) if case.alibi else None,
-            "bias": bias[:, :, start:stop] if case.bias is not None else None,
+            "bias": inputs.bias[:, :, slice(*rows)] if case.bias is not None else None,
             "sinks": inputs.sinks if case.sinks else None}
 
 
@@ -80,8 +77,7 @@ def dense_bytes(case: AttentionCase) -> int:
 
 def chunk_rows(case: AttentionCase, budget_bytes: int) -> int:
     """Query rows per chunk so one chunk's score matrices fit `budget_bytes` (all rows when dense fits)."""
-    per_row = SCORE_TENSORS * case.batch * case.heads * case.seq_k * case.dtype.itemsize
-    return max(1, min(case.seq_q, budget_bytes // per_row))
+    return max(1, min(case.seq_q, budget_bytes // (dense_bytes(case) // case.seq_q)))
 
 
 @dataclass(frozen=True)
@@ -102,9 +98,7 @@ def baseline(case: AttentionCase, inputs: Inputs, reference: Reference, budget_b
     `reference`; dense within `budget_bytes`, else in query-row chunks. Errors (e.g. out of memory) propagate."""
     rows = chunk_rows(case, budget_bytes)
     out, grads = (_dense if rows >= case.seq_q else _chunked)(case, inputs, rows)
-    checks = {"out": judge("out", out, reference.out, case.dtype, None)}
-    for name, grad in grads.items():
-        checks[name] = judge(name, grad, reference.get(name), case.dtype, None)
+    checks = {name: judge(name, t, reference.get(name), case.dtype, None) for name, t in {"out": out, **grads}.items()}
     method = "dense" if rows >= case.seq_q else f"chunked ({rows} query rows a chunk)"
     return Baseline(checks, method, ("out",) + case.grads)
 
@@ -128,8 +122,8 @@ def _chunked(case: AttentionCase, inputs: Inputs, rows: int):
     dq = torch.empty_like(q_all)
     # every gradient but dq sums over query rows: accumulated in float32 from each chunk's same-precision result,
     # so the rounding model (one rounding per matmul in the dtype) is the dense one at any chunk size
-    sums = {GRADIENT_OF[n]: torch.zeros(t.shape, dtype=torch.float32, device=t.device) for n, t in _leaves(inputs).items()
-            if n != "q"}
+    sums = {GRADIENT_OF[n]: torch.zeros(t.shape, dtype=torch.float32, device=t.device)
+            for n, t in _leaves(inputs).items() if n != "q"}
     for start in range(0, case.seq_q, rows):
         stop = min(case.seq_q, start + rows)
         leaves = _leaves(inputs._replace(q=q_all[:, :, start:stop]))

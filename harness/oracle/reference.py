@@ -58,15 +58,13 @@ def block_rows(case: AttentionCase, budget_bytes: int | None = None, device: str
                grads: bool = True) -> int:
     """Query rows per block: as many as the budget allows for the score-sized buffers, capped on the CPU."""
     budget_bytes = reference_budget(device) if budget_bytes is None else budget_bytes
-    buffers = 2 if grads else 1
-    per_row = buffers * case.batch * case.heads * case.seq_k * 8
+    per_row = (2 if grads else 1) * case.batch * case.heads * case.seq_k * 8       # float64 buffers of a query row
     rows = max(1, min(case.seq_q, int(budget_bytes // per_row)))
     return min(rows, CPU_MAX_BLOCK) if torch.device(device).type == "cpu" else rows
 
 
 def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = True, block: int | None = None,
-                        device: str | torch.device | None = None,
-                        budget_bytes: int | None = None) -> Reference:
+                        device: str | torch.device | None = None, budget_bytes: int | None = None) -> Reference:
     """Exact attention of `inputs` for `case` in float64 on `device` (default: the inputs' own), the result left
     there; gradients use inputs.d_out as upstream. A query row that sees no key gives output 0 and gradient 0. Blocks
     of `block` query rows (default: as many as `budget_bytes` allows, default reference_budget(device))."""
@@ -88,7 +86,6 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
     # this orientation than with a transposed view of the (Sk, D) tensors (benchmarks/reference_throughput.py).
     k_t, v_t = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()   # (BHkv, D, Sk), (BHkv, Dv, Sk)
     d_out = inputs.d_out.to(**cast).reshape(bh, g, sq, dv_dim) if grads else None
-    cap = case.softcap
     slopes = alibi_slopes(h).to(**cast) if case.alibi else None
     sinks = inputs.sinks.to(**cast).view(1, hkv, g, 1, 1) if case.sinks else None
     bias = inputs.bias.to(**cast) if case.bias is not None else None        # (B|1, H, Sq, Sk)
@@ -112,9 +109,9 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
         torch.baddbmm(probs, q_blk, k.transpose(1, 2), beta=0.0, alpha=case.scale, out=probs)  # scaled scores
         per_head = probs.view(b, hkv, g, n, sk)
         capped = None
-        if cap is not None:
-            capped = per_head.div_(cap).tanh_().clone()                      # t = tanh(s / c), for the chain factor
-            per_head.mul_(cap)
+        if case.softcap is not None:
+            capped = per_head.div_(case.softcap).tanh_().clone()             # t = tanh(s / c), for the chain factor
+            per_head.mul_(case.softcap)
         if slopes is not None:
             per_head.add_(alibi_bias(slopes, sq, sk, (start, stop), torch.float64).view(hkv, g, n, sk))
         if bias is not None:
@@ -159,14 +156,11 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
             ds_heads = ds_heads if nb == b else ds_heads.sum(0, keepdim=True)
             dbias[:, :, start:stop] += ds_heads.reshape(nb, h, n, sk)
         if capped is not None:       # through s' = c tanh(s / c): ds = ds' (1 - t^2)
-            per_head_ds = d_probs.view(b, hkv, g, n, sk)
-            per_head_ds.mul_(capped.square_().neg_().add_(1.0))
+            d_probs.view(b, hkv, g, n, sk).mul_(capped.square_().neg_().add_(1.0))
         dq_t = torch.bmm(k_t, d_probs.transpose(1, 2))                       # dQ^T = K^T dS^T, (BHkv, D, g*n)
         dq[:, :, start:stop] = dq_t.transpose(1, 2).mul_(case.scale).reshape(bh, g, n, d)
         dk_t.baddbmm_(q_blk.transpose(1, 2), d_probs, alpha=case.scale)     # summed over the group's heads too
         dv_t.baddbmm_(do_blk.transpose(1, 2), probs)
-    dk = dk_t.transpose(1, 2) if grads else None
-    dv = dv_t.transpose(1, 2) if grads else None
-    return Reference(out.reshape(b, h, sq, dv_dim), dq.reshape(b, h, sq, d) if grads else None,
-                     dk.reshape(b, hkv, sk, d) if grads else None, dv.reshape(b, hkv, sk, dv_dim) if grads else None,
-                     dsinks, dbias)
+    grad_views = (dq.reshape(b, h, sq, d), dk_t.transpose(1, 2).reshape(b, hkv, sk, d),
+                  dv_t.transpose(1, 2).reshape(b, hkv, sk, dv_dim)) if grads else (None, None, None)
+    return Reference(out.reshape(b, h, sq, dv_dim), *grad_views, dsinks, dbias)
