@@ -61,8 +61,7 @@ def check_batch_invariance(backend: Backend, kind: str, device: torch.device, *,
     row = partial(probe_row, case, backend, device, tag=f"batch-invariance-{kind}", phase=FWD, run_id=run_id)
     inputs = make_inputs(case, "cpu", seed)
     pair = ((case, inputs), alone(case, inputs))
-    gate = refused(backend, case, device, executor) or refused(backend, pair[1][0], device, executor)
-    if gate:
+    if gate := refused(backend, case, device, executor) or refused(backend, pair[1][0], device, executor):
         return row(status=gate[0], reason=gate[1])
     outs = []
     for c, x in pair:

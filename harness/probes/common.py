@@ -39,8 +39,7 @@ def probe_row(case: AttentionCase, backend: Backend, device: torch.device, *, ta
 def refused(backend: Backend, case: AttentionCase, device: torch.device, executor: Executor | None = None, *,
             backward: bool = False, dropout: bool = False) -> tuple[str, str] | None:
     """(status, reason) when the probe cannot run here: unavailable, or unsupported by the capability data."""
-    gate = refusal(backend, case, device, executor)
-    if gate:
+    if gate := refusal(backend, case, device, executor):
         return gate
     reasons = backend.can_run(case, device, backward=backward, dropout=dropout)
     return (UNSUPPORTED, "; ".join(reasons)) if reasons else None

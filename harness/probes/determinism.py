@@ -35,8 +35,7 @@ def check_determinism(backend: Backend, device: torch.device, *, seed: int = 0, 
     executor = executor if executor is not None else make_executor()
     case = determinism_case(probe_dtype(backend, device), device)
     row = partial(probe_row, case, backend, device, tag="determinism", phase=BWD, run_id=run_id)
-    gate = refused(backend, case, device, executor, backward=True)
-    if gate:
+    if gate := refused(backend, case, device, executor, backward=True):
         return row(status=gate[0], reason=gate[1])
     runs = []
     for _ in range(REPEATS):  # the same seeded inputs each time (a worker draws them once and keeps them)

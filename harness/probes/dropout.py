@@ -47,8 +47,7 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
         return [probe_row(case, backend, device, tag="dropout", phase=phase, status=s, observed=obs, reason=why,
                           run_id=run_id, op=op) for phase, (s, obs, why) in ((FWD, fwd), (BWD, bwd))]
 
-    gate = refused(backend, case, device, executor, dropout=True)
-    if gate:
+    if gate := refused(backend, case, device, executor, dropout=True):
         return rows((gate[0], "", gate[1]))
     q, k, _, d_out = make_inputs(case, device, seed)[:4]
     eye = torch.eye(case.seq_k, dtype=case.dtype, device=device)

@@ -31,8 +31,7 @@ def probe(backend: Backend, device: torch.device, shape: str) -> dict:
         raise ValueError(f"unknown empty shape {shape!r}; allowed: {', '.join(SHAPES)}")
     b, h, sq, sk, d = SHAPES[shape]
     dtype = probe_dtype(backend, device)
-    reason = backend.unavailable_reason(device)
-    if reason:
+    if reason := backend.unavailable_reason(device):
         return dict(status=UNAVAILABLE, observed="", reason=reason)
     gen = torch.Generator().manual_seed(0)
     canon = [torch.randn(s, generator=gen).to(device, dtype) for s in ((b, h, sq, d), (b, h, sk, d), (b, h, sk, d))]

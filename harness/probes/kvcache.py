@@ -53,9 +53,7 @@ def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: tor
     executor = executor if executor is not None else make_executor()
     full = _full(case)
     inputs = make_inputs(full, device, seed)
-    rows: list[Row] = []
-    outs, dq, dk, dv = [], [], 0, 0
-    have_grads = True
+    rows, outs, dq, dk, dv, have_grads = [], [], [], 0, 0, True
     ops: dict[str, str] = {}                                            # phase -> the kernel the chunks ran
     for i, (start, stop) in enumerate(chunk_bounds(full.seq_q, chunks)):
         result = execute(backend, _chunk(full, inputs, start, stop, device), run_id, executor=executor,

@@ -110,8 +110,7 @@ def nan_in_masked_kv(probe: Probe, prepared: PreparedCase, result: BackendResult
 
 def _native(probe: Probe, native: str, case: AttentionCase) -> Answer | None:
     """The answer when the backend cannot run `case` or lacks the `native_<native>` probe, else None."""
-    refusal = skip(probe, case)
-    if refusal:
+    if refusal := skip(probe, case):
         return refusal
     if native not in probe.backend.native_probes:
         return Answer(UNSUPPORTED, "", f"{probe.backend.name} has no native_{native} probe: it takes mask specs only")
@@ -120,8 +119,7 @@ def _native(probe: Probe, native: str, case: AttentionCase) -> Answer | None:
 
 def _which(probe: Probe, case: AttentionCase, candidates: dict[str, MaskSpec | None]) -> Answer:
     """Call native_causal on `case` and name the candidate mask whose reference it matches."""
-    refusal = _native(probe, "causal", case)
-    if refusal:
+    if refusal := _native(probe, "causal", case):
         return refusal
     prepared = {name: probe.prepared(replace(case, mask=m)) for name, m in candidates.items()}
     inputs = next(iter(prepared.values())).inputs                       # same seed and shapes: same inputs
@@ -151,8 +149,7 @@ def _on_mask_runs(answer: Callable[[Probe, PreparedCase, dict], Answer]) -> Call
     @wraps(answer)
     def question(probe: Probe) -> tuple[AttentionCase, Answer]:
         case = semantics_case(probe_dtype(probe.backend, probe.device))
-        refusal = _native(probe, "mask", case)
-        if refusal:
+        if refusal := _native(probe, "mask", case):
             return case, refusal
         prepared = probe.prepared(case)
 
@@ -220,8 +217,7 @@ def _candidate(case: AttentionCase, inputs: Inputs, *, cap_after_mask: bool = Fa
 
 def _modifier_run(probe: Probe, case: AttentionCase, answer: Callable) -> Answer:
     """answer(prepared, out) of the backend's translation of `case`; not called when the backend cannot run it."""
-    refusal = skip(probe, case)
-    if refusal:
+    if refusal := skip(probe, case):
         return refusal
     prepared = probe.prepared(case)
     out, why = probe.call(case, prepared.inputs)
@@ -263,27 +259,23 @@ def sink_empty_rows(probe: Probe) -> tuple[AttentionCase, Answer]:
         OBSERVED, f"out={classify(out.cpu()[empty], mean_v(case, prepared.inputs)[empty])}"))
 
 
-#: the modifiers' questions (the cap's place, ALiBi's convention, a sink on an empty row)
-MODIFIER_QUESTIONS = {"softcap-order": (FWD, softcap_order), "alibi-convention": (FWD, alibi_convention),
-                      "sink-empty-rows": (FWD, sink_empty_rows)}
-
-
 #: question name -> (phase of its row, probe); one list for `ask` and every caller
 QUESTIONS: dict[str, tuple[str, Callable]] = {
     "fully-masked-rows": (FWD_BWD, fully_masked_rows), "causal-non-square": (FWD, causal_non_square),
     "decode-causal": (FWD, decode_causal), "finite-negative-mask": (FWD, finite_negative_mask),
     "mask-kinds": (FWD, mask_kinds), "scale": (FWD, scale_honoured), "nan-in-masked-kv": (FWD, nan_in_masked_kv),
-    **MODIFIER_QUESTIONS}
+    # the modifiers' questions (the cap's place, ALiBi's convention, a sink on an empty row)
+    "softcap-order": (FWD, softcap_order), "alibi-convention": (FWD, alibi_convention),
+    "sink-empty-rows": (FWD, sink_empty_rows)}
 
 
 def ask(question: str, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
         executor: Executor | None = None, cache: LRU | None = None) -> Row:
     """One question's answer for one backend as a row 'semantics:<question>:<case id>'; `cache`: the probe cache."""
-    executor = executor if executor is not None else make_executor()
     if question not in QUESTIONS:
         raise ValueError(f"unknown semantics question {question!r}; allowed: {', '.join(QUESTIONS)}")
     phase, question_fn = QUESTIONS[question]
-    probe = Probe(backend, device, seed, executor, cache)
+    probe = Probe(backend, device, seed, executor if executor is not None else make_executor(), cache)
     case = semantics_case(probe_dtype(backend, device))
     answer = skip(probe, case)
     if answer is None:

@@ -98,9 +98,8 @@ class AttentionCase:
 
     @property
     def modifiers(self) -> frozenset[str]:
-        present = {"softcap": self.softcap is not None, "sinks": self.sinks, "alibi": self.alibi,
-                   "bias": self.bias is not None}
-        return frozenset(name for name, on in present.items() if on)
+        present = (self.softcap is not None, self.sinks, self.alibi, self.bias is not None)  # in MODIFIERS' order
+        return frozenset(name for name, on in zip(mods.MODIFIERS, present) if on)
 
     @property
     def modifier_id(self) -> str:
@@ -180,7 +179,7 @@ def make_inputs(case: AttentionCase, device: str | torch.device = "cpu", seed: i
     if case.softcap is not None:  # std(scale q.k) = scale sqrt(d) for N(0,1) q, k: make it SOFTCAP_SCORE_STD caps
         drawn[0] = drawn[0] * (mods.SOFTCAP_SCORE_STD * case.softcap / (case.scale * math.sqrt(case.head_dim)))
     sinks = torch.randn(h, generator=gen) * mods.SINK_STD + (math.log(sk) + 0.5) if case.sinks else None
-    bias = None if case.bias is None else torch.randn(mods.bias_shape(case.bias, b, h, sq, sk), generator=gen)
+    bias = None if case.bias is None else torch.randn((1 if case.bias == "head" else b, h, sq, sk), generator=gen)
     return Inputs(*drawn, sinks, bias).map(lambda t: t.to(device=device, dtype=case.dtype))
 
 

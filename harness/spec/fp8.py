@@ -30,7 +30,6 @@ def magnitudes(kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def kv_scales(kv_heads: int, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(k_scale, v_scale) float32: shape (1,) per tensor, (kv_heads,) per head; x ~= x8 * scale."""
-    validate_fp8_kv(granularity)
     k, v = (m * RANGE_STDS / FP8_MAX for m in magnitudes(kv_heads))
     return (k.max().view(1), v.max().view(1)) if granularity == "tensor" else (k, v)
 
@@ -42,7 +41,6 @@ def query_magnitudes(kv_heads: int) -> torch.Tensor:
 
 def q_scales(kv_heads: int, granularity: str) -> torch.Tensor:
     """q_scale float32: (1,) per tensor, (kv_heads,) per kv-head group; q ~= q8 * scale of its head's group."""
-    validate_fp8_kv(granularity)
     scale = query_magnitudes(kv_heads) * RANGE_STDS / FP8_MAX
     return scale.max().view(1) if granularity == "tensor" else scale
 
@@ -74,8 +72,7 @@ def dequantize(x8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, head_a
 
 def dequantized_kv(case, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Canonical K and V of an FP8 case as its cache holds them, dequantized into `dtype` (float64: exact)."""
-    k_scale, v_scale = kv_scales(case.kv_heads, case.fp8_kv)
-    return (dequantize(quantize(k, k_scale), k_scale, dtype), dequantize(quantize(v, v_scale), v_scale, dtype))
+    return tuple(dequantize(quantize(x, s), s, dtype) for x, s in zip((k, v), kv_scales(case.kv_heads, case.fp8_kv)))
 
 
 def dequantized_q(case, q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -55,8 +55,7 @@ def alibi_slopes(heads: int) -> torch.Tensor:
         return [(2.0 ** (-8.0 / n)) ** (i + 1) for i in range(n)]
 
     p = 2 ** int(math.floor(math.log2(heads)))
-    slopes = power_of_two(p) if p == heads else power_of_two(p) + power_of_two(2 * p)[0::2][:heads - p]
-    return torch.tensor(slopes, dtype=torch.float32)
+    return torch.tensor(power_of_two(p) + power_of_two(2 * p)[0::2][:heads - p], dtype=torch.float32)
 
 
 def softcap_scores(scores: torch.Tensor, cap: float) -> torch.Tensor:
@@ -76,11 +75,6 @@ def alibi_bias(slopes: torch.Tensor, seq_q: int, seq_k: int, rows: tuple[int, in
     q_idx = torch.arange(start, stop, device=slopes.device).view(1, -1, 1)
     k_idx = torch.arange(seq_k, device=slopes.device).view(1, 1, -1)
     return alibi_term(slopes.to(dtype).view(-1, 1, 1), q_idx, k_idx, seq_q, seq_k).to(dtype)
-
-
-def bias_shape(kind: str, batch: int, heads: int, seq_q: int, seq_k: int) -> tuple[int, int, int, int]:
-    """The canonical bias layout: (1 for "head" or batch for "full", heads, seq_q, seq_k)."""
-    return (1 if kind == "head" else batch, heads, seq_q, seq_k)
 
 
 def additive_term(mask, seq_q: int, seq_k: int, batch: int, dtype: torch.dtype, device,

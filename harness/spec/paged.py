@@ -44,10 +44,6 @@ class PagedLayout:
     num_blocks: int
     page_size: int
 
-    @property
-    def max_blocks(self) -> int:
-        return self.block_table.shape[1]
-
 
 def paged_layout(case: "AttentionCase", device: str | torch.device = "cpu") -> PagedLayout:
     """The case's block table: each sequence owns ceil(seq_k / page_size) pages of a seeded shuffle of all pages."""

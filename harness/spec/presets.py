@@ -11,7 +11,7 @@ from pathlib import Path
 from harness.spec.case import AttentionCase, paged_case, parse_dtype
 from harness.spec.masks import MaskSpec, SlidingWindow, parse_mask
 from harness.spec.matrices import decode_batch
-from harness.spec.serving_step import StepMix, serving_step
+from harness.spec.serving_step import serving_step
 
 #: `check --preset`'s size: the float64 reference and the baseline do it in about a second on 2 CPU cores
 QUICK_BATCH, QUICK_SEQ = 2, 128
@@ -65,8 +65,7 @@ class ModelShape:
         seq_q = seq if seq_q is None else seq_q
         mask = parse_mask(self.mask_for(seq_q, seq, layer_mask), batch=batch, seq_k=seq, seq_q=seq_q)
         return AttentionCase(batch, self.heads, seq_q, self.head_dim, parse_dtype(dtype), kv_heads=self.kv_heads,
-                             seq_k=seq, mask=mask,
-                             softcap=self.softcap, sinks=self.sinks, head_dim_v=self.head_dim_v)
+                             seq_k=seq, mask=mask, softcap=self.softcap, sinks=self.sinks, head_dim_v=self.head_dim_v)
 
     def quick_cases(self, batch: int | None = None, seq: int | None = None) -> list[AttentionCase]:
         """Small cases of every layer kind: prefill in fp32 and bf16, and a decoder's decode step."""
@@ -90,18 +89,11 @@ class ModelShape:
         # paged cases are plain causal (a window would be lost) and take no modifiers yet
         plain = self.softcap is None and not self.sinks and self.head_dim_v in (None, self.head_dim)
         if not self.encoder and self.mask == "causal" and self.local_window is None and plain:
-            out += [self.paged_case(decode_batch(32768), 32768, q, p, dtype) for q in (1, 4, 8) for p in (16, 256)]
-            out.append(self.serving_step(32768, 16, dtype))
+            shape = dict(heads=self.heads, head_dim=self.head_dim, dtype=parse_dtype(dtype), kv_heads=self.kv_heads)
+            out += [paged_case(decode_batch(32768), seq_q=q, **shape, cache=32768, page_size=p)
+                    for q in (1, 4, 8) for p in (16, 256)]
+            out.append(serving_step(**shape, cache=32768, page_size=16))
         return list(dict.fromkeys(out))
-
-    def paged_case(self, batch: int, cache: int, seq_q: int, page_size: int, dtype: str = "bf16") -> AttentionCase:
-        return paged_case(batch, self.heads, seq_q, self.head_dim, parse_dtype(dtype), kv_heads=self.kv_heads,
-                          cache=cache, page_size=page_size)
-
-    def serving_step(self, cache: int, page_size: int | None, dtype: str = "bf16",
-                     mix: StepMix = StepMix()) -> AttentionCase:
-        return serving_step(self.heads, self.head_dim, parse_dtype(dtype), kv_heads=self.kv_heads, cache=cache,
-                            page_size=page_size, mix=mix)
 
 
 #: attention shapes from each model's published config.json (Hugging Face hub)
@@ -224,18 +216,14 @@ def quick_cases(preset: str | None, hf_config: str | Path | None, *, batch: int 
                 seq: int | None = None) -> list[AttentionCase] | None:
     """`check`'s cases for --preset/--hf-config (ModelShape.quick_cases), or None when neither is given."""
     shape = model_shape(preset, hf_config)
-    if shape is None:
-        if batch is not None or seq is not None:
-            raise ValueError("--batch and --seq size the cases of a --preset or --hf-config; give one of those")
-        return None
-    return shape.quick_cases(batch, seq)
+    if shape is None and (batch is not None or seq is not None):
+        raise ValueError("--batch and --seq size the cases of a --preset or --hf-config; give one of those")
+    return None if shape is None else shape.quick_cases(batch, seq)
 
 
 def model_shape(preset: str | None, hf_config: str | Path | None) -> ModelShape | None:
     """The shape `--preset` or `--hf-config` names (not both), or None."""
     if preset and hf_config:
         raise ValueError("give --preset or --hf-config, not both")
-    if preset:
-        return get_preset(preset)
-    return from_hf_config(hf_config) if hf_config else None
+    return get_preset(preset) if preset else (from_hf_config(hf_config) if hf_config else None)
 

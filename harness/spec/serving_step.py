@@ -51,8 +51,7 @@ def parse_mix(text: str) -> StepMix:
     if match is None:
         raise ValueError(f"serving step {text!r}: must read pPxC-dD-vVxS (P prefill chunks of C tokens, D decodes, V "
                          f"verifications of S tokens), e.g. {StepMix().id}")
-    p, c, d, v, s = (int(g) for g in match.groups())
-    return StepMix(prefills=p, chunk=c, decodes=d, verifications=v, spec_len=s)
+    return StepMix(*map(int, match.groups()))                                # pPxC-dD-vVxS: StepMix's field order
 
 
 #: a mix the CPU matrices run in seconds: one 24-token chunk, 5 decodes, 2 verifications of 4

@@ -35,8 +35,7 @@ class CacheCausal(PerSequenceLengths):
                 not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in q_lens):
             raise ValueError(f"CacheCausal.q_lens={self.q_lens!r}: must be one int >= 1 per sequence "
                              f"({len(self.lengths)}, as lengths)")
-        b = next((b for b, (n, c) in enumerate(zip(q_lens, self.lengths)) if n > c), None)
-        if b is not None:
+        if (b := next((b for b, (n, c) in enumerate(zip(q_lens, self.lengths)) if n > c), None)) is not None:
             raise ValueError(f"CacheCausal.q_lens={q_lens!r}: q_lens[{b}]={q_lens[b]} > lengths[{b}]="
                              f"{self.lengths[b]} (the queries are the last entries of their cache)")
         object.__setattr__(self, "q_lens", q_lens)

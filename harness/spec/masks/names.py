@@ -29,8 +29,7 @@ def parse_mask(name: str, *, batch: int, seq_k: int, seq_q: int | None = None) -
         return fixed[name]
     if name == "window":
         return SlidingWindow(max(1, seq_k // 4), 0)
-    window = _WINDOW_N.fullmatch(name) if isinstance(name, str) else None
-    if window:
+    if window := _WINDOW_N.fullmatch(name) if isinstance(name, str) else None:
         return SlidingWindow(int(window.group(1)), 0)
     if name in ("keypad", "causal+keypad"):
         # the last batch element keeps every key, the others lose some

@@ -36,12 +36,8 @@ class SlidingWindow(MaskSpec):
 
     def allows(self, b, q_idx, k_idx, seq_q, seq_k):
         diag = q_idx + (seq_k - seq_q)
-        ok = torch.ones_like(k_idx <= diag)
-        if self.left >= 0:
-            ok = ok & (k_idx >= diag - self.left)
-        if self.right >= 0:
-            ok = ok & (k_idx <= diag + self.right)
-        return ok
+        ok = (k_idx >= diag - self.left) if self.left >= 0 else torch.ones_like(k_idx <= diag)
+        return ok & (k_idx <= diag + self.right) if self.right >= 0 else ok
 
     def key_ranges(self, seq_q, seq_k, batch=None):
         diag = torch.arange(seq_q).view(1, -1) + (seq_k - seq_q)
