@@ -20,19 +20,15 @@ def correctness_change(base: pd.Series, new: pd.Series, cfg: GateConfig = GateCo
     seeds (same_inputs False) judged other inputs: their error figures are not comparable, so only a status change
     or new NaN/inf counts, not err_ratio's growth."""
     b, n = base.get("status"), new.get("status")
-    notes, worse = [], False
+    notes = []  # each says why the key got worse
     if n in BAD and b not in BAD:
-        worse = True
         notes.append(f"{b}->{n}: {new.get('reason', '')}".rstrip(": "))
     if truthy(new.get("nonfinite")) and not truthy(base.get("nonfinite")):
-        worse = True
         notes.append("new non-finite values (NaN/inf)")
-    b_ratio, n_ratio = pd.to_numeric(base.get("err_ratio"), errors="coerce"), pd.to_numeric(new.get("err_ratio"),
-                                                                                                 errors="coerce")
+    b_ratio, n_ratio = (pd.to_numeric(side.get("err_ratio"), errors="coerce") for side in (base, new))
     if same_inputs and np.isfinite(b_ratio) and np.isfinite(n_ratio) and n_ratio - b_ratio >= cfg.err_growth:
-        worse = True
         notes.append(f"err_ratio {b_ratio:.3g}->{n_ratio:.3g} (+{n_ratio - b_ratio:.2f} of the tolerance)")
-    if worse:
+    if notes:
         return WORSE, "; ".join(notes)
     if b == PASS and n in NOT_RUN:
         return LOST, f"pass->{n}: {new.get('reason', '')}".rstrip(": ")

@@ -27,24 +27,19 @@ def run_dirs(results_dir: str | Path) -> list[Path]:
     root = Path(results_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"results directory {str(root)!r} does not exist")
-    if is_run_dir(root):
-        return [root]
-    return sorted(p for p in root.iterdir() if is_run_dir(p))
+    return [root] if is_run_dir(root) else sorted(p for p in root.iterdir() if is_run_dir(p))
 
 
 def load_run(run_dir: str | Path) -> pd.DataFrame:
     """One run's rows with its env.json fields, `run_dir`, `incomplete` (why not) and `refused_rows` added."""
     run_dir = Path(run_dir)
-    df = load_results(run_dir)
+    df, env = load_results(run_dir), read_env(run_dir)
     refused = refused_rows(df)
-    env = read_env(run_dir)
     df["run_id"] = df["run_id"].fillna(env.get("run_id", run_dir.name)) if "run_id" in df else run_dir.name
     for name in env_fields():
         df[name] = df[name].where(df[name].notna(), env.get(name)) if name in df.columns else env.get(name)
-    df["run_dir"] = str(run_dir)
-    df["incomplete"] = incomplete(env) or ""
-    df["refused_rows"] = refused
-    if df.empty and (refused or df.incomplete.any()):  # a run with no row left must still be listed, with its notes
+    df = df.assign(run_dir=str(run_dir), incomplete=incomplete(env) or "", refused_rows=refused)
+    if df.empty and (refused or incomplete(env)):  # a run with no row left must still be listed, with its notes
         df = pd.DataFrame([{"run_id": env.get("run_id", run_dir.name), "run_dir": str(run_dir),
                             "incomplete": incomplete(env) or "", "refused_rows": refused,
                             **{name: env.get(name) for name in env_fields()}}])

@@ -29,24 +29,18 @@ def _key_text(key: tuple) -> str:
 
 def key_spreads(history: pd.DataFrame) -> pd.DataFrame:
     """Per key of one testbed's runs: the A/A sigma of log(run median ratio), its source and run count."""
-    rows = []
-    code = ["git_sha", "git_dirty", "torch", "backend_version"]
-    runs = history.drop_duplicates("run_dir")
-    medians = []
-    for run_dir in runs.run_dir:
+    rows, medians, code = [], [], ["git_sha", "git_dirty", "torch", "backend_version"]
+    for run_dir in history.drop_duplicates("run_dir").run_dir:
         samples = load_samples(run_dir)
         if samples.empty:
             continue
         samples = samples[samples.latency_ms > 0]
         per_round = samples.groupby([*KEY, "round"], sort=False).latency_ms.median().reset_index()
-        per_round["log_ms"] = np.log(per_round.latency_ms)
-        per_round["run_dir"] = run_dir
-        medians.append(per_round)
+        medians.append(per_round.assign(log_ms=np.log(per_round.latency_ms), run_dir=run_dir))
     if not medians:
         return pd.DataFrame(columns=["key", "aa_sigma", "source", "runs"])
-    rounds = pd.concat(medians, ignore_index=True)
     ids = history[["run_dir", *KEY, *[c for c in code if c in history]]].drop_duplicates(["run_dir", *KEY])
-    rounds = rounds.merge(ids, on=["run_dir", *KEY], how="left")
+    rounds = pd.concat(medians, ignore_index=True).merge(ids, on=["run_dir", *KEY], how="left")
     group_cols = [c for c in code if c in rounds] or ["run_dir"]  # without code ids every run stands alone
     for key, g in rounds.groupby(list(KEY), sort=False):
         # within a run: each round median's deviation from its run's median

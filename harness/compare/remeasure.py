@@ -94,8 +94,7 @@ def remeasure(comparison: Comparison, config: RemeasureConfig = RemeasureConfig(
     if suspects.empty:
         return comparison
     new_dir = comparison.new.run_dir
-    env = read_env(new_dir)
-    out_dir = new_dir / REMEASURE_DIR
+    env, out_dir = read_env(new_dir), new_dir / REMEASURE_DIR
     out_dir.mkdir(exist_ok=True)
     notes = [] if timer is not None else [_check_new_side(env, new_dir)]
     cases = run_cases(env, new_dir) if cases is None else cases
@@ -134,9 +133,8 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
             log, clock, base_note: str, load=None) -> None:
     """The re-measurement loop: rounds of every pending key on both sides (or the new one), until decided."""
     rows = comparison.rows
-    base_env, new_env = read_env(comparison.base.run_dir), read_env(comparison.new.run_dir)
-    run_ids = {"new": new_env.get("run_id", comparison.new.run_dir.name),
-               "base": base_env.get("run_id", comparison.base.run_dir.name)}
+    run_ids = {side: read_env(run.run_dir).get("run_id", run.run_dir.name)
+               for side, run in (("new", comparison.new), ("base", comparison.base))}
     sides = {"base": base_timer, "new": timer} if base_timer is not None else {"new": timer}
     files = {"base": "base-samples.csv", "new": "samples.csv"}
     writers = {side: SamplesWriter(out_dir / files[side]) for side in sides}
@@ -156,20 +154,18 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
                 if clock() - start >= config.budget_s:
                     break
                 case, backend, phase, estimate = pending[i]
-                names = list(sides)
-                if (rounds_done + position) % 2:  # ABBA: neither side is always the first of its pair
-                    names.reverse()
+                # ABBA: neither side is always the first of its pair
+                names = list(sides)[::-1] if (rounds_done + position) % 2 else list(sides)
                 got = {side: sides[side].time(case, backend, phase, estimate) for side in names}
                 rejected = [f"{side} code: {g.reason}" for side, g in got.items() if isinstance(g, Rejected)]
+                failed = [f"{side}: {samples}" for side, samples in got.items() if isinstance(samples, str)]
                 if rejected:  # no figure of this key is a re-measurement's: the gate says why, and fails
                     rows.loc[i, "verdict"], rows.loc[i, "remeasured"] = REJECTED, True
                     rows.loc[i, "note"] = (f"re-measure rejected (first verdict {rows.loc[i, 'first_verdict']}): "
                                            + "; ".join(rejected))
-                    del pending[i]
-                    continue
-                failed = [f"{side}: {samples}" for side, samples in got.items() if isinstance(samples, str)]
-                if failed:
+                elif failed:
                     rows.loc[i, "note"] = "re-measure failed: " + "; ".join(failed)
+                if rejected or failed:
                     del pending[i]
                     continue
                 for side, samples in got.items():

@@ -156,8 +156,7 @@ def ratio_figure(cmp: Comparison):
     for verdict, color in colors.items():
         ax.scatter([], [], c=color, s=18, label=verdict)
     ax.legend(fontsize=7, loc="best")
-    devices = f"cross-device: {cmp.new.device_name} vs {cmp.base.device_name}, " \
-        if cmp.mode == "cross-device" else ""
+    devices = f"cross-device: {cmp.new.device_name} vs {cmp.base.device_name}, " if cmp.mode == "cross-device" else ""
     ax.set_title(f"{devices}latency ratio per (case, backend, phase)", fontsize=8)
     return fig
 

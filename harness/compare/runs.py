@@ -64,9 +64,8 @@ class Comparison:
 
     def exit_code(self, fail_on_undecided: bool = True) -> int:
         """1 on a regression (or lost keys), else 3 when undecided keys remain and they fail the gate, else 0."""
-        if self.regression:
-            return EXIT_REGRESSION
-        return EXIT_UNDECIDED if fail_on_undecided and len(self.undecided) else EXIT_OK
+        return (EXIT_REGRESSION if self.regression else
+                EXIT_UNDECIDED if fail_on_undecided and len(self.undecided) else EXIT_OK)
 
 
 def run_testbed(run_dir: Path, results: pd.DataFrame) -> str | None:
@@ -166,25 +165,19 @@ def mark_regressions(comparison: Comparison) -> None:
 
 def busy_load(env: dict) -> list[str]:
     """When a run's 1-minute load average (at its start or end) exceeded BUSY_LOAD_PER_CPU per CPU, and by how much."""
-    out = []
     cpus = env.get("cpu_count") or 1
-    for when in ("clocks_start", "clocks_end"):
-        load = ((env.get(when) or {}).get("loadavg") or [None])[0]
-        if isinstance(load, (int, float)) and load > BUSY_LOAD_PER_CPU * cpus:
-            out.append(f"{when[7:]}: load average {load:.1f} on {cpus} CPUs")
-    return out
+    loads = {when[7:]: ((env.get(when) or {}).get("loadavg") or [None])[0] for when in ("clocks_start", "clocks_end")}
+    return [f"{when}: load average {load:.1f} on {cpus} CPUs" for when, load in loads.items()
+            if isinstance(load, (int, float)) and load > BUSY_LOAD_PER_CPU * cpus]
 
 
 def run_warnings(env: dict) -> list[str]:
     """Why a run's timings may not reflect its testbed: a busy host, or a GPU throttled, at start or end."""
-    out = [f"{w} (other processes competed for them)" for w in busy_load(env)]
-    for when in ("clocks_start", "clocks_end"):
-        snap = env.get(when) or {}
-        reasons = snap.get("throttle_reasons")
-        # 0x0 none, 0x1 GPU idle: anything else (power cap, thermal, sync boost...) lowered the clocks
-        if reasons not in (None, "", "0x0", "0x1", "0x0000000000000000", "0x0000000000000001", "Not Active"):
-            out.append(f"{when[7:]}: GPU clock throttle reasons {reasons}")
-    return out
+    throttles = {when[7:]: (env.get(when) or {}).get("throttle_reasons") for when in ("clocks_start", "clocks_end")}
+    # 0x0 none, 0x1 GPU idle: anything else (power cap, thermal, sync boost...) lowered the clocks
+    quiet = (None, "", "0x0", "0x1", "0x0000000000000000", "0x0000000000000001", "Not Active")
+    return [*(f"{w} (other processes competed for them)" for w in busy_load(env)),
+            *(f"{when}: GPU clock throttle reasons {r}" for when, r in throttles.items() if r not in quiet)]
 
 
 def ratio_spread(comparison: Comparison) -> tuple[float, float] | None:

@@ -38,16 +38,12 @@ def run_cases(env: dict, run_dir: Path) -> dict:
     from harness.spec.presets import from_hf_config, get_preset
 
     source = env.get("cases") or {}
-    if source.get("preset"):
-        cases = get_preset(source["preset"]).cases()
-    elif source.get("hf_config"):
-        cases = from_hf_config(source["hf_config"]).cases()
-    elif source.get("matrix"):
-        cases = build_matrix(source["matrix"])
-    else:
-        raise ValueError(f"{run_dir}/env.json does not say which cases the run had (written by an older harness); "
-                         "re-run it to re-measure")
-    return {c.id: c for c in cases}
+    for field, make in (("preset", lambda v: get_preset(v).cases()), ("hf_config", lambda v: from_hf_config(v).cases()),
+                        ("matrix", build_matrix)):
+        if source.get(field):
+            return {c.id: c for c in make(source[field])}
+    raise ValueError(f"{run_dir}/env.json does not say which cases the run had (written by an older harness); "
+                     "re-run it to re-measure")
 
 
 def current_code() -> dict:
@@ -152,7 +148,7 @@ class CheckoutTimer:
         import os
 
         # absolute: the server's working directory is the checkout, not ours
-        checkout, run_dir, log_dir = Path(checkout).resolve(), Path(run_dir).resolve(), Path(log_dir).resolve()
+        checkout, run_dir, log_dir = (Path(p).resolve() for p in (checkout, run_dir, log_dir))
         if not (checkout / "harness" / "compare").is_dir():
             raise ValueError(f"--base-checkout {checkout}: not a checkout of this project (no harness/compare/)")
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -187,9 +183,8 @@ class CheckoutTimer:
     def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | Rejected | str:
         answer = self._ask({"op": "time", "case": case.id, "backend": backend, "phase": phase,
                             "estimate_ms": estimate_ms})
-        if "samples" in answer:
-            return tuple(answer["samples"])
-        return Rejected(answer[REJECTED]) if REJECTED in answer else str(answer.get("failure"))
+        return (tuple(answer["samples"]) if "samples" in answer else Rejected(answer[REJECTED])
+                if REJECTED in answer else str(answer.get("failure")))
 
     def end_round(self) -> None:
         self._ask({"op": "end_round"})

@@ -59,11 +59,8 @@ def copy_bandwidth_samples(device: torch.device, config: TimingConfig = TimingCo
     nbytes = nbytes or COPY_BYTES["cuda" if device.type == "cuda" else "cpu"]
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    out = []
-    for _ in range(samples):
-        m = measure(lambda: dst.copy_(src), device=device, config=config)
-        out.append(round(2 * src.numel() * 4 / (m.min * 1e-3) / 1e9, 3))
-    return out
+    return [round(2 * src.numel() * 4 / (measure(lambda: dst.copy_(src), device=device, config=config).min * 1e-3)
+                  / 1e9, 3) for _ in range(samples)]
 
 
 def copy_bandwidth_per_thread_samples(device: torch.device, samples: int = 1) -> list[float]:
@@ -97,11 +94,9 @@ def roofline_columns(case: AttentionCase, phase: str, flops: float, latency_ms: 
     pct = 100.0 * tflops / peak_tflops if peak_tflops else float("nan")
     binds = bound(flops, nbytes, peak_tflops, peak_gbps)
     which = binds or ("memory" if peak_gbps and not peak_tflops else "compute")
-    why = ""
-    if which == "memory" and pct_bw > 100:
-        why = (f"suspicious: {gbps:.4g} GB/s exceeds the measured copy bandwidth {peak_gbps:.4g} GB/s (memory-bound "
-               f"row; on a CPU a working set that fits the cache can do this)")
-    elif which == "compute" and pct > 100:
-        why = f"suspicious: {tflops:.3g} TFLOP/s exceeds the measured matmul peak {peak_tflops:.3g}"
+    why = (f"suspicious: {gbps:.4g} GB/s exceeds the measured copy bandwidth {peak_gbps:.4g} GB/s (memory-bound "
+           f"row; on a CPU a working set that fits the cache can do this)" if which == "memory" and pct_bw > 100 else
+           f"suspicious: {tflops:.3g} TFLOP/s exceeds the measured matmul peak {peak_tflops:.3g}"
+           if which == "compute" and pct > 100 else "")
     return {"bytes_moved": nbytes, "gbps": gbps, "pct_of_bw_peak": pct_bw,
             "bound": binds, "suspicious": bool(why), "why": why}

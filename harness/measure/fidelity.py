@@ -55,9 +55,8 @@ class Fidelity:
     @property
     def spread(self) -> float:
         """Half-width of the 90% bootstrap interval of the ratio, resampling whole blocks (seeded)."""
-        rng = np.random.default_rng(0)
         ratios = self.block_ratios()
-        boot = np.median(ratios[rng.integers(0, len(ratios), (400, len(ratios)))], axis=1)
+        boot = np.median(ratios[np.random.default_rng(0).integers(0, len(ratios), (400, len(ratios)))], axis=1)
         lo, hi = np.percentile(boot, [5, 95])
         return float(hi - lo) / 2
 
@@ -88,19 +87,17 @@ def fidelity(fn: Callable[[], object], device: torch.device, *, blocks: int = 30
     if blocks < 2 or calls < 1 or not math.isfinite(block_ms) or block_ms <= 0:
         raise ValueError(f"blocks={blocks!r}, calls={calls!r}, block_ms={block_ms!r}: need >= 2 blocks of >= 1 call "
                          "and a finite budget > 0")
-    first = measure(fn, device=device, config=TimingConfig(warmup_ms=block_ms, budget_ms=block_ms))  # warm both up
-    estimate = first.median
+    # warm both up
+    estimate = measure(fn, device=device, config=TimingConfig(warmup_ms=block_ms, budget_ms=block_ms)).median
     exact = TimingConfig(warmup_ms=0.0, budget_ms=block_ms, min_reps=calls, max_reps=calls)
     per_block = TimingConfig(warmup_ms=0.0, budget_ms=block_ms) if device.type == "cuda" else exact
-    parts, pairs, name = [], [], ""
+    timers = {"harness": lambda: measure(fn, device=device, config=per_block, estimate_ms=estimate),
+              "independent": lambda: independent_samples_ms(fn, device, calls, block_ms)}
+    parts, pairs = [], []
     for block in range(blocks):
         order = ("harness", "independent") if block % 4 in (0, 3) else ("independent", "harness")  # ABBA
-        got: dict = {}
-        for who in order:
-            if who == "harness":
-                got[who] = measure(fn, device=device, config=per_block, estimate_ms=estimate)
-            else:
-                got[who], name = independent_samples_ms(fn, device, calls, block_ms)
-        parts.append(got["harness"])
-        pairs.append((tuple(got["harness"].samples_ms), tuple(got["independent"])))
+        got = {who: timers[who]() for who in order}
+        (theirs, name), ours = got["independent"], got["harness"]
+        parts.append(ours)
+        pairs.append((tuple(ours.samples_ms), tuple(theirs)))
     return Fidelity(tuple(pairs), Measurement.merge(parts), name, tolerance)

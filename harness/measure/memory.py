@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Callable
 
@@ -50,8 +51,4 @@ def cpu_peak(fn: Callable[[], object]) -> int:
         del result
     events = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
               and e.device_type() == torch.autograd.DeviceType.CPU]
-    live = peak = 0
-    for _, nbytes in sorted(events):
-        live += nbytes
-        peak = max(peak, live)
-    return peak
+    return max(itertools.accumulate((nbytes for _, nbytes in sorted(events)), initial=0))  # the live bytes' peak

@@ -27,10 +27,7 @@ def _signed_rank_counts(n: int) -> tuple[int, ...]:
     """How many of the 2^n sign patterns give each signed-rank sum W+ = 0..n(n+1)/2: the exact null."""
     counts = [1]
     for rank in range(1, n + 1):
-        grown = counts + [0] * rank
-        for w, c in enumerate(counts):
-            grown[w + rank] += c
-        counts = grown
+        counts = [a + b for a, b in zip(counts + [0] * rank, [0] * rank + counts)]
     return tuple(counts)
 
 
@@ -54,38 +51,25 @@ def signed_rank_interval(diffs, alpha: float) -> tuple[float, float, float, bool
     Walsh averages and its order statistics at one-sided level alpha each way; not `exact`: too few pairs for any
     bound (the bounds are then the extreme differences)."""
     d = np.asarray(diffs, float)
-    n = len(d)
-    walsh = np.sort(((d[:, None] + d[None, :]) / 2)[np.triu_indices(n)])
-    k = _walsh_rank(n, alpha)
-    exact = k >= 1
-    k = max(k, 1)
-    return float(np.median(walsh)), float(walsh[k - 1]), float(walsh[-k]), exact
+    walsh = np.sort(((d[:, None] + d[None, :]) / 2)[np.triu_indices(len(d))])
+    k = _walsh_rank(len(d), alpha)
+    return float(np.median(walsh)), float(walsh[max(k, 1) - 1]), float(walsh[-max(k, 1)]), k >= 1
 
 
 def machine_noise(diffs, shift: float, load: tuple[float, int] | None) -> str:
     """Why these pairs measure the machine rather than the code ('' when they can be judged): their spread beyond
     PAIR_SPREAD_LIMIT, or `load` (1-minute load average, CPUs) above BUSY_LOAD_PER_CPU while some pair is a
     burst (farther than BURST from the estimate)."""
-    d = np.asarray(diffs, float)
-    why = []
+    d, why = np.asarray(diffs, float), []
     spread = iqr(d) / IQR_PER_SD
     if spread > PAIR_SPREAD_LIMIT:
         why.append(f"the pairs' log ratios spread {spread:.2f} (normalized IQR; judged up to {PAIR_SPREAD_LIMIT:g}, "
                    "quiet pairs here spread ~0.07)")
-    if load is not None:
-        loadavg, cpus = load
-        bursts = int(np.sum(np.abs(d - shift) > BURST))
-        if loadavg > BUSY_LOAD_PER_CPU * cpus and bursts:
-            why.append(f"load average {loadavg:.1f} on {cpus} CPUs during re-measurement, {bursts} of {len(d)} "
-                       f"pairs more than {math.exp(BURST):.0f}x off the estimate")
+    bursts = int(np.sum(np.abs(d - shift) > BURST))
+    if load is not None and load[0] > BUSY_LOAD_PER_CPU * load[1] and bursts:
+        why.append(f"load average {load[0]:.1f} on {load[1]} CPUs during re-measurement, {bursts} of {len(d)} "
+                   f"pairs more than {math.exp(BURST):.0f}x off the estimate")
     return "; ".join(why)
-
-
-def decide_on_quieter(why: str, loaded: bool = True) -> str:
-    """The advice for a key the machine's noise left undecided: what would decide it."""
-    quieter = "re-run on a quieter machine (stop the other jobs" + ("; load below the CPU count)" if loaded else ")")
-    return (f"the machine's noise is too large to settle this at the gate's level ({why}): {quieter}, or give it "
-            "more pairs (--remeasure-max-pairs, --remeasure-budget-s)")
 
 
 def paired_verdict(base_medians, new_medians, cfg: GateConfig = GateConfig(), *, alpha: float = FAMILY_ALPHA,
@@ -97,8 +81,7 @@ def paired_verdict(base_medians, new_medians, cfg: GateConfig = GateConfig(), *,
         raise ValueError(f"paired_verdict: {len(base)} base rounds against {len(new)} new ones; pairs need both")
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha={alpha!r}: must be in (0, 0.5), e.g. 0.002")
-    n = len(base)
-    margin = 1 + cfg.min_effect
+    n, margin = len(base), 1 + cfg.min_effect
     counts = dict(n_base=n_base, n_new=n_new, rounds_base=n, rounds_new=n, margin=margin)
     if n < 2:
         return GateVerdict(UNDECIDED, f"{n} paired round(s): at least 2 are needed", **counts)
@@ -116,9 +99,12 @@ def paired_verdict(base_medians, new_medians, cfg: GateConfig = GateConfig(), *,
     within = not counts_as_change(figures["base_ms"], figures["new_ms"], figures["ratio"], margin, cfg.abs_floor_ms)
     if noise and not (within and exact and finite_exp(high) <= margin):
         # bursts on either side move the estimate: only a whole interval within the margin settles such pairs
-        where = "within" if within else "beyond"
-        return GateVerdict(UNDECIDED, f"{interval} {where} the margin {margin:.3f}, but "
-                                      + decide_on_quieter(noise, loaded=load is not None), **figures)
+        # the advice: what would decide a key the machine's noise left undecided
+        where, loaded = ("within" if within else "beyond"), ("; load below the CPU count" if load is not None else "")
+        return GateVerdict(UNDECIDED, f"{interval} {where} the margin {margin:.3f}, but the machine's noise is too "
+                                      f"large to settle this at the gate's level ({noise}): re-run on a quieter "
+                                      f"machine (stop the other jobs{loaded}), or give it more pairs "
+                                      "(--remeasure-max-pairs, --remeasure-budget-s)", **figures)
     if within:
         return GateVerdict(UNCHANGED, interval, **figures)
     if shift > 0:

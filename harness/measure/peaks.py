@@ -25,14 +25,12 @@ COPY_PER_THREAD = f"copy_gbps {PER_THREAD}"
 def limit_tflops(peaks: dict[str, float], dtype: str) -> float | None:
     """TFLOP/s no kernel given `dtype` inputs beats: its and fp32's peaks and one-thread bounds; None."""
     keys = (dtype, FP32, f"{dtype} {PER_THREAD}", f"{FP32} {PER_THREAD}")
-    values = [peaks[k] for k in keys if peaks.get(k)]
-    return max(values) if values else None
+    return max((peaks[k] for k in keys if peaks.get(k)), default=None)
 
 
 def limit_gbps(peaks: dict[str, float], peak_gbps: float | None) -> float | None:
     """The GB/s no streamed working set beats: the best of the measured copy and its one-thread bound; None without."""
-    values = [v for v in (peak_gbps, peaks.get(COPY_PER_THREAD)) if v]
-    return max(values) if values else None
+    return max((v for v in (peak_gbps, peaks.get(COPY_PER_THREAD)) if v), default=None)
 
 
 def beyond_physical_limit(case: AttentionCase, phase: str, flops: float, latency_ms: float, peaks: dict[str, float],
@@ -96,11 +94,9 @@ class RunPeaks:
         """The best of the start and end samples together: (peaks as `judged` keys them, copy GB/s)."""
         parts = [self.start] + ([self.end] if self.end else [])
         merged: dict[str, list[float]] = {}
-        for part in parts:
-            for key, values in part["matmul_tflops"].items():
+        for part in parts:  # an empty list (no one-thread bound) is no peak to best_peaks
+            for key, values in [*part["matmul_tflops"].items(), (COPY_PER_THREAD, part[COPY_PER_THREAD])]:
                 merged.setdefault(key, []).extend(values)
-            if part[COPY_PER_THREAD]:
-                merged.setdefault(COPY_PER_THREAD, []).extend(part[COPY_PER_THREAD])
         return best_peaks(merged, self.threads), max(_floored(part, self.threads) for part in parts)
 
     def overturned(self, rows: Iterable[Row]) -> list[str]:

@@ -29,8 +29,7 @@ def matmul_peak_tflops(device: torch.device, dtype: torch.dtype,
                        n: int | None = None, give_up_s: float | None = None) -> tuple[float, Measurement]:
     """(TFLOP/s of the fastest repetition, Measurement) of an n x n matmul in `dtype`."""
     n = n or (8192 if device.type == "cuda" else cpu_size(dtype))
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     if give_up_s is not None and device.type == "cpu":
         start = time.perf_counter()
         a @ b

@@ -64,9 +64,8 @@ class StageClock:
 CLOCK = StageClock()
 
 
-def stage(name: str):
-    """Charge the block to `name` on this process's clock: `with stage("reference"): ...`."""
-    return CLOCK.stage(name)
+#: charge the block to `name` on this process's clock: `with stage("reference"): ...`
+stage = CLOCK.stage
 
 
 def time_lines(spent: dict, top: int = 8) -> list[str]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import asdict, dataclass
-from math import comb
 
 import numpy as np
 
@@ -120,12 +120,12 @@ class KeyComparison:
     base_ms: float = math.nan
     new_ms: float = math.nan
     ratio: float = math.nan
+    #: the fields that are no compare.csv column of their own
+    _HIDDEN = ("note",)
 
     def columns(self) -> dict:
-        """Every field but the note, as compare.csv columns."""
-        out = asdict(self)
-        out.pop("note")
-        return out
+        """Every field but the note (a GateVerdict's: and the verdict, written beside them), as compare.csv columns."""
+        return {k: v for k, v in asdict(self).items() if k not in self._HIDDEN}
 
 
 @dataclass(frozen=True)
@@ -145,12 +145,7 @@ class GateVerdict(KeyComparison):
     ratio_high: float = math.nan
     #: the ratio beyond which a change counts for this key (1 + max(min_effect, noise_z * A/A sigma))
     margin: float = math.nan
-
-    def columns(self) -> dict:
-        """Every field but the verdict and note (the verdict is written beside them)."""
-        out = super().columns()
-        out.pop("verdict")
-        return out
+    _HIDDEN = ("verdict", "note")
 
 
 def iqr(samples) -> float:
@@ -179,8 +174,8 @@ def counts_as_change(base_ms: float, new_ms: float, ratio: float, margin: float,
 def _labelled(base, new, base_rounds, new_rounds):
     """Both sides' samples as arrays with their round labels (default: all one round), and their counts."""
     base, new = np.asarray(base, float), np.asarray(new, float)
-    base_rounds = np.zeros(len(base), int) if base_rounds is None else np.asarray(base_rounds)
-    new_rounds = np.zeros(len(new), int) if new_rounds is None else np.asarray(new_rounds)
+    base_rounds, new_rounds = (np.zeros(len(x), int) if r is None else np.asarray(r)
+                               for x, r in ((base, base_rounds), (new, new_rounds)))
     counts = dict(n_base=len(base), n_new=len(new), rounds_base=len(np.unique(base_rounds)),
                   rounds_new=len(np.unique(new_rounds)))
     return base, new, base_rounds, new_rounds, counts
@@ -188,18 +183,13 @@ def _labelled(base, new, base_rounds, new_rounds):
 
 def min_attainable_p(n_base: int, n_new: int) -> float:
     """Smallest two-sided exact Mann-Whitney p-value with these sample counts (complete separation)."""
-    return min(1.0, 2 / comb(n_base + n_new, n_base))
+    return min(1.0, 2 / math.comb(n_base + n_new, n_base))
 
 
 def rank_below(counts, level: float) -> int:
     """The largest k with P(X <= k - 1) <= level, X distributed as the exact null `counts` (of X = 0, 1, ...)."""
-    total, below, k = sum(counts), 0, 0
-    for c in counts:
-        if (below + c) / total > level:
-            break
-        below += c
-        k += 1
-    return k
+    total = sum(counts)
+    return sum(1 for _ in itertools.takewhile(lambda below: below / total <= level, itertools.accumulate(counts)))
 
 
 def round_test(base: np.ndarray, new: np.ndarray, base_rounds: np.ndarray,
@@ -265,13 +255,8 @@ def _u_counts(m: int, n: int) -> tuple[int, ...]:
     if m == 0 or n == 0:
         return (1,)
     # the largest value is from the first sample (adds n to U) or from the second (adds nothing)
-    with_first, with_second = _u_counts(m - 1, n), _u_counts(m, n - 1)
-    counts = [0] * (m * n + 1)
-    for u, c in enumerate(with_first):
-        counts[u + n] += c
-    for u, c in enumerate(with_second):
-        counts[u] += c
-    return tuple(counts)
+    with_first = (0,) * n + _u_counts(m - 1, n)
+    return tuple(a + b for a, b in itertools.zip_longest(with_first, _u_counts(m, n - 1), fillvalue=0))
 
 
 def _rank_of_bound(m: int, n: int, confidence: float) -> int:

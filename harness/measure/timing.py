@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
@@ -42,14 +42,11 @@ class Measurement:
         """The parts' rounds pooled, renumbered in order; mode, threads and first call are the first part's."""
         if not parts:
             raise ValueError("Measurement.merge: no measurements given")
-        samples, labels, offset = [], [], 0
-        for part in parts:
-            rounds = part.rounds_index()
-            samples += part.samples_ms
+        labels, offset = [], 0
+        for rounds in (part.rounds_index() for part in parts):
             labels += [offset + r for r in rounds]
             offset += (max(rounds) + 1) if rounds else 0
-        first = parts[0]
-        return cls(tuple(samples), first.mode, first.threads, first.first_call_ms, tuple(labels))
+        return replace(parts[0], samples_ms=tuple(x for part in parts for x in part.samples_ms), round_of=tuple(labels))
 
     def rounds_index(self) -> list[int]:
         return list(self.round_of) if self.round_of else [0] * len(self.samples_ms)
@@ -84,9 +81,7 @@ class Measurement:
 
     @property
     def noisy(self) -> bool:
-        if self.median <= 0:
-            return False
-        return self.iqr / self.median > NOISE_THRESHOLD or self.round_spread > NOISE_THRESHOLD
+        return self.median > 0 and (self.iqr / self.median > NOISE_THRESHOLD or self.round_spread > NOISE_THRESHOLD)
 
     def latency_columns(self) -> dict:
         """The results columns this measurement fills."""
@@ -143,9 +138,7 @@ ADVISOR_TIMING = TimingConfig.for_budget(500.0, min_reps=15)
 def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
     """(calls that fill the warm-up budget - each clock sets its own floor -, repetitions within the budget)."""
     estimate_ms = max(estimate_ms, 1e-3)
-    warmup = int(cfg.warmup_ms / estimate_ms)
-    reps = int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / estimate_ms)))
-    return warmup, reps
+    return int(cfg.warmup_ms / estimate_ms), int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / estimate_ms)))
 
 
 def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[], None] | None = None,
@@ -168,8 +161,8 @@ def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[
     return _measure_cpu(fn, setup, config, estimate_ms, first_ms, renew, observe)
 
 
-def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None, first_ms: float | None = None,
-                 renew=None, observe=None) -> Measurement:
+def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_ms: float | None, renew,
+                 observe) -> Measurement:
     # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
     def once(last: int = 0) -> float:
         if last == 1 and renew is not None:
@@ -205,14 +198,12 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None = None, fi
     return Measurement(samples, "cpu-clock", torch.get_num_threads(), first)
 
 
-def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None = None,
-                  build=None, renew=None, observe=None, graph=None) -> Measurement:
+def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, build, renew, observe,
+                  graph) -> Measurement:
     from harness.measure.cuda_graph import Captured
 
     with torch.cuda.device(device):  # events record on the current device's stream: make it the run's device
-        stream = torch.cuda.current_stream(device)
-        target = fn
-        mode = "cuda-events"
+        stream, target, mode = torch.cuda.current_stream(device), fn, "cuda-events"
         if cfg.cuda_graph:
             if graph is None:
                 graph = Captured(fn, setup, device, build)
@@ -248,8 +239,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None =
         for _ in range(max(1, warmup)):  # do_bench's floor: at least one call
             setup()
             target()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        starts, ends = ([torch.cuda.Event(enable_timing=True) for _ in range(reps)] for _ in range(2))
         for i in range(reps):
             last = reps - i if reps - i <= 2 else 0  # 1: the last repetition, 2: the one before
             if last == 1 and renew is not None:

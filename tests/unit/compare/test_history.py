@@ -42,6 +42,18 @@ def test_summary_one_line_per_run(results):
     assert list(s.rows) == [3, 4] and list(s["fail"]) == [0, 1] and list(s.timed) == [1, 0]
 
 
+def test_a_run_stopped_before_its_first_row_is_listed_with_why(results):
+    """An empty frame has no `incomplete` column values to test: the run's env.json must say it (it once did not)."""
+    run = write_run(results / "run-c", {}, started="2026-03-01T00:00:00+00:00")
+    env = json.loads((run / "env.json").read_text())
+    (run / "env.json").write_text(json.dumps({**env, "status": "running", "stage": "probes"}))
+    df = load_history(results)
+    assert list(df[df.run_id == "run-c"].incomplete) == ["stopped during the probes stage (killed or crashed: no end "
+                                                         "recorded)"]
+    s = summarize(df).set_index("run_id")
+    assert list(s.index) == ["run-a", "run-b", "run-c"] and s.loc["run-c", "complete"] == "no"
+
+
 def test_broken_run_is_skipped_with_a_warning(results):
     (results / "run-c").mkdir()
     (results / "run-c" / "results.csv").write_text("not,a,harness,file\n1,2,3,4\n")
