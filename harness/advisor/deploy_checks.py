@@ -98,9 +98,9 @@ def compile_check(backend: Backend, case: AttentionCase, device: torch.device, *
             count, graphs = 1, 1
         finally:
             torch._dynamo.reset()
-    if count < 0 or graphs == 0:
-        return {"compiles": "no", "graph_breaks": math.nan, "compile_note": f"no graph captured (runs eagerly): {note}"}
-    return {"compiles": "no", "graph_breaks": max(count, 1), "compile_note": note}
+    eager = count < 0 or graphs == 0
+    return {"compiles": "no", "graph_breaks": math.nan if eager else max(count, 1),
+            "compile_note": f"no graph captured (runs eagerly): {note}" if eager else note}
 
 
 def cuda_graph_check(backend: Backend, case: AttentionCase, device: torch.device, inputs: Inputs, *,

@@ -52,15 +52,14 @@ class Evidence:
 def _phase_status(rows: list[Row], training: bool) -> tuple[str, str, float]:
     """(status, reason, err_ratio) over the phases the workload uses: fwd, plus bwd when training."""
     by_phase = {r.phase: r for r in rows}
-    phases = VERDICT_PHASES if training else (FWD,)
-    errs = [math.nan if by_phase[p].err_ratio is None else float(by_phase[p].err_ratio) for p in phases]
+    used = [by_phase[p] for p in (VERDICT_PHASES if training else (FWD,))]
+    errs = [math.nan if r.err_ratio is None else float(r.err_ratio) for r in used]
     err = max((e for e in errs if math.isfinite(e)), default=math.nan)
-    same = len({(by_phase[p].status, by_phase[p].reason or "") for p in phases}) == 1
-    for p in phases:
-        if by_phase[p].status != PASS:
-            reason = by_phase[p].reason or ""
-            return by_phase[p].status, reason if same else f"{p}: {reason}", err
-    return PASS, "", err
+    same = len({(r.status, r.reason or "") for r in used}) == 1
+    failed = next((r for r in used if r.status != PASS), None)
+    if failed is None:
+        return PASS, "", err
+    return failed.status, (failed.reason or "") if same else f"{failed.phase}: {failed.reason or ''}", err
 
 
 def measure_now(case: AttentionCase, backends: list[Backend], device: torch.device, *, training: bool,

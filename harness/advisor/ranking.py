@@ -106,14 +106,11 @@ def _mib(n: float) -> str:
 
 def _decider(winner: Evidence, runner_up: Evidence) -> str:
     """Which preference criterion put `winner` ahead of `runner_up` inside their tie."""
-    a, b = preference(winner), preference(runner_up)
-    if a[0] != b[0]:
-        return f"lower peak memory ({_mib(winner.peak_mem_bytes)} vs {_mib(runner_up.peak_mem_bytes)})"
-    if a[1] != b[1]:
-        return f"a deterministic result ({runner_up.backend}'s is {runner_up.checks.get('deterministic', 'unknown')})"
-    if a[2] != b[2]:
-        return f"needing nothing beyond torch ({runner_up.backend} needs {runner_up.package})"
-    return f"the lower median ({winner.median:.4g} vs {runner_up.median:.4g} ms)"
+    reasons = (f"lower peak memory ({_mib(winner.peak_mem_bytes)} vs {_mib(runner_up.peak_mem_bytes)})",
+               f"a deterministic result ({runner_up.backend}'s is {runner_up.checks.get('deterministic', 'unknown')})",
+               f"needing nothing beyond torch ({runner_up.backend} needs {runner_up.package})")
+    return next((why for a, b, why in zip(preference(winner), preference(runner_up), reasons) if a != b),
+                f"the lower median ({winner.median:.4g} vs {runner_up.median:.4g} ms)")
 
 
 def explain(groups: list[list[Evidence]], fastest: Evidence | None, excluded: list[Evidence],

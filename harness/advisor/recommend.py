@@ -41,8 +41,7 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
     case = workload.case()
     evidence, notes = {}, []
     if results is not None:
-        found, note = evidence_from_run(results, case, workload.phase, chosen, dev)
-        evidence.update(found)
+        evidence, note = evidence_from_run(results, case, workload.phase, chosen, dev)
         notes.append(note)
     missing = [b for b in chosen if b.name not in evidence]
     if missing:

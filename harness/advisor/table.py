@@ -20,13 +20,10 @@ def _bytes(n: float) -> str:
 
 
 def _compiles(row: pd.Series) -> str:
-    value = row.get("compiles")
-    if not isinstance(value, str):
-        return "-"
-    breaks = row.get("graph_breaks")
-    if value == "no":
-        return "no (eager)" if pd.isna(breaks) else f"no ({int(breaks)} break{'s' if breaks != 1 else ''})"
-    return value
+    value, breaks = row.get("compiles"), row.get("graph_breaks")
+    if value != "no":
+        return value if isinstance(value, str) else "-"
+    return "no (eager)" if pd.isna(breaks) else f"no ({int(breaks)} break{'s' if breaks != 1 else ''})"
 
 
 def _mask(row: pd.Series) -> str:

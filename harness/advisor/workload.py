@@ -75,10 +75,11 @@ class Workload:
 
 def model_workloads(model: ModelShape, batch: int, seq: int, *, seq_k: int | None = None, dtype: str = "bf16",
                     training: bool = False, seq_q: int | None = None, page_size: int | None = None,
-                    step: str = "", serving_step: str | None = None) -> list[Workload]:
+                    step: str = "", serving_step: str | None = None, name: str = "") -> list[Workload]:
     """A model's workloads at (batch, seq): one per layer kind (Gemma 2's local and global layers), with the model's
     modifiers. A serving step (`seq_q` queries over `seq` cached keys, `page_size`, named by `step`) or a mixed
-    `serving_step` (a mix id: batch and queries are the mix's, `seq` the longest cache) keeps the layer kinds."""
+    `serving_step` (a mix id: batch and queries are the mix's, `seq` the longest cache) keeps the layer kinds.
+    `name`, when given, stands for the model, batch (or mix) and seq in each workload's name."""
     out = []
     for layer in model.layer_masks:
         case = model.case(batch, seq_k or seq, dtype, seq_q=seq_q or seq, layer_mask=layer)
@@ -86,12 +87,12 @@ def model_workloads(model: ModelShape, batch: int, seq: int, *, seq_k: int | Non
         if serving_step is not None:
             mix = parse_mix(serving_step)
             out.append(Workload(mix.batch, model.heads, max(mix.q_lens), model.head_dim, kv_heads=model.kv_heads,
-                                seq_k=seq_k or seq, dtype=dtype, name=f"{model.name} step {mix.id} s{seq}{step}{kind}",
-                                page_size=page_size, serving_step=mix.id))
+                                seq_k=seq_k or seq, dtype=dtype, page_size=page_size, serving_step=mix.id,
+                                name=f"{name or f'{model.name} step {mix.id} s{seq}'}{step}{kind}"))
             continue
         out.append(Workload(case.batch, case.heads, case.seq_q, case.head_dim, kv_heads=case.kv_heads,
                             seq_k=case.seq_k, dtype=dtype, mask=model.mask_for(case.seq_q, case.seq_k, layer),
-                            training=training, name=f"{model.name} b{batch} s{seq}{step}{kind}",
+                            training=training, name=f"{name or f'{model.name} b{batch} s{seq}'}{step}{kind}",
                             softcap=case.softcap, sinks=case.sinks, head_dim_v=case.head_dim_v, page_size=page_size))
     return out
 
@@ -147,16 +148,15 @@ def workloads_from_mapping(data: object, where: str = "workload", *, training: b
         keys = {**defaults, **own}
         if keys.get("serving_step") not in (None, False):  # the keys the shape wrote (`seq` not yet read as seq_q)
             workloads += _step_workloads(keys, {str(k).replace("-", "_") for k in entry}, spot)
-            continue
-        keys.pop("serving_step", None)
-        if "preset" in keys:
+        elif "preset" in keys:
             workloads += _preset_workloads(keys, own, spot)
-            continue
-        missing = [k for k in ("batch", "heads", "seq_q", "head_dim") if k not in keys]
-        if missing:
-            raise ValueError(f"{spot}: missing {', '.join(missing)} (seq may stand for seq_q and seq_k)")
-        with _at(spot):
-            workloads.append(Workload(**{k: keys[k] for k in keys if k != "name"}, name=str(keys.get("name", ""))))
+        else:
+            missing = [k for k in ("batch", "heads", "seq_q", "head_dim") if k not in keys]
+            if missing:
+                raise ValueError(f"{spot}: missing {', '.join(missing)} (seq may stand for seq_q and seq_k)")
+            with _at(spot):
+                workloads.append(Workload(**{k: keys[k] for k in keys if k not in ("name", "serving_step")},
+                                          name=str(keys.get("name", ""))))
     labels = [w.label for w in workloads]
     if len(set(labels)) != len(labels):
         raise ValueError(f"{where}: shape names must be unique; got {labels}")
@@ -182,12 +182,9 @@ def _preset_workloads(keys: dict, own: dict, spot: str) -> list[Workload]:
         raise ValueError(f"{spot}: preset {model.name} needs batch and seq (or seq_q/seq_k); missing "
                          f"{', '.join(missing).replace('seq_q', 'seq')}")
     with _at(spot):
-        out = model_workloads(model, keys["batch"], keys["seq_q"], seq_k=keys.get("seq_k"), seq_q=keys["seq_q"],
-                              dtype=keys.get("dtype", "bf16"), training=keys.get("training", False),
-                              page_size=keys.get("page_size"))
-    name = str(keys.get("name", ""))
-    base = f"{model.name} b{keys['batch']} s{keys['seq_q']}"
-    return [replace(w, name=w.name.replace(base, name, 1)) for w in out] if name else out
+        return model_workloads(model, keys["batch"], keys["seq_q"], seq_k=keys.get("seq_k"), seq_q=keys["seq_q"],
+                               dtype=keys.get("dtype", "bf16"), training=keys.get("training", False),
+                               page_size=keys.get("page_size"), name=str(keys.get("name", "")))
 
 
 def _step_workloads(keys: dict, own: set[str], spot: str) -> list[Workload]:
@@ -217,16 +214,13 @@ def _step_workloads(keys: dict, own: set[str], spot: str) -> list[Workload]:
         if model.mask != "causal":
             raise ValueError(f"{spot}: preset {model.name} has mask {model.mask}; a serving step is a causal decoder's")
         with _at(spot):
-            out = model_workloads(model, mix.batch, cache, dtype=keys.get("dtype", "bf16"),
-                                  page_size=keys.get("page_size"), serving_step=mix.id)
-        base = f"{model.name} step {mix.id} s{cache}"
-        return [replace(w, name=w.name.replace(base, name, 1)) for w in out] if name else out
+            return model_workloads(model, mix.batch, cache, dtype=keys.get("dtype", "bf16"),
+                                   page_size=keys.get("page_size"), serving_step=mix.id, name=name)
     missing = [k for k in ("heads", "head_dim", "seq_k") if k not in keys]
     if missing:
         raise ValueError(f"{spot}: serving step {mix.id} needs heads, head_dim and seq (the longest cache; or "
                          f"seq_k); missing {', '.join(missing).replace('seq_k', 'seq')}")
-    given = {k: keys[k] for k in keys if k not in (*STEP_SETS, "name", "preset", "serving_step", "training",
-                                                   "seq_q")}
+    given = {k: keys[k] for k in keys if k not in (*STEP_SETS, "name", "preset", "serving_step", "training", "seq_q")}
     with _at(spot):
         return [Workload(mix.batch, seq_q=max(mix.q_lens), serving_step=mix.id,
                          name=name or f"step {mix.id} s{cache}", **given)]
@@ -240,20 +234,18 @@ def load_workloads(path: str | Path, *, training: bool | None = None) -> list[Wo
     suffix = path.suffix.lower()
     if suffix == ".toml":
         import tomllib
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"workload file {path}: not valid TOML: {exc}") from None
+        parse, invalid, kind = tomllib.loads, tomllib.TOMLDecodeError, "TOML"
     elif suffix in (".yaml", ".yml"):
         try:
             import yaml
         except ImportError:
             raise ValueError(f"workload file {path}: reading YAML needs PyYAML (pip install pyyaml); "
                              "or write it as .toml") from None
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ValueError(f"workload file {path}: not valid YAML: {exc}") from None
+        parse, invalid, kind = yaml.safe_load, yaml.YAMLError, "YAML"
     else:
         raise ValueError(f"workload file {path}: suffix {suffix!r}; allowed: .toml, .yaml, .yml")
+    try:
+        data = parse(path.read_text())
+    except invalid as exc:
+        raise ValueError(f"workload file {path}: not valid {kind}: {exc}") from None
     return workloads_from_mapping(data, str(path), training=training)

@@ -136,8 +136,7 @@ def add_to_pytest(group, *names: str, defaults: dict | None = None) -> None:
 
 def compare_config(args: argparse.Namespace):
     """The GateConfig the gate's thresholds on the command line describe."""
-    return stats.GateConfig(min_effect=args.min_effect, confidence=args.confidence, noise_z=args.noise_z,
-                           abs_floor_ms=args.abs_floor_ms, err_growth=args.err_growth)
+    return stats.GateConfig(**{name: getattr(args, name) for name in COMPARE_THRESHOLDS})
 
 
 COMPARE_THRESHOLDS = ("min_effect", "confidence", "noise_z", "abs_floor_ms", "err_growth")

@@ -64,8 +64,7 @@ def add_subcommand(subparsers) -> None:
                     "--benchmark. Exit: 0 all passed, 1 some test failed, 2 bad input, 3 a shard did not complete.")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--gpus", help="'all' or GPU indices like 0,1: one pytest process per GPU")
-    where.add_argument("--cpu-shards", type=positive_int,
-                       help="N pytest processes on CPU (cores split between them)")
+    where.add_argument("--cpu-shards", type=positive_int, help="N pytest processes on CPU (cores split between them)")
     where.add_argument("--slurm", type=int, metavar="N", help="N shards as a Slurm job array (submitit)")
     add_to_argparse(p, "results_dir")
     p.add_argument("--suites", default="suites", help="pytest path of the suites")

@@ -9,22 +9,13 @@ from typing import Callable
 
 from harness.store.schema import BASELINE
 
-#: the steps' keys for --steps, in the order they run: most informative first
-STEP_KEYS = ("backends", "tests-gpu", "correctness", "benchmark", "fidelity", "cuda-graph", "cuda1", "memory",
-             "launch")
 #: seconds a step is expected to take: (fixed, per backend it runs) on a GPU, then on the CPU stand-in: GPU ones
 #: scaled from the H200 runs of 2026-11-30, CPU ones dry-run times on the 2-core VM (docs/design/cli.md)
-ESTIMATES = {
-    "backends": ((20, 0), (10, 0)),
-    "tests-gpu": ((60, 0), (5, 0)),
-    "correctness": ((20, 12), (10, 6)),
-    "benchmark": ((15, 12), (10, 6)),
-    "fidelity": ((30, 0), (15, 0)),
-    "cuda-graph": ((20, 10), (0, 0)),
-    "cuda1": ((30, 15), (0, 0)),
-    "memory": ((20, 0), (8, 0)),
-    "launch": ((40, 10), (20, 8)),
-}
+ESTIMATES = {"backends": ((20, 0), (10, 0)), "tests-gpu": ((60, 0), (5, 0)), "correctness": ((20, 12), (10, 6)),
+             "benchmark": ((15, 12), (10, 6)), "fidelity": ((30, 0), (15, 0)), "cuda-graph": ((20, 10), (0, 0)),
+             "cuda1": ((30, 15), (0, 0)), "memory": ((20, 0), (8, 0)), "launch": ((40, 10), (20, 8))}
+#: the steps' keys for --steps, in the order they run: most informative first
+STEP_KEYS = tuple(ESTIMATES)
 #: a step may run to this many times its estimate while the later steps' estimates still fit
 TIMEOUT_FACTOR = 2.0
 #: the share of the budget the plan fills with estimates: the rest absorbs steps that run over theirs (up to 2x)
@@ -67,40 +58,35 @@ def steps(dry_run: bool, work: Path, gpus: int, backends: list[str],
     chosen, few = ["--backends", ",".join(backends)], ["--backends", ",".join(subset)]
     no_gpu = "dry run: needs a CUDA device" if dry_run else ""
 
-    def estimate(key: str, n: int) -> float:
+    def step(key: str, name: str, args: list[str], n: int = 0, rows: str = "", **kwargs) -> Step:
+        """A step of `n` backends; with `rows`, a pytest run whose rows (under work/<rows>) summarize it."""
         fixed, each = ESTIMATES[key][1 if dry_run else 0]
-        return fixed + each * n
+        if rows:
+            args = [*args, "--results-dir", str(work / rows)]
+            kwargs.update(ok_codes=PYTEST_RESULTS, results=work / rows)
+        return Step(key, name, _py(*args), fixed + each * n, **kwargs)
 
     return [
-        Step("backends", "backends", _py("-m", "harness", "backends", "--device", device), estimate("backends", 0),
-             summarize=summarize_backends),
+        step("backends", "backends", ["-m", "harness", "backends", "--device", device], summarize=summarize_backends),
         # the check of every backend on gpu-smoke is the correctness step: not run twice
-        Step("tests-gpu", "tests/gpu", _py("-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rs", "-k",
-                                           "not every_installed_backend"),
-             estimate("tests-gpu", 0), ok_codes=(0, 5) if dry_run else (0,)),
-        Step("correctness", f"correctness {matrix}", _py(*suites, "suites", *chosen, "--results-dir",
-                                                          str(work / "correct")),
-             estimate("correctness", len(backends)), PYTEST_RESULTS, work / "correct"),
+        step("tests-gpu", "tests/gpu", ["-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rs", "-k",
+                                        "not every_installed_backend"], ok_codes=(0, 5) if dry_run else (0,)),
+        step("correctness", f"correctness {matrix}", [*suites, "suites", *chosen], len(backends), "correct"),
         # timing needs a passed verdict in its own session: this step judges its cases again before timing them
-        Step("benchmark", f"benchmark {matrix} (1 round)",
-             _py(*suites, "suites/benchmark/test_performance.py", "--benchmark", *chosen, "--results-dir",
-                 str(work / "bench")), estimate("benchmark", len(backends)), PYTEST_RESULTS, work / "bench"),
-        Step("fidelity", "fidelity vs " + ("a wall clock" if dry_run else "triton do_bench"),
-             _py(*suites, "suites/benchmark/test_timing_fidelity.py", "--benchmark", "--results-dir",
-                 str(work / "fidelity")), estimate("fidelity", 0), PYTEST_RESULTS, work / "fidelity"),
-        Step("cuda-graph", "--cuda-graph", _py(*suites, "suites/benchmark/test_performance.py", "--benchmark",
-                                               "--cuda-graph", *few, "--results-dir", str(work / "graph")),
-             estimate("cuda-graph", len(subset)), PYTEST_RESULTS, work / "graph", skip=no_gpu),
-        Step("cuda1", "cuda:1", _py(*[a if a != "cuda" else "cuda:1" for a in suites], "suites/correctness", *few,
-                                    "--results-dir", str(work / "cuda1")),
-             estimate("cuda1", len(subset)), PYTEST_RESULTS, work / "cuda1",
-             skip=no_gpu or ("" if gpus >= 2 else f"{gpus} CUDA device(s): cuda:1 needs two")),
-        Step("memory", "memory growth", _py("-c", MEMORY_GROWTH.format(device=device, baseline=BASELINE)),
-             estimate("memory", 0)),
-        Step("launch", "run --gpus all" if not dry_run else "run --cpu-shards 2",
-             _py("-m", "harness", "run", *(["--cpu-shards", "2"] if dry_run else ["--gpus", "all"]),
-                 "--results-dir", str(work / "launch"), "--", "--matrix", matrix, *few, "-q", "--no-report"),
-             estimate("launch", len(subset)), PYTEST_RESULTS, work / "launch"),
+        step("benchmark", f"benchmark {matrix} (1 round)",
+             [*suites, "suites/benchmark/test_performance.py", "--benchmark", *chosen], len(backends), "bench"),
+        step("fidelity", "fidelity vs " + ("a wall clock" if dry_run else "triton do_bench"),
+             [*suites, "suites/benchmark/test_timing_fidelity.py", "--benchmark"], 0, "fidelity"),
+        step("cuda-graph", "--cuda-graph", [*suites, "suites/benchmark/test_performance.py", "--benchmark",
+                                            "--cuda-graph", *few], len(subset), "graph", skip=no_gpu),
+        step("cuda1", "cuda:1", [*[a if a != "cuda" else "cuda:1" for a in suites], "suites/correctness", *few],
+             len(subset), "cuda1", skip=no_gpu or ("" if gpus >= 2 else f"{gpus} CUDA device(s): cuda:1 needs two")),
+        step("memory", "memory growth", ["-c", MEMORY_GROWTH.format(device=device, baseline=BASELINE)]),
+        # the launcher's own --results-dir comes before the suites' options
+        step("launch", "run --gpus all" if not dry_run else "run --cpu-shards 2",
+             ["-m", "harness", "run", *(["--cpu-shards", "2"] if dry_run else ["--gpus", "all"]), "--results-dir",
+              str(work / "launch"), "--", "--matrix", matrix, *few, "-q", "--no-report"], len(subset),
+             ok_codes=PYTEST_RESULTS, results=work / "launch"),
     ]
 
 

@@ -23,11 +23,8 @@ def environment() -> list[str]:
     import torch
     lines = [f"python {platform.python_version()}; torch {torch.__version__} (CUDA {torch.version.cuda}, "
              f"cuDNN {torch.backends.cudnn.version()})"]
-    if torch.cuda.is_available():
-        lines.append(f"GPU: {torch.cuda.get_device_name(0)} sm{''.join(map(str, torch.cuda.get_device_capability(0)))}"
-                     f" x{torch.cuda.device_count()}")
-    else:
-        lines.append("GPU: none visible to torch")
+    lines.append(f"GPU: {torch.cuda.get_device_name(0)} sm{''.join(map(str, torch.cuda.get_device_capability(0)))}"
+                 f" x{torch.cuda.device_count()}" if torch.cuda.is_available() else "GPU: none visible to torch")
     for tool, args in (("nvidia-smi", ["--query-gpu=driver_version", "--format=csv,noheader"]),
                        ("nvcc", ["--version"])):
         if shutil.which(tool) is None:

@@ -43,10 +43,8 @@ def submit(pytest_args: Sequence[str], shards: int, *, results_dir: str | Path =
                   # the local executor would hand out GPUs this machine may not have; Slurm allocates them
                   "gpus_per_node": 0 if cluster in ("local", "debug") else gpus_per_task,
                   "name": f"harness-{run_dir.name}"}
-    if partition:
-        parameters["slurm_partition"] = partition
-    if array_parallelism:
-        parameters["slurm_array_parallelism"] = array_parallelism
+    optional = {"slurm_partition": partition, "slurm_array_parallelism": array_parallelism}
+    parameters.update({name: value for name, value in optional.items() if value})
     executor = submitit.AutoExecutor(folder=run_dir / "submitit", cluster=cluster)
     executor.update_parameters(**parameters)
     roots = [shard_root(run_dir, i, shards) for i in range(shards)]
