@@ -60,12 +60,11 @@ def support_counts(run: Run) -> pd.DataFrame:
     if rows.empty:
         return pd.DataFrame()
     rows = rows.assign(group=rows.apply(case_group, axis=1))
-    counts = rows.groupby(["backend", "group", "status"], sort=False).size()
-    table = pd.DataFrame(index=list(dict.fromkeys(rows.backend)), columns=sorted(set(rows.group)), dtype=object)
-    for (backend, group, status), n in counts.items():
-        cell = table.at[backend, group]
-        table.at[backend, group] = {**(cell if isinstance(cell, dict) else {}), status: int(n)}
-    return table.map(lambda c: c if isinstance(c, dict) else {})
+    backends, groups = list(dict.fromkeys(rows.backend)), sorted(set(rows.group))
+    table = pd.DataFrame([[{} for _ in groups] for _ in backends], index=backends, columns=groups, dtype=object)
+    for (backend, group, status), n in rows.groupby(["backend", "group", "status"], sort=False).size().items():
+        table.at[backend, group][status] = int(n)  # each cell its own dict, filled in place
+    return table
 
 
 def unavailable_everywhere(table: pd.DataFrame) -> list[str]:
@@ -134,11 +133,10 @@ def winners(run: Run) -> pd.DataFrame:
                     "runner_up": "" if second is None else second.backend,
                     "margin": np.nan if second is None else second.latency_ms / best.latency_ms,
                     "speedup": best.speedup, "candidates": len(g)})
-    order = {p: i for i, p in enumerate(PHASES)}
-    table = pd.DataFrame(out)
-    table["mask_kind"] = table["mask"].map(mask_kind)  # sort window/keypad ids by family, then by length
-    table = table.sort_values(["dtype", "mask_kind", "head_dim", "batch", "heads", "kv_heads", "seq_k", "seq_q",
-                               "phase"], key=lambda s: s.map(order) if s.name == "phase" else s)
+    # sort window/keypad ids by family, then by length
+    table = pd.DataFrame(out).assign(mask_kind=lambda t: t["mask"].map(mask_kind)).sort_values(
+        ["dtype", "mask_kind", "head_dim", "batch", "heads", "kv_heads", "seq_k", "seq_q", "phase"],
+        key=lambda s: s.map(PHASES.index) if s.name == "phase" else s)
     return table.drop(columns="mask_kind").reset_index(drop=True)
 
 
@@ -146,16 +144,14 @@ def headline(run: Run) -> pd.DataFrame:
     """Per backend: the matrix's cases passed / failed / not run (one verdict per case, its worst phase, as the
     run's summary counts), the probes' cases (a tagged suite) apart, median speedup per phase and memory, wins."""
     verdicts = run.verdicts
-    per_case = verdicts[verdicts.suite == ""].groupby(["backend", "case_id"], sort=False).status.agg(set)
-    per_probe = verdicts[verdicts.suite != ""].groupby(["backend", "case_id"], sort=False).status.agg(set)
+    per_case, per_probe = (verdicts[part].groupby(["backend", "case_id"], sort=False).status.agg(set)
+                           for part in (verdicts.suite == "", verdicts.suite != ""))
     wins = winners(run).winner.value_counts() if run.has_perf else pd.Series(dtype=int)
     out = []
     for backend in run.backends:
-        mine = backend in per_case.index.get_level_values(0)
-        probed = backend in per_probe.index.get_level_values(0)
-        if not (mine or probed):
+        statuses, probes = (sets[sets.index.get_level_values(0) == backend] for sets in (per_case, per_probe))
+        if statuses.empty and probes.empty:
             continue
-        statuses = per_case.loc[backend] if mine else pd.Series(dtype=object)
         bad = statuses.map(lambda s: bool(s & set(BAD))).astype(bool)
         passed = statuses.map(lambda s: PASS in s).astype(bool) & ~bad
         rows = run.cases[run.cases.backend == backend]
@@ -164,14 +160,12 @@ def headline(run: Run) -> pd.DataFrame:
                  "of which partly run": int(partial.sum()), "failed": int(bad.sum()),
                  "not run": int((~passed & ~bad).sum())}
         if len(per_probe):
-            probes = per_probe.loc[backend] if probed else pd.Series(dtype=object)
             entry["probe cases"] = len(probes)
             entry["probe cases failed"] = int(probes.map(lambda s: bool(s & set(BAD))).sum())
         if run.has_perf:
             for phase in PHASES:
-                speedups = rows.loc[rows.phase == phase, "speedup"].dropna()
                 if run.has_baseline and np.isfinite(run.df.loc[run.df.phase == phase, "speedup"]).any():
-                    entry[f"median speedup {phase}"] = speedups.median() if len(speedups) else np.nan
+                    entry[f"median speedup {phase}"] = rows.loc[rows.phase == phase, "speedup"].median()
             entry["median peak MiB"] = rows.peak_mem_mib.median()
             if run.has_baseline:
                 entry["median memory vs baseline"] = rows.mem_vs_base.median()
@@ -202,8 +196,6 @@ def modifier_support(run: Run) -> pd.DataFrame:
     """backend x modifier family (cases with modifiers or their own value head dim): the verdict rows' statuses
     ('pass 2, unsupported 2') and modifier_path; empty when the run has no such case."""
     rows = run.verdicts[run.verdicts.modifier_kind != "none"]
-    if rows.empty:
-        return pd.DataFrame()
     out = []
     for (backend, kind), g in rows.groupby(["backend", "modifier_kind"], sort=True):
         counts = g.status.value_counts()

@@ -216,8 +216,7 @@ def _derive_perf(run: Run) -> None:
     df["mem_vs_base"] = df.peak_mem_bytes / df.base_peak_mem_bytes
     df["peak_mem_mib"] = df.peak_mem_bytes / 2**20
     # the benchmark stage fills tflops/pct_of_peak; derive them only from stored figures when it did not
-    derived = df.flops / (df.latency_ms * 1e-3) / 1e12
-    df["tflops"] = df.tflops.where(np.isfinite(df.tflops), derived)
+    df["tflops"] = df.tflops.where(np.isfinite(df.tflops), df.flops / (df.latency_ms * 1e-3) / 1e12)
     peaks = df.dtype.map(lambda d: peak_tflops(run.env, str(d)) or np.nan).astype(float)
     df["pct_of_peak"] = df.pct_of_peak.where(np.isfinite(df.pct_of_peak), 100 * df.tflops / peaks)
     run.df = df

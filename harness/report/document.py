@@ -108,8 +108,7 @@ def to_markdown(blocks: list, base: Path) -> str:
         elif isinstance(block, Para):
             out.append(md_text(block.text) + "\n")
         elif isinstance(block, Image):
-            rel = block.path.relative_to(base).as_posix()
-            out.append(f"![{md_text(block.caption)}]({rel})\n")
+            out.append(f"![{md_text(block.caption)}]({block.path.relative_to(base).as_posix()})\n")
         elif isinstance(block, Table):
             out.append(_markdown_table(block) + "\n")
     return "\n".join(out)
@@ -250,12 +249,10 @@ def _history_section(trends: Trends) -> list:
 
 def _summary(run: Run) -> str:
     filters = ", ".join(f"{k} = {v}" for k, v in run.filters.items())
-    if run.has_perf:
-        kind = "Benchmark run: latency, memory and throughput included."
-    elif benchmark_planned(run.env):  # a benchmark run stopped before its timings is not a correctness-only run
-        kind = "Benchmark run without timings: no latency columns, so no performance figures."
-    else:
-        kind = "Correctness-only run: no latency columns, so no performance figures."
+    # a benchmark run stopped before its timings is not a correctness-only run
+    unmeasured = "Benchmark run without timings" if benchmark_planned(run.env) else "Correctness-only run"
+    kind = ("Benchmark run: latency, memory and throughput included." if run.has_perf
+            else f"{unmeasured}: no latency columns, so no performance figures.")
     notes = "".join(f" {note[0].upper()}{note[1:]}." for note in run_notes(run.env, run.refused))
     return (f"{run.cases.case_id.nunique()} cases × {len(run.backends)} backends on "
             f"{run.env.get('device_name', 'an unrecorded device')}, built from the stored results only"
@@ -300,11 +297,10 @@ def _winners_section(run: Run) -> list:
         shape = ["dtype", "head_dim", "mask", "modifier_kind", "batch", "heads", "kv_heads", "seq_q", "seq_k"]
         table = table.assign(cell=[cell(r) for r in table.itertuples()]).pivot_table(
             index=shape, columns="phase", values="cell", aggfunc="first", sort=False)
-        table = table.reindex(columns=[p for p in PHASES if p in table.columns]).reset_index()
+        table = table.reindex(columns=[p for p in PHASES if p in table.columns]).reset_index().rename_axis(
+            columns=None).rename(columns={p: f"{p} winner" for p in PHASES})
         if (table.kv_heads == table.heads).all():
             table = table.drop(columns=["kv_heads"])
-        table.columns.name = None
-        table = table.rename(columns={p: f"{p} winner" for p in PHASES})
     blocks = [Para("Fastest backend whose verdicts passed for that phase (fwd+bwd needs both); 'next' is the "
                    "runner-up and how many times slower it was."), Table(table)]
     if not run.has_baseline:

@@ -47,22 +47,20 @@ def run_trends(run_dir: Path, env: dict, out_dir: Path) -> Trends | None:
     started = env.get("started")
     if started and "started" in history:  # a report rebuilt later must not show the future of its run
         history = history[history.started.astype(str) <= str(started)]
-    runs = history.run_id.nunique()
-    trends = Trends(str(testbed), runs)
+    trends = Trends(str(testbed), history.run_id.nunique())
     if not trends.enough:
         return trends
     own = set(map(tuple, history[history.run_dir == str(run_dir)][list(KEY)].astype(str).to_numpy()))
     changes = detect_changes(history, testbed=str(testbed))
-    mine = pd.Series([tuple(map(str, k)) in own for k in changes[list(KEY)].to_numpy()], index=changes.index,
-                     dtype=bool)
-    changes = changes[mine]
+    changes = changes[pd.Series([tuple(map(str, k)) in own for k in changes[list(KEY)].to_numpy()],
+                                index=changes.index, dtype=bool)]
     step = changes.ratio.astype(float).map(lambda r: max(r, 1 / r))
     trends.changes = changes.loc[step.sort_values(ascending=False).index].reset_index(drop=True)
     series = key_series(history)
     for c in trends.changes.head(MAX_FIGURES).itertuples():
         key = (c.testbed_id, *(getattr(c, k) for k in KEY))
         runs_of_key = series[key]
-        path = out_dir / "figures" / "trends" / f"{trend_file(key)}.png"
         trends.figures.append(plot_trend(runs_of_key, change_points(runs_of_key.latency_ms.to_numpy()),
-                                         f"{key[2]} {key[1]} [{key[3]}]", path))
+                                         f"{key[2]} {key[1]} [{key[3]}]",
+                                         out_dir / "figures" / "trends" / f"{trend_file(key)}.png"))
     return trends

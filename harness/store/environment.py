@@ -34,9 +34,8 @@ def git_state() -> tuple[str, bool]:
 def library_versions() -> dict:
     """torch, triton (torch's compiler) and the library of every registered backend (backends/registry.py), under
     env.json's names: a change in any of them is a change of the code being timed."""
-    versions = {"torch": torch.__version__, "triton": package_version("triton") or package_version("pytorch-triton")}
-    versions.update({key: backend.installed_version() for key, backend in versioned_backends().items()})
-    return versions
+    return {"torch": torch.__version__, "triton": package_version("triton") or package_version("pytorch-triton"),
+            **{key: backend.installed_version() for key, backend in versioned_backends().items()}}
 
 
 def environment(device: torch.device, timing_mode: str | None = None) -> dict:
@@ -55,18 +54,15 @@ def environment(device: torch.device, timing_mode: str | None = None) -> dict:
         "torch_git": getattr(torch.version, "git_version", None),
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "sdpa_enabled": {"flash": torch.backends.cuda.flash_sdp_enabled(),
-                         "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
-                         "math": torch.backends.cuda.math_sdp_enabled(),
-                         "cudnn": torch.backends.cuda.cudnn_sdp_enabled()},
+        "sdpa_enabled": {kind: getattr(torch.backends.cuda, f"{kind}_sdp_enabled")()
+                         for kind in ("flash", "mem_efficient", "math", "cudnn")},
         "git_sha": sha,
         "git_dirty": dirty,
         "tf32": tf32_settings(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if device.type == "cuda":
-        env["driver"] = driver_version()
-        env["gpu_uuid"] = gpu_uuid(device)
+        env.update(driver=driver_version(), gpu_uuid=gpu_uuid(device))
     env["clocks_start"] = snapshot_clocks(device)
     return env
 

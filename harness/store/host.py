@@ -58,9 +58,7 @@ def tf32_settings() -> dict:
     if new_api:
         settings["default"] = _setting(lambda: torch.backends.fp32_precision)
     settings["float32_matmul_precision"] = _setting(torch.get_float32_matmul_precision)
-    for var in ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"):
-        settings[var] = os.environ.get(var)
-    return settings
+    return settings | {var: os.environ.get(var) for var in ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")}
 
 
 def hardware_fingerprint(device: torch.device) -> dict:
@@ -80,18 +78,22 @@ def hardware_fingerprint(device: torch.device) -> dict:
 
 
 def testbed_id(device: torch.device) -> str:
-    blob = json.dumps(hardware_fingerprint(device), sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return hashlib.sha256(json.dumps(hardware_fingerprint(device), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _smi_lines(*args: str) -> list[str]:
+    """The output lines of `nvidia-smi <args>` ([] when it fails or is absent)."""
+    try:
+        return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip().splitlines()
+    except Exception:
+        return []
 
 
 def _nvidia_smi(field: str, gpu: str | None = None) -> str | None:
     """One field of `nvidia-smi --query-gpu` for `gpu` (index or UUID; first GPU when None), or None."""
-    try:
-        cmd = ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"] + (["-i", gpu] if gpu else [])
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout
-        return out.strip().splitlines()[0]
-    except Exception:
-        return None
+    lines = _smi_lines(f"--query-gpu={field}", "--format=csv,noheader,nounits", *(["-i", gpu] if gpu else []))
+    return lines[0] if lines else None
 
 
 #: one line of `nvidia-smi -L`: a GPU ("GPU 0: NVIDIA H100 ... (UUID: GPU-...)") or a MIG instance under it
@@ -101,13 +103,8 @@ _SMI_DEVICE = re.compile(r"^\s*(GPU \d+|MIG [^:]*?Device\s+\d+):.*\(UUID: ((?:GP
 
 def smi_devices(listing: str | None = None) -> list[tuple[str, str]]:
     """[(label, UUID)] of every GPU and MIG instance `nvidia-smi -L` lists (its output may be given)."""
-    if listing is None:
-        try:
-            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10,
-                                     check=True).stdout
-        except Exception:
-            return []
-    return [(m[1], m[2]) for m in map(_SMI_DEVICE.match, listing.splitlines()) if m]
+    lines = _smi_lines("-L") if listing is None else listing.splitlines()
+    return [(m[1], m[2]) for m in map(_SMI_DEVICE.match, lines) if m]
 
 
 def gpu_uuid(device: torch.device, listing: str | None = None) -> str | None:
@@ -120,10 +117,7 @@ def gpu_uuid(device: torch.device, listing: str | None = None) -> str | None:
         return None
     if raw.startswith(("GPU-", "MIG-")):
         return raw
-    for _, uuid in smi_devices(listing):
-        if uuid.split("-", 1)[1] == raw:
-            return uuid
-    return f"GPU-{raw}"
+    return next((uuid for _, uuid in smi_devices(listing) if uuid.split("-", 1)[1] == raw), f"GPU-{raw}")
 
 
 #: nvidia-smi --query-gpu fields of a clock snapshot, keyed by the name they get in env.json
@@ -168,12 +162,11 @@ def _nvml_clocks(uuid: str | None, index: int) -> dict:
 
 
 def _cpu_clocks() -> dict:
-    mhz = []
     try:
         mhz = [float(line.split(":", 1)[1]) for line in Path("/proc/cpuinfo").read_text().splitlines()
                if line.startswith("cpu MHz")]
     except (OSError, ValueError):
-        pass
+        mhz = []
     try:
         load = list(os.getloadavg())
     except OSError:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.store.schema import (BOUNDS, COLUMNS, FIGURE_COLUMNS, KEY, PHASES, SAMPLE_COLUMNS, SCHEMA_VERSION,
-                                  STATUSES, TIMING_STATUSES, Row, figures_usable)
+from harness.store.schema import (ALLOWED, COLUMNS, FIGURE_COLUMNS, KEY, SAMPLE_COLUMNS, SCHEMA_VERSION, Row,
+                                  figures_usable)
 
 #: cells read as missing; `observed` is exempt (an observed 'nan' or 'None' is an answer, not a missing value)
 _NA_STRINGS = ["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>",
@@ -28,8 +28,6 @@ _SHOWN = 5
 #: column -> the type its cells must parse as (int, float, bool or str), from the schema's Row annotations
 _KIND = {name: ([t for t in typing.get_args(hint) if t is not type(None)] or [hint])[0]
          for name, hint in typing.get_type_hints(Row).items()}
-#: columns whose words are the schema's vocabulary: anything else is a damaged cell
-_ALLOWED = {"phase": PHASES, "status": STATUSES, "timing_status": TIMING_STATUSES, "bound": BOUNDS}
 #: a latency is a duration: a finite number >= 0 (a negative or infinite one is a damaged cell)
 DURATION = "duration"
 _SAMPLE_KIND = {"round": int, "sample": int, "latency_ms": DURATION}
@@ -45,7 +43,7 @@ def _cell_problem(column: str, cell: str, kind: type, required: bool) -> str | N
     """Why `cell` cannot be column `column`'s value, or None."""
     if (cell == "") if column in _VERBATIM else (cell in _NA_STRINGS):
         return f"{column} is empty" if required else None
-    allowed = _ALLOWED.get(column)
+    allowed = ALLOWED.get(column)  # the schema's vocabulary: anything else is a damaged cell
     if allowed is not None and cell not in allowed:
         return f"{column} {cell[:40]!r} is not one of {', '.join(allowed)}"
     if kind in (int, float, DURATION):
@@ -81,14 +79,11 @@ def _parse(path: Path, required: tuple[str, ...], kinds: dict) -> tuple[list[str
             line, first = first, reader.line_num + 1
             if not record:  # a blank line holds no row
                 continue
-            why = None
             if len(record) != len(header):
                 why = f"{len(record)} fields where the header has {len(header)} (cut short or damaged)"
-            else:
-                for column, cell in zip(header, record):
-                    why = _cell_problem(column, cell, kinds.get(column, str), column in required)
-                    if why:
-                        break
+            else:  # the first cell that is not its column's kind
+                why = next(filter(None, (_cell_problem(column, cell, kinds.get(column, str), column in required)
+                                         for column, cell in zip(header, record))), None)
             if why:
                 refused.append((line, why))
             else:
@@ -112,9 +107,7 @@ def _warn_refused(path: Path, refused: list[tuple[int, str]]) -> None:
 def _frame(header: list[str], records: list[list[str]], **kwargs) -> pd.DataFrame:
     """The records that parsed, read by pandas exactly as a clean file would be."""
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(header)
-    writer.writerows(records)
+    csv.writer(buffer).writerows([header, *records])
     buffer.seek(0)
     return pd.read_csv(buffer, **kwargs)
 
@@ -142,8 +135,7 @@ def load_samples(run_dir: str | Path) -> pd.DataFrame:
                 withheld = withheld_keys(load_results(results))
         except ValueError:  # a results file that cannot be read says so where it is read; no key is withheld
             withheld = set()
-        if withheld:
-            df = df[[tuple(k) not in withheld for k in df[list(KEY)].itertuples(index=False)]]
+        df = df[[tuple(k) not in withheld for k in df[list(KEY)].itertuples(index=False)]] if withheld else df
     df.attrs[REFUSED] = len(refused)
     return df
 
@@ -169,13 +161,6 @@ def usable_figures(df: pd.DataFrame) -> pd.DataFrame:
             df.loc[withheld, column] = None
             df[column] = pd.to_numeric(df[column], errors="coerce") if column != "noisy" else df[column]
     return df
-
-
-def fold(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per key: for each column, the last non-empty value among the rows of that key."""
-    if df.empty:
-        return df
-    return df.groupby(list(KEY), sort=False, dropna=False).last().reset_index()[list(df.columns)]
 
 
 def load_results(path: str | Path) -> pd.DataFrame:
@@ -204,7 +189,9 @@ def load_results(path: str | Path) -> pd.DataFrame:
     if len(versions) and versions.max() > SCHEMA_VERSION:
         raise ValueError(f"{path}: written with results schema {int(versions.max())}; this harness reads up to "
                          f"{SCHEMA_VERSION} (upgrade the harness to read it)")
-    df = usable_figures(fold(df))
+    if not df.empty:  # folded: one row per key, each column its last non-empty value among the key's rows
+        df = df.groupby(list(KEY), sort=False, dropna=False).last().reset_index()[list(df.columns)]
+    df = usable_figures(df)
     df.attrs[REFUSED] = len(refused)
     return df
 

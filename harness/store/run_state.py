@@ -13,8 +13,7 @@ START = "start"
 def incomplete(env: dict) -> str | None:
     """Why the run described by `env` (its env.json) did not reach its end, in a phrase ('stopped during the
     correctness stage (killed or crashed: no end recorded)'), or None when it did or `env` is empty."""
-    status = env.get("status")
-    stage = env.get("stage")
+    status, stage = env.get("status"), env.get("stage")
     where = f" during the {stage} stage" if stage and stage != START else " before its first stage" if stage else ""
     if status == RUNNING:
         return f"stopped{where} (killed or crashed: no end recorded)"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, make_dataclass, replace
+from dataclasses import asdict, dataclass, fields, make_dataclass
 from typing import Iterable, NamedTuple
 
 #: 2: timing_status and timing_reason added (a timing failure no longer overwrites the correctness status);
@@ -60,6 +60,8 @@ def figures_usable(timing_status: object) -> bool:
 
 #: what limits a timed row (its `bound` column): the matmul peak or the memory bandwidth
 BOUNDS = ("compute", "memory")
+#: the columns whose values are the vocabulary above (a row's phase is never empty; the others may be)
+ALLOWED = {"status": STATUSES, "timing_status": TIMING_STATUSES, "bound": BOUNDS, "phase": PHASES}
 
 
 class Quantity(NamedTuple):
@@ -208,20 +210,14 @@ class Row(_RowJudged):
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self):
-        for column, allowed in (("status", STATUSES), ("timing_status", TIMING_STATUSES), ("bound", BOUNDS)):
+        for column, allowed in ALLOWED.items():
             value = getattr(self, column)
-            if value is not None and value not in allowed:
+            if (value is not None or column == "phase") and value not in allowed:
                 raise ValueError(f"{column}={value!r}; allowed: {', '.join(allowed)}")
-        if self.phase not in PHASES:  # the key's phase is never empty
-            raise ValueError(f"phase={self.phase!r}; allowed: {', '.join(PHASES)}")
 
     @property
     def key(self) -> TimingKey:
         return TimingKey(self.case_id, self.backend, self.phase)
-
-    def with_(self, **changes) -> "Row":
-        """A copy with some columns changed (validated again)."""
-        return replace(self, **changes)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -10,10 +10,6 @@ from typing import Iterable
 from harness.store.schema import COLUMNS, SAMPLE_COLUMNS, Row
 
 
-def _cell(value: object) -> object:
-    return "" if value is None else value
-
-
 def _start(path: str | Path, header: Iterable[str]) -> Path:
     """`path`, given its header line when it is new or empty."""
     path = Path(path)
@@ -42,7 +38,7 @@ class ResultsWriter:
         for row in rows:
             if not isinstance(row, Row):
                 raise TypeError(f"ResultsWriter.write takes harness.store.schema.Row objects; got {type(row).__name__}")
-        _append(self.path, ([_cell(getattr(row, c)) for c in COLUMNS] for row in rows))
+        _append(self.path, (["" if (v := getattr(row, c)) is None else v for c in COLUMNS] for row in rows))
 
 
 class SamplesWriter:

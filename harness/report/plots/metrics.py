@@ -124,8 +124,6 @@ def metric_rows(run: Run, metric: Metric) -> pd.DataFrame:
 def metric_figures(run: Run, metric: Metric) -> list[tuple[str, Figure]]:
     """Shape groups measured at several lengths as lines against seq_k; every other case as a dot plot."""
     df = metric_rows(run, metric)
-    if df.empty:
-        return []
     metric = replace(metric, title=metric.title.format(baseline=run.baseline))
     series, singles = split_series(df)
     return _series_pages(run, metric, series) + _case_pages(run, metric, singles)
@@ -156,8 +154,6 @@ def _style_y(ax: Axes, rows: pd.DataFrame, metric: Metric, log: bool) -> None:
 
 def _series_pages(run: Run, metric: Metric, groups: list[tuple[tuple, pd.DataFrame]]) -> list[tuple[str, Figure]]:
     """Pages of panels: rows = shape groups, columns = phases, one line per backend."""
-    if not groups:
-        return []
     phases = [p for p in metric.phases if any((g.phase == p).any() for _, g in groups)]
     pages = [groups[i:i + GROUPS_PER_PAGE] for i in range(0, len(groups), GROUPS_PER_PAGE)]
     out = []
@@ -189,8 +185,6 @@ def _series_pages(run: Run, metric: Metric, groups: list[tuple[tuple, pd.DataFra
 
 def _case_pages(run: Run, metric: Metric, rows: pd.DataFrame) -> list[tuple[str, Figure]]:
     """Cases without a length series, side by side: one column of markers per case, one panel per phase."""
-    if rows.empty:
-        return []
     order = rows.sort_values(["suite", "dtype", "mask_kind", "modifier_kind", "head_dim", "heads", "kv_heads", "seq_q",
                               "seq_k"])
     cases = list(dict.fromkeys(order.case_id))
@@ -245,10 +239,15 @@ def _legend(fig: Figure, rows: pd.DataFrame, metric: Metric) -> None:
     fig.legend(handles=handles, loc="outside right center", fontsize=9, title="backend", title_fontsize=9)
 
 
+def reference_line(ax: Axes, y: float, text: str, label: str, colour: str = "black", lw: float = 1.0,
+           text_colour: str | None = None) -> None:
+    """A dashed horizontal reference line at `y`, named at the left edge just above it."""
+    ax.axhline(y, color=colour, ls="--", lw=lw, label=label)
+    ax.text(0.01, y, text, transform=ax.get_yaxis_transform(), va="bottom", fontsize=8, color=text_colour)
+
+
 def _speedup_decoration(ax: Axes, rows: pd.DataFrame, run: Run) -> None:
-    ax.axhline(1.0, color=backend_color(run.baseline), ls="--", lw=1.2, label="_baseline")
-    ax.text(0.01, 1.0, f"{run.baseline} = 1×", transform=ax.get_yaxis_transform(), va="bottom", fontsize=8,
-            color="dimgrey")
+    reference_line(ax, 1.0, f"{run.baseline} = 1×", "_baseline", backend_color(run.baseline), 1.2, "dimgrey")
     # every label as '2×', minor ones too: matplotlib labels some minor ticks of an axis spanning about a decade
     # in its own style ('2 × 10^0'), which read as another unit next to panels whose ticks say '2×'
     ax.yaxis.set_major_formatter(_Times())
@@ -289,9 +288,7 @@ def _tflops_decoration(ax: Axes, rows: pd.DataFrame, run: Run) -> None:
         peak = float(ratio.median()) if len(ratio) else None
     if not peak:
         return
-    ax.axhline(peak, color="black", ls="--", lw=1, label="_peak")
-    ax.text(0.01, peak, f"measured {dtype} matmul peak {peak:.3g}", transform=ax.get_yaxis_transform(),
-            va="bottom", fontsize=8)
+    reference_line(ax, peak, f"measured {dtype} matmul peak {peak:.3g}", "_peak")
     top = max(peak, float(rows.tflops[np.isfinite(rows.tflops)].max()))
     ax.set_ylim(top=top * (3 if ax.get_yscale() == "log" else 1.15))
     sec = ax.secondary_yaxis("right", functions=(lambda t: 100 * t / peak, lambda p: p * peak / 100))
@@ -311,9 +308,7 @@ def _tflops_case_decoration(ax: Axes, rows: pd.DataFrame, run: Run) -> None:
 
 
 def _ratio_decoration(ax: Axes, rows: pd.DataFrame, run: Run) -> None:
-    ax.axhline(1.0, color="red", ls="--", lw=1.2, label="_tolerance")
-    ax.text(0.01, 1.0, "tolerance: fails above", transform=ax.get_yaxis_transform(), va="bottom", fontsize=8,
-            color="red")
+    reference_line(ax, 1.0, "tolerance: fails above", "_tolerance", "red", 1.2, "red")
     lo, hi = ax.get_ylim()
     if ax.get_yscale() == "log":
         ax.set_ylim(min(lo, 0.5), max(hi, 2.0))  # keep the tolerance line in view

@@ -8,7 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from harness.report.data import Run, peak_tflops
-from harness.report.plots.metrics import Metric, metric_figures
+from harness.report.plots.metrics import Metric, reference_line, metric_figures
 from harness.report.plots.style import backend_color, backend_label, new_figure
 from harness.store.schema import FWD
 
@@ -51,11 +51,8 @@ def roofline_figures(run: Run) -> list[tuple[str, Figure]]:
             ax.axhline(peak, color="black", ls="--", lw=1, label=f"{dtype} matmul peak {peak:.3g} TFLOP/s")
         if ridge:
             ax.axvline(ridge, color="grey", ls=":", lw=1, label=f"ridge point {ridge:.3g} FLOP/byte")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
-        ax.set_ylabel("TFLOP/s")
-        ax.set_title(dtype)
+        ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / byte moved)", ylabel="TFLOP/s",
+               title=dtype)
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: points stay visible
     fig.suptitle("Roofline: achieved TFLOP/s under the measured matmul and bandwidth ceilings")
@@ -65,9 +62,7 @@ def roofline_figures(run: Run) -> list[tuple[str, Figure]]:
 def _bandwidth_decoration(ax, rows, run: Run) -> None:
     bw = bandwidth_peak(run.env)
     if bw:
-        ax.axhline(bw, color="black", ls="--", lw=1, label="_peak")
-        ax.text(0.01, bw, f"measured copy bandwidth {bw:.4g} GB/s", transform=ax.get_yaxis_transform(),
-                va="bottom", fontsize=8)
+        reference_line(ax, bw, f"measured copy bandwidth {bw:.4g} GB/s", "_peak")
 
 
 BANDWIDTH = Metric("bandwidth", "Decode and verification: GB/s moved against the measured copy bandwidth", "gbps",

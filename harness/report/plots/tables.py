@@ -24,13 +24,9 @@ _SHORT = {UNSUPPORTED: "unsup", UNAVAILABLE: "unavail"}
 def _cell_colour(counts: dict) -> str:
     if not counts:
         return "white"
-    for status in (ERROR, FAIL, OOM):
-        if counts.get(status):
-            return _STATUS_COLOURS[status]
-    if counts.get(PASS):
-        # pass on some phases, not run on others (e.g. no backward): a lighter green says "partial"
-        return "#98df8a" if set(counts) - {PASS} else _STATUS_COLOURS[PASS]
-    return _STATUS_COLOURS[UNSUPPORTED if counts.get(UNSUPPORTED) else UNAVAILABLE]
+    worst = next((status for status in (ERROR, FAIL, OOM, PASS, UNSUPPORTED) if counts.get(status)), UNAVAILABLE)
+    # pass on some phases, not run on others (e.g. no backward): a lighter green says "partial"
+    return "#98df8a" if worst == PASS and set(counts) - {PASS} else _STATUS_COLOURS[worst]
 
 
 def support_figure(run: Run) -> list[tuple[str, Figure]]:
@@ -56,8 +52,7 @@ def support_figure(run: Run) -> list[tuple[str, Figure]]:
             text = "\n".join(f"{n} {_SHORT.get(s, s)}" for s, n in ranked)
             dark = colour in ("#d62728", "#8b0000", "#2ca02c")
             ax.text(j, i, text or "—", ha="center", va="center", fontsize=7.5, color="white" if dark else "black")
-    ax.set_xlim(-0.5, n_cols - 0.5)
-    ax.set_ylim(n_rows - 0.5, -0.5)
+    ax.set(xlim=(-0.5, n_cols - 0.5), ylim=(n_rows - 0.5, -0.5))
     ax.set_xticks(range(n_cols), [str(c).replace(" · ", "\n") for c in grid.columns], fontsize=8)
     ax.set_yticks(range(n_rows), grid.index, fontsize=8.5)
     if backends_across:
@@ -87,16 +82,14 @@ def semantics_figure(run: Run) -> list[tuple[str, Figure]]:
     table = table[table.apply(lambda row: any(answered(v) for v in row), axis=1)]
     if table.empty:
         return []
-    wrap = 22
-    cells = [[textwrap.fill(short_cell(v), wrap) or "—" for v in row] for row in table.to_numpy()]
+    cells = [[textwrap.fill(short_cell(v), 22) or "—" for v in row] for row in table.to_numpy()]
     questions = [textwrap.fill(q, 34) for q in table.index]
     lines = [max(c.count("\n") for c in row + [q]) + 1 for row, q in zip(cells, questions)]
     fig = new_figure(2.9 + 1.75 * table.shape[1], 0.9 + 0.2 * sum(lines) + 0.12 * len(lines))
     ax = fig.add_subplot()
     ax.set_axis_off()
-    colours = [_row_colours(list(row)) for row in table.to_numpy()]
-    tab = ax.table(cellText=cells, rowLabels=questions, colLabels=list(table.columns), cellColours=colours,
-                   loc="upper center", cellLoc="center")
+    tab = ax.table(cellText=cells, rowLabels=questions, colLabels=list(table.columns), loc="upper center",
+                   cellColours=[_row_colours(list(row)) for row in table.to_numpy()], cellLoc="center")
     tab.auto_set_font_size(False)
     tab.set_fontsize(7.5)
     total = sum(lines) + 1.5
