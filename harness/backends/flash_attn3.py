@@ -84,7 +84,8 @@ class FlashAttn3(FlashFamily):
 
     def mask_form(self, case, device):
         if case.page_size is not None:
-            return MaskForm("native", 0, "page_table + cache_seqlens, causal" + (" + cu_seqlens_q" * case.mask.mixed))
+            mixed = " + cu_seqlens_q" if case.mask.mixed else ""
+            return MaskForm("native", 0, f"page_table + cache_seqlens, causal{mixed}")
         return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in fa3_args(case).items()))
 
     def modifier_path(self, case):

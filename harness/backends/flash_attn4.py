@@ -215,7 +215,8 @@ class FlashAttn4(FlashFamily):
 
     def mask_form(self, case, device):
         if case.page_size is not None:
-            return MaskForm("native", 0, "page_table + seqused_k, causal" + (" + cu_seqlens_q" * case.mask.mixed))
+            mixed = " + cu_seqlens_q" if case.mask.mixed else ""
+            return MaskForm("native", 0, f"page_table + seqused_k, causal{mixed}")
         return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in fa4_args(case).items()))
 
     def prepare(self, case, device, block_table=None) -> Fa4Plan:

@@ -36,9 +36,8 @@ def register(cls: type[Backend] | None = None, *, replace: bool = False):
         label = repr(cls.name) if isinstance(cls.name, str) and cls.name else cls.__qualname__
         raise ValueError(f"backend {label} ({cls.__qualname__} in {where(cls)}): {'; '.join(problems)}")
     current = _REGISTRY.get(cls.name)
-    owner = type(current)
-    same_class = (owner.__module__, owner.__qualname__) == (cls.__module__, cls.__qualname__)
-    if current is not None and not replace and not same_class:
+    owner = type(current) if current is not None else cls
+    if not replace and (owner.__module__, owner.__qualname__) != (cls.__module__, cls.__qualname__):
         what = ("a built-in backend" if owner.__module__.startswith("harness.backends.")
                 else f"{owner.__module__}.{owner.__qualname__}")
         raise ValueError(f"backend name {cls.name!r} is taken by {what}; give {cls.__qualname__} another name, or "

@@ -38,10 +38,11 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     df["run_id"] = df["run_id"].fillna(env.get("run_id", run_dir.name)) if "run_id" in df else run_dir.name
     for name in env_fields():
         df[name] = df[name].where(df[name].notna(), env.get(name)) if name in df.columns else env.get(name)
-    df = df.assign(run_dir=str(run_dir), incomplete=incomplete(env) or "", refused_rows=refused)
-    if df.empty and (refused or incomplete(env)):  # a run with no row left must still be listed, with its notes
+    why = incomplete(env) or ""
+    df = df.assign(run_dir=str(run_dir), incomplete=why, refused_rows=refused)
+    if df.empty and (refused or why):  # a run with no row left must still be listed, with its notes
         df = pd.DataFrame([{"run_id": env.get("run_id", run_dir.name), "run_dir": str(run_dir),
-                            "incomplete": incomplete(env) or "", "refused_rows": refused,
+                            "incomplete": why, "refused_rows": refused,
                             **{name: env.get(name) for name in env_fields()}}])
     return df
 

@@ -45,11 +45,14 @@ class LRU:
             if make is None:
                 raise KeyError(key)
             self._items[key] = make()
-            while len(self._items) > self.size or (len(self._items) > 1 and self.weigh is not None and sum(
-                    map(self.weigh, self._items.values())) > self.max_bytes):
+            while len(self._items) > self.size or (len(self._items) > 1 and self._over_weight()):
                 self._items.popitem(last=False)
         self._items.move_to_end(key)
         return self._items[key]
+
+    def _over_weight(self) -> bool:
+        return (self.weigh is not None and self.max_bytes is not None
+                and sum(map(self.weigh, self._items.values())) > self.max_bytes)
 
     def clear(self) -> None:
         self._items.clear()

@@ -151,9 +151,12 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
     def build():  # the forward, made anew; retain_graph lets every repetition run the same backward alone
         built[:] = [forward()]
 
-    setup, fn, make = {FWD: (None, inference, None), FWD_BWD: (reset, step, None)}.get(
-        phase, (reset, lambda: built[0].backward(d_out, retain_graph=True), build))
-    return Phase(setup, fn, make, buffers, renew, observe, refill, rehearse)
+    if phase == FWD:
+        return Phase(None, inference, None, buffers, renew, observe, refill, rehearse)
+    if phase == FWD_BWD:
+        return Phase(reset, step, None, buffers, renew, observe, refill, rehearse)
+    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build, buffers, renew, observe, refill,
+                 rehearse)
 
 
 def graph_phase(timed: Phase, device: torch.device) -> tuple[Phase, Captured]:

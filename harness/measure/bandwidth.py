@@ -94,9 +94,11 @@ def roofline_columns(case: AttentionCase, phase: str, flops: float, latency_ms: 
     pct = 100.0 * tflops / peak_tflops if peak_tflops else float("nan")
     binds = bound(flops, nbytes, peak_tflops, peak_gbps)
     which = binds or ("memory" if peak_gbps and not peak_tflops else "compute")
-    why = (f"suspicious: {gbps:.4g} GB/s exceeds the measured copy bandwidth {peak_gbps:.4g} GB/s (memory-bound "
-           f"row; on a CPU a working set that fits the cache can do this)" if which == "memory" and pct_bw > 100 else
-           f"suspicious: {tflops:.3g} TFLOP/s exceeds the measured matmul peak {peak_tflops:.3g}"
-           if which == "compute" and pct > 100 else "")
+    why = ""
+    if which == "memory" and pct_bw > 100:
+        why = (f"suspicious: {gbps:.4g} GB/s exceeds the measured copy bandwidth {peak_gbps:.4g} GB/s (memory-bound "
+               f"row; on a CPU a working set that fits the cache can do this)")
+    elif which == "compute" and pct > 100:
+        why = f"suspicious: {tflops:.3g} TFLOP/s exceeds the measured matmul peak {peak_tflops:.3g}"
     return {"bytes_moved": nbytes, "gbps": gbps, "pct_of_bw_peak": pct_bw,
             "bound": binds, "suspicious": bool(why), "why": why}

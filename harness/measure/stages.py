@@ -64,8 +64,9 @@ class StageClock:
 CLOCK = StageClock()
 
 
-#: charge the block to `name` on this process's clock: `with stage("reference"): ...`
-stage = CLOCK.stage
+def stage(name: str):
+    """`with stage("reference"): ...` - charge the block to `name` on this process's clock."""
+    return CLOCK.stage(name)
 
 
 def time_lines(spent: dict, top: int = 8) -> list[str]:

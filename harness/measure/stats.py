@@ -124,7 +124,7 @@ class KeyComparison:
     _HIDDEN = ("note",)
 
     def columns(self) -> dict:
-        """Every field but the note (a GateVerdict's: and the verdict, written beside them), as compare.csv columns."""
+        """Every field not in `_HIDDEN` (the note; a GateVerdict's verdict too), as compare.csv columns."""
         return {k: v for k, v in asdict(self).items() if k not in self._HIDDEN}
 
 

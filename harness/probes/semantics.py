@@ -50,7 +50,7 @@ def _on_spec_run(answer: Callable[[Probe, PreparedCase, BackendResult], Answer])
     """A question answered from the semantics case's run (forward and backward, once per probe cache); a run
     without output answers instead: unsupported/unavailable stay so, an exception is the answer."""
 
-    @wraps(answer)
+    @wraps(answer, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
     def question(probe: Probe) -> tuple[AttentionCase, Answer]:
         backend, device = probe.backend, probe.device
         prepared = probe.prepared(semantics_case(probe_dtype(backend, device)))
@@ -62,6 +62,7 @@ def _on_spec_run(answer: Callable[[Probe, PreparedCase, BackendResult], Answer])
             return prepared.case, Answer(result.status, "", result.reasons)
         return prepared.case, Answer(OBSERVED, ERROR, result.reasons)
 
+    del question.__wrapped__  # its signature is (probe) -> (case, answer), not answer's: inspect must not follow
     return question
 
 
@@ -146,7 +147,7 @@ def _on_mask_runs(answer: Callable[[Probe, PreparedCase, dict], Answer]) -> Call
     """A question answered from native_mask with the semantics case's mask as bool, additive -inf and additive
     finfo.min tensors: {form: (output or None, why not)}, once per probe cache."""
 
-    @wraps(answer)
+    @wraps(answer, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
     def question(probe: Probe) -> tuple[AttentionCase, Answer]:
         case = semantics_case(probe_dtype(probe.backend, probe.device))
         if refusal := _native(probe, "mask", case):
@@ -164,6 +165,7 @@ def _on_mask_runs(answer: Callable[[Probe, PreparedCase, dict], Answer]) -> Call
         outs = cached(probe.cache, ("mask", probe.backend, str(probe.device), probe.seed), run)
         return case, answer(probe, prepared, outs)
 
+    del question.__wrapped__  # as in _on_spec_run
     return question
 
 

@@ -136,7 +136,7 @@ def winners(run: Run) -> pd.DataFrame:
     # sort window/keypad ids by family, then by length
     table = pd.DataFrame(out).assign(mask_kind=lambda t: t["mask"].map(mask_kind)).sort_values(
         ["dtype", "mask_kind", "head_dim", "batch", "heads", "kv_heads", "seq_k", "seq_q", "phase"],
-        key=lambda s: s.map(PHASES.index) if s.name == "phase" else s)
+        key=lambda s: s.map(dict(zip(PHASES, range(len(PHASES))))) if s.name == "phase" else s)
     return table.drop(columns="mask_kind").reset_index(drop=True)
 
 

@@ -41,7 +41,8 @@ def refused_rows(df: pd.DataFrame) -> int:
 
 def _cell_problem(column: str, cell: str, kind: type, required: bool) -> str | None:
     """Why `cell` cannot be column `column`'s value, or None."""
-    if (cell == "") if column in _VERBATIM else (cell in _NA_STRINGS):
+    empty = cell == "" if column in _VERBATIM else cell in _NA_STRINGS  # verbatim text columns keep "NA" as text
+    if empty:
         return f"{column} is empty" if required else None
     allowed = ALLOWED.get(column)  # the schema's vocabulary: anything else is a damaged cell
     if allowed is not None and cell not in allowed:

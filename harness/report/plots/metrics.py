@@ -124,7 +124,8 @@ def metric_rows(run: Run, metric: Metric) -> pd.DataFrame:
 def metric_figures(run: Run, metric: Metric) -> list[tuple[str, Figure]]:
     """Shape groups measured at several lengths as lines against seq_k; every other case as a dot plot."""
     df = metric_rows(run, metric)
-    metric = replace(metric, title=metric.title.format(baseline=run.baseline))
+    if "{baseline}" in metric.title:  # only this placeholder: other braces in a title are mathtext
+        metric = replace(metric, title=metric.title.format(baseline=run.baseline))
     series, singles = split_series(df)
     return _series_pages(run, metric, series) + _case_pages(run, metric, singles)
 
@@ -232,7 +233,8 @@ def _legend(fig: Figure, rows: pd.DataFrame, metric: Metric) -> None:
     marks = [(metric.timing_flags and rows.noisy.any(),
               dict(marker="o", ms=11, mfc="none", mec="black", label="noisy (IQR/median or rounds)")),
              (np.isinf(values).any(), dict(marker="$\\infty$", ms=11, color="red", label="infinite (top edge)")),
-             ((values == 0).any(), dict(marker="$0$", ms=8, color="black", label="0 on a log axis (bottom edge)")),
+             ((values == 0).any() and metric.log_y != "never",
+              dict(marker="$0$", ms=8, color="black", label="0 on a log axis (bottom edge)")),
              (metric.timing_flags and rows.suspicious.any(),
               dict(marker="x", ms=10, mew=2, color="red", label="suspicious (above peak)"))]
     handles += [Line2D([], [], ls="", **style) for shown, style in marks if shown]
