@@ -247,10 +247,13 @@ def _entry(backend: Backend, call: Call, device: torch.device,
     if call.entry == "forward":
         bound = BoundCall(backend, call.case, device, call.arrangement, leaves)
         return bound, bound.ops(call.backward)
-    native = getattr(backend, call.entry)  # native_causal, native_mask or native_dropout
-    kwargs = ({"mask": call.mask.to(device)} if call.entry == "native_mask"
-              else {"p": call.p} if call.entry == "native_dropout" else {})
-    return (lambda q, k, v: native(q, k, v, scale=scale, **kwargs)), (backend.name, backend.name)
+    names = (backend.name, backend.name)
+    if call.entry == "native_causal":
+        return (lambda q, k, v: backend.native_causal(q, k, v, scale=scale)), names
+    if call.entry == "native_mask":
+        mask = call.mask.to(device)
+        return (lambda q, k, v: backend.native_mask(q, k, v, mask=mask, scale=scale)), names
+    return (lambda q, k, v: backend.native_dropout(q, k, v, p=call.p, scale=scale)), names
 
 
 def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCaches | None = None) -> CallResult:
