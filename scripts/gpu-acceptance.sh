@@ -4,13 +4,12 @@
 #   scripts/gpu-acceptance.sh [--dry-run] [OUTDIR] [WHEELHOUSE]
 # 1. installs every wheel of WHEELHOUSE (python -m harness wheelhouse DIR, made where the index is reachable) into
 #    $SITE_DIR (default /tmp/gpu-acceptance-site) with --no-index --no-deps - the node's torch is never touched - and puts it on PYTHONPATH;
-# 2. prints the environment (GPU, driver, torch, CUDA, nvcc, whether xformers' extension loads and why not) and
-# 3. runs the xformers forward/backward smoke against SDPA (no mask, causal, tensor bias; at most 30 s), both
-#    into xformers-smoke.txt (nvidia-smi's and nvcc's own output: environment.txt);
-# 4. runs `python -m harness selftest --gpu --budget-s` with what is left of the budget.
-# Leaves at most 8 files directly in OUTDIR (default gpu-acceptance): install.log, environment.txt,
-# xformers-smoke.txt, acceptance.log, selftest-table.txt, selftest.json, selftest.tgz (its work/ folder holds the steps'
-# own logs and results, also inside selftest.tgz). --dry-run: the same on the CPU (no wheelhouse needed; CI).
+# 2. prints the environment into environment.txt (python, torch, its CUDA and cuDNN, the GPUs; nvidia-smi's and
+#    nvcc's own output); which backends load, with their kernels and why any cannot, is the selftest's first step;
+# 3. runs `python -m harness selftest --gpu --budget-s` with what is left of the budget.
+# Leaves 6 files directly in OUTDIR (default gpu-acceptance): install.log, environment.txt, acceptance.log,
+# selftest-table.txt, selftest.json, selftest.tgz (its work/ folder holds the steps' own logs and results, also inside
+# selftest.tgz). --dry-run: the same on the CPU (no wheelhouse needed; CI).
 set -uo pipefail
 DRY=""
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
@@ -38,11 +37,15 @@ else
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 fi
 cd "$ROOT"
-# one python process for the environment and the smoke (each start imports torch and xformers)
-{ nvidia-smi 2>&1 || echo "nvidia-smi: none"; command -v nvcc >/dev/null && nvcc --version; } >"$OUT/environment.txt" 2>&1
-timeout 150 "$PY" -m harness xformers-smoke --seconds 30 ${DRY:+--dry-run} >"$OUT/xformers-smoke.txt" 2>&1
-echo "xformers smoke (environment first): exit $?"
-cat "$OUT/xformers-smoke.txt"
+{ timeout 60 "$PY" - <<'PY'
+import platform, torch
+gpus = [f"{torch.cuda.get_device_name(i)} sm{''.join(map(str, torch.cuda.get_device_capability(i)))}"
+        for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else ["none visible to torch"]
+print(f"python {platform.python_version()}; torch {torch.__version__} (CUDA {torch.version.cuda}, "
+      f"cuDNN {torch.backends.cudnn.version()}); GPUs: {', '.join(gpus)}")
+PY
+  nvidia-smi 2>&1 || echo "nvidia-smi: none"; command -v nvcc >/dev/null && nvcc --version; } >"$OUT/environment.txt" 2>&1
+head -1 "$OUT/environment.txt"
 
 LEFT=$(( BUDGET - (SECONDS - START) - 10 ))   # 10 s for writing the archive at the end
 if [ "$LEFT" -lt 1 ]; then LEFT=1; fi          # the selftest then lists every step as not run

@@ -10,7 +10,7 @@ import warnings
 #: each defines `add_subcommand(subparsers)`: adds its parser, sets `func` (parsed args -> exit code)
 COMMAND_MODULES: list[str] = ["harness.cli.check", "harness.cli.backends", "harness.cli.history",
                               "harness.cli.compare", "harness.cli.run", "harness.cli.report", "harness.cli.recommend",
-                              "harness.cli.selftest", "harness.cli.wheelhouse", "harness.cli.xformers_smoke"]
+                              "harness.cli.selftest", "harness.cli.wheelhouse"]
 
 
 class Parser(argparse.ArgumentParser):
