@@ -278,9 +278,10 @@ class _Checks:
         seen, new = m.samples_ms[:-1], m.samples_ms[-1:]
         if self._renewed and seen_violation(seen, new):  # a graph's too: its last sample replays on new inputs
             repeats, confirmed = self._confirm(device)
-            # slower than both the pairs' repeats and the round's seen calls: a cache is fast on both, while on a
-            # loaded VM one lucky repeat beside one stalled new call is not
-            if seen_violation(seen, confirmed):
+            # every pair slower on its new inputs, and those slower than both the pairs' repeats and the round's seen
+            # calls: a cache is fast on all, while on a loaded VM one lucky repeat beside one stalled new call is not
+            every_pair = all(seen_violation([r], [c]) for r, c in zip(repeats, confirmed))
+            if every_pair and seen_violation(seen, confirmed):
                 self._note(seen_violation(repeats, confirmed))
         for o in self.observed:
             o.out = None if o.out is None else self.backend.from_layout(o.out).cpu()
