@@ -13,15 +13,20 @@ import numpy as np
 import pandas as pd
 
 from harness.backends.registry import versioned_backends
+from harness.compare.changes import detect_changes, key_series, plot_trend, trend_file
+from harness.compare.history import load_history
+from harness.measure.stats import MIN_SEGMENT, change_points
 from harness.report.plots import plot_run
 from harness.report.analysis import (answered, failures, headline, modifier_support, not_run, semantics_table,
                                      short_cell, support_counts, unavailable_everywhere, winners)
 from harness.report.data import Run, load_run, peak_tflops
-from harness.report.trends import Trends, run_trends
+from harness.store.run_dir import is_run_dir
 from harness.store.run_state import benchmark_planned, incomplete, run_notes
-from harness.store.schema import BASELINE, PHASES
+from harness.store.schema import BASELINE, KEY, PHASES
 
 FAILURE_LINKS = 5  # per backend in the headline; the rest are one click away in the failures section
+#: a report draws at most this many trend figures (the largest steps first); `history --changes` draws all
+MAX_TRENDS = 12
 
 CAPTIONS = {
     "latency": "Median latency per backend and phase. Case families measured at several lengths are drawn "
@@ -194,7 +199,7 @@ def environment_table(run: Run) -> pd.DataFrame:
     return pd.DataFrame([(k, v) for k, v in items.items() if v not in (None, "")], columns=["item", "value"])
 
 
-def report_blocks(run: Run, figures: dict[str, list[Path]], trends: Trends | None = None) -> list:
+def report_blocks(run: Run, figures: dict[str, list[Path]], history: list | None = None) -> list:
     """The report as a list of blocks: what to say, independent of the format."""
     fails = failures(run)
     sections = [("Environment", [Table(environment_table(run))]),
@@ -211,8 +216,8 @@ def report_blocks(run: Run, figures: dict[str, list[Path]], trends: Trends | Non
     skipped = not_run(run)
     if not skipped.empty:
         sections.append(("Not run, and why", [Table(skipped)]))
-    if trends is not None and run.has_perf:
-        sections.append(("History on this testbed", _history_section(trends)))
+    if history is not None and run.has_perf:
+        sections.append(("History on this testbed", history))
     anchors = [slug(name.split(" (")[0]) for name, _ in sections]
     blocks: list = [Heading(1, f"Attention harness run {run.env.get('run_id') or run.run_dir.name}"),
                     Para(_summary(run)),
@@ -222,15 +227,36 @@ def report_blocks(run: Run, figures: dict[str, list[Path]], trends: Trends | Non
     return blocks
 
 
-def _history_section(trends: Trends) -> list:
-    where = f"{trends.runs} stored run(s) of testbed {trends.testbed} up to this one"
-    if not trends.enough:
-        return [Para(f"{where}; change points need at least {trends.needed}. `python -m harness history --changes` "
+def history_section(run_dir: Path, env: dict, out_dir: Path) -> list | None:
+    """Change points, over the runs stored beside `run_dir` on its testbed up to it, of the keys this run holds, with
+    a trend figure per changed key under out_dir/figures/trends/; None without a testbed or a folder of runs."""
+    testbed, root = env.get("testbed_id"), run_dir.parent
+    if not testbed or not root.is_dir() or is_run_dir(root):
+        return None
+    history = load_history(root)
+    if history.empty or "testbed_id" not in history:
+        return None
+    history = history[history.testbed_id.astype(str) == str(testbed)]
+    started = env.get("started")
+    if started and "started" in history:  # a report rebuilt later must not show the future of its run
+        history = history[history.started.astype(str) <= str(started)]
+    where = f"{history.run_id.nunique()} stored run(s) of testbed {testbed} up to this one"
+    if history.run_id.nunique() < 2 * MIN_SEGMENT:  # two segments of MIN_SEGMENT runs
+        return [Para(f"{where}; change points need at least {2 * MIN_SEGMENT}. `python -m harness history --changes` "
                      "finds them once there are more.")]
-    if trends.changes.empty:
+    own = set(map(tuple, history[history.run_dir == str(run_dir)][list(KEY)].astype(str).to_numpy()))
+    c = detect_changes(history, testbed=str(testbed))
+    c = c[pd.Series([tuple(map(str, k)) in own for k in c[list(KEY)].to_numpy()], index=c.index, dtype=bool)]
+    c = c.loc[c.ratio.astype(float).map(lambda r: max(r, 1 / r)).sort_values(ascending=False).index]
+    if c.empty:
         return [Para(f"{where}: no key of this run changed level (change points: ruptures PELT over each key's "
                      "run medians; `python -m harness history --changes --all-trends` draws every key).")]
-    c = trends.changes
+    series, figures = key_series(history), []
+    for r in c.head(MAX_TRENDS).itertuples():
+        key = (r.testbed_id, *(getattr(r, k) for k in KEY))
+        figures.append(plot_trend(series[key], change_points(series[key].latency_ms.to_numpy()),
+                                  f"{r.backend} {r.case_id} [{r.phase}]",
+                                  out_dir / "figures" / "trends" / f"{trend_file(key)}.png"))
     table = pd.DataFrame({"backend": c.backend, "case": c.case_id, "phase": c.phase,
                           "before (ms)": c.before_ms.map("{:.4g}".format),
                           "after (ms)": c.after_ms.map("{:.4g}".format),
@@ -239,10 +265,10 @@ def _history_section(trends: Trends) -> list:
                           "git": c.git_sha_before.astype(str).str[:8] + " → " + c.git_sha_after.astype(str).str[:8]})
     blocks = [Para(f"{where}: {len(c)} change point(s) in this run's keys, largest step first. Each figure is a "
                    "key's median latency per run (oldest left), its segments' medians in gray and the change "
-                   "points dashed red."), Table(table)]
-    blocks += [Image(p, f"trend: {p.stem}") for p in trends.figures]
-    if len(c) > len(trends.figures):
-        blocks.append(Para(f"{len(c) - len(trends.figures)} more change point(s) not drawn here: "
+                   "points dashed red."), Table(table.reset_index(drop=True))]
+    blocks += [Image(p, f"trend: {p.stem}") for p in figures]
+    if len(c) > len(figures):
+        blocks.append(Para(f"{len(c) - len(figures)} more change point(s) not drawn here: "
                            "`python -m harness history --changes` draws them all."))
     return blocks
 
@@ -347,7 +373,7 @@ def build_report(run_dir: str | Path, baseline: str = BASELINE, out_dir: str | P
     out = Path(out_dir) if out_dir else run.run_dir
     out.mkdir(parents=True, exist_ok=True)
     figures = plot_run(run, out)
-    blocks = report_blocks(run, figures, run_trends(run.run_dir, run.env, out))
+    blocks = report_blocks(run, figures, history_section(run.run_dir, run.env, out))
     (out / "report.md").write_text(to_markdown(blocks, out))
     path = out / "report.html"
     path.write_text(to_html(blocks, blocks[0].text))
