@@ -1,16 +1,16 @@
 """`python -m harness selftest --gpu`: the GPU acceptance run - every GPU path once, within a time budget, one
 summary table.
 
-Steps (each a subprocess, so one that crashes or hangs does not end the others; harness/cli/selftest_plan.py),
-most informative first: which backends loaded; the real-CUDA tests (tests/gpu); correctness on the gpu-smoke
-matrix for every available backend; one benchmark round; timing fidelity against triton's do_bench; the benchmark
-with --cuda-graph on a subset; correctness on cuda:1 when a second GPU exists; memory growth (naive ~ n^2, fused
-~ n); the multi-GPU launcher (`run --gpus all`) on a subset. `--budget-s` plans them to fit, each with its own
-timeout; the steps that do not fit are listed as not run. The table is rewritten on disk as each step ends, so a
-run killed at any moment leaves the table of what finished and of what did not run. Exit 1 when any step hit a
-harness error (a crashed or timed-out step, a failing harness test, an `error` row of a built-in backend); a
-backend that fails a case is a result, listed, not a harness error. Below the table: where each run's time went
-(its env.json time_spent: harness.measure.stages), so a slow step says which stage to look at.
+Steps (each a subprocess, so one that crashes or hangs does not end the others; harness/cli/selftest_plan.py), most
+informative first: which backends loaded; the real-CUDA tests (tests/gpu); correctness on the gpu-smoke matrix for
+every available backend; one benchmark round; timing fidelity against triton's do_bench; the benchmark with
+--cuda-graph on a subset; correctness on cuda:1 when a second GPU exists; the multi-GPU launcher (`run --gpus all`)
+on a subset. `--budget-s` plans them to fit, each with its own timeout; the steps that do not fit are listed as not
+run. The table is rewritten on disk as each step ends, so a run killed at any moment leaves the table of what
+finished and of what did not run. Exit 1 when any step hit a harness error (a crashed or timed-out step, a failing
+harness test, an `error` row of a built-in backend); a backend that fails a case is a result, listed, not a harness
+error. Below the table: where each run's time went (its env.json time_spent: harness.measure.stages), so a slow step
+says which stage to look at.
 
 --dry-run runs the same steps on the CPU (smoke matrix, naive and sdpa, CPU launcher shards; the CUDA-only
 steps are listed as skipped): what CI runs, so the command itself cannot rot.

@@ -13,7 +13,7 @@ from harness.store.schema import BASELINE
 #: scaled from the H200 runs of 2026-11-30, CPU ones dry-run times on the 2-core VM (docs/design/cli.md)
 ESTIMATES = {"backends": ((20, 0), (10, 0)), "tests-gpu": ((60, 0), (5, 0)), "correctness": ((20, 12), (10, 6)),
              "benchmark": ((15, 12), (10, 6)), "fidelity": ((30, 0), (15, 0)), "cuda-graph": ((20, 10), (0, 0)),
-             "cuda1": ((30, 15), (0, 0)), "memory": ((20, 0), (8, 0)), "launch": ((40, 10), (20, 8))}
+             "cuda1": ((30, 15), (0, 0)), "launch": ((40, 10), (20, 8))}
 #: the steps' keys for --steps, in the order they run: most informative first
 STEP_KEYS = tuple(ESTIMATES)
 #: a step may run to this many times its estimate while the later steps' estimates still fit
@@ -81,7 +81,6 @@ def steps(dry_run: bool, work: Path, gpus: int, backends: list[str],
                                             "--cuda-graph", *few], len(subset), "graph", skip=no_gpu),
         step("cuda1", "cuda:1", [*[a if a != "cuda" else "cuda:1" for a in suites], "suites/correctness", *few],
              len(subset), "cuda1", skip=no_gpu or ("" if gpus >= 2 else f"{gpus} CUDA device(s): cuda:1 needs two")),
-        step("memory", "memory growth", ["-c", MEMORY_GROWTH.format(device=device, baseline=BASELINE)]),
         # the launcher's own --results-dir comes before the suites' options
         step("launch", "run --gpus all" if not dry_run else "run --cpu-shards 2",
              ["-m", "harness", "run", *(["--cpu-shards", "2"] if dry_run else ["--gpus", "all"]), "--results-dir",
@@ -118,30 +117,3 @@ def choose(planned: list[Step], keys: list[str] | None) -> None:
         if keys is not None and step.key not in keys and not step.skip:
             step.skip = "not run: not in --steps"
 
-
-#: peak memory of naive (materialized scores) and a fused kernel at doubling sequence lengths
-MEMORY_GROWTH = """
-import json, torch
-from harness import AttentionCase
-from harness.backends.registry import get_backends
-from harness.execution.timed import phase_callables
-from harness.measure.memory import peak_memory
-from harness.spec.case import make_inputs
-from harness.spec.masks import Causal
-device = torch.device({device!r})
-fused = "sdpa-flash" if device.type == "cuda" else "sdpa"
-seqs = (2048, 4096) if device.type == "cuda" else (256, 512)
-out = {{}}
-for name in ({baseline!r}, fused):
-    b = get_backends([name])[0]
-    for s in seqs:
-        case = AttentionCase(1, 16 if device.type == "cuda" else 4, s, 128 if device.type == "cuda" else 64,
-                             "bf16" if device.type == "cuda" else "fp32", mask=Causal())
-        p = phase_callables(b, case, make_inputs(case, device), device, "fwd")
-        out[f"{{name}} s{{s}}"] = peak_memory(p.fn, device=device, setup=p.setup)[0]
-naive = out[f"{baseline} s{{seqs[1]}}"] / out[f"{baseline} s{{seqs[0]}}"]
-fused_r = out[f"{{fused}} s{{seqs[1]}}"] / max(out[f"{{fused}} s{{seqs[0]}}"], 1)
-print(f"peak memory x{{naive:.2f}} for naive, x{{fused_r:.2f}} for {{fused}} when the sequence doubles")
-ok = naive > 3.0 and fused_r < 2.6
-raise SystemExit(0 if ok else 1)
-"""

@@ -34,7 +34,7 @@ def test_gpu_acceptance_dry_run_fits_its_budget_and_leaves_the_record(tmp_path):
     assert "; torch " in (out / "environment.txt").read_text() and "GPUs: " in (out / "environment.txt").read_text()
     steps = json.loads((out / "selftest.json").read_text())
     assert list(steps) == ["backends", "tests/gpu", "correctness smoke", "benchmark smoke (1 round)",
-                           "fidelity vs a wall clock", "--cuda-graph", "cuda:1", "memory growth", "run --cpu-shards 2"]
+                           "fidelity vs a wall clock", "--cuda-graph", "cuda:1", "run --cpu-shards 2"]
     allowed = ("ok", "skipped", "not run", "TIMEOUT")
     assert all(v["status"].startswith(allowed) for v in steps.values()), steps
     assert steps["backends"]["detail"].startswith("ok: naive, sdpa")
@@ -52,8 +52,6 @@ def test_gpu_acceptance_dry_run_fits_its_budget_and_leaves_the_record(tmp_path):
     if steps["correctness smoke"]["status"] == "ok":
         assert steps["correctness smoke"]["detail"].startswith("pass")
         assert any(n.endswith("results.csv") for n in names) and any(n.endswith("env.json") for n in names)
-    if steps["memory growth"]["status"] == "ok":
-        assert "peak memory x" in steps["memory growth"]["detail"]
 
 
 def test_selftest_without_a_gpu_says_so():
