@@ -80,6 +80,8 @@ def model_workloads(model: ModelShape, batch: int, seq: int, *, seq_k: int | Non
     modifiers. A serving step (`seq_q` queries over `seq` cached keys, `page_size`, named by `step`) or a mixed
     `serving_step` (a mix id: batch and queries are the mix's, `seq` the longest cache) keeps the layer kinds.
     `name`, when given, stands for the model, batch (or mix) and seq in each workload's name."""
+    if (page_size is not None or serving_step is not None) and model.mask != "causal":
+        raise ValueError(f"{model.name}'s mask is {model.mask}; paged workloads and serving steps are causal decoders")
     out = []
     for layer in model.layer_masks:
         case = model.case(batch, seq_k or seq, dtype, seq_q=seq_q or seq, layer_mask=layer)
@@ -211,8 +213,6 @@ def _step_workloads(keys: dict, own: set[str], spot: str) -> list[Workload]:
         if cache is None:
             raise ValueError(f"{spot}: serving step {mix.id} of preset {keys['preset']} needs seq (the longest cache)")
         model = _preset(keys, own, spot)
-        if model.mask != "causal":
-            raise ValueError(f"{spot}: preset {model.name} has mask {model.mask}; a serving step is a causal decoder's")
         with _at(spot):
             return model_workloads(model, mix.batch, cache, dtype=keys.get("dtype", "bf16"),
                                    page_size=keys.get("page_size"), serving_step=mix.id, name=name)

@@ -55,8 +55,6 @@ def _recommend(args: argparse.Namespace) -> int:
         need = [f for f in ("--batch", "--seq") if getattr(args, f[2:]) is None and not (mixed and f == "--batch")]
         if need:
             raise ValueError(f"--preset/--hf-config needs the deployment's {' and '.join(need)}")
-        if (args.page_size is not None or mixed) and model.mask != "causal":
-            raise ValueError(f"--page-size: {model.name}'s mask is {model.mask}; paged workloads are causal decoders")
         workloads = model_workloads(model, args.batch, args.seq, seq_k=args.seq_k, dtype=args.dtype,
                                     training=args.training, seq_q=seq_q, page_size=args.page_size, step=step,
                                     serving_step=mixed)

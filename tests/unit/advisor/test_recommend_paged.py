@@ -32,10 +32,24 @@ def test_cli_gives_the_cost_estimate_and_the_flag_for_the_full_size_workload_on_
     assert code == 2 and "--allow-expensive" in err and "page16" in err and "GiB" in err
 
 
+REFUSED = "mistral-7b's mask is window4096; paged workloads and serving steps are causal decoders"
+
+
 def test_cli_refuses_a_paged_window_model(capsys):
     code = main(["recommend", "--preset", "mistral-7b", "--page-size", "16", "--batch", "1", "--seq", "64",
                  "--device", "cpu", "--backends", "naive"])
-    assert code == 2 and "mistral-7b's mask is window4096; paged workloads are causal decoders" in capsys.readouterr().err
+    assert code == 2 and REFUSED in capsys.readouterr().err
+
+
+def test_a_workload_file_refuses_a_paged_window_model_as_the_flags_do():
+    """A file's paged shape of a windowed preset once became a cache-causal case that dropped the window."""
+    import pytest
+
+    from harness.advisor.workload import workloads_from_mapping
+
+    with pytest.raises(ValueError, match=f"workload shape 1: {REFUSED}"):
+        workloads_from_mapping({"shape": [{"preset": "mistral-7b", "batch": 1, "seq_q": 1, "seq_k": 64,
+                                           "page_size": 16}]})
 
 
 def test_require_batch_invariant_excludes_a_backend_that_is_not(monkeypatch):
