@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from harness import AttentionCase, make_inputs
 from harness.backends import get_backends
 from harness.backends.base import Unsupported
-from harness.backends.flash_attn import fa2_args, fa2_visible
+from harness.backends.flash_attn import fa2_args
+from tests.unit.backends.fa2_model import fa2_visible
 from harness.backends.flex import flex_mask_mod
 from harness.backends.sdpa import sdpa_mask_args
 from harness.spec.masks import Documents

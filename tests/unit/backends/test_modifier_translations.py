@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from harness import AttentionCase, make_inputs, reference_attention
-from harness.backends.flash_attn import FlashAttn2, fa2_documented_scores, fa2_modifier_args
+from harness.backends.flash_attn import FlashAttn2, fa2_modifier_args
+from tests.unit.backends.fa2_model import fa2_documented_scores
 from harness.backends.flex import flex_score_mod, sink_corrected
 from harness.backends.sdpa import Sdpa, sdpa_modifier_inputs
 from harness.spec import alibi_slopes

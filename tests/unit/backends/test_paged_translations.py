@@ -67,7 +67,7 @@ def _fake_flash_attn_with_kvcache(calls):
     nheads_k, headdim) and "page_block_size must be a multiple of 256"; block_table (batch, max_num_blocks_per_seq)
     int32; cache_seqlens (batch,) int32; causal "aligned to the bottom right corner" of each sequence's
     (seqlen_q x cache_seqlens[b]) matrix - the rule harness.backends.flash_attn.fa2_visible encodes."""
-    from harness.backends.flash_attn import fa2_visible
+    from tests.unit.backends.fa2_model import fa2_visible
 
     def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                                 cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
