@@ -76,34 +76,10 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_k: int, layout
     return logical if layout == "bshd" else logical.transpose(1, 2)
 
 
-def check_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                cache_seqlens: torch.Tensor) -> None:
-    """A one-line ValueError when the cache, block table or lengths do not fit together (reads values: untimed)."""
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)}: both must be "
-                         "(num_blocks, page_size, kv_heads, head_dim)")
-    num_blocks, page = k_cache.shape[:2]
-    if block_table.dim() != 2 or block_table.dtype != torch.int32:
-        raise ValueError(f"block_table {str(block_table.dtype).removeprefix('torch.')} {tuple(block_table.shape)}: "
-                         "must be int32 (batch, max_blocks)")
-    if cache_seqlens.shape != (block_table.shape[0],) or cache_seqlens.dtype != torch.int32:
-        raise ValueError(f"cache_seqlens {str(cache_seqlens.dtype).removeprefix('torch.')} "
-                         f"{tuple(cache_seqlens.shape)}: must be int32 (batch,) with batch={block_table.shape[0]}")
-    low, high = int(block_table.min()), int(block_table.max())
-    if low < 0 or high >= num_blocks:
-        raise ValueError(f"block_table entry {low if low < 0 else high}: must be a page index in 0..{num_blocks - 1} "
-                         "(num_blocks)")
-    capacity = block_table.shape[1] * page
-    if int(cache_seqlens.max()) > capacity or int(cache_seqlens.min()) < 0:
-        raise ValueError(f"cache_seqlens {cache_seqlens.tolist()}: each must be in 0..{capacity} (max_blocks "
-                         f"{block_table.shape[1]} x page_size {page})")
-
-
 def paged_inputs(case: "AttentionCase", k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(k_cache, v_cache, block_table, cache_seqlens) of canonical k, v for `case`, on their device, validated."""
+    """(k_cache, v_cache, block_table, cache_seqlens) of canonical k, v for `case`, on their device."""
     layout = paged_layout(case, k.device)
     k_cache, v_cache = to_paged(k, layout), to_paged(v, layout)
-    check_paged(k_cache, v_cache, layout.block_table, layout.cache_seqlens)
     return k_cache, v_cache, layout.block_table, layout.cache_seqlens
 
 
