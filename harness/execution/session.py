@@ -21,7 +21,6 @@ from harness.execution.rounds import RoundSchedule
 from harness.execution.runner import correctness_call, execute, prepare_case
 from harness.execution.supervisor import timeouts
 from harness.execution.timed import allow_backward_replay
-from harness.execution.verdicts import VerdictMemory
 from harness.measure.peaks import RunPeaks
 from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
@@ -41,7 +40,8 @@ class RunSession:
         self.schedule = RoundSchedule(timing or TimingConfig(), rounds)
         self.device, self.seed, self.cpu_mem_budget = device, seed, cpu_mem_budget
         self.executor = executor if executor is not None else make_executor()
-        self.verdicts = VerdictMemory()
+        #: what correctness found, by (case id, backend name), without tensors: later stages time and summarize from it
+        self.verdicts: dict[tuple[str, str], BackendResult] = {}
         self.cache = RunCaches()
         #: measured dense-matmul TFLOP/s per dtype name and copy bandwidth (GB/s), set by measure_peaks()
         self.peaks: dict[str, float] = {}
@@ -171,12 +171,12 @@ class RunSession:
             self.prefetcher.claim(backend, case)
         result = execute(backend, self.prepared(case), self.run_id, executor=self.executor)
         self.recorder.write(result.rows)
-        self.verdicts.remember(case, backend, result)
+        self.verdicts[(case.id, backend.name)] = result.released()
         return result
 
     def verdict(self, case: AttentionCase, backend: Backend) -> BackendResult:
         """The correctness result of this session, computed (and recorded) now if the suite did not run it."""
-        known = self.verdicts.get(case, backend)
+        known = self.verdicts.get((case.id, backend.name))
         return known if known is not None else self.check(case, backend).released()
 
     # the benchmark

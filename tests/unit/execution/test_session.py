@@ -17,7 +17,6 @@ from harness.execution.outcome import BackendResult
 from harness.execution.recorder import RunRecorder
 from harness.execution.rounds import Round, RoundSchedule
 from harness.execution.session import RunSession
-from harness.execution.verdicts import VerdictMemory
 from harness.measure.timing import Measurement, TimingConfig
 from harness.spec.case import AttentionCase
 from harness.store.load import load_results
@@ -82,18 +81,10 @@ def test_the_plugin_builds_its_session_with_from_options():
     assert "session.executor =" not in source and "describe_cases" not in source and "measure_peaks" not in source
 
 
-def test_the_verdict_memory_keeps_verdicts_without_tensors():
-    memory, backend = VerdictMemory(), Naive()
-    row = Row(run_id="", case_id=CASE.id, backend="naive", phase="fwd", status="pass")
-    memory.remember(CASE, backend, BackendResult([row], {}, torch.ones(2)))
-    assert memory.get(CASE, backend).out is None and memory.get(CASE, backend).rows == [row]
-    assert memory.get(AttentionCase(1, 2, 16, 8, "fp32"), backend) is None and len(memory) == 1
-
-
 def test_a_later_benchmark_round_reads_the_verdict_the_session_remembers(tmp_path):
     session = RunSession(CPU, tmp_path)
     first = session.verdict(CASE, Naive())
-    assert session.verdict(CASE, Naive()) is session.verdicts.get(CASE, Naive()) and first.out is None
+    assert session.verdict(CASE, Naive()) is session.verdicts.get((CASE.id, "naive")) and first.out is None
     session.finish()
     assert len(load_results(session.run_dir)) == 2  # judged once
 
