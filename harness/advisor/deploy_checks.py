@@ -13,9 +13,8 @@ import torch
 
 from harness.backends.base import Backend, MaskForm, Unsupported
 from harness.execution.call import BoundCall, backend_inputs
-from harness.execution.timed import phase_callables
+from harness.execution.timed import graph_phase, phase_callables
 from harness.execution.outcome import exception_text
-from harness.measure.cuda_graph import graphed
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.masks import MASK_NAMES, parse_mask
 from harness.store.environment import REPO_ROOT
@@ -110,11 +109,8 @@ def cuda_graph_check(backend: Backend, case: AttentionCase, device: torch.device
         return f"n/a ({device.type})"
     # the harness's own --cuda-graph capture, so "capturable" means that works
     phase = phase_callables(backend, case, inputs, device, FWD_BWD if training else FWD)
-    setup = phase.setup or (lambda: None)
     try:
-        replay = graphed(phase.fn, setup, device, phase.build)
-        setup()
-        replay()
+        graph_phase(phase, device)[0].fn()
         torch.cuda.synchronize(device)
         return "yes"
     except Exception as exc:

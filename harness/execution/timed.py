@@ -16,7 +16,7 @@ from harness.execution.call import (BoundCall, Call, backend_inputs, call_inputs
 from harness.execution.integrity import RoundInputs, Snapshot, Transform, aliased, same_bits, seen_violation
 from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
-from harness.measure.memory import CPU_METHOD, first_call_peak, peak_memory
+from harness.measure.memory import peak_memory
 from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig, measure
 from harness.spec.case import Inputs
@@ -196,42 +196,32 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
             case, phase = timing.call.case, timing.phase
             # On the CPU the round's first call is also its memory probe (its time goes to measure); elsewhere the
             # probe is a call of its own. The checks see the buffers before any call (the first may write them too)
-            timed, checks, first_ms = None, None, None
+            with stage("timing"):
+                timed = phase_callables(backend, case, inputs, device, phase)
+                checks = None if plan is None else _Checks(backend, timed, verified, plan, kept)
+            first_done = timing.known_memory is None and device.type == "cpu" and timing.estimate_ms is None
             if timing.known_memory is not None:
                 result.peak_mem_bytes, result.mem_method = timing.known_memory
-            elif device.type == "cpu" and timing.estimate_ms is None:
-                with stage("timing"):
-                    timed = phase_callables(backend, case, inputs, device, phase)
-                    checks = None if plan is None else _Checks(backend, timed, verified, plan, kept)
-                with stage("peak memory"):
-                    if timed.build is not None:
-                        timed.build()  # made once: measure is not given it again
-                    first_ms, result.peak_mem_bytes = first_call_peak(timed.fn, timed.setup)
-                    result.mem_method = CPU_METHOD
             else:
                 with stage("peak memory"):
-                    probe = phase_callables(backend, case, inputs, device, phase)
-                    if probe.build is not None:
-                        probe.build()
-                    result.peak_mem_bytes, result.mem_method = peak_memory(probe.fn, device=device, setup=probe.setup)
-                    del probe
+                    if timed.build is not None:
+                        timed.build()  # on the CPU made once: measure is not given it again
+                    result.peak_mem_bytes, result.mem_method = peak_memory(timed.fn, device=device, setup=timed.setup)
             budget = timing.cpu_mem_budget
             if budget is not None and device.type == "cpu" and result.peak_mem_bytes > budget:
                 result.failure = Failure(OOM, f"needed {result.peak_mem_bytes} bytes above inputs > CPU budget "
                                               f"{budget}")
                 return result
             with stage("timing"):
-                if timed is None:
-                    timed = phase_callables(backend, case, inputs, device, phase)
-                    checks = None if plan is None else _Checks(backend, timed, verified, plan, kept)
                 captured = None
-                if timing.config.cuda_graph and device.type == "cuda" and checks is not None:
+                if timing.config.cuda_graph and device.type == "cuda":
                     # the samples are replays: the checks renew, observe and confirm the graph, not an eager call
                     timed, captured = graph_phase(timed, device)
-                    checks.timed = timed
+                    if checks is not None:
+                        checks.timed = timed
                 result.measurement = measure(timed.fn, device=device, setup=timed.setup, config=timing.config,
                                              estimate_ms=timing.estimate_ms,
-                                             build=None if first_ms is not None else timed.build, first_ms=first_ms,
+                                             build=None if first_done else timed.build, first_done=first_done,
                                              renew=None if checks is None else checks.renew,
                                              observe=None if checks is None else checks.observe, graph=captured)
             result.compile_ms = backend.compile_time_ms()

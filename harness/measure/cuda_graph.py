@@ -45,9 +45,3 @@ class Captured:
         """Replay the build's graph (nothing without a build): its outputs recomputed from the static inputs."""
         if self._build_graph is not None:
             self._build_graph.replay()
-
-
-def graphed(fn: Callable[[], object], setup: Callable[[], None] | None, device: torch.device,
-            build: Callable[[], None] | None = None) -> Callable[[], object]:
-    """The replay of fn captured in a CUDA graph (Captured)."""
-    return Captured(fn, setup, device, build).replay

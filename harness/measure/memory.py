@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from typing import Callable
 
 import torch
@@ -26,15 +25,6 @@ def peak_memory(fn: Callable[[], object], *, device: torch.device,
         del result
         return int(peak), "cuda-allocator-peak"
     return cpu_peak(fn), CPU_METHOD
-
-
-def first_call_peak(fn: Callable[[], object], setup: Callable[[], None] | None = None) -> tuple[float, int]:
-    """(milliseconds, peak CPU bytes) of one call of fn() under the memory profiler, after setup()."""
-    if setup:
-        setup()
-    start = time.perf_counter_ns()
-    peak = cpu_peak(fn)
-    return (time.perf_counter_ns() - start) / 1e6, peak
 
 
 #: the method name of a CPU peak

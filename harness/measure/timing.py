@@ -28,8 +28,6 @@ class Measurement:
     samples_ms: tuple[float, ...]
     mode: str
     threads: int
-    #: the first call (compile, lazy init; on the CPU also the memory profiler when it measured peak memory)
-    first_call_ms: float = float("nan")
     #: the round of each sample (empty: all one round)
     round_of: tuple[int, ...] = ()
 
@@ -143,25 +141,25 @@ def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
 
 def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[], None] | None = None,
             config: TimingConfig = TimingConfig(), estimate_ms: float | None = None,
-            build: Callable[[], None] | None = None, first_ms: float | None = None,
+            build: Callable[[], None] | None = None, first_done: bool = False,
             renew: Callable[[], None] | None = None,
             observe: Callable[[object, bool], None] | None = None, graph: Captured | None = None) -> Measurement:
     """Time `fn()` repeatedly, `setup()` before each repetition, untimed. estimate_ms: known latency (no estimate
-    calls); build: what fn needs made first (a backward's forward); first_ms (CPU): the caller's first call took
-    this long; renew: new inputs before the last repetition; observe(value, renewed): given what each of the last
-    two repetitions returned, right after; graph: fn already captured (cuda_graph.Captured)."""
+    calls); build: what fn needs made first (a backward's forward); first_done (CPU): the caller made the first
+    call; renew: new inputs before the last repetition; observe(value, renewed): given what each of the last
+    two repetitions returned, right after; graph: fn captured (cuda_graph.Captured): its replays are timed."""
     setup = setup or (lambda: None)
     if device.type == "cuda":
-        if first_ms is not None:
-            raise ValueError("measure(first_ms=...) is for the CPU clock; on CUDA the first call may be a graph "
+        if first_done:
+            raise ValueError("measure(first_done=True) is for the CPU clock; on CUDA the first call may be a graph "
                              "replay")
         return _measure_cuda(fn, setup, device, config, estimate_ms, build, renew, observe, graph)
     if build is not None:
         build()
-    return _measure_cpu(fn, setup, config, estimate_ms, first_ms, renew, observe)
+    return _measure_cpu(fn, setup, config, estimate_ms, first_done, renew, observe)
 
 
-def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_ms: float | None, renew,
+def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_done: bool, renew,
                  observe) -> Measurement:
     # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
     def once(last: int = 0) -> float:
@@ -175,10 +173,10 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_ms:
             observe(value, last == 1)
         return elapsed
 
-    first, looks = float("nan"), []
+    looks = []
     if estimate is None:
-        # may include compilation or lazy init: kept apart from the samples
-        first = once() if first_ms is None else first_ms
+        if not first_done:  # may include compilation or lazy init: kept apart from the samples
+            once()
         looks.append(once())
         # a second look only where the estimate sizes the repetitions: a slow call gets min_reps whatever it says
         if looks[0] < cfg.budget_ms / cfg.min_reps:
@@ -195,37 +193,24 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_ms:
         kept = []  # the renewed call must be a repetition of its own
     n = reps - len(kept)
     samples = (*kept, *(once(last=n - i if n - i <= 2 else 0) for i in range(n)))  # 1: the last, 2: the one before
-    return Measurement(samples, "cpu-clock", torch.get_num_threads(), first)
+    return Measurement(samples, "cpu-clock", torch.get_num_threads())
 
 
 def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, build, renew, observe,
                   graph) -> Measurement:
-    from harness.measure.cuda_graph import Captured
-
     with torch.cuda.device(device):  # events record on the current device's stream: make it the run's device
         stream, target, mode = torch.cuda.current_stream(device), fn, "cuda-events"
-        if cfg.cuda_graph:
-            if graph is None:
-                graph = Captured(fn, setup, device, build)
-                if renew is not None:  # the graph reads what build made from the old inputs: make it again
-                    refill = renew
-
-                    def renew():
-                        refill()
-                        graph.rebuild()
+        if graph is not None:
             # setup ran before the capture; between replays a reset of .grad would drop the graph's gradients
             target, mode, setup = graph.replay, "cuda-graph", (lambda: None)
         elif build is not None:
             build()
         torch.cuda.synchronize(device)
         flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
-        first = float("nan")
         if estimate is None:
-            start_first = time.perf_counter_ns()
             setup()
             target()
             torch.cuda.synchronize(device)
-            first = (time.perf_counter_ns() - start_first) / 1e6
             # Estimate from 5 calls, as do_bench does, to size warmup and repetitions from the time budgets.
             est_start, est_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             est_start.record(stream)
@@ -253,4 +238,4 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
                 observe(value, last == 1)
         torch.cuda.synchronize(device)
     samples = tuple(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return Measurement(samples, mode, torch.get_num_threads(), first)
+    return Measurement(samples, mode, torch.get_num_threads())

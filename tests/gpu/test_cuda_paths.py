@@ -13,8 +13,7 @@ from harness import AttentionCase, check
 from harness.backends.base import Unsupported
 from harness.backends.registry import get_backends
 from harness.execution.call import BoundCall, backend_inputs
-from harness.execution.timed import phase_callables
-from harness.measure.cuda_graph import graphed
+from harness.execution.timed import graph_phase, phase_callables
 from harness.measure.memory import peak_memory
 from harness.measure.timing import TimingConfig, measure
 from harness.spec.case import make_inputs
@@ -83,13 +82,12 @@ def test_cuda_graph_captures_forward_and_backward(phase):
     case = AttentionCase(2, 8, 512, 64, "bf16", mask=Causal())
     backend = get_backends(["sdpa"])[0]
     inputs = make_inputs(case, device)
-    p = phase_callables(backend, case, inputs, device, phase)
-    replay = graphed(p.fn, p.setup, device, p.build)
-    replay()
+    graphed, captured = graph_phase(phase_callables(backend, case, inputs, device, phase), device)
+    graphed.fn()
     torch.cuda.synchronize(device)
-    m = measure(p.fn, device=device, setup=p.setup, build=p.build,
+    m = measure(graphed.fn, device=device, graph=captured,
                 config=TimingConfig(warmup_ms=5, budget_ms=20, min_reps=5, max_reps=50, cuda_graph=True))
-    assert m.median > 0
+    assert m.median > 0 and m.mode == "cuda-graph"
 
 
 def test_memory_naive_grows_quadratically_fused_linearly():

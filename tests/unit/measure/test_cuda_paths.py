@@ -157,7 +157,7 @@ def test_a_graphed_backward_builds_its_forward_on_the_capture_stream(fake):
     def fn():
         stream_of.setdefault("fn", set()).add(fake.current_stream())
 
-    replay = cuda_graph.graphed(fn, lambda: None, torch.device("cuda", 1), build)
+    replay = cuda_graph.Captured(fn, lambda: None, torch.device("cuda", 1), build).replay
     capture = next(entry for entry in fake.log if entry[0] == "capture")
     assert stream_of["build"] == ("side", 1) == capture[1]  # forward and capture on one side stream of cuda:1
     assert stream_of["fn"] == {("side", 1)}
@@ -169,8 +169,9 @@ def test_a_graphed_backward_builds_its_forward_on_the_capture_stream(fake):
 def test_timing_with_a_graph_replays_and_never_times_the_build(fake):
     order = []
     config = TimingConfig(warmup_ms=0, budget_ms=2, min_reps=2, max_reps=2, cuda_graph=True)
-    m = timing.measure(lambda: order.append("fn"), device=torch.device("cuda", 0), config=config,
-                       build=lambda: order.append("build"))
+    fn, build = lambda: order.append("fn"), lambda: order.append("build")
+    graph = cuda_graph.Captured(fn, None, torch.device("cuda", 0), build)
+    m = timing.measure(fn, device=torch.device("cuda", 0), config=config, graph=graph)
     # built once for the warm-up and once captured (its own graph), both before any event
     assert order[0] == "build" and order.count("build") == 2 and m.mode == "cuda-graph"
     replays = [i for i, entry in enumerate(fake.log) if entry == ("replay",)]
@@ -205,7 +206,13 @@ def test_a_graph_s_last_sample_is_a_replay_on_new_inputs_and_its_static_output_i
         seen.append((value, value.clone(), renewed))
 
     config = TimingConfig(warmup_ms=0, budget_ms=3, min_reps=3, max_reps=3, cuda_graph=True)
-    m = timing.measure(fn, device=torch.device("cuda", 0), config=config, build=build, renew=renew, observe=observe)
+    graph = cuda_graph.Captured(fn, None, torch.device("cuda", 0), build)
+
+    def refill():
+        renew()
+        graph.rebuild()
+
+    m = timing.measure(fn, device=torch.device("cuda", 0), config=config, renew=refill, observe=observe, graph=graph)
     assert m.mode == "cuda-graph" and m.n == 3 and len(calls) == 4  # 3 warm-up calls, 1 captured: no eager call after
     assert [r for *_, r in seen] == [False, True] and all(v is made["out"] for v, *_ in seen)  # the static output
     assert seen[0][1].tolist() == [3.0] * 4 and seen[1][1].tolist() == [11.0] * 4  # replayed on x = 5
@@ -221,8 +228,10 @@ def test_a_captured_backward_keeps_the_gradients_it_writes(fake):
     gradients a captured backward writes stay the leaves' .grad, where observe reads them."""
     setups = []
     config = TimingConfig(warmup_ms=0, budget_ms=3, min_reps=3, max_reps=3, cuda_graph=True)
-    timing.measure(lambda: fake.launch(lambda: None), device=torch.device("cuda", 0), config=config,
-                   setup=lambda: setups.append(sum(e[0] in ("capture", "replay") for e in fake.log)))
+    fn, setup = (lambda: fake.launch(lambda: None)), (lambda: setups.append(sum(e[0] in ("capture", "replay")
+                                                                                for e in fake.log)))
+    timing.measure(fn, device=torch.device("cuda", 0), config=config, setup=setup,
+                   graph=cuda_graph.Captured(fn, setup, torch.device("cuda", 0)))
     assert setups == [0, 0, 0, 0]  # 3 warm-up calls and the capture, before it; none once the graph exists
 
 

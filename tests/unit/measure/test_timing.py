@@ -35,11 +35,10 @@ def test_repetitions_follow_the_budget():
 
 
 def test_a_first_call_made_by_the_caller_is_not_made_again_and_is_no_sample():
-    """first_ms: the caller made the first call (the CPU memory probe's); measure starts at the estimate."""
+    """first_done: the caller made the first call (the CPU memory probe's); measure starts at the estimate."""
     calls = []
     m = measure(lambda: calls.append("call"), device=CPU, config=TimingConfig(warmup_ms=0, budget_ms=5, min_reps=5),
-                first_ms=12.5)
-    assert m.first_call_ms == 12.5
+                first_done=True)
     # the first estimate call is no sample; the second, with no warm-up after it, is the first sample
     assert m.n == len(calls) - 1
 
@@ -98,15 +97,15 @@ def test_the_estimate_call_is_the_first_sample_only_when_no_warm_up_follows_it(m
 
     monkeypatch.setattr(timing.time, "perf_counter_ns", lambda: now[0])
     m = measure(call, device=CPU, config=TimingConfig(warmup_ms=5, budget_ms=20, min_reps=5))
-    assert m.samples_ms == (7.0, 6.0, 6.0, 6.0, 6.0) and m.first_call_ms == 50.0 and len(durations) == 1 + 5
+    assert m.samples_ms == (7.0, 6.0, 6.0, 6.0, 6.0) and len(durations) == 1 + 5
     durations.clear()
     m = measure(call, device=CPU, config=TimingConfig(warmup_ms=20, budget_ms=20, min_reps=5))
     assert m.samples_ms == (6.0,) * 5 and len(durations) == 1 + 1 + 1 + 5  # first, estimate, 20 // 7 - 1 warm-up
 
 
 def test_first_ms_is_for_the_cpu_clock():
-    with pytest.raises(ValueError, match="first_ms=.* is for the CPU clock"):
-        measure(lambda: None, device=torch.device("cuda"), first_ms=1.0)
+    with pytest.raises(ValueError, match="first_done=.* is for the CPU clock"):
+        measure(lambda: None, device=torch.device("cuda"), first_done=True)
 
 
 def test_bad_timing_config():
@@ -176,7 +175,6 @@ def test_a_known_estimate_skips_the_first_call_and_the_estimate():
     cfg = TimingConfig(warmup_ms=0, budget_ms=1, min_reps=3, max_reps=3)
     m = measure(lambda: calls.append(1), device=CPU, config=cfg, estimate_ms=1.0)
     assert (m.n, len(calls)) == (3, 1 + 3)  # one warmup call, then the repetitions
-    assert m.first_call_ms != m.first_call_ms  # nan: there was no first call to report
     calls.clear()
     # first, two estimates (with no warm-up after it, the second is the first sample), two more samples
     assert measure(lambda: calls.append(1), device=CPU, config=cfg).n == 3 and len(calls) == 1 + 2 + 2
