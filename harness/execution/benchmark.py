@@ -93,16 +93,14 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     pooled = m if prior is None else Measurement.merge([prior, m])
     latency = pooled.median
     flops = attention_flops(case, phase)
-    tflops = flops / (latency * 1e-3) / 1e12 if latency > 0 else float("nan")
-    peak = peaks.get(dtype_name(case.dtype))
-    pct = 100.0 * tflops / peak if peak else float("nan")
-    roof = roofline_columns(case, phase, flops, latency, peak, bw_peak)  # judged against the ceiling that binds it
+    roof = roofline_columns(case, phase, flops, latency, peaks.get(dtype_name(case.dtype)), bw_peak)  # the ceiling
     why = roof.pop("why").replace("matmul peak", f"{dtype_name(case.dtype)} matmul peak")
     # a figure beyond the physical limit is never a number: rejected, its figures kept for the reason's audit
-    beyond = beyond_physical_limit(case, phase, flops, latency, peaks, bw_peak, device.type)
+    beyond = beyond_physical_limit(dtype_name(case.dtype), roof["tflops"], roof["gbps"], roof["bytes_moved"], peaks,
+                                   bw_peak, device.type)
     result = row(REJECTED if beyond else TIMED, beyond or why,
                  **{**pooled.latency_columns(), "timing_mode": m.mode, "threads": m.threads},
-                 peak_mem_bytes=mem_bytes, mem_method=mem_method, flops=flops, tflops=tflops, pct_of_peak=pct,
+                 peak_mem_bytes=mem_bytes, mem_method=mem_method, flops=flops,
                  compile_ms=answer.compile_ms, **roof)
     return PerfResult(result, m, pooled)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.measure.roofline import PEAK_SAMPLES, one_thread
+from harness.measure.roofline import one_thread
 from harness.measure.timing import TimingConfig, measure
 from harness.spec.case import AttentionCase
 from harness.spec.masks import MaskSpec
@@ -47,15 +47,10 @@ def bytes_moved(case: AttentionCase, phase: str = FWD) -> int:
     return (q_and_o + k_and_v) * PHASE_TRAFFIC[phase]
 
 
-def copy_bandwidth_gbps(device: torch.device, config: TimingConfig = TimingConfig(warmup_ms=20, budget_ms=200),
-                        nbytes: int | None = None, samples: int = PEAK_SAMPLES) -> float:
-    """GB/s (1e9 bytes, read + written) of a large device copy, the best of `samples`: the ceiling."""
-    return max(copy_bandwidth_samples(device, config, nbytes, samples))
-
-
 def copy_bandwidth_samples(device: torch.device, config: TimingConfig = TimingConfig(warmup_ms=20, budget_ms=200),
                            nbytes: int | None = None, samples: int = 1) -> list[float]:
-    """GB/s of each of `samples` copies of `nbytes` (default COPY_BYTES), each the fastest of its repetitions."""
+    """GB/s (1e9 bytes, read + written) of each of `samples` copies of `nbytes` (default COPY_BYTES), each the
+    fastest of its repetitions: the best is the ceiling."""
     nbytes = nbytes or COPY_BYTES["cuda" if device.type == "cuda" else "cpu"]
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
@@ -86,7 +81,8 @@ def bound(flops: float, nbytes: float, peak_tflops: float | None, peak_gbps: flo
 
 def roofline_columns(case: AttentionCase, phase: str, flops: float, latency_ms: float, peak_tflops: float | None,
                      peak_gbps: float | None) -> dict:
-    """bytes_moved, gbps, pct_of_bw_peak, bound, and (suspicious, why) against the binding ceiling."""
+    """tflops, pct_of_peak, bytes_moved, gbps, pct_of_bw_peak, bound, and (suspicious, why) against the binding
+    ceiling."""
     nbytes = bytes_moved(case, phase)
     gbps = nbytes / (latency_ms * 1e-3) / 1e9 if latency_ms > 0 else float("nan")
     tflops = flops / (latency_ms * 1e-3) / 1e12 if latency_ms > 0 else float("nan")
@@ -100,5 +96,5 @@ def roofline_columns(case: AttentionCase, phase: str, flops: float, latency_ms: 
                f"row; on a CPU a working set that fits the cache can do this)")
     elif which == "compute" and pct > 100:
         why = f"suspicious: {tflops:.3g} TFLOP/s exceeds the measured matmul peak {peak_tflops:.3g}"
-    return {"bytes_moved": nbytes, "gbps": gbps, "pct_of_bw_peak": pct_bw,
+    return {"tflops": tflops, "pct_of_peak": pct, "bytes_moved": nbytes, "gbps": gbps, "pct_of_bw_peak": pct_bw,
             "bound": binds, "suspicious": bool(why), "why": why}

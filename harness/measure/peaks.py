@@ -6,11 +6,11 @@ from typing import Iterable
 
 import torch
 
-from harness.measure.bandwidth import (bytes_moved, copy_bandwidth_per_thread_samples, copy_bandwidth_samples,
+from harness.measure.bandwidth import (copy_bandwidth_per_thread_samples, copy_bandwidth_samples,
                                        streams_from_memory)
 from harness.measure.roofline import PEAK_SAMPLES, PER_THREAD, best_peaks, peak_samples
 from harness.measure.stages import stage
-from harness.spec.case import AttentionCase, dtype_name
+from harness.spec.case import dtype_name
 from harness.store.schema import REJECTED, Row
 
 #: a timed figure above this multiple of the physical peak is rejected: room for a start peak depressed ~3x by load
@@ -33,18 +33,14 @@ def limit_gbps(peaks: dict[str, float], peak_gbps: float | None) -> float | None
     return max((v for v in (peak_gbps, peaks.get(COPY_PER_THREAD)) if v), default=None)
 
 
-def beyond_physical_limit(case: AttentionCase, phase: str, flops: float, latency_ms: float, peaks: dict[str, float],
+def beyond_physical_limit(dtype: str, tflops: float, gbps: float, nbytes: int, peaks: dict[str, float],
                           peak_gbps: float | None, device_type: str) -> str:
-    """'' when a timed figure is physically possible, else why its row is rejected."""
-    if not latency_ms > 0:
-        return ""
-    dtype = dtype_name(case.dtype)
-    tflops, limit = flops / (latency_ms * 1e-3) / 1e12, limit_tflops(peaks, dtype)
+    """'' when a timed figure (TFLOP/s, GB/s of `nbytes`) is physically possible, else why its row is rejected."""
+    limit = limit_tflops(peaks, dtype)
     if limit and tflops > PHYSICAL_MARGIN * limit:
         return (f"{BEYOND}: {tflops:.4g} TFLOP/s is {tflops / limit:.3g}x the {dtype} matmul peak {limit:.4g} "
                 f"TFLOP/s (best of the run's samples; rejected above {PHYSICAL_MARGIN:g}x)")
-    nbytes = bytes_moved(case, phase)
-    gbps, peak_gbps = nbytes / (latency_ms * 1e-3) / 1e9, limit_gbps(peaks, peak_gbps)
+    peak_gbps = limit_gbps(peaks, peak_gbps)
     if peak_gbps and streams_from_memory(nbytes, device_type) and gbps > PHYSICAL_MARGIN * peak_gbps:
         return (f"{BEYOND}: {gbps:.4g} GB/s is {gbps / peak_gbps:.3g}x the copy bandwidth {peak_gbps:.4g} GB/s "
                 f"(best of the run's samples; {nbytes} bytes stream from memory; rejected above {PHYSICAL_MARGIN:g}x)")
@@ -102,18 +98,10 @@ class RunPeaks:
     def overturned(self, rows: Iterable[Row]) -> list[str]:
         """Keys of rows rejected for the physical limit that the best of all samples (start and end) lets through."""
         tflops, gbps = self._all()
-        gbps = limit_gbps(tflops, gbps)
-        out = []
-        for row in rows:
-            if row.timing_status != REJECTED or BEYOND not in (row.timing_reason or ""):
-                continue
-            limit = limit_tflops(tflops, row.dtype)
-            over_flops = bool(limit) and (row.tflops or 0.0) > PHYSICAL_MARGIN * limit
-            over_bytes = (bool(row.gbps) and row.gbps > PHYSICAL_MARGIN * gbps
-                          and streams_from_memory(int(row.bytes_moved or 0), self.device.type))
-            if not (over_flops or over_bytes):
-                out.append("/".join(row.key))
-        return out
+        return ["/".join(row.key) for row in rows if row.timing_status == REJECTED
+                and BEYOND in (row.timing_reason or "") and not beyond_physical_limit(
+                    row.dtype, row.tflops or 0.0, row.gbps or 0.0, int(row.bytes_moved or 0), tflops, gbps,
+                    self.device.type)]
 
     def record(self, rows: Iterable[Row] = ()) -> dict:
         """What env.json keeps: every sample, the margin, the start's best, and the end's audit."""

@@ -78,7 +78,7 @@ def one_thread():
 
 
 def _one_sample(device: torch.device, d: torch.dtype, sizes: dict) -> dict[str, float]:
-    """One sample of every peak of dtype `d`, keyed as measure_peaks keys them."""
+    """One sample of every peak of dtype `d`, keyed as best_peaks keys them."""
     name = dtype_name(d)
     if device.type == "cuda":
         if d != torch.float32:
@@ -122,10 +122,3 @@ def best_peaks(samples: dict[str, list[float]], threads: int = 1) -> dict[str, f
         if name != key and name in best:
             best[name] = min(max(best[name], bound / threads), bound)
     return best
-
-
-def measure_peaks(device: torch.device, dtypes, samples: int = PEAK_SAMPLES) -> dict[str, float]:
-    """{peak key: TFLOP/s} of the roofline, the best of `samples` spaced samples: the dtype names; on a GPU also
-    'fp32 ieee' and 'fp32 tf32' (fp32 is the faster: fused kernels may use 3xTF32); on a multi-thread CPU also
-    '<dtype> 1-thread x threads' (PER_THREAD)."""
-    return best_peaks(peak_samples(device, dtypes, samples), torch.get_num_threads())

@@ -11,5 +11,5 @@ def test_the_fp32_peak_is_the_faster_of_ieee_and_tf32_and_both_are_kept(monkeypa
     rates = {"highest": 50.0, "high": 400.0}
     monkeypatch.setattr(roofline, "matmul_peak_tflops",
                         lambda device, dtype, *more, **kw: (rates[torch.get_float32_matmul_precision()], None))
-    peaks = roofline.measure_peaks(torch.device("cuda"), [torch.float32])
+    peaks = roofline.best_peaks(roofline.peak_samples(torch.device("cuda"), [torch.float32], 1))
     assert peaks == {"fp32 ieee": 50.0, "fp32 tf32": 400.0, "fp32": 400.0}
