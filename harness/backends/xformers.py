@@ -38,14 +38,6 @@ def _form_inputs(gqa: str, packed: bool, q: torch.Tensor, k: torch.Tensor, v: to
     return q, k, v
 
 
-def _padding_bias(mask: MaskSpec, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
-    """Additive bias (0 where `mask` allows, -inf elsewhere), shape (B, ..., Sq, Sk), of the whole mask, rows padded."""
-    *lead, sq, sk = shape
-    keep = mask.materialize(sq, sk, device, batch=lead[0])                  # (B|1, 1, Sq, Sk)
-    keep = keep.reshape(keep.shape[0], *([1] * (len(lead) - 1)), sq, sk)
-    return _padded_zeros(shape, dtype, device).masked_fill_(~keep.expand(*lead, sq, sk), float("-inf"))
-
-
 def xformers_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.float32, device="cpu"):
     """Mask spec -> xformers attn_bias of `shape` ((B, H, Sq, Sk), or (B, G, H, Sq, Sk) for 5-D GQA inputs): typed
     masks where xformers has one, a tensor bias of the whole mask when key padding is part of it (no backward op
@@ -57,7 +49,7 @@ def xformers_bias(mask: MaskSpec | None, shape: tuple[int, ...], dtype=torch.flo
     if pad is not None:
         if structural is not None and not isinstance(structural, (Causal, CausalBottomRight, SlidingWindow)):
             raise Unsupported(f"no xformers attn_bias for mask {structural.id}")
-        return _padding_bias(mask, shape, dtype, device)
+        return xformers_additive_bias(mask, shape, dtype, device)  # the mask as -inf, no modifiers
     if structural is None:
         return None
     if isinstance(structural, Causal):
