@@ -1,4 +1,4 @@
-"""`python -m harness plot RUN_DIR` and `python -m harness report RUN_DIR`: figures and report from stored results."""
+"""`python -m harness report RUN_DIR`: the report and its figures from stored results."""
 
 from __future__ import annotations
 
@@ -15,18 +15,6 @@ def _filters(args: argparse.Namespace) -> dict:
             "backends": backends, "dtype": args.dtype, "mask": args.mask}
 
 
-def _plot(args: argparse.Namespace) -> int:
-    from harness.report.data import load_run
-    from harness.report.plots import plot_run
-    run = load_run(args.run_dir, **_filters(args))
-    written = [p for paths in plot_run(run, args.out).values() for p in paths]
-    for path in written:
-        print(path)
-    if not written:
-        print(f"no figures: {args.run_dir} has no rows to plot")
-    return 0
-
-
 def _report(args: argparse.Namespace) -> int:
     from harness.report.document import build_report
     from harness.store.run_dir import read_env
@@ -40,17 +28,15 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
-    """Add `plot` and `report`; each reads a run directory and writes under --out (default: the run dir)."""
-    for name, func, help_text in (
-            ("plot", _plot, "draw the run's figures (PNG) from its stored results"),
-            ("report", _report, "write report.html (self-contained) and report.md with every figure")):
-        p = subparsers.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a results/<run_id> directory")
-        p.add_argument("--baseline", default=None,
-                       help=f"backend the speedups are relative to (default: {BASELINE}); kept under "
-                            "--backends")
-        p.add_argument("--backends", default=None, help="comma-separated backends to show (default: all)")
-        p.add_argument("--dtype", default=None, help="only cases of this dtype, e.g. bf16 (default: all)")
-        p.add_argument("--mask", default=None, help="only this mask family or id, e.g. causal (default: all)")
-        p.add_argument("--out", type=Path, default=None, help="output directory (default: RUN_DIR)")
-        p.set_defaults(func=func)
+    """Add `report`: it reads a run directory and writes under --out (default: the run dir)."""
+    help_text = "write report.html (self-contained) and report.md with every figure (PNGs under figures/)"
+    p = subparsers.add_parser("report", help=help_text, description=help_text)
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a results/<run_id> directory")
+    p.add_argument("--baseline", default=None,
+                   help=f"backend the speedups are relative to (default: {BASELINE}); kept under "
+                        "--backends")
+    p.add_argument("--backends", default=None, help="comma-separated backends to show (default: all)")
+    p.add_argument("--dtype", default=None, help="only cases of this dtype, e.g. bf16 (default: all)")
+    p.add_argument("--mask", default=None, help="only this mask family or id, e.g. causal (default: all)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default: RUN_DIR)")
+    p.set_defaults(func=_report)

@@ -15,7 +15,7 @@ from harness.report.plots.style import FIGURES_DIR, backend_color, backend_style
 from harness.report.plots.tables import semantics_figure, support_figure
 
 __all__ = ["FIGURE_BUILDERS", "METRICS", "Metric", "backend_color", "backend_style", "metric_figures", "metric_rows",
-           "plot_latency", "plot_run", "save"]
+           "plot_run", "save"]
 
 #: kind -> its figures, in the report's order; memory keeps its place among the metrics, in a unit chosen per run
 FIGURE_BUILDERS: dict[str, Callable[[Run], list[tuple[str, Figure]]]] = {
@@ -23,11 +23,6 @@ FIGURE_BUILDERS: dict[str, Callable[[Run], list[tuple[str, Figure]]]] = {
     "support": support_figure, "semantics": semantics_figure, "roofline": roofline_figures,
     "bandwidth": bandwidth_figures,
 }
-
-
-def plot_latency(run: Run, out_dir: str | Path) -> list[Path]:
-    """Write the latency figure(s) of `run` under out_dir/figures/; returns the PNG paths."""
-    return save(FIGURE_BUILDERS["latency"](run), out_dir)
 
 
 def plot_run(run: Run, out_dir: str | Path | None = None) -> dict[str, list[Path]]:

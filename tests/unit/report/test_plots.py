@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 
-from harness.report.plots import FIGURE_BUILDERS, METRICS, backend_color, backend_style, plot_latency, plot_run
+from harness.report.plots import FIGURE_BUILDERS, METRICS, backend_color, backend_style, plot_run, save
 from harness.report.plots import metric_rows
 from harness.report.analysis import group_label, split_series, support_counts
 from harness.report.data import load_run
@@ -136,7 +136,7 @@ def test_correctness_only_run_skips_perf_figures(tmp_path):
 def test_single_backend_still_plots(tmp_path):
     run = load_run(write_run(tmp_path, backends=("sdpa-flash",), semantics=False, seqs=(128, 256), dtypes=("fp32",),
                              masks=("none",)))
-    paths = plot_latency(run, tmp_path)
+    paths = save(FIGURE_BUILDERS["latency"](run), tmp_path)
     assert len(paths) == 1
     _valid_png(paths[0])
     panels = [ax for _, fig in FIGURE_BUILDERS["latency"](run) for ax in fig.axes if ax.get_title()]

@@ -106,13 +106,12 @@ def test_filters_keep_the_baseline_and_name_bad_values(run_dir, tmp_path):
     assert set(window.cases["mask"]) == {"window32-0", "window64-0"}  # a family spans its sized ids
 
 
-def test_cli_plot_report_and_errors(run_dir, tmp_path, capsys):
+def test_cli_report_and_errors(run_dir, tmp_path, capsys):
     tiny = write_run(tmp_path / "tiny", backends=("naive", "sdpa-flash", "flex"), seqs=(128,), dtypes=("fp32",),
                      masks=("none",), semantics=False, perf=False)  # few figures: the CLI is under test here
     out = tmp_path / "out"
-    assert main(["plot", str(tiny), "--backends", "sdpa-flash", "--mask", "none", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out.split()
-    assert printed and all(p.endswith(".png") and p.startswith(str(out)) for p in printed)
+    assert main(["report", str(tiny), "--backends", "sdpa-flash", "--mask", "none", "--out", str(out / "one")]) == 0
+    assert list((out / "one" / "figures").glob("*.png")) and (out / "one" / "report.md").is_file()
     assert main(["report", str(tiny), "--baseline", "naive", "--dtype", "fp32", "--out", str(out)]) == 0
     assert (out / "report.html").is_file() and (out / "report.md").is_file()
     capsys.readouterr()
@@ -121,7 +120,7 @@ def test_cli_plot_report_and_errors(run_dir, tmp_path, capsys):
         assert main(["report", str(run_dir), *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0]
-    assert main(["plot", str(tmp_path / "nowhere")]) == 2
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
     assert "no run directory" in capsys.readouterr().err
 
 
