@@ -66,7 +66,7 @@ def _fake_flash_attn_with_kvcache(calls):
     docstring): q (batch, seqlen, nheads, headdim); with a block_table the caches are (num_blocks, page_block_size,
     nheads_k, headdim) and "page_block_size must be a multiple of 256"; block_table (batch, max_num_blocks_per_seq)
     int32; cache_seqlens (batch,) int32; causal "aligned to the bottom right corner" of each sequence's
-    (seqlen_q x cache_seqlens[b]) matrix - the rule harness.backends.flash_attn.fa2_visible encodes."""
+    (seqlen_q x cache_seqlens[b]) matrix - the rule tests/unit/backends/fa2_model.fa2_visible encodes."""
     from tests.unit.backends.fa2_model import fa2_visible
 
     def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
