@@ -194,25 +194,32 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                 plan = timing.inputs
                 inputs = verified if plan is None else plan.seen.inputs(verified)
             case, phase = timing.call.case, timing.phase
-            # On the CPU the round's first call is also its memory probe (its time goes to measure); elsewhere the
-            # probe is a call of its own. The checks see the buffers before any call (the first may write them too)
-            with stage("timing"):
-                timed = phase_callables(backend, case, inputs, device, phase)
-                checks = None if plan is None else _Checks(backend, timed, verified, plan, kept)
-            first_done = timing.known_memory is None and device.type == "cpu" and timing.estimate_ms is None
+            timed, checks, first_done = None, None, False
             if timing.known_memory is not None:
                 result.peak_mem_bytes, result.mem_method = timing.known_memory
             else:
+                # On the CPU a first round's probe is its first timed call (built once: measure is not given the build
+                # again), the checks seeing the buffers before it; elsewhere the probe is a Phase of its own, freed
+                # before timing, so a backward alone's graph is never held twice
+                first_done = device.type == "cpu" and timing.estimate_ms is None
                 with stage("peak memory"):
-                    if timed.build is not None:
-                        timed.build()  # on the CPU made once: measure is not given it again
-                    result.peak_mem_bytes, result.mem_method = peak_memory(timed.fn, device=device, setup=timed.setup)
+                    if first_done:
+                        timed = phase_callables(backend, case, inputs, device, phase)
+                        checks = None if plan is None else _Checks(backend, timed, verified, plan, kept)
+                    probe = timed if first_done else phase_callables(backend, case, inputs, device, phase)
+                    if probe.build is not None:
+                        probe.build()
+                    result.peak_mem_bytes, result.mem_method = peak_memory(probe.fn, device=device, setup=probe.setup)
+                    del probe
             budget = timing.cpu_mem_budget
             if budget is not None and device.type == "cpu" and result.peak_mem_bytes > budget:
                 result.failure = Failure(OOM, f"needed {result.peak_mem_bytes} bytes above inputs > CPU budget "
                                               f"{budget}")
                 return result
             with stage("timing"):
+                if timed is None:
+                    timed = phase_callables(backend, case, inputs, device, phase)
+                    checks = None if plan is None else _Checks(backend, timed, verified, plan, kept)
                 captured = None
                 if timing.config.cuda_graph and device.type == "cuda":
                     # the samples are replays: the checks renew, observe and confirm the graph, not an eager call

@@ -37,7 +37,7 @@ class Measurement:
 
     @classmethod
     def merge(cls, parts: Sequence["Measurement"]) -> "Measurement":
-        """The parts' rounds pooled, renumbered in order; mode, threads and first call are the first part's."""
+        """The parts' rounds pooled, renumbered in order; mode and threads are the first part's."""
         if not parts:
             raise ValueError("Measurement.merge: no measurements given")
         labels, offset = [], 0
@@ -153,6 +153,8 @@ def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[
         if first_done:
             raise ValueError("measure(first_done=True) is for the CPU clock; on CUDA the first call may be a graph "
                              "replay")
+        if config.cuda_graph and graph is None:
+            raise ValueError("measure(config.cuda_graph=True) needs graph= (timed.graph_phase captures it)")
         return _measure_cuda(fn, setup, device, config, estimate_ms, build, renew, observe, graph)
     if build is not None:
         build()

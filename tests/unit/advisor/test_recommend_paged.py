@@ -50,6 +50,9 @@ def test_a_workload_file_refuses_a_paged_window_model_as_the_flags_do():
     with pytest.raises(ValueError, match=f"workload shape 1: {REFUSED}"):
         workloads_from_mapping({"shape": [{"preset": "mistral-7b", "batch": 1, "seq_q": 1, "seq_k": 64,
                                            "page_size": 16}]})
+    with pytest.raises(ValueError, match=f"workload shape 1: {REFUSED}"):  # and a serving step's route
+        workloads_from_mapping({"shape": [{"preset": "mistral-7b", "seq": 64, "page_size": 16,
+                                           "serving_step": True}]})
 
 
 def test_require_batch_invariant_excludes_a_backend_that_is_not(monkeypatch):

@@ -103,9 +103,11 @@ def test_the_estimate_call_is_the_first_sample_only_when_no_warm_up_follows_it(m
     assert m.samples_ms == (6.0,) * 5 and len(durations) == 1 + 1 + 1 + 5  # first, estimate, 20 // 7 - 1 warm-up
 
 
-def test_first_ms_is_for_the_cpu_clock():
+def test_first_done_is_for_the_cpu_clock_and_a_graph_is_captured_by_the_caller():
     with pytest.raises(ValueError, match="first_done=.* is for the CPU clock"):
         measure(lambda: None, device=torch.device("cuda"), first_done=True)
+    with pytest.raises(ValueError, match=r"cuda_graph=True\) needs graph="):  # never eager calls under a graph's name
+        measure(lambda: None, device=torch.device("cuda"), config=TimingConfig(cuda_graph=True))
 
 
 def test_bad_timing_config():
