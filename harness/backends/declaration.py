@@ -45,6 +45,7 @@ def _optional_name(what: str) -> Callable[[Any], str | None]:
 
 
 _flag = _instance(bool, "True or False")
+
 #: each capability attribute of Backend and the check of its declared value (None = fine, else what is wrong)
 CAPABILITIES: dict[str, Callable[[Any], str | None]] = {
     "dtypes": _optional_tuple(torch.dtype, "torch dtypes, e.g. (torch.float16, torch.bfloat16)"),

@@ -93,11 +93,12 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     pooled = m if prior is None else Measurement.merge([prior, m])
     latency = pooled.median
     flops = attention_flops(case, phase)
-    roof = roofline_columns(case, phase, flops, latency, peaks.get(dtype_name(case.dtype)), bw_peak)  # the ceiling
-    why = roof.pop("why").replace("matmul peak", f"{dtype_name(case.dtype)} matmul peak")
+    dtype = dtype_name(case.dtype)
+    roof = roofline_columns(case, phase, flops, latency, peaks.get(dtype), bw_peak)  # the ceiling that binds it
+    why = roof.pop("why")
     # a figure beyond the physical limit is never a number: rejected, its figures kept for the reason's audit
-    beyond = beyond_physical_limit(dtype_name(case.dtype), roof["tflops"], roof["gbps"], roof["bytes_moved"], peaks,
-                                   bw_peak, device.type)
+    beyond = beyond_physical_limit(dtype, roof["tflops"], roof["gbps"], roof["bytes_moved"], peaks, bw_peak,
+                                   device.type)
     result = row(REJECTED if beyond else TIMED, beyond or why,
                  **{**pooled.latency_columns(), "timing_mode": m.mode, "threads": m.threads},
                  peak_mem_bytes=mem_bytes, mem_method=mem_method, flops=flops,

@@ -187,15 +187,15 @@ class MatrixCost:
             total += rounds * (backends * len(PHASES) * rates.key_round_s + slow)
         return total
 
-    def refusal(self, limit_s: float = LIMIT_S) -> str | None:
+    def refusal(self) -> str | None:
         """Why this matrix should not run here (too long, or a case does not fit), or None."""
         problems = []
-        if self.seconds > limit_s:
+        if self.seconds > LIMIT_S:
             slow = max(self.costs, key=self.case_seconds)
             problems.append(f"the float64 reference and the same-dtype baseline would take ~"
                             f"{_duration(self.seconds)} on {self.device} (reference "
                             f"~{_duration(self.reference_seconds)}, baseline ~{_duration(self.baseline_seconds)}; "
-                            f"limit {_duration(limit_s)}; "
+                            f"limit {_duration(LIMIT_S)}; "
                             f"{slow.case.id} alone ~{_duration(self.case_seconds(slow))})")
         if self.largest.peak_bytes > self.memory:
             big = self.largest

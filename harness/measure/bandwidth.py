@@ -6,7 +6,7 @@ import torch
 
 from harness.measure.roofline import one_thread
 from harness.measure.timing import TimingConfig, measure
-from harness.spec.case import AttentionCase
+from harness.spec.case import AttentionCase, dtype_name
 from harness.spec.masks import MaskSpec
 from harness.store.schema import BWD, FWD, FWD_BWD, PHASES
 
@@ -95,6 +95,7 @@ def roofline_columns(case: AttentionCase, phase: str, flops: float, latency_ms: 
         why = (f"suspicious: {gbps:.4g} GB/s exceeds the measured copy bandwidth {peak_gbps:.4g} GB/s (memory-bound "
                f"row; on a CPU a working set that fits the cache can do this)")
     elif which == "compute" and pct > 100:
-        why = f"suspicious: {tflops:.3g} TFLOP/s exceeds the measured matmul peak {peak_tflops:.3g}"
+        why = (f"suspicious: {tflops:.3g} TFLOP/s exceeds the measured {dtype_name(case.dtype)} matmul peak "
+               f"{peak_tflops:.3g}")
     return {"tflops": tflops, "pct_of_peak": pct, "bytes_moved": nbytes, "gbps": gbps, "pct_of_bw_peak": pct_bw,
             "bound": binds, "suspicious": bool(why), "why": why}

@@ -41,6 +41,8 @@ def refused(backend: Backend, case: AttentionCase, device: torch.device, executo
     """(status, reason) when the probe cannot run here: unavailable, or unsupported by the capability data."""
     if gate := refusal(backend, case, device, executor):
         return gate
+    if not (backward or dropout):  # refusal asked can_run this very question (a plan may be built to answer it)
+        return None
     reasons = backend.can_run(case, device, backward=backward, dropout=dropout)
     return (UNSUPPORTED, "; ".join(reasons)) if reasons else None
 

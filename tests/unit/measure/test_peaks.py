@@ -20,19 +20,19 @@ from harness.measure import peaks as peaks_module
 from harness.measure import roofline
 from harness.measure.bandwidth import COPY_BYTES, bytes_moved
 from harness.measure.flops import attention_flops
-from harness.measure.bandwidth import bytes_moved
 from harness.measure.peaks import BEYOND, PHYSICAL_MARGIN, RunPeaks, limit_tflops
 from harness.measure.peaks import beyond_physical_limit as _beyond
+from harness.measure.timing import Measurement, TimingConfig
 from harness.spec.case import dtype_name
+from harness.spec.masks import Causal
+from harness.store.schema import REJECTED, TIMED
 
 
 def beyond_physical_limit(case, phase, flops, ms, peaks, gbps, device_type):
+    """The rule on a case's figures at `ms`, computed here independently of roofline_columns."""
     nbytes = bytes_moved(case, phase)
     return _beyond(dtype_name(case.dtype), flops / (ms * 1e-3) / 1e12, nbytes / (ms * 1e-3) / 1e9, nbytes, peaks,
                    gbps, device_type)
-from harness.measure.timing import Measurement, TimingConfig
-from harness.spec.masks import Causal
-from harness.store.schema import REJECTED, TIMED
 
 CPU = resolve_device("cpu")
 CASE = AttentionCase(2, 4, 64, 32, "fp32", mask=Causal())
