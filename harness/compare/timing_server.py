@@ -35,8 +35,11 @@ def serve(run_dir: Path, log_dir: Path, fresh_workers: bool, requests, answer) -
             op = request.get("op")
             if op == "close":
                 break
-            if op in ("start_round", "end_round"):
-                getattr(timer, op)()
+            if op == "start_round":
+                timer.start_round()
+                answer({"ok": True})
+            elif op == "end_round":
+                timer.end_round()
                 answer({"ok": True})
             elif op == "time":
                 case = cases.get(request["case"])

@@ -216,7 +216,7 @@ def report_blocks(run: Run, figures: dict[str, list[Path]], history: list | None
     skipped = not_run(run)
     if not skipped.empty:
         sections.append(("Not run, and why", [Table(skipped)]))
-    if history is not None and run.has_perf:
+    if history is not None:
         sections.append(("History on this testbed", history))
     anchors = [slug(name.split(" (")[0]) for name, _ in sections]
     blocks: list = [Heading(1, f"Attention harness run {run.env.get('run_id') or run.run_dir.name}"),
@@ -240,13 +240,14 @@ def history_section(run_dir: Path, env: dict, out_dir: Path) -> list | None:
     started = env.get("started")
     if started and "started" in history:  # a report rebuilt later must not show the future of its run
         history = history[history.started.astype(str) <= str(started)]
-    where = f"{history.run_id.nunique()} stored run(s) of testbed {testbed} up to this one"
-    if history.run_id.nunique() < 2 * MIN_SEGMENT:  # two segments of MIN_SEGMENT runs
+    runs = history.run_id.nunique()
+    where = f"{runs} stored run(s) of testbed {testbed} up to this one"
+    if runs < 2 * MIN_SEGMENT:  # two segments of MIN_SEGMENT runs
         return [Para(f"{where}; change points need at least {2 * MIN_SEGMENT}. `python -m harness history --changes` "
                      "finds them once there are more.")]
-    own = set(map(tuple, history[history.run_dir == str(run_dir)][list(KEY)].astype(str).to_numpy()))
+    # this run's keys alone: the others' change points are never shown here (history --changes has them)
+    history = history.merge(history[history.run_dir == str(run_dir)][list(KEY)].drop_duplicates(), on=list(KEY))
     c = detect_changes(history, testbed=str(testbed))
-    c = c[pd.Series([tuple(map(str, k)) in own for k in c[list(KEY)].to_numpy()], index=c.index, dtype=bool)]
     c = c.loc[c.ratio.astype(float).map(lambda r: max(r, 1 / r)).sort_values(ascending=False).index]
     if c.empty:
         return [Para(f"{where}: no key of this run changed level (change points: ruptures PELT over each key's "
@@ -373,7 +374,8 @@ def build_report(run_dir: str | Path, baseline: str = BASELINE, out_dir: str | P
     out = Path(out_dir) if out_dir else run.run_dir
     out.mkdir(parents=True, exist_ok=True)
     figures = plot_run(run, out)
-    blocks = report_blocks(run, figures, history_section(run.run_dir, run.env, out))
+    # the history is of latencies: a run without timings has none to add (nor trend figures to draw)
+    blocks = report_blocks(run, figures, history_section(run.run_dir, run.env, out) if run.has_perf else None)
     (out / "report.md").write_text(to_markdown(blocks, out))
     path = out / "report.html"
     path.write_text(to_html(blocks, blocks[0].text))

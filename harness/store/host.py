@@ -51,10 +51,10 @@ def tf32_settings() -> dict:
     overrides underneath: NVIDIA_TF32_OVERRIDE (cuBLAS/cuDNN) and TORCH_ALLOW_TF32_CUBLAS_OVERRIDE (torch, at start)."""
     flags = {"matmul": torch.backends.cuda.matmul, "cudnn": torch.backends.cudnn}
     new_api = hasattr(flags["matmul"], "fp32_precision")
-    settings = {key: _setting(lambda: f.fp32_precision) if new_api else "none" for key, f in flags.items()}
-    for key, f in flags.items():
-        if settings[key] == "none":
-            settings[key] = _setting(lambda: bool(f.allow_tf32))
+    settings = {}
+    for key, f in flags.items():  # the legacy flag decides where the new API says "none" or this torch has none
+        precision = _setting(lambda: f.fp32_precision) if new_api else None
+        settings[key] = precision if precision not in (None, "none") else _setting(lambda: bool(f.allow_tf32))
     if new_api:
         settings["default"] = _setting(lambda: torch.backends.fp32_precision)
     settings["float32_matmul_precision"] = _setting(torch.get_float32_matmul_precision)

@@ -1,8 +1,10 @@
 """recommend on a serving workload: a paged decode / verification step, bandwidth columns, every exclusion's reason."""
 
+import pytest
+
 from harness.advisor.recommend import recommend_workload
 from harness.advisor.table import format_table
-from harness.advisor.workload import Workload
+from harness.advisor.workload import Workload, workloads_from_mapping
 from harness.cli.main import main
 from harness.measure.timing import TimingConfig
 
@@ -43,10 +45,6 @@ def test_cli_refuses_a_paged_window_model(capsys):
 
 def test_a_workload_file_refuses_a_paged_window_model_as_the_flags_do():
     """A file's paged shape of a windowed preset once became a cache-causal case that dropped the window."""
-    import pytest
-
-    from harness.advisor.workload import workloads_from_mapping
-
     with pytest.raises(ValueError, match=f"workload shape 1: {REFUSED}"):
         workloads_from_mapping({"shape": [{"preset": "mistral-7b", "batch": 1, "seq_q": 1, "seq_k": 64,
                                            "page_size": 16}]})
