@@ -10,7 +10,6 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from harness.backends.paged_gather import paged_case_of
 from harness.spec.case import AttentionCase, dtype_name
 from harness.spec.masks import CacheCausal, MaskSpec
 from harness.spec.modifiers import MODIFIERS
@@ -40,6 +39,14 @@ class Plan:
     def ops(self, training: bool) -> tuple[str, str]:
         """(forward, backward) kernels of a call with gradients (`training`) or without."""
         return self.op, self.backward_op or self.op
+
+
+@dataclass
+class CallPlan(Plan):
+    """A plan that is the call's arguments on the device (its keywords, for most); `paged`: a call with a page table."""
+
+    kwargs: dict
+    paged: bool = False
 
 
 class ProbeHooks:
@@ -234,11 +241,13 @@ class Backend(ProbeHooks, DescriptionHooks):
                 alibi_slopes: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> AttentionCase:
         """The case that tensors in this backend's layout and forward's keywords describe (for `prepare` when forward
         is called without `prepared`). With a block_table, k is the paged cache."""
-        canonical_q = self.from_layout(q)
-        if block_table is not None:
-            return paged_case_of(canonical_q, k, mask, scale)
+        b, h, sq, d = self.from_layout(q).shape
+        if block_table is not None:  # the cache: (num_blocks, page_size, kv_heads, head_dim)
+            if not isinstance(mask, CacheCausal):
+                raise ValueError(f"a paged call needs mask=CacheCausal(lengths); got {getattr(mask, 'id', mask)!r}")
+            return AttentionCase(b, h, sq, d, q.dtype, kv_heads=k.shape[2], seq_k=max(mask.lengths), mask=mask,
+                                 scale=scale, page_size=k.shape[1])
         k = self.from_layout(k)
-        b, h, sq, d = canonical_q.shape
         return AttentionCase(b, h, sq, d, q.dtype, kv_heads=k.shape[1], seq_k=k.shape[2], mask=mask, scale=scale,
                              head_dim_v=d if v is None else v.shape[-1], softcap=softcap, sinks=sinks is not None,
                              alibi=alibi_slopes is not None,

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from harness.backends.base import FlashFamily, MaskForm, Plan, Unsupported, cuda_import_problem
+from harness.backends.base import CallPlan, FlashFamily, MaskForm, Unsupported, cuda_import_problem
 from harness.backends.flash_attn_package import fa2_problem
 from harness.backends.paged_gather import run_packed
 from harness.backends.registry import register
@@ -91,26 +89,26 @@ class FlashAttn2(FlashFamily):
         varlen = " + varlen" if any(k in args for k in ("key_lengths", "cu_seqlens_q")) else ""
         return MaskForm("native", 0, ", ".join(f"{k}={v}" for k, v in shown.items()) + varlen)
 
-    def prepare(self, case, device) -> Fa2Plan:
+    def prepare(self, case, device, block_table=None) -> CallPlan:
         """FA2's keywords, and for its varlen path the int32 cu_seqlens and the kept keys' flat indices, on the
-        device: the call does no host work and no host-device traffic (a boolean-mask gather would synchronize)."""
+        device: the call does no host work and no host-device traffic (a boolean-mask gather would synchronize).
+        `kwargs`: fa2_plan's (or fa2_mixed_plan's) arguments of the call; {'mode': 'paged'} for a paged case."""
         if case.page_size is not None and case.mask.mixed:  # varlen over the pages: the step's own cu_seqlens
-            return Fa2Plan(op=f"{self.name} (varlen paged: q packed and scattered back inside the timed call)",
-                           call=fa2_mixed_plan(case, device))
+            return CallPlan(op=f"{self.name} (varlen paged: q packed and scattered back inside the timed call)",
+                            kwargs=fa2_mixed_plan(case, device))
         if case.page_size is not None:  # flash_attn_with_kvcache takes the block table and lengths as they come
-            return Fa2Plan(op=self.name, call={"mode": "paged"})
-        return Fa2Plan(op=self.name, call=fa2_plan(case, device))
+            return CallPlan(op=self.name, kwargs={"mode": "paged"})
+        return CallPlan(op=self.name, kwargs=fa2_plan(case, device))
 
     def modifier_path(self, case):
         return " + ".join(f"native {m}{'_slopes' if m == 'alibi' else ''}=" for m in ("softcap", "alibi")
                           if m in case.modifiers)
 
-    def forward(self, q, k, v, *, mask, scale, prepared: Fa2Plan | None = None, softcap=None, alibi_slopes=None,
+    def forward(self, q, k, v, *, mask, scale, prepared: CallPlan | None = None, softcap=None, alibi_slopes=None,
                 block_table=None, cache_seqlens=None):
         from flash_attn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
         if block_table is not None and isinstance(mask, CacheCausal) and mask.mixed:
-            plan = (prepared.call if prepared is not None else
-                    fa2_mixed_plan(self.case_of(q, k, mask=mask, scale=scale, block_table=block_table), q.device))
+            plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, block_table=block_table).kwargs
             return run_packed(q, plan["rows"], lambda packed: flash_attn_varlen_func(
                 packed, k, v, plan["cu_q"], plan["cu_k"], plan["max_q"], plan["max_k"], softmax_scale=scale,
                 causal=True, block_table=block_table))
@@ -123,7 +121,8 @@ class FlashAttn2(FlashFamily):
                                   "paged cache")
             return flash_attn_with_kvcache(q, k, v, cache_seqlens=cache_seqlens, block_table=block_table,
                                            softmax_scale=scale, causal=True)
-        plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap, alibi_slopes=alibi_slopes).call
+        plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap,
+                             alibi_slopes=alibi_slopes).kwargs
         b, sq, h, d = q.shape
         sk = k.shape[1]
         modifiers = fa2_modifier_args(softcap, alibi_slopes)
@@ -136,13 +135,6 @@ class FlashAttn2(FlashFamily):
         out = flash_attn_varlen_func(q_flat, k_flat, v_flat, plan["cu_q"], plan["cu_k"], plan["max_q"],
                                      plan["max_k"], softmax_scale=scale, **plan["args"], **modifiers)
         return out.reshape(b, sq, h, d)
-
-
-@dataclass
-class Fa2Plan(Plan):
-    """fa2_plan's (or fa2_mixed_plan's) arguments of the call; {'mode': 'paged'} for a paged case."""
-
-    call: dict
 
 
 def fa2_mixed_plan(case, device) -> dict:
@@ -174,6 +166,5 @@ def fa2_plan(case, device) -> dict:
     lens = torch.tensor(lengths, dtype=torch.int64)
     position = torch.arange(sk)
     keep = (torch.arange(b).view(-1, 1) * sk + position)[position < lens.view(-1, 1)]  # row-major: sequence order
-    cu_k = torch.nn.functional.pad(lens.cumsum(0), (1, 0))
     return {"mode": "varlen", "args": args, "cu_q": torch.arange(0, (b + 1) * sq, sq, **as_int32),
-            "cu_k": cu_k.to(**as_int32), "max_q": sq, "max_k": max(lengths), "keep": keep.to(device)}
+            "cu_k": cu_seqlens(lens).to(device), "max_q": sq, "max_k": max(lengths), "keep": keep.to(device)}

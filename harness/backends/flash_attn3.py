@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from harness.backends.base import (BackwardUnsupported, FlashFamily, MaskForm, Plan, Unsupported, cuda_import_problem,
-                                   refusal)
+from harness.backends.base import (BackwardUnsupported, CallPlan, FlashFamily, MaskForm, Unsupported,
+                                   cuda_import_problem, refusal)
 from harness.backends.flash_attn import fa2_args
 from harness.backends.paged_gather import paged_call_args, run_packed
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 
-#: architectures the hopper build compiles for, and what it takes there (head dims rounded up to 64/96/128/192/256)
-ARCHITECTURES = {9: {"name": "sm90", "max_head_dim": 256}}
 FP8_REFUSAL = ("FlashAttention-3's FP8 path takes Q, K and V all in FP8 (the kernel's dtype is q's, with "
                "q/k/v_descale); an FP8 KV cache with bf16/fp16 queries has no form")
 #: flash_api.cpp mha_fwd: "If V headdim is different from Q/K dim, we only support Q/K headdim in (128, 192] and V
@@ -33,14 +29,6 @@ def fa3_args(case: AttentionCase) -> dict:
         raise Unsupported(f"FlashAttention-3 has no form for mask {case.mask.id} here (causal and windows only; key "
                           "padding and documents through flash_attn_varlen_func are not translated)")
     return args
-
-
-@dataclass
-class Fa3Plan(Plan):
-    """The call's keywords on the device; `paged`: flash_attn_with_kvcache with a page_table."""
-
-    kwargs: dict
-    paged: bool = False
 
 
 @register
@@ -67,7 +55,7 @@ class FlashAttn3(FlashFamily):
         return cuda_import_problem(self.name, device, "flash_attn_interface",
                                    "flash_attn_interface (FlashAttention-3, hopper/)",
                                    "it builds from flash-attention's hopper/ with CUDA on sm90",
-                                   ARCHITECTURES.__contains__, "flash-attn-3 (hopper build) runs on sm90")
+                                   lambda major: major == 9, "flash-attn-3 (hopper build) runs on sm90")
 
     def not_supported_reasons(self, case):
         reasons = super().not_supported_reasons(case)
@@ -91,15 +79,15 @@ class FlashAttn3(FlashFamily):
     def modifier_path(self, case):
         return "native softcap=" if case.softcap is not None else ""
 
-    def prepare(self, case, device, block_table=None) -> Fa3Plan:
+    def prepare(self, case, device, block_table=None) -> CallPlan:
         """The call's keywords on the device, once (the block table, lengths and FP8 scales arrive with each call)."""
         fp8 = " FP8 Q/K/V with q/k/v_descale" if case.fp8_q else ""
         if case.page_size is not None:
-            return Fa3Plan(op=f"{self.name} (flash_attn_with_kvcache, page_table{',' if fp8 else ''}{fp8})",
-                           kwargs=paged_call_args(case, device), paged=True)
-        return Fa3Plan(op=f"{self.name} (flash_attn_func{',' if fp8 else ''}{fp8})", kwargs=fa3_args(case))
+            return CallPlan(op=f"{self.name} (flash_attn_with_kvcache, page_table{',' if fp8 else ''}{fp8})",
+                            kwargs=paged_call_args(case, device), paged=True)
+        return CallPlan(op=f"{self.name} (flash_attn_func{',' if fp8 else ''}{fp8})", kwargs=fa3_args(case))
 
-    def forward(self, q, k, v, *, mask, scale, prepared: Fa3Plan | None = None, softcap=None, block_table=None,
+    def forward(self, q, k, v, *, mask, scale, prepared: CallPlan | None = None, softcap=None, block_table=None,
                 cache_seqlens=None, k_scale=None, v_scale=None, q_scale=None):
         from flash_attn_interface import flash_attn_func, flash_attn_with_kvcache
         plan = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, softcap=softcap, block_table=block_table)

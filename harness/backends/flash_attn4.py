@@ -7,8 +7,8 @@ from functools import lru_cache
 
 import torch
 
-from harness.backends.base import (BackwardUnsupported, FlashFamily, MaskForm, Plan, Unsupported, cuda_import_problem,
-                                   refusal)
+from harness.backends.base import (BackwardUnsupported, CallPlan, FlashFamily, MaskForm, Unsupported,
+                                   cuda_import_problem, refusal)
 from harness.backends.paged_gather import paged_call_args, run_packed
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
@@ -141,11 +141,9 @@ def fa4_args(case: AttentionCase) -> dict:
 
 
 @dataclass
-class Fa4Plan(Plan):
-    """The call's keywords on the device; `paged`: with a page_table; `score_mod`: ALiBi / the bias as a score_mod."""
+class Fa4Plan(CallPlan):
+    """The call's keywords on the device (CallPlan); `score_mod`: ALiBi / the bias as a score_mod."""
 
-    kwargs: dict
-    paged: bool = False
     score_mod: bool = False
     #: why a call with gradients raises BackwardUnsupported ('' = it has a backward)
     backward_refused: str = ""
@@ -159,8 +157,6 @@ class FlashAttn4(FlashFamily):
     supports_backward = True
     #: softcap= and learnable_sink= natively; ALiBi and the bias through a score_mod (fa4_score_mods)
     modifiers = frozenset({"softcap", "sinks", "alibi", "bias"})
-    #: modifiers whose backward FA4 does not give (the case's forward runs and is judged alone)
-    backward_refusals = {"bias": BIAS_BACKWARD_REFUSAL}
     supports_head_dim_v = True
     paged_kv = True
     mixed_batch = True
@@ -201,9 +197,9 @@ class FlashAttn4(FlashFamily):
         return reasons + (self.case_backward_reasons(case, device) if backward else [])
 
     def case_backward_reasons(self, case: AttentionCase, device: torch.device) -> list[str]:
-        """Why `case`'s backward cannot run here although its forward can (backward_refusals, arch_backward_reasons)."""
-        reasons = [f"{self.name} has no {m} backward: {why}" for m, why in self.backward_refusals.items()
-                   if m in case.modifiers]
+        """Why `case`'s backward cannot run here although its forward can (the bias's, arch_backward_reasons); the
+        case's forward then runs and is judged alone."""
+        reasons = [f"{self.name} has no bias backward: {BIAS_BACKWARD_REFUSAL}"] if case.bias is not None else []
         major = _cuda_major(device)
         return reasons + (self.arch_backward_reasons(case, major) if major in ARCHITECTURES else [])
 

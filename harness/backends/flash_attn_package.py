@@ -26,9 +26,3 @@ def fa2_problem() -> str | None:
         return (f"{FA4_NAMESPACE} ({', '.join(locations)} holds {', '.join(names) or 'nothing'}, no "
                 "flash_attn_interface)")
     return f"flash_attn at {spec.origin} has no flash_attn_interface module: it is not FlashAttention-2"
-
-
-def flash_attn_is_foreign() -> bool:
-    """True when a `flash_attn` exists but is not FlashAttention-2 (xformers' flash.py would fail importing it)."""
-    problem = fa2_problem()
-    return problem is not None and problem != NOT_INSTALLED

@@ -15,7 +15,7 @@ from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.fp8 import kv_scales
 from harness.spec.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
-from harness.spec.paged import paged_layout, query_rows
+from harness.spec.paged import cu_seqlens, paged_layout, query_rows
 
 #: bytes of the float workspace every wrapper takes (FlashInfer's examples and tests use 128 MiB)
 WORKSPACE_BYTES = 128 * 2 ** 20
@@ -49,9 +49,8 @@ def paged_plan_args(block_table: torch.Tensor, lengths: torch.Tensor, page_size:
     pages = (lengths + page_size - 1) // page_size
     owned = torch.arange(block_table.shape[1]).view(1, -1) < pages.view(-1, 1)
     batch = lengths.shape[0]
-    q_counts = torch.tensor(q_lens if q_lens is not None else (seq_q,) * batch, dtype=torch.int64)
-    return {"qo_indptr": torch.nn.functional.pad(q_counts.cumsum(0), (1, 0)).to(torch.int32),
-            "kv_indptr": torch.nn.functional.pad(pages.cumsum(0), (1, 0)).to(torch.int32),
+    return {"qo_indptr": cu_seqlens(q_lens if q_lens is not None else (seq_q,) * batch),
+            "kv_indptr": cu_seqlens(pages),
             "kv_indices": block_table.to("cpu")[owned].to(torch.int32),
             "kv_last_page_len": (lengths - (pages - 1) * page_size).to(torch.int32)}
 

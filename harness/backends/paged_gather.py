@@ -1,4 +1,4 @@
-"""The backends' paged helpers: the gather, a mixed step's packed call, the case a direct paged call describes."""
+"""The backends' paged helpers: the gather, a paged kernel's keywords, a mixed step's packed call."""
 
 from __future__ import annotations
 
@@ -20,16 +20,6 @@ def gather_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torc
     equal cache_seqlens; read from the spec so the call never syncs on a device tensor)."""
     seq_k = max(mask.lengths) if isinstance(mask, CacheCausal) else int(cache_seqlens.max())
     return gather_kv(k_cache, block_table, seq_k, layout), gather_kv(v_cache, block_table, seq_k, layout)
-
-
-def paged_case_of(q: torch.Tensor, k_cache: torch.Tensor, mask: MaskSpec, scale: float) -> AttentionCase:
-    """The paged case a direct call describes (q canonical (batch, heads, seq_q, head_dim), the cache (num_blocks,
-    page_size, kv_heads, head_dim)), for backends that prepare state when forward is called without `prepared`."""
-    if not isinstance(mask, CacheCausal):
-        raise ValueError(f"a paged call needs mask=CacheCausal(lengths); got {getattr(mask, 'id', mask)!r}")
-    b, h, sq, d = q.shape
-    return AttentionCase(b, h, sq, d, q.dtype, kv_heads=k_cache.shape[2], seq_k=max(mask.lengths), mask=mask,
-                         scale=scale, page_size=k_cache.shape[1])
 
 
 def paged_call_args(case: AttentionCase, device) -> dict:

@@ -6,13 +6,12 @@ import contextlib
 import os
 import re
 import warnings
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness.backends.base import Backend, MaskForm, Plan, Unsupported
+from harness.backends.base import Backend, CallPlan, MaskForm, Unsupported
 from harness.backends.native_stderr import captured_stderr
 from harness.backends.fp8_dequant import dequant_note, dequantized_inputs
 from harness.backends.paged_gather import gather_paged
@@ -61,13 +60,6 @@ def _clean(text: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"\(Triggered internally at[^)]*\)", "", text)).strip()
 
 
-@dataclass
-class SdpaPlan(Plan):
-    """What a call needs, built once: the mask arguments on the device (and `op`, the kernel that will run)."""
-
-    kwargs: dict
-
-
 class _Sdpa(Backend):
     layout = "bhsd"
     native_probes = frozenset({"causal", "mask", "dropout"})
@@ -88,7 +80,7 @@ class _Sdpa(Backend):
             return f"{self.name}: the {self.kernel.name} kernel is CUDA-only; device is {device.type}"
         return None
 
-    def prepare(self, case: AttentionCase, device: torch.device) -> SdpaPlan:
+    def prepare(self, case: AttentionCase, device: torch.device) -> CallPlan:
         """The mask arguments on the device, and which kernel runs: SDPA's own choice (torch._fused_sdp_choice, which
         prefers cuDNN on sm90 with a recent cuDNN) or the pinned one, refused here with torch's reasons on CUDA."""
         if case.modifiers:  # the float mask's constant part; bias and sinks join it in the call (their grads)
@@ -107,9 +99,9 @@ class _Sdpa(Backend):
             if device.type == "cuda":  # torch's checks are compiled out on CPU: there the call says why it refuses
                 _refused_why(self.kernel, *_shaped(case, device), kwargs, gqa)
             kernel = _KERNEL_NAMES[self.kernel]
-        return SdpaPlan(op=f"sdpa:{kernel}{dequant_note(case, gathers=True)}", kwargs=kwargs)
+        return CallPlan(op=f"sdpa:{kernel}{dequant_note(case, gathers=True)}", kwargs=kwargs)
 
-    def forward(self, q, k, v, *, mask, scale, prepared: SdpaPlan | None = None, sinks=None, alibi_slopes=None,
+    def forward(self, q, k, v, *, mask, scale, prepared: CallPlan | None = None, sinks=None, alibi_slopes=None,
                 bias=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None, q_scale=None):
         if block_table is not None:  # paged: k, v are the caches; gather them, then attend as for any case
             k, v = gather_paged(k, v, block_table, cache_seqlens, mask, self.layout)

@@ -113,10 +113,6 @@ class Form:
     #: a mixed serving step: the padded q's rows (batch * seq_q) that carry a query, int64 on the device
     rows: torch.Tensor | None = None
 
-    @property
-    def op(self) -> tuple:
-        return self.fw, self.bw
-
     def op_names(self) -> tuple[str, str]:
         """The (forward, backward) kernels the row records for a call of this form."""
         how = (" (paged block-diagonal bias over the physical cache)" if self.paged else
@@ -332,5 +328,5 @@ class Xformers(Backend):
         form = plan.training if training else plan.inference
         q, k, v = _form_inputs(form.gqa, form.packed, q, k, v, g)
         attn_bias = form.bias if bias is None else with_bias(form.bias.detach(), bias)
-        out = xops.memory_efficient_attention(q, k, v, attn_bias=attn_bias, scale=scale, op=form.op)
+        out = xops.memory_efficient_attention(q, k, v, attn_bias=attn_bias, scale=scale, op=(form.fw, form.bw))
         return out.reshape(b, sq, h, v.shape[-1])

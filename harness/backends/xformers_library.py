@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from torch.torch_version import TorchVersion
 
-from harness.backends.flash_attn_package import flash_attn_is_foreign
+from harness.backends.flash_attn_package import NOT_INSTALLED, fa2_problem
 
 #: what xformers 0.0.35's wheel was built with (cpp_lib.json), on torch's stable ABI only (docs/design/backends.md)
 BUILT_FOR = "torch 2.10.0+cu128, on torch's stable ABI: loads with any torch >= 2.10 given libcudart.so.12"
@@ -72,7 +72,7 @@ def _import_xformers():
         make_cuda12_runtime_visible()
     logger = logging.getLogger("xformers")
     disabled, logger.disabled = logger.disabled, True
-    foreign = "xformers.ops" not in sys.modules and flash_attn_is_foreign()
+    foreign = "xformers.ops" not in sys.modules and fa2_problem() not in (None, NOT_INSTALLED)
     try:
         with warnings.catch_warnings(), (_hidden("flash_attn") if foreign else contextlib.nullcontext()):
             warnings.simplefilter("ignore")

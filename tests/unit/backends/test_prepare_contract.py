@@ -128,4 +128,4 @@ def test_xformers_call_builds_nothing():
                 mock.patch("xformers.ops.fmha.dispatch._dispatch_fw", side_effect=AssertionError("dispatched")):
             spy, out = _call_under_spy(backend, case, plan)
         assert not spy.forbidden(), (mask, spy.forbidden())
-        assert seen[-1][2] == plan.training.op and out.shape == (2, 9, 8, 16)
+        assert seen[-1][2] == (plan.training.fw, plan.training.bw) and out.shape == (2, 9, 8, 16)
