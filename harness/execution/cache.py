@@ -29,8 +29,6 @@ class LRU:
     """At most `size` values (with `weigh`, at most `max_bytes` by weight, the newest always); `get(key, make)`."""
 
     def __init__(self, size: int, weigh: Callable[[object], int] | None = None, max_bytes: int | None = None):
-        if size < 1:
-            raise ValueError(f"LRU size={size!r}: must be >= 1")
         self.size, self.weigh, self.max_bytes = size, weigh, max_bytes
         self._items: OrderedDict = OrderedDict()
 

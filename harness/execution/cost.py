@@ -10,12 +10,11 @@ from dataclasses import dataclass
 import torch
 
 from harness.execution.runner import baseline_budget
-from harness.measure.flops import attention_flops
 from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
 from harness.oracle.reference import block_rows, reference_attention, reference_flops, reference_budget
 from harness.spec.case import AttentionCase, make_inputs
 from harness.store.host import available_memory
-from harness.store.schema import BWD, FWD, PHASES
+from harness.store.schema import PHASES
 
 #: a matrix whose reference would take longer than this is refused unless the override flag is given
 LIMIT_S = 3600.0
@@ -27,11 +26,9 @@ CALIBRATION = {"cpu": AttentionCase(1, 8, 512, 128, "fp32"), "cuda": AttentionCa
 
 @dataclass(frozen=True)
 class CaseCost:
-    """One case's FLOPs (a backend's fwd, bwd; the reference's) and the peak bytes of inputs, reference, baseline."""
+    """One case's reference FLOPs and the peak bytes of inputs, reference, baseline."""
 
     case: AttentionCase
-    flops_fwd: int
-    flops_bwd: int
     reference_flops: int
     input_bytes: int
     reference_bytes: int
@@ -49,8 +46,7 @@ class CaseCost:
         reference = (4 * q_elems + 6 * kv_elems) * 8 + 2 * case.batch * case.heads * block * case.seq_k * 8
         one_row = SCORE_TENSORS * case.batch * case.heads * case.seq_k * case.dtype.itemsize
         baseline = min(dense_bytes(case), max(baseline_budget_bytes, one_row))
-        return cls(case, attention_flops(case, FWD), attention_flops(case, BWD), reference_flops(case),
-                   inputs, reference, baseline + inputs)
+        return cls(case, reference_flops(case), inputs, reference, baseline + inputs)
 
     @property
     def peak_bytes(self) -> int:

@@ -63,7 +63,6 @@ class InterruptNoted:
     interrupted: str | None = None
 
     def _noted(self, result, backend):
-        """`result` as is, remembering a KeyboardInterrupt inside the backend."""
         if result.interrupted:
             self.interrupted = f"{backend.name} raised KeyboardInterrupt inside a call"
         return result

@@ -20,12 +20,11 @@ class Prefetcher:
     """Runs `calls` ((backend, call) in the run's order) last to first on a thread, a worker per backend."""
 
     def __init__(self, calls: list[tuple[Backend, Call]], device: torch.device, log_dir: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, modules: tuple[str, ...] | None = None):
+                 modules: tuple[str, ...] | None = None):
         self._pending = list(reversed(calls))
         # the run's workers' threads: inductor writes the thread count into the CPU kernels it compiles
         self._spec = WorkerSpec(str(device), loaded_modules() if modules is None else modules,
                                 torch.get_num_threads(), None if log_dir is None else str(Path(log_dir) / "prefetch"))
-        self.timeout_s = timeout_s
         self._claimed: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -60,7 +59,7 @@ class Prefetcher:
                 if worker.start_failure is not None:
                     self.ended = f"the worker of {backend.name} could not start: {worker.start_failure.reason}"
                     return
-                status, answer = worker.ask("call", call.to_cpu(), self.timeout_s,
+                status, answer = worker.ask("call", call.to_cpu(), DEFAULT_TIMEOUT_S,
                                             f"compiling {backend.name} on {call.case.id} ahead", beside=True)
                 if status != "ok":  # the run's own call will meet the same failure and record it
                     self.ended = f"ended at {call.case.id}: {answer.reason}"

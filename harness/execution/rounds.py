@@ -42,11 +42,6 @@ class RoundSchedule:
         self._pooled: dict[TimingKey, Measurement] = {}
         self._memory: dict[TimingKey, tuple[int, str]] = {}
 
-    @property
-    def round_timing(self) -> TimingConfig:
-        """The first round's share of the timing budget (env.json records it for a re-measurement)."""
-        return self.timing_of(0)
-
     def timing_of(self, index: int) -> TimingConfig:
         """Round `index`'s share: the min_reps repetitions of a slow key are split over the rounds, not repeated."""
         return self.timing.share(self.count, index)

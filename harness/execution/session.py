@@ -57,9 +57,10 @@ class RunSession:
         else:
             env = environment(self.device, timing_mode="cpu-clock" if device.type != "cuda" else
                               "cuda-graph" if self.schedule.timing.cuda_graph else "cuda-events")
-            # what `compare --remeasure` needs to time this run's keys again the same way
+            # what `compare --remeasure` needs to time this run's keys again the same way (round_timing: the first
+            # round's share of the timing budget)
             env.update(run_id=run_id, rounds=rounds, device=str(device), seed=seed,
-                       round_timing=vars(self.schedule.round_timing))
+                       round_timing=vars(self.schedule.timing_of(0)))
             self.recorder = RunRecorder(run_id, Path(results_root) / run_id, env)
         # what the suites read of the run
         self.run_id, self.run_dir, self.writer, self.env = (self.recorder.run_id, self.recorder.run_dir,

@@ -53,7 +53,7 @@ def test_a_gradient_of_another_kind_than_its_input_is_named():
 
 def test_contract_accepts_a_right_answer():
     q = torch.randn(2, 4, 16, 8)
-    assert contract_violation(q.clone(), q, q) is None
+    assert contract_violation(q.clone(), q, q, q.dtype) is None
 
 
 def test_seeded_inputs_do_not_travel_given_ones_do():

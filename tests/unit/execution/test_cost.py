@@ -19,7 +19,6 @@ def test_case_cost_counts_work_and_memory():
     case = AttentionCase(2, 8, 1024, 128, "bf16", kv_heads=2, mask=Causal())
     cost = CaseCost.of(case, reference_budget_bytes=256 * 2 ** 20, baseline_budget_bytes=GIB)
     assert cost.reference_flops == reference_flops(case) == 6 * 2 * 2 * 8 * 1024 * 1024 * 128
-    assert cost.flops_fwd == 4 * 2 * 8 * (1024 * 1025 // 2) * 128 and cost.flops_bwd == 2.5 * cost.flops_fwd
     q, kv = 2 * 8 * 1024 * 128, 2 * 2 * 1024 * 128
     assert cost.input_bytes == (2 * q + 2 * kv) * 2 * 2
     assert cost.reference_bytes >= (4 * q + 6 * kv) * 8                     # float64 copies, plus block buffers
