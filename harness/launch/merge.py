@@ -80,8 +80,6 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path, *,
     of different testbeds unless allow_mixed_testbeds (the testbed id is then their '+'-joined ids)."""
     shard_dirs = [Path(d) for d in shard_dirs]
     out_dir = Path(out_dir)
-    if not shard_dirs:
-        raise ValueError("merge_runs: no shard directories given")
     if is_run_dir(out_dir):
         raise ValueError(f"{out_dir}/{RESULTS} already exists; merge into a new run directory")
     run_id = out_dir.name

@@ -8,7 +8,7 @@ from harness.measure.roofline import one_thread
 from harness.measure.timing import TimingConfig, measure
 from harness.spec.case import AttentionCase, dtype_name
 from harness.spec.masks import MaskSpec
-from harness.store.schema import BWD, FWD, FWD_BWD, PHASES
+from harness.store.schema import BWD, FWD, FWD_BWD
 
 #: bytes of the copied buffer: far above any L2 (50 MB on H100/H200) and a CPU's last-level cache, so it streams
 COPY_BYTES = {"cuda": 2 ** 30, "cpu": 64 * 2 ** 20}
@@ -37,8 +37,6 @@ def visible_keys(mask: MaskSpec | None, batch: int, seq_q: int, seq_k: int, bloc
 
 def bytes_moved(case: AttentionCase, phase: str = FWD) -> int:
     """Least bytes one call moves: Q, O and the visible K, V once per kv head (FP8: 1 byte); backward twice."""
-    if phase not in PHASES:
-        raise ValueError(f"phase={phase!r}; allowed: {', '.join(PHASES)}")
     size = case.dtype.itemsize
     q_size = 1 if case.fp8_q else size                                      # FP8 queries: one byte an element
     q_and_o = case.query_tokens * case.heads * case.head_dim * (q_size + size)  # a mixed step's padding rows: none

@@ -24,11 +24,7 @@ def peak_memory(fn: Callable[[], object], *, device: torch.device,
         peak = torch.cuda.max_memory_allocated(device) - before
         del result
         return int(peak), "cuda-allocator-peak"
-    return cpu_peak(fn), CPU_METHOD
-
-
-#: the method name of a CPU peak
-CPU_METHOD = "cpu-profiler-peak"
+    return cpu_peak(fn), "cpu-profiler-peak"
 
 
 def cpu_peak(fn: Callable[[], object]) -> int:

@@ -28,11 +28,6 @@ def limit_tflops(peaks: dict[str, float], dtype: str) -> float | None:
     return max((peaks[k] for k in keys if peaks.get(k)), default=None)
 
 
-def limit_gbps(peaks: dict[str, float], peak_gbps: float | None) -> float | None:
-    """The GB/s no streamed working set beats: the best of the measured copy and its one-thread bound; None without."""
-    return max((v for v in (peak_gbps, peaks.get(COPY_PER_THREAD)) if v), default=None)
-
-
 def beyond_physical_limit(dtype: str, tflops: float, gbps: float, nbytes: int, peaks: dict[str, float],
                           peak_gbps: float | None, device_type: str) -> str:
     """'' when a timed figure (TFLOP/s, GB/s of `nbytes`) is physically possible, else why its row is rejected."""
@@ -40,7 +35,8 @@ def beyond_physical_limit(dtype: str, tflops: float, gbps: float, nbytes: int, p
     if limit and tflops > PHYSICAL_MARGIN * limit:
         return (f"{BEYOND}: {tflops:.4g} TFLOP/s is {tflops / limit:.3g}x the {dtype} matmul peak {limit:.4g} "
                 f"TFLOP/s (best of the run's samples; rejected above {PHYSICAL_MARGIN:g}x)")
-    peak_gbps = limit_gbps(peaks, peak_gbps)
+    # the GB/s no streamed working set beats: the best of the measured copy and its one-thread bound
+    peak_gbps = max((v for v in (peak_gbps, peaks.get(COPY_PER_THREAD)) if v), default=None)
     if peak_gbps and streams_from_memory(nbytes, device_type) and gbps > PHYSICAL_MARGIN * peak_gbps:
         return (f"{BEYOND}: {gbps:.4g} GB/s is {gbps / peak_gbps:.3g}x the copy bandwidth {peak_gbps:.4g} GB/s "
                 f"(best of the run's samples; {nbytes} bytes stream from memory; rejected above {PHYSICAL_MARGIN:g}x)")

@@ -24,8 +24,7 @@ PROBE_N = 256
 PER_THREAD = "1-thread x threads"
 
 
-def matmul_peak_tflops(device: torch.device, dtype: torch.dtype,
-                       config: TimingConfig = TimingConfig(warmup_ms=100, budget_ms=400),
+def matmul_peak_tflops(device: torch.device, dtype: torch.dtype, config: TimingConfig,
                        n: int | None = None, give_up_s: float | None = None) -> tuple[float, Measurement]:
     """(TFLOP/s of the fastest repetition, Measurement) of an n x n matmul in `dtype`."""
     n = n or (8192 if device.type == "cuda" else cpu_size(dtype))
@@ -66,12 +65,6 @@ def _setting(get, put, value):
         put(before)
 
 
-def tf32_matmul(enabled: bool):
-    """fp32 matmuls with TF32 tensor cores on or off for the duration."""
-    return _setting(torch.get_float32_matmul_precision, torch.set_float32_matmul_precision,
-                    "high" if enabled else "highest")
-
-
 def one_thread():
     """torch's intra-op threads set to 1 for the duration."""
     return _setting(torch.get_num_threads, torch.set_num_threads, 1)
@@ -84,8 +77,8 @@ def _one_sample(device: torch.device, d: torch.dtype, sizes: dict) -> dict[str, 
         if d != torch.float32:
             return {name: matmul_peak_tflops(device, d, SAMPLE_TIMING)[0]}
         out = {}
-        for mode, enabled in (("ieee", False), ("tf32", True)):
-            with tf32_matmul(enabled):
+        for mode, precision in (("ieee", "highest"), ("tf32", "high")):  # fp32 matmuls without and with TF32
+            with _setting(torch.get_float32_matmul_precision, torch.set_float32_matmul_precision, precision):
                 out[f"{name} {mode}"] = matmul_peak_tflops(device, d, SAMPLE_TIMING)[0]
         return {**out, name: max(out.values())}
     n = sizes.setdefault(d, cpu_size(d))

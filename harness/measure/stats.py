@@ -281,12 +281,6 @@ def shift_interval(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[flo
     return float(np.median(diffs)), float(diffs[k - 1]), float(diffs[-k]), exact
 
 
-def margin_for(cfg: GateConfig, noise: KeyNoise | None) -> float:
-    """The ratio beyond which a change of this key counts: 1 + max(min_effect, noise_z * its A/A sigma)."""
-    spread = 0.0 if noise is None else cfg.noise_z * noise.aa_sigma
-    return 1 + max(cfg.min_effect, finite_exp(spread) - 1)
-
-
 #: what a first-pass slower key says: the runs' own rounds suspect it, the pairs of --remeasure decide it
 CONFIRM = "from the runs' own rounds: compare --remeasure confirms or refutes it (base and new code timed in pairs)"
 
@@ -296,7 +290,8 @@ def gate_verdict(base_ms, new_ms, cfg: GateConfig = GateConfig(), *, base_rounds
     """Verdict on one key's raw latency samples (ms) in two runs, labelled with their rounds; `loaded`: why a run
     was on a loaded machine, which makes a slower key undecided (docs/regressions.md has the rule)."""
     base, new, base_rounds, new_rounds, counts = _labelled(base_ms, new_ms, base_rounds, new_rounds)
-    counts["margin"] = margin = margin_for(cfg, noise)
+    spread = 0.0 if noise is None else cfg.noise_z * noise.aa_sigma  # the margin: max(min_effect, its A/A noise)
+    counts["margin"] = margin = 1 + max(cfg.min_effect, finite_exp(spread) - 1)
     if len(base) == 0 and len(new) == 0:
         return GateVerdict(NOT_TIMED, **counts)
     if len(base) == 0 or len(new) == 0:

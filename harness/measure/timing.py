@@ -31,15 +31,9 @@ class Measurement:
     #: the round of each sample (empty: all one round)
     round_of: tuple[int, ...] = ()
 
-    def __post_init__(self):
-        if self.round_of and len(self.round_of) != len(self.samples_ms):
-            raise ValueError(f"round_of has {len(self.round_of)} labels for {len(self.samples_ms)} samples")
-
     @classmethod
     def merge(cls, parts: Sequence["Measurement"]) -> "Measurement":
         """The parts' rounds pooled, renumbered in order; mode and threads are the first part's."""
-        if not parts:
-            raise ValueError("Measurement.merge: no measurements given")
         labels, offset = [], 0
         for rounds in (part.rounds_index() for part in parts):
             labels += [offset + r for r in rounds]
@@ -122,8 +116,6 @@ class TimingConfig:
 
     def share(self, rounds: int, index: int = 0) -> "TimingConfig":
         """Round `index` of `rounds`: 1/rounds of the budgets, min_reps split over them (10: 4, 3, 3)."""
-        if not 0 <= index < rounds:
-            raise ValueError(f"round index={index!r} of rounds={rounds!r}: must be 0 <= index < rounds")
         min_reps = max(1, self.min_reps // rounds + (index < self.min_reps % rounds))
         return TimingConfig(self.warmup_ms / rounds, self.budget_ms / rounds, min_reps,
                             max(min_reps, math.ceil(self.max_reps / rounds)), self.cuda_graph)
