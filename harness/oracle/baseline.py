@@ -97,7 +97,7 @@ def baseline(case: AttentionCase, inputs: Inputs, reference: Reference, budget_b
     """Naive attention of `inputs` forward and backward (upstream inputs.d_out) in the case's dtype, judged against
     `reference`; dense within `budget_bytes`, else in query-row chunks. Errors (e.g. out of memory) propagate."""
     rows = chunk_rows(case, budget_bytes)
-    out, grads = (_dense if rows >= case.seq_q else _chunked)(case, inputs, rows)
+    out, grads = _chunked(case, inputs, rows)
     checks = {name: judge(name, t, reference.get(name), case.dtype, None) for name, t in {"out": out, **grads}.items()}
     method = "dense" if rows >= case.seq_q else f"chunked ({rows} query rows a chunk)"
     return Baseline(checks, method, ("out",) + case.grads)
@@ -108,21 +108,14 @@ def _leaves(inputs: Inputs) -> dict[str, torch.Tensor]:
             if getattr(inputs, name) is not None}
 
 
-def _dense(case: AttentionCase, inputs: Inputs, rows: int):
-    leaves = _leaves(inputs)
-    mods = modifier_rows(case, inputs._replace(**leaves), (0, case.seq_q), case.dtype)
-    out = naive_rows(leaves["q"], leaves["k"], leaves["v"], case.key_mask(inputs.q.device), case.scale, **mods)
-    out.backward(inputs.d_out)
-    return out.detach(), {GRADIENT_OF[name]: leaf.grad for name, leaf in leaves.items()}
-
-
 def _chunked(case: AttentionCase, inputs: Inputs, rows: int):
     q_all = inputs.q.detach()
     out = torch.empty(*q_all.shape[:-1], case.head_dim_v, dtype=q_all.dtype, device=q_all.device)
     dq = torch.empty_like(q_all)
-    # every gradient but dq sums over query rows: accumulated in float32 from each chunk's same-precision result,
-    # so the rounding model (one rounding per matmul in the dtype) is the dense one at any chunk size
-    sums = {GRADIENT_OF[n]: torch.zeros(t.shape, dtype=torch.float32, device=t.device)
+    # every gradient but dq sums over query rows: accumulated in float32 (fp64: float64) from each chunk's result,
+    # so the rounding model (one rounding per matmul in the dtype) is the dense one at any chunk size (one: dense)
+    acc = torch.promote_types(case.dtype, torch.float32)
+    sums = {GRADIENT_OF[n]: torch.zeros(t.shape, dtype=acc, device=t.device)
             for n, t in _leaves(inputs).items() if n != "q"}
     for start in range(0, case.seq_q, rows):
         stop = min(case.seq_q, start + rows)
@@ -134,5 +127,5 @@ def _chunked(case: AttentionCase, inputs: Inputs, rows: int):
         out[:, :, start:stop], dq[:, :, start:stop] = block.detach(), leaves["q"].grad
         for name, leaf in leaves.items():
             if name != "q":
-                sums[GRADIENT_OF[name]] += leaf.grad.float()
+                sums[GRADIENT_OF[name]] += leaf.grad.to(acc)
     return out, {"dq": dq, **{name: total.to(case.dtype) for name, total in sums.items()}}

@@ -30,7 +30,6 @@ def magnitudes(kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def kv_scales(kv_heads: int, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(k_scale, v_scale) float32: shape (1,) per tensor, (kv_heads,) per head; x ~= x8 * scale."""
-    validate_fp8_kv(granularity)
     k, v = (m * RANGE_STDS / FP8_MAX for m in magnitudes(kv_heads))
     return (k.max().view(1), v.max().view(1)) if granularity == "tensor" else (k, v)
 
@@ -42,7 +41,6 @@ def query_magnitudes(kv_heads: int) -> torch.Tensor:
 
 def q_scales(kv_heads: int, granularity: str) -> torch.Tensor:
     """q_scale float32: (1,) per tensor, (kv_heads,) per kv-head group; q ~= q8 * scale of its head's group."""
-    validate_fp8_kv(granularity)
     scale = query_magnitudes(kv_heads) * RANGE_STDS / FP8_MAX
     return scale.max().view(1) if granularity == "tensor" else scale
 

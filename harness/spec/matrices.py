@@ -42,11 +42,11 @@ def _decode(kv_lengths, cached_tokens: int = 262144) -> list[AttentionCase]:
                                                   batch=decode_batch(n, cached_tokens))]
 
 
-def _paged(caches, q_lens, page_sizes, *, dtype="bf16", shape=(32, 8, 128), cached_tokens: int = 262144,
+def _paged(caches, q_lens, page_sizes, *, dtype="bf16", shape=(32, 8, 128),
            batch: int | None = None) -> list[AttentionCase]:
     """Paged-KV decode (q_len 1) and verification (q_len 2-8) over caches of about each length in `caches`."""
     h, hkv, d = shape
-    return [paged_case(batch or decode_batch(n, cached_tokens), h, q, d, parse_dtype(dtype), kv_heads=hkv, cache=n,
+    return [paged_case(batch or decode_batch(n), h, q, d, parse_dtype(dtype), kv_heads=hkv, cache=n,
                        page_size=p) for n, q, p in product(caches, q_lens, page_sizes)]
 
 

@@ -58,16 +58,11 @@ def parse_mix(text: str) -> StepMix:
 CPU_MIX = StepMix(prefills=1, chunk=24, decodes=5, verifications=2, spec_len=4)
 
 
-def step_lengths(mix: StepMix, cache: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(q_lens, cache lengths) of a step whose longest cache is about `cache` keys; each cache holds its queries."""
-    validate_int("cache", cache)
-    q_lens = mix.q_lens
-    return q_lens, tuple(max(n, q | 1) for n, q in zip(cache_lengths(cache, mix.batch), q_lens))  # q | 1: odd, >= q
-
-
 def serving_step(heads: int, head_dim: int, dtype, *, kv_heads: int, cache: int, page_size: int | None,
                  mix: StepMix = StepMix()) -> AttentionCase:
     """The mixed step `mix` over caches of about `cache` keys, paged in pages of `page_size` (None: contiguous)."""
-    q_lens, lengths = step_lengths(mix, cache)
+    q_lens = mix.q_lens
+    # each cache raised where needed to hold its own queries: q | 1 is odd and >= q
+    lengths = tuple(max(n, q | 1) for n, q in zip(cache_lengths(validate_int("cache", cache), mix.batch), q_lens))
     return AttentionCase(mix.batch, heads, max(q_lens), head_dim, parse_dtype(dtype), kv_heads=kv_heads,
                          seq_k=max(lengths), mask=CacheCausal(lengths, q_lens), page_size=page_size)

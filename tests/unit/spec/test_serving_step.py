@@ -6,7 +6,7 @@ import torch
 
 from harness import AttentionCase
 from harness.spec.masks import CacheCausal, count_attended_pairs
-from harness.spec.serving_step import CPU_MIX, StepMix, serving_step, step_lengths
+from harness.spec.serving_step import CPU_MIX, StepMix, serving_step
 
 
 def test_each_sequence_aligns_its_own_queries_to_its_own_cache():
@@ -48,7 +48,7 @@ def test_ids_carry_the_query_lengths():
      r"seq_q=5: a mixed step's seq_q is its longest query run, max\(CacheCausal.q_lens\)=4"),
     (lambda: StepMix(prefills=0, decodes=0, verifications=0), "a step needs at least one sequence"),
     (lambda: StepMix(chunk=0), "chunk=0: must be an int >= 1"),
-    (lambda: step_lengths(StepMix(), 0), "cache=0: must be an int >= 1"),
+    (lambda: serving_step(8, 64, "fp32", kv_heads=2, cache=0, page_size=None), "cache=0: must be an int >= 1"),
 ])
 def test_bad_steps_get_one_line_errors(build, match):
     with pytest.raises(ValueError, match=match) as err:
