@@ -12,11 +12,10 @@ from harness.store.schema import BAD, BWD, FWD, FWD_BWD, NOT_RUN, PASS, PHASES, 
 def split_series(df: pd.DataFrame) -> tuple[list[tuple[tuple, pd.DataFrame]], pd.DataFrame]:
     """(shape groups - case rows that differ only in sequence length - measured at two or more lengths, the rows of
     every other case): lines vs dots. A length of 0 (empty-tensor probes) has no place on a log axis: always dots."""
-    cases = df[~df.is_semantics] if "is_semantics" in df else df
-    if cases.empty:
-        return [], df.iloc[0:0]
-    keyed = cases.assign(**{k: cases[k].fillna(-1) if cases[k].dtype.kind == "f" else cases[k].fillna("n/a")
-                            for k in GROUP_KEYS})
+    if df.empty:
+        return [], df
+    keyed = df.assign(**{k: df[k].fillna(-1) if df[k].dtype.kind == "f" else df[k].fillna("n/a")
+                         for k in GROUP_KEYS})
     series, singles = [], []
     for key, g in keyed.groupby(list(GROUP_KEYS), sort=True, dropna=False):
         positive = g.seq_k > 0
@@ -164,7 +163,7 @@ def headline(run: Run) -> pd.DataFrame:
             entry["probe cases failed"] = int(probes.map(lambda s: bool(s & set(BAD))).sum())
         if run.has_perf:
             for phase in PHASES:
-                if run.has_baseline and np.isfinite(run.df.loc[run.df.phase == phase, "speedup"]).any():
+                if np.isfinite(run.df.loc[run.df.phase == phase, "speedup"]).any():
                     entry[f"median speedup {phase}"] = rows.loc[rows.phase == phase, "speedup"].median()
             entry["median peak MiB"] = rows.peak_mem_mib.median()
             if run.has_baseline:

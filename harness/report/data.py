@@ -107,14 +107,8 @@ def truthy(series: pd.Series) -> pd.Series:
 
 def peak_tflops(env: dict, dtype: str) -> float | None:
     """The run's measured dense-matmul peak for `dtype` (TFLOP/s), from env.json, or None."""
-    peaks = env.get("matmul_peak_tflops") or {}
-    aliases = {"fp32": ("float32", "torch.float32"), "fp16": ("float16", "half", "torch.float16"),
-               "bf16": ("bfloat16", "torch.bfloat16"), "fp64": ("float64", "torch.float64")}
-    for key in (dtype, *aliases.get(dtype, ())):
-        value = peaks.get(key)
-        if isinstance(value, (int, float)) and value > 0:
-            return float(value)
-    return None
+    value = (env.get("matmul_peak_tflops") or {}).get(dtype)  # keyed by spec.case.dtype_name, as rows' dtype
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def load_run(run_dir: str | Path, *, baseline: str = BASELINE, backends: list[str] | None = None,
@@ -125,10 +119,7 @@ def load_run(run_dir: str | Path, *, baseline: str = BASELINE, backends: list[st
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run directory at {run_dir}")
     df, refused = _read(run_dir)
-    present = list(dict.fromkeys(df.backend))
-    if strict_baseline and baseline not in present:
-        raise ValueError(f"baseline {baseline!r} is not in this run; present: {', '.join(present)}")
-    df, filters = _filter(df, baseline, backends, dtype, mask)
+    df, filters = _filter(df, baseline, backends, dtype, mask, strict_baseline)
     run = Run(run_dir, df.reset_index(drop=True), read_env(run_dir), baseline, filters)
     _derive_perf(run)
     quartiles, refused_samples = _quartiles(run_dir)
@@ -163,11 +154,13 @@ def _read(run_dir: Path) -> tuple[pd.DataFrame, int]:
 
 
 def _filter(df: pd.DataFrame, baseline: str, backends: list[str] | None, dtype: str | None,
-            mask: str | None) -> tuple[pd.DataFrame, dict]:
+            mask: str | None, strict_baseline: bool) -> tuple[pd.DataFrame, dict]:
     """Rows kept by the filters (dtype and mask apply to attention cases, not semantics rows), and a summary."""
     filters: dict = {}
+    present = list(dict.fromkeys(df.backend))
+    if strict_baseline and baseline not in present:
+        raise ValueError(f"baseline {baseline!r} is not in this run; present: {', '.join(present)}")
     if backends:
-        present = list(dict.fromkeys(df.backend))
         unknown = [b for b in backends if b not in present]
         if unknown:
             raise ValueError(f"backend {unknown[0]!r} is not in this run; present: {', '.join(present)}")

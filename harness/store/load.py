@@ -126,27 +126,22 @@ def load_samples(run_dir: str | Path) -> pd.DataFrame:
     _warn_refused(path, refused)
     df = _frame(header, records, dtype={k: str for k in KEY})
     if "round" not in df.columns:  # written before rounds existed: all samples are one round
-        df.insert(min(SAMPLE_COLUMNS.index("round"), len(df.columns)), "round", 0)
+        df.insert(SAMPLE_COLUMNS.index("round"), "round", 0)  # every other column is there (checked above)
     df["latency_ms"] = pd.to_numeric(df["latency_ms"], errors="coerce")
     results = Path(run_dir) / "results.csv"
     if results.exists() and not df.empty:  # a rejected key's samples are never figures, an earlier round's neither
         try:
             with warnings.catch_warnings():  # results.csv's refused lines are said where it is loaded
                 warnings.simplefilter("ignore")
-                withheld = withheld_keys(load_results(results))
+                folded = load_results(results)
         except ValueError:  # a results file that cannot be read says so where it is read; no key is withheld
-            withheld = set()
-        df = df[[tuple(k) not in withheld for k in df[list(KEY)].itertuples(index=False)]] if withheld else df
+            folded = pd.DataFrame()
+        if "timing_status" in folded.columns:  # absent from a file written before timing_status existed
+            bad = folded.loc[~folded.timing_status.map(figures_usable).astype(bool), list(KEY)]
+            withheld = set(bad.itertuples(index=False, name=None))
+            df = df[[k not in withheld for k in df[list(KEY)].itertuples(index=False, name=None)]] if withheld else df
     df.attrs[REFUSED] = len(refused)
     return df
-
-
-def withheld_keys(results: pd.DataFrame) -> set[tuple]:
-    """The keys of folded results whose figures may not be used (schema.figures_usable)."""
-    if results.empty or "timing_status" not in results.columns or not set(KEY) <= set(results.columns):
-        return set()
-    bad = results.loc[~results.timing_status.map(figures_usable).astype(bool)]
-    return {tuple(k) for k in bad[list(KEY)].itertuples(index=False)}
 
 
 def usable_figures(df: pd.DataFrame) -> pd.DataFrame:

@@ -45,17 +45,16 @@ TIMED, NOT_TIMED, REJECTED = "timed", "not-timed", "rejected"
 TIMING_STATUSES = (TIMED, NOT_TIMED, REJECTED, UNSUPPORTED, ERROR, OOM)
 #: the backend every other is compared with: the reference's same-precision baseline, and the speedups' base
 BASELINE = "naive"
-#: timing statuses whose figures are never used, not even an earlier round's: every reader of results and samples
-#: goes through store.load (usable_figures), so no speedup, summary, figure, gate or recommendation sees them
-FIGURES_WITHHELD = (REJECTED,)
 #: the columns that are a timing's figures
 FIGURE_COLUMNS = ("latency_ms", "latency_iqr_ms", "latency_min_ms", "n_samples", "rounds", "round_spread", "noisy",
                   "tflops", "pct_of_peak", "gbps", "pct_of_bw_peak")
 
 
 def figures_usable(timing_status: object) -> bool:
-    """Whether a row's (or a key's samples') figures may be used: not when its timing was rejected."""
-    return timing_status not in FIGURES_WITHHELD
+    """Whether a row's (or a key's samples') figures may be used: not when its timing was rejected, not even an
+    earlier round's. Every reader of results and samples goes through store.load (usable_figures), so no speedup,
+    summary, figure, gate or recommendation sees them."""
+    return timing_status != REJECTED
 
 
 #: what limits a timed row (its `bound` column): the matmul peak or the memory bandwidth

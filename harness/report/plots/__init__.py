@@ -9,13 +9,12 @@ from typing import Callable
 from matplotlib.figure import Figure
 
 from harness.report.data import Run
-from harness.report.plots.metrics import METRICS, Metric, memory_figures, metric_figures, metric_rows
+from harness.report.plots.metrics import METRICS, memory_figures, metric_figures, metric_rows
 from harness.report.plots.roofline import bandwidth_figures, roofline_figures
 from harness.report.plots.style import FIGURES_DIR, backend_color, backend_style, save
 from harness.report.plots.tables import semantics_figure, support_figure
 
-__all__ = ["FIGURE_BUILDERS", "METRICS", "Metric", "backend_color", "backend_style", "metric_figures", "metric_rows",
-           "plot_run", "save"]
+__all__ = ["FIGURE_BUILDERS", "METRICS", "backend_color", "backend_style", "metric_rows", "plot_run", "save"]
 
 #: kind -> its figures, in the report's order; memory keeps its place among the metrics, in a unit chosen per run
 FIGURE_BUILDERS: dict[str, Callable[[Run], list[tuple[str, Figure]]]] = {

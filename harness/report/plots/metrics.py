@@ -72,7 +72,7 @@ def _draw(ax: Axes, rows: pd.DataFrame, metric: Metric, log: bool, along_seq: bo
             g = g.sort_values("seq_k")
             x, style = g.seq_k.to_numpy(float) * 2 ** (0.03 * octaves * offset), {"lw": 1.6}
         else:
-            x, style = g.xpos.to_numpy(float) + 0.7 * offset / max(len(backends), 1), {"ls": "none"}
+            x, style = g.xpos.to_numpy(float) + 0.7 * offset / len(backends), {"ls": "none"}
         y = g[metric.column].to_numpy(float)
         ax.plot(x, _drawable(y, log), marker=marker, color=colour, label=backend, ms=6, **style)
         _overlays(ax, g, x, y, metric, colour, log)
@@ -233,7 +233,7 @@ def _legend(fig: Figure, rows: pd.DataFrame, metric: Metric) -> None:
     marks = [(metric.timing_flags and rows.noisy.any(),
               dict(marker="o", ms=11, mfc="none", mec="black", label="noisy (IQR/median or rounds)")),
              (np.isinf(values).any(), dict(marker="$\\infty$", ms=11, color="red", label="infinite (top edge)")),
-             ((values == 0).any() and metric.log_y != "never",
+             ((values == 0).any(),
               dict(marker="$0$", ms=8, color="black", label="0 on a log axis (bottom edge)")),
              (metric.timing_flags and rows.suspicious.any(),
               dict(marker="x", ms=10, mew=2, color="red", label="suspicious (above peak)"))]

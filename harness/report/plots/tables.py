@@ -34,7 +34,7 @@ def support_figure(run: Run) -> list[tuple[str, Figure]]:
     Backends are columns when there are more case groups than backends (the figure grows downwards); a backend
     unavailable on every case is left out and named in the title (its column would be all grey)."""
     table = support_counts(run)
-    gone = unavailable_everywhere(table) if not table.empty else []
+    gone = unavailable_everywhere(table)
     table = table.drop(index=gone)
     if table.empty:
         return []
