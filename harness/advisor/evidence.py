@@ -14,11 +14,11 @@ import torch
 from harness.backends.base import Backend
 from harness.compare.runs import run_testbed
 from harness.execution.benchmark import measure_phase
-from harness.execution.executor import Executor, make_executor
+from harness.execution.executor import Executor
 from harness.execution.runner import execute, prepare_case
 from harness.measure.bandwidth import copy_bandwidth_samples
 from harness.measure.roofline import PEAK_SAMPLES
-from harness.measure.timing import ADVISOR_TIMING, TimingConfig
+from harness.measure.timing import TimingConfig
 from harness.spec.case import AttentionCase
 from harness.store.host import testbed_id
 from harness.store.load import load_results, load_samples
@@ -64,12 +64,10 @@ def _phase_status(rows: list[Row], training: bool) -> tuple[str, str, float]:
 
 
 def measure_now(case: AttentionCase, backends: list[Backend], device: torch.device, *, training: bool,
-                seed: int = 0, timing: TimingConfig = ADVISOR_TIMING, executor: Executor | None = None,
-                progress: Callable[[str], object] | None = None) -> dict[str, Evidence]:
+                seed: int, timing: TimingConfig, executor: Executor,
+                progress: Callable[[str], object]) -> dict[str, Evidence]:
     """Correctness first (against the float64 reference), then timing and memory of the verified only; `progress` is
     told each step as it ends."""
-    executor = executor if executor is not None else make_executor()
-    progress = progress or (lambda what: None)
     prepared = prepare_case(case, device, seed)
     progress(f"{case.id}: float64 reference and naive baseline")
     phase = FWD_BWD if training else FWD

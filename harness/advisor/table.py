@@ -35,8 +35,6 @@ def _mask(row: pd.Series) -> str:
 
 def _text(rows: pd.DataFrame, column: str) -> pd.Series:
     """A check column as text, '-' where it was not run."""
-    if column not in rows:
-        return pd.Series("-", index=rows.index)
     return rows[column].astype(object).where(rows[column].notna(), "-")
 
 

@@ -53,7 +53,3 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     finally:
         warnings.formatwarning = default_format
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -116,9 +116,6 @@ OPTIONS: dict[str, Option] = {o.flag.lstrip("-").replace("-", "_"): o for o in [
 
 
 def _add(add: Callable[..., Any], names: tuple[str, ...], defaults: dict | None) -> None:
-    unknown = [n for n in names if n not in OPTIONS]
-    if unknown:
-        raise KeyError(f"no option {unknown}; defined: {', '.join(OPTIONS)}")
     for name in names:
         extra = {"default": defaults[name]} if defaults and name in defaults else {}
         add(OPTIONS[name].flag, **OPTIONS[name].keywords(**extra))

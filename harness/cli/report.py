@@ -8,18 +8,14 @@ from pathlib import Path
 from harness.store.schema import BASELINE
 
 
-def _filters(args: argparse.Namespace) -> dict:
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()] if args.backends else None
-    # an explicit --baseline must exist in the run; the default one may be absent (then no speedups)
-    return {"baseline": args.baseline or BASELINE, "strict_baseline": args.baseline is not None,
-            "backends": backends, "dtype": args.dtype, "mask": args.mask}
-
-
 def _report(args: argparse.Namespace) -> int:
     from harness.report.document import build_report
     from harness.store.run_dir import read_env
     from harness.store.run_state import run_notes
-    path = build_report(args.run_dir, out_dir=args.out, **_filters(args))
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()] if args.backends else None
+    # an explicit --baseline must exist in the run; the default one may be absent (then no speedups)
+    path = build_report(args.run_dir, baseline=args.baseline or BASELINE, out_dir=args.out, backends=backends,
+                        dtype=args.dtype, mask=args.mask, strict_baseline=args.baseline is not None)
     for note in run_notes(read_env(args.run_dir)):  # refused lines were warned as they were read
         print(f"note: {note}")
     print(f"report: {path}")

@@ -30,25 +30,13 @@ from pathlib import Path
 
 from harness.backends.registry import built_in_names
 from harness.cli.options import positive_float
-from harness.cli.selftest_plan import STEP_KEYS, Step, choose, fit, steps, timeout_for
+from harness.cli.selftest_plan import STEP_KEYS, SUBSET, Step, choose, fit, steps, timeout_for
 from harness.measure.stages import time_lines
 from harness.store.environment import REPO_ROOT
 from harness.store.schema import BASELINE, ERROR, UNAVAILABLE
 
 #: the table, rewritten as each step ends, and the archive of everything a person needs to read the run
 TABLE, ARCHIVE, OUTCOMES = "selftest-table.txt", "selftest.tgz", "selftest.json"
-#: the CPU stand-in's backends: it proves the steps, CI pays for it, and flex compiles for minutes
-DRY_RUN_BACKENDS = (BASELINE, "sdpa")
-
-
-def _backends_summary(stdout: str) -> str:
-    """'ok: naive, sdpa, ...; unavailable: xformers, flash-attn' from `harness backends`' lines (reasons: its log)."""
-    ok, not_ok = [], []
-    for line in stdout.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) >= 2 and fields[0] != "kernels:":
-            (ok if line.rstrip().endswith(" ok") else not_ok).append(fields[0])
-    return f"ok: {', '.join(ok) or '-'}; unavailable: {', '.join(not_ok) or '-'}"
 
 
 def _rows_summary(results: Path) -> tuple[str, int]:
@@ -176,9 +164,9 @@ def _selftest(args: argparse.Namespace) -> int:
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    names = args.backends or (",".join(DRY_RUN_BACKENDS) if args.dry_run else "all")
+    names = args.backends or (",".join(SUBSET) if args.dry_run else "all")
     backends = _available(names, "cpu" if args.dry_run else "cuda")
-    planned = steps(args.dry_run, work, gpus, backends, _backends_summary)
+    planned = steps(args.dry_run, work, gpus, backends)
     choose(planned, args.steps.split(",") if args.steps else None)
     fit(planned, args.budget_s)
     title = (f"selftest {'--dry-run (CPU stand-in)' if args.dry_run else 'on ' + torch.cuda.get_device_name(0)}: "
@@ -223,7 +211,7 @@ def add_subcommand(subparsers) -> None:
                    help=f"comma-separated steps to run (default: all that fit), of: {', '.join(STEP_KEYS)}")
     p.add_argument("--backends", default=None,
                    help="comma-separated backends for the correctness and benchmark steps (default: every one that "
-                        f"can run here; --dry-run: {','.join(DRY_RUN_BACKENDS)})")
+                        f"can run here; --dry-run: {','.join(SUBSET)})")
     p.add_argument("--out", default=None,
                    help=f"where {TABLE}, {ARCHIVE} and {OUTCOMES} go, the steps' logs and results under its work/ "
                         "(default: a new temporary directory)")

@@ -20,7 +20,8 @@ STEP_KEYS = tuple(ESTIMATES)
 TIMEOUT_FACTOR = 2.0
 #: the share of the budget the plan fills with estimates: the rest absorbs steps that run over theirs (up to 2x)
 PLAN_SHARE = 0.8
-#: the backends of the steps that prove a path rather than cover the backends (graphs, launcher, a second GPU)
+#: the backends of the steps that prove a path rather than cover the backends (graphs, launcher, a second GPU), and
+#: of the whole CPU stand-in (--dry-run): it proves the steps, CI pays for it, and flex compiles for minutes
 SUBSET = (BASELINE, "sdpa")
 #: pytest exit codes that are results (0 all passed, 1 some tests failed: a backend failing a case)
 PYTEST_RESULTS = (0, 1)
@@ -43,12 +44,17 @@ class Step:
     outcome: dict = field(default_factory=dict)
 
 
-def _py(*args: str) -> list[str]:
-    return [sys.executable, *args]
+def _backends_summary(stdout: str) -> str:
+    """'ok: naive, sdpa, ...; unavailable: xformers, flash-attn' from `harness backends`' lines (reasons: its log)."""
+    ok, not_ok = [], []
+    for line in stdout.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] != "kernels:":
+            (ok if line.rstrip().endswith(" ok") else not_ok).append(fields[0])
+    return f"ok: {', '.join(ok) or '-'}; unavailable: {', '.join(not_ok) or '-'}"
 
 
-def steps(dry_run: bool, work: Path, gpus: int, backends: list[str],
-          summarize_backends: Callable[[str], str] | None = None) -> list[Step]:
+def steps(dry_run: bool, work: Path, gpus: int, backends: list[str]) -> list[Step]:
     """Every step for `backends` (those that can run here), or their CPU stand-ins for --dry-run."""
     device, matrix = ("cpu", "smoke") if dry_run else ("cuda", "gpu-smoke")
     subset = [b for b in SUBSET if b in backends] or backends[:2]
@@ -64,10 +70,10 @@ def steps(dry_run: bool, work: Path, gpus: int, backends: list[str],
         if rows:
             args = [*args, "--results-dir", str(work / rows)]
             kwargs.update(ok_codes=PYTEST_RESULTS, results=work / rows)
-        return Step(key, name, _py(*args), fixed + each * n, **kwargs)
+        return Step(key, name, [sys.executable, *args], fixed + each * n, **kwargs)
 
     return [
-        step("backends", "backends", ["-m", "harness", "backends", "--device", device], summarize=summarize_backends),
+        step("backends", "backends", ["-m", "harness", "backends", "--device", device], summarize=_backends_summary),
         # the check of every backend on gpu-smoke is the correctness step: not run twice
         step("tests-gpu", "tests/gpu", ["-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rs", "-k",
                                         "not every_installed_backend"], ok_codes=(0, 5) if dry_run else (0,)),
