@@ -67,8 +67,6 @@ def summarize(history: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["run_id", "started", "host", "testbed_id", "device_name", "torch", "git_sha",
                                      "rows", "cases", "backends", PASS, FAIL, TIMED, "refused", "complete"])
     timed = history["latency_ms"].notna() if "latency_ms" in history else pd.Series(False, index=history.index)
-    history = history.assign(**{c: history[c] if c in history else d for c, d in (("incomplete", ""),
-                                                                                   ("refused_rows", 0))})
     g = history.assign(_pass=history.status.eq(PASS), _fail=history.status.isin(BAD), _timed=timed,
                        _row=history.case_id.notna()).groupby("run_dir", sort=False)
     out = pd.DataFrame({
@@ -94,13 +92,13 @@ def history_text(history: pd.DataFrame) -> str:
 
 def run_notes_lines(history: pd.DataFrame) -> list[str]:
     """One line per run that did not reach its end or had lines of its results refused."""
-    if history.empty or "run_dir" not in history:
+    if history.empty:
         return []
     lines = []
     for run_dir, g in history.groupby("run_dir", sort=False):
         run_id = g.run_id.iloc[0]
-        why = g["incomplete"].iloc[0] if "incomplete" in g else ""
-        refused = int(g["refused_rows"].iloc[0]) if "refused_rows" in g else 0
+        why = g["incomplete"].iloc[0]
+        refused = int(g["refused_rows"].iloc[0])
         if why:
             lines.append(f"incomplete run {run_id}: {why}; its rows are only those written until then")
         if refused:

@@ -97,10 +97,8 @@ class NoiseModel:
         return cls(data, path)
 
     @classmethod
-    def for_run(cls, run_dir: str | Path, testbed: str | None) -> "NoiseModel | None":
+    def for_run(cls, run_dir: str | Path, testbed: str) -> "NoiseModel | None":
         """The model stored beside a run (its results directory's noise/<testbed>.json), if any."""
-        if not testbed:
-            return None
         path = noise_path(Path(run_dir).parent, testbed)
         return cls.load(path) if path.exists() else None
 

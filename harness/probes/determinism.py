@@ -24,16 +24,13 @@ def claim(backend: Backend) -> str | None:
     return "declared by the backend" if backend.deterministic else None
 
 
-def determinism_case(dtype: torch.dtype, device: torch.device) -> AttentionCase:
-    """Causal over several kernel tiles (1024 keys on a GPU, 129 off-tile on CPU): split accumulation shows."""
-    return AttentionCase(2, 4, 1024 if device.type == "cuda" else 129, 64, dtype, mask=Causal())
-
-
 def check_determinism(backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
                       executor: Executor | None = None) -> Row:
     """One 'determinism:<case id>' bwd row: pass/fail where claimed, observed otherwise."""
     executor = executor if executor is not None else make_executor()
-    case = determinism_case(probe_dtype(backend, device), device)
+    # causal over several kernel tiles (1024 keys on a GPU, 129 off-tile on CPU): split accumulation shows
+    seq = 1024 if device.type == "cuda" else 129
+    case = AttentionCase(2, 4, seq, 64, probe_dtype(backend, device), mask=Causal())
     row = partial(probe_row, case, backend, device, tag="determinism", phase=BWD, run_id=run_id)
     if gate := refused(backend, case, device, executor, backward=True):
         return row(status=gate[0], reason=gate[1])

@@ -27,11 +27,6 @@ RTOL = {dtype: floor * (10 if dtype in (torch.float16, torch.bfloat16) else 1) f
 _MIN_WEIGHT = 1e-3
 
 
-def dropout_case(dtype: torch.dtype) -> AttentionCase:
-    """head_dim = seq_k, so V can be the identity."""
-    return AttentionCase(2, 4, 32, 32, dtype)
-
-
 class _Refused(Exception):
     """A dropout call gave no output; the message is the backend's reason."""
 
@@ -40,7 +35,7 @@ def check_dropout(backend: Backend, device: torch.device, *, seed: int = 0, run_
                   executor: Executor | None = None) -> list[Row]:
     """Rows 'dropout:<case id>' fwd (statistics; RNG recorded in `observed`) and bwd (dV uses the forward mask)."""
     executor = executor if executor is not None else make_executor()
-    case = dropout_case(probe_dtype(backend, device))
+    case = AttentionCase(2, 4, 32, 32, probe_dtype(backend, device))  # head_dim = seq_k, so V can be the identity
 
     def rows(fwd: tuple[str, str, str], bwd: tuple[str, str, str] | None = None, op: str = "") -> list[Row]:
         bwd = bwd or fwd

@@ -25,7 +25,8 @@ NAN_TAIL = 37
 
 @dataclass(frozen=True)
 class EdgeCase:
-    """A named edge case: the case, how its inputs are arranged (ARRANGEMENTS), how they are scaled, its tier."""
+    """A named edge case: the case, how its inputs are arranged (ARRANGEMENTS: it is the execution.call.Arrangement
+    of its inputs), how they are scaled, its tier."""
 
     name: str
     case: AttentionCase
@@ -58,35 +59,8 @@ class EdgeCase:
     def id(self) -> str:
         return f"{self.tag}:{self.case.id}"
 
-
-class _NonContiguousGrad(torch.autograd.Function):
-    """Identity whose backward hands the gradient on as a non-contiguous view: dO reaches the backend strided."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _relaid(grad)
-
-
-def _relaid(t: torch.Tensor) -> torch.Tensor:
-    """Same values and shape, storage ordered with dims 1 and 2 swapped: non-contiguous, last dim still dense."""
-    return t.transpose(1, 2).contiguous().transpose(1, 2)
-
-
-@dataclass(frozen=True)
-class Arranged:
-    """How the leaf tensors reach the backend (an execution.call.Arrangement): views, so gradients reach them."""
-
-    arrange: str
-
-    def __post_init__(self):
-        if self.arrange not in ARRANGEMENTS:
-            raise ValueError(f"arrange={self.arrange!r}; allowed: {', '.join(ARRANGEMENTS)}")
-
     def inputs(self, q, k, v, layout: str):
+        """q, k, v as they reach the backend: views of the leaf tensors, so gradients reach them."""
         seq_dim = 2 if layout == "bhsd" else 1
         head_dim = 3 - seq_dim
         if self.arrange == "noncontig":
@@ -107,6 +81,23 @@ class Arranged:
         return _NonContiguousGrad.apply(out) if self.arrange == "noncontig" and out.requires_grad else out
 
 
+class _NonContiguousGrad(torch.autograd.Function):
+    """Identity whose backward hands the gradient on as a non-contiguous view: dO reaches the backend strided."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _relaid(grad)
+
+
+def _relaid(t: torch.Tensor) -> torch.Tensor:
+    """Same values and shape, storage ordered with dims 1 and 2 swapped: non-contiguous, last dim still dense."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def edge_inputs(edge: EdgeCase, device: torch.device, seed: int = 0) -> Inputs:
     """The case's usual inputs, q/k/v multiplied by edge.magnitude (in float32, then cast: no double rounding)."""
     case = edge.case
@@ -122,7 +113,7 @@ def edge_inputs(edge: EdgeCase, device: torch.device, seed: int = 0) -> Inputs:
 def run_edge(edge: EdgeCase, backend: Backend, device: torch.device, *, seed: int = 0, run_id: str = "",
              executor: Executor | None = None, cache: LRU | None = None) -> list[Row]:
     """Rows 'edge:...' of `backend` on the edge case, judged; its reference is kept in `cache` (prepared cases)."""
-    arrangement = None if edge.arrange == "plain" else Arranged(edge.arrange)
+    arrangement = None if edge.arrange == "plain" else edge
     prepared = cached(cache, (edge, str(device), seed),
                       lambda: prepare_case(edge.case, device, inputs=edge_inputs(edge, device, seed)))
     return execute(backend, prepared, run_id, arrangement=arrangement, executor=executor, tag=edge.tag).rows

@@ -10,7 +10,7 @@ from harness.execution.executor import CallFailed, Executor
 from harness.execution.outcome import exception_text
 from harness.probes.common import probe_dtype, probe_row
 from harness.spec.case import AttentionCase, dtype_name
-from harness.store.schema import ERROR, FAIL, FWD_BWD, PASS, UNAVAILABLE, UNSUPPORTED, Row
+from harness.store.schema import ERROR, FAIL, FWD_BWD, PASS, UNSUPPORTED, Row
 
 #: name -> (batch, heads, seq_q, seq_k, head_dim)
 SHAPES: dict[str, tuple[int, int, int, int, int]] = {"batch0": (0, 2, 5, 7, 16), "seq_q0": (2, 2, 0, 7, 16),
@@ -26,13 +26,12 @@ KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
 
 
 def probe(backend: Backend, device: torch.device, shape: str) -> dict:
-    """Forward and backward on one empty shape, where called: {'status', 'observed', 'reason', 'op'}."""
+    """Forward and backward on one empty shape of an available backend (probe_all asks first), where called:
+    {'status', 'observed', 'reason', 'op'}."""
     if shape not in SHAPES:
         raise ValueError(f"unknown empty shape {shape!r}; allowed: {', '.join(SHAPES)}")
     b, h, sq, sk, d = SHAPES[shape]
     dtype = probe_dtype(backend, device)
-    if reason := backend.unavailable_reason(device):
-        return dict(status=UNAVAILABLE, observed="", reason=reason)
     gen = torch.Generator().manual_seed(0)
     canon = [torch.randn(s, generator=gen).to(device, dtype) for s in ((b, h, sq, d), (b, h, sk, d), (b, h, sk, d))]
     grad = not backend.backward_reasons(device)

@@ -54,12 +54,11 @@ def prefill_rows(backend: Backend, case: AttentionCase, chunks: int, device: tor
     full = _full(case)
     inputs = make_inputs(full, device, seed)
     rows, outs, dq, dk, dv, have_grads = [], [], [], 0, 0, True
-    ops: dict[str, str] = {}                                            # phase -> the kernel the chunks ran
     for i, (start, stop) in enumerate(chunk_bounds(full.seq_q, chunks)):
         result = execute(backend, _chunk(full, inputs, start, stop, device), run_id, executor=executor,
                          tag=f"prefill:chunk{i + 1}of{chunks}")
         rows += result.rows
-        ops = {row.phase: row.backend_op for row in result.rows}
+        ops = {row.phase: row.backend_op for row in result.rows}       # phase -> the kernel the chunks ran
         if result.out is None:
             return rows                                                 # the chunk rows already say why
         outs.append(result.out)

@@ -109,10 +109,8 @@ def nan_in_masked_kv(probe: Probe, prepared: PreparedCase, result: BackendResult
     return Answer(OBSERVED, " ".join(parts))
 
 
-def _native(probe: Probe, native: str, case: AttentionCase) -> Answer | None:
-    """The answer when the backend cannot run `case` or lacks the `native_<native>` probe, else None."""
-    if refusal := skip(probe, case):
-        return refusal
+def _native(probe: Probe, native: str) -> Answer | None:
+    """The answer when the backend lacks the `native_<native>` probe, else None."""
     if native not in probe.backend.native_probes:
         return Answer(UNSUPPORTED, "", f"{probe.backend.name} has no native_{native} probe: it takes mask specs only")
     return None
@@ -120,7 +118,7 @@ def _native(probe: Probe, native: str, case: AttentionCase) -> Answer | None:
 
 def _which(probe: Probe, case: AttentionCase, candidates: dict[str, MaskSpec | None]) -> Answer:
     """Call native_causal on `case` and name the candidate mask whose reference it matches."""
-    if refusal := _native(probe, "causal", case):
+    if refusal := skip(probe, case) or _native(probe, "causal"):
         return refusal
     prepared = {name: probe.prepared(replace(case, mask=m)) for name, m in candidates.items()}
     inputs = next(iter(prepared.values())).inputs                       # same seed and shapes: same inputs
@@ -150,7 +148,7 @@ def _on_mask_runs(answer: Callable[[Probe, PreparedCase, dict], Answer]) -> Call
     @wraps(answer, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
     def question(probe: Probe) -> tuple[AttentionCase, Answer]:
         case = semantics_case(probe_dtype(probe.backend, probe.device))
-        if refusal := _native(probe, "mask", case):
+        if refusal := _native(probe, "mask"):  # ask has already refused a backend that cannot run `case`
             return case, refusal
         prepared = probe.prepared(case)
 

@@ -9,7 +9,7 @@ from harness import AttentionCase, make_inputs
 from harness.backends import get_backends
 from harness.backends.base import Backend
 from harness.backends.naive import Naive
-from harness.probes.edge_cases import NAN_TAIL, Arranged, EdgeCase, edge_cases, edge_inputs, run_edge
+from harness.probes.edge_cases import NAN_TAIL, EdgeCase, edge_cases, edge_inputs, run_edge
 from harness.execution.supervisor import IsolatedExecutor
 from harness.probes.empty import SHAPES, empty_row, probe, probe_all
 from harness.spec.masks import Causal, KeyPadding
@@ -116,7 +116,6 @@ def test_default_tier_is_part_of_full():
     (lambda: EdgeCase("x", AttentionCase(1, 2, 4, 16, "fp32"), tier="nightly"), "tier='nightly'"),
     (lambda: edge("x", AttentionCase(1, 4, 4, 16, "fp32", kv_heads=2), "expanded-kv"), "kv_heads=2"),
     (lambda: edge("x", AttentionCase(1, 2, 4, 16, "fp32", seq_k=5), "fused-qkv"), "one shape"),
-    (lambda: Arranged("sideways"), "arrange='sideways'"),
     (lambda: edge_cases("nightly"), "tier='nightly'"),
 ])
 def test_invalid_edge_cases_name_the_value(make, match):
