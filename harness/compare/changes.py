@@ -66,15 +66,18 @@ def trend_file(key: tuple) -> str:
 
 
 def plot_trend(runs: pd.DataFrame, change_at: list[int], title: str, path: str | Path) -> Path:
-    """Latency over runs (oldest left), each segment's median as a line, change points as vertical lines."""
+    """Latency over runs (oldest left) in the backend's colour, each segment's median as a line, change points as
+    vertical lines."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    from harness.report.plots.style import backend_color  # the backend's colour of every other figure
 
     fig = Figure(figsize=(8, 3), layout="tight")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     x, ms = np.arange(len(runs)), runs.latency_ms.to_numpy(float)
-    ax.plot(x, ms, "o-", ms=3, lw=0.8, color="tab:blue")
+    ax.plot(x, ms, "o-", ms=3, lw=0.8, color=backend_color(str(runs.backend.iloc[0])))
     bounds = [0, *change_at, len(ms)]
     for left, right in zip(bounds, bounds[1:]):
         ax.hlines(np.median(ms[left:right]), left, right - 1, color="tab:gray", lw=1.5)

@@ -58,7 +58,7 @@ def _set_seq_axis(ax: Axes, xs: np.ndarray, log: str = "auto") -> None:
     ax.set_xlabel("sequence length seq_k (keys)")
 
 
-def _draw(ax: Axes, rows: pd.DataFrame, metric: Metric, log: bool, along_seq: bool) -> None:
+def _draw(ax: Axes, rows: pd.DataFrame, metric: Metric, log: bool, along_seq: bool, among: list[str]) -> None:
     """One series per backend (label = backend name), dodged sideways so equal values do not hide each other: a
     line against seq_k (by a few % of the axis), or markers within each case's column (x = rows.xpos)."""
     backends = list(dict.fromkeys(rows.backend))
@@ -66,7 +66,7 @@ def _draw(ax: Axes, rows: pd.DataFrame, metric: Metric, log: bool, along_seq: bo
         xs = rows.seq_k.to_numpy(float)
         octaves = max(1.0, float(np.log2(xs.max() / xs.min())))
     for i, (backend, g) in enumerate(rows.groupby("backend", sort=False)):
-        colour, marker = backend_style(backend)
+        colour, marker = backend_style(backend, among)
         offset = i - (len(backends) - 1) / 2
         if along_seq:
             g = g.sort_values("seq_k")
@@ -171,13 +171,13 @@ def _series_pages(run: Run, metric: Metric, groups: list[tuple[tuple, pd.DataFra
                             transform=ax.transAxes)
                     continue
                 log = _wants_log(rows, metric)
-                _draw(ax, rows, metric, log, along_seq=True)
+                _draw(ax, rows, metric, log, along_seq=True, among=run.backends)
                 _set_seq_axis(ax, rows.seq_k.to_numpy(float), metric.log_x)
                 _style_y(ax, rows, metric, log)
                 ax.set_title(f"{group_label(key)} · {phase}", fontsize=9)
                 if metric.decorate:
                     metric.decorate(ax, rows, run)
-        _legend(fig, drawn, metric)
+        _legend(fig, drawn, metric, run.backends)
         suffix = f" (page {number} of {len(pages)})" if len(pages) > 1 else ""
         fig.suptitle(metric.title + suffix, fontsize=12)
         out.append((metric.name + (f"-{number}" if len(pages) > 1 else ""), fig))
@@ -201,7 +201,7 @@ def _case_pages(run: Run, metric: Metric, rows: pd.DataFrame) -> list[tuple[str,
         for phase, ax in zip(phases, axes):
             panel = shown[shown.phase == phase]
             log = _wants_log(panel, metric)
-            _draw(ax, panel, metric, log, along_seq=False)
+            _draw(ax, panel, metric, log, along_seq=False, among=run.backends)
             _style_y(ax, panel, metric, log)
             ax.set_xlim(-0.6, len(page) - 0.4)
             ax.set_xticks(range(len(page)), [labels[c] for c in page], rotation=60, ha="right", fontsize=7)
@@ -210,7 +210,7 @@ def _case_pages(run: Run, metric: Metric, rows: pd.DataFrame) -> list[tuple[str,
             _family_separators(ax, shown.drop_duplicates("case_id").sort_values("xpos"))
             if metric.case_decorate:
                 metric.case_decorate(ax, panel, run)
-        _legend(fig, shown, metric)
+        _legend(fig, shown, metric, run.backends)
         suffix = f" (page {number} of {len(pages)})" if len(pages) > 1 else ""
         fig.suptitle(f"{metric.case_title or metric.title}: per case{suffix}", fontsize=12)
         out.append((f"{metric.name}-cases" + (f"-{number}" if len(pages) > 1 else ""), fig))
@@ -225,9 +225,9 @@ def _family_separators(ax: Axes, cases: pd.DataFrame) -> None:
         ax.axvline(cases.xpos.iloc[i] + 0.5, color="grey", lw=0.6, alpha=0.5, label="_separator")
 
 
-def _legend(fig: Figure, rows: pd.DataFrame, metric: Metric) -> None:
+def _legend(fig: Figure, rows: pd.DataFrame, metric: Metric, among: list[str]) -> None:
     """One legend per figure: the backends drawn in it, and the overlay markers that occur."""
-    handles = [Line2D([], [], color=backend_color(b), marker=backend_style(b)[1], label=backend_label(b))
+    handles = [Line2D([], [], color=(style := backend_style(b, among))[0], marker=style[1], label=backend_label(b))
                for b in dict.fromkeys(rows.backend)]
     values = rows[metric.column].to_numpy(float)
     marks = [(metric.timing_flags and rows.noisy.any(),

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from harness.report.data import Run, peak_tflops
 from harness.report.plots.metrics import Metric, reference_line, metric_figures
-from harness.report.plots.style import backend_color, backend_label, new_figure
+from harness.report.plots.style import backend_label, backend_style, new_figure
 from harness.store.schema import FWD
 
 #: a decode step (1 query) or a speculative-decoding verification (2-8 queries) over a KV cache
@@ -37,7 +37,7 @@ def roofline_figures(run: Run) -> list[tuple[str, Figure]]:
         rows = df[df.dtype.astype(str) == dtype]
         intensity = rows.flops / rows.bytes_moved
         for backend, g in rows.groupby("backend"):
-            ax.scatter(g.flops / g.bytes_moved, g.tflops, s=18, color=backend_color(str(backend)),
+            ax.scatter(g.flops / g.bytes_moved, g.tflops, s=18, color=(style := backend_style(str(backend), run.backends))[0], marker=style[1],
                        label=backend_label(str(backend)))
         peak = peak_tflops(run.env, dtype)
         ridge = peak * 1e12 / (bw * 1e9) if bw and peak else None

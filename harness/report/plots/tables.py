@@ -60,7 +60,7 @@ def support_figure(run: Run) -> list[tuple[str, Figure]]:
     axis = ax.xaxis if backends_across else ax.yaxis
     for tick, backend in zip(axis.get_major_ticks(), grid.columns if backends_across else grid.index):
         for label in (tick.label1, tick.label2):  # top ticks draw label2
-            label.set_color(backend_color(str(backend)))
+            label.set_color(backend_color(str(backend), run.backends))
     ax.tick_params(length=0)
     groups = "case group (suite: dtype · mask family)"
     ax.set_ylabel(groups) if backends_across else ax.set_xlabel(groups)
@@ -96,7 +96,7 @@ def semantics_figure(run: Run) -> list[tuple[str, Figure]]:
     for (r, c), cell in tab.get_celld().items():
         cell.set_height((lines[r - 1] if r > 0 else 1.5) / total)
         if r == 0 and c >= 0:
-            cell.get_text().set_color(backend_color(str(table.columns[c])))
+            cell.get_text().set_color(backend_color(str(table.columns[c]), run.backends))
             cell.get_text().set_fontweight("bold")
     ax.set_title("Semantics: what each backend does (orange: differs from most backends; grey: did not run)",
                  fontsize=11)

@@ -9,6 +9,8 @@ from matplotlib.image import imread
 
 from harness.report.plots import FIGURE_BUILDERS, METRICS, backend_color, backend_style, plot_run, save
 from harness.report.plots import metric_rows
+from harness.report.plots.style import PLUGIN_COLOURS, PLUGIN_MARKERS
+from harness.backends.registry import BUILT_IN, all_backends
 from harness.report.analysis import group_label, split_series, support_counts
 from harness.report.data import load_run
 from tests.fixtures.synthetic_run import write_run
@@ -92,6 +94,35 @@ def test_a_backend_has_one_colour_everywhere(figures):
                "flash-attn"]
     assert len({backend_color(b) for b in builtin}) == len(builtin)
     assert backend_style("my-attn") == backend_style("my-attn")  # plugins: stable, not per-process hash()
+
+
+def test_plugins_never_wear_a_built_in_colour_or_marker():
+    built_in = [b for b in all_backends().values() if type(b).__module__ in BUILT_IN]
+    colours, markers = [b.colour for b in built_in], [b.marker for b in built_in]
+    assert len(set(colours)) == len(colours) and len(set(markers)) == len(markers)  # built-ins: one each
+    assert not set(PLUGIN_COLOURS) & set(colours) and not set(PLUGIN_MARKERS) & set(markers)
+    plugins = [f"plugin-{i}" for i in range(len(PLUGIN_COLOURS))]
+    styles = {p: backend_style(p, plugins) for p in plugins}
+    assert len({colour for colour, _ in styles.values()}) == len(plugins)  # one run's plugins: a colour each
+    assert styles == {p: backend_style(p, reversed(plugins)) for p in plugins}  # the same set: the same colours
+
+
+def test_a_plugin_beside_sdpa_and_naive_has_its_own_colour_in_the_report(tmp_path):
+    """The report of a run with a plugin (undeclared colour) beside sdpa and naive: three colours, in every line
+    of every metric figure and in the legends."""
+    run = load_run(write_run(tmp_path, backends=("naive", "sdpa", "my-attn"), **SMALL))
+    seen: dict[str, set] = {}
+    for kind in ("latency", "speedup", "memory", "tflops", "err_ratio"):
+        for _, fig in FIGURE_BUILDERS[kind](run):
+            for ax in fig.axes:
+                for line in ax.get_lines():
+                    if not line.get_label().startswith("_"):
+                        seen.setdefault(line.get_label(), set()).add(line.get_color())
+            for legend in fig.legends:
+                for handle, text in zip(legend.legend_handles, legend.get_texts()):
+                    seen.setdefault(text.get_text(), set()).add(handle.get_color())
+    assert {b: len(c) for b, c in seen.items()} == {"naive": 1, "sdpa": 1, "my-attn": 1}
+    assert len({c for colours in seen.values() for c in colours}) == 3
 
 
 def test_scales_and_guides(figures):
