@@ -11,13 +11,25 @@ import pandas as pd
 
 from harness.advisor.deploy_checks import CHECK_COLUMNS
 from harness.advisor.evidence import Evidence
-from harness.measure.stats import TieConfig, iqr, timing_verdict
-from harness.store.schema import FASTER, NOT_TIMED, PASS, SLOWER, TIED, TIED_NOISY, UNCHANGED, UNDECIDED
+from harness.measure.stats import TieConfig, TimingVerdict, iqr, timing_verdict
+from harness.store.schema import (FASTER, NOT_TIMED, PASS, SLOWER, TIED, TIED_NOISY, TIED_UNCONFIRMED, UNCHANGED,
+                                  UNDECIDED)
 
 #: timing verdicts that mean "not shown to differ": such a pair is tied
 TIE_VERDICTS = (UNCHANGED, UNDECIDED)
-#: how a backend compares with another in this run ("unchanged" is the gate's word for two runs, not two backends)
+#: how a backend compares with another in this run ("unchanged" is the gate's word for two runs, not two backends);
+#: an undecided pair's word names the test that left it undecided (advisor_word)
 ADVISOR_WORDS = {UNCHANGED: TIED, UNDECIDED: TIED_NOISY, SLOWER: SLOWER, FASTER: FASTER}
+
+
+def advisor_word(v: TimingVerdict, cfg: TieConfig) -> str:
+    """The advisor's word for a pair's verdict, never at odds with the p-value printed beside it: an undecided pair
+    with p < alpha is tied because the difference was not confirmed (its note says by what), not for noise."""
+    if v.verdict == UNDECIDED and v.p_value < cfg.alpha:
+        return TIED_UNCONFIRMED
+    return ADVISOR_WORDS.get(v.verdict, v.verdict)
+
+
 COLUMNS = ("rank", "tie_group", "backend", "status", "reason", "err_ratio", "latency_ms", "iqr_ms", "n_samples",
            "gbps", "pct_of_bw_peak", "vs_fastest", "anchor", "p_value", "timing_verdict", "peak_mem_bytes",
            *CHECK_COLUMNS, "batch_invariant", "batch_invariance_note", "deps", "source", "case_id", "phase")
@@ -38,6 +50,8 @@ class Recommendation:
     notes: list[str] = field(default_factory=list)
     #: the small case the compile checks ran on (None without checks)
     check_case: str | None = None
+    #: the p-value below which the ranking counted a difference (TieConfig.alpha), printed beside each p
+    alpha: float = TieConfig.alpha
 
 
 @dataclass
@@ -83,14 +97,14 @@ def rank_backends(evidence: Iterable[Evidence], cfg: TieConfig = TieConfig()) ->
             vs = timing_verdict(anchor.samples_ms, e.samples_ms, cfg) if e is not anchor else None
             rows.append(_row(e, rank=rank, tie_group=number, vs_fastest=e.median / fastest.median,
                              anchor=anchor.backend, p_value=vs.p_value if vs else math.nan,
-                             timing_verdict=ADVISOR_WORDS.get(vs.verdict, vs.verdict) if vs else "anchor"))
+                             timing_verdict=advisor_word(vs, cfg) if vs else "anchor"))
     for e in evidence:
         if not e.eligible:
             reason = e.reason or ("verified but has no timing samples" if e.status == PASS else "")
             rows.append(_row(e, status=e.status if e.status != PASS else NOT_TIMED, reason=reason))
     df = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     winner, explanation = explain(groups, fastest, [e for e in evidence if not e.eligible], cfg)
-    return Recommendation(df, winner, explanation)
+    return Recommendation(df, winner, explanation, alpha=cfg.alpha)
 
 
 def _row(e: Evidence, **values) -> dict:
@@ -132,15 +146,19 @@ def explain(groups: list[list[Evidence]], fastest: Evidence | None, excluded: li
     def versus(e: Evidence) -> str:
         if e is fastest:
             return "the fastest"
-        word = ADVISOR_WORDS.get(verdicts[e.backend].verdict, verdicts[e.backend].verdict)
-        return f"{e.median / fastest.median:.2f}x, {word}"
+        v = verdicts[e.backend]
+        if v.verdict != UNDECIDED:  # tied: the medians differ by less than min_effect, whatever p says
+            return f"{e.median / fastest.median:.2f}x, {advisor_word(v, cfg)}"
+        why = f": {v.note}" if v.note else ""
+        return f"{e.median / fastest.median:.2f}x, {advisor_word(v, cfg)}, p={v.p_value:.2g}{why}"
 
     others = ", ".join(f"{e.backend} ({versus(e)})" for e in groups[0] if e is not winner)
     text = (f"{winner.backend} ({versus(winner)}) is tied within noise with {others} (compare's rule: a difference "
             f"counts only when p < {cfg.alpha:g} and the medians differ by {cfg.min_effect:.0%} or more); among the "
             f"tied it is chosen " + ", ".join(f"over {e.backend} for {_decider(winner, e)}" for e in tied))
     if any(v.verdict == UNDECIDED for v in verdicts.values()):
-        text += ("; a tie 'too noisy to tell' is a difference the samples could not confirm: rerun on a quieter "
+        text += (f"; '{TIED_NOISY}' is a difference the samples' rank test could not establish (p >= {cfg.alpha:g}), "
+                 f"'{TIED_UNCONFIRMED}' one it established that the run's rounds did not confirm: rerun on a quieter "
                  "machine or with a larger --timing-budget-ms")
     return winner.backend, text
 

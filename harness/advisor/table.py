@@ -38,11 +38,14 @@ def _text(rows: pd.DataFrame, column: str) -> pd.Series:
     return rows[column].astype(object).where(rows[column].notna(), "-")
 
 
-def _vs_anchor(row: pd.Series) -> str:
-    """How the row compared with the fastest of its tie group; only group 1's anchor is the fastest overall."""
+def _vs_anchor(row: pd.Series, alpha: float) -> str:
+    """How the row compared with the fastest of its tie group; only group 1's anchor is the fastest overall. The p
+    is printed with the level it was held to, so a tie beside p=0.007 reads as what it is (0.007 is not < 0.002)."""
     if row.timing_verdict == "anchor":
         return "fastest overall" if row.tie_group == 1 else f"fastest of tie group {int(row.tie_group)}"
-    return f"vs {row.anchor}: {row.timing_verdict} p={_num(row.p_value, '.2g')}"
+    p = row.p_value
+    held = "" if not math.isfinite(p) else f" {'<' if p < alpha else '>='} {alpha:g}"
+    return f"vs {row.anchor}: {row.timing_verdict} p={_num(p, '.2g')}{held}"
 
 
 def _num(value: float, fmt: str, suffix: str = "") -> str:
@@ -66,7 +69,7 @@ def format_table(rec: Recommendation) -> str:
             "iqr_ms": ranked.iqr_ms.map(lambda v: _num(v, ".2g")), "GB/s": ranked.gbps.map(lambda v: _num(v, ".4g")),
             "%bw": ranked.pct_of_bw_peak.map(lambda v: _num(v, ".3g", "%")),
             "vs_fastest": ranked.vs_fastest.map(lambda v: _num(v, ".2f", "x")),
-            "vs_tie_group": ranked.apply(_vs_anchor, axis=1), "peak_mem": ranked.peak_mem_bytes.map(_bytes),
+            "vs_tie_group": ranked.apply(_vs_anchor, axis=1, alpha=rec.alpha), "peak_mem": ranked.peak_mem_bytes.map(_bytes),
             "fullgraph": ranked.apply(_compiles, axis=1), "cuda_graph": _text(ranked, "cuda_graph"),
             "determ": _text(ranked, "deterministic"), "batch_inv": _text(ranked, "batch_invariant"),
             "mask": ranked.apply(_mask, axis=1), "deps": ranked.deps})

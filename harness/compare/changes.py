@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.backends.appearance import backend_color  # the backend's colour in every other figure
 from harness.measure.stats import MIN_RUN_CHANGE, PENALTY, change_points, counts_as_change
 from harness.store.schema import KEY
 
@@ -71,7 +72,6 @@ def plot_trend(runs: pd.DataFrame, change_at: list[int], title: str, path: str |
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from harness.report.plots.style import backend_color  # the backend's colour of every other figure
 
     fig = Figure(figsize=(8, 3), layout="tight")
     FigureCanvasAgg(fig)

@@ -95,8 +95,9 @@ COMPARE_VERDICTS = (*TIMING_VERDICTS, MISSING, NEW_ONLY)
 #: how a key's correctness changed from the base run to the new one: the same, worse (a bad status or a larger
 #: error), lost (it passed and now does not run), better (now passes)
 SAME, WORSE, LOST, BETTER = "same", "worse", "lost", "better"
-#: the advisor's word for two backends the gate's statistic cannot separate (unchanged; undecided: too noisy)
-TIED, TIED_NOISY = "tied", "tied (too noisy to tell)"
+#: the advisor's word for two backends the gate's statistic cannot separate (unchanged), and for a difference it left
+#: undecided: too noisy (p >= alpha), or significant by the samples' rank test but not confirmed (by their rounds)
+TIED, TIED_NOISY, TIED_UNCONFIRMED = "tied", "tied (too noisy to tell)", "tied (differs, not confirmed)"
 
 
 def worst_status(statuses: Iterable[str]) -> str:

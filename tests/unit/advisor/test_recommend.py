@@ -387,3 +387,20 @@ def test_a_plugins_undescribed_mask_path_is_named_so():
 
     form = mask_path(Plain(), CPU, _case("causal"))
     assert form["mask_path"] == NOT_DESCRIBED == "not described by the plugin" and "mask_form" in form["mask_note"]
+
+
+def test_a_tie_never_reads_as_significant_beside_its_p_value():
+    """The table prints each p with the level it was held to, and an undecided pair whose rank test is below the
+    level (its rounds disagree) is not 'too noisy to tell' (issue 48: 'tied (too noisy to tell) p=0.007')."""
+    from harness.advisor.ranking import advisor_word
+    from harness.advisor.table import format_table
+    from harness.measure.stats import TieConfig, TimingVerdict
+
+    rec = rank_backends([ev("a", 1.0, samples_ms=samples(1.0, 1, n=5)), ev("b", 2.0, samples_ms=samples(2.0, 2, n=5),
+                                                                          mem=MiB / 2)])
+    p = by_backend(rec.table).loc["b", "p_value"]
+    assert p >= rec.alpha and f"tied (too noisy to tell) p={p:.2g} >= {rec.alpha:g}" in format_table(rec)
+    cfg = TieConfig()
+    unconfirmed = TimingVerdict("undecided", "ratio 1.2 but not across rounds", n_base=30, n_new=30, p_value=1e-6)
+    assert advisor_word(unconfirmed, cfg) == "tied (differs, not confirmed)"
+    assert advisor_word(TimingVerdict("undecided", n_base=30, n_new=30, p_value=0.3), cfg) == "tied (too noisy to tell)"

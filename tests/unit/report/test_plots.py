@@ -9,7 +9,7 @@ from matplotlib.image import imread
 
 from harness.report.plots import FIGURE_BUILDERS, METRICS, backend_color, backend_style, plot_run, save
 from harness.report.plots import metric_rows
-from harness.report.plots.style import PLUGIN_COLOURS, PLUGIN_MARKERS
+from harness.backends.appearance import PLUGIN_COLOURS, PLUGIN_MARKERS
 from harness.backends.registry import BUILT_IN, all_backends
 from harness.report.analysis import group_label, split_series, support_counts
 from harness.report.data import load_run
