@@ -201,8 +201,8 @@ class MatrixCost:
         if not problems:
             return None
         where = "a GPU" if self.device.type == "cpu" else "a larger GPU"
-        return (f"{'; and '.join(problems)}. Run it on {where}, choose smaller shapes, or pass {OVERRIDE_FLAG} to "
-                "run it anyway")
+        return (f"{'; and '.join(problems)}. Run it on {where}, choose smaller shapes (a smaller --matrix, or "
+                f"--seq and --batch with --preset/--hf-config), or pass {OVERRIDE_FLAG} to run it anyway")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from harness.launch.sharding import parse_shard, select_shard
 from harness.measure import stages
 from harness.execution.cost import check_cost
 from harness.spec.matrices import AUTO, build_matrix, resolve_matrix
-from harness.spec.presets import model_shape
+from harness.spec.presets import model_shape, quick_cases
 from harness.store.run_dir import results_root
 from harness.store.schema import BASELINE, OBSERVED, PHASES, STATUSES, figures_usable
 
@@ -38,7 +38,8 @@ _NAMES = (*STAGES, "other tests")
 
 def pytest_addoption(parser):
     group = parser.getgroup("attention harness")
-    add_to_pytest(group, "backends", "backend_module", "matrix", "preset", "hf_config", "allow_expensive", "device",
+    add_to_pytest(group, "backends", "backend_module", "matrix", "preset", "hf_config", "batch", "seq",
+                  "allow_expensive", "device",
                   "results_dir", "seed", "benchmark", "timing_budget_ms", "rounds", "cuda_graph", "threads",
                   "cpu_mem_budget_gb", "no_report", "shard", "no_isolate", "call_timeout_s")
 
@@ -72,12 +73,15 @@ def pytest_configure(config):
 
 
 def suite_cases(option, device) -> tuple[str, list]:
-    """(what the cases are, the cases): a model preset or HF config when given, else the named matrix."""
+    """(what the cases are, the cases): a model preset or HF config when given - at --seq/--batch when either is
+    given, as `check` sizes them, else at the model's serving sizes - else the named matrix."""
+    sized = quick_cases(option.preset, option.hf_config, batch=option.batch, seq=option.seq)
     shape = model_shape(option.preset, option.hf_config)
     if shape is not None:
         if option.matrix != AUTO:
             raise ValueError(f"--matrix {option.matrix} and --preset/--hf-config both choose the cases; give one")
-        return f"model {shape.name}", shape.cases()
+        given = option.batch is not None or option.seq is not None
+        return f"model {shape.name}", sized if given else shape.cases()
     matrix = resolve_matrix(option.matrix, device.type)
     return matrix, build_matrix(matrix)
 

@@ -3,7 +3,7 @@ drift from the tool.
 
 To keep CI time small, the `python -m harness` commands run in this process (`harness.cli.main.main`, the same
 entry point: no interpreter and torch start-up each), and three commands run smaller than written, each
-substitution listed in SMALLER: the suites command runs one smoke case (-k), and the two recommends time with a
+substitution listed in SMALLER: the suites command runs one smoke case (-k) with one timing round, and the two recommends time with a
 20 ms budget and skip the deployment checks (fullgraph compiles cost ~20 s each on 2 cores). The two commands of "Two commands" are not run
 here: `pytest tests` is what CI runs (.ci/run), and `pytest suites --benchmark` is run on one smoke case, with
 its summary checked, by tests/e2e/test_suites.py::test_the_harness_summary_is_the_last_thing_printed_and_explains_its_columns.
@@ -24,7 +24,8 @@ README = (ROOT / "README.md").read_text()
 TWO_COMMANDS = ["bash setup.sh && .venv/bin/pytest suites --benchmark", "bash setup.sh && .venv/bin/pytest tests"]
 #: (a command's start, what is appended to it here, why)
 SMALLER = [
-    ("pytest suites --backend-module", ["-k", "fp32-b2-h4-s64-d32-none", "-p", "no:cacheprovider"], "one smoke case"),
+    ("pytest suites --backend-module", ["-k", "fp32-b2-h4-s64-d32-none", "-p", "no:cacheprovider", "--rounds", "1"],
+     "one smoke case, one timing round"),
     ("python -m harness recommend", ["--no-checks", "--timing-budget-ms", "20"], "no compile checks, 20 ms budget"),
 ]
 

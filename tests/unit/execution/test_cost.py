@@ -42,6 +42,7 @@ def test_a_case_that_does_not_fit_is_refused():
     decode = AttentionCase(16, 32, 1, 128, "bf16", kv_heads=8, seq_k=131072)
     why = matrix_cost([decode], CPU, **{**RATES, "memory": 8 * GIB}).refusal()
     assert f"{decode.id} needs ~" in why and "where cpu has 8.0 GiB" in why and OVERRIDE_FLAG in why
+    assert "--seq and --batch with --preset/--hf-config" in why  # the options that size a model's cases
 
 
 def test_check_cost_raises_unless_allowed(monkeypatch):

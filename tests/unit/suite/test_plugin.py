@@ -9,6 +9,7 @@ import torch
 
 from harness.spec.case import AttentionCase
 from harness.spec.matrices import build_matrix
+from harness.spec.presets import quick_cases
 from harness.store.schema import BWD, FAIL, FWD, FWD_BWD, PASS, PHASES, UNAVAILABLE, Row
 from harness.suite import plugin
 
@@ -82,15 +83,31 @@ def test_the_run_stops_after_the_test_whose_backend_raised_keyboard_interrupt():
     plugin.pytest_runtest_teardown(_item_with(None), None)  # no session (collect-only, an xdist worker): nothing
 
 
+def _option(preset=None, *, matrix="auto", batch=None, seq=None) -> SimpleNamespace:
+    return SimpleNamespace(preset=preset, hf_config=None, batch=batch, seq=seq, matrix=matrix)
+
+
 def test_a_session_runs_the_named_matrix_or_the_presets_cases_but_not_both():
     cpu = torch.device("cpu")
-    matrix, cases = plugin.suite_cases(SimpleNamespace(preset=None, hf_config=None, matrix="smoke"), cpu)
+    matrix, cases = plugin.suite_cases(_option(matrix="smoke"), cpu)
     assert matrix == "smoke" and [c.id for c in cases] == [c.id for c in build_matrix("smoke")]
-    assert plugin.suite_cases(SimpleNamespace(preset=None, hf_config=None, matrix="auto"), cpu)[0] == "default"
-    matrix, cases = plugin.suite_cases(SimpleNamespace(preset="llama-3-8b", hf_config=None, matrix="auto"), cpu)
+    assert plugin.suite_cases(_option(matrix="auto"), cpu)[0] == "default"
+    matrix, cases = plugin.suite_cases(_option("llama-3-8b", matrix="auto"), cpu)
     assert matrix == "model llama-3-8b" and {(c.heads, c.kv_heads, c.head_dim) for c in cases} == {(32, 8, 128)}
     with pytest.raises(ValueError, match="--matrix smoke and --preset/--hf-config both choose the cases; give one"):
-        plugin.suite_cases(SimpleNamespace(preset="llama-3-8b", hf_config=None, matrix="smoke"), cpu)
+        plugin.suite_cases(_option("llama-3-8b", matrix="smoke"), cpu)
+
+
+def test_suites_size_a_model_by_seq_and_batch_as_check_does():
+    """pytest suites --preset NAME --seq S --batch B: check's cases of the model at that size (a CPU cannot hold the
+    preset's serving sizes: qwen2.5-7b's largest case needs ~34 GiB); --seq alone without a model is refused."""
+    cpu = torch.device("cpu")
+    option = _option("qwen2.5-7b", batch=1, seq=96)
+    matrix, cases = plugin.suite_cases(option, cpu)
+    assert matrix == "model qwen2.5-7b" and cases == quick_cases("qwen2.5-7b", None, batch=1, seq=96)
+    assert {(c.batch, c.seq_k) for c in cases} == {(1, 96)} and {c.seq_q for c in cases} == {1, 96}
+    with pytest.raises(ValueError, match="--batch and --seq size the cases of a --preset or --hf-config"):
+        plugin.suite_cases(_option(seq=96), cpu)
 
 
 def _perf(case_id, backend, phase, latency_ms):
