@@ -21,7 +21,7 @@ from harness.execution.cost import check_cost
 from harness.spec.matrices import AUTO, build_matrix, resolve_matrix
 from harness.spec.presets import model_shape, quick_cases
 from harness.store.run_dir import results_root
-from harness.store.schema import BASELINE, OBSERVED, PHASES, STATUSES, figures_usable
+from harness.store.schema import BASELINE, OBSERVED, PHASES, REJECTED, STATUSES, figures_usable
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
 _PROGRESS_KEY = pytest.StashKey[Progress]()
@@ -254,15 +254,21 @@ LEGEND = ("cases by verdict: the matrix's cases, each under its worst phase (pas
           "of the float64 reference), as the report's headline counts them; the probes' cases (edge:, ...) are "
           "counted apart there")
 SPEEDUP_LEGEND = "; speedup vs naive: naive's median latency / the backend's, median over cases (2.00 = twice as fast)"
+REJECTED_LEGEND = ("; rejected: timed keys (case, phase) whose calls failed an integrity check: no figure is kept "
+                   "(docs/integrity.md)")
 
 
 def summary_lines(session: RunSession) -> list[str]:
-    """Per backend: cases by correctness status and, when timed, the median speedup over naive per phase."""
+    """Per backend: cases by correctness status and, when timed, the timed keys rejected by the integrity checks and
+    the median speedup over naive per phase; then a line per backend with a rejection, naming the check."""
     counts: dict[str, Counter] = defaultdict(Counter)
     for (_, backend), result in session.verdicts.items():
         counts[backend][result.status] += 1
     speedups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    rejected: dict[str, list] = defaultdict(list)
     for (case_id, backend, phase), row in session.perf_rows.items():
+        if row.timing_status == REJECTED:
+            rejected[backend].append(row)
         naive = session.perf_rows.get((case_id, BASELINE, phase))
         usable = figures_usable(row.timing_status) and naive is not None and figures_usable(naive.timing_status)
         if usable and row.latency_ms and naive.latency_ms:
@@ -271,13 +277,18 @@ def summary_lines(session: RunSession) -> list[str]:
     width = max(16, *map(len, counts))
     header = f"{'backend':<{width}}" + "".join(f"{s:>{len(s) + 2}}" for s in statuses)
     if session.perf_rows:
-        header += "".join(f"  {SPEEDUP} {p}" for p in PHASES)
+        header += f"{REJECTED:>{len(REJECTED) + 2}}" + "".join(f"  {SPEEDUP} {p}" for p in PHASES)
     lines = [header]
     for backend, c in counts.items():
         line = f"{backend:<{width}}" + "".join(f"{c.get(s, 0):>{len(s) + 2}}" for s in statuses)
         if session.perf_rows:
             medians = [f"{statistics.median(s):.2f}" if (s := speedups[backend][p]) else "-" for p in PHASES]
+            line += f"{len(rejected.get(backend, ())):>{len(REJECTED) + 2}}"
             line += "".join(f"{m:>{len(SPEEDUP) + len(p) + 3}}" for m, p in zip(medians, PHASES))
         lines.append(line)
-    lines.append(LEGEND + (SPEEDUP_LEGEND if session.perf_rows else ""))
+    lines.append(LEGEND + (SPEEDUP_LEGEND + REJECTED_LEGEND if session.perf_rows else ""))
+    for backend, rows in rejected.items():
+        first = rows[0]
+        lines.append(f"{REJECTED} {backend}: {len(rows)} timed key(s) refused by the integrity checks, e.g. "
+                     f"{first.case_id} [{first.phase}]: {first.timing_reason}")
     return lines

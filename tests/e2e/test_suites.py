@@ -76,7 +76,7 @@ def test_the_harness_summary_is_the_last_thing_printed_and_explains_its_columns(
     assert all(f"speedup vs naive {p}" in tail[0] for p in ("fwd ", "bwd ", "fwd+bwd"))
     assert any(line.startswith("cases by verdict") and "speedup vs naive: naive's median latency / the backend's"
                in line for line in tail)
-    assert len(tail[1].split()) == 1 + 6 + 3  # backend, the six verdict counts, three speedups
+    assert len(tail[1].split()) == 1 + 6 + 1 + 3  # backend, the six verdict counts, rejected, three speedups
     assert tail[-2].startswith("results: ") and tail[-1].startswith("=") and " passed" in tail[-1]
     assert "Name (time in ms)" not in res.stdout and "(1.0)" not in res.stdout  # pytest-benchmark's table is off
 

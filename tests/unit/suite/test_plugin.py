@@ -10,7 +10,7 @@ import torch
 from harness.spec.case import AttentionCase
 from harness.spec.matrices import build_matrix
 from harness.spec.presets import quick_cases
-from harness.store.schema import BWD, FAIL, FWD, FWD_BWD, PASS, PHASES, UNAVAILABLE, Row
+from harness.store.schema import BWD, FAIL, FWD, FWD_BWD, PASS, PHASES, REJECTED, UNAVAILABLE, Row
 from harness.suite import plugin
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -110,8 +110,8 @@ def test_suites_size_a_model_by_seq_and_batch_as_check_does():
         plugin.suite_cases(_option(seq=96), cpu)
 
 
-def _perf(case_id, backend, phase, latency_ms):
-    return Row(run_id="r", case_id=case_id, backend=backend, phase=phase, latency_ms=latency_ms)
+def _perf(case_id, backend, phase, latency_ms, **more):
+    return Row(run_id="r", case_id=case_id, backend=backend, phase=phase, latency_ms=latency_ms, **more)
 
 
 def test_the_summary_counts_cases_by_status_and_gives_the_median_speedup_over_naive_per_phase():
@@ -121,13 +121,18 @@ def test_the_summary_counts_cases_by_status_and_gives_the_median_speedup_over_na
     perf = {r.key: r for r in [_perf("c1", "naive", FWD, 4.0), _perf("c1", "sdpa", FWD, 1.0),
                                _perf("c2", "naive", FWD, 6.0), _perf("c2", "sdpa", FWD, 2.0),
                                _perf("c1", "naive", BWD, 3.0), _perf("c1", "sdpa", BWD, 1.5)]}
-    header, naive, sdpa, flash, legend = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows=perf))
+    perf |= {r.key: r for r in [_perf("c2", "sdpa", BWD, None, timing_status=REJECTED,
+                                      timing_reason="[bwd, the last call, on new inputs] dq err 0.5 > tol 0.001")]}
+    header, naive, sdpa, flash, legend, why = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows=perf))
     columns = header.split()
-    assert columns[:8] == ["backend", "pass", "fail", "unsupported", "unavailable", "error", "oom", "speedup"]
-    assert naive.split()[:7] == ["naive", "2", "0", "0", "0", "0", "0"]
-    # sdpa: one pass, one fail; speedups fwd 4x and 3x (median 3.50), bwd 2x, no fwd+bwd timed
-    assert sdpa.split() == ["sdpa", "1", "1", "0", "0", "0", "0", "3.50", "2.00", "-"]
-    assert flash.split() == ["flash", "0", "0", "0", "1", "0", "0", "-", "-", "-"]
+    assert columns[:9] == ["backend", "pass", "fail", "unsupported", "unavailable", "error", "oom", "rejected",
+                           "speedup"]
+    assert naive.split()[:8] == ["naive", "2", "0", "0", "0", "0", "0", "0"]
+    # sdpa: one pass, one fail, one timing rejected; speedups fwd 4x and 3x (median 3.50), bwd 2x, no fwd+bwd timed
+    assert sdpa.split() == ["sdpa", "1", "1", "0", "0", "0", "0", "1", "3.50", "2.00", "-"]
+    assert flash.split() == ["flash", "0", "0", "0", "1", "0", "0", "0", "-", "-", "-"]
+    assert "rejected:" in legend and why == ("rejected sdpa: 1 timed key(s) refused by the integrity checks, e.g. c2 "
+                                             "[bwd]: [bwd, the last call, on new inputs] dq err 0.5 > tol 0.001")
     assert header.endswith(f"speedup vs naive {FWD_BWD}") and "speedup vs naive:" in legend
     untimed = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows={}))
     assert "speedup" not in untimed[0] and len(untimed[1].split()) == 7
