@@ -35,6 +35,8 @@ def register(cls: type[Backend] | None = None, *, replace: bool = False):
     if problems:  # once, when the plugin loads, instead of a TypeError row per case
         label = repr(cls.name) if isinstance(cls.name, str) and cls.name else cls.__qualname__
         raise ValueError(f"backend {label} ({cls.__qualname__} in {where(cls)}): {'; '.join(problems)}")
+    if cls.__module__ not in BUILT_IN:
+        all_backends()  # the built-ins first, so a plugin registered before any lookup cannot take one's name
     current = _REGISTRY.get(cls.name)
     owner = type(current) if current is not None else cls
     if not replace and (owner.__module__, owner.__qualname__) != (cls.__module__, cls.__qualname__):
@@ -86,10 +88,31 @@ def get_backends(names: list[str] | str | None = None) -> list[Backend]:
         raise ValueError(f"no backend named; give one or more of: {', '.join(registry)} (or 'all')")
     unknown = [n for n in names if n not in registry]
     if unknown:
-        # a name that is no built-in is most often the user's own backend, whose module was not loaded
-        raise ValueError(f"unknown backend {', '.join(map(repr, unknown))}; allowed: {', '.join(registry)}; a "
-                         "backend of your own is known once its module is loaded: --backend-module my_attn.py")
+        raise ValueError(f"unknown backend {', '.join(map(repr, unknown))}; allowed: {', '.join(registry)}; "
+                         + _modules_hint(registry))
     return [registry[n] for n in names]
+
+
+def _modules_hint(registry: dict[str, Backend]) -> str:
+    """What the plugin modules loaded so far registered, or how to load one: a misspelled name of one's own backend
+    is then told from a module that was never loaded."""
+    if not _LOADED:  # a name that is no built-in is most often the user's own backend, whose module was not loaded
+        return "a backend of your own is known once its module is loaded: --backend-module my_attn.py"
+    said = []
+    for spec in _LOADED:
+        module = _module_name(spec)
+        names = [name for name, backend in registry.items() if type(backend).__module__ == module]
+        said.append(f"{spec} registered {', '.join(map(repr, names)) if names else 'no backend'}")
+    return "loaded: " + "; ".join(said)
+
+
+def _module_name(spec: str) -> str:
+    """The module name a --backend-module spec is imported under (a file's under its stem)."""
+    return f"harness_user_{Path(spec).stem}" if _is_file(spec) else spec
+
+
+def _is_file(spec: str) -> bool:
+    return spec.endswith(".py") or "/" in spec or Path(spec).exists()
 
 
 def loaded_modules() -> tuple[str, ...]:
@@ -100,11 +123,11 @@ def loaded_modules() -> tuple[str, ...]:
 def load_backend_module(spec: str) -> Any:
     """Import a user module (a dotted name or a .py path) so its @register decorators run."""
     try:
-        if spec.endswith(".py") or "/" in spec or Path(spec).exists():
+        if _is_file(spec):
             path = Path(spec)
             if not path.is_file():
                 raise ValueError(f"--backend-module {spec!r}: no such file")
-            mod_name = f"harness_user_{path.stem}"
+            mod_name = _module_name(spec)
             loader = importlib.util.spec_from_file_location(mod_name, path)
             module = importlib.util.module_from_spec(loader)
             sys.modules[mod_name] = module
@@ -115,7 +138,7 @@ def load_backend_module(spec: str) -> Any:
     except ValueError:
         raise
     except SystemExit as exc:  # sys.exit() at import: not an Exception, and would end the command without a word
-        sys.modules.pop(f"harness_user_{Path(spec).stem}", None)
+        sys.modules.pop(_module_name(spec), None)
         raise ValueError(f"--backend-module {spec!r} called sys.exit({exc.code!r}) while being imported; a backend "
                          "module may only define and register backends") from None
     except Exception as exc:  # the user's import error, reduced to one line that names the module

@@ -95,3 +95,27 @@ def test_a_good_declaration_loads_and_the_builtins_pass_their_own_check(tmp_path
     finally:
         _REGISTRY.pop("load-check", None)
     assert all(declaration_problems(type(b)) == [] for b in all_backends().values())
+
+
+def test_an_unknown_name_is_told_what_the_loaded_modules_registered(tmp_path, monkeypatch):
+    """A user who passed --backend-module and misspelled the name is told what that module registered, not to pass
+    --backend-module (issue 48)."""
+    from harness.backends import registry
+
+    monkeypatch.setattr(registry, "_LOADED", [])
+    with pytest.raises(ValueError, match="known once its module is loaded: --backend-module my_attn.py"):
+        get_backends("my-atn")
+    path = tmp_path / "hint_plugin.py"
+    path.write_text("from harness import Backend, register\n@register\nclass Hinted(Backend):\n"
+                    "    name = 'hint-check'\n    def forward(self, q, k, v, *, mask, scale):\n        return q\n")
+    empty = tmp_path / "empty_plugin.py"
+    empty.write_text("")
+    try:
+        registry.load_backend_module(str(path))
+        registry.load_backend_module(str(empty))
+        with pytest.raises(ValueError) as refused:
+            get_backends("hint-chek")
+    finally:
+        registry._REGISTRY.pop("hint-check", None)
+    assert f"loaded: {path.resolve()} registered 'hint-check'; {empty.resolve()} registered no backend" in \
+        str(refused.value)
