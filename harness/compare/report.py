@@ -28,7 +28,9 @@ def header(cmp: Comparison) -> str:
         title = f"regression gate on testbed {base.testbed} ({base.device_name})"
     noise = (f"margins from {cmp.noise.path}" if cmp.noise is not None else
              "no noise model for this testbed (build one: history --noise): margin = min effect")
-    rule = (f"slower: the {cfg.confidence:.0%} interval of the round-median ratio (Hodges-Lehmann) excludes 1 and "
+    level = (f"{cmp.key_confidence:.4g} interval (family-wise over the keys timed in both runs)"
+             if cmp.key_confidence > cfg.confidence else f"{cfg.confidence:.0%} interval")
+    rule = (f"slower: the {level} of the round-median ratio (Hodges-Lehmann) excludes 1 and "
             f"the ratio exceeds the key's margin (max of {1 + cfg.min_effect:.3g}x and {cfg.noise_z:g} A/A sigma; "
             f"{noise}); undecided: beyond the margin, interval includes 1; correctness worse: "
             f"pass->fail/error/oom, new NaN/inf, err_ratio +{cfg.err_growth}; missing keys fail the gate"
@@ -63,7 +65,8 @@ def summary(cmp: Comparison) -> str:
                "them)" if unconfirmed else "") if df.regression.any() else
             "cross-device report: no gate" if cmp.mode != "gate" else
             f"no regression, but {undecided} undecided key(s): "
-            + ("re-measure them (compare --remeasure) or run more --rounds" if pending else
+            + (f"re-measure them (python -m harness compare {cmp.base.run_dir} {cmp.new.run_dir} --remeasure) or run "
+               "more --rounds" if pending else
                "the re-measurement could not settle them (each row's note says what would)")
             if undecided else "no regression")
     spread = ratio_spread(cmp)

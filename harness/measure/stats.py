@@ -56,9 +56,19 @@ def finite_exp(x: float) -> float:
     return math.exp(x) if x <= _MAX_LOG else math.inf
 
 
+#: decimals of a printed ratio: a ratio is beyond a margin only where it reads beyond it (1.100 is at 1.100, not past)
+RATIO_DECIMALS = 3
+
+
 def fmt_ratio(x: float) -> str:
     """A ratio for a note: three decimals, or three significant digits when it is wild (1e+148, inf)."""
-    return f"{x:.3f}" if abs(x) < 1e4 else f"{x:.3g}"
+    return f"{x:.{RATIO_DECIMALS}f}" if abs(x) < 1e4 else f"{x:.3g}"
+
+
+def family_confidence(confidence: float, keys: int) -> float:
+    """The two-sided confidence of each of `keys` intervals so that the chance of calling any key of unchanged code
+    slower stays below FAMILY_ALPHA (Bonferroni, one-sided), and never below `confidence`."""
+    return max(confidence, 1 - 2 * FAMILY_ALPHA / max(keys, 1))
 
 
 def _check(config, names: tuple[str, ...], ok, what: str) -> None:
@@ -167,8 +177,11 @@ def round_medians(ms, rounds) -> np.ndarray:
 
 
 def counts_as_change(base_ms: float, new_ms: float, ratio: float, margin: float, abs_floor_ms: float = 0.0) -> bool:
-    """Whether base_ms -> new_ms moves by at least abs_floor_ms and beyond `margin` (> 1) either way."""
-    return abs(new_ms - base_ms) >= abs_floor_ms and (ratio > margin or ratio * margin < 1)
+    """Whether base_ms -> new_ms moves by at least abs_floor_ms and beyond `margin` (> 1) either way, as printed: a
+    ratio at the margin to RATIO_DECIMALS is not beyond it."""
+    beyond = round(ratio, RATIO_DECIMALS) > round(margin, RATIO_DECIMALS) or \
+        round(ratio * margin, RATIO_DECIMALS) < 1
+    return abs(new_ms - base_ms) >= abs_floor_ms and beyond
 
 
 def _labelled(base, new, base_rounds, new_rounds):
@@ -304,7 +317,7 @@ def gate_verdict(base_ms, new_ms, cfg: GateConfig = GateConfig(), *, base_rounds
     shift, low, high, exact = shift_interval(np.log(x), np.log(y), cfg.confidence)
     figures = dict(counts, base_ms=float(np.median(base)), new_ms=float(np.median(new)), ratio=finite_exp(shift),
                    ratio_low=finite_exp(low), ratio_high=finite_exp(high))
-    interval = (f"ratio {fmt_ratio(finite_exp(shift))} ({cfg.confidence:.0%} interval "
+    interval = (f"ratio {fmt_ratio(finite_exp(shift))} ({cfg.confidence * 100:.4g}% interval "
                 f"{fmt_ratio(finite_exp(low))}-{fmt_ratio(finite_exp(high))})")
     if not counts_as_change(figures["base_ms"], figures["new_ms"], figures["ratio"], margin, cfg.abs_floor_ms):
         return GateVerdict(UNCHANGED, "", **figures)
