@@ -15,6 +15,8 @@ from harness.compare.timers import (CheckoutTimer, ExecutorTimer, KeyTimer, Reje
                                     run_cases)
 from harness.measure.paired import BUSY_LOAD_PER_CPU, pairs_needed, paired_verdict
 from harness.measure.stats import FAMILY_ALPHA, gate_verdict
+from harness.store.environment import REPO_ROOT
+from harness.store.kernels import describe
 from harness.store.run_dir import read_env
 from harness.store.schema import FASTER, REJECTED, SLOWER, UNCHANGED, UNDECIDED
 from harness.store.writer import SamplesWriter
@@ -56,10 +58,33 @@ def base_timer_for(comparison: Comparison, config: RemeasureConfig, base_checkou
         return timer, f"the base code: {base_checkout}" + (f" ({timer.note})" if timer.note else "")
     env = read_env(base_dir)
     why = code_mismatch(env, current_code(), allow_dirty=False)
+    if why is None and kernels_differ(env, read_env(comparison.new.run_dir)):
+        # the runs timed different kernel sources: the base run's copies load in a process of their own (one
+        # process cannot hold two modules registering one backend name)
+        timer = CheckoutTimer(REPO_ROOT, base_dir, log_dir, None, config.fresh_workers)
+        return timer, "the base code: this checkout, with the base run's kernels, in a process of its own"
     if why is None:
-        return ExecutorTimer(env, log_dir, config.fresh_workers), "the base code: this checkout (the base run's)"
+        return (ExecutorTimer(env, log_dir, config.fresh_workers, run_dir=base_dir),
+                "the base code: this checkout (the base run's)")
     return None, (f"the base code is not here ({why}): only the new side is timed again, against the base run's "
                   "stored rounds; pass --base-checkout DIR (a checkout of the base commit) to time both in pairs")
+
+
+def kernels_differ(base_env: dict, new_env: dict) -> bool:
+    """Whether the two runs timed different kernel sources (a plugin changed between them)."""
+    digests = [[r.get("sha256") for r in env.get("backend_sources") or []] for env in (base_env, new_env)]
+    return digests[0] != digests[1]
+
+
+def sources_note(base_env: dict, new_env: dict) -> str:
+    """Which kernel source each side of a re-measurement ran ('' for a run of built-ins only)."""
+    base, new = (env.get("backend_sources") or [] for env in (base_env, new_env))
+    if not base and not new:
+        return ""
+    if not kernels_differ(base_env, new_env):
+        return "kernel source unchanged: " + ", ".join(describe(r) for r in new)
+    return (f"kernel sources: base {', '.join(describe(r) for r in base) or 'none'}, new "
+            f"{', '.join(describe(r) for r in new) or 'none'}")
 
 
 def _check_new_side(env: dict, run_dir: Path) -> str:
@@ -116,11 +141,16 @@ def remeasure(comparison: Comparison, config: RemeasureConfig = RemeasureConfig(
         else:
             where = "the base code: given" if base_timer is not None else "the new side only"
         timers.append(base_timer)
-        timer = timer if timer is not None else ExecutorTimer(env, out_dir / "workers", config.fresh_workers)
+        timer = timer if timer is not None else ExecutorTimer(env, out_dir / "workers", config.fresh_workers,
+                                                              run_dir=new_dir)
         timers.append(timer)
         log(f"re-measuring {len(pending)} key(s) of {new_dir} (budget {config.budget_s:.0f} s); "
             + "; ".join(filter(None, [where, *notes])))
+        timed = list(pending)  # _rounds empties pending as keys are decided
         _rounds(comparison, config, pending, timer, base_timer, out_dir, log, clock, base_note=where, load=load)
+        sources = sources_note(read_env(comparison.base.run_dir), env)
+        for index in timed if sources else ():  # which kernel source each side ran
+            rows.loc[index, "note"] = f"{rows.loc[index, 'note']}; {sources}"
     finally:
         for t in timers:
             if t is not None:

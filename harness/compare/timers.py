@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from harness.store.environment import REPO_ROOT, git_state, library_versions
+from harness.store.kernels import timed_module
 from harness.store.schema import REJECTED
 
 
@@ -67,13 +68,16 @@ def code_mismatch(env: dict, here: dict, *, allow_dirty: bool) -> str | None:
 class ExecutorTimer:
     """Times keys of a run with this process's code in workers, each round judged as a suite run's is."""
 
-    def __init__(self, env: dict, log_dir: Path, fresh_workers: bool = False):
+    def __init__(self, env: dict, log_dir: Path, fresh_workers: bool = False, run_dir: Path | None = None):
         from harness.backends.registry import load_backend_module
         from harness.execution.device import resolve_device
         from harness.measure.timing import TimingConfig
 
-        for module in env.get("backend_modules") or []:
-            load_backend_module(_here(module, env.get("checkout")))
+        kept = env.get("backend_sources") if run_dir is not None else None
+        # the kernels the run timed: its own copies (store/kernels.py); an older run's modules where they lie
+        for module in ([timed_module(r, Path(run_dir)) for r in kept] if kept else
+                       [_here(m, env.get("checkout")) for m in env.get("backend_modules") or []]):
+            load_backend_module(module)
         self.device = resolve_device(env.get("device") or "auto")
         timing = env.get("round_timing")
         self.config = TimingConfig(**timing) if timing else TimingConfig().share(int(env.get("rounds") or 1))

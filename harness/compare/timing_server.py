@@ -24,7 +24,7 @@ def serve(run_dir: Path, log_dir: Path, fresh_workers: bool, requests, answer) -
         return
     try:
         cases = run_cases(env, run_dir)
-        timer = ExecutorTimer(env, log_dir, fresh_workers)
+        timer = ExecutorTimer(env, log_dir, fresh_workers, run_dir=run_dir)
     except ValueError as exc:
         answer({"refused": str(exc)})
         return

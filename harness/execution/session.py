@@ -27,6 +27,7 @@ from harness.oracle.prepared import PreparedCase
 from harness.spec.case import AttentionCase
 from harness.store.environment import REPO_ROOT, environment, new_run_id
 from harness.store.host import snapshot_clocks
+from harness.store.kernels import keep_sources
 from harness.store.schema import Row, TimingKey
 
 
@@ -99,6 +100,8 @@ class RunSession:
         """Record where the run's cases came from and the plugin modules its backends need."""
         self.env["cases"] = cases
         self.env["backend_modules"] = [str(Path(m).resolve()) if m.endswith(".py") else m for m in backend_modules]
+        if self.run_dir is not None:  # the kernels timed, kept: compare --remeasure times each run's own
+            self.env["backend_sources"] = keep_sources(self.run_dir, backend_modules)
         # where the code was: a re-measurement in another checkout of it finds the plugin modules that lay inside
         self.env["checkout"] = str(REPO_ROOT)
         self.save_env()

@@ -289,7 +289,7 @@ def test_the_timing_server_answers_a_rejected_round(tmp_path, monkeypatch):
     from harness.spec.matrices import build_matrix
 
     class Cheats:
-        def __init__(self, *args):
+        def __init__(self, *args, **kwargs):
             pass
 
         def time(self, *args):

@@ -53,6 +53,20 @@ def test_from_options_builds_the_whole_session_before_it_is_handed_out(tmp_path)
         session.finish()
 
 
+def test_a_run_keeps_the_plugin_files_it_was_given(tmp_path):
+    """env.json names each --backend-module's copy in the run folder and its sha256 (store/kernels.py)."""
+    plugin = tmp_path / "my_attn.py"
+    plugin.write_text("# a plugin module\n")
+    session = RunSession.from_options(_options(tmp_path / "results", backend_module=[str(plugin)]), CPU, [CASE],
+                                      "smoke")
+    try:
+        (kept,) = json.loads((session.run_dir / "env.json").read_text())["backend_sources"]
+        assert kept["module"] == str(plugin.resolve()) and kept["copy"] == "kernels/00/my_attn.py"
+        assert (session.run_dir / kept["copy"]).read_text() == "# a plugin module\n" and len(kept["sha256"]) == 64
+    finally:
+        session.finish()
+
+
 def test_from_options_without_timing_options_is_check_s_session(tmp_path):
     session = RunSession.from_options(_options(tmp_path, preset="llama-3-8b"), CPU, [CASE], "smoke")
     assert type(session.executor) is InProcessExecutor and session.rounds == 1
