@@ -25,7 +25,7 @@ from harness.measure.peaks import RunPeaks
 from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
 from harness.spec.case import AttentionCase
-from harness.store.environment import REPO_ROOT, environment, new_run_id
+from harness.store.environment import REPO_ROOT, environment, foreign_checkout, new_run_id
 from harness.store.host import snapshot_clocks
 from harness.store.kernels import keep_sources
 from harness.store.schema import Row, TimingKey
@@ -73,6 +73,8 @@ class RunSession:
     def from_options(cls, options: Namespace, device: torch.device, cases: Sequence[AttentionCase],
                      matrix: str) -> "RunSession":
         """The run `options` describe (pytest's config.option or cli/options.py's Namespace), ready for `cases`."""
+        if why := foreign_checkout(Path.cwd()):
+            raise ValueError(why)
         run_id, root = new_run_id(), Path(options.results_dir)
         timed = getattr(options, "benchmark_enabled", False)
         default, overrides = timeouts(options.call_timeout_s)

@@ -19,6 +19,20 @@ from harness.store.host import (driver_version, gpu_uuid, hardware_fingerprint, 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def foreign_checkout(start: Path) -> str | None:
+    """Why a run started in `start` must not go on: `start` lies in a checkout of this project whose code is not the
+    `harness` this process imported (a venv installed from another checkout), so the run would time that other code
+    and record its commit. None when they agree, or `start` is in no checkout."""
+    for folder in (start.resolve(), *start.resolve().parents):
+        if (folder / "harness" / "__init__.py").is_file() and (folder / "suites").is_dir():
+            if folder == REPO_ROOT:
+                return None
+            return (f"this run started in the checkout {folder}, but imports harness from {REPO_ROOT}: its figures "
+                    f"and commit would be the other checkout's. Run it as `python -m pytest suites` / `python -m "
+                    f"harness` from {folder} (its own code first on sys.path), or with an environment installed from it")
+    return None
+
+
 @lru_cache(maxsize=None)
 def git_state() -> tuple[str, bool]:
     """(HEAD sha, dirty) of the project checkout; ('unknown', False) outside git."""

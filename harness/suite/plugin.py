@@ -62,7 +62,10 @@ def pytest_configure(config):
     if config.option.threads is not None:
         torch.set_num_threads(config.option.threads)  # fixed for the whole run, recorded in env and rows
     if main:
-        session = RunSession.from_options(config.option, device, config._harness_cases, config._harness_matrix)
+        try:
+            session = RunSession.from_options(config.option, device, config._harness_cases, config._harness_matrix)
+        except ValueError as exc:  # e.g. started in one checkout with another's harness (store/environment.py)
+            raise pytest.UsageError(str(exc)) from None
         config.stash[_SESSION_KEY] = session
         if config.getoption("benchmark_storage", None) == "file://./.benchmarks":
             # pytest-benchmark's own --benchmark-compare must only compare like with like: one store per testbed

@@ -171,3 +171,19 @@ def test_no_module_keeps_a_cache_of_its_own():
                 if text.startswith(("LRU(", "{}", "dict(", "OrderedDict(")):
                     offenders.append(f"{path.relative_to(HARNESS)}: {ast.unparse(node)}")
     assert set(offenders) <= allowed, sorted(set(offenders) - allowed)
+
+
+def test_a_run_started_in_another_checkout_of_the_harness_refuses_to_start(tmp_path, monkeypatch):
+    """docs/regressions.md's CI recipe made its base run in ../base with main's venv: it timed main's code and
+    recorded main's commit. A run started in a checkout whose harness is not the one imported refuses, naming both."""
+    other = tmp_path / "base"
+    (other / "harness").mkdir(parents=True)
+    (other / "harness" / "__init__.py").write_text("")
+    (other / "suites").mkdir()
+    monkeypatch.chdir(other)
+    with pytest.raises(ValueError, match=f"started in the checkout {other}, but imports harness from "
+                                         f"{HARNESS.parent}.*python -m pytest suites"):
+        RunSession.from_options(_options(tmp_path / "results"), CPU, [CASE], "smoke")
+    assert not (tmp_path / "results").exists()
+    monkeypatch.chdir(HARNESS.parent / "docs")  # anywhere in this checkout is this checkout
+    RunSession.from_options(_options(tmp_path / "results"), CPU, [CASE], "smoke").finish()
