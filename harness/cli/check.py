@@ -18,6 +18,7 @@ def _check(args: argparse.Namespace) -> int:
     from harness.spec.matrices import build_matrix, resolve_matrix
     from harness.spec.presets import quick_cases
     from harness.store.run_dir import results_root
+    from harness.oracle.signatures import signature
     from harness.store.schema import NOT_RUN, worst_status
     for module in args.backend_module:
         load_backend_module(module)
@@ -40,7 +41,9 @@ def _check(args: argparse.Namespace) -> int:
     print(summary.to_string())
     bad = df[df.status.isin(FAILING)]
     for row in bad.itertuples():
-        print(f"{row.status.upper()} {row.backend} {row.case_id} [{row.phase}]: {row.reason}")
+        words = signature(row.reason)  # a known cheat's signature, in plain words
+        print(f"{row.status.upper()} {row.backend} {row.case_id} [{row.phase}]: {row.reason}"
+              + (f" (looks like a known cheat: {words})" if words else ""))
     not_run = df[df.status.isin(NOT_RUN)].drop_duplicates(["backend", "status", "reason"])
     if len(not_run):  # what did not load or run here, and why: e.g. `check --backends xformers,flash-attn`
         width = max(map(len, not_run.backend))

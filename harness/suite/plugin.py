@@ -21,7 +21,8 @@ from harness.execution.cost import check_cost
 from harness.spec.matrices import AUTO, build_matrix, resolve_matrix
 from harness.spec.presets import model_shape, quick_cases
 from harness.store.run_dir import results_root
-from harness.store.schema import BASELINE, OBSERVED, PHASES, REJECTED, STATUSES, figures_usable
+from harness.oracle.signatures import signature
+from harness.store.schema import BASELINE, FAILING, OBSERVED, PHASES, REJECTED, STATUSES, figures_usable
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
 _PROGRESS_KEY = pytest.StashKey[Progress]()
@@ -294,4 +295,18 @@ def summary_lines(session: RunSession) -> list[str]:
         first = rows[0]
         lines.append(f"{REJECTED} {backend}: {len(rows)} timed key(s) refused by the integrity checks, e.g. "
                      f"{first.case_id} [{first.phase}]: {first.timing_reason}")
-    return lines
+    return lines + cheat_lines(session)
+
+
+def cheat_lines(session: RunSession) -> list[str]:
+    """A line per backend and known cheat its failures or rejected timings show (oracle/signatures.py), in plain
+    words, with how many rows and one of them."""
+    seen: dict[tuple[str, str], list] = defaultdict(list)
+    rows = [(r, r.reason) for result in session.verdicts.values() for r in getattr(result, "rows", ())
+            if r.status in FAILING] + [(r, r.timing_reason) for r in session.perf_rows.values()
+                                       if r.timing_status == REJECTED]
+    for row, reason in rows:
+        if words := signature(reason):
+            seen[(row.backend, words)].append(row)
+    return [f"looks like a known cheat: {backend}: {words} ({len(found)} row(s), e.g. {found[0].case_id} "
+            f"[{found[0].phase}])" for (backend, words), found in seen.items()]

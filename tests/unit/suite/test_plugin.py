@@ -123,7 +123,8 @@ def test_the_summary_counts_cases_by_status_and_gives_the_median_speedup_over_na
                                _perf("c1", "naive", BWD, 3.0), _perf("c1", "sdpa", BWD, 1.5)]}
     perf |= {r.key: r for r in [_perf("c2", "sdpa", BWD, None, timing_status=REJECTED,
                                       timing_reason="[bwd, the last call, on new inputs] dq err 0.5 > tol 0.001")]}
-    header, naive, sdpa, flash, legend, why = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows=perf))
+    header, naive, sdpa, flash, legend, why, cheat = plugin.summary_lines(SimpleNamespace(verdicts=verdicts,
+                                                                                        perf_rows=perf))
     columns = header.split()
     assert columns[:9] == ["backend", "pass", "fail", "unsupported", "unavailable", "error", "oom", "rejected",
                            "speedup"]
@@ -133,6 +134,8 @@ def test_the_summary_counts_cases_by_status_and_gives_the_median_speedup_over_na
     assert flash.split() == ["flash", "0", "0", "0", "1", "0", "0", "0", "-", "-", "-"]
     assert "rejected:" in legend and why == ("rejected sdpa: 1 timed key(s) refused by the integrity checks, e.g. c2 "
                                              "[bwd]: [bwd, the last call, on new inputs] dq err 0.5 > tol 0.001")
+    assert cheat == ("looks like a known cheat: sdpa: answers from an earlier call: right on inputs it had seen, wrong "
+                     "on new ones (1 row(s), e.g. c2 [bwd])")
     assert header.endswith(f"speedup vs naive {FWD_BWD}") and "speedup vs naive:" in legend
     untimed = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows={}))
     assert "speedup" not in untimed[0] and len(untimed[1].split()) == 7
