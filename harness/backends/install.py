@@ -63,7 +63,7 @@ class Install:
         flavour's extra included; a one-line ValueError where the library has no build for it."""
         if not self.cuda_extras:
             return self.requirement
-        major = None if torch_cuda is None else int(str(torch_cuda).split(".")[0])
+        major = _major(torch_cuda)
         if major not in self.cuda_extras:
             have = "a torch without CUDA" if major is None else f"torch CUDA {torch_cuda}"
             majors = " and ".join(map(str, sorted(self.cuda_extras)))
@@ -88,4 +88,5 @@ class Install:
 
 
 def _major(torch_cuda: str | None) -> int | None:
+    """The major of torch.version.cuda ('13.0' -> 13), None for a CPU torch."""
     return None if torch_cuda is None else int(str(torch_cuda).split(".")[0])
