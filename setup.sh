@@ -4,22 +4,20 @@
 #   bash setup.sh --offline DIR   from a wheelhouse made by `python -m harness wheelhouse DIR` (no network)
 #  - torch: a torch the calling python already has (system, conda, NGC image, or a venv of its own) is kept and
 #    stays visible in the venv, with a flash_attn built for it; otherwise one is installed: torch 2.13.0 on a GPU
-#    machine as on a CPU one (CI's). There is no pin to torch 2.10 + CUDA 12.8 any more: the xformers 0.0.35 wheel
-#    is built on torch's stable ABI (CHANGELOG 0.0.34, setup.py -DTORCH_STABLE_ONLY), so any torch >= 2.10 loads
-#    it; all it needs beside a torch of another CUDA is the CUDA 12 runtime its _C.so links (libcudart.so.12),
+#    machine as on a CPU one (CI's). There is no pin to torch 2.10 + CUDA 12.8 any more: the xformers wheel (the
+#    version its backend declares) is built on torch's stable ABI (CHANGELOG 0.0.34, setup.py -DTORCH_STABLE_ONLY), so
+#    any torch >= 2.10 loads it; all it needs beside a torch of another CUDA is the CUDA 12 runtime its _C.so links (libcudart.so.12),
 #    a ~3 MiB wheel installed below and loaded by the harness itself (harness/backends/xformers.py). One torch
 #    version on both kinds of machine keeps their results comparable.
-#  - xformers is installed without dependencies so it can never replace your torch; whether its kernels can load
-#    with the torch you have is said plainly at the end (python -m harness backends).
-#  - flash-attn-4 on a machine with a GPU only (see below); offline, where the wheelhouse carried it (--limit-mib).
+#  - the optional backends' libraries: what each backend declares (its `install`, harness/backends/<module>.py),
+#    for the machine seen here (a GPU or not, the torch's CUDA), as harness/cli/setup_steps.py lists it: xformers and
+#    FlashInfer without dependencies (they can never replace your torch), flash-attn-4 on a machine with a GPU only;
+#    FlashAttention-2 and -3 build from source (docs/gpu.md). Whether each can run with the torch you have is said
+#    plainly at the end (python -m harness backends). Offline: what the wheelhouse carried (--limit-mib).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-XFORMERS=0.0.35
-FLASHINFER=0.6.1      # 7.6 MB; 0.7.x is ~62 MB (pip download --no-deps, docs/serving.md)
-TVM_FFI=0.1.15.post2
-CUDA12_RUNTIME=nvidia-cuda-runtime-cu12
 OFFLINE=""
 if [ "${1:-}" = "--offline" ]; then
   OFFLINE=$(cd "${2:?setup.sh --offline needs the wheelhouse directory}" && pwd)
@@ -58,28 +56,19 @@ else
     python -m pip install -q "torch==2.13.0"
   fi
   python -m pip install -q -e ".[slurm]"   # submitit: the Slurm launcher, tested with its local executor
-  python -m pip install -q --no-deps "xformers==$XFORMERS" || echo "setup.sh: xformers not installed; its backend will report itself unavailable"
-  # FlashInfer's Python layer and what its import needs, without dependencies: its own pull in the CUTLASS DSL
-  # (hundreds of MiB) that only its JIT on a GPU uses; on a CPU its wrappers import and their translation is tested
-  python -m pip install -q --no-deps "flashinfer-python==$FLASHINFER" "apache-tvm-ffi==$TVM_FFI" einops tabulate \
-    nvidia-ml-py tqdm click ninja requests urllib3 idna certifi charset-normalizer \
-    || echo "setup.sh: flashinfer not installed; its backend will report itself unavailable"
-  if has_gpu; then
-    # FlashAttention-4 (CuTe DSL) with its dependencies - the CUTLASS DSL and its compiler for the torch's CUDA, ~90
-    # MiB a flavour - and the torch held where it is by a constraint; not on a CPU machine (CI): nothing there runs
-    # it, and its translation is tested with stand-ins (harness/cli/wheelhouse.py flash_attn_4_requirement decides)
-    if FA4=$(python -c "from harness.cli.wheelhouse import print_flash_attn_4_requirement as p; raise SystemExit(p())"); then
-      HOLD=$(mktemp); python -c "import torch; print(f'torch=={torch.__version__}')" >"$HOLD"
-      python -m pip install -q -c "$HOLD" "$FA4" || echo "setup.sh: $FA4 not installed; its backend will report itself unavailable"
-      rm -f "$HOLD"
+  # each backend's library as the registry declares it for this machine; with dependencies, the torch held where it
+  # is by a constraint (--no-deps ones ignore it); one that fails to install reports itself unavailable below
+  HOLD=$(mktemp); python -c "import torch; print(f'torch=={torch.__version__}')" >"$HOLD"
+  STEPS=$(python -m harness.cli.setup_steps $(has_gpu && echo --gpu))
+  while IFS=$'\t' read -r name what rest; do
+    if [ "$what" = install ]; then
+      read -r -a ARGS <<<"$rest"   # no globbing: 'flash-attn-4[cu13]==...' stays as it is
+      python -m pip install -q -c "$HOLD" "${ARGS[@]}" || echo "setup.sh: $name not installed; its backend will report itself unavailable"
     else
-      echo "setup.sh: flash-attn-4 not installed: $FA4"
+      echo "setup.sh: $name $rest"
     fi
-  fi
-  if has_gpu && python -c "import sys, torch; sys.exit(torch.version.cuda is None or torch.version.cuda.startswith('12.'))"; then
-    # a torch of another CUDA (13): xformers' _C.so needs libcudart.so.12, which that torch does not ship
-    python -m pip install -q --no-deps "$CUDA12_RUNTIME" || echo "setup.sh: $CUDA12_RUNTIME not installed; xformers will say why it cannot load"
-  fi
+  done <<<"$STEPS"
+  rm -f "$HOLD"
 fi
 python -c "import torch, harness; print('setup.sh: torch', torch.__version__, '| cuda' if torch.cuda.is_available() else '| cpu only')"
 python -m harness backends || true   # which backends can run here, why not the others, and which kernels xformers calls

@@ -6,7 +6,7 @@ import importlib
 import inspect
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
@@ -14,9 +14,31 @@ from harness.spec.case import AttentionCase, dtype_name
 from harness.spec.masks import CacheCausal, MaskSpec
 from harness.spec.modifiers import MODIFIERS
 
+if TYPE_CHECKING:
+    from harness.backends.install import Install
+
 LAYOUTS = ("bhsd", "bshd")
 #: the library calls a backend may offer beyond `forward`, for probes of the library's own conventions
 NATIVE_PROBES = ("causal", "mask", "dropout")
+#: the probes whose cases a backend may declare a known failure of (harness/probes/empty.py, edge_cases.py)
+FAILURE_PROBES = ("empty", "edge")
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    """A documented limitation of a backend: probe `probe`'s case `case` (an empty shape, an edge case's name) fails,
+    on `device` ('cpu', 'cuda'; None = every device), for `why`; the suite expects it to fail (strict xfail)."""
+
+    probe: str
+    case: str
+    why: str
+    device: str | None = None
+
+    def __post_init__(self):
+        if self.probe not in FAILURE_PROBES:
+            raise ValueError(f"KnownFailure.probe={self.probe!r}; allowed: {', '.join(FAILURE_PROBES)}")
+        if not self.case or not self.why:
+            raise ValueError(f"KnownFailure({self.probe!r}, {self.case!r}): needs the case's name and why it fails")
 
 
 class Unsupported(Exception):
@@ -84,6 +106,10 @@ class DescriptionHooks:
     #: its colour and marker in every figure (None = picked from a stable hash of its name)
     colour: ClassVar[str | None] = None
     marker: ClassVar[str | None] = None
+    #: the library it calls as README's first paragraph, pyproject's description and --help name it ('' = its label)
+    library: ClassVar[str] = ""
+    #: how that library installs (harness.backends.install; None = torch alone: nothing to install)
+    install: ClassVar["Install | None"] = None
 
     def installed_version(self) -> str | None:
         """The package's version here (torch's when `package` is None), or None where it is not installed."""
@@ -161,6 +187,8 @@ class Backend(ProbeHooks, DescriptionHooks):
     fp8_kv: ClassVar[bool] = False
     #: takes FP8 q too (case.fp8_q): q_scale= float32 (1,) or (kv_heads,) per kv-head group; the output bfloat16
     fp8_q: ClassVar[bool] = False
+    #: its documented limitations: the probe cases expected to fail, each with why (KnownFailure)
+    known_failures: ClassVar[tuple[KnownFailure, ...]] = ()
 
     def prepare(self, case: AttentionCase, device: torch.device) -> Plan | Any:
         """What the call needs that depends only on (case, device), built once outside any timing: a `Plan` (or any
@@ -213,6 +241,11 @@ class Backend(ProbeHooks, DescriptionHooks):
     def supports(self, case: AttentionCase, device: torch.device, *, backward: bool = False,
                  dropout: bool = False) -> bool:
         return not self.can_run(case, device, backward=backward, dropout=dropout)
+
+    def known_failure(self, probe: str, case: str, device_type: str) -> str | None:
+        """Why `probe`'s case `case` is expected to fail on `device_type`, or None where it is expected to pass."""
+        return next((f.why for f in self.known_failures if (f.probe, f.case) == (probe, case)
+                     and f.device in (None, device_type)), None)
 
     def prepared_plan(self, case: AttentionCase, device: torch.device) -> Plan | Any:
         """prepare(case, device), or None when this backend's forward takes no `prepared` (a user's subclass)."""

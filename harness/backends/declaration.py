@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 import torch
 
-from harness.backends.base import LAYOUTS, NATIVE_PROBES, Backend
+from harness.backends.base import LAYOUTS, NATIVE_PROBES, Backend, KnownFailure
+from harness.backends.install import Install
 
 #: device types a capability may name (torch.device's types that a harness run can be given)
 DEVICE_TYPES = ("cpu", "cuda")
@@ -44,6 +45,13 @@ def _optional_name(what: str) -> Callable[[Any], str | None]:
     return lambda value: None if value is None or (isinstance(value, str) and value) else f"must be None or {what}"
 
 
+def _known_failures(value) -> str | None:
+    if not isinstance(value, tuple) or not all(isinstance(v, KnownFailure) for v in value):
+        return "must be a tuple of KnownFailure(probe, case, why, device=None)"
+    bad = [f.device for f in value if f.device is not None and f.device not in DEVICE_TYPES]
+    return f"device {', '.join(map(repr, bad))} not allowed; allowed: {', '.join(DEVICE_TYPES)}" if bad else None
+
+
 _flag = _instance(bool, "True or False")
 
 #: each capability attribute of Backend and the check of its declared value (None = fine, else what is wrong)
@@ -66,6 +74,9 @@ CAPABILITIES: dict[str, Callable[[Any], str | None]] = {
     "label": _instance(str, "a string ('' = the backend's name)"),
     "colour": _optional_name("a matplotlib colour, e.g. '#1f77b4'"),
     "marker": _optional_name("a matplotlib marker, e.g. 'o'"),
+    "library": _instance(str, "a string ('' = its label)"),
+    "install": _instance((type(None), Install), "None or an Install(requirement=..., because=...)"),
+    "known_failures": _known_failures,
 }
 #: forward's keyword parameters every call passes
 FORWARD_KEYWORDS = ("mask", "scale")

@@ -6,6 +6,7 @@ import torch
 
 from harness.backends.base import CallPlan, FlashFamily, MaskForm, Unsupported, cuda_import_problem
 from harness.backends.flash_attn_package import fa2_problem
+from harness.backends.install import Install
 from harness.backends.paged_gather import run_packed
 from harness.backends.registry import register
 from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
@@ -46,6 +47,11 @@ def fa2_modifier_args(softcap: float | None = None, alibi_slopes: torch.Tensor |
 class FlashAttn2(FlashFamily):
     name = "flash-attn"
     colour, marker = "#e377c2", "*"
+    library = "FlashAttention-2"
+    install = Install("flash-attn==2.8.3", because="flash_attn_interface.py of 2.8.3 is what its calls were read against "
+                      "(page sizes, softcap, alibi_slopes, varlen)",
+                      builds_from_source="no wheel on PyPI: its sdist imports torch to build (so pip needs "
+                      "--no-build-isolation) and compiles CUDA with nvcc (docs/gpu.md, FlashAttention-2 build)")
     package = "flash-attn"
     native_probes = frozenset({"causal", "mask", "dropout"})
     modifiers = frozenset({"softcap", "alibi"})

@@ -7,6 +7,7 @@ import torch
 from harness.backends.base import (BackwardUnsupported, CallPlan, FlashFamily, MaskForm, Unsupported,
                                    cuda_import_problem, refusal)
 from harness.backends.flash_attn import fa2_args
+from harness.backends.install import Install
 from harness.backends.paged_gather import paged_call_args, run_packed
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
@@ -35,6 +36,11 @@ def fa3_args(case: AttentionCase) -> dict:
 class FlashAttn3(FlashFamily):
     name = "flash-attn-3"
     colour, marker = "#393b79", "d"
+    library = "FlashAttention-3"
+    install = Install("flash-attn-3", because="no release on any package index: any build of flash-attention's hopper/ "
+                      "(its interface was read at commit 01afd16)",
+                      builds_from_source="on no package index: build flash-attention's hopper/ with nvcc on an sm90 "
+                      "node, then the extra is met")
     package = "flash-attn-3"
     supports_backward = True  # flash_attn_func's (the paged call has none; paged cases are forward-only anyway)
     modifiers = frozenset({"softcap"})

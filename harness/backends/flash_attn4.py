@@ -9,6 +9,7 @@ import torch
 
 from harness.backends.base import (BackwardUnsupported, CallPlan, FlashFamily, MaskForm, Unsupported,
                                    cuda_import_problem, refusal)
+from harness.backends.install import Install
 from harness.backends.paged_gather import paged_call_args, run_packed
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
@@ -153,6 +154,19 @@ class Fa4Plan(CallPlan):
 class FlashAttn4(FlashFamily):
     name = "flash-attn-4"
     colour, marker = "#637939", "<"
+    library = "FlashAttention-4"
+    #: with its dependencies (the CUTLASS DSL and its compiler for the torch's CUDA); offline: what pip resolves for
+    #: flash-attn-4[cuN] (one compiler flavour: the DSL loads the newest installed one, cutlass/_mlir/_mlir_libs)
+    install = Install("flash-attn-4==4.0.0b36", because="flash_attn.cute.interface of 4.0.0b36 is what its calls were "
+                      "read against (score_mod signatures, no descale in flash_attn_func)",
+                      gpu_machine_only="nothing on a CPU runs it and its CUTLASS DSL compiler is ~90 MiB a CUDA "
+                      "flavour; its translation is tested with stand-ins",
+                      cuda_extras={12: "", 13: "cu13"},
+                      offline_wheels=("nvidia-cutlass-dsl-libs-cu{cuda}==4.8.1", "cuda-bindings=={cuda}.*",
+                                      "apache-tvm-ffi==0.1.15.post2", "nvidia-cutlass-dsl-libs-base==4.8.1",
+                                      "torch-c-dlpack-ext", "quack-kernels>=0.5.3", "flash-attn-4==4.0.0b36",
+                                      "protobuf>=4.21.12", "nvidia-cutlass-dsl-libs-core==4.8.1", "cuda-pathfinder",
+                                      "einops", "nvidia-cutlass-dsl==4.8.1"))
     package = "flash-attn-4"
     supports_backward = True
     #: softcap= and learnable_sink= natively; ALiBi and the bias through a score_mod (fa4_score_mods)

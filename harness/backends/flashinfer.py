@@ -10,6 +10,7 @@ import torch
 
 from harness.backends.base import FlashFamily, MaskForm, Plan, Unsupported, refusal
 from harness.backends.flash_attn import fa2_plan
+from harness.backends.install import Install
 from harness.backends.paged_gather import run_packed
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
@@ -126,6 +127,13 @@ def jit_problem() -> str | None:
 class FlashInfer(FlashFamily):
     name = "flashinfer"
     colour, marker = "#bcbd22", "h"
+    library = "FlashInfer"
+    #: without its dependencies, which pull in the CUTLASS DSL (hundreds of MiB) that only its JIT on a GPU uses: on a
+    #: CPU its wrappers import and their translation is tested; with what its import needs
+    install = Install("flashinfer-python==0.6.1", because="its wrappers' plan()/run() were read at 0.6.1; 7.6 MB where "
+                      "0.7.x is ~62 MB (pip download --no-deps, docs/serving.md)",
+                      no_deps_with=("apache-tvm-ffi==0.1.15.post2", "einops", "tabulate", "nvidia-ml-py", "tqdm",
+                                    "click", "ninja", "requests", "urllib3", "idna", "certifi", "charset-normalizer"))
     package = "flashinfer-python"
     version_name = "flashinfer"
     supports_backward = False  # FlashInfer is an inference library: its wrappers have no backward

@@ -61,6 +61,7 @@ def _clean(text: str) -> str:
 
 
 class _Sdpa(Backend):
+    library = "PyTorch SDPA"
     layout = "bhsd"
     native_probes = frozenset({"causal", "mask", "dropout"})
     #: ALiBi and bias as a float attn_mask with the mask folded in; sinks by the appended-key emulation

@@ -8,9 +8,10 @@ from typing import Callable
 import torch
 
 from harness.backends.base import Backend, BackwardUnsupported, MaskForm, Plan, Unsupported
+from harness.backends.install import Install
 from harness.backends.paged_gather import run_packed
 from harness.backends.registry import register
-from harness.backends.xformers_library import load_problem, xformers_kernels
+from harness.backends.xformers_library import CUDA12_RUNTIME_PACKAGE, load_problem, xformers_kernels
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, Documents, MaskSpec, SlidingWindow, split_padding
 from harness.spec.modifiers import additive_term, alibi_slopes
@@ -234,6 +235,10 @@ def xformers_paged_plan(case: AttentionCase, device: torch.device,
 class Xformers(Backend):
     name = "xformers"
     colour, marker = "#8c564b", "p"
+    #: without its dependencies, so it never replaces a torch; beside a CUDA 13 torch the CUDA 12 runtime its _C.so links
+    install = Install("xformers==0.0.35", because="its ops/fmha dispatcher and attn_bias masks are what the translation "
+                      "here was read against; the wheel is built on torch's stable ABI, so any torch >= 2.10 loads it",
+                      no_deps_with=(), cuda_companions={13: (CUDA12_RUNTIME_PACKAGE,)})
     layout = "bshd"
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
     package = "xformers"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from harness.cli.options import add_to_argparse
 
@@ -16,22 +17,71 @@ def _backends(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     chosen = get_backends(args.backends)
     executor = make_executor()
+    reasons = {b.name: executor.unavailable_reason(b, device) for b in chosen}
+    if args.install:
+        return _install([b for b in chosen if reasons[b.name] is not None], reasons, device)
     width = max(len(b.name) for b in chosen)
     print(f"backends on {device}:")
-    missing = 0
     for backend in chosen:
-        reason = executor.unavailable_reason(backend, device)
-        missing += reason is not None
+        reason = reasons[backend.name]
         state = "ok" if reason is None else "unavailable: " + reason
         print(f"  {backend.name:<{width}}  {backend.version():<14}  {state}")
         kernels = backend.kernels()
         if kernels:  # indented under the line: what the backend's ops call underneath
             print(f"  {'':<{width}}  kernels: {kernels}")
+    missing = any(reason is not None for reason in reasons.values())
     return 0 if args.backends == "all" or not missing else 1
+
+
+def install_advice(backend, gpu: bool, torch_cuda: str | None) -> tuple[str, list[str]]:
+    """What would make an unavailable `backend` installed here, from its `install` declaration: (one line, the pip
+    arguments that install it: [] where pip cannot help, '--no-deps' first where it goes without dependencies)."""
+    install = backend.install
+    needs_gpu = install is not None and install.needs_gpu_to_run and not gpu
+    if install is None:
+        return "nothing to install: it calls torch alone", []
+    if backend.installed_version() is not None:
+        return f"{install.distribution} is installed" + ("; its kernels need a GPU" if needs_gpu else ""), []
+    if install.builds_from_source:
+        return install.builds_from_source, []
+    try:
+        arguments = install.pip_arguments(torch_cuda, gpu)
+    except ValueError as exc:  # no build of it for this torch
+        return f"no build for this torch: {exc}", []
+    return "pip installs it (below)" + ("; then it imports, but its kernels need a GPU" if needs_gpu else ""), arguments
+
+
+def _install(unavailable: list, reasons: dict[str, str], device) -> int:
+    """Each unavailable backend, why, and what installs it; then the pip commands that install those pip can."""
+    import torch
+    print(f"backends unavailable on {device}, and what would install them:")
+    if not unavailable:
+        print("  none: every backend asked for can run here")
+        return 0
+    width = max(len(b.name) for b in unavailable)
+    no_deps, with_deps = [], []
+    for backend in unavailable:
+        advice, arguments = install_advice(backend, device.type == "cuda", torch.version.cuda)
+        print(f"  {backend.name:<{width}}  {reasons[backend.name]}\n  {'':<{width}}  -> {advice}")
+        if arguments[:1] == ["--no-deps"]:
+            no_deps += arguments[1:]
+        else:
+            with_deps += arguments
+    pip = ["python", "-m", "pip", "install"]
+    if no_deps:  # without dependencies: they never replace this torch
+        print(shlex.join([*pip, "--no-deps", *dict.fromkeys(no_deps)]))
+    if with_deps:  # with dependencies, this torch named so that pip keeps it
+        print(shlex.join([*pip, *dict.fromkeys(with_deps), f"torch=={torch.__version__}"]))
+    if not (no_deps or with_deps):
+        print("no pip command installs any of them here")
+    return 0
 
 
 def add_subcommand(subparsers) -> None:
     p = subparsers.add_parser("backends", help="list backends, their versions, and why any cannot run here "
                                                "(exit 1 when a named one cannot)")
     add_to_argparse(p, "backends", "backend_module", "device")
+    p.add_argument("--install", action="store_true",
+                   help="instead: for each backend unavailable here, why, and the pip commands that install those pip "
+                        "can (from each backend's declared install facts)")
     p.set_defaults(func=_backends)

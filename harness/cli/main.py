@@ -20,15 +20,18 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-#: what `python -m harness --help` says the tool is (the module docstring describes the parser, for developers)
-DESCRIPTION = ("Check attention kernels (naive, PyTorch SDPA, xformers, FlashAttention-2, FlexAttention or your own) "
-               "against an exact float64 reference, time them, guard them against regressions, and recommend one "
-               "for a workload. Start with: backends, then check --backend-module my_attn.py --backends my-attn, "
-               "then recommend. The full benchmark is `pytest suites --benchmark`.")
+def description() -> str:
+    """What `python -m harness --help` says the tool is, the libraries read from the registry (the module docstring
+    describes the parser, for developers)."""
+    from harness.backends.catalogue import libraries, prose
+    return (f"Check attention kernels ({prose(libraries())}, or your own) against an exact float64 reference, time "
+            "them, guard them against regressions, and recommend one for a workload. Start with: backends, then "
+            "check --backend-module my_attn.py --backends my-attn, then recommend. The full benchmark is `pytest "
+            "suites --benchmark`.")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m harness", description=DESCRIPTION)
+    parser = Parser(prog="python -m harness", description=description())
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_subcommand(sub)

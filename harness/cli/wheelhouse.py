@@ -6,12 +6,12 @@ node, `bash setup.sh --offline DIR` installs from it with `pip install --no-inde
 
 What goes in, by one rule: the node's image has torch with its own dependencies (typing_extensions, sympy,
 networkx, jinja2, fsspec, filelock, triton, the nvidia libraries) and, by default, the scientific stack the harness
-imports (numpy, scipy, pandas, matplotlib, pytest); the wheelhouse carries the rest - LEAN below, each without its
-dependencies, so nothing can pull torch in. `--full` adds SCIENTIFIC with everything it depends on, for an image
-with torch alone. Never torch, and of the nvidia libraries only the CUDA 12 runtime xformers' extension links and
-the CUTLASS DSL's. FlashAttention-4 (flash_attn_4_wheels) goes in only where it fits under --limit-mib (the lent GPU
-machine's 64 MiB by default): its CUTLASS DSL compiler alone is ~88 MiB, and a wheelhouse without it says so in one
-line (manifest.json's "left_out").
+imports (numpy, scipy, pandas, matplotlib, pytest); the wheelhouse carries the rest - LEAN below and every optional
+backend's library as the backend declares it (its `install`: Install.wheels), each wheel without its dependencies,
+so nothing can pull torch in. `--full` adds SCIENTIFIC with everything it depends on, for an image with torch alone.
+Never torch, and no nvidia library no backend names. A backend's library goes in only where it fits under
+--limit-mib (the lent GPU machine's 64 MiB by default: FlashAttention-4's CUTLASS DSL compiler alone is ~88 MiB) and
+has wheels (FlashAttention-2 and -3 build from source); each one left out is one line of manifest.json's "left_out".
 """
 
 from __future__ import annotations
@@ -26,55 +26,23 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from packaging.requirements import Requirement
+
+from harness.backends.catalogue import installs
 from harness.store.environment import REPO_ROOT
 
 Runner = Callable[..., subprocess.CompletedProcess]
-#: pinned as the harness pins them (pyproject.toml; setup.sh for xformers): each downloaded with --no-deps
-LEAN = ("xformers==0.0.35", "pytest-benchmark>=4,<6", "py-cpuinfo", "ruptures>=1.1.8,<2", "submitit>=1.5",
-        "cloudpickle", "hypothesis>=6", "sortedcontainers")  # hypothesis: the property-based tests (its one dep)
+#: the harness's own requirements beyond the image, pinned as pyproject.toml pins them: each downloaded with --no-deps
+LEAN = ("pytest-benchmark>=4,<6", "py-cpuinfo", "ruptures>=1.1.8,<2", "submitit>=1.5", "cloudpickle", "hypothesis>=6",
+        "sortedcontainers")  # hypothesis: the property-based tests (its one dep)
 #: with --full, downloaded with their dependencies (none of which is torch)
 SCIENTIFIC = ("numpy", "scipy>=1.10", "pandas>=2", "matplotlib>=3.7", "pytest>=8")
-#: the wheel that provides libcudart.so.12 for a torch of another CUDA major (harness/backends/xformers.py loads it)
-CUDA_RUNTIME = {12: None, 13: "nvidia-cuda-runtime-cu12"}
+#: the CUDA majors of a node's torch a wheelhouse is made for
+TORCH_CUDA = (12, 13)
 #: a wheel of these must never come into the wheelhouse (the node's torch stays the node's)
 NEVER = ("torch", "triton")
-#: the nvidia wheels FlashAttention-4 needs: the CUTLASS DSL (its compiler per CUDA flavour)
-CUTLASS_DSL = "4.8.1"
-FLASH_ATTN_4 = "4.0.0b36"
 #: the lent GPU machine's limit on what travels with the checkout (MiB): the wheelhouse's default --limit-mib
 CARRY_LIMIT_MIB = 64
-
-
-def flash_attn_4_wheels(torch_cuda: int) -> tuple[str, ...]:
-    """FlashAttention-4 and what it imports as pip resolves `flash-attn-4[cuN]` (torch and typing-extensions aside),
-    each --no-deps, largest first (a wheelhouse over its limit stops at the first download); one compiler flavour,
-    the torch's CUDA major's: the CUTLASS DSL loads the newest installed one (cutlass/_mlir/_mlir_libs/__init__.py)."""
-    return (f"nvidia-cutlass-dsl-libs-cu{torch_cuda}=={CUTLASS_DSL}", f"cuda-bindings>={torch_cuda},<{torch_cuda + 1}",
-            "apache-tvm-ffi==0.1.15.post2", f"nvidia-cutlass-dsl-libs-base=={CUTLASS_DSL}", "torch-c-dlpack-ext",
-            "quack-kernels>=0.5.3", f"flash-attn-4=={FLASH_ATTN_4}", "protobuf>=4.21.12",
-            f"nvidia-cutlass-dsl-libs-core=={CUTLASS_DSL}", "cuda-pathfinder", "einops",
-            f"nvidia-cutlass-dsl=={CUTLASS_DSL}")
-
-
-def flash_attn_4_requirement(torch_cuda_version: str | None) -> str:
-    """What setup.sh installs for FlashAttention-4 for a torch of CUDA `torch_cuda_version` (torch.version.cuda):
-    its cu13 extra for CUDA 13; a one-line ValueError where it cannot install."""
-    major = None if torch_cuda_version is None else int(str(torch_cuda_version).split(".")[0])
-    if major not in (12, 13):
-        have = "a torch without CUDA" if major is None else f"torch CUDA {torch_cuda_version}"
-        raise ValueError(f"{have}: flash-attn-4 {FLASH_ATTN_4}'s CUTLASS DSL has compilers for CUDA 12 and 13 only")
-    return f"flash-attn-4{'[cu13]' if major == 13 else ''}=={FLASH_ATTN_4}"
-
-
-def print_flash_attn_4_requirement() -> int:
-    """setup.sh's question: prints the requirement for this torch (0), or why there is none (1)."""
-    import torch
-    try:
-        print(flash_attn_4_requirement(torch.version.cuda))
-    except ValueError as exc:
-        print(exc)
-        return 1
-    return 0
 
 
 #: manylinux's legacy names for glibc 2.17, 2.12 and 2.5
@@ -100,13 +68,12 @@ def target_flags(python: str, platform: str) -> list[str]:
 
 def commands(dest: Path, python: str, platform: str, torch_cuda: int, full: bool) -> list[tuple[str, list[str]]]:
     """(what, pip command) for every download: the harness built as a wheel first, then each requirement."""
-    if torch_cuda not in CUDA_RUNTIME:
-        raise ValueError(f"--torch-cuda {torch_cuda}: allowed {', '.join(map(str, CUDA_RUNTIME))}")
+    if torch_cuda not in TORCH_CUDA:
+        raise ValueError(f"--torch-cuda {torch_cuda}: allowed {', '.join(map(str, TORCH_CUDA))}")
     pip = [sys.executable, "-m", "pip"]
     flags = target_flags(python, platform)
     cmds = [("attention-harness", [*pip, "wheel", "--no-deps", "--wheel-dir", str(dest), str(REPO_ROOT)])]
-    lean = [*LEAN, *([CUDA_RUNTIME[torch_cuda]] if CUDA_RUNTIME[torch_cuda] else [])]
-    cmds += [(req, [*pip, "download", "--no-deps", *flags, "--dest", str(dest), req]) for req in lean]
+    cmds += [(req, [*pip, "download", "--no-deps", *flags, "--dest", str(dest), req]) for req in LEAN]
     if full:
         cmds.append((" ".join(SCIENTIFIC), [*pip, "download", *flags, "--dest", str(dest), *SCIENTIFIC]))
     return cmds
@@ -171,20 +138,30 @@ def add_if_it_fits(dest: Path, wheels: tuple[str, ...], what: str, python: str, 
 def build(dest: Path, python: str = "3.12", platform: str = "manylinux_2_28_x86_64", torch_cuda: int = 13,
           full: bool = False, run: Runner = subprocess.run, limit_mib: float = CARRY_LIMIT_MIB) -> dict:
     """Download everything into `dest` and write dest/manifest.json; one-line ValueError when pip finds no wheel
-    for a package, or a forbidden wheel (torch) came in. FlashAttention-4 goes in last, if within `limit_mib`."""
+    for a package of the harness, or a forbidden wheel (torch) came in. Then each optional backend's library in
+    BUILT_IN's order, if it has wheels and stays within `limit_mib`; "left_out" says why of each one that did not."""
+    from packaging.utils import canonicalize_name
     dest.mkdir(parents=True, exist_ok=True)
     target = f"python {python}, {platform}, torch CUDA {torch_cuda}"
     _download(commands(dest, python, platform, torch_cuda, full), target, run)
-    left_out = add_if_it_fits(dest, flash_attn_4_wheels(torch_cuda), "flash-attn-4", python, platform, limit_mib, run)
+    left_out, declared = {}, set()
+    for name, install in installs().items():
+        if install.builds_from_source:
+            left_out[name] = f"{name} left out of the wheelhouse: {install.builds_from_source}"
+            continue
+        wheels = install.wheels(torch_cuda)
+        declared |= {canonicalize_name(Requirement(w).name) for w in wheels}
+        why = add_if_it_fits(dest, wheels, name, python, platform, limit_mib, run)
+        if why:
+            left_out[name] = why
     found = manifest(dest)
     forbidden = [w["filename"] for w in found["wheels"] if w["name"] in NEVER or
-                 (w["name"].startswith("nvidia-") and w["name"] != CUDA_RUNTIME[torch_cuda]
-                  and not w["name"].startswith("nvidia-cutlass-dsl"))]
+                 (w["name"].startswith("nvidia-") and w["name"] not in declared)]
     if forbidden:
         raise ValueError(f"the wheelhouse must not carry {', '.join(forbidden)} (the node's torch stays): remove them")
     found["target"] = {"python": python, "platform": platform, "torch_cuda": torch_cuda, "full": full,
                        "limit_mib": limit_mib}
-    found["left_out"] = {"flash-attn-4": left_out} if left_out else {}
+    found["left_out"] = left_out
     (dest / "manifest.json").write_text(json.dumps(found, indent=1))
     return found
 
@@ -237,13 +214,14 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--python", default="3.12", help="the node's CPython version. Default: %(default)s")
     p.add_argument("--platform", default="manylinux_2_28_x86_64",
                    help="the node's wheel platform tag (older manylinux tags are accepted too). Default: %(default)s")
-    p.add_argument("--torch-cuda", type=int, default=13, choices=sorted(CUDA_RUNTIME),
+    p.add_argument("--torch-cuda", type=int, default=13, choices=TORCH_CUDA,
                    help="the CUDA major of the node's torch (13: add the CUDA 12 runtime xformers' wheel links). "
                         "Default: %(default)s")
     p.add_argument("--full", action="store_true",
                    help="also the scientific stack (numpy, scipy, pandas, matplotlib, pytest, with their "
                         "dependencies) for an image that has torch alone (~90 MiB more)")
     p.add_argument("--limit-mib", type=float, default=CARRY_LIMIT_MIB,
-                   help="FlashAttention-4 (its CUTLASS DSL compiler ~88 MiB) goes in only if the wheelhouse stays "
-                        "within this size; 0 = no limit. Default: %(default)g (the lent GPU machine's carry limit)")
+                   help="a backend's library goes in only if the wheelhouse stays within this size (FlashAttention-4's "
+                        "CUTLASS DSL compiler is ~88 MiB); 0 = no limit. Default: %(default)g (the lent GPU machine's "
+                        "carry limit)")
     p.set_defaults(func=_wheelhouse)

@@ -16,13 +16,8 @@ from harness.store.schema import ERROR, FAIL, FWD_BWD, PASS, UNSUPPORTED, Row
 SHAPES: dict[str, tuple[int, int, int, int, int]] = {"batch0": (0, 2, 5, 7, 16), "seq_q0": (2, 2, 0, 7, 16),
                                                      "seq_k0": (2, 2, 5, 0, 16)}
 
-#: (backend, device type, shape) -> why that probe is expected to fail (strict xfail: a fix shows as a pass)
-KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    ("flex", "cpu", "seq_q0"): "compiled flex_attention kills the process with SIGFPE on CPU for seq_q=0 "
-                               "(seen with torch 2.13; eager flex returns the empty output)",
-    ("flex", "cpu", "seq_k0"): "compiled flex_attention kills the process with SIGFPE on CPU for seq_k=0 "
-                               "(seen with torch 2.13; eager flex raises IndexError)",
-}
+#: what a backend's KnownFailure names this probe (its cases: the SHAPES; strict xfail: a fix shows as a pass)
+PROBE = "empty"
 
 
 def probe(backend: Backend, device: torch.device, shape: str) -> dict:

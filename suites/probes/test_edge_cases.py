@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.probes import edge_cases as edge_probe, empty
 from harness.probes.edge_cases import edge_cases, run_edge
-from harness.probes.empty import KNOWN_FAILURES, SHAPES, empty_row, probe_all
+from harness.probes.empty import SHAPES, empty_row, probe_all
 from harness.suite.outcome import conclude
 from harness.suite.probes import parametrize, tier
 
@@ -28,7 +29,7 @@ def test_edge_case(edge, backend, run_session):
     rows = run_edge(edge, backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id,
                     executor=run_session.executor, cache=run_session.cache.prepared)
     run_session.writer.write(rows)
-    conclude(rows, dict(edge.known_failures).get(backend.name))
+    conclude(rows, backend.known_failure(edge_probe.PROBE, edge.name, run_session.device.type))
 
 
 @pytest.fixture(scope="module")
@@ -42,4 +43,4 @@ def test_empty_tensors(empty_shape, backend, run_session, empty_outcomes):
     device = run_session.device
     row = empty_row(backend, empty_shape, empty_outcomes[(backend.name, empty_shape)], device, run_session.run_id)
     run_session.writer.write([row])
-    conclude([row], KNOWN_FAILURES.get((backend.name, device.type, empty_shape)))
+    conclude([row], backend.known_failure(empty.PROBE, empty_shape, device.type))

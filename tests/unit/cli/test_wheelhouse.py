@@ -8,7 +8,14 @@ import subprocess
 
 import pytest
 
+from harness.backends.catalogue import installs
 from harness.cli import wheelhouse
+
+#: the backends whose libraries have no wheel (FlashAttention-2 and -3): always left out, each with its reason
+SOURCE_BUILDS = {name for name, install in installs().items() if install.builds_from_source}
+#: FlashInfer's Python layer and what its import needs, each --no-deps (setup.sh installs the same)
+FLASHINFER = {"flashinfer-python", "apache-tvm-ffi", "einops", "tabulate", "nvidia-ml-py", "tqdm", "click", "ninja",
+              "requests", "urllib3", "idna", "certifi", "charset-normalizer"}
 
 
 class FakePip:
@@ -38,14 +45,13 @@ class FakePip:
 def test_commands_for_a_cuda13_python312_node(tmp_path):
     cmds = dict(wheelhouse.commands(tmp_path, "3.12", "manylinux_2_28_x86_64", 13, full=False))
     assert cmds["attention-harness"][3:6] == ["wheel", "--no-deps", "--wheel-dir"]
-    xformers = cmds["xformers==0.0.35"]
-    assert xformers[3:5] == ["download", "--no-deps"] and xformers[-3:] == ["--dest", str(tmp_path), "xformers==0.0.35"]
-    flags = " ".join(xformers)
+    ruptures = cmds["ruptures>=1.1.8,<2"]
+    assert ruptures[3:5] == ["download", "--no-deps"] and ruptures[-3:] == ["--dest", str(tmp_path), "ruptures>=1.1.8,<2"]
+    flags = " ".join(ruptures)
     assert "--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312" in flags
     assert "--platform manylinux_2_28_x86_64" in flags and "--platform manylinux2014_x86_64" in flags
-    assert "nvidia-cuda-runtime-cu12" in cmds  # the runtime xformers' _C.so links, for a CUDA 13 torch
+    assert "xformers==0.0.35" not in cmds  # the backends' libraries come after, each as its backend declares it
     assert not any("torch" in c for c in cmds) and not any("numpy" in c for c in cmds)
-    assert "nvidia-cuda-runtime-cu12" not in dict(wheelhouse.commands(tmp_path, "3.12", "x", 12, full=False))
     full = dict(wheelhouse.commands(tmp_path, "3.12", "x", 12, full=True))
     scientific = full[" ".join(wheelhouse.SCIENTIFIC)]
     assert "--no-deps" not in scientific and scientific[-len(wheelhouse.SCIENTIFIC):] == list(wheelhouse.SCIENTIFIC)
@@ -68,12 +74,12 @@ def test_flash_attn_4_is_left_out_over_the_limit_in_one_line_and_taken_without_o
     assert "\n" not in line and line.startswith("flash-attn-4 left out of the wheelhouse: with "
                                                 "nvidia-cutlass-dsl-libs-cu13 (87.7 MiB) it would be 87.7 MiB, over "
                                                 "--limit-mib 64")
-    assert not FA4 & {w["name"] for w in found["wheels"]}
+    assert not (FA4 - FLASHINFER) & {w["name"] for w in found["wheels"]}  # FlashInfer's set shares two of them
     assert [c[-1] for c in pip.calls if "cutlass" in c[-1] or "flash-attn-4" in c[-1]] == [
         "nvidia-cutlass-dsl-libs-cu13==4.8.1"]
     assert sorted(p.name for p in (tmp_path / "lean").iterdir() if not p.name.endswith(".whl")) == ["manifest.json"]
     full = wheelhouse.build(tmp_path / "all", run=FakePip(sizes=sizes), limit_mib=0)
-    assert full["left_out"] == {} and FA4 <= {w["name"] for w in full["wheels"]}
+    assert set(full["left_out"]) == SOURCE_BUILDS and FA4 <= {w["name"] for w in full["wheels"]}
     assert "nvidia-cutlass-dsl-libs-cu12" not in {w["name"] for w in full["wheels"]}  # one compiler flavour
 
 
@@ -82,16 +88,15 @@ def test_flash_attn_4_without_a_wheel_for_the_target_is_left_out_with_pips_words
     assert found["left_out"]["flash-attn-4"].startswith("flash-attn-4 left out of the wheelhouse: no wheel of "
                                                         "quack-kernels>=0.5.3 for python 3.9, manylinux_2_28_x86_64: "
                                                         "pip says: ERROR: Could not find a version")
-    assert not FA4 & {w["name"] for w in found["wheels"]} and "xformers" in {w["name"] for w in found["wheels"]}
+    assert not (FA4 - FLASHINFER) & {w["name"] for w in found["wheels"]} and "xformers" in {w["name"] for w in found["wheels"]}
 
 
-def test_setup_installs_flash_attn_4_for_cuda_12_and_13_and_says_why_not_otherwise():
-    assert wheelhouse.flash_attn_4_requirement("13.0") == "flash-attn-4[cu13]==4.0.0b36"
-    assert wheelhouse.flash_attn_4_requirement("12.8") == "flash-attn-4==4.0.0b36"
-    for cuda, have in ((None, "a torch without CUDA"), ("11.8", "torch CUDA 11.8")):
-        with pytest.raises(ValueError, match=f"^{have}: flash-attn-4 4.0.0b36's CUTLASS DSL has compilers for CUDA "
-                                             "12 and 13 only$"):
-            wheelhouse.flash_attn_4_requirement(cuda)
+def test_libraries_that_build_from_source_are_left_out_in_one_line_each(tmp_path):
+    found = wheelhouse.build(tmp_path, run=FakePip())
+    assert set(found["left_out"]) == SOURCE_BUILDS == {"flash-attn", "flash-attn-3"}
+    for name in SOURCE_BUILDS:
+        line = found["left_out"][name]
+        assert "\n" not in line and line == f"{name} left out of the wheelhouse: {installs()[name].builds_from_source}"
 
 
 def test_platforms_include_every_older_glibc_tag():
@@ -106,10 +111,10 @@ def test_manifest_names_versions_sizes_and_hashes(tmp_path):
     written = json.loads((tmp_path / "manifest.json").read_text())
     assert written == found and found["target"] == {"python": "3.12", "platform": "manylinux_2_28_x86_64",
                                                      "torch_cuda": 13, "full": False, "limit_mib": 64}
-    assert found["left_out"] == {}  # these fake wheels are bytes: FlashAttention-4 fits
+    assert set(found["left_out"]) == SOURCE_BUILDS  # these fake wheels are bytes: FlashAttention-4 fits
     by_name = {w["name"]: w for w in found["wheels"]}
     assert {"attention-harness", "xformers", "nvidia-cuda-runtime-cu12", "pytest-benchmark", "ruptures",
-            "submitit", "py-cpuinfo", "cloudpickle", "hypothesis", "sortedcontainers"} | FA4 == set(by_name)
+            "submitit", "py-cpuinfo", "cloudpickle", "hypothesis", "sortedcontainers"} | FA4 | FLASHINFER == set(by_name)
     x = by_name["xformers"]
     assert x["version"] == "1.0" and x["filename"] == "xformers-1.0-py3-none-any.whl" and x["size"] == 8
     assert x["sha256"] == hashlib.sha256(b"xformers").hexdigest()
@@ -128,6 +133,12 @@ def test_no_wheel_for_the_target_is_one_line_naming_package_and_target(tmp_path)
 def test_a_torch_wheel_is_refused(tmp_path):
     with pytest.raises(ValueError, match="must not carry torch-2.11.0-cp312-cp312-linux_x86_64.whl"):
         wheelhouse.build(tmp_path, run=FakePip(extra=("torch-2.11.0-cp312-cp312-linux_x86_64.whl",)))
+
+
+def test_an_nvidia_wheel_no_backend_declares_is_refused(tmp_path):
+    cublas = "nvidia_cublas_cu12-12.8.4.1-py3-none-manylinux_2_27_x86_64.whl"
+    with pytest.raises(ValueError, match=f"must not carry {cublas}"):
+        wheelhouse.build(tmp_path, run=FakePip(extra=(cublas,)))
 
 
 def test_cli_refuses_an_unknown_cuda_major_in_one_line(capsys):
