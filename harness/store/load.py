@@ -26,7 +26,7 @@ REFUSED = "refused_rows"
 #: how many refused lines a warning lists by number
 _SHOWN = 5
 #: column -> the type its cells must parse as (int, float, bool or str), from the schema's Row annotations
-_KIND = {name: ([t for t in typing.get_args(hint) if t is not type(None)] or [hint])[0]
+COLUMN_KINDS = {name: ([t for t in typing.get_args(hint) if t is not type(None)] or [hint])[0]
          for name, hint in typing.get_type_hints(Row).items()}
 #: a latency is a duration: a finite number >= 0 (a negative or infinite one is a damaged cell)
 DURATION = "duration"
@@ -168,7 +168,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"no results file at {path}")
     try:
-        header, records, refused = _parse(path, KEY, _KIND)
+        header, records, refused = _parse(path, KEY, COLUMN_KINDS)
     except OSError as exc:
         raise ValueError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
     missing = [c for c in REQUIRED if c not in header]
