@@ -96,7 +96,7 @@ def read_run(run_dir: Path) -> RunEntry:
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         try:
-            rounds = round_medians(load_samples(run_dir))
+            rounds = round_medians(load_samples(run_dir, rows))
         except (OSError, ValueError, pd.errors.ParserError) as exc:
             rounds, manifest["samples_error"] = None, str(exc)
     manifest["samples_warnings"] = [str(w.message) for w in said]
@@ -160,7 +160,7 @@ class HistoryIndex:
             rows = [r for r in rows if str(r.get("testbed_id")) == testbed]
         if not rows:
             return summarize(pd.DataFrame())
-        df = pd.DataFrame(rows)
+        df = pd.DataFrame(rows).reindex(columns=summarize(pd.DataFrame()).columns)  # a database may reorder them
         return df.sort_values("started", na_position="first").reset_index(drop=True)
 
     def notes(self, testbed: str | None = None) -> list[str]:
