@@ -34,6 +34,7 @@ def _history(args: argparse.Namespace) -> int:
             print(f"no noise model of testbed {testbed} yet: `history --noise` builds it from the runs above")
     if args.changes:
         from harness.compare.changes import changes_text, detect_changes, key_series, write_trends
+        from harness.compare.trends_page import write_trends_page
         history = index.rows(CHANGE_COLUMNS, testbed=args.testbed, timed=True)
         changes = detect_changes(history, penalty=args.penalty, min_effect=args.min_effect)
         print(changes_text(changes, len(key_series(history))))
@@ -41,7 +42,8 @@ def _history(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         changes.to_csv(out / "changes.csv", index=False)
         index = write_trends(history, changes, out / "trends", every_key=args.all_trends, penalty=args.penalty)
-        print(f"wrote {out / 'changes.csv'}, {index}")
+        page = write_trends_page(history, changes, out / "changes.html", args.results_dir, penalty=args.penalty)
+        print(f"wrote {out / 'changes.csv'}, {page}, {index}")
     return 0
 
 
@@ -57,8 +59,9 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--noise", action="store_true",
                    help="(re)build each testbed's noise model (every key's A/A spread) into RESULTS_DIR/noise/")
     p.add_argument("--changes", action="store_true",
-                   help="change-point detection per key over the runs (ruptures PELT); writes changes.csv and a "
-                        "trend figure per changed key under RESULTS_DIR/history/")
+                   help="change-point detection per key over the runs (ruptures PELT); writes changes.csv, "
+                        "changes.html (every changed key's trend, filterable) and a trend figure per changed key "
+                        "under RESULTS_DIR/history/")
     p.add_argument("--all-trends", action="store_true", help="with --changes: a trend figure for every key")
     p.add_argument("--penalty", type=positive_float, default=stats.PENALTY,
                    help="PELT penalty on the standardized series (default: %(default)s; lower finds smaller steps)")

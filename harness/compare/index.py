@@ -61,8 +61,10 @@ def typed(df: pd.DataFrame) -> pd.DataFrame:
         elif kind in (int, float, DURATION):
             out[column] = pd.to_numeric(s, errors="coerce").astype("float64")
         elif kind is bool:
-            out[column] = s.map(lambda v: None if _missing(v) else str(v).strip().lower() in ("true", "1", "1.0"),
-                                na_action=None).astype(object)
+            out[column] = s.astype(object) if s.dtype == bool else s.map(
+                lambda v: None if _missing(v) else str(v).strip().lower() in ("true", "1", "1.0")).astype(object)
+        elif pd.api.types.infer_dtype(s, skipna=True) in ("string", "empty"):  # text already: no call per cell
+            out[column] = s.astype(object).where(s.notna(), None)
         else:
             out[column] = s.map(lambda v: None if _missing(v) else str(v)).astype(object)
     return pd.DataFrame(out, index=df.index)
