@@ -65,8 +65,12 @@ class ParquetStore:
 
     def __init__(self, path: Path):
         self.path = path
-        for sub in (MANIFESTS, ROWS, ROUNDS):
-            (path / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            for sub in (MANIFESTS, ROWS, ROUNDS):
+                (path / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"history index {str(path)!r} cannot be made ({exc.strerror or exc}); pass --store PATH "
+                             "(a folder this user can write) or a postgresql:// URL") from None
 
     def manifests(self) -> dict[str, dict]:
         out = {}
