@@ -1,4 +1,5 @@
-"""`python -m harness history`: every run in one table; --noise: noise models; --changes: change points, trends."""
+"""`python -m harness history`: every run in one table; --noise: noise models; --changes: change points, trends
+(all read from the history index, compare/index.py)."""
 
 from __future__ import annotations
 
@@ -7,23 +8,25 @@ from pathlib import Path
 
 from harness.cli.options import nonnegative_float, positive_float
 from harness.measure import stats
+from harness.store.schema import KEY
 
 
 def _history(args: argparse.Namespace) -> int:
-    from harness.compare.history import history_text, load_history
+    from harness.compare.history import summary_text
+    from harness.compare.index import CHANGE_COLUMNS, CODE_COLUMNS, open_index
     from harness.compare.noise import NoiseModel, build_noise_model, noise_path
-    history = load_history(args.results_dir)
+    index = open_index(args.results_dir, args.store)
+    testbeds = index.testbeds()
     if args.testbed is not None:
-        known = sorted(set(history.testbed_id.dropna().astype(str)))
-        if args.testbed not in known:
+        if args.testbed not in testbeds:
             raise ValueError(f"--testbed {args.testbed!r}: no runs of it under {args.results_dir}; "
-                             f"testbeds there: {', '.join(known) or 'none'}")
-        history = history[history.testbed_id.astype(str) == args.testbed]
-    print(history_text(history))
-    testbeds = sorted(set(history.testbed_id.dropna().astype(str))) if len(history) else []
+                             f"testbeds there: {', '.join(testbeds) or 'none'}")
+        testbeds = [args.testbed]
+    print(summary_text(index.summary(args.testbed), index.notes(args.testbed)))
     for testbed in testbeds:
         if args.noise:
-            build_noise_model(history, testbed, args.results_dir)
+            runs = index.rows(("run_id", "testbed_id", *KEY, *CODE_COLUMNS), testbed=testbed)
+            build_noise_model(runs, testbed, args.results_dir, index.rounds(testbed))
         path = noise_path(args.results_dir, testbed)
         if path.exists():
             print(NoiseModel.load(path).summary())
@@ -31,13 +34,16 @@ def _history(args: argparse.Namespace) -> int:
             print(f"no noise model of testbed {testbed} yet: `history --noise` builds it from the runs above")
     if args.changes:
         from harness.compare.changes import changes_text, detect_changes, key_series, write_trends
+        from harness.compare.trends_page import write_trends_page
+        history = index.rows(CHANGE_COLUMNS, testbed=args.testbed, timed=True)
         changes = detect_changes(history, penalty=args.penalty, min_effect=args.min_effect)
         print(changes_text(changes, len(key_series(history))))
         out = Path(args.results_dir) / "history"
         out.mkdir(parents=True, exist_ok=True)
         changes.to_csv(out / "changes.csv", index=False)
         index = write_trends(history, changes, out / "trends", every_key=args.all_trends, penalty=args.penalty)
-        print(f"wrote {out / 'changes.csv'}, {index}")
+        page = write_trends_page(history, changes, out / "changes.html", args.results_dir, penalty=args.penalty)
+        print(f"wrote {out / 'changes.csv'}, {page}, {index}")
     return 0
 
 
@@ -46,11 +52,16 @@ def add_subcommand(subparsers) -> None:
                                               "gate's noise model, --changes finds change points per key")
     p.add_argument("results_dir", nargs="?", default="results", help="directory of run dirs (default: %(default)s)")
     p.add_argument("--testbed", default=None, help="only the runs of this testbed id")
+    p.add_argument("--store", default=None, metavar="PATH_OR_URL",
+                   help="the history index: a folder (shared by a team's machines: each run is its own file) or a "
+                        "postgresql:// URL (default: RESULTS_DIR/index, made on first use; each run folder is "
+                        "read once, again when its files change)")
     p.add_argument("--noise", action="store_true",
                    help="(re)build each testbed's noise model (every key's A/A spread) into RESULTS_DIR/noise/")
     p.add_argument("--changes", action="store_true",
-                   help="change-point detection per key over the runs (ruptures PELT); writes changes.csv and a "
-                        "trend figure per changed key under RESULTS_DIR/history/")
+                   help="change-point detection per key over the runs (ruptures PELT); writes changes.csv, "
+                        "changes.html (every changed key's trend, filterable) and a trend figure per changed key "
+                        "under RESULTS_DIR/history/")
     p.add_argument("--all-trends", action="store_true", help="with --changes: a trend figure for every key")
     p.add_argument("--penalty", type=positive_float, default=stats.PENALTY,
                    help="PELT penalty on the standardized series (default: %(default)s; lower finds smaller steps)")

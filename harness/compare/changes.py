@@ -22,9 +22,10 @@ def key_series(history: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
     if timed.empty:
         return {}
     timed["latency_ms"] = timed.latency_ms.astype(float)
-    timed = timed.sort_values(["started", "run_id"], na_position="first")
-    return {key: g.drop_duplicates("run_id", keep="last").reset_index(drop=True)
-            for key, g in timed.groupby(["testbed_id", *KEY], sort=False)}
+    # a key's last row of each run id, oldest run first (dropped across keys at once: one pass, not one per key)
+    timed = timed.sort_values(["started", "run_id"], na_position="first").drop_duplicates(
+        ["testbed_id", *KEY, "run_id"], keep="last")
+    return {key: g.reset_index(drop=True) for key, g in timed.groupby(["testbed_id", *KEY], sort=False, observed=True)}
 
 
 def detect_changes(history: pd.DataFrame, *, testbed: str | None = None, penalty: float = PENALTY,

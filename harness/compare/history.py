@@ -82,12 +82,16 @@ def summarize(history: pd.DataFrame) -> pd.DataFrame:
 
 def history_text(history: pd.DataFrame) -> str:
     """The summary table and one line of totals, for the terminal."""
-    runs = summarize(history)
+    return summary_text(summarize(history), run_notes_lines(history))
+
+
+def summary_text(runs: pd.DataFrame, notes: list[str]) -> str:
+    """The per-run summary (summarize's), a line of totals and the runs' notes (run_notes_lines')."""
     if runs.empty:
         return "no runs"
     totals = (f"{len(runs)} runs, {runs.testbed_id.nunique()} testbeds, {runs.host.nunique()} hosts, "
               f"{int(runs.rows.sum())} rows, from {runs.started.min()} to {runs.started.max()}")
-    return "\n".join([runs.to_string(index=False), totals, *run_notes_lines(history)])
+    return "\n".join([runs.to_string(index=False), totals, *notes])
 
 
 def run_notes_lines(history: pd.DataFrame) -> list[str]:

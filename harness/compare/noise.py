@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.measure.stats import KeyNoise, robust_sd
+from harness.measure.stats import MAD_SCALE, KeyNoise
 from harness.store.load import load_samples
 from harness.store.schema import KEY
 
@@ -27,46 +27,62 @@ def _key_text(key: tuple) -> str:
     return "|".join(map(str, key))
 
 
-def key_spreads(history: pd.DataFrame) -> pd.DataFrame:
-    """Per key of one testbed's runs: the A/A sigma of log(run median ratio), its source and run count."""
-    rows, medians, code = [], [], ["git_sha", "git_dirty", "torch", "backend_version"]
-    for run_dir in history.drop_duplicates("run_dir").run_dir:
-        samples = load_samples(run_dir)
-        if samples.empty:
-            continue
-        samples = samples[samples.latency_ms > 0]
-        per_round = samples.groupby([*KEY, "round"], sort=False).latency_ms.median().reset_index()
-        medians.append(per_round.assign(log_ms=np.log(per_round.latency_ms), run_dir=run_dir))
-    if not medians:
+def run_round_medians(run_dirs) -> pd.DataFrame:
+    """Per-round medians (case, backend, phase, round, latency_ms, run_dir) of each run's samples.csv."""
+    from harness.compare.index import round_medians
+    frames = [round_medians(load_samples(run_dir)).assign(run_dir=run_dir) for run_dir in run_dirs]
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*KEY, "round", "latency_ms",
+                                                                                      "run_dir"])
+
+
+def key_spreads(history: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per key of one testbed's runs: the A/A sigma of log(run median ratio), its source and run count. `rounds`:
+    the runs' per-round medians (run_round_medians; default: read from each run's samples.csv)."""
+    if rounds is None:
+        rounds = run_round_medians(history.drop_duplicates("run_dir").run_dir)
+    if rounds.empty:
         return pd.DataFrame(columns=["key", "aa_sigma", "source", "runs"])
-    ids = history[["run_dir", *KEY, *[c for c in code if c in history]]].drop_duplicates(["run_dir", *KEY])
-    rounds = pd.concat(medians, ignore_index=True).merge(ids, on=["run_dir", *KEY], how="left")
-    group_cols = [c for c in code if c in rounds] or ["run_dir"]  # without code ids every run stands alone
-    for key, g in rounds.groupby(list(KEY), sort=False):
-        # within a run: each round median's deviation from its run's median
-        within = (g.log_ms - g.groupby("run_dir").log_ms.transform("median")).to_numpy()
-        per_run = g.groupby("run_dir").log_ms.agg(["median", "size"]).reset_index()
-        n_rounds = float(per_run["size"].median())
-        per_run = per_run.merge(g.drop_duplicates("run_dir")[["run_dir", *group_cols]], on="run_dir")
-        same_code = per_run.groupby(group_cols, dropna=False)["median"]  # a missing version is a value too
-        deviations = (per_run["median"] - same_code.transform("median")).to_numpy()
-        repeats = len(per_run) - same_code.ngroups
-        if repeats >= MIN_REPEATS:
-            # run medians of unchanged code: their spread is the A/A spread of one side; a ratio has two
-            sigma, source = math.sqrt(2) * robust_sd(deviations) * math.sqrt(len(deviations) / repeats), "runs"
-        else:
-            # one run's rounds only: the spread of a median of n_rounds rounds, both sides
-            sigma, source = math.sqrt(2) * robust_sd(within) / math.sqrt(max(n_rounds, 1.0)), "rounds"
-        rows.append({"key": _key_text(key), "aa_sigma": sigma, "source": source, "runs": len(per_run)})
-    return pd.DataFrame(rows)
+    code = [c for c in ("git_sha", "git_dirty", "torch", "backend_version") if c in history]
+    ids = history[["run_dir", *KEY, *code]].drop_duplicates(["run_dir", *KEY])
+    rounds = rounds.assign(log_ms=np.log(rounds.latency_ms.astype(float))).merge(ids, on=["run_dir", *KEY],
+                                                                                 how="left")
+    group_cols = code or ["run_dir"]  # without code ids every run stands alone
+    keys, by_run = list(KEY), [*KEY, "run_dir"]
+    # within a run: each round median's deviation from its run's median
+    within = (rounds.log_ms - rounds.groupby(by_run, sort=False, observed=True).log_ms.transform("median")).abs()
+    per_run = rounds.groupby(by_run, sort=False, observed=True).agg(
+        median=("log_ms", "median"), size=("log_ms", "size"),
+        **{f"_{c}": (c, "first") for c in group_cols if c != "run_dir"}).reset_index()
+    per_run = per_run.rename(columns={f"_{c}": c for c in group_cols})
+    # a missing version is a value too (dropna=False): runs of the same code
+    same_code = per_run.groupby([*keys, *group_cols], sort=False, dropna=False, observed=True)["median"]
+    per_run["deviation"] = (per_run["median"] - same_code.transform("median")).abs()
+    per_key = per_run.groupby(keys, sort=False, observed=True)
+    out = pd.DataFrame({"runs": per_key.size(), "n_rounds": per_key["size"].median().astype(float),
+                        "dev_sd": MAD_SCALE * per_key.deviation.median(),
+                        "groups": per_run.drop_duplicates([*keys, *group_cols]).groupby(
+                            keys, sort=False, observed=True).size()})
+    out["within_sd"] = MAD_SCALE * within.groupby([rounds[k] for k in keys], sort=False, observed=True).median()
+    out["repeats"] = out.runs - out.groups
+    # run medians of unchanged code: their spread is the A/A spread of one side; a ratio has two
+    from_runs = math.sqrt(2) * out.dev_sd * np.sqrt(out.runs / out.repeats.where(out.repeats > 0))
+    # one run's rounds only: the spread of a median of n_rounds rounds, both sides
+    from_rounds = math.sqrt(2) * out.within_sd / np.sqrt(out.n_rounds.clip(lower=1.0))
+    enough = out.repeats >= MIN_REPEATS
+    return pd.DataFrame({"key": ["|".join(map(str, k)) for k in out.index],
+                         "aa_sigma": np.where(enough, from_runs, from_rounds).astype(float),
+                         "source": np.where(enough, "runs", "rounds"), "runs": out.runs.to_numpy()})
 
 
-def build_noise_model(history: pd.DataFrame, testbed: str, results_dir: str | Path) -> Path:
-    """Write the noise model of `testbed` (its runs in `history`) to <results_dir>/noise/<testbed>.json."""
+def build_noise_model(history: pd.DataFrame, testbed: str, results_dir: str | Path,
+                      rounds: pd.DataFrame | None = None) -> Path:
+    """Write the noise model of `testbed` (its runs in `history`; `rounds`: their per-round medians, default read
+    from the runs' samples) to <results_dir>/noise/<testbed>.json."""
     runs = history[history.testbed_id.astype(str) == testbed]
     if runs.empty:
         raise ValueError(f"no runs of testbed {testbed!r} under {results_dir}")
-    spreads = key_spreads(runs)
+    spreads = key_spreads(runs, rounds)
     finite = spreads[np.isfinite(spreads.aa_sigma.astype(float))] if len(spreads) else spreads
     model = {"testbed": testbed, "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": int(runs.run_dir.nunique()),
              "default_aa_sigma": float(finite.aa_sigma.median()) if len(finite) else None,

@@ -14,7 +14,7 @@ import pandas as pd
 
 from harness.backends.registry import versioned_backends
 from harness.compare.changes import detect_changes, key_series, plot_trend, trend_file
-from harness.compare.history import load_history
+from harness.compare.index import CHANGE_COLUMNS, open_index
 from harness.measure.stats import MIN_SEGMENT, change_points
 from harness.report.plots import plot_run
 from harness.report.analysis import (answered, failures, headline, modifier_support, not_run, semantics_table,
@@ -233,10 +233,9 @@ def history_section(run_dir: Path, env: dict, out_dir: Path) -> list | None:
     testbed, root = env.get("testbed_id"), run_dir.parent
     if not testbed or not root.is_dir() or is_run_dir(root):
         return None
-    history = load_history(root)
-    if history.empty or "testbed_id" not in history:
+    history = open_index(root).rows(CHANGE_COLUMNS, testbed=str(testbed))
+    if history.empty:
         return None
-    history = history[history.testbed_id.astype(str) == str(testbed)]
     started = env.get("started")
     if started and "started" in history:  # a report rebuilt later must not show the future of its run
         history = history[history.started.astype(str) <= str(started)]

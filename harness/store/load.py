@@ -26,7 +26,7 @@ REFUSED = "refused_rows"
 #: how many refused lines a warning lists by number
 _SHOWN = 5
 #: column -> the type its cells must parse as (int, float, bool or str), from the schema's Row annotations
-_KIND = {name: ([t for t in typing.get_args(hint) if t is not type(None)] or [hint])[0]
+COLUMN_KINDS = {name: ([t for t in typing.get_args(hint) if t is not type(None)] or [hint])[0]
          for name, hint in typing.get_type_hints(Row).items()}
 #: a latency is a duration: a finite number >= 0 (a negative or infinite one is a damaged cell)
 DURATION = "duration"
@@ -113,9 +113,10 @@ def _frame(header: list[str], records: list[list[str]], **kwargs) -> pd.DataFram
     return pd.read_csv(buffer, **kwargs)
 
 
-def load_samples(run_dir: str | Path) -> pd.DataFrame:
+def load_samples(run_dir: str | Path, folded: pd.DataFrame | None = None) -> pd.DataFrame:
     """Raw timing samples of a run (empty frame with the columns when it has none); lines that do not parse (a
-    latency that is no finite number >= 0, a cut line) are refused with a warning and counted (`refused_rows`)."""
+    latency that is no finite number >= 0, a cut line) are refused with a warning and counted (`refused_rows`).
+    `folded`: the run's results as load_results gave them, when the caller has them (not read twice)."""
     path = Path(run_dir) / "samples.csv"
     if not path.exists():
         return pd.DataFrame(columns=list(SAMPLE_COLUMNS))
@@ -129,17 +130,18 @@ def load_samples(run_dir: str | Path) -> pd.DataFrame:
         df.insert(SAMPLE_COLUMNS.index("round"), "round", 0)  # every other column is there (checked above)
     df["latency_ms"] = pd.to_numeric(df["latency_ms"], errors="coerce")
     results = Path(run_dir) / "results.csv"
-    if results.exists() and not df.empty:  # a rejected key's samples are never figures, an earlier round's neither
+    if folded is None and results.exists() and not df.empty:
         try:
             with warnings.catch_warnings():  # results.csv's refused lines are said where it is loaded
                 warnings.simplefilter("ignore")
                 folded = load_results(results)
         except ValueError:  # a results file that cannot be read says so where it is read; no key is withheld
             folded = pd.DataFrame()
-        if "timing_status" in folded.columns:  # absent from a file written before timing_status existed
-            bad = folded.loc[~folded.timing_status.map(figures_usable).astype(bool), list(KEY)]
-            withheld = set(bad.itertuples(index=False, name=None))
-            df = df[[k not in withheld for k in df[list(KEY)].itertuples(index=False, name=None)]] if withheld else df
+    # a rejected key's samples are never figures, an earlier round's neither (absent before timing_status existed)
+    if folded is not None and not df.empty and "timing_status" in folded.columns:
+        bad = folded.loc[~folded.timing_status.map(figures_usable).astype(bool), list(KEY)]
+        withheld = set(bad.itertuples(index=False, name=None))
+        df = df[[k not in withheld for k in df[list(KEY)].itertuples(index=False, name=None)]] if withheld else df
     df.attrs[REFUSED] = len(refused)
     return df
 
@@ -168,7 +170,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"no results file at {path}")
     try:
-        header, records, refused = _parse(path, KEY, _KIND)
+        header, records, refused = _parse(path, KEY, COLUMN_KINDS)
     except OSError as exc:
         raise ValueError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
     missing = [c for c in REQUIRED if c not in header]
