@@ -24,6 +24,17 @@ SEEN_FACTOR = 3.0
 CONFIRM_CALLS = 6
 
 
+#: the clock audit (clock_disagreement): a round is rejected when the run's own clock saw it last longer than the timing
+#: process's clocks account for by over CLOCK_SHARE of the round plus CLOCK_SLACK_MS - what a request's trip through the
+#: pipe and the scheduler adds: median 12 ms, 99th percentile 54 ms, at most 85 ms in 432 honest rounds at a load
+#: average of 8-10 on 2 cores (benchmarks/clock_audit_study.py, 2026-12-03); and a disagreeing round is timed once more
+CLOCK_SHARE = 0.5
+CLOCK_SLACK_MS = 100.0
+#: the same on CUDA between the events' span over the repetitions and the host clock around them, in one process after
+#: synchronisation: only the first launch and the last synchronisation are the host's alone
+EVENT_SLACK_MS = 5.0
+
+
 def run_seed(seed: int | None) -> int:
     """The seed given (to reproduce a run), else one drawn now, which no code can predict."""
     return secrets.randbelow(2 ** 31) if seed is None else seed
@@ -167,3 +178,33 @@ def seen_violation(seen_ms: Iterable[float], new_ms: Iterable[float]) -> str:
     return (f"faster on inputs it has seen: median {median:.4g} ms a call on repeated inputs, at least "
             f"{min(new):.4g} ms on {len(new)} new input set(s) of the same shape ({min(new) / median:.1f}x, "
             f"limit {SEEN_FACTOR:g}x)")
+
+
+def clock_disagreement(claimed_ms: float, accounted_ms: float, wall_ms: float,
+                       clocks: str = "the backend process's clock disagrees with the run's",
+                       slack_ms: float = CLOCK_SLACK_MS) -> str:
+    """'' unless the run's clock saw the round (wall_ms, around its request) last longer than the timing process
+    accounts for (accounted_ms: its work outside `measure`, measure's besides the samples, and the samples, each by
+    its own clock) by over CLOCK_SHARE x accounted_ms + CLOCK_SLACK_MS; claimed_ms: the samples' sum. A clock slowed
+    s-fold claims 1/s of every part it reads, so the run sees up to (s - 1) x accounted_ms more: rejected once
+    (s - 1 - CLOCK_SHARE) x accounted_ms passes CLOCK_SLACK_MS - a 5x clock of every part on any round of over 143 ms
+    of real work (a shorter one's lag is caught by clock_behind as the next request starts). On CUDA the same rule,
+    with EVENT_SLACK_MS, holds the events' span over the repetitions to the host clock around them (any round of over
+    7 ms with events slowed 5x)."""
+    unseen = wall_ms - accounted_ms
+    if unseen <= CLOCK_SHARE * accounted_ms + slack_ms:
+        return ""
+    return (f"{clocks}: {claimed_ms:.3g} ms claimed in {claimed_ms + unseen:.3g} ms of calls (the round: "
+            f"{accounted_ms:.4g} ms by the first, {wall_ms:.4g} ms by the second; limit {CLOCK_SHARE:g} x the round + "
+            f"{slack_ms:g} ms)")
+
+
+def clock_behind(started_ns: int, asked_ns: int) -> str:
+    """'' unless the timing process's clock read `started_ns` as the round started, before the run's read `asked_ns`
+    as it sent the request (one system-wide monotonic clock: never, honestly). A clock slowed at any point since the
+    process started - at import, in a call - lags real time by what it slowed, and nothing of the kernel runs between
+    a reply and the next request to catch up: any lag over the request's trip shows at the next round."""
+    if started_ns >= asked_ns:
+        return ""
+    return (f"the backend process's clock is behind the run's: the round started {(asked_ns - started_ns) / 1e6:.4g} "
+            f"ms before the run asked for it")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -18,6 +17,7 @@ from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
 from harness.measure.memory import peak_memory
 from harness.measure.stages import stage
+from harness.measure import timing as clocks  # clocks.CLOCKS, read where used: one binding for every reading
 from harness.measure.timing import Measurement, TimingConfig, measure
 from harness.spec.case import Inputs
 from harness.spec.modifiers import MODIFIER_GRADS
@@ -66,6 +66,15 @@ class TimingResult:
     observed: list[Observed] = field(default_factory=list)
     #: the integrity rules the timed calls broke where they ran; '' when none
     integrity: str = ""
+    #: the round as the timing process's clocks account for it, ms: its work around `measure`, measure's own besides
+    #: the samples, and the samples; and the round by the run's process's clock, around its request (None: not
+    #: timed); integrity.clock_disagreement compares them
+    accounted_ms: float | None = None
+    wall_ms: float | None = None
+    #: the timing process's clock as the round started, and the run's as it sent the request (ns; one system-wide
+    #: monotonic clock): a round cannot start before it was asked for, so a clock left behind shows here
+    started_ns: int | None = None
+    asked_ns: int | None = None
 
     @property
     def interrupted(self) -> bool:
@@ -185,7 +194,8 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                caches: CallCaches | None = None) -> TimingResult:
     """Measure one round; every failure comes back as a Failure. With the round's transforms, the calls get the seen
     inputs, the last one new inputs; what the last two returned comes back (observed) to be judged."""
-    result = TimingResult()
+    start = clocks.CLOCKS.now_ns()
+    result = TimingResult(started_ns=start)
     with device_scope(device):
         try:
             with stage("inputs"):
@@ -227,15 +237,21 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                     timed, captured = graph_phase(timed, device)
                     if checks is not None:
                         checks.timed = timed
+                measure_start = clocks.CLOCKS.now_ns()
                 result.measurement = measure(timed.fn, device=device, setup=timed.setup, config=timing.config,
                                              estimate_ms=timing.estimate_ms,
                                              build=None if first_done else timed.build, first_done=first_done,
                                              renew=None if checks is None else checks.renew,
                                              observe=None if checks is None else checks.observe, graph=captured)
+                measure_ns = clocks.CLOCKS.now_ns() - measure_start
             result.compile_ms = backend.compile_time_ms()
             if checks is not None:
                 with stage("integrity"):
                     result.observed, result.integrity = checks.finish(result.measurement, device)
+            # what the round accounts for: a clock that read any part short shows as time nobody accounted for
+            m = result.measurement
+            outside_ms = (clocks.CLOCKS.now_ns() - start - measure_ns) / 1e6
+            result.accounted_ms = outside_ms + m.untimed_ms + sum(m.samples_ms)
         except BaseException as exc:  # noqa: B036 - a backend's SystemExit or KeyboardInterrupt is this round's row
             failure = Failure.of(exc)
             result.failure = Failure(failure.status, f"during timing: {failure.reason}", failure.interrupted)
@@ -343,16 +359,16 @@ def _drop(o: Observed, quantities: set[str]) -> None:
 def _once(fn: Callable[[], object], device: torch.device) -> float:
     """One call's latency (ms), by the clock the samples used: CUDA events on the device, else perf_counter."""
     if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(device)
-        start.record()
+        start, end = clocks.CLOCKS.timing_event(), clocks.CLOCKS.timing_event()
+        clocks.CLOCKS.synchronize(device)
+        clocks.CLOCKS.record(start, None)
         fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        return start.elapsed_time(end)
-    begin = time.perf_counter_ns()
+        clocks.CLOCKS.record(end, None)
+        clocks.CLOCKS.synchronize(device)
+        return clocks.CLOCKS.elapsed_ms(start, end)
+    begin = clocks.CLOCKS.now_ns()
     fn()
-    return (time.perf_counter_ns() - begin) / 1e6
+    return (clocks.CLOCKS.now_ns() - begin) / 1e6
 
 
 def fidelity_of(backend: Backend, device: torch.device, case, seed: int):

@@ -45,6 +45,8 @@ def _timed(backend, phase, case=CASE, rounds=1, seed=3, executor=None):
     (gamed.MemoPerGraph, "bwd", "on new inputs (q,k x1, v x-1, dO x-1)] dq err"),  # a new dO on its graph
     (gamed.ContentCache, "fwd", "faster on inputs it has seen"),
     (gamed.MemoPerGraphAndDO, "bwd", "faster on inputs it has seen"),  # right on the new dO: slow only there
+    *((memo, phase, "faster on inputs it has seen") for memo in (gamed.FingerprintMemo, gamed.FingerprintLRU)
+      for phase in ("fwd", "bwd", "fwd+bwd")),  # right on every input: a memo keyed on ~32 values of each
 ])
 def test_a_kernel_that_cheats_when_timed_loses_its_figure(kernel, phase, words):
     result = _timed(kernel(), phase)
