@@ -166,37 +166,42 @@ def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[
             config: TimingConfig = TimingConfig(), estimate_ms: float | None = None,
             build: Callable[[], None] | None = None, first_done: bool = False,
             renew: Callable[[], None] | None = None,
-            observe: Callable[[object, bool], None] | None = None, graph: Captured | None = None) -> Measurement:
+            observe: Callable[[object, bool], None] | None = None, graph: Captured | None = None,
+            fresh: Callable[[], None] | None = None) -> Measurement:
     """Time `fn()` repeatedly, `setup()` before each repetition, untimed. estimate_ms: known latency (no estimate
     calls); build: what fn needs made first (a backward's forward); first_done (CPU): the caller made the first
     call; renew: new inputs before the last repetition; observe(value, renewed): given what each of the last
-    two repetitions returned, right after; graph: fn captured (cuda_graph.Captured): its replays are timed."""
+    two repetitions returned, right after; graph: fn captured (cuda_graph.Captured): its replays are timed; fresh:
+    new content written before every call, estimate and warm-up calls too (a graph's replays included)."""
     setup, start = setup or (lambda: None), CLOCKS.now_ns()
-    m = _measure(fn, setup, device, config, estimate_ms, build, first_done, renew, observe, graph)
+    m = _measure(fn, setup, device, config, estimate_ms, build, first_done, renew, observe, graph,
+                 fresh or (lambda: None))
     return replace(m, untimed_ms=(CLOCKS.now_ns() - start) / 1e6 - sum(m.samples_ms))
 
 
-def _measure(fn, setup, device, config, estimate_ms, build, first_done, renew, observe, graph) -> Measurement:
+def _measure(fn, setup, device, config, estimate_ms, build, first_done, renew, observe, graph, fresh
+             ) -> Measurement:
     if device.type == "cuda":
         if first_done:
             raise ValueError("measure(first_done=True) is for the CPU clock; on CUDA the first call may be a graph "
                              "replay")
         if config.cuda_graph and graph is None:
             raise ValueError("measure(config.cuda_graph=True) needs graph= (timed.graph_phase captures it)")
-        return _measure_cuda(fn, setup, device, config, estimate_ms, build, renew, observe, graph)
+        return _measure_cuda(fn, setup, device, config, estimate_ms, build, renew, observe, graph, fresh)
     if build is not None:
         build()
-    return _measure_cpu(fn, setup, config, estimate_ms, first_done, renew, observe)
+    return _measure_cpu(fn, setup, config, estimate_ms, first_done, renew, observe, fresh)
 
 
 def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_done: bool, renew,
-                 observe) -> Measurement:
+                 observe, fresh) -> Measurement:
     # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
     now_ns = CLOCKS.now_ns
 
     def once(last: int = 0) -> float:
         if last == 1 and renew is not None:
             renew()
+        fresh()
         setup()
         start = now_ns()
         value = fn()
@@ -229,7 +234,7 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_don
 
 
 def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, build, renew, observe,
-                  graph) -> Measurement:
+                  graph, fresh) -> Measurement:
     clocks = CLOCKS  # the event API as bound at import (Clocks)
     with torch.cuda.device(device):  # events record on the current device's stream: make it the run's device
         stream, target, mode = torch.cuda.current_stream(device), fn, "cuda-events"
@@ -241,6 +246,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
         clocks.synchronize(device)
         flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
         if estimate is None:
+            fresh()
             setup()
             target()
             clocks.synchronize(device)
@@ -248,6 +254,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
             est_start, est_end = clocks.timing_event(), clocks.timing_event()
             clocks.record(est_start, stream)
             for _ in range(5):
+                fresh()
                 setup()
                 target()
             clocks.record(est_end, stream)
@@ -255,6 +262,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
             estimate = clocks.elapsed_ms(est_start, est_end) / 5
         warmup, reps = _reps(estimate, cfg)
         for _ in range(max(1, warmup)):  # do_bench's floor: at least one call
+            fresh()
             setup()
             target()
         starts, ends = ([clocks.timing_event() for _ in range(reps)] for _ in range(2))
@@ -264,6 +272,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
             last = reps - i if reps - i <= 2 else 0  # 1: the last repetition, 2: the one before
             if last == 1 and renew is not None:
                 renew()        # new inputs (and, for a graph, the forward it reads) before the events
+            fresh()            # the call's own content, written before the events
             setup()            # host work (gradient reset) and the flush stay outside the events
             flush.zero_()      # clear L2 so every repetition reads its inputs from HBM, like a real model step
             clocks.record(starts[i], stream)  # events bracket the call's kernels on this device's current stream
