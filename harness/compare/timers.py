@@ -97,7 +97,7 @@ class ExecutorTimer:
     def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | Rejected | str:
         """One round of one key: its samples (ms), Rejected (a check failed: no figure), or why timing failed."""
         from harness.backends.registry import get_backends
-        from harness.execution.benchmark import judge_timed
+        from harness.execution.benchmark import audited_time, judge_timed
         from harness.execution.call import Call
         from harness.execution.integrity import round_inputs, round_options
         from harness.execution.runner import prepare_case
@@ -112,14 +112,14 @@ class ExecutorTimer:
         self.rounds[key] = index + 1
         plan = round_inputs(self.seed, key, index, **round_options(case, phase))
         # the memory was measured in the run; known_memory skips the probe (an extra call per round)
-        answer = self.executor.time(impl, TimingCall(Call(case, self.seed), phase, self.config,
-                                                     estimate_ms=estimate_ms, known_memory=(0, "not measured"),
-                                                     inputs=plan), self.device)
+        answer, clock = audited_time(self.executor, impl, TimingCall(
+            Call(case, self.seed), phase, self.config, estimate_ms=estimate_ms, known_memory=(0, "not measured"),
+            inputs=plan), self.device)
         if answer.measurement is None:
             return answer.failure.reason
         if case.id not in self.prepared:  # the answer every round of every key of the case is judged against
             self.prepared[case.id] = prepare_case(case, self.device, self.seed)
-        problem = judge_timed(impl, self.prepared[case.id], phase, answer.observed) or answer.integrity
+        problem = clock or judge_timed(impl, self.prepared[case.id], phase, answer.observed) or answer.integrity
         if problem:
             return Rejected(f"timed at median {answer.measurement.median:.4g} ms, but {problem}")
         return answer.measurement.samples_ms

@@ -11,9 +11,10 @@ from harness.backends.base import Backend
 from harness.execution.call import Call, timed_call
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
-from harness.execution.integrity import Transform, round_inputs, round_options
+from harness.execution.integrity import (EVENT_SLACK_MS, Transform, clock_behind, clock_disagreement,
+                                         round_inputs, round_options)
 from harness.execution.rounds import Round
-from harness.execution.timed import Observed, TimingCall
+from harness.execution.timed import Observed, TimingCall, TimingResult
 from harness.measure.bandwidth import roofline_columns
 from harness.measure.flops import attention_flops
 from harness.measure.peaks import beyond_physical_limit
@@ -78,7 +79,7 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
                         cpu_mem_budget=cpu_mem_budget,
                         inputs=round_inputs(prepared.seed or 0, key, timing_round.index, **round_options(case, phase)),
                         verified=verdict.answer_id)
-    answer = executor.time(backend, timing, device)
+    answer, clock = audited_time(executor, backend, timing, device)
     if answer.failure is not None:
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,
                               mem_method=answer.mem_method), None)
@@ -86,7 +87,7 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     # one thread on a CPU: the workers' OpenMP threads still spin after a call, and the default run's timed judging
     # took 5.6 s on two threads, 1.1 s on one (2-core VM, 984 rounds)
     with stage("judging"), one_thread() if device.type == "cpu" else contextlib.nullcontext():
-        problem = judge_timed(backend, prepared, phase, answer.observed, verdict.verified) or answer.integrity
+        problem = clock or judge_timed(backend, prepared, phase, answer.observed, verdict.verified) or answer.integrity
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
         where = f"round {timing_round.index + 1} of {timing_round.count}: " if timing_round.count > 1 else ""
         return PerfResult(row(REJECTED, f"{where}timed at median {m.median:.4g} ms, but {problem}"), None)
@@ -104,6 +105,28 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
                  peak_mem_bytes=mem_bytes, mem_method=mem_method, flops=flops,
                  compile_ms=answer.compile_ms, **roof)
     return PerfResult(result, m, pooled)
+
+
+def audited_time(executor: Executor, backend: Backend, timing: TimingCall, device: torch.device
+                 ) -> tuple[TimingResult, str]:
+    """A round timed where the backend runs, and its clock audit ('' when the clocks agree, or it failed)."""
+    answer = executor.time(backend, timing, device)
+    if answer.failure is None and clock_audit(answer):
+        # one reply held up by a loaded scheduler is not a slowed clock, which disagrees on every round
+        answer = executor.time(backend, timing, device)
+    return answer, "" if answer.failure is not None else clock_audit(answer)
+
+
+def clock_audit(answer: TimingResult) -> str:
+    """The round's clock audit (integrity.clock_disagreement): the worker's clock against the run's around the round,
+    and on CUDA the events against the host clock around the repetitions; '' when they agree."""
+    claimed = sum(answer.measurement.samples_ms)
+    events = answer.measurement.event_vs_host
+    return ((answer.asked_ns is not None and clock_behind(answer.started_ns, answer.asked_ns))
+            or (answer.wall_ms is not None and clock_disagreement(claimed, answer.accounted_ms, answer.wall_ms))
+            or (events is not None and clock_disagreement(
+                claimed, *events, "the device's events disagree with the host clock after synchronisation",
+                EVENT_SLACK_MS)) or "")
 
 
 def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: list[Observed],

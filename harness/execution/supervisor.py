@@ -22,6 +22,7 @@ from harness.execution.timed import TimingCall, TimingResult
 from harness.execution.wire import WorkerSpec, recv, send
 from harness.execution.worker import worker_main
 from harness.measure.stages import CLOCK, stage
+from harness.measure.timing import CLOCKS
 from harness.store.schema import ERROR, UNAVAILABLE
 
 #: seconds a call may run before its worker is killed (--call-timeout-s): generous, a first compile can take minutes
@@ -70,6 +71,8 @@ class Worker:
         self.process.start()
         child.close()
         self.start_failure: Failure | None = None
+        self.asked_ns: int | None = None
+        self.asked_ms: float | None = None
         reply = self._receive(START_TIMEOUT_S, "starting")
         if reply[0] != "ready":
             self.start_failure = reply[1]
@@ -104,7 +107,15 @@ class Worker:
         return "failed", Failure(ERROR, f"{_death(self.process)} while {doing}; restarted for the next call")
 
     def ask(self, kind: str, payload: Any, timeout: float, doing: str, beside: bool = False) -> tuple[str, Any]:
-        """Send a request and wait for (status, answer); beside=True: a worker beside the run (its times not merged)."""
+        """Send a request and wait for (status, answer); beside=True: a worker beside the run (its times not merged).
+        The run's clock as it asked and around it is kept (`asked_ns`, `asked_ms`), for the clock audit."""
+        self.asked_ns = CLOCKS.now_ns()
+        try:
+            return self._exchange(kind, payload, timeout, doing, beside)
+        finally:
+            self.asked_ms = (CLOCKS.now_ns() - self.asked_ns) / 1e6
+
+    def _exchange(self, kind: str, payload: Any, timeout: float, doing: str, beside: bool) -> tuple[str, Any]:
         with stage("worker pipe") if not beside else nullcontext():
             try:
                 send(self.conn, (kind, payload))
@@ -179,8 +190,11 @@ class IsolatedExecutor(InterruptNoted):
         timing = replace(timing, call=timing.call.to_cpu())
         status, answer = self._ask(backend, device, "time", timing, self.timeout_for(timing.call.case.id),
                                    f"timing {backend.name} {timing.phase} on {timing.call.case.id}")
-        return self._noted(answer, backend) if status == "ok" else TimingResult(
-            failure=Failure(answer.status, f"during timing: {answer.reason}", answer.interrupted))
+        if status != "ok":
+            return TimingResult(failure=Failure(answer.status, f"during timing: {answer.reason}", answer.interrupted))
+        worker = self.workers[backend.name]  # the run's clock around the request, not the worker's
+        answer.asked_ns, answer.wall_ms = worker.asked_ns, worker.asked_ms
+        return self._noted(answer, backend)
 
     def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any) -> Any:
         status, answer = self._ask(backend, device, "run", (fn, args), self.timeout_s,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-import time
+import secrets
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -13,15 +13,16 @@ from harness.backends.base import Backend
 from harness.execution.cache import CallCaches
 from harness.execution.call import (BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves,
                                     poison, timed_call)
-from harness.execution.integrity import RoundInputs, Snapshot, Transform, aliased, same_bits, seen_violation
+from harness.execution.integrity import CallContent, RoundInputs, Snapshot, Transform, aliased, same_bits
 from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
 from harness.measure.memory import peak_memory
 from harness.measure.stages import stage
+from harness.measure import timing as clocks  # clocks.CLOCKS, read where used: one binding for every reading
 from harness.measure.timing import Measurement, TimingConfig, measure
 from harness.spec.case import Inputs
 from harness.spec.modifiers import MODIFIER_GRADS
-from harness.store.schema import FWD, FWD_BWD, GRADS, OOM
+from harness.store.schema import BWD, FWD, FWD_BWD, GRADS, OOM
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class Observed:
     transform: Transform
     out: torch.Tensor | None = None
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: the call's own content on top of the transform (divided out where the calls ran: the answers here are the
+    #: transform's)
+    content: CallContent | None = None
     #: quantities whose answer was, bit for bit, the verified one (or the last call's) scaled: dropped where the
     #: calls ran, judged by that answer's Check, scaled (judge_timed)
     scaled_verified: frozenset[str] = frozenset()
@@ -66,6 +70,15 @@ class TimingResult:
     observed: list[Observed] = field(default_factory=list)
     #: the integrity rules the timed calls broke where they ran; '' when none
     integrity: str = ""
+    #: the round as the timing process's clocks account for it, ms: its work around `measure`, measure's own besides
+    #: the samples, and the samples; and the round by the run's process's clock, around its request (None: not
+    #: timed); integrity.clock_disagreement compares them
+    accounted_ms: float | None = None
+    wall_ms: float | None = None
+    #: the timing process's clock as the round started, and the run's as it sent the request (ns; one system-wide
+    #: monotonic clock): a round cannot start before it was asked for, so a clock left behind shows here
+    started_ns: int | None = None
+    asked_ns: int | None = None
 
     @property
     def interrupted(self) -> bool:
@@ -75,7 +88,7 @@ class TimingResult:
 @dataclass
 class Phase:
     """What timing a phase runs: `setup` before every repetition (untimed), `fn` the timed call, `build` what fn
-    reads made anew; buffers: the call's inputs by name; refill, renew, rehearse, observe: docs/design/execution.md."""
+    reads made anew; buffers: the call's inputs by name; refill, renew, fresh, observe: docs/design/execution.md."""
 
     setup: Callable[[], None] | None
     fn: Callable[[], object]
@@ -84,7 +97,8 @@ class Phase:
     renew: Callable[[Inputs], dict[str, torch.Tensor]] | None = None
     observe: Callable[[object], tuple[torch.Tensor | None, dict[str, torch.Tensor]]] | None = None
     refill: Callable[[Inputs], dict[str, torch.Tensor]] | None = None
-    rehearse: Callable[[Inputs], None] | None = None
+    #: a call's own content written into the buffers (all four; the backward alone: dO, on the graph it has)
+    fresh: Callable[[Inputs], dict[str, torch.Tensor]] | None = None
 
 
 def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
@@ -116,20 +130,17 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
                 copied.append(name)
         return sources
 
+    def fresh_d_out(new: Inputs) -> dict[str, torch.Tensor]:
+        source = backend_inputs(backend, case, new, requires_grad=False, copy=False)[3]
+        with torch.no_grad():
+            d_out.copy_(source)
+        return {"dO": source}
+
     def renew(new: Inputs) -> dict[str, torch.Tensor]:
         sources = refill(new)
         if built and {"q", "k", "v"} & set(copied):  # the backward alone on new q, k or v: a new forward (a graph
             build()                                  # of its own); a new dO alone runs on the graph already built
         return sources
-
-    def rehearse(new: Inputs) -> None:
-        # renew's copies and forward, into scratch: the buffers' contents, versions and graph stay what the last
-        # call saw, so a cache keyed by content, identity or graph still hits on the call after this
-        with torch.no_grad():
-            for mine, theirs in zip((q, k, v, d_out), backend_inputs(backend, case, new, requires_grad=False)):
-                torch.empty_like(mine).copy_(theirs)
-        if built:
-            forward()
 
     def observe(value) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
         out = value.detach().clone() if isinstance(value, torch.Tensor) else None
@@ -152,11 +163,11 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         built[:] = [forward()]
 
     if phase == FWD:
-        return Phase(None, inference, None, buffers, renew, observe, refill, rehearse)
+        return Phase(None, inference, None, buffers, renew, observe, refill, refill)
     if phase == FWD_BWD:
-        return Phase(reset, step, None, buffers, renew, observe, refill, rehearse)
+        return Phase(reset, step, None, buffers, renew, observe, refill, refill)
     return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build, buffers, renew, observe, refill,
-                 rehearse)
+                 fresh_d_out)
 
 
 def graph_phase(timed: Phase, device: torch.device) -> tuple[Phase, Captured]:
@@ -185,7 +196,8 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                caches: CallCaches | None = None) -> TimingResult:
     """Measure one round; every failure comes back as a Failure. With the round's transforms, the calls get the seen
     inputs, the last one new inputs; what the last two returned comes back (observed) to be judged."""
-    result = TimingResult()
+    start = clocks.CLOCKS.now_ns()
+    result = TimingResult(started_ns=start)
     with device_scope(device):
         try:
             with stage("inputs"):
@@ -205,7 +217,7 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                 if first_done:
                     with stage("timing"):
                         timed = phase_callables(backend, case, inputs, device, phase)
-                        checks = None if plan is None else _Checks(backend, timed, verified, plan, kept)
+                        checks = None if plan is None else _Checks(backend, timed, verified, plan, case, phase, kept)
                 with stage("peak memory"):
                     probe = timed if first_done else phase_callables(backend, case, inputs, device, phase)
                     if probe.build is not None:
@@ -220,22 +232,29 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
             with stage("timing"):
                 if timed is None:
                     timed = phase_callables(backend, case, inputs, device, phase)
-                    checks = None if plan is None else _Checks(backend, timed, verified, plan, kept)
+                    checks = None if plan is None else _Checks(backend, timed, verified, plan, case, phase, kept)
                 captured = None
                 if timing.config.cuda_graph and device.type == "cuda":
                     # the samples are replays: the checks renew, observe and confirm the graph, not an eager call
                     timed, captured = graph_phase(timed, device)
                     if checks is not None:
                         checks.timed = timed
+                measure_start = clocks.CLOCKS.now_ns()
                 result.measurement = measure(timed.fn, device=device, setup=timed.setup, config=timing.config,
                                              estimate_ms=timing.estimate_ms,
                                              build=None if first_done else timed.build, first_done=first_done,
                                              renew=None if checks is None else checks.renew,
-                                             observe=None if checks is None else checks.observe, graph=captured)
+                                             observe=None if checks is None else checks.observe, graph=captured,
+                                             fresh=None if checks is None else checks.fresh)
+                measure_ns = clocks.CLOCKS.now_ns() - measure_start
             result.compile_ms = backend.compile_time_ms()
             if checks is not None:
                 with stage("integrity"):
-                    result.observed, result.integrity = checks.finish(result.measurement, device)
+                    result.observed, result.integrity = checks.finish(device)
+            # what the round accounts for: a clock that read any part short shows as time nobody accounted for
+            m = result.measurement
+            outside_ms = (clocks.CLOCKS.now_ns() - start - measure_ns) / 1e6
+            result.accounted_ms = outside_ms + m.untimed_ms + sum(m.samples_ms)
         except BaseException as exc:  # noqa: B036 - a backend's SystemExit or KeyboardInterrupt is this round's row
             failure = Failure.of(exc)
             result.failure = Failure(failure.status, f"during timing: {failure.reason}", failure.interrupted)
@@ -244,62 +263,52 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
 
 
 class _Checks:
-    """A round's integrity checks where the calls run: inputs left as given, outputs owned, speed on new inputs."""
+    """A round's integrity checks where the calls run: fresh content every call, inputs left as given, outputs owned."""
 
-    def __init__(self, backend: Backend, timed: Phase, verified: Inputs, plan: RoundInputs,
+    def __init__(self, backend: Backend, timed: Phase, verified: Inputs, plan: RoundInputs, case, phase: str,
                  kept: dict[str, torch.Tensor] | None = None):
         self.backend, self.timed, self.verified, self.plan = backend, timed, verified, plan
         self.kept = kept or {}
         self.snapshot = Snapshot(timed.buffers)
         self.problems: list[str] = []
         self.observed: list[Observed] = []
-        self._renewed = False
+        self.base = plan.seen.inputs(verified)  # the round's inputs, each call's content drawn on top
+        self.case, self.group = case, case.heads // case.kv_heads
+        self.draw = functools.partial(CallContent.draw, case, backward_alone=phase == BWD,
+                                      uniform=verified.sinks is not None or verified.bias is not None)
+        # drawn where the calls run, from a seed no code saw: a kernel cannot know a call's content before it
+        self.generator = torch.Generator().manual_seed(secrets.randbits(63))
+        self.content: CallContent | None = None
+
+    def fresh(self) -> None:
+        """Before every call: content no earlier call had, written into its buffers (integrity.CallContent)."""
+        self.content = self.draw(self.generator)
+        self.snapshot = self.snapshot.rebased(self.timed.fresh(self.content.inputs(self.base)))
 
     def renew(self) -> None:
         """Before the last repetition: what the seen calls wrote, then the new inputs into the same buffers."""
         self._note(self.snapshot.written())
-        copied_from = self.timed.renew(self.plan.new.inputs(self.verified))
+        self.base = self.plan.new.inputs(self.verified)
+        copied_from = self.timed.renew(self.base)
         self.snapshot = Snapshot(self.timed.buffers, copied_from)
-        self._renewed = True
 
     def observe(self, value, renewed: bool) -> None:
         if renewed:
             self._note(aliased(value, self.timed.buffers))
         out, grads = self.timed.observe(value)
-        self.observed.append(Observed(self.plan.new if renewed else self.plan.seen, out, grads))
+        self.observed.append(Observed(self.plan.new if renewed else self.plan.seen, out, grads, self.content))
 
-    def finish(self, m: Measurement, device: torch.device) -> tuple[list[Observed], str]:
+    def finish(self, device: torch.device) -> tuple[list[Observed], str]:
         """(what was observed, CPU, canonical layout; the integrity problems, '' when none)."""
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self._note(self.snapshot.written())
-        seen, new = m.samples_ms[:-1], m.samples_ms[-1:]
-        if self._renewed and seen_violation(seen, new):  # a graph's too: its last sample replays on new inputs
-            repeats, confirmed = self._confirm(device)
-            # slower than both the pairs' repeats and the round's seen calls: a cache is fast on both, while on a
-            # loaded VM one lucky repeat beside one stalled new call is not
-            if seen_violation(seen, confirmed):
-                self._note(seen_violation(repeats, confirmed))
         for o in self.observed:
-            o.out = None if o.out is None else self.backend.from_layout(o.out).cpu()
-            o.grads = {n: (self.backend.from_layout(g) if n in GRADS else g).cpu() for n, g in o.grads.items()}
+            undo = (lambda q, t: t) if o.content is None else functools.partial(o.content.undo, group=self.group)
+            o.out = None if o.out is None else undo("out", self.backend.from_layout(o.out).cpu())
+            o.grads = {n: undo(n, (self.backend.from_layout(g) if n in GRADS else g).cpu()) for n, g in o.grads.items()}
         _drop_scaled(self.observed, self.kept)
         return self.observed, "; ".join(self.problems)
-
-    def _confirm(self, device: torch.device) -> tuple[list[float], list[float]]:
-        """(calls on inputs just seen, calls on new ones), in pairs after the same work (docs/design/execution.md);
-        ([], []) when a pair was not slower on its new inputs: every pair must be, for a rejection."""
-        seen, new = [], []
-        for transform in self.plan.confirm:
-            inputs = transform.inputs(self.verified)
-            for times, prelude in ((new, self.timed.renew), (seen, self.timed.rehearse)):
-                prelude(inputs)
-                if self.timed.setup is not None:
-                    self.timed.setup()
-                times.append(_once(self.timed.fn, device))
-            if not seen_violation(seen[-1:], new[-1:]):  # this pair clears the key
-                return [], []
-        return seen, new
 
     def _note(self, problem: str) -> None:
         if problem and problem not in self.problems:
@@ -338,21 +347,6 @@ def _equal(answer: torch.Tensor | None, base: torch.Tensor, factor: float) -> bo
 def _drop(o: Observed, quantities: set[str]) -> None:
     o.out = None if "out" in quantities else o.out
     o.grads = {n: g for n, g in o.grads.items() if n not in quantities}
-
-
-def _once(fn: Callable[[], object], device: torch.device) -> float:
-    """One call's latency (ms), by the clock the samples used: CUDA events on the device, else perf_counter."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(device)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        return start.elapsed_time(end)
-    begin = time.perf_counter_ns()
-    fn()
-    return (time.perf_counter_ns() - begin) / 1e6
 
 
 def fidelity_of(backend: Backend, device: torch.device, case, seed: int):

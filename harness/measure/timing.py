@@ -22,6 +22,30 @@ L2_FLUSH_BYTES = 256 * 2 ** 20
 
 
 @dataclass(frozen=True)
+class Clocks:
+    """The clocks timing reads, bound once: a plugin that later rewrites time.perf_counter_ns or torch.cuda.Event's
+    methods does not reach them (a worker imports this module before any backend module; docs/integrity.md)."""
+
+    now_ns: Callable[[], int]
+    event: Callable[..., object]
+    record: Callable[[object, object], None]
+    elapsed_ms: Callable[[object, object], float]
+    synchronize: Callable[..., None]
+
+    @classmethod
+    def bound(cls) -> "Clocks":
+        event = torch.cuda.Event
+        return cls(time.perf_counter_ns, event, event.record, event.elapsed_time, torch.cuda.synchronize)
+
+    def timing_event(self):
+        return self.event(enable_timing=True)
+
+
+#: bound at import, before any backend code runs in a worker (worker_main imports timing before loading modules)
+CLOCKS = Clocks.bound()
+
+
+@dataclass(frozen=True)
 class Measurement:
     """Raw per-repetition latencies (ms), the round of each, and the statistics derived from them."""
 
@@ -30,6 +54,12 @@ class Measurement:
     threads: int
     #: the round of each sample (empty: all one round)
     round_of: tuple[int, ...] = ()
+    #: CUDA: (the events' span over the repetitions, the host clock's around them after synchronisation), ms, for the
+    #: clock audit (integrity.clock_disagreement); None on the CPU clock
+    event_vs_host: tuple[float, float] | None = None
+    #: the time `measure` spent besides the samples (estimate and warm-up calls, setup, new inputs, observing), ms, by
+    #: the clock of the samples: the clock audit adds it to what the round accounts for
+    untimed_ms: float = 0.0
 
     @classmethod
     def merge(cls, parts: Sequence["Measurement"]) -> "Measurement":
@@ -38,7 +68,8 @@ class Measurement:
         for rounds in (part.rounds_index() for part in parts):
             labels += [offset + r for r in rounds]
             offset += (max(rounds) + 1) if rounds else 0
-        return replace(parts[0], samples_ms=tuple(x for part in parts for x in part.samples_ms), round_of=tuple(labels))
+        return replace(parts[0], samples_ms=tuple(x for part in parts for x in part.samples_ms), round_of=tuple(labels),
+                       event_vs_host=None, untimed_ms=sum(part.untimed_ms for part in parts))
 
     def rounds_index(self) -> list[int]:
         return list(self.round_of) if self.round_of else [0] * len(self.samples_ms)
@@ -135,34 +166,46 @@ def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[
             config: TimingConfig = TimingConfig(), estimate_ms: float | None = None,
             build: Callable[[], None] | None = None, first_done: bool = False,
             renew: Callable[[], None] | None = None,
-            observe: Callable[[object, bool], None] | None = None, graph: Captured | None = None) -> Measurement:
+            observe: Callable[[object, bool], None] | None = None, graph: Captured | None = None,
+            fresh: Callable[[], None] | None = None) -> Measurement:
     """Time `fn()` repeatedly, `setup()` before each repetition, untimed. estimate_ms: known latency (no estimate
     calls); build: what fn needs made first (a backward's forward); first_done (CPU): the caller made the first
     call; renew: new inputs before the last repetition; observe(value, renewed): given what each of the last
-    two repetitions returned, right after; graph: fn captured (cuda_graph.Captured): its replays are timed."""
-    setup = setup or (lambda: None)
+    two repetitions returned, right after; graph: fn captured (cuda_graph.Captured): its replays are timed; fresh:
+    new content written before every call, estimate and warm-up calls too (a graph's replays included)."""
+    setup, start = setup or (lambda: None), CLOCKS.now_ns()
+    m = _measure(fn, setup, device, config, estimate_ms, build, first_done, renew, observe, graph,
+                 fresh or (lambda: None))
+    return replace(m, untimed_ms=(CLOCKS.now_ns() - start) / 1e6 - sum(m.samples_ms))
+
+
+def _measure(fn, setup, device, config, estimate_ms, build, first_done, renew, observe, graph, fresh
+             ) -> Measurement:
     if device.type == "cuda":
         if first_done:
             raise ValueError("measure(first_done=True) is for the CPU clock; on CUDA the first call may be a graph "
                              "replay")
         if config.cuda_graph and graph is None:
             raise ValueError("measure(config.cuda_graph=True) needs graph= (timed.graph_phase captures it)")
-        return _measure_cuda(fn, setup, device, config, estimate_ms, build, renew, observe, graph)
+        return _measure_cuda(fn, setup, device, config, estimate_ms, build, renew, observe, graph, fresh)
     if build is not None:
         build()
-    return _measure_cpu(fn, setup, config, estimate_ms, first_done, renew, observe)
+    return _measure_cpu(fn, setup, config, estimate_ms, first_done, renew, observe, fresh)
 
 
 def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_done: bool, renew,
-                 observe) -> Measurement:
+                 observe, fresh) -> Measurement:
     # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
+    now_ns = CLOCKS.now_ns
+
     def once(last: int = 0) -> float:
         if last == 1 and renew is not None:
             renew()
+        fresh()
         setup()
-        start = time.perf_counter_ns()
+        start = now_ns()
         value = fn()
-        elapsed = (time.perf_counter_ns() - start) / 1e6
+        elapsed = (now_ns() - start) / 1e6
         if last and observe is not None:  # before anything else runs: a thread still filling it is caught
             observe(value, last == 1)
         return elapsed
@@ -191,7 +234,8 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_don
 
 
 def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, build, renew, observe,
-                  graph) -> Measurement:
+                  graph, fresh) -> Measurement:
+    clocks = CLOCKS  # the event API as bound at import (Clocks)
     with torch.cuda.device(device):  # events record on the current device's stream: make it the run's device
         stream, target, mode = torch.cuda.current_stream(device), fn, "cuda-events"
         if graph is not None:
@@ -199,37 +243,45 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
             target, mode, setup = graph.replay, "cuda-graph", (lambda: None)
         elif build is not None:
             build()
-        torch.cuda.synchronize(device)
+        clocks.synchronize(device)
         flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
         if estimate is None:
+            fresh()
             setup()
             target()
-            torch.cuda.synchronize(device)
+            clocks.synchronize(device)
             # Estimate from 5 calls, as do_bench does, to size warmup and repetitions from the time budgets.
-            est_start, est_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            est_start.record(stream)
+            est_start, est_end = clocks.timing_event(), clocks.timing_event()
+            clocks.record(est_start, stream)
             for _ in range(5):
+                fresh()
                 setup()
                 target()
-            est_end.record(stream)
-            torch.cuda.synchronize(device)
-            estimate = est_start.elapsed_time(est_end) / 5
+            clocks.record(est_end, stream)
+            clocks.synchronize(device)
+            estimate = clocks.elapsed_ms(est_start, est_end) / 5
         warmup, reps = _reps(estimate, cfg)
         for _ in range(max(1, warmup)):  # do_bench's floor: at least one call
+            fresh()
             setup()
             target()
-        starts, ends = ([torch.cuda.Event(enable_timing=True) for _ in range(reps)] for _ in range(2))
+        starts, ends = ([clocks.timing_event() for _ in range(reps)] for _ in range(2))
+        clocks.synchronize(device)
+        host_start = clocks.now_ns()  # the host clock around the repetitions: the events' span must agree with it
         for i in range(reps):
             last = reps - i if reps - i <= 2 else 0  # 1: the last repetition, 2: the one before
             if last == 1 and renew is not None:
                 renew()        # new inputs (and, for a graph, the forward it reads) before the events
+            fresh()            # the call's own content, written before the events
             setup()            # host work (gradient reset) and the flush stay outside the events
             flush.zero_()      # clear L2 so every repetition reads its inputs from HBM, like a real model step
-            starts[i].record(stream)  # events bracket the call's kernels on this device's current stream
+            clocks.record(starts[i], stream)  # events bracket the call's kernels on this device's current stream
             value = target()
-            ends[i].record(stream)
+            clocks.record(ends[i], stream)
             if last and observe is not None:  # a copy enqueued behind the call, after its end event
                 observe(value, last == 1)
-        torch.cuda.synchronize(device)
-    samples = tuple(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return Measurement(samples, mode, torch.get_num_threads())
+        clocks.synchronize(device)
+        host_ms = (clocks.now_ns() - host_start) / 1e6
+    samples = tuple(clocks.elapsed_ms(s, e) for s, e in zip(starts, ends))
+    return Measurement(samples, mode, torch.get_num_threads(),
+                       event_vs_host=(clocks.elapsed_ms(starts[0], ends[-1]), host_ms))

@@ -8,7 +8,7 @@ from harness import AttentionCase
 from harness.execution.benchmark import measure_phase
 from harness.execution.device import resolve_device
 from harness.execution.in_process import InProcessExecutor
-from harness.execution.integrity import RoundInputs, TRANSFORMS, Transform, round_inputs, seen_violation
+from harness.execution.integrity import RoundInputs, TRANSFORMS, Transform, round_inputs
 from harness.execution.rounds import Round
 from harness.execution.runner import execute, prepare_case
 from harness.measure.timing import TimingConfig
@@ -21,6 +21,8 @@ from tests.fixtures import gamed_kernels as gamed
 CPU = resolve_device("cpu")
 FAST = TimingConfig(warmup_ms=2, budget_ms=10, min_reps=5, max_reps=20)
 CASE = AttentionCase(1, 2, 16, 32, "fp32")
+#: 8 (batch, kv head) slices: a fingerprint of ~32 strided values sees ~2^24 of a call's contents (2 slices: ~2^6)
+MANY_SLICES = AttentionCase(2, 4, 16, 32, "fp32")
 
 
 def _timed(backend, phase, case=CASE, rounds=1, seed=3, executor=None):
@@ -42,15 +44,24 @@ def _timed(backend, phase, case=CASE, rounds=1, seed=3, executor=None):
     (gamed.CachedNoGrad, "fwd", "out err"),
     (gamed.GradsFirstThenZeros, "bwd", "dq err"),
     (gamed.GradsFirstThenZeros, "fwd+bwd", "dq err"),
-    (gamed.MemoPerGraph, "bwd", "on new inputs (q,k x1, v x-1, dO x-1)] dq err"),  # a new dO on its graph
-    (gamed.ContentCache, "fwd", "faster on inputs it has seen"),
-    (gamed.MemoPerGraphAndDO, "bwd", "faster on inputs it has seen"),  # right on the new dO: slow only there
+    (gamed.MemoPerGraph, "bwd", "dq err"),  # every call's dO is new on its graph: the memo's answer is wrong
 ])
 def test_a_kernel_that_cheats_when_timed_loses_its_figure(kernel, phase, words):
     result = _timed(kernel(), phase)
     row = result.row
     assert row.timing_status == REJECTED and words in row.timing_reason, row.timing_reason
     assert row.latency_ms is None and result.measurement is None and result.pooled is None  # never a number
+
+
+@pytest.mark.parametrize("kernel, phase", [
+    (gamed.ContentCache, "fwd"), (gamed.MemoPerGraphAndDO, "bwd"),
+    *((memo, phase) for memo in (gamed.FingerprintMemo, gamed.FingerprintLRU) for phase in ("fwd", "bwd", "fwd+bwd")),
+])
+def test_a_cache_right_on_every_input_never_hits_a_timed_call(kernel, phase):
+    """Every timed call's content is new (integrity.CallContent): a cache keyed on the inputs' content, or on ~32
+    values of each, misses on every call, so its figure is its real work (gamed.WORK_S a call, at least)."""
+    row = _timed(kernel(), phase, MANY_SLICES, rounds=2).row
+    assert row.timing_status == TIMED and row.latency_ms >= 1000 * gamed.WORK_S, (row.timing_reason, row.latency_ms)
 
 
 def test_a_background_thread_filling_the_output_late_is_rejected():
@@ -132,20 +143,12 @@ def test_a_round_s_new_inputs_change_every_answer_and_rounds_differ():
     seen = set()
     for index in range(3):
         r = round_inputs(11, ("c", "b", "fwd"), index)
-        assert isinstance(r, RoundInputs) and not r.seen.identity and len(r.confirm) == 4  # every (qk, v) unlike seen and new; slices top up the rest
+        assert isinstance(r, RoundInputs) and not r.seen.identity and Transform().identity
         for q in ("out", "dq", "dk", "dv"):
             assert r.new.factor(q) != r.seen.factor(q)
-        assert all((c.qk, c.v) not in {(r.seen.qk, r.seen.v), (r.new.qk, r.new.v)} for c in r.confirm)
         seen.add(r.seen)
     assert len(seen) == 3
     assert round_inputs(11, ("c", "b", "fwd"), 0) != round_inputs(12, ("c", "b", "fwd"), 0)  # the seed decides
-
-
-def test_seen_violation_on_synthetic_samples():
-    assert seen_violation([0.01] * 9 + [5.0], [0.5, 0.6, 0.7]).startswith("faster on inputs it has seen")
-    assert seen_violation([1.0] * 10, [1.9, 5.0, 2.5]) == ""  # one fast enough new call: honest
-    assert seen_violation([1.0, 1.1, 0.9], [50.0]) != "" and seen_violation([], [1.0]) == ""
-    assert Transform().identity
 
 
 def test_an_fp8_cache_s_round_inputs_are_exact_after_quantization():
@@ -166,51 +169,6 @@ def test_an_fp8_cache_s_round_inputs_are_exact_after_quantization():
     for index in range(4):
         r = round_inputs(11, ("c", "b", "fwd"), index, fp8_kv=True)
         assert r.seen in FP8_TRANSFORMS and r.new in FP8_TRANSFORMS and r.new.factor("out") != r.seen.factor("out")
-
-
-def _graph_round(work):
-    """A round's checks on a call timed as a CUDA graph (run_timing swaps in the graph's Phase: its call a replay,
-    renew a refill of the static inputs), on the CPU clock; `work(q, v)` is what the replay does."""
-    from harness.execution.timed import Phase, _Checks
-    from harness.measure.timing import Measurement
-
-    inputs = make_inputs(CASE, "cpu", 3)
-    buffers = {"q": inputs.q.clone(), "k": inputs.k.clone(), "v": inputs.v.clone()}
-
-    def refill(new):
-        for name, t in zip(("q", "k", "v"), new[:3]):
-            buffers[name].copy_(t)
-
-    def rehearse(new):
-        import torch
-
-        for name, t in zip(("q", "k", "v"), new[:3]):
-            torch.empty_like(buffers[name]).copy_(t)
-
-    phase = Phase(None, lambda: work(buffers["q"], buffers["v"]), None, buffers, refill, lambda value: (None, {}),
-                  refill, rehearse)
-    checks = _Checks(gamed.Recomputing(), phase, inputs, round_inputs(3, ("c", "b", "fwd"), 0))
-    checks.renew()
-    # what measure gave back: nine replays on seen inputs, the last (on new inputs) 250x slower
-    return checks.finish(Measurement((0.1,) * 9 + (25.0,), "cuda-graph", 1), CPU)[1]
-
-
-def test_a_graph_replay_on_new_inputs_far_slower_than_on_seen_ones_is_confirmed_then_rejected():
-    """The speed rule applies to a CUDA graph's samples too (its last sample replays on new inputs): a replay
-    that is fast only on contents it has seen is confirmed on three more new input sets, then rejected; a
-    replay that costs the same on any inputs is not (the slow last sample was a stall)."""
-    import time
-
-    seen = set()
-
-    def content_cache(q, v):
-        key = (q.numpy().tobytes(), v.numpy().tobytes())
-        if key not in seen:
-            time.sleep(gamed.WORK_S)
-            seen.add(key)
-
-    assert _graph_round(content_cache).startswith("faster on inputs it has seen"), _graph_round(content_cache)
-    assert _graph_round(lambda q, v: time.sleep(0.002)) == ""
 
 
 def test_fp8_queries_round_inputs_are_exact_after_quantization():
@@ -235,124 +193,6 @@ def test_fp8_queries_round_inputs_are_exact_after_quantization():
         q, k, v, _ = backend_inputs(Naive(), case, t.inputs(inputs), requires_grad=False)
         for got, verified, factor in ((q, base[0], t.qk), (k, base[1], t.qk), (v, base[2], t.v)):
             assert torch.equal(got.float(), verified.float() * factor)
-
-
-def test_each_confirming_pair_starts_its_two_calls_after_the_same_work(monkeypatch):
-    """The speed rule's confirming pairs: a call on new inputs after renew, then a call on the same inputs after
-    rehearse - renew's work done into scratch - never a call straight after another. On a loaded 2-core VM an honest
-    bf16 CPU call right after the new inputs' copies was 8-16x slower than its immediate repeat (naive fwd, sdpa-math
-    bwd: three rejected keys in one default run, 2026-12-02) (likely its OpenMP threads waking); the old order
-    (renew, call, call) rejected them."""
-    import harness.execution.timed as timed_module
-    from harness.execution.timed import Phase, _Checks
-
-    monkeypatch.setattr(timed_module, "_once", lambda fn, device: (fn(), 1.0)[1])  # every call costs the same
-    events = []
-    inputs = make_inputs(CASE, "cpu", 3)
-    phase = Phase(lambda: events.append("setup"), lambda: events.append("call"), None, {},
-                  lambda new: events.append("renew"), lambda value: (None, {}), None,
-                  lambda new: events.append("rehearse"))
-    checks = _Checks(gamed.Recomputing(), phase, inputs, round_inputs(3, ("c", "b", "fwd"), 0))
-    checks._confirm(CPU)
-    # the calls cost the same on any inputs: the first pair is not slower on its new ones, and ends it
-    assert events == ["renew", "setup", "call", "rehearse", "setup", "call"]
-
-
-@pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
-def test_rehearse_leaves_the_buffers_their_versions_and_the_backward_s_graph_as_the_last_call_saw_them(phase):
-    """What a cache keyed by content, identity (data pointer and version) or graph sees before the confirming
-    call on seen inputs is what it saw at the call before: rehearse writes scratch, not the buffers."""
-    from harness.backends.naive import Naive
-    from harness.execution.timed import phase_callables
-
-    prepared = prepare_case(CASE, CPU, 5)
-    timed = phase_callables(Naive(), CASE, prepared.inputs, CPU, phase)
-    if timed.build is not None:
-        timed.build()
-    plan = round_inputs(5, (CASE.id, "naive", phase), 0)
-    timed.renew(plan.confirm[0].inputs(prepared.inputs))
-    before = {n: (t.data_ptr(), t._version, t.detach().clone()) for n, t in timed.buffers.items()}
-    cells = [c.cell_contents for c in timed.fn.__closure__ or () if isinstance(c.cell_contents, list)]
-    graph_before = [[id(out) for out in cell] for cell in cells]  # the backward alone: its built forward
-    timed.rehearse(plan.confirm[0].inputs(prepared.inputs))
-    for n, t in timed.buffers.items():
-        ptr, version, value = before[n]
-        assert (t.data_ptr(), t._version) == (ptr, version) and torch_equal(t, value), n
-    assert [[id(out) for out in cell] for cell in cells] == graph_before
-
-
-def torch_equal(a, b) -> bool:
-    import torch
-
-    return torch.equal(a.detach(), b)
-
-
-def test_a_lucky_repeat_beside_a_stalled_new_call_on_a_noisy_round_is_not_a_cache(monkeypatch):
-    """An honest FP8 key on a loaded VM (one confirming pair): its round's calls on seen inputs took ~49 ms, the
-    new call 10 ms, the pair's repeat 1.3 ms - 7.9x the repeat, but a fifth of the round's own median; rejected
-    by the pairs alone (2026-12-02). A cache is fast on the round's calls too, and is still rejected."""
-    import harness.execution.timed as timed_module
-    from harness.measure.timing import Measurement
-
-    phase = timed_module.Phase(None, lambda: None, None, {}, lambda new: None, lambda value: (None, {}), None,
-                               lambda new: None)
-    plan = RoundInputs(TRANSFORMS[0], TRANSFORMS[1], (TRANSFORMS[2],))
-    for round_ms, expected in ((49.0, ""), (1.0, "faster on inputs it has seen")):
-        pair = iter([10.0, 1.3])  # the confirming pair: the new call, then its repeat
-        monkeypatch.setattr(timed_module, "_once", lambda fn, device: next(pair))
-        checks = timed_module._Checks(gamed.Recomputing(), phase, make_inputs(CASE, "cpu", 3), plan)
-        checks._renewed = True
-        problem = checks.finish(Measurement((round_ms,) * 9 + (12.0,), "cpu-clock", 1), CPU)[1]
-        assert problem.startswith(expected) if expected else problem == "", (round_ms, problem)
-
-
-@pytest.mark.parametrize("fp8_kv", [False, True])
-def test_a_round_has_up_to_six_confirming_sets_whose_content_no_other_call_had(fp8_kv):
-    """An FP8 cache has three exact transforms, so one confirming pair used to be all it had; with v's (batch, kv
-    head) slices the confirming sets are topped up to CONFIRM_CALLS by flipping one slice of seen's v (timed only,
-    never judged: factor refuses them), each unlike every other call's inputs of the round."""
-    import torch
-
-    from harness.execution.integrity import CONFIRM_CALLS
-
-    case = AttentionCase(2, 4, 8, 16, "fp32", kv_heads=2)
-    inputs = make_inputs(case, "cpu", 1)
-    for r in range(6):
-        plan = round_inputs(9, ("k",), r, fp8_kv=fp8_kv, slices=case.batch * case.kv_heads)
-        exact = [t for t in plan.confirm if t.flip is None]  # 4 (qk, v) pairs unlike seen's and new's; FP8: 1
-        assert len(exact) == (1 if fp8_kv else 4)
-        assert len(plan.confirm) == min(CONFIRM_CALLS, len(exact) + case.batch * case.kv_heads)
-        sets = [t.inputs(inputs) for t in (plan.seen, plan.new, *plan.confirm)]
-        for i, a in enumerate(sets):
-            for b in sets[i + 1:]:
-                assert not (torch.equal(a.q, b.q) and torch.equal(a.k, b.k) and torch.equal(a.v, b.v))
-        flipped = [t for t in plan.confirm if t.flip is not None]
-        assert flipped and all(pytest.raises(ValueError, t.factor, "out") for t in flipped)
-
-
-def test_confirmation_ends_at_the_first_pair_not_slower_on_its_new_inputs(monkeypatch):
-    """Every pair must be slower on its new inputs for a rejection, so an honest key's confirmation stops at its
-    first even pair: a stall costs it one or two pairs, not six; a cache runs all six and is rejected. The pair that
-    ends it clears the key even when its new call is slow beside the other pairs' repeats (a default run under load,
-    2026-12-02, rejected honest naive keys so: a stalled repeat at 110 ms beside its new call at 300 ms)."""
-    import harness.execution.timed as timed_module
-    from harness.measure.timing import Measurement
-
-    calls = []
-    phase = timed_module.Phase(None, lambda: None, None, {}, lambda new: None, lambda value: (None, {}), None,
-                               lambda new: None)
-    plan = round_inputs(9, ("k",), 0, slices=CASE.batch * CASE.kv_heads)
-    for pairs, expected_pairs, expected in (([(30.0, 1.0), (1.1, 1.0)], 2, ""),
-                                            ([(200.0, 10.0), (300.0, 110.0)], 2, ""),
-                                            ([(30.0, 1.0)] * 6, 6, "faster on inputs it has seen")):
-        times = iter(t for pair in pairs for t in pair)
-        calls.clear()
-        monkeypatch.setattr(timed_module, "_once", lambda fn, device: calls.append(1) or next(times))
-        checks = timed_module._Checks(gamed.Recomputing(), phase, make_inputs(CASE, "cpu", 3), plan)
-        checks._renewed = True
-        problem = checks.finish(Measurement((1.0,) * 9 + (30.0,), "cpu-clock", 1), CPU)[1]
-        assert len(calls) == 2 * expected_pairs
-        assert problem.startswith(expected) if expected else problem == ""
 
 
 def test_a_seen_answer_that_is_the_new_one_scaled_bit_for_bit_is_judged_by_its_figures_else_on_its_own():
@@ -429,3 +269,52 @@ def test_where_the_calls_ran_a_seen_answer_scaled_from_the_last_is_dropped_and_j
     assert observed[0].out is None and observed[1].out is not None and not observed[1].scaled_verified
     assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed,
                        {("no-grad", "out"): check}).startswith("[fwd, the last call, on new inputs")
+
+
+@pytest.mark.parametrize("case, phase", [
+    (AttentionCase(2, 4, 8, 16, "fp32", kv_heads=2, mask=Causal()), "fwd+bwd"),  # GQA: a q head takes its kv head's
+    (AttentionCase(2, 4, 8, 16, "fp32", kv_heads=2, mask=Causal()), "bwd"),
+    (AttentionCase(1, 2, 8, 16, "fp32", sinks=True), "fwd+bwd"),  # dsinks sums over the batch: uniform v, dO
+])
+def test_a_call_s_content_gives_exactly_the_round_s_answer_once_undone(case, phase):
+    """CallContent: the float64 reference of a call's content, divided by its factors, is the round's answer (to
+    1e-12: exact but for float64's own rounding); contents differ call to call; the backward alone keeps q, k, v."""
+    import torch
+
+    from harness.execution.integrity import CallContent
+    from harness.store.schema import BWD
+
+    inputs = make_inputs(case, "cpu", 5)
+    ref = reference_attention(case, inputs)
+    generator = torch.Generator().manual_seed(1)
+    uniform = inputs.sinks is not None
+    contents = [CallContent.draw(case, generator, backward_alone=phase == BWD, uniform=uniform) for _ in range(3)]
+    assert len({tuple(torch.cat([c.qk.flatten(), c.v.flatten(), c.d_out.flatten()]).tolist())
+                for c in contents}) == 3
+    for content in contents:
+        theirs = reference_attention(case, content.inputs(inputs))
+        for quantity in ("out", *case.grads):
+            undone = content.undo(quantity, theirs.get(quantity), case.heads // case.kv_heads)
+            assert (undone - ref.get(quantity)).abs().max() <= 1e-12, quantity
+        if phase == BWD:
+            assert all(torch.equal(a, b) for a, b in zip(content.inputs(inputs)[:3], inputs[:3]))
+
+
+def test_every_timed_call_runs_on_content_no_earlier_call_saw():
+    """A kernel that records a fingerprint (~32 strided values) of every call's q, k and v: over two timed rounds
+    (estimate, warm-up and samples), no two calls saw the same, on a case of 8 slices."""
+    seen = []
+
+    class Recording(gamed._Planted):
+        name = "recording"
+
+        def forward(self, q, k, v, *, mask, scale):
+            seen.append(gamed.fingerprint(q, k, v))
+            return gamed.attend(q, k, v, mask, scale)
+
+    verified = gamed.fingerprint(*make_inputs(MANY_SLICES, "cpu", 3)[:3])  # what the correctness calls saw
+    for phase in ("fwd", "fwd+bwd"):
+        seen.clear()
+        result = _timed(Recording(), phase, MANY_SLICES, rounds=2)
+        timed = [f for f in seen if f != verified]
+        assert result.row.timing_status == TIMED and len(timed) > 4 and len(set(timed)) == len(timed), phase

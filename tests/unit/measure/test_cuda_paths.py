@@ -132,6 +132,10 @@ def fake():
     with contextlib.ExitStack() as stack:
         for name in names:
             stack.enter_context(mock.patch.object(torch.cuda, name, getattr(f, name)))
+        # the clocks timing binds at import, bound again to the fake's event API
+        stack.enter_context(mock.patch.object(timing, "CLOCKS", timing.Clocks(
+            timing.CLOCKS.now_ns, f.Event, lambda event, stream: event.record(stream),
+            lambda start, end: start.elapsed_time(end), f.synchronize)))
         real_empty = torch.empty
         stack.enter_context(mock.patch.object(torch, "empty", lambda *a, device=None, **k: real_empty(
             1, dtype=k.get("dtype", torch.float32))))  # the L2 flush buffer, without a GPU
@@ -259,3 +263,26 @@ def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_that_renews_its_forwa
     assert timed.fn() is None and fake.log[-1] == ("replay",)
     out, grads = timed.observe(None)
     assert out is None and set(grads) == {"dq", "dk", "dv"}
+
+
+def test_an_event_api_rewritten_after_binding_changes_no_sample_and_slowed_events_disagree_with_the_host(fake):
+    """timing reads the event API bound at import (Clocks): a plugin's later torch.cuda.Event is never used; events
+    that claim 1 ms for calls the host clock saw take 50 ms (a rewritten binding) fail the clock audit, honest ones
+    pass it."""
+    from dataclasses import replace
+
+    from harness.execution.integrity import EVENT_SLACK_MS, clock_disagreement
+
+    config = TimingConfig(warmup_ms=0, budget_ms=3, min_reps=3, max_reps=3)
+    with mock.patch.object(torch.cuda, "Event", lambda enable_timing=False: pytest.fail("an unbound Event was used")):
+        m = timing.measure(lambda: None, device=torch.device("cuda", 0), config=config)
+    assert m.samples_ms == (1.0,) * 3 and m.event_vs_host is not None
+    now = [0]
+    for host_ms, rejected in ((50, True), (1, False)):
+        def call(step=host_ms):
+            now[0] += step * 1_000_000
+
+        with mock.patch.object(timing, "CLOCKS", replace(timing.CLOCKS, now_ns=lambda: now[0])):
+            m = timing.measure(call, device=torch.device("cuda", 0), config=config)
+        assert m.event_vs_host == (1.0, 3 * host_ms)
+        assert bool(clock_disagreement(sum(m.samples_ms), *m.event_vs_host, "events", EVENT_SLACK_MS)) == rejected

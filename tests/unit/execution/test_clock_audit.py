@@ -1,0 +1,97 @@
+"""The clock a kernel cannot rewrite unseen (docs/integrity.md): timing reads clocks bound before any backend code ran,
+and the run's own clock around each round audits the worker's (integrity.clock_disagreement); planted plugins of
+tests/fixtures/clock_plugin.py and harness_clock_plugin.py."""
+
+import random
+from pathlib import Path
+
+import pytest
+
+from harness import AttentionCase
+from harness.execution.benchmark import measure_phase
+from harness.execution.device import resolve_device
+from harness.execution.integrity import CLOCK_SHARE, CLOCK_SLACK_MS, clock_behind, clock_disagreement
+from harness.execution.rounds import Round
+from harness.execution.runner import execute, prepare_case
+from harness.execution.supervisor import IsolatedExecutor
+from harness.measure.timing import TimingConfig
+from harness.store.schema import PHASES, REJECTED, TIMED
+from tests.fixtures import gamed_kernels as gamed
+
+CPU = resolve_device("cpu")
+FIXTURES = Path(__file__).parents[2] / "fixtures"
+CASE = AttentionCase(1, 2, 16, 32, "fp32")
+FAST = TimingConfig(warmup_ms=2, budget_ms=10, min_reps=5, max_reps=20)
+
+
+def _round(rng: random.Random, slow: float) -> tuple[float, float, float]:
+    """(claimed, accounted, run's clock) of a synthetic round: timed and non-timed work of any size, a clock `slow`-fold
+    slow, and the pipe's and scheduler's delay, heavy-tailed up to CLOCK_SLACK_MS (what a loaded VM showed)."""
+    timed = 10 ** rng.uniform(0.5, 3.5)               # 3 ms .. 3 s of calls
+    untimed = timed * rng.uniform(0.05, 3.0)          # warm-up, inputs, copies, judging
+    delay = min(rng.expovariate(1 / 4.0), CLOCK_SLACK_MS)
+    return timed / slow, (timed + untimed) / slow, timed + untimed + delay
+
+
+def test_honest_rounds_under_seeded_scheduling_noise_are_never_rejected():
+    rng = random.Random(47)
+    assert not [r for r in (_round(rng, 1.0) for _ in range(20_000)) if clock_disagreement(*r)]
+
+
+@pytest.mark.parametrize("slow", [2.0, 5.0, 20.0])
+def test_a_slowed_clock_is_rejected_on_every_round_long_enough_for_its_factor(slow):
+    """Rejected whenever (slow - 1 - CLOCK_SHARE) x the claimed round passes the slack: with a 5x clock, every round
+    of at least 143 ms of real work, whatever the noise; with 2x, rounds of at least 400 ms (shorter ones: the lag
+    their clock leaves, test_a_round_that_starts_before...)."""
+    rng = random.Random(int(slow))
+    rounds = [_round(rng, slow) for _ in range(5_000)]
+    long_enough = [r for r in rounds if (slow - 1 - CLOCK_SHARE) * r[1] > CLOCK_SLACK_MS]
+    assert long_enough and all(clock_disagreement(*r) for r in long_enough)
+
+
+def test_samples_slowed_alone_show_as_time_nobody_accounted_for():
+    """A plugin that rewrote only the clock the samples read (the work around them honest): 400 ms of calls claimed
+    as 80 beside 40 ms of other work - the round accounts for 120 ms of the 440 the run saw."""
+    assert "80 ms claimed in 400 ms of calls" in clock_disagreement(80.0, 40.0 + 80.0, 440.0)
+
+
+def test_the_reason_gives_both_clocks_figures():
+    reason = clock_disagreement(1.9, 3.0, 3.0 + 110.0)
+    assert reason.startswith("the backend process's clock disagrees with the run's: 1.9 ms claimed in 112 ms of "
+                             "calls"), reason
+    assert clock_disagreement(1.9, 30.0, 30.0 + CLOCK_SHARE * 30 + CLOCK_SLACK_MS) == ""  # at the limit: not rejected
+
+
+def test_a_round_that_starts_before_the_run_asked_for_it_is_a_clock_left_behind():
+    assert clock_behind(started_ns=1_000, asked_ns=1_000) == ""
+    assert clock_behind(started_ns=5_000_000, asked_ns=4_000_000) == ""
+    assert clock_behind(started_ns=1_000_000, asked_ns=4_500_000) == (
+        "the backend process's clock is behind the run's: the round started 3.5 ms before the run asked for it")
+
+
+def _timed_in_worker(module: str, kernel, phase: str):
+    executor = IsolatedExecutor(CPU, modules=(str(FIXTURES / module),), threads=1)
+    try:
+        prepared = prepare_case(CASE, CPU, 3)
+        verdict = execute(kernel, prepared, executor=executor)
+        assert verdict.status == "pass", verdict.reasons
+        return [measure_phase(kernel, prepared, p, verdict, config=FAST, peaks={}, executor=executor,
+                              timing_round=Round()).row for p in ([phase] if phase else PHASES)]
+    finally:
+        executor.close()
+
+
+def test_clocks_slowed_at_import_leave_the_figures_as_the_calls_took():
+    """The plugin slowed time.perf_counter(_ns) at import; the harness bound them before: a call that sleeps
+    gamed.WORK_S in its forward is timed at no less (a slowed clock would say a fifth); its backward alone is timed."""
+    for row in _timed_in_worker("clock_plugin.py", gamed.ClockAtImport(), ""):
+        assert row.timing_status == TIMED, (row.phase, row.timing_reason)
+        assert row.phase == "bwd" or row.latency_ms >= 1000 * gamed.WORK_S, (row.phase, row.latency_ms)
+
+
+@pytest.mark.parametrize("module, kernel", [("harness_clock_plugin.py", gamed.HarnessClockAtImport),
+                                            ("clock_plugin.py", gamed.ClockInForward)])
+def test_a_plugin_that_slows_the_harness_s_own_clock_gets_no_figure(module, kernel):
+    for row in _timed_in_worker(module, kernel(), ""):
+        assert row.timing_status == REJECTED and row.latency_ms is None, (row.phase, row.timing_reason)
+        assert "the backend process's clock" in row.timing_reason
