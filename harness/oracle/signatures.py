@@ -9,8 +9,8 @@ import re
 #: each tested on a planted kernel's real reason (tests/unit/oracle/test_signatures.py).
 SIGNATURES: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(p), words) for p, words in (
     (r"clock disagrees", "its process's clock was slowed or rewritten: its timings were not the calls' time"),
-    (r"on new inputs|no earlier call saw|never seen", "answers from an earlier call: right on inputs it had seen, "
-                                                      "wrong on new ones"),
+    (r"on new inputs|a call on the round's inputs|no earlier call saw",
+     "answers from an earlier call: right when judged, wrong on the timed calls' new inputs"),
     (r"does not require grad and does not have a grad_fn",
      "output not computed on these inputs: detached from them (an answer kept from an earlier call?)"),
     (r"its output aliases its input", "returns one of its inputs as its output"),

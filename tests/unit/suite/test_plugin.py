@@ -134,8 +134,8 @@ def test_the_summary_counts_cases_by_status_and_gives_the_median_speedup_over_na
     assert flash.split() == ["flash", "0", "0", "0", "1", "0", "0", "0", "-", "-", "-"]
     assert "rejected:" in legend and why == ("rejected sdpa: 1 timed key(s) refused by the integrity checks, e.g. c2 "
                                              "[bwd]: [bwd, the last call, on new inputs] dq err 0.5 > tol 0.001")
-    assert cheat == ("looks like a known cheat: sdpa: answers from an earlier call: right on inputs it had seen, wrong "
-                     "on new ones (1 row(s), e.g. c2 [bwd])")
+    assert cheat == ("looks like a known cheat: sdpa: answers from an earlier call: right when judged, wrong on the "
+                     "timed calls' new inputs (1 row(s), e.g. c2 [bwd])")
     assert header.endswith(f"speedup vs naive {FWD_BWD}") and "speedup vs naive:" in legend
     untimed = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows={}))
     assert "speedup" not in untimed[0] and len(untimed[1].split()) == 7
