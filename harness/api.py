@@ -9,6 +9,7 @@ import pandas as pd
 
 from harness.backends.base import Backend
 from harness.backends.registry import get_backends
+from harness.execution.caller import left_as_found
 from harness.execution.device import resolve_device
 from harness.execution.executor import make_executor
 from harness.execution.session import RunSession
@@ -47,9 +48,12 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
     # this call after writing its row) must not stop the next call in the same process
     executor = make_executor(dev, isolate=isolate, timeout_s=call_timeout_s,
                              log_dir=str(Path(results_path).parent / "workers") if results_path else None)
-    # a session without a run folder: rows go to results_path alone, when given
-    session = RunSession(dev, None, seed, run_id=run_id, executor=executor, results_path=results_path)
-    return check_in_session(session, chosen, case_list)
+    with left_as_found():  # the caller's process: torch's settings and the stage clock put back
+        # a session without a run folder: rows go to results_path alone, when given
+        session = RunSession(dev, None, seed, run_id=run_id, executor=executor, results_path=results_path)
+        frame = check_in_session(session, chosen, case_list)
+    frame.attrs["integrity"] = executor.integrity  # where the backends' code ran: in-process, unguarded by default
+    return frame
 
 
 def check_in_session(session: RunSession, backends: Iterable[Backend], cases: Iterable[AttentionCase]) -> pd.DataFrame:

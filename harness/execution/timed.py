@@ -249,7 +249,7 @@ class _Checks:
     def __init__(self, backend: Backend, timed: Phase, verified: Inputs, plan: RoundInputs,
                  kept: dict[str, torch.Tensor] | None = None):
         self.backend, self.timed, self.verified, self.plan = backend, timed, verified, plan
-        self.kept = kept or {}
+        self.kept = kept  # None: every answer goes back to be judged (a worker: nothing is elided where it ran)
         self.snapshot = Snapshot(timed.buffers)
         self.problems: list[str] = []
         self.observed: list[Observed] = []
@@ -283,7 +283,8 @@ class _Checks:
         for o in self.observed:
             o.out = None if o.out is None else self.backend.from_layout(o.out).cpu()
             o.grads = {n: (self.backend.from_layout(g) if n in GRADS else g).cpu() for n, g in o.grads.items()}
-        _drop_scaled(self.observed, self.kept)
+        if self.kept is not None:
+            _drop_scaled(self.observed, self.kept)
         return self.observed, "; ".join(self.problems)
 
     def _confirm(self, device: torch.device) -> tuple[list[float], list[float]]:
@@ -306,8 +307,11 @@ class _Checks:
             self.problems.append(problem)
 
 
-def _kept(caches: CallCaches | None, timing: TimingCall) -> dict[str, torch.Tensor]:
-    """This process's kept answers of the verdict's call the phase makes, by quantity ({} when none)."""
+def _kept(caches: CallCaches | None, timing: TimingCall) -> dict[str, torch.Tensor] | None:
+    """This process's kept answers of the verdict's call the phase makes, by quantity ({} when none); None when the
+    round names no verified answer: a worker's round, whose answers are all judged in the run's process."""
+    if not timing.verified:
+        return None
     if caches is None or timing.verified not in caches.answers:
         return {}
     call = timed_call(timing.phase)
