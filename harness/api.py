@@ -31,7 +31,9 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
     With `results_path`, rows are also appended to that CSV as each case finishes. With `isolate`, every backend
     runs in a supervised worker process (a crash or a call over `call_timeout_s` becomes an error row); its
     backends must then be registered from an importable module, and a script needs the usual
-    `if __name__ == "__main__":` guard of multiprocessing.
+    `if __name__ == "__main__":` guard of multiprocessing. A backend of a module loaded with
+    `harness.load_backend_module` always runs in its own workers (its code never runs in this process); the others
+    run here without `isolate`, and `.attrs["integrity"]` of the result says "in-process, unguarded".
     """
     dev = resolve_device(device)
     case_list = quick_cases(preset, hf_config, batch=batch, seq=seq)

@@ -140,8 +140,12 @@ def _available(names: str, device: str) -> list[str]:
     from harness.backends.registry import get_backends
     from harness.execution.device import resolve_device
     from harness.execution.executor import make_executor
-    dev, executor = resolve_device(device), make_executor()
-    return [b.name for b in get_backends(names) if executor.unavailable_reason(b, dev) is None]
+    dev = resolve_device(device)
+    executor = make_executor(dev, isolate=True)  # asked in each backend's worker: no backend library loads here
+    try:
+        return [b.name for b in get_backends(names) if executor.unavailable_reason(b, dev) is None]
+    finally:
+        executor.close()
 
 
 def gpu_matrix_estimate() -> str:

@@ -67,6 +67,8 @@ def _allowed(module: str, name: str, obj: Any) -> bool:
         return name in ("_reconstructor", "__newobj__", "__newobj_ex__")
     if module == "multiprocessing.resource_sharer":
         return name == "DupFd"
+    if module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray"):  # numpy's scalars and arrays
+        return name in ("dtype", "ndarray", "scalar", "_reconstruct")
     if isinstance(obj, type) and issubclass(obj, _TENSOR_TYPES) or isinstance(obj, _TORCH_VALUES):
         return True
     return isinstance(obj, type) and (obj in _SAFE_BUILTINS or module == "builtins" and issubclass(obj, BaseException))
