@@ -94,6 +94,8 @@ class PluginHost:
             self.close()
             raise ValueError(answer)
         self.declarations: list[dict] = answer
+        #: the run's stand-in of each declared backend (declare_module)
+        self.stand_ins: list[Backend] = []
 
     def _receive(self, timeout: float, doing: str) -> tuple[str, Any]:
         ready = mp.connection.wait([self._conn, self._process.sentinel], timeout)
@@ -171,15 +173,20 @@ def stand_in(declared: dict, host: PluginHost) -> Backend:
 def declare_module(spec: str) -> PluginHost:
     """Start the process of plugin module `spec` (once per module) and register a stand-in for each backend it
     registers; a module that fails to import, or a bad declaration, is a ValueError in one line, as when imported."""
-    from harness.backends.registry import add, module_spec
+    from harness.backends.registry import add, all_backends, module_spec
 
     spec = module_spec(spec)
-    if spec in _HOSTS:
-        return _HOSTS[spec]
+    if spec in _HOSTS:  # loaded already, as an import is once: its stand-ins put back where they were dropped
+        host = _HOSTS[spec]
+        for backend in host.stand_ins:
+            if backend.name not in all_backends():
+                add(backend, origin=spec)
+        return host
     host = PluginHost(spec)
     try:
-        for declared in host.declarations:
-            add(stand_in(declared, host), origin=spec, replace=declared["replace"])
+        host.stand_ins = [stand_in(declared, host) for declared in host.declarations]
+        for backend, declared in zip(host.stand_ins, host.declarations):
+            add(backend, origin=spec, replace=declared["replace"])
     except ValueError:
         host.close()
         raise
