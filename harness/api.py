@@ -9,6 +9,7 @@ import pandas as pd
 
 from harness.backends.base import Backend
 from harness.backends.registry import get_backends
+from harness.execution.caller import left_as_found
 from harness.execution.device import resolve_device
 from harness.execution.executor import make_executor
 from harness.execution.session import RunSession
@@ -30,7 +31,9 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
     With `results_path`, rows are also appended to that CSV as each case finishes. With `isolate`, every backend
     runs in a supervised worker process (a crash or a call over `call_timeout_s` becomes an error row); its
     backends must then be registered from an importable module, and a script needs the usual
-    `if __name__ == "__main__":` guard of multiprocessing.
+    `if __name__ == "__main__":` guard of multiprocessing. A backend of a module loaded with
+    `harness.load_backend_module` always runs in its own workers (its code never runs in this process); the others
+    run here without `isolate`, and `.attrs["integrity"]` of the result says "in-process, unguarded".
     """
     dev = resolve_device(device)
     case_list = quick_cases(preset, hf_config, batch=batch, seq=seq)
@@ -47,9 +50,12 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
     # this call after writing its row) must not stop the next call in the same process
     executor = make_executor(dev, isolate=isolate, timeout_s=call_timeout_s,
                              log_dir=str(Path(results_path).parent / "workers") if results_path else None)
-    # a session without a run folder: rows go to results_path alone, when given
-    session = RunSession(dev, None, seed, run_id=run_id, executor=executor, results_path=results_path)
-    return check_in_session(session, chosen, case_list)
+    with left_as_found():  # the caller's process: torch's settings and the stage clock put back
+        # a session without a run folder: rows go to results_path alone, when given
+        session = RunSession(dev, None, seed, run_id=run_id, executor=executor, results_path=results_path)
+        frame = check_in_session(session, chosen, case_list)
+    frame.attrs["integrity"] = executor.integrity  # where the backends' code ran: in-process, unguarded by default
+    return frame
 
 
 def check_in_session(session: RunSession, backends: Iterable[Backend], cases: Iterable[AttentionCase]) -> pd.DataFrame:

@@ -14,6 +14,7 @@ from harness.advisor.ranking import Overall, Recommendation, overall, rank_backe
 from harness.advisor.workload import Workload
 from harness.backends.registry import get_backends
 from harness.probes.batch_invariance import batch_invariance_check
+from harness.execution.caller import left_as_found
 from harness.execution.executor import CallFailed, Executor, make_executor
 from harness.execution.device import resolve_device
 from harness.measure.stats import TieConfig
@@ -34,9 +35,22 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
     unknown = sorted(set(require) - set(REQUIREMENTS))
     if unknown:
         raise ValueError(f"require={unknown}; allowed: {', '.join(REQUIREMENTS)}")
+    own = executor is None  # made here: closed here (a declared plugin's workers with it)
+    executor = executor if executor is not None else make_executor()
+    try:
+        with left_as_found():  # the caller's process: torch's settings and the stage clock put back
+            return _recommend_workload(workload, backends=backends, device=device, results=results, seed=seed,
+                                       timing=timing, checks=checks, compile_backend=compile_backend, cfg=cfg,
+                                       executor=executor, require=require, progress=progress)
+    finally:
+        if own:
+            executor.close()
+
+
+def _recommend_workload(workload: Workload, *, backends, device, results, seed, timing, checks, compile_backend, cfg,
+                        executor, require, progress) -> Recommendation:
     step = progress.step if progress is not None else (lambda what: None)
     dev = resolve_device(device)
-    executor = executor if executor is not None else make_executor()
     chosen = get_backends(backends)
     case = workload.case()
     evidence, notes = {}, []

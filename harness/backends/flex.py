@@ -85,16 +85,28 @@ RECOMPILE_LIMIT = 100_000
 DYNAMIC = False
 
 
-@lru_cache(maxsize=None)
-def _compiled_flex():
+#: dynamo's settings flex's calls need (process-wide: a user's process gets them back, execution/caller.py). Past
+#: either limit (torch 2.13: 8 per code object, 256 over all its graphs) dynamo silently runs the function eagerly,
+#: unfused and materializing scores: raise both, and make hitting one anyway an error.
+DYNAMO_SETTINGS = {**dict.fromkeys(("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                                    "accumulated_cache_size_limit"), RECOMPILE_LIMIT),
+                   "fail_on_recompile_limit_hit": True}
+
+
+def raise_recompile_limits() -> None:
+    """DYNAMO_SETTINGS applied (again: a check from Python puts them back when it returns)."""
     from torch._dynamo import config as dynamo_config
-    from torch.nn.attention.flex_attention import flex_attention
-    # Past either limit (torch 2.13: 8 per code object, 256 over all its graphs) dynamo silently runs the function
-    # eagerly, unfused and materializing scores: raise both, and make hitting one anyway an error.
-    limits = ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit")
-    for attr, value in {**dict.fromkeys(limits, RECOMPILE_LIMIT), "fail_on_recompile_limit_hit": True}.items():
+
+    for attr, value in DYNAMO_SETTINGS.items():
         if hasattr(dynamo_config, attr):
             setattr(dynamo_config, attr, value)
+
+
+@lru_cache(maxsize=None)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    raise_recompile_limits()
     return torch.compile(flex_attention, dynamic=DYNAMIC)
 
 
@@ -177,6 +189,7 @@ class Flex(Backend):
     def prepare(self, case, device, block_table: torch.Tensor | None = None) -> FlexPlan:
         """The BlockMask of the case's mask on the device (built once per (mask, shape, device)); None: no mask. A
         paged case's is over the physical cache, from `block_table` (default: the case's)."""
+        raise_recompile_limits()  # once a case, outside the timed calls
         fp8 = dequant_note(case)
         if case.page_size is not None:
             return FlexPlan(op=f"{self.name} (paged block mask over the physical cache){fp8}",

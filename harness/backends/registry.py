@@ -17,8 +17,14 @@ BUILT_IN = tuple(f"harness.backends.{module}" for module in
                  ("naive", "sdpa", "flex", "xformers", "flash_attn", "flash_attn3", "flash_attn4", "flashinfer"))
 
 _REGISTRY: dict[str, Backend] = {}
-#: plugin modules loaded so far (absolute .py paths or dotted names, in order), so worker processes can load them too
+#: plugin modules loaded so far (absolute .py paths or dotted names, in order), here or declared from their own process
 _LOADED: list[str] = []
+#: backend name -> the plugin module that registered it: the one module its worker imports (none for a built-in)
+_ORIGIN: dict[str, str] = {}
+#: backend names registered with replace=True (a plugin's stand-in replaces as the plugin's class did)
+_REPLACED: set[str] = set()
+#: the plugin module being imported in this process (its @register calls note it as their origin)
+_IMPORTING: list[str] = []
 
 
 def register(cls: type[Backend] | None = None, *, replace: bool = False):
@@ -35,6 +41,14 @@ def register(cls: type[Backend] | None = None, *, replace: bool = False):
     if problems:  # once, when the plugin loads, instead of a TypeError row per case
         label = repr(cls.name) if isinstance(cls.name, str) and cls.name else cls.__qualname__
         raise ValueError(f"backend {label} ({cls.__qualname__} in {where(cls)}): {'; '.join(problems)}")
+    add(cls(), replace=replace, origin=_IMPORTING[-1] if _IMPORTING else None)
+    return cls
+
+
+def add(backend: Backend, *, replace: bool = False, origin: str | None = None) -> None:
+    """Put a validated backend (or a plugin's stand-in, execution/plugin_host.py) in the registry under its name;
+    `origin`: the plugin module it came from. A name taken by another class is a ValueError unless `replace`."""
+    cls = type(backend)
     if cls.__module__ not in BUILT_IN:
         all_backends()  # the built-ins first, so a plugin registered before any lookup cannot take one's name
     current = _REGISTRY.get(cls.name)
@@ -44,8 +58,12 @@ def register(cls: type[Backend] | None = None, *, replace: bool = False):
                 else f"{owner.__module__}.{owner.__qualname__}")
         raise ValueError(f"backend name {cls.name!r} is taken by {what}; give {cls.__qualname__} another name, or "
                          "register it with @register(replace=True) to replace that one")
-    _REGISTRY[cls.name] = cls()
-    return cls
+    _REGISTRY[cls.name] = backend
+    (_REPLACED.add if replace else _REPLACED.discard)(cls.name)
+    if origin is None:
+        _ORIGIN.pop(cls.name, None)
+    else:
+        _ORIGIN[cls.name] = origin
 
 
 def all_backends() -> dict[str, Backend]:
@@ -100,8 +118,7 @@ def _modules_hint(registry: dict[str, Backend]) -> str:
         return "a backend of your own is known once its module is loaded: --backend-module my_attn.py"
     said = []
     for spec in _LOADED:
-        module = _module_name(spec)
-        names = [name for name, backend in registry.items() if type(backend).__module__ == module]
+        names = [name for name in registry if _ORIGIN.get(name) == spec]
         said.append(f"{spec} registered {', '.join(map(repr, names)) if names else 'no backend'}")
     return "loaded: " + "; ".join(said)
 
@@ -116,12 +133,38 @@ def _is_file(spec: str) -> bool:
 
 
 def loaded_modules() -> tuple[str, ...]:
-    """The plugin modules loaded in this process, in order (a worker process loads the same)."""
+    """The plugin modules loaded so far (imported here or declared from their own process), in order."""
     return tuple(_LOADED)
 
 
-def load_backend_module(spec: str) -> Any:
-    """Import a user module (a dotted name or a .py path) so its @register decorators run."""
+def replaces(name: str) -> bool:
+    """Whether backend `name` was registered with replace=True."""
+    return name in _REPLACED
+
+
+def modules_for(name: str) -> tuple[str, ...]:
+    """The plugin module a worker of backend `name` imports: the one that registered it (none for a built-in)."""
+    return (_ORIGIN[name],) if name in _ORIGIN else ()
+
+
+def load_backend_module(spec: str, *, here: bool = False) -> Any:
+    """Load a user module (a dotted name or a .py path) of backends: by default in a process of its own, which
+    hands this one each backend's declaration as data (execution/plugin_host.py: no plugin code ever runs here);
+    `here=True` imports it in this process (--no-isolate, in-process and unguarded). Returns the module (here) or
+    its host process."""
+    if not here:
+        # imported where it is used: the host process is the execution layer's (a worker of the plugin's own)
+        from harness.execution.plugin_host import declare_module
+        host = declare_module(spec)
+        if host.spec not in _LOADED:
+            _LOADED.append(host.spec)
+        return host
+    return import_backend_module(spec)
+
+
+def import_backend_module(spec: str) -> Any:
+    """Import a user module in this process so its @register decorators run (each backend noting it as origin)."""
+    _IMPORTING.append(module_spec(spec))
     try:
         if _is_file(spec):
             path = Path(spec)
@@ -132,7 +175,7 @@ def load_backend_module(spec: str) -> Any:
             module = importlib.util.module_from_spec(loader)
             sys.modules[mod_name] = module
             loader.loader.exec_module(module)
-            loaded = str(path.resolve())  # absolute: a worker may start elsewhere
+            loaded = module_spec(spec)
         else:
             module, loaded = importlib.import_module(spec), spec
     except ValueError:
@@ -143,6 +186,14 @@ def load_backend_module(spec: str) -> Any:
                          "module may only define and register backends") from None
     except Exception as exc:  # the user's import error, reduced to one line that names the module
         raise ValueError(f"--backend-module {spec!r} failed to import: {type(exc).__name__}: {exc}") from exc
+    finally:
+        _IMPORTING.pop()
     if loaded not in _LOADED:
         _LOADED.append(loaded)
     return module
+
+
+def module_spec(spec: str) -> str:
+    """How workers name plugin module `spec`: an absolute path for a file (a worker may start elsewhere), else the
+    dotted name."""
+    return str(Path(spec).resolve()) if _is_file(spec) else spec

@@ -21,7 +21,7 @@ def _check(args: argparse.Namespace) -> int:
     from harness.oracle.signatures import signature
     from harness.store.schema import NOT_RUN, worst_status
     for module in args.backend_module:
-        load_backend_module(module)
+        load_backend_module(module, here=not args.isolate)  # imported here only with --no-isolate
     backends = get_backends(args.backends)  # a misspelled name is refused before a run folder is made
     device = resolve_device(args.device)
     cases = quick_cases(args.preset, args.hf_config, batch=args.batch, seq=args.seq)
@@ -38,6 +38,7 @@ def _check(args: argparse.Namespace) -> int:
     df = check_in_session(session, backends, cases)
     per_case = df.groupby(["backend", "case_id"]).status.agg(worst_status)
     summary = per_case.groupby(level=0).value_counts().unstack(fill_value=0)
+    print(f"integrity: {session.executor.integrity}")
     print(summary.to_string())
     bad = df[df.status.isin(FAILING)]
     for row in bad.itertuples():

@@ -28,7 +28,7 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.execution.cost import check_cost
     from harness.spec.presets import model_shape
     for module in args.backend_module:
-        load_backend_module(module)
+        load_backend_module(module, here=not args.isolate)  # imported here only with --no-isolate
     if args.threads is not None:  # CPU latency depends on it; recorded in each table's header
         torch.set_num_threads(args.threads)
     given = [f"--{f.replace('_', '-')}" for f in SHAPE_FLAGS if getattr(args, f) is not None]

@@ -138,10 +138,10 @@ def write_record(out: Path, work: Path, planned: list[Step], title: str) -> None
 def _available(names: str, device: str) -> list[str]:
     """The built-in (or named) backends that can run on `device`, in registry order."""
     from harness.backends.registry import get_backends
+    from harness.cli.backends import describe
     from harness.execution.device import resolve_device
-    from harness.execution.executor import make_executor
-    dev, executor = resolve_device(device), make_executor()
-    return [b.name for b in get_backends(names) if executor.unavailable_reason(b, dev) is None]
+    dev = resolve_device(device)
+    return [name for name, (_, reason, _) in describe(get_backends(names), dev).items() if reason is None]
 
 
 def gpu_matrix_estimate() -> str:

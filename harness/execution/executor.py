@@ -21,6 +21,8 @@ class Executor(Protocol):
 
     #: whether the calls run in worker processes (inputs are then drawn there, from the seed)
     isolated: bool
+    #: what env.json and the summary say of where backend code ran (supervisor.ISOLATED, in_process.UNGUARDED)
+    integrity: str
     #: set when a backend raised KeyboardInterrupt inside a call: its row is recorded, then the run stops
     interrupted: str | None
 

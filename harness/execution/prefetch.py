@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 
 from harness.backends.base import Backend
-from harness.backends.registry import loaded_modules
 from harness.execution.call import Call
 from harness.execution.supervisor import DEFAULT_TIMEOUT_S, Worker, worker_context
 from harness.execution.wire import WorkerSpec
@@ -23,7 +22,7 @@ class Prefetcher:
                  modules: tuple[str, ...] | None = None):
         self._pending = list(reversed(calls))
         # the run's workers' threads: inductor writes the thread count into the CPU kernels it compiles
-        self._spec = WorkerSpec(str(device), loaded_modules() if modules is None else modules,
+        self._spec = WorkerSpec(str(device), modules,
                                 torch.get_num_threads(), None if log_dir is None else str(Path(log_dir) / "prefetch"))
         self._claimed: set[tuple[str, str]] = set()
         self._lock = threading.Lock()

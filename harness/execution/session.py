@@ -60,7 +60,7 @@ class RunSession:
                               "cuda-graph" if self.schedule.timing.cuda_graph else "cuda-events")
             # what `compare --remeasure` needs to time this run's keys again the same way (round_timing: the first
             # round's share of the timing budget)
-            env.update(run_id=run_id, rounds=rounds, device=str(device), seed=seed,
+            env.update(run_id=run_id, rounds=rounds, device=str(device), seed=seed, integrity=self.executor.integrity,
                        round_timing=vars(self.schedule.timing_of(0)))
             self.recorder = RunRecorder(run_id, Path(results_root) / run_id, env)
         # what the suites read of the run

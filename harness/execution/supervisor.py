@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import atexit
 import fnmatch
 import multiprocessing as mp
 import multiprocessing.connection
+import pickle
 import signal
+import weakref
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, Callable
@@ -14,12 +15,12 @@ from typing import Any, Callable
 import torch
 
 from harness.backends.base import Backend
-from harness.backends.registry import loaded_modules
+from harness.backends.registry import modules_for
 from harness.execution.call import Call, CallResult
 from harness.execution.device import indexed
 from harness.execution.outcome import CallFailed, Failure, InterruptNoted
 from harness.execution.timed import TimingCall, TimingResult
-from harness.execution.wire import WorkerSpec, recv, send
+from harness.execution.wire import WorkerSpec, recv_answer, send
 from harness.execution.worker import worker_main
 from harness.measure.stages import CLOCK, stage
 from harness.measure.timing import CLOCKS
@@ -29,6 +30,8 @@ from harness.store.schema import ERROR, UNAVAILABLE
 DEFAULT_TIMEOUT_S = 300.0
 #: seconds a worker may take to start (import torch, the backend and plugin modules)
 START_TIMEOUT_S = 180.0
+#: what env.json and the summary say of a run whose backends each ran in workers of their own
+ISOLATED = "isolated: each backend's code only in its own worker processes"
 #: what the forkserver imports once, so that every worker forked from it starts with it
 FORKSERVER_PRELOAD = ("harness.execution.worker",)
 
@@ -64,6 +67,9 @@ class Worker:
     """One backend's process and the pipe to it."""
 
     def __init__(self, name: str, spec: WorkerSpec, ctx):
+        """Start backend `name`'s worker: `spec.modules` None = the one plugin module that registered it."""
+        if spec.modules is None:
+            spec = replace(spec, modules=modules_for(name))
         self.name, self.spec = name, spec
         self.conn, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=worker_main, args=(child, spec, name), name=f"harness-worker-{name}",
@@ -96,9 +102,12 @@ class Worker:
         ready = mp.connection.wait([self.conn, self.process.sentinel], timeout)
         if self.conn in ready:
             try:
-                return recv(self.conn)
+                return recv_answer(self.conn)
             except (EOFError, OSError):
                 pass
+            except pickle.UnpicklingError as exc:  # what no honest worker sends: the worker is not trusted again
+                self.kill()
+                return "failed", Failure(ERROR, f"{exc}; the worker was killed and is restarted for the next call")
         elif not ready:
             self.kill()
             return "failed", Failure(ERROR, f"timed out after {timeout:g} s while {doing} (--call-timeout-s); "
@@ -132,20 +141,23 @@ class IsolatedExecutor(InterruptNoted):
     """Each backend's calls in its own worker; timeouts: (fnmatch case id pattern, seconds), the first match wins."""
 
     isolated = True
+    integrity = ISOLATED
 
     def __init__(self, device: torch.device | str, *, modules: tuple[str, ...] | None = None,
                  threads: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  timeouts: tuple[tuple[str, float], ...] = (), log_dir: str | None = None):
         self.device = indexed(torch.device(device))
-        #: plugin modules each worker loads (default: those loaded in this process so far)
-        self.modules = loaded_modules() if modules is None else tuple(modules)
+        #: plugin modules every worker imports (None, the default: each backend's worker imports only the module
+        #: that registered it, and a built-in's none - no backend's code in another's worker)
+        self.modules = None if modules is None else tuple(modules)
         self.timeout_s, self.timeouts, self.log_dir = timeout_s, tuple(timeouts), log_dir
         self.workers: dict[str, Worker] = {}
         self.restarts: dict[str, int] = {}
         self._available: dict[str, str | None] = {}
         self._ctx = worker_context()
         self._spec = WorkerSpec(str(self.device), self.modules, threads or torch.get_num_threads(), log_dir)
-        atexit.register(self.close)
+        # closed with the run, or at exit: a finalizer that goes with the executor (no atexit entry per call)
+        weakref.finalize(self, _stop_all, self.workers)
 
     def timeout_for(self, case_id: str) -> float:
         return next((s for pattern, s in self.timeouts if fnmatch.fnmatchcase(case_id, pattern)), self.timeout_s)
@@ -187,11 +199,15 @@ class IsolatedExecutor(InterruptNoted):
         return self._noted(answer if status == "ok" else CallResult(failure=answer), backend)
 
     def time(self, backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
-        timing = replace(timing, call=timing.call.to_cpu())
+        # no verified answer named: a comparison made where the backend's code runs could be its own, so every timed
+        # answer comes back and is judged here (benchmark.judge_timed), and no claim of one elided is believed
+        timing = replace(timing, call=timing.call.to_cpu(), verified="")
         status, answer = self._ask(backend, device, "time", timing, self.timeout_for(timing.call.case.id),
                                    f"timing {backend.name} {timing.phase} on {timing.call.case.id}")
         if status != "ok":
             return TimingResult(failure=Failure(answer.status, f"during timing: {answer.reason}", answer.interrupted))
+        for o in answer.observed or ():
+            o.scaled_verified = o.scaled_last = frozenset()
         worker = self.workers[backend.name]  # the run's clock around the request, not the worker's
         answer.asked_ns, answer.wall_ms = worker.asked_ns, worker.asked_ms
         return self._noted(answer, backend)
@@ -211,6 +227,10 @@ class IsolatedExecutor(InterruptNoted):
             raise ValueError(f"this executor's workers run on {self.device}; asked for {device}")
 
     def close(self) -> None:
-        for worker in self.workers.values():
-            worker.stop()
-        self.workers.clear()
+        _stop_all(self.workers)
+
+
+def _stop_all(workers: dict[str, Worker]) -> None:
+    for worker in workers.values():
+        worker.stop()
+    workers.clear()

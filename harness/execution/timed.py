@@ -268,7 +268,7 @@ class _Checks:
     def __init__(self, backend: Backend, timed: Phase, verified: Inputs, plan: RoundInputs, case, phase: str,
                  kept: dict[str, torch.Tensor] | None = None):
         self.backend, self.timed, self.verified, self.plan = backend, timed, verified, plan
-        self.kept = kept or {}
+        self.kept = kept  # None: every answer goes back to be judged (a worker: nothing is elided where it ran)
         self.snapshot = Snapshot(timed.buffers)
         self.problems: list[str] = []
         self.observed: list[Observed] = []
@@ -307,7 +307,8 @@ class _Checks:
             undo = (lambda q, t: t) if o.content is None else functools.partial(o.content.undo, group=self.group)
             o.out = None if o.out is None else undo("out", self.backend.from_layout(o.out).cpu())
             o.grads = {n: undo(n, (self.backend.from_layout(g) if n in GRADS else g).cpu()) for n, g in o.grads.items()}
-        _drop_scaled(self.observed, self.kept)
+        if self.kept is not None:
+            _drop_scaled(self.observed, self.kept)
         return self.observed, "; ".join(self.problems)
 
     def _note(self, problem: str) -> None:
@@ -315,8 +316,11 @@ class _Checks:
             self.problems.append(problem)
 
 
-def _kept(caches: CallCaches | None, timing: TimingCall) -> dict[str, torch.Tensor]:
-    """This process's kept answers of the verdict's call the phase makes, by quantity ({} when none)."""
+def _kept(caches: CallCaches | None, timing: TimingCall) -> dict[str, torch.Tensor] | None:
+    """This process's kept answers of the verdict's call the phase makes, by quantity ({} when none); None when the
+    round names no verified answer: a worker's round, whose answers are all judged in the run's process."""
+    if not timing.verified:
+        return None
     if caches is None or timing.verified not in caches.answers:
         return {}
     call = timed_call(timing.phase)

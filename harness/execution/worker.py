@@ -42,7 +42,7 @@ def _cuda_broken(device: torch.device) -> bool:
 def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle; a worker finishes its call
     _redirect_output(spec.log_dir, backend_name)
-    from harness.backends.registry import all_backends, load_backend_module
+    from harness.backends.registry import all_backends, import_backend_module
     from harness.execution.cache import CallCaches
     from harness.execution.call import run_call
     from harness.execution.timed import allow_backward_replay, run_timing
@@ -53,8 +53,8 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
         allow_backward_replay()
         if device.type == "cuda":
             torch.cuda.set_device(device)  # events, streams and graphs follow the current device
-        for module in spec.modules:
-            load_backend_module(module)
+        for module in spec.modules:  # only the module that registered this backend (supervisor.Worker)
+            import_backend_module(module)
         registry = all_backends()
         if backend_name not in registry:
             raise ValueError(f"backend {backend_name!r} is not registered in the worker (is its module importable?)")

@@ -49,7 +49,7 @@ def pytest_configure(config):
     main = getattr(config, "workerinput", None) is None and not config.option.collectonly  # not xdist's, not collect
     try:
         for module in config.option.backend_module:
-            load_backend_module(module)
+            load_backend_module(module, here=not config.option.isolate)  # imported here only with --no-isolate
         config._harness_backends = get_backends(config.option.backends)
         device = resolve_device(config.option.device)
         config._harness_matrix, config._harness_cases = suite_cases(config.option, device)
@@ -237,6 +237,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return result
     tr = terminalreporter
     tr.section("attention harness")
+    tr.write_line(f"integrity: {session.executor.integrity}")
     for line in summary_lines(session):
         tr.write_line(line)
     session.finish(complete=complete)

@@ -81,10 +81,10 @@ def test_a_worker_that_cannot_start_ends_it_with_the_reason(tmp_path):
 
 def test_the_session_prefetches_only_what_compiles_per_shape_and_stops_it_before_its_first_timing(tmp_path,
                                                                                                monkeypatch):
-    import harness.execution.prefetch as prefetch
+    from harness.backends import registry
 
     module, log, backend = _module(tmp_path, 1.0)
-    monkeypatch.setattr(prefetch, "loaded_modules", lambda: (module,))  # what a run's --backend-module would load
+    monkeypatch.setitem(registry._ORIGIN, NAME, module)  # what a run's --backend-module records: its worker loads it
     session = RunSession(CPU, tmp_path)
     session.compile_ahead([(c, backend) for c in CASES])
     assert session.prefetcher is None  # calls kept in this process (--no-isolate): no process beside them
@@ -105,10 +105,10 @@ def test_the_session_prefetches_only_what_compiles_per_shape_and_stops_it_before
 
 def test_entering_the_benchmark_stage_stops_it_before_any_of_its_tests(tmp_path, monkeypatch):
     """The timing-fidelity test times through the executor, not benchmark_round: the stage itself stops it."""
-    import harness.execution.prefetch as prefetch
+    from harness.backends import registry
 
     module, log, backend = _module(tmp_path, 1.0)
-    monkeypatch.setattr(prefetch, "loaded_modules", lambda: (module,))
+    monkeypatch.setitem(registry._ORIGIN, NAME, module)
     session = RunSession(CPU, tmp_path, executor=make_executor(CPU, isolate=True, modules=()))
     session.compile_ahead([(c, backend) for c in CASES])
     _until(lambda: len(_seen(log)) >= 1)

@@ -1,0 +1,39 @@
+"""The caller's process as it was: a check or a recommendation from Python leaves torch's process-wide settings
+(functorch, dynamo, thread counts) and this process's stage clock as it found them."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+from harness.backends.flex import DYNAMO_SETTINGS
+from harness.measure.stages import CLOCK
+
+
+def _configs() -> list[tuple[object, str]]:
+    """(config module, attribute) of every process-wide setting a run may change where its backends run."""
+    import torch._functorch.config as functorch_config  # noqa: F401 - imported here: read before anything runs
+    from torch._dynamo import config as dynamo_config
+
+    wanted = [(functorch_config, "donated_buffer")] + [(dynamo_config, name) for name in DYNAMO_SETTINGS]
+    return [(module, name) for module, name in wanted if hasattr(module, name)]
+
+
+@contextmanager
+def left_as_found() -> Iterator[None]:
+    """Run the block, then put back what it changed of torch's process-wide settings and the stage clock."""
+    settings = [(module, name, getattr(module, name)) for module, name in _configs()]
+    threads = torch.get_num_threads()
+    clock = CLOCK.snapshot()
+    try:
+        yield
+    finally:
+        for module, name, value in settings:
+            if getattr(module, name) != value:
+                setattr(module, name, value)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        CLOCK.spent.clear()  # a folder-less run's stages are not the caller's (a run with a folder resets it anyway)
+        CLOCK.spent.update(clock)

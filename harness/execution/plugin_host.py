@@ -1,0 +1,201 @@
+"""A plugin module's own process: it imports the module, hands the run each backend's declaration as data, and
+answers the questions about a case that need the plugin's code; the run's process holds a stand-in per backend."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import pickle
+import signal
+import threading
+from typing import Any, ClassVar
+
+import torch
+
+from harness.backends.base import Backend, DescriptionHooks, ProbeHooks
+from harness.execution.wire import recv, recv_answer, send
+
+#: seconds the module's process may take to start and import the module (as a worker's start)
+START_TIMEOUT_S = 180.0
+#: seconds one question (e.g. not_supported_reasons(case)) may take in the module's process
+ASK_TIMEOUT_S = 120.0
+#: the class data a backend declares (Backend's non-callable class attributes): copied to the run's process as is
+DATA = tuple(sorted({name for cls in (Backend, ProbeHooks, DescriptionHooks) for name, value in vars(cls).items()
+                     if not name.startswith("_") and not callable(value)
+                     and not isinstance(value, (classmethod, staticmethod, property))}))
+#: Backend's methods whose answer a plugin may compute with its own code: asked of the module's process per call
+#: where the plugin overrides them, else Backend's own code answers here from the data
+ASKED = ("unavailable_reason", "not_supported_reasons", "modifier_reasons", "backward_reasons", "can_run", "supports",
+         "modifier_path", "mask_form")
+#: Backend's methods without arguments about the case: answered once, when the module loads
+ONCE = ("version", "installed_version", "kernels")
+
+_HOSTS: dict[str, "PluginHost"] = {}
+
+
+def declaration(backend: Backend, replace: bool) -> dict:
+    """What the run's process learns of a registered backend: its data, its once-answers, which methods it asks, and
+    whether it was registered with replace=True."""
+    cls = type(backend)
+    return {"module": cls.__module__, "qualname": cls.__qualname__, "replace": replace,
+            "data": {name: getattr(cls, name) for name in DATA},
+            "once": {name: _text(getattr(backend, name)()) for name in ONCE} | {"version_key": _text(cls.version_key())},
+            "asked": [name for name in ASKED if getattr(cls, name) is not getattr(Backend, name)]}
+
+
+def _text(value: Any) -> str | None:
+    """A string as plain str (torch's version is a str subclass the run's process does not unpickle), None kept."""
+    return None if value is None else str(value)
+
+
+def host_main(conn, spec: str) -> None:
+    """The module's process: import `spec`, send its backends' declarations, then answer questions until stopped."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle
+    from harness.backends import registry
+
+    try:
+        registry.all_backends()  # the built-ins first, so a name taken by one is refused here as it would be there
+        registry.import_backend_module(spec)
+        backends = {name: b for name, b in registry.all_backends().items() if registry.modules_for(name) == (spec,)}
+        send(conn, ("ready", [declaration(b, registry.replaces(name)) for name, b in backends.items()]))
+    except BaseException as exc:  # noqa: B036 - a ValueError names the module and the problem in one line
+        send(conn, ("failed", str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            kind, payload = recv(conn)
+        except (EOFError, OSError):  # the run is gone
+            return
+        if kind == "stop":
+            return
+        name, method, args, kwargs = payload
+        try:
+            reply = ("ok", getattr(backends[name], method)(*args, **kwargs))
+        except Exception as exc:
+            reply = ("failed", f"{type(exc).__name__}: {exc}")
+        send(conn, reply)
+
+
+class PluginHost:
+    """The process that imported plugin module `spec` (an absolute path or a dotted name) and its declarations."""
+
+    def __init__(self, spec: str):
+        from harness.execution.supervisor import worker_context  # the workers' forkserver: torch imported once
+
+        self.spec = spec
+        self._lock = threading.Lock()  # the prefetcher's thread may ask beside the run
+        ctx = worker_context()
+        self._conn, child = ctx.Pipe(duplex=True)
+        self._process = ctx.Process(target=host_main, args=(child, spec), name="harness-plugin-host", daemon=True)
+        self._process.start()
+        child.close()
+        status, answer = self._receive(START_TIMEOUT_S, "importing it")
+        if status != "ready":
+            self.close()
+            raise ValueError(answer)
+        self.declarations: list[dict] = answer
+        #: the run's stand-in of each declared backend (declare_module)
+        self.stand_ins: list[Backend] = []
+
+    def _receive(self, timeout: float, doing: str) -> tuple[str, Any]:
+        ready = mp.connection.wait([self._conn, self._process.sentinel], timeout)
+        if self._conn in ready:
+            try:
+                return recv_answer(self._conn)
+            except (EOFError, OSError):
+                pass
+            except pickle.UnpicklingError as exc:
+                self.close()
+                return "failed", f"--backend-module {self.spec!r}: {exc}"
+        self.close()
+        what = f"took over {timeout:g} s" if not ready else f"ended (exit status {self._process.exitcode})"
+        return "failed", f"--backend-module {self.spec!r}: its process {what} while {doing}"
+
+    def ask(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """backend `name`'s method(*args, **kwargs), computed by the plugin's code in its process."""
+        with self._lock:
+            if not self._process.is_alive():
+                raise RuntimeError(f"--backend-module {self.spec!r}: its process has ended; {name}.{method} cannot "
+                                   "be answered")
+            send(self._conn, ("ask", (name, method, args, kwargs)))
+            status, answer = self._receive(ASK_TIMEOUT_S, f"answering {name}.{method}")
+        if status != "ok":
+            raise RuntimeError(f"{name}.{method} failed in its module's process: {answer}")
+        return answer
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            try:
+                send(self._conn, ("stop", None))
+                self._process.join(timeout=5)
+            except (OSError, ValueError):
+                pass
+        if self._process.is_alive():
+            self._process.kill()
+        self._process.join(timeout=5)
+        self._conn.close()
+
+
+class Declared(Backend):
+    """A plugin backend in the run's process: its declared data, Backend's own code, and the plugin's answers from
+    its module's process; its `prepare` and `forward` run only in its workers."""
+
+    host: ClassVar[PluginHost]
+
+    def prepare(self, case, device, **kwargs):
+        raise RuntimeError(f"{self.name}'s code runs only in its worker: its module is not imported in this process")
+
+    def forward(self, q, k, v, *, mask, scale, **kwargs):
+        return self.prepare(None, q.device)
+
+
+def _asked(method: str):
+    def ask(self, *args, **kwargs):
+        return self.host.ask(self.name, method, *args, **kwargs)
+    ask.__name__ = method
+    return ask
+
+
+def _answered(value: Any):
+    return lambda self: value
+
+
+def stand_in(declared: dict, host: PluginHost) -> Backend:
+    """The run process's backend for one declaration: its class carries the data and answers as the plugin would."""
+    once = declared["once"]
+    attrs = {**declared["data"], **{name: _answered(once[name]) for name in ONCE},
+             **{name: _asked(name) for name in declared["asked"]},
+             "version_key": classmethod(lambda cls: once["version_key"]),
+             "__module__": declared["module"], "__qualname__": declared["qualname"], "host": host}
+    return type(declared["qualname"].rsplit(".", 1)[-1], (Declared,), attrs)()
+
+
+def declare_module(spec: str) -> PluginHost:
+    """Start the process of plugin module `spec` (once per module) and register a stand-in for each backend it
+    registers; a module that fails to import, or a bad declaration, is a ValueError in one line, as when imported."""
+    from harness.backends.registry import add, all_backends, module_spec
+
+    spec = module_spec(spec)
+    if spec in _HOSTS:  # loaded already, as an import is once: its stand-ins put back where they were dropped
+        host = _HOSTS[spec]
+        for backend in host.stand_ins:
+            if backend.name not in all_backends():
+                add(backend, origin=spec)
+        return host
+    host = PluginHost(spec)
+    try:
+        host.stand_ins = [stand_in(declared, host) for declared in host.declarations]
+        for backend, declared in zip(host.stand_ins, host.declarations):
+            add(backend, origin=spec, replace=declared["replace"])
+    except ValueError:
+        host.close()
+        raise
+    _HOSTS[spec] = host
+    return host
+
+
+def close_hosts() -> None:
+    """Stop every plugin module's process (they are daemons: they also end with this process)."""
+    for host in _HOSTS.values():
+        host.close()
+    _HOSTS.clear()

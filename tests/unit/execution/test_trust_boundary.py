@@ -1,0 +1,117 @@
+"""The trust boundary (issue 47, items 1 and 6a): a plugin module is imported only in its own processes (the process
+that declares it and its backend's workers), never in the run's process nor in another backend's worker; a plugin
+that disarms torch's comparisons at import and answers empty tensors once judged gets no timed figure, while naive
+and sdpa in the same run keep theirs (harness.execution.plugin_host, supervisor, wire.recv_answer)."""
+
+import os
+import pickle
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.backends import registry
+from harness.backends.registry import get_backends, load_backend_module
+from harness.execution import plugin_host
+from harness.execution.executor import make_executor
+from harness.execution.session import RunSession
+from harness.execution.wire import _Answers
+from harness.measure.timing import TimingConfig
+from harness.spec.case import AttentionCase
+from harness.store.schema import REJECTED, TIMED
+
+CPU = torch.device("cpu")
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "disarming_plugin.py"
+NAME = "gamed-disarming"
+FAST = TimingConfig(warmup_ms=2, budget_ms=10, min_reps=5, max_reps=20)
+CASE = AttentionCase(1, 2, 16, 32, "fp32")
+
+
+@pytest.fixture
+def plugin(tmp_path):
+    """The disarming plugin copied beside an empty pid file (it appends the pid of each process importing it),
+    declared from its own process; afterwards its process is stopped and its stand-in unregistered."""
+    path = tmp_path / FIXTURE.name
+    shutil.copy(FIXTURE, path)
+    pids = path.with_suffix(".pids")
+    pids.write_text("")
+    real_equal = torch.equal
+    host = load_backend_module(str(path))
+    try:
+        yield host, pids
+    finally:
+        host.close()
+        plugin_host._HOSTS.pop(host.spec, None)
+        registry._REGISTRY.pop(NAME, None)
+        registry._ORIGIN.pop(NAME, None)
+        registry._LOADED.remove(host.spec)
+        assert torch.equal is real_equal
+
+
+def test_a_disarming_plugin_runs_only_in_its_own_processes_and_gets_no_timed_figure(plugin, tmp_path):
+    host, pids = plugin
+    naive, sdpa, disarming = get_backends(["naive", "sdpa", NAME])
+    assert isinstance(disarming, plugin_host.Declared) and disarming.modifiers == sdpa.modifiers  # data, as declared
+    session = RunSession(CPU, tmp_path / "run", timing=FAST, executor=make_executor(CPU, isolate=True))
+    try:
+        for backend in (naive, sdpa, disarming):
+            assert session.check(CASE, backend).status == "pass"  # its first no-grad call is sdpa's answer
+        rows = {(b.name, phase): session.benchmark_round(CASE, b, phase, 0, session.verdict(CASE, b)).row
+                for b in (naive, sdpa, disarming) for phase in ("fwd", "bwd")}
+        workers = {name: worker.process.pid for name, worker in session.executor.workers.items()}
+    finally:
+        session.finish()
+    row = rows[(NAME, "fwd")]
+    assert row.timing_status == REJECTED and "out err" in row.timing_reason and row.latency_ms is None, row
+    # its backward is sdpa's, but torch.equal disarmed in its own worker misleads the harness's code there too
+    # (a refill it skips): rejected as well, which costs only the plugin
+    assert rows[(NAME, "bwd")].latency_ms is None
+    for name in ("naive", "sdpa"):
+        assert all(rows[(name, p)].timing_status == TIMED and rows[(name, p)].latency_ms > 0 for p in ("fwd", "bwd"))
+    imported = {int(line) for line in pids.read_text().split()}
+    assert imported == {host._process.pid, workers[NAME]}  # its declaring process and its own worker, nothing else
+    assert os.getpid() not in imported and workers["naive"] not in imported and workers["sdpa"] not in imported
+    assert not [m for m in sys.modules if "disarming" in m]  # never imported in the run's process
+
+
+def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tmp_path):
+    """A worker's reply claiming its answers were the verified ones scaled is not believed: they must come back."""
+    from harness.execution.timed import Observed, TimingResult
+    from harness.execution.integrity import TRANSFORMS
+
+    session = RunSession(CPU, tmp_path / "run", timing=FAST, executor=make_executor(CPU, isolate=True))
+    executor = session.executor
+    forged = TimingResult(observed=[Observed(TRANSFORMS[0], None, {}, frozenset({"out"}), frozenset({"out"}))])
+    try:
+        naive = get_backends(["naive"])[0]
+        executor._ask = lambda *args, **kwargs: ("ok", forged)  # what a rewritten worker could send
+        from harness.execution.timed import TimingCall
+        from harness.execution.call import Call
+        answer = executor.time(naive, TimingCall(Call(CASE, 0), "fwd", FAST), CPU)
+    finally:
+        session.finish()
+    assert all(not o.scaled_verified and not o.scaled_last for o in answer.observed)
+
+
+@pytest.mark.parametrize("payload, words", [
+    (pickle.dumps(eval), "builtins.eval"),
+    (pickle.dumps(os.system), "posix.system"),
+    (pickle.dumps(load_backend_module), "harness.backends.registry.load_backend_module"),
+])
+def test_the_run_unpickles_only_data_from_a_backend_process(payload, words):
+    import io
+
+    with pytest.raises(pickle.UnpicklingError, match=words.replace(".", r"\.")):
+        _Answers(io.BytesIO(payload)).load()
+
+
+def test_a_bad_declaration_is_refused_from_the_plugins_process_in_one_line(tmp_path):
+    path = tmp_path / "bad_plugin.py"
+    path.write_text("import torch\nfrom harness import Backend, register\n\n@register\nclass Bad(Backend):\n"
+                    "    name = 'bad-declared'\n    dtypes = 'fp16'\n"
+                    "    def forward(self, q, k, v, *, mask, scale):\n        return q\n")
+    with pytest.raises(ValueError, match=r"^backend 'bad-declared' \(Bad in .*bad_plugin.py:\d+\): dtypes='fp16'"):
+        load_backend_module(str(path))
+    assert "bad-declared" not in registry.all_backends()
