@@ -36,6 +36,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES[dtype]
 
 
+def number_token(value: float) -> str:
+    """A float as a case id writes it: '%g' (30, 0.125) where that reads back exactly, else its shortest repr."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
 @dataclass(frozen=True)
 class AttentionCase:
     """One attention problem. q: (batch, heads, seq_q, head_dim); k: (batch, kv_heads, seq_k, head_dim); v: (batch,
@@ -104,7 +110,7 @@ class AttentionCase:
     @property
     def modifier_id(self) -> str:
         """The modifiers as case-id tokens, e.g. 'cap30-sink' ('none' without any)."""
-        parts = [f"cap{self.softcap:g}" if self.softcap is not None else "", "sink" if self.sinks else "",
+        parts = [f"cap{number_token(self.softcap)}" if self.softcap is not None else "", "sink" if self.sinks else "",
                  "alibi" if self.alibi else "", mods.BIAS_TOKENS[self.bias] if self.bias else ""]
         return "-".join(p for p in parts if p) or "none"
 
@@ -134,11 +140,26 @@ class AttentionCase:
     @property
     def id(self) -> str:
         """Stable readable id, e.g. 'fp32-b1-h8kv2-s113x203-d64-none', 'bf16-b1-h16-s512-d192v128-causal-cap30'."""
+        return self._id(self.mask_id)
+
+    @property
+    def spelled_id(self) -> str:
+        """The id with a long cache mask's digest spelled out: `AttentionCase.from_id` reads any case back from it."""
+        return self._id("none" if self.mask is None else self.mask.spelled_id)
+
+    @classmethod
+    def from_id(cls, text: str) -> "AttentionCase":
+        """The case whose id (or spelled_id) is `text`; a ValueError naming the malformed part otherwise."""
+        from harness.spec.case_id import parse_case_id  # the grammar lives beside the spec, built on it
+        return parse_case_id(text)
+
+    def _id(self, mask_token: str) -> str:
         heads = f"h{self.heads}" + (f"kv{self.kv_heads}" if self.kv_heads != self.heads else "")
         seq = f"s{self.seq_q}" + (f"x{self.seq_k}" if self.seq_k != self.seq_q else "")
         dims = f"d{self.head_dim}" + (f"v{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")
-        parts = [dtype_name(self.dtype), f"b{self.batch}", heads, seq, dims, self.mask_id,
-                 self.modifier_id if self.modifiers else "", "" if self.default_scale else f"scale{self.scale:g}",
+        parts = [dtype_name(self.dtype), f"b{self.batch}", heads, seq, dims, mask_token,
+                 self.modifier_id if self.modifiers else "",
+                 "" if self.default_scale else f"scale{number_token(self.scale)}",
                  "" if self.page_size is None else f"page{self.page_size}",
                  "" if self.fp8_kv is None else f"fp8{'qkv' if self.fp8_q else 'kv'}-{self.fp8_kv}"]
         return "-".join(p for p in parts if p)
