@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import functools
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import torch
 
 from harness.spec import fp8, modifiers as mods
+from harness.spec.case_id import parse_case_id
 from harness.spec.masks import CacheCausal, MaskSpec
+from harness.spec.masks.cache_causal import ID_LENGTHS
 from harness.spec.paged import cache_lengths, validate_paged_case
 from harness.store.schema import GRADS
 
@@ -149,9 +152,14 @@ class AttentionCase:
 
     @classmethod
     def from_id(cls, text: str) -> "AttentionCase":
-        """The case whose id (or spelled_id) is `text`; a ValueError naming the malformed part otherwise."""
-        from harness.spec.case_id import parse_case_id  # the grammar lives beside the spec, built on it
-        return parse_case_id(text)
+        """The case whose id (or spelled_id) is `text`; a one-line ValueError naming the malformed part otherwise."""
+        fields, digest = parse_case_id(text)
+        if digest:
+            return known_case(text)
+        try:
+            return cls(**fields)
+        except ValueError as exc:
+            raise ValueError(f"case id {text!r}: {exc}") from None
 
     def _id(self, mask_token: str) -> str:
         heads = f"h{self.heads}" + (f"kv{self.kv_heads}" if self.kv_heads != self.heads else "")
@@ -210,3 +218,25 @@ def paged_case(batch: int, heads: int, seq_q: int, head_dim: int, dtype, *, kv_h
     lengths = cache_lengths(cache, batch)
     return AttentionCase(batch, heads, seq_q, head_dim, dtype, kv_heads=kv_heads, seq_k=max(lengths),
                          mask=CacheCausal(lengths), page_size=page_size, **modifiers)
+
+
+#: where a case id holding a digest is looked up: callables giving cases (spec.matrices and spec.presets add theirs
+#: when imported, as backends register), since such an id alone does not hold its cache lengths
+CASE_SOURCES: list[Callable[[], Iterable[AttentionCase]]] = []
+
+
+def known_case(text: str) -> AttentionCase:
+    """The case of CASE_SOURCES whose id is `text` (a digest id); a one-line ValueError when none is."""
+    found = _catalog().get(text)
+    if found is None:
+        raise ValueError(f"case id {text!r}: its cache mask is a digest of more than {ID_LENGTHS} cache lengths and "
+                         "no case of a matrix or preset has it; give the case's spelled-out id (every length listed, "
+                         "as the repro command prints it)")
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def _catalog() -> dict[str, AttentionCase]:
+    """Every case of CASE_SOURCES by id (built once, on the first digest asked for)."""
+    return {c.id: c for source in CASE_SOURCES for c in source()}
+

@@ -1,8 +1,8 @@
-"""A case id read back into its AttentionCase (`AttentionCase.from_id`): the grammar of `AttentionCase.id`, part by part.
+"""A case id read back into the fields of its AttentionCase (`AttentionCase.from_id`): the grammar of its id, part by part.
 
 dtype-bB-hH[kvK]-sQ[xK]-dD[vV]-MASK[+MASK...][-capC][-sink][-alibi][-headbias|-fullbias][-scaleS][-pageP]
-[-fp8kv-G|-fp8qkv-G]. A long cache mask's digest (more than ID_LENGTHS sequences) is found among the matrices'
-and presets' cases; any other case reads back from its `spelled_id`, which lists every length.
+[-fp8kv-G|-fp8qkv-G]. A long cache mask's digest (more than ID_LENGTHS sequences) is looked up among the known cases
+(spec.case.CASE_SOURCES); any other case reads back from its `spelled_id`, which lists every length.
 """
 
 from __future__ import annotations
@@ -11,10 +11,8 @@ import functools
 import re
 from typing import Callable
 
-from harness.spec.case import DTYPES, AttentionCase
 from harness.spec.masks import (And, CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec,
                                 SlidingWindow)
-from harness.spec.masks.cache_causal import ID_LENGTHS
 from harness.spec.modifiers import BIAS_TOKENS
 
 _INTS = r"\d+(?:_\d+)*"
@@ -53,7 +51,7 @@ _TAIL: tuple[tuple[str, re.Pattern, Callable[[re.Match], dict]], ...] = tuple(
         ("page size", r"page(\d+)", lambda m: {"page_size": int(m[1])}),
         ("fp8", r"fp8(qkv|kv)-(tensor|head)", lambda m: {"fp8_q": m[1] == "qkv", "fp8_kv": m[2]}),
     ))
-_HEAD = (("dtype", rf"({'|'.join(DTYPES)})", "one of " + ", ".join(DTYPES)),
+_HEAD = (("dtype", r"(fp32|fp16|bf16|fp64)", "one of fp32, fp16, bf16, fp64"),
          ("batch", r"-b(\d+)", "-bN"), ("heads", r"-h(\d+)(?:kv(\d+))?", "-hN or -hNkvM"),
          ("sequence lengths", r"-s(\d+)(?:x(\d+))?", "-sN or -sNxM"), ("head dim", r"-d(\d+)(?:v(\d+))?",
                                                                        "-dN or -dNvM"))
@@ -76,8 +74,9 @@ class _Reader:
         return ValueError(f"case id {self.text!r}: {part} at character {self.pos} ({rest[:24]!r}): expected {expected}")
 
 
-def parse_case_id(text: str) -> AttentionCase:
-    """The AttentionCase whose `id` or `spelled_id` is `text` (module docstring); one-line ValueError otherwise."""
+def parse_case_id(text: str) -> tuple[dict, bool]:
+    """(AttentionCase's keyword arguments, whether the mask is a digest) of the id `text` (module docstring); a
+    one-line ValueError naming the part that is malformed otherwise."""
     if not isinstance(text, str) or not text:
         raise ValueError(f"case id {text!r}: must be a non-empty string such as 'fp32-b2-h4-s64-d32-causal'")
     reader = _Reader(text)
@@ -91,7 +90,9 @@ def parse_case_id(text: str) -> AttentionCase:
     if reader.take("-") is None:
         raise reader.fail("mask", "'-' then a mask")
     mask, digest = _mask(reader)
-    fields: dict = {}
+    fields = dict(batch=int(batch), heads=int(heads), seq_q=int(seq_q), head_dim=int(head_dim), dtype=dtype,
+                  kv_heads=None if kv_heads is None else int(kv_heads), seq_k=None if seq_k is None else int(seq_k),
+                  mask=mask, head_dim_v=None if head_dim_v is None else int(head_dim_v))
     for name, pattern, to_fields in _TAIL:
         start = reader.pos
         if reader.take("-") is not None and (match := reader.take(pattern)) is not None:
@@ -101,15 +102,7 @@ def parse_case_id(text: str) -> AttentionCase:
     if reader.pos != len(text):
         raise reader.fail("suffix", "modifiers (capC, sink, alibi, headbias/fullbias), scaleS, pageP, fp8kv-G or "
                                     "fp8qkv-G, in that order, or the end of the id")
-    if digest:
-        return _known(text)
-    try:
-        return AttentionCase(int(batch), int(heads), int(seq_q), int(head_dim), dtype,
-                             kv_heads=None if kv_heads is None else int(kv_heads),
-                             seq_k=None if seq_k is None else int(seq_k), mask=mask,
-                             head_dim_v=None if head_dim_v is None else int(head_dim_v), **fields)
-    except ValueError as exc:
-        raise ValueError(f"case id {text!r}: {exc}") from None
+    return fields, digest
 
 
 def _mask(reader: _Reader) -> tuple[MaskSpec | None, bool]:
@@ -134,24 +127,3 @@ def _mask(reader: _Reader) -> tuple[MaskSpec | None, bool]:
     if reader.pos != len(reader.text) and reader.text[reader.pos] != "-":
         raise reader.fail("mask", MASK_FORMS + ", parts joined by '+'")
     return (None if digest else functools.reduce(And, parts)), digest
-
-
-def _known(text: str) -> AttentionCase:
-    """A case whose id holds a digest: one of the matrices' or presets' cases (each digest names one of them)."""
-    found = _catalog().get(text)
-    if found is None:
-        raise ValueError(f"case id {text!r}: its cache mask is a digest of more than {ID_LENGTHS} "
-                         "cache lengths and no case of a matrix or preset has it; give the case's spelled-out id "
-                         "(every length listed, as the repro command prints it)")
-    return found
-
-
-@functools.lru_cache(maxsize=1)
-def _catalog() -> dict[str, AttentionCase]:
-    """Every case of every matrix and every preset's cases, by id (built once, on the first digest asked for)."""
-    from harness.spec.matrices import MATRICES, build_matrix
-    from harness.spec.presets import PRESETS
-    cases = [c for name in MATRICES for c in build_matrix(name)]
-    cases += [c for shape in PRESETS.values() for dtype in ("bf16", "fp16")
-              for c in shape.cases(dtype) + shape.quick_cases()]
-    return {c.id: c for c in cases}

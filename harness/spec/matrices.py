@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Callable
 
-from harness.spec.case import AttentionCase, paged_case, parse_dtype
+from harness.spec.case import CASE_SOURCES, AttentionCase, paged_case, parse_dtype
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow, parse_mask
 from harness.spec.serving_step import CPU_MIX, StepMix, serving_step
 
@@ -298,3 +298,6 @@ def resolve_matrix(name: str, device_type: str) -> str:
 def build_matrix(name: str) -> list[AttentionCase]:
     """The cases of a named matrix, de-duplicated, in a stable order."""
     return list(dict.fromkeys(matrix(name).build()))
+
+
+CASE_SOURCES.append(lambda: [c for name in MATRICES for c in build_matrix(name)])

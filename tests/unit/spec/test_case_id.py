@@ -3,8 +3,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from harness.spec.case import AttentionCase
-from harness.spec.case_id import _catalog
+from harness.spec.case import AttentionCase, _catalog
 from harness.spec.masks import And, CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, SlidingWindow
 from harness.spec.matrices import MATRICES, build_matrix
 from harness.spec.presets import PRESETS
