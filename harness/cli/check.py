@@ -13,19 +13,21 @@ from harness.store.schema import FAILING
 def _cases(args: argparse.Namespace, device):
     """(cases, matrix label) from --case, --preset/--hf-config or --matrix (one of them); None cases with --fuzz."""
     from harness.spec.case import AttentionCase
-    from harness.spec.matrices import build_matrix, resolve_matrix
+    from harness.spec.matrices import FUZZ, build_matrix, resolve_matrix
     from harness.spec.presets import quick_cases
     cases = quick_cases(args.preset, args.hf_config, batch=args.batch, seq=args.seq)
-    chosen = [flag for flag, given in (("--case", args.case), ("--fuzz", args.fuzz),
-                                       ("--preset/--hf-config", cases is not None),
-                                       (f"--matrix {args.matrix}", args.matrix != "smoke")) if given]
+    args.fuzz = args.fuzz or args.matrix == FUZZ
+    chosen = [flag for flag, given in ((f"--matrix {args.matrix}", args.matrix not in ("smoke", FUZZ)),
+                                       ("--preset/--hf-config", cases is not None), ("--case", args.case),
+                                       ("--fuzz", args.fuzz)) if given]
     if len(chosen) > 1:
-        raise ValueError(f"{' and '.join(chosen)} each choose the cases; give one")
-    matrix = resolve_matrix(args.matrix, device.type)
+        raise ValueError(f"{' and '.join(chosen)} {'both' if len(chosen) == 2 else 'each'} choose the cases; "
+                         "give one")
+    matrix = resolve_matrix(args.matrix if not args.fuzz else FUZZ, device.type)
     if args.case:
         return [AttentionCase.from_id(text) for text in dict.fromkeys(args.case)], "cases"
     if args.fuzz:
-        return None, "fuzz"
+        return None, matrix
     return (cases if cases is not None else build_matrix(matrix)), matrix
 
 

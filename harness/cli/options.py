@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from harness.execution.supervisor import DEFAULT_TIMEOUT_S
 from harness.measure import stats, timing
-from harness.spec.matrices import AUTO, MATRICES, resolve_matrix
+from harness.spec.matrices import AUTO, FUZZ, MATRICES, resolve_matrix
 from harness.spec.presets import PRESETS
 
 
@@ -67,7 +67,8 @@ OPTIONS: dict[str, Option] = {o.flag.lstrip("-").replace("-", "_"): o for o in [
     Option("--backend-module", "module name or .py path registering extra backends (repeatable)",
            {"action": "append", "default": []}),
     Option("--matrix", f"case matrix: {AUTO} ({resolve_matrix(AUTO, 'cuda')} on a CUDA device, "
-                       f"{resolve_matrix(AUTO, 'cpu')} elsewhere), {', '.join(MATRICES)}", {"default": AUTO}),
+                       f"{resolve_matrix(AUTO, 'cpu')} elsewhere), {', '.join(MATRICES)}, or {FUZZ} (seeded random cases, "
+                       "sized by --fuzz-budget-s)", {"default": AUTO}),
     Option("--preset", f"cases from a model's attention shape instead of a matrix: {', '.join(PRESETS)}"),
     Option("--hf-config", "cases from a local transformers config.json (num_attention_heads, num_key_value_heads, "
                           "head_dim or hidden_size, sliding_window) instead of a matrix; nothing is downloaded"),

@@ -13,7 +13,7 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.cost import matrix_cost
 from harness.execution.session import RunSession
-from harness.execution.shrink import BOUND_S, TRIALS, Shrunk, Signature, Trials, shrink, signature
+from harness.execution.shrink import BOUND_S, TRIALS, Shrunk, Signature, Trials, failed_checks, shrink
 from harness.spec.case import AttentionCase
 from harness.spec.fuzz import Knobs, Space, build, draw
 from harness.store.schema import COLUMNS
@@ -22,9 +22,10 @@ from harness.store.schema import COLUMNS
 #: the judging of a small case (docs/measurements.md, "fuzzing"); a backend that compiles per shape pays COMPILE_S
 CALL_S = {"cpu": 0.3, "cuda": 0.5}
 COMPILE_S = 6.0
-#: no drawn case may take more than this share of the budget alone: the budget tries many small cases
+#: no drawn case's reference and baseline may take more than this share of the budget: it tries many small cases
 LARGEST_SHARE = 0.1
-#: draws per backend before a draw the backend takes is given up (its declarations leave little of the space)
+#: draws before a draw the backend takes is given up (its declarations leave little of the space), and draws in a
+#: row too big for the budget before the plan ends
 TRIES = 200
 
 
@@ -38,12 +39,12 @@ class Planned:
     seconds: float
 
 
-def case_seconds(case: AttentionCase, backends: list[Backend], device: torch.device) -> float:
-    """The cost model's seconds for checking `case` on `backends`: reference and baseline, then each call."""
+def case_seconds(case: AttentionCase, backends: list[Backend], device: torch.device) -> tuple[float, float]:
+    """The cost model's seconds for checking `case` on `backends`: (reference and baseline, the calls)."""
     cost = matrix_cost([case], device)
     calls = sum(CALL_S.get(device.type, CALL_S["cuda"]) + (COMPILE_S if b.compiles_per_shape else 0.0)
                 for b in backends)
-    return cost.case_seconds(cost.costs[0]) + calls
+    return cost.case_seconds(cost.costs[0]), calls
 
 
 def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: float) -> list[Planned]:
@@ -52,8 +53,8 @@ def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: flo
     rng = np.random.default_rng(seed)
     spaces = [(b, Space.of(b, device.type)) for b in backends]
     memory = matrix_cost([build(draw(np.random.default_rng(0), spaces[0][1]))], device).memory
-    planned, spent, turn, idle = [], 0.0, 0, 0
-    while spaces and idle < len(spaces):
+    planned, spent, turn, idle, too_big = [], 0.0, 0, 0, 0
+    while spaces and idle < len(spaces) and too_big < TRIES:
         backend, space = spaces[turn % len(spaces)]
         turn += 1
         case = knobs = None
@@ -69,13 +70,14 @@ def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: flo
             idle += 1
             continue
         runners = tuple(b for b in backends if not b.can_run(case, device))
-        seconds = case_seconds(case, list(runners), device)
-        cost = matrix_cost([case], device)
-        if seconds > LARGEST_SHARE * budget_s or cost.largest.peak_bytes > memory:
-            continue                                   # too big for this budget or device: draw again
+        sized, calls = case_seconds(case, list(runners), device)
+        seconds = sized + calls
+        if sized > LARGEST_SHARE * budget_s or matrix_cost([case], device).largest.peak_bytes > memory:
+            too_big += 1                               # too big for this budget or device: draw again
+            continue
         if spent + seconds > budget_s:
             break
-        idle, spent = 0, spent + seconds
+        idle, too_big, spent = 0, 0, spent + seconds
         planned.append(Planned(knobs, case, runners, seconds))
     return planned
 
@@ -130,8 +132,8 @@ def fuzz_in_session(session: RunSession, backends: list[Backend], planned: list[
             for backend in item.backends:
                 result = session.check(item.case, backend)
                 rows.extend(result.rows)
-                if (check := signature(result)) is not None:
-                    failing.append((item, backend, check))
+                if checks := failed_checks(result):
+                    failing.append((item, backend, checks))
                 if session.executor.interrupted:
                     raise KeyboardInterrupt(f"{session.executor.interrupted}; the rows so far are written")
         run.check_s = time.monotonic() - start
@@ -146,29 +148,29 @@ def fuzz_in_session(session: RunSession, backends: list[Backend], planned: list[
 
 
 def _shrink_all(session: RunSession, failing: list, deadline: float) -> tuple[list[Failure], int]:
-    """Shrink the failures within `deadline`: first one drawn case per (backend, check), cheapest first, each with an
-    equal share of the time left; then the other failing cases while time is left (trials are shared per backend,
-    so a case that shrinks onto a known failure costs little). One Failure per smallest case; the count of failing
-    drawn cases the bound left unshrunk is returned beside them."""
+    """Shrink the failures within `deadline`, each keeping its first failed check: first one drawn case per (backend,
+    check), cheapest first, each with an equal share of the time left; then the other failing cases while time is
+    left (trials are shared per backend, so a case that shrinks onto a known failure costs little). One Failure per
+    backend and smallest case; the count of failing drawn cases the bound left unshrunk is returned beside them."""
     trials: dict[str, Trials] = {}
-    found: dict[tuple[str, Signature, str], Failure] = {}
+    found: dict[tuple[str, str], Failure] = {}
     ordered = sorted(failing, key=lambda f: f[0].seconds)
-    firsts = sorted({(b.name, check): (item, b, check) for item, b, check in reversed(ordered)}.values(),
+    firsts = sorted({(b.name, checks[0]): (item, b, checks) for item, b, checks in reversed(ordered)}.values(),
                     key=lambda f: f[0].seconds)
     rest = [f for f in ordered if not any(f is g for g in firsts)]
     unshrunk = 0
-    for index, (item, backend, check) in enumerate(firsts + rest):
+    for index, (item, backend, checks) in enumerate(firsts + rest):
         now = time.monotonic()
         if now >= deadline:
             unshrunk += 1
             continue
         share = (deadline - now) / (len(firsts) - index) if index < len(firsts) else deadline - now
         runner = trials.setdefault(backend.name, Trials(backend, session.device, session.seed, session.executor))
-        runner.seen[item.case.spelled_id] = check
-        shrunk = shrink(item.knobs, check, runner, min(deadline, now + share))
-        key = (backend.name, check, shrunk.case.spelled_id)
+        runner.seen[item.case.spelled_id] = checks
+        shrunk = shrink(item.knobs, checks[0], runner, min(deadline, now + share))
+        key = (backend.name, shrunk.case.spelled_id)
         if key not in found:
-            found[key] = Failure(backend.name, check, shrunk, session.repro_command(shrunk.case, backend.name))
+            found[key] = Failure(backend.name, checks[0], shrunk, session.repro_command(shrunk.case, backend.name))
         found[key].drawn.append(item.case.spelled_id)
     return sorted(found.values(), key=lambda f: (f.backend, -len(f.drawn))), unshrunk
 

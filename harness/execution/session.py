@@ -27,6 +27,7 @@ from harness.measure.peaks import RunPeaks
 from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
 from harness.spec.case import AttentionCase
+from harness.spec.matrices import FUZZ
 from harness.store.environment import REPO_ROOT, environment, new_run_id
 from harness.store.host import snapshot_clocks
 from harness.store.schema import FAILING, Row, TimingKey
@@ -91,7 +92,8 @@ class RunSession:
         session.env["benchmark"] = timed  # a run stopped before its timings is no correctness-only run
         if timed:
             session.measure_peaks(sorted({c.dtype for c in cases}, key=str))
-        named = getattr(options, "case", None) or getattr(options, "fuzz", False)  # check --case / --fuzz
+        # check --case, check --fuzz, --matrix fuzz: cases no matrix builds again
+        named = getattr(options, "case", None) or getattr(options, "fuzz", False) or matrix == FUZZ
         session.describe_cases({"preset": options.preset} if options.preset else
                                {"hf_config": str(Path(options.hf_config).resolve())} if options.hf_config else
                                {"case_ids": [c.spelled_id for c in cases]} if named else

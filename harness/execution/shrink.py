@@ -25,7 +25,7 @@ BOUND_S = 120.0
 
 
 class Signature(NamedTuple):
-    """Which check a failure fails: the phase, the status and the quantities past tolerance (or the error's type)."""
+    """A check a case fails: the phase, the status and the quantity past tolerance (or the error's type)."""
 
     phase: str
     status: str
@@ -35,17 +35,24 @@ class Signature(NamedTuple):
         return f"{self.status} [{self.phase}] {self.what}"
 
 
-def signature(result: BackendResult) -> Signature | None:
-    """The first failing phase's check in `result`, or None when nothing failed."""
+def failed_checks(result: BackendResult) -> tuple[Signature, ...]:
+    """Every check `result` fails, fwd first: one per quantity past tolerance, or the error's type per phase."""
+    found = []
     for phase in VERDICT_PHASES:
         row = next((r for r in result.rows if r.phase == phase), None)
         if row is None or row.status not in FAILING:
             continue
         if row.status == FAIL:
             over = [q for q in QUANTITIES if _past(getattr(row, f"{q}_err"), getattr(row, f"{q}_tol"))]
-            return Signature(phase, row.status, ",".join(over) or "nonfinite")
-        return Signature(phase, row.status, (row.reason or "").split(":")[0])
-    return None
+            found += [Signature(phase, row.status, q) for q in over or ["nonfinite"]]
+        else:
+            found.append(Signature(phase, row.status, (row.reason or "").split(":")[0]))
+    return tuple(found)
+
+
+def signature(result: BackendResult) -> Signature | None:
+    """The first check `result` fails (the one its shrinking keeps failing), or None when nothing failed."""
+    return next(iter(failed_checks(result)), None)
 
 
 def _past(err: float | None, tol: float | None) -> bool:
@@ -60,15 +67,16 @@ class Trials:
     device: torch.device
     seed: int
     executor: Executor
-    seen: dict[str, Signature | None] = field(default_factory=dict)
+    seen: dict[str, tuple[Signature, ...]] = field(default_factory=dict)
     count: int = 0
 
-    def signature(self, case: AttentionCase) -> Signature | None:
+    def checks(self, case: AttentionCase) -> tuple[Signature, ...]:
+        """The checks `case` fails on the backend (run once per case)."""
         key = case.spelled_id
         if key not in self.seen:
             self.count += 1
             result = execute(self.backend, prepare_case(case, self.device, self.seed), executor=self.executor)
-            self.seen[key] = signature(result)
+            self.seen[key] = failed_checks(result)
         return self.seen[key]
 
 
@@ -85,7 +93,7 @@ class Shrunk:
 
 def shrink(knobs: Knobs, target: Signature, trials: Trials, deadline: float,
            clock: Callable[[], float] = time.monotonic) -> Shrunk:
-    """The smallest knobs whose case still fails `target`: each removal that keeps the failure, then each size
+    """The smallest knobs whose case still fails `target` (among others): each removal that keeps the failure, then each size
     lowered by a binary search from 1 (smallest first), repeated until nothing changes or a bound is reached."""
     current, case, steps, start = knobs, build(knobs), [], trials.count
 
@@ -96,7 +104,7 @@ def shrink(knobs: Knobs, target: Signature, trials: Trials, deadline: float,
             return None
         if built == case or trials.backend.can_run(built, trials.device):
             return None
-        return built if trials.signature(built) == target else None
+        return built if target in trials.checks(built) else None
 
     def out_of_bounds() -> str:
         return ("trial bound" if trials.count - start >= TRIALS else "time bound" if clock() >= deadline else "")

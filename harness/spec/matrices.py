@@ -12,6 +12,8 @@ from harness.spec.serving_step import CPU_MIX, StepMix, serving_step
 
 #: --matrix auto: the GPU matrix on a CUDA device, the CPU default elsewhere
 AUTO = "auto"
+#: --matrix fuzz: seeded random cases within each backend's declarations (harness.spec.fuzz), no fixed matrix
+FUZZ = "fuzz"
 #: the masks the CPU matrices ask every question with (fixed: newer names must not grow the CPU matrices)
 CPU_MASKS = ("none", "causal", "causal-br", "window", "keypad", "causal+keypad")
 #: tokens per batch in the GPU matrices: batch = TOKENS // seq, as FlashAttention's benchmarks do
@@ -290,8 +292,8 @@ def resolve_matrix(name: str, device_type: str) -> str:
     if name == AUTO:
         device = "cuda" if device_type == "cuda" else "cpu"
         return next(m.name for m in REGISTRY.values() if m.device == device and m.runtime == "default")
-    if name not in MATRICES:
-        raise ValueError(f"unknown matrix {name!r}; allowed: {AUTO}, {', '.join(MATRICES)}")
+    if name not in MATRICES and name != FUZZ:
+        raise ValueError(f"unknown matrix {name!r}; allowed: {AUTO}, {', '.join(MATRICES)}, {FUZZ}")
     return name
 
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 import torch
 
 from harness.backends.naive import Naive
-from harness.execution.shrink import Signature, Trials, shrink, signature
+from harness.execution.shrink import Signature, Trials, failed_checks, shrink, signature
 from harness.execution.outcome import BackendResult
 from harness.spec.fuzz import Knobs, build
 from harness.store.schema import Row
@@ -20,9 +20,9 @@ class Predicate(Trials):
         super().__init__(Naive(), torch.device("cpu"), 0, executor=None)
         self.fails = fails
 
-    def signature(self, case):
+    def checks(self, case):
         self.count += 1
-        return FWD_OUT if self.fails(case) else None
+        return (FWD_OUT,) if self.fails(case) else ()
 
 
 BIG = Knobs("bf16", batch=6, kv_heads=3, group=3, seq_q=700, seq_k=1500, head_dim=80, layout="dense",
@@ -50,11 +50,11 @@ def test_the_bounds_stop_it_and_say_which():
     assert stopped.stopped == "time bound" and len(stopped.steps) <= 3
 
 
-def test_signature_names_the_phase_status_and_quantities_past_tolerance():
+def test_the_checks_failed_name_the_phase_status_and_each_quantity_past_tolerance():
     rows = [Row(run_id="r", case_id="c", backend="b", phase="fwd", status="pass", out_err=1.0, out_tol=2.0),
             Row(run_id="r", case_id="c", backend="b", phase="bwd", status="fail", dq_err=1.0, dq_tol=2.0,
                 dk_err=3.0, dk_tol=2.0, dv_err=float("nan"), dv_tol=1.0)]
-    assert signature(BackendResult(rows)) == Signature("bwd", "fail", "dk,dv")
+    assert failed_checks(BackendResult(rows)) == (Signature("bwd", "fail", "dk"), Signature("bwd", "fail", "dv"))
     rows[1] = replace(rows[1], status="error", reason="RuntimeError: shapes")
     assert signature(BackendResult(rows)) == Signature("bwd", "error", "RuntimeError")
-    assert signature(BackendResult(rows[:1])) is None
+    assert signature(BackendResult(rows[:1])) is None and failed_checks(BackendResult(rows[:1])) == ()
