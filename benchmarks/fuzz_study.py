@@ -60,7 +60,7 @@ def planted(seed: int, budget: float, work: Path) -> dict:
     fuzz = latest_env(work / f"p{seed}")["fuzz"]
     failures = []
     for f in fuzz["failures"]:
-        argv = shlex.split(f["repro"])[3:]                      # after `python -m harness check`
+        argv = shlex.split(f["repro"])[4:]                      # after `python -m harness check`
         again, _, _ = check(*argv, results=work / f"r{seed}")
         honest = argv.copy()
         honest[honest.index("--backends") + 1] = "planted-honest"

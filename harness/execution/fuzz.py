@@ -13,9 +13,10 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.cost import matrix_cost
 from harness.execution.session import RunSession
-from harness.execution.shrink import BOUND_S, TRIALS, Shrunk, Signature, Trials, failed_checks, shrink
+from harness.execution.shrink import (BOUND_S, TRIALS, Shrunk, Signature, Trials, failed_checks, reproduces,
+                                      shrink)
 from harness.spec.case import AttentionCase
-from harness.spec.fuzz import Knobs, Space, build, draw
+from harness.spec.fuzz import Knobs, Space, build, draw, toward
 from harness.store.schema import COLUMNS
 
 #: a backend call's cost on top of the reference and baseline, per device type: the worker round trip and
@@ -150,7 +151,8 @@ def fuzz_in_session(session: RunSession, backends: list[Backend], planned: list[
 def _shrink_all(session: RunSession, failing: list, deadline: float) -> tuple[list[Failure], int]:
     """Shrink the failures within `deadline`, each keeping its first failed check: first one drawn case per (backend,
     check), cheapest first, each with an equal share of the time left; then the other failing cases while time is
-    left (trials are shared per backend, so a case that shrinks onto a known failure costs little). One Failure per
+    left, each first moved to where a known failure shrank (`toward`: one trial) and shrunk from there when it still
+    fails (trials are shared per backend, so it then costs little). One Failure per
     backend and smallest case; the count of failing drawn cases the bound left unshrunk is returned beside them."""
     trials: dict[str, Trials] = {}
     found: dict[tuple[str, str], Failure] = {}
@@ -167,7 +169,12 @@ def _shrink_all(session: RunSession, failing: list, deadline: float) -> tuple[li
         share = (deadline - now) / (len(firsts) - index) if index < len(firsts) else deadline - now
         runner = trials.setdefault(backend.name, Trials(backend, session.device, session.seed, session.executor))
         runner.seen[item.case.spelled_id] = checks
-        shrunk = shrink(item.knobs, checks[0], runner, min(deadline, now + share))
+        start = item.knobs
+        for known in (f for f in found.values() if f.backend == backend.name):  # the same failure? one trial
+            if reproduces(jump := toward(item.knobs, known.shrunk.knobs, known.shrunk.steps), checks[0], runner):
+                start = jump
+                break
+        shrunk = shrink(start, checks[0], runner, min(deadline, now + share))
         key = (backend.name, shrunk.case.spelled_id)
         if key not in found:
             found[key] = Failure(backend.name, checks[0], shrunk, session.repro_command(shrunk.case, backend.name))

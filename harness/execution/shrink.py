@@ -91,6 +91,17 @@ class Shrunk:
     stopped: str = ""
 
 
+def reproduces(candidate: Knobs, target: Signature, trials: Trials) -> AttentionCase | None:
+    """The case of `candidate` when it is valid, the backend takes it and it fails `target`; else None."""
+    try:
+        built = build(candidate)
+    except ValueError:
+        return None
+    if trials.backend.can_run(built, trials.device):
+        return None
+    return built if target in trials.checks(built) else None
+
+
 def shrink(knobs: Knobs, target: Signature, trials: Trials, deadline: float,
            clock: Callable[[], float] = time.monotonic) -> Shrunk:
     """The smallest knobs whose case still fails `target` (among others): each removal that keeps the failure, then each size
@@ -98,13 +109,8 @@ def shrink(knobs: Knobs, target: Signature, trials: Trials, deadline: float,
     current, case, steps, start = knobs, build(knobs), [], trials.count
 
     def still_fails(candidate: Knobs) -> AttentionCase | None:
-        try:
-            built = build(candidate)
-        except ValueError:
-            return None
-        if built == case or trials.backend.can_run(built, trials.device):
-            return None
-        return built if target in trials.checks(built) else None
+        built = reproduces(candidate, target, trials)
+        return None if built == case else built
 
     def out_of_bounds() -> str:
         return ("trial bound" if trials.count - start >= TRIALS else "time bound" if clock() >= deadline else "")

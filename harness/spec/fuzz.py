@@ -243,3 +243,18 @@ def simpler_steps(k: Knobs) -> Iterator[tuple[str, Knobs]]:
         if candidate != k:
             yield name, candidate
 
+
+def toward(k: Knobs, smallest: Knobs, steps: tuple[str, ...]) -> Knobs:
+    """`k` moved to where another failure shrank: its removals (`steps`) applied and each size lowered to
+    `smallest`'s, but not below 2 (a size at 1 stays): a drawn case that still fails there most likely fails the
+    same way (one trial, not a shrink), while one whose own trigger is a single row, head or group does not move
+    onto another failure's single row."""
+    for name, step in SIMPLER:
+        if name in steps:
+            k = step(k)
+    for name in SIZES:
+        value, least = size_of(k, name), size_of(smallest, name)
+        if value is not None and least is not None and max(least, 2) < value:
+            k = with_size(k, name, max(least, 2))
+    return k
+

@@ -58,3 +58,14 @@ def test_the_checks_failed_name_the_phase_status_and_each_quantity_past_toleranc
     rows[1] = replace(rows[1], status="error", reason="RuntimeError: shapes")
     assert signature(BackendResult(rows)) == Signature("bwd", "error", "RuntimeError")
     assert signature(BackendResult(rows[:1])) is None and failed_checks(BackendResult(rows[:1])) == ()
+
+
+def test_a_drawn_case_moved_toward_a_known_failure_fails_there_only_when_it_is_the_same_bug():
+    from harness.spec.fuzz import toward
+    bugs = Predicate(lambda c: (c.batch == 1 and c.seq_k >= 2) or (c.heads // c.kv_heads == 3 and c.kv_heads >= 2))
+    known = shrink(replace(BIG, batch=1, group=1), FWD_OUT, bugs, deadline=float("inf"))
+    assert known.case.batch == 1 and known.case.heads == known.case.kv_heads
+    same = toward(replace(BIG, batch=1, head_dim=40), known.knobs, known.steps)
+    assert bugs.fails(build(same)) and build(same).seq_k == 2             # a single sequence still: the same bug
+    moved = build(toward(BIG, known.knobs, known.steps))                   # batch 6, group 3: another bug
+    assert moved.batch == 2 and not bugs.fails(moved)                      # not moved onto the single sequence
