@@ -10,6 +10,7 @@ Prints one line per seed and a JSON summary (docs/measurements.md, "fuzzing", ha
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -73,8 +74,8 @@ def planted(seed: int, budget: float, work: Path) -> dict:
             "unshrunk": fuzz["unshrunk"], "bugs": sorted({f["bug"] for f in failures}), "failures": failures}
 
 
-def honest(seed: int, budget: float, work: Path) -> dict:
-    code, out, seconds = check("--backends", HONEST, "--fuzz", "--seed", str(seed), "--fuzz-budget-s", str(budget),
+def honest(seed: int, budget: float, work: Path, backends: str = HONEST) -> dict:
+    code, out, seconds = check("--backends", backends, "--fuzz", "--seed", str(seed), "--fuzz-budget-s", str(budget),
                                results=work / f"n{seed}")
     fuzz = latest_env(work / f"n{seed}")["fuzz"]
     return {"seed": seed, "exit": code, "seconds": round(seconds), "drawn": fuzz["drawn"],
@@ -87,16 +88,17 @@ def main() -> None:
     parser.add_argument("study", choices=("planted", "honest"))
     parser.add_argument("--seeds", default="1-5", help="first-last")
     parser.add_argument("--budget-s", type=float, default=60.0)
+    parser.add_argument("--backends", default=HONEST, help="the honest study's backends")
     args = parser.parse_args()
     first, last = map(int, args.seeds.split("-"))
-    study = planted if args.study == "planted" else honest
+    study = planted if args.study == "planted" else functools.partial(honest, backends=args.backends)
     results = []
     with tempfile.TemporaryDirectory() as work:
         for seed in range(first, last + 1):
             row = study(seed, args.budget_s, Path(work))
             print(json.dumps(row), flush=True)
             results.append(row)
-    print(json.dumps({"study": args.study, "budget_s": args.budget_s, "load": os.getloadavg(), "seeds": len(results),
+    print(json.dumps({"study": args.study, "backends": args.backends, "budget_s": args.budget_s, "load": os.getloadavg(), "seeds": len(results),
                       "seconds": [r["seconds"] for r in results]}))
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cost import matrix_cost
+from harness.execution.cost import H200, matrix_cost
 from harness.execution.session import RunSession
 from harness.execution.shrink import (BOUND_S, TRIALS, Shrunk, Signature, Trials, failed_checks, reproduces,
                                       shrink)
@@ -19,9 +19,10 @@ from harness.spec.case import AttentionCase
 from harness.spec.fuzz import Knobs, Space, build, draw, toward
 from harness.store.schema import COLUMNS
 
-#: a backend call's cost on top of the reference and baseline, per device type: the worker round trip and
-#: the judging of a small case (docs/measurements.md, "fuzzing"); a backend that compiles per shape pays COMPILE_S
-CALL_S = {"cpu": 0.3, "cuda": 0.5}
+#: a backend call's cost on top of the reference and baseline, per device type: the worker round trip, the inputs
+#: drawn again there and the judging of a small case (CPU: docs/measurements.md, "fuzzing"; GPU: the H200 fit)
+CALL_S = {"cpu": 0.3, "cuda": H200.call_s}
+#: what a backend that compiles per shape adds per drawn case: flex's compile of a new shape, ~5-9 s of one core
 COMPILE_S = 6.0
 #: no drawn case's reference and baseline may take more than this share of the budget: it tries many small cases
 LARGEST_SHARE = 0.1
@@ -40,12 +41,10 @@ class Planned:
     seconds: float
 
 
-def case_seconds(case: AttentionCase, backends: list[Backend], device: torch.device) -> tuple[float, float]:
-    """The cost model's seconds for checking `case` on `backends`: (reference and baseline, the calls)."""
-    cost = matrix_cost([case], device)
-    calls = sum(CALL_S.get(device.type, CALL_S["cuda"]) + (COMPILE_S if b.compiles_per_shape else 0.0)
-                for b in backends)
-    return cost.case_seconds(cost.costs[0]), calls
+def calls_seconds(backends: tuple[Backend, ...], device: torch.device) -> float:
+    """The cost model's seconds for the backend calls of one case, beside its reference and baseline."""
+    return sum(CALL_S.get(device.type, CALL_S["cuda"]) + (COMPILE_S if b.compiles_per_shape else 0.0)
+               for b in backends)
 
 
 def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: float) -> list[Planned]:
@@ -53,12 +52,10 @@ def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: flo
     run by every backend that takes it), until their estimated seconds would pass `budget_s`."""
     rng = np.random.default_rng(seed)
     spaces = [(b, Space.of(b, device.type)) for b in backends]
-    memory = matrix_cost([build(draw(np.random.default_rng(0), spaces[0][1]))], device).memory
     planned, spent, turn, idle, too_big = [], 0.0, 0, 0, 0
     while spaces and idle < len(spaces) and too_big < TRIES:
         backend, space = spaces[turn % len(spaces)]
         turn += 1
-        case = knobs = None
         for _ in range(TRIES):
             knobs = draw(rng, space)
             try:
@@ -71,9 +68,10 @@ def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: flo
             idle += 1
             continue
         runners = tuple(b for b in backends if not b.can_run(case, device))
-        sized, calls = case_seconds(case, list(runners), device)
-        seconds = sized + calls
-        if sized > LARGEST_SHARE * budget_s or matrix_cost([case], device).largest.peak_bytes > memory:
+        cost = matrix_cost([case], device)
+        sized = cost.case_seconds(cost.costs[0])                       # its float64 reference and baseline
+        seconds = sized + calls_seconds(runners, device)
+        if sized > LARGEST_SHARE * budget_s or cost.largest.peak_bytes > cost.memory:
             too_big += 1                               # too big for this budget or device: draw again
             continue
         if spent + seconds > budget_s:
