@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from harness.execution.supervisor import DEFAULT_TIMEOUT_S
 from harness.measure import stats, timing
-from harness.spec.matrices import AUTO, MATRICES, resolve_matrix
+from harness.spec.matrices import AUTO, FUZZ, MATRICES, resolve_matrix
 from harness.spec.presets import PRESETS
 
 
@@ -67,10 +67,19 @@ OPTIONS: dict[str, Option] = {o.flag.lstrip("-").replace("-", "_"): o for o in [
     Option("--backend-module", "module name or .py path registering extra backends (repeatable)",
            {"action": "append", "default": []}),
     Option("--matrix", f"case matrix: {AUTO} ({resolve_matrix(AUTO, 'cuda')} on a CUDA device, "
-                       f"{resolve_matrix(AUTO, 'cpu')} elsewhere), {', '.join(MATRICES)}", {"default": AUTO}),
+                       f"{resolve_matrix(AUTO, 'cpu')} elsewhere), {', '.join(MATRICES)}, or {FUZZ} (seeded random cases, "
+                       "sized by --fuzz-budget-s)", {"default": AUTO}),
     Option("--preset", f"cases from a model's attention shape instead of a matrix: {', '.join(PRESETS)}"),
     Option("--hf-config", "cases from a local transformers config.json (num_attention_heads, num_key_value_heads, "
                           "head_dim or hidden_size, sliding_window) instead of a matrix; nothing is downloaded"),
+    Option("--case", "check only the case of this id, as a run prints it (e.g. 'fp32-b2-h4-s64-d32-causal'), instead of a "
+                     "matrix; repeatable; a failing row's repro command gives it with --seed",
+           {"action": "append", "default": []}),
+    Option("--fuzz", "check seeded random cases drawn within what each backend declares instead of a matrix, and "
+                     "shrink each failure to the smallest case that fails the same check (docs/fuzzing.md)",
+           {"action": "store_true"}),
+    Option("--fuzz-budget-s", "seconds of checking --fuzz draws cases for, by the cost model (the shrinking has its "
+                              "own bound, docs/fuzzing.md)", {"default": 60.0}, positive_float),
     Option("--batch", "batch size of the workload (with --preset/--hf-config: of the model's cases)", {}, positive_int),
     Option("--seq", "query and key length (with --preset/--hf-config: of the model's cases)", {}, positive_int),
     Option("--allow-expensive", "run even when the float64 reference and the baseline are estimated to take over "

@@ -35,12 +35,13 @@ class KeyTimer(Protocol):
 
 def run_cases(env: dict, run_dir: Path) -> dict:
     """A run's cases by id, rebuilt from what its env.json says they came from."""
+    from harness.spec.case import AttentionCase
     from harness.spec.matrices import build_matrix
     from harness.spec.presets import from_hf_config, get_preset
 
     source = env.get("cases") or {}
     for field, make in (("preset", lambda v: get_preset(v).cases()), ("hf_config", lambda v: from_hf_config(v).cases()),
-                        ("matrix", build_matrix)):
+                        ("matrix", build_matrix), ("case_ids", lambda v: [AttentionCase.from_id(i) for i in v])):
         if source.get(field):
             return {c.id: c for c in make(source[field])}
     raise ValueError(f"{run_dir}/env.json does not say which cases the run had (written by an older harness); "

@@ -10,6 +10,7 @@ from typing import Sequence
 import torch
 
 from harness.backends.base import Backend
+from harness.backends.registry import loaded_modules
 from harness.execution.benchmark import PerfResult, measure_phase
 from harness.execution.cache import RunCaches
 from harness.execution.executor import Executor, make_executor
@@ -17,6 +18,7 @@ from harness.execution.integrity import run_seed
 from harness.execution.outcome import BackendResult
 from harness.execution.prefetch import Prefetcher
 from harness.execution.recorder import RunRecorder
+from harness.execution.repro import RerunFlags, repro_command
 from harness.execution.rounds import RoundSchedule
 from harness.execution.runner import correctness_call, execute, prepare_case
 from harness.execution.supervisor import timeouts
@@ -25,10 +27,11 @@ from harness.measure.peaks import RunPeaks
 from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
 from harness.spec.case import AttentionCase
+from harness.spec.matrices import FUZZ
 from harness.store.environment import REPO_ROOT, environment, foreign_checkout, new_run_id
 from harness.store.host import snapshot_clocks
 from harness.store.kernels import keep_sources
-from harness.store.schema import Row, TimingKey
+from harness.store.schema import FAILING, Row, TimingKey
 
 
 class RunSession:
@@ -37,9 +40,11 @@ class RunSession:
     def __init__(self, device: torch.device, results_root: Path | str | None, seed: int = 0, *,
                  run_id: str | None = None, timing: TimingConfig | None = None, rounds: int = 1,
                  cpu_mem_budget: int | None = None, executor: Executor | None = None,
-                 results_path: Path | str | None = None):
+                 results_path: Path | str | None = None, call_timeouts: Sequence[tuple[str, float]] = ()):
         self.schedule = RoundSchedule(timing or TimingConfig(), rounds)
         self.device, self.seed, self.cpu_mem_budget = device, seed, cpu_mem_budget
+        #: --call-timeout-s as given: a failing row's repro command repeats it (a timeout decides a verdict)
+        self.call_timeouts = tuple(call_timeouts)
         self.executor = executor if executor is not None else make_executor()
         #: what correctness found, by (case id, backend name), without tensors: later stages time and summarize from it
         self.verdicts: dict[tuple[str, str], BackendResult] = {}
@@ -86,12 +91,15 @@ class RunSession:
         mem_gb = getattr(options, "cpu_mem_budget_gb", None)
         session = cls(device, root, run_seed(options.seed), run_id=run_id, timing=timing, executor=executor,
                       cpu_mem_budget=None if mem_gb is None else int(mem_gb * 2 ** 30),
-                      rounds=getattr(options, "rounds", 1))
+                      rounds=getattr(options, "rounds", 1), call_timeouts=options.call_timeout_s)
         session.env["benchmark"] = timed  # a run stopped before its timings is no correctness-only run
         if timed:
             session.measure_peaks(sorted({c.dtype for c in cases}, key=str))
+        # check --case, check --fuzz, --matrix fuzz: cases no matrix builds again
+        named = getattr(options, "case", None) or getattr(options, "fuzz", False) or matrix == FUZZ
         session.describe_cases({"preset": options.preset} if options.preset else
                                {"hf_config": str(Path(options.hf_config).resolve())} if options.hf_config else
+                               {"case_ids": [c.spelled_id for c in cases]} if named else
                                {"matrix": matrix}, list(options.backend_module))
         return session
 
@@ -176,9 +184,19 @@ class RunSession:
         if self.prefetcher is not None:
             self.prefetcher.claim(backend, case)
         result = execute(backend, self.prepared(case), self.run_id, executor=self.executor)
+        if any(r.status in FAILING for r in result.rows):  # the command that reruns it, in the row as it is stored
+            command = self.repro_command(case, backend.name)
+            result = replace(result, rows=[replace(r, repro=command) if r.status in FAILING else r
+                                           for r in result.rows])
         self.recorder.write(result.rows)
         self.verdicts[(case.id, backend.name)] = result.released()
         return result
+
+    def repro_command(self, case: AttentionCase, backend: str) -> str:
+        """`python -m harness check ... --case 'ID' --seed S`: reruns `case` on `backend` with this run's inputs."""
+        flags = RerunFlags.of(loaded_modules(), self.device, isolate=self.executor.isolated,
+                              call_timeouts=self.call_timeouts)
+        return repro_command(case, backend, self.seed, flags)
 
     def verdict(self, case: AttentionCase, backend: Backend) -> BackendResult:
         """The correctness result of this session, computed (and recorded) now if the suite did not run it."""

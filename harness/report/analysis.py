@@ -174,9 +174,11 @@ def headline(run: Run) -> pd.DataFrame:
 
 
 def failures(run: Run) -> pd.DataFrame:
-    """Rows that failed, errored or ran out of memory, with the figures that say why."""
-    cols = ["backend", "case_id", "phase", "status", "err_ratio", "reason"]
+    """Rows that failed, errored or ran out of memory, with the figures that say why and the command that reruns
+    them (empty in runs older than the repro column)."""
+    cols = ["backend", "case_id", "phase", "status", "err_ratio", "reason", "repro"]
     rows = run.cases[run.cases.status.isin(BAD)]
+    rows = rows if "repro" in rows else rows.assign(repro=None)
     # a fwd+bwd row that was not timed because fwd or bwd failed repeats that failure; list it once
     repeat = (rows.phase == FWD_BWD) & rows.reason.fillna("").astype(str).str.startswith("not timed:")
     return rows.loc[~repeat, cols].reset_index(drop=True)

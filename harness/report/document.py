@@ -213,6 +213,8 @@ def report_blocks(run: Run, figures: dict[str, list[Path]], history: list | None
     modifiers = modifier_support(run)
     if not modifiers.empty:  # the report split by modifier: which backend runs which, and how it got there
         sections.insert(2, ("Modifiers", [Table(modifiers)]))
+    if run.env.get("fuzz"):
+        sections.insert(1, ("Fuzz", _fuzz_section(run.env["fuzz"])))
     skipped = not_run(run)
     if not skipped.empty:
         sections.append(("Not run, and why", [Table(skipped)]))
@@ -283,6 +285,22 @@ def _summary(run: Run) -> str:
     return (f"{run.cases.case_id.nunique()} cases × {len(run.backends)} backends on "
             f"{run.env.get('device_name', 'an unrecorded device')}, built from the stored results only"
             + (f" (filtered: {filters})" if filters else "") + ". " + kind + notes)
+
+
+def _fuzz_section(fuzz: dict) -> list:
+    """`check --fuzz`: the seed, budget and cases drawn, then each distinct failure at its smallest, with its command."""
+    text = (f"Seed {fuzz['seed']}: {fuzz['drawn']} cases drawn for a {fuzz['budget_s']:g} s budget (estimated "
+            f"{fuzz['estimated_s']:g} s; checking took {fuzz['check_s']:g} s, shrinking {fuzz['shrink_s']:g} s of at "
+            f"most {fuzz['shrink_bound_s']:g} s). {len(fuzz['failures'])} distinct failures, each shrunk to the "
+            "smallest case that fails the same check; drawn cases: how many of the drawn cases shrank onto it.")
+    if fuzz.get("unshrunk"):
+        text += f" {fuzz['unshrunk']} failing drawn cases were left unshrunk by the bound (their rows are below)."
+    if not fuzz["failures"]:
+        return [Para(text)]
+    table = pd.DataFrame([{"backend": f["backend"], "check": f["check"], "smallest case": f["case"],
+                           "drawn cases": f["drawn_cases"], "steps": "; ".join(f["steps"]) or "(drawn as is)",
+                           "repro": f["repro"]} for f in fuzz["failures"]])
+    return [Para(text), Table(table)]
 
 
 def _headline_section(run: Run, fails: pd.DataFrame) -> list:

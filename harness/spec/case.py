@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import functools
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import torch
 
 from harness.spec import fp8, modifiers as mods
+from harness.spec.case_id import parse_case_id
 from harness.spec.masks import CacheCausal, MaskSpec
+from harness.spec.masks.cache_causal import ID_LENGTHS
 from harness.spec.paged import cache_lengths, validate_paged_case
 from harness.store.schema import GRADS
 
@@ -34,6 +37,12 @@ def parse_dtype(value: str | torch.dtype) -> torch.dtype:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES[dtype]
+
+
+def number_token(value: float) -> str:
+    """A float as a case id writes it: '%g' (30, 0.125) where that reads back exactly, else its shortest repr."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
 
 
 @dataclass(frozen=True)
@@ -104,7 +113,7 @@ class AttentionCase:
     @property
     def modifier_id(self) -> str:
         """The modifiers as case-id tokens, e.g. 'cap30-sink' ('none' without any)."""
-        parts = [f"cap{self.softcap:g}" if self.softcap is not None else "", "sink" if self.sinks else "",
+        parts = [f"cap{number_token(self.softcap)}" if self.softcap is not None else "", "sink" if self.sinks else "",
                  "alibi" if self.alibi else "", mods.BIAS_TOKENS[self.bias] if self.bias else ""]
         return "-".join(p for p in parts if p) or "none"
 
@@ -134,11 +143,31 @@ class AttentionCase:
     @property
     def id(self) -> str:
         """Stable readable id, e.g. 'fp32-b1-h8kv2-s113x203-d64-none', 'bf16-b1-h16-s512-d192v128-causal-cap30'."""
+        return self._id(self.mask_id)
+
+    @property
+    def spelled_id(self) -> str:
+        """The id with a long cache mask's digest spelled out: `AttentionCase.from_id` reads any case back from it."""
+        return self._id("none" if self.mask is None else self.mask.spelled_id)
+
+    @classmethod
+    def from_id(cls, text: str) -> "AttentionCase":
+        """The case whose id (or spelled_id) is `text`; a one-line ValueError naming the malformed part otherwise."""
+        fields, digest = parse_case_id(text)
+        if digest:
+            return known_case(text)
+        try:
+            return cls(**fields)
+        except ValueError as exc:
+            raise ValueError(f"case id {text!r}: {exc}") from None
+
+    def _id(self, mask_token: str) -> str:
         heads = f"h{self.heads}" + (f"kv{self.kv_heads}" if self.kv_heads != self.heads else "")
         seq = f"s{self.seq_q}" + (f"x{self.seq_k}" if self.seq_k != self.seq_q else "")
         dims = f"d{self.head_dim}" + (f"v{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")
-        parts = [dtype_name(self.dtype), f"b{self.batch}", heads, seq, dims, self.mask_id,
-                 self.modifier_id if self.modifiers else "", "" if self.default_scale else f"scale{self.scale:g}",
+        parts = [dtype_name(self.dtype), f"b{self.batch}", heads, seq, dims, mask_token,
+                 self.modifier_id if self.modifiers else "",
+                 "" if self.default_scale else f"scale{number_token(self.scale)}",
                  "" if self.page_size is None else f"page{self.page_size}",
                  "" if self.fp8_kv is None else f"fp8{'qkv' if self.fp8_q else 'kv'}-{self.fp8_kv}"]
         return "-".join(p for p in parts if p)
@@ -189,3 +218,25 @@ def paged_case(batch: int, heads: int, seq_q: int, head_dim: int, dtype, *, kv_h
     lengths = cache_lengths(cache, batch)
     return AttentionCase(batch, heads, seq_q, head_dim, dtype, kv_heads=kv_heads, seq_k=max(lengths),
                          mask=CacheCausal(lengths), page_size=page_size, **modifiers)
+
+
+#: where a case id holding a digest is looked up: callables giving cases (spec.matrices and spec.presets add theirs
+#: when imported, as backends register), since such an id alone does not hold its cache lengths
+CASE_SOURCES: list[Callable[[], Iterable[AttentionCase]]] = []
+
+
+def known_case(text: str) -> AttentionCase:
+    """The case of CASE_SOURCES whose id is `text` (a digest id); a one-line ValueError when none is."""
+    found = _catalog().get(text)
+    if found is None:
+        raise ValueError(f"case id {text!r}: its cache mask is a digest of more than {ID_LENGTHS} cache lengths and "
+                         "no case of a matrix or preset has it; give the case's spelled-out id (every length listed, "
+                         "as the repro command prints it)")
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def _catalog() -> dict[str, AttentionCase]:
+    """Every case of CASE_SOURCES by id (built once, on the first digest asked for)."""
+    return {c.id: c for source in CASE_SOURCES for c in source()}
+

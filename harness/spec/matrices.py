@@ -6,12 +6,14 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Callable
 
-from harness.spec.case import AttentionCase, paged_case, parse_dtype
+from harness.spec.case import CASE_SOURCES, AttentionCase, paged_case, parse_dtype
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow, parse_mask
 from harness.spec.serving_step import CPU_MIX, StepMix, serving_step
 
 #: --matrix auto: the GPU matrix on a CUDA device, the CPU default elsewhere
 AUTO = "auto"
+#: --matrix fuzz: seeded random cases within each backend's declarations (harness.spec.fuzz), no fixed matrix
+FUZZ = "fuzz"
 #: the masks the CPU matrices ask every question with (fixed: newer names must not grow the CPU matrices)
 CPU_MASKS = ("none", "causal", "causal-br", "window", "keypad", "causal+keypad")
 #: tokens per batch in the GPU matrices: batch = TOKENS // seq, as FlashAttention's benchmarks do
@@ -290,11 +292,14 @@ def resolve_matrix(name: str, device_type: str) -> str:
     if name == AUTO:
         device = "cuda" if device_type == "cuda" else "cpu"
         return next(m.name for m in REGISTRY.values() if m.device == device and m.runtime == "default")
-    if name not in MATRICES:
-        raise ValueError(f"unknown matrix {name!r}; allowed: {AUTO}, {', '.join(MATRICES)}")
+    if name not in MATRICES and name != FUZZ:
+        raise ValueError(f"unknown matrix {name!r}; allowed: {AUTO}, {', '.join(MATRICES)}, {FUZZ}")
     return name
 
 
 def build_matrix(name: str) -> list[AttentionCase]:
     """The cases of a named matrix, de-duplicated, in a stable order."""
     return list(dict.fromkeys(matrix(name).build()))
+
+
+CASE_SOURCES.append(lambda: [c for name in MATRICES for c in build_matrix(name)])

@@ -8,7 +8,7 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.spec.case import AttentionCase, paged_case, parse_dtype
+from harness.spec.case import CASE_SOURCES, AttentionCase, paged_case, parse_dtype
 from harness.spec.masks import MaskSpec, SlidingWindow, parse_mask
 from harness.spec.matrices import decode_batch
 from harness.spec.serving_step import serving_step
@@ -227,3 +227,6 @@ def model_shape(preset: str | None, hf_config: str | Path | None) -> ModelShape 
         raise ValueError("give --preset or --hf-config, not both")
     return get_preset(preset) if preset else (from_hf_config(hf_config) if hf_config else None)
 
+
+CASE_SOURCES.append(lambda: [c for shape in PRESETS.values() for dtype in ("bf16", "fp16")
+                             for c in shape.cases(dtype) + shape.quick_cases()])

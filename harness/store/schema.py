@@ -8,8 +8,8 @@ from typing import Iterable, NamedTuple
 #: 2: timing_status and timing_reason added (a timing failure no longer overwrites the correctness status);
 #: baseline (how the naive baseline was computed). 3: attention modifiers - head_dim_v, modifiers, modifier_path and
 #: the dsinks/dbias error, tolerance and naive columns (older files load with them empty). 4: fp8_kv and quant_err
-#: (FP8 KV caches). 5: fp8_q (FP8 queries too; older files load with it empty)
-SCHEMA_VERSION = 5
+#: (FP8 KV caches). 5: fp8_q (FP8 queries too; older files load with it empty). 6: repro (a failing row's command)
+SCHEMA_VERSION = 6
 
 #: a result is one (case, backend, phase)
 KEY = ("case_id", "backend", "phase")
@@ -175,6 +175,8 @@ class Row(_RowJudged):
     #: how the case's modifiers reached the kernel ('score_mod', 'attn_mask float', 'native softcap', ...)
     modifier_path: str | None = None
     observed: str | None = None
+    #: a failing (fail, error) row's one-line command that reruns its case with its inputs (harness.execution.repro)
+    repro: str | None = None
     # performance (filled by the benchmark stage)
     timing_status: str | None = None
     timing_reason: str | None = None

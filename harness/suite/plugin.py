@@ -14,14 +14,16 @@ from harness.advisor.progress import Progress
 from harness.backends.registry import get_backends, load_backend_module
 from harness.cli.options import add_to_pytest
 from harness.execution.device import resolve_device
+from harness.execution.fuzz import plan
+from harness.execution.integrity import run_seed
 from harness.execution.session import RunSession
 from harness.launch.sharding import parse_shard, select_shard
 from harness.measure import stages
 from harness.execution.cost import check_cost
-from harness.spec.matrices import AUTO, build_matrix, resolve_matrix
+from harness.spec.matrices import AUTO, FUZZ, build_matrix, resolve_matrix
 from harness.spec.presets import model_shape, quick_cases
-from harness.store.run_dir import results_root
 from harness.oracle.signatures import signature
+from harness.store.run_dir import results_root
 from harness.store.schema import BASELINE, FAILING, OBSERVED, PHASES, REJECTED, STATUSES, figures_usable
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
@@ -39,10 +41,9 @@ _NAMES = (*STAGES, "other tests")
 
 def pytest_addoption(parser):
     group = parser.getgroup("attention harness")
-    add_to_pytest(group, "backends", "backend_module", "matrix", "preset", "hf_config", "batch", "seq",
-                  "allow_expensive", "device",
-                  "results_dir", "seed", "benchmark", "timing_budget_ms", "rounds", "cuda_graph", "threads",
-                  "cpu_mem_budget_gb", "no_report", "shard", "no_isolate", "call_timeout_s")
+    add_to_pytest(group, "backends", "backend_module", "matrix", "fuzz_budget_s", "preset", "hf_config", "batch",
+                  "seq", "allow_expensive", "device", "results_dir", "seed", "benchmark", "timing_budget_ms", "rounds",
+                  "cuda_graph", "threads", "cpu_mem_budget_gb", "no_report", "shard", "no_isolate", "call_timeout_s")
 
 
 def pytest_configure(config):
@@ -52,7 +53,8 @@ def pytest_configure(config):
             load_backend_module(module, here=not config.option.isolate)  # imported here only with --no-isolate
         config._harness_backends = get_backends(config.option.backends)
         device = resolve_device(config.option.device)
-        config._harness_matrix, config._harness_cases = suite_cases(config.option, device)
+        config._harness_matrix, config._harness_cases = suite_cases(config.option, device,
+                                                                    config._harness_backends)
         if config.option.shard:
             config._harness_cases = select_shard(config._harness_cases, *parse_shard(config.option.shard))
         results_root(config.option.results_dir)
@@ -76,9 +78,10 @@ def pytest_configure(config):
     config._harness_device = device
 
 
-def suite_cases(option, device) -> tuple[str, list]:
+def suite_cases(option, device, backends) -> tuple[str, list]:
     """(what the cases are, the cases): a model preset or HF config when given - at --seq/--batch when either is
-    given, as `check` sizes them, else at the model's serving sizes - else the named matrix."""
+    given, as `check` sizes them, else at the model's serving sizes - else the named matrix, or with --matrix fuzz
+    cases drawn for `backends` from --seed (fixed here: the run records it) within --fuzz-budget-s."""
     sized = quick_cases(option.preset, option.hf_config, batch=option.batch, seq=option.seq)
     shape = model_shape(option.preset, option.hf_config)
     if shape is not None:
@@ -87,6 +90,10 @@ def suite_cases(option, device) -> tuple[str, list]:
         given = option.batch is not None or option.seq is not None
         return f"model {shape.name}", sized if given else shape.cases()
     matrix = resolve_matrix(option.matrix, device.type)
+    if matrix == FUZZ:
+        option.seed = run_seed(option.seed)
+        here = [b for b in backends if b.unavailable_reason(device) is None]
+        return matrix, [p.case for p in plan(here, device, option.seed, option.fuzz_budget_s)]
     return matrix, build_matrix(matrix)
 
 

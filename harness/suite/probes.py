@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from harness.launch.sharding import parse_shard
-from harness.spec.matrices import REGISTRY
+from harness.spec.matrices import FUZZ, REGISTRY
 
 
 def tier(config) -> str | None:
     """The probes' tier, 'default' or 'full'; None when they do not run here (smoke, or a shard other than 0)."""
-    # a model preset's cases ("model NAME") are the main job's size: the default tier
-    runtime = REGISTRY[name].runtime if (name := config._harness_matrix) in REGISTRY else "default"
+    # a model preset's cases ("model NAME") are the main job's size: the default tier; fuzzed cases run no probes
+    name = config._harness_matrix
+    runtime = REGISTRY[name].runtime if name in REGISTRY else "smoke" if name == FUZZ else "default"
     if runtime == "smoke" or config.option.shard and parse_shard(config.option.shard)[0] != 0:
         return None
     return runtime

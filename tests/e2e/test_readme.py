@@ -2,9 +2,10 @@
 drift from the tool.
 
 To keep CI time small, the `python -m harness` commands run in this process (`harness.cli.main.main`, the same
-entry point: no interpreter and torch start-up each), and three commands run smaller than written, each
-substitution listed in SMALLER: the suites command runs one smoke case (-k) with one timing round, and the two recommends time with a
-20 ms budget and skip the deployment checks (fullgraph compiles cost ~20 s each on 2 cores). The two commands of "Two commands" are not run
+entry point: no interpreter and torch start-up each), and four commands run smaller than written, each
+substitution listed in SMALLER: the suites command runs one smoke case (-k) with one timing round, the two
+recommends time with a 20 ms budget and skip the deployment checks (fullgraph compiles cost ~20 s each on 2 cores),
+and `check --fuzz` runs a 3 s budget from seed 0. The two commands of "Two commands" are not run
 here: `pytest tests` is what CI runs (.ci/run), and `pytest suites --benchmark` is run on one smoke case, with
 its summary checked, by tests/e2e/test_suites.py::test_the_harness_summary_is_the_last_thing_printed_and_explains_its_columns.
 """
@@ -27,6 +28,9 @@ SMALLER = [
     ("pytest suites --backend-module", ["-k", "fp32-b2-h4-s64-d32-none", "-p", "no:cacheprovider", "--rounds", "1"],
      "one smoke case, one timing round"),
     ("python -m harness recommend", ["--no-checks", "--timing-budget-ms", "20"], "no compile checks, 20 ms budget"),
+    ("python -m harness check --backend-module my_attn.py --backends my-attn --fuzz", ["--fuzz-budget-s", "3",
+                                                                                       "--seed", "0"],
+     "a 3 s fuzz budget, seed 0"),
 ]
 
 

@@ -32,6 +32,11 @@ class MaskSpec:
     def id(self) -> str:
         return self.kind
 
+    @property
+    def spelled_id(self) -> str:
+        """The id with every number spelled out (no digest): what harness.spec.case_id parses back to this mask."""
+        return self.id
+
     def validate_for(self, batch: int, seq_q: int, seq_k: int) -> None:
         """Raise ValueError when this mask cannot apply to a case of this shape."""
 
@@ -82,6 +87,10 @@ class And(MaskSpec):
     @property
     def id(self) -> str:
         return f"{self.first.id}+{self.second.id}"
+
+    @property
+    def spelled_id(self) -> str:
+        return f"{self.first.spelled_id}+{self.second.spelled_id}"
 
     def parts(self) -> tuple[MaskSpec, ...]:
         return tuple(p for m in (self.first, self.second) for p in (m.parts() if isinstance(m, And) else (m,)))

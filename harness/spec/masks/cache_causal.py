@@ -48,12 +48,17 @@ class CacheCausal(PerSequenceLengths):
     def id(self) -> str:
         """'cache-causal37_20_5' ('...-q4_1_1' with q_lens); past ID_LENGTHS sequences: count, ranges and a digest."""
         if len(self.lengths) <= ID_LENGTHS:
-            q = "" if self.q_lens is None else "-q" + "_".join(str(n) for n in self.q_lens)
-            return "cache-causal" + "_".join(str(n) for n in self.lengths) + q
+            return self.spelled_id
         text = ",".join(map(str, self.lengths)) + ("" if self.q_lens is None else "/" + ",".join(map(str, self.q_lens)))
         digest = hashlib.sha1(text.encode()).hexdigest()[:8]
         q = "" if self.q_lens is None else f"-q{min(self.q_lens)}to{max(self.q_lens)}"
         return f"cache-causal{len(self.lengths)}x{min(self.lengths)}to{max(self.lengths)}{q}~{digest}"
+
+    @property
+    def spelled_id(self) -> str:
+        """Every length listed, however many: 'cache-causal37_20_5_3_9-q4_1_1_1_1'."""
+        q = "" if self.q_lens is None else "-q" + "_".join(str(n) for n in self.q_lens)
+        return "cache-causal" + "_".join(str(n) for n in self.lengths) + q
 
     def validate_for(self, batch, seq_q, seq_k):
         super().validate_for(batch, seq_q, seq_k)

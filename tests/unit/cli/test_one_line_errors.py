@@ -72,3 +72,14 @@ def test_the_report_command_check_prints_is_shell_quoted(tmp_path, capsys):
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("results: "))
     command = shlex.split(line.split("(", 1)[1].removesuffix(" draws it)"))
     assert command[:4] == ["python", "-m", "harness", "report"] and Path(command[4]).parent == results
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--case", "fp32-b2-h4-s64-d32-causl"], "mask at character 19 ('causl')"),
+    (["--case", "fp32-b2-h4-s64-d32-none", "--fuzz"], "--case and --fuzz both choose the cases; give one"),
+    (["--fuzz", "--matrix", "default"], "--matrix default and --fuzz both choose the cases; give one"),
+])
+def test_check_with_a_bad_case_or_two_case_choices_says_so_in_one_line(tmp_path, capsys, argv, says):
+    code = main(["check", "--backends", "naive", "--results-dir", str(tmp_path), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and says in err[0], err

@@ -1,0 +1,198 @@
+"""`check --fuzz`: seeded cases drawn within each backend's declarations until the cost model's budget is spent, each
+checked, and each failure shrunk to its smallest case; the distinct failures, once each, with their repro command."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from harness.backends.base import Backend
+from harness.execution.cost import H200, matrix_cost
+from harness.execution.session import RunSession
+from harness.execution.shrink import (BOUND_S, TRIALS, Shrunk, Signature, Trials, failed_checks, reproduces,
+                                      shrink)
+from harness.spec.case import AttentionCase
+from harness.spec.fuzz import Knobs, Space, build, draw, toward
+from harness.store.schema import COLUMNS
+
+#: a backend call's cost on top of the reference and baseline, per device type: the worker round trip, the inputs
+#: drawn again there and the judging of a small case (CPU: docs/measurements.md, "fuzzing"; GPU: the H200 fit)
+CALL_S = {"cpu": 0.3, "cuda": H200.call_s}
+#: what a backend that compiles per shape adds per drawn case: flex's compile of a new shape, ~5-9 s of one core
+COMPILE_S = 6.0
+#: no drawn case's reference and baseline may take more than this share of the budget: it tries many small cases
+LARGEST_SHARE = 0.1
+#: draws before a draw the backend takes is given up (its declarations leave little of the space), and draws in a
+#: row too big for the budget before the plan ends
+TRIES = 200
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A drawn case, its knobs, the backends that take it and its estimated seconds."""
+
+    knobs: Knobs
+    case: AttentionCase
+    backends: tuple[Backend, ...]
+    seconds: float
+
+
+def calls_seconds(backends: tuple[Backend, ...], device: torch.device) -> float:
+    """The cost model's seconds for the backend calls of one case, beside its reference and baseline."""
+    return sum(CALL_S.get(device.type, CALL_S["cuda"]) + (COMPILE_S if b.compiles_per_shape else 0.0)
+               for b in backends)
+
+
+def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: float) -> list[Planned]:
+    """Cases drawn from `seed`, round robin over the backends (each case within the drawing backend's declarations,
+    run by every backend that takes it), until their estimated seconds would pass `budget_s`."""
+    rng = np.random.default_rng(seed)
+    spaces = [(b, Space.of(b, device.type)) for b in backends]
+    planned, spent, turn, idle, too_big = [], 0.0, 0, 0, 0
+    while spaces and idle < len(spaces) and too_big < TRIES:
+        backend, space = spaces[turn % len(spaces)]
+        turn += 1
+        for _ in range(TRIES):
+            knobs = draw(rng, space)
+            try:
+                case = build(knobs)
+            except ValueError:
+                continue
+            if not backend.can_run(case, device):
+                break
+        else:
+            idle += 1
+            continue
+        runners = tuple(b for b in backends if not b.can_run(case, device))
+        cost = matrix_cost([case], device)
+        sized = cost.case_seconds(cost.costs[0])                       # its float64 reference and baseline
+        seconds = sized + calls_seconds(runners, device)
+        if sized > LARGEST_SHARE * budget_s or cost.largest.peak_bytes > cost.memory:
+            too_big += 1                               # too big for this budget or device: draw again
+            continue
+        if spent + seconds > budget_s:
+            break
+        idle, too_big, spent = 0, 0, spent + seconds
+        planned.append(Planned(knobs, case, runners, seconds))
+    return planned
+
+
+@dataclass
+class Failure:
+    """One distinct failure: a backend, the check it fails, its smallest case and how many drawn cases fell to it."""
+
+    backend: str
+    check: Signature
+    shrunk: Shrunk
+    repro: str
+    drawn: list[str] = field(default_factory=list)
+
+    def record(self) -> dict:
+        return {"backend": self.backend, "check": str(self.check), "case": self.shrunk.case.spelled_id,
+                "repro": self.repro, "drawn_cases": len(self.drawn), "steps": list(self.shrunk.steps),
+                "trials": self.shrunk.trials, "stopped": self.shrunk.stopped, "first_drawn": self.drawn[0]}
+
+
+@dataclass
+class FuzzRun:
+    """What `check --fuzz` did: the seed, budget, cases drawn and their estimated and actual seconds, failures."""
+
+    seed: int
+    budget_s: float
+    drawn: int
+    estimated_s: float
+    check_s: float = 0.0
+    shrink_s: float = 0.0
+    #: failing drawn cases the shrinking's bound left unshrunk (their rows carry their own repro command)
+    unshrunk: int = 0
+    failures: list[Failure] = field(default_factory=list)
+
+    def record(self) -> dict:
+        """env.json's "fuzz" entry (the report's fuzz section reads it)."""
+        return {"seed": self.seed, "budget_s": self.budget_s, "drawn": self.drawn, "estimated_s": self.estimated_s,
+                "check_s": round(self.check_s, 1), "shrink_s": round(self.shrink_s, 1),
+                "shrink_bound_s": BOUND_S, "shrink_trials": TRIALS, "unshrunk": self.unshrunk,
+                "failures": [f.record() for f in self.failures]}
+
+
+def fuzz_in_session(session: RunSession, backends: list[Backend], planned: list[Planned],
+                    budget_s: float) -> tuple[pd.DataFrame, FuzzRun]:
+    """Check every planned case on the backends that take it (rows written), then shrink each failure: drawn
+    cases that shrink to the same smallest case and check are one failure. env.json gets the run's record."""
+    run = FuzzRun(session.seed, budget_s, len(planned), round(sum(p.seconds for p in planned), 1))
+    rows, failing, complete, start = [], [], False, time.monotonic()
+    session.compile_ahead([(p.case, b) for p in planned for b in p.backends])
+    try:
+        for item in planned:
+            for backend in item.backends:
+                result = session.check(item.case, backend)
+                rows.extend(result.rows)
+                if checks := failed_checks(result):
+                    failing.append((item, backend, checks))
+                if session.executor.interrupted:
+                    raise KeyboardInterrupt(f"{session.executor.interrupted}; the rows so far are written")
+        run.check_s = time.monotonic() - start
+        run.failures, run.unshrunk = _shrink_all(session, failing, time.monotonic() + BOUND_S)
+        run.shrink_s = time.monotonic() - start - run.check_s
+        complete = True
+    finally:
+        session.env["fuzz"] = run.record()
+        session.finish(complete=complete)
+    frame = pd.DataFrame([r.as_dict() for r in rows]).reindex(columns=[c for c in COLUMNS if c != "schema_version"])
+    return frame, run
+
+
+def _shrink_all(session: RunSession, failing: list, deadline: float) -> tuple[list[Failure], int]:
+    """Shrink the failures within `deadline`, each keeping its first failed check: first one drawn case per (backend,
+    check), cheapest first, each with an equal share of the time left; then the other failing cases while time is
+    left, each first moved to where a known failure shrank (`toward`: one trial) and shrunk from there when it still
+    fails (trials are shared per backend, so it then costs little). One Failure per
+    backend and smallest case; the count of failing drawn cases the bound left unshrunk is returned beside them."""
+    trials: dict[str, Trials] = {}
+    found: dict[tuple[str, str], Failure] = {}
+    ordered = sorted(failing, key=lambda f: f[0].seconds)
+    firsts = sorted({(b.name, checks[0]): (item, b, checks) for item, b, checks in reversed(ordered)}.values(),
+                    key=lambda f: f[0].seconds)
+    rest = [f for f in ordered if not any(f is g for g in firsts)]
+    unshrunk = 0
+    for index, (item, backend, checks) in enumerate(firsts + rest):
+        now = time.monotonic()
+        if now >= deadline:
+            unshrunk += 1
+            continue
+        share = (deadline - now) / (len(firsts) - index) if index < len(firsts) else deadline - now
+        runner = trials.setdefault(backend.name, Trials(backend, session.device, session.seed, session.executor))
+        runner.seen[item.case.spelled_id] = checks
+        start = item.knobs
+        for known in (f for f in found.values() if f.backend == backend.name):  # the same failure? one trial
+            if reproduces(jump := toward(item.knobs, known.shrunk.knobs, known.shrunk.steps), checks[0], runner):
+                start = jump
+                break
+        shrunk = shrink(start, checks[0], runner, min(deadline, now + share))
+        key = (backend.name, shrunk.case.spelled_id)
+        if key not in found:
+            found[key] = Failure(backend.name, checks[0], shrunk, session.repro_command(shrunk.case, backend.name))
+        found[key].drawn.append(item.case.spelled_id)
+    return sorted(found.values(), key=lambda f: (f.backend, -len(f.drawn))), unshrunk
+
+
+def summary_lines(run: FuzzRun) -> list[str]:
+    """The terminal's fuzz summary: what was drawn, then each distinct failure once with its command."""
+    lines = [f"fuzz: seed {run.seed}, {run.drawn} cases drawn for a {run.budget_s:g} s budget (estimated "
+             f"{run.estimated_s:g} s; checking took {run.check_s:.0f} s, shrinking {run.shrink_s:.0f} s of at most "
+             f"{BOUND_S:g} s): {len(run.failures)} distinct failure{'s' * (len(run.failures) != 1)}"]
+    for f in run.failures:
+        stopped = f" (stopped by the {f.shrunk.stopped})" if f.shrunk.stopped else ""
+        lines.append(f"FUZZ {f.check.status.upper()} {f.backend} {f.shrunk.case.spelled_id} [{f.check.phase}] "
+                     f"{f.check.what}: {len(f.drawn)} drawn case{'s' * (len(f.drawn) != 1)} fell to it; shrunk in "
+                     f"{len(f.shrunk.steps)} steps, {f.shrunk.trials} trials{stopped}")
+        lines.append(f"  {f.repro}")
+    if run.unshrunk:
+        lines.append(f"{run.unshrunk} more failing drawn cases were not shrunk (the {BOUND_S:g} s bound); their rows "
+                     "in results.csv carry their own repro command")
+    return lines
+

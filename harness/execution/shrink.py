@@ -1,0 +1,143 @@
+"""Shrinking a failing case: the smallest case (harness.spec.fuzz's knobs) that still fails the same check, found by
+a deterministic greedy search - removals first, then a binary search per size - within a trial and time bound."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+import torch
+
+from harness.backends.base import Backend
+from harness.execution.executor import Executor
+from harness.execution.outcome import BackendResult
+from harness.execution.runner import execute, prepare_case
+from harness.spec.case import AttentionCase
+from harness.spec.fuzz import SIZES, Knobs, build, simpler_steps, size_of, with_size
+from harness.store.schema import FAIL, FAILING, QUANTITIES, VERDICT_PHASES
+
+#: trials one failure's shrinking may run (each a float64 reference and a backend call); the order is fixed, so
+#: within this bound the same failure shrinks to the same case
+TRIALS = 80
+#: seconds the whole run's shrinking may take (docs/fuzzing.md): past it, the failures left keep their drawn case
+BOUND_S = 120.0
+
+
+class Signature(NamedTuple):
+    """A check a case fails: the phase, the status and the quantity past tolerance (or the error's type)."""
+
+    phase: str
+    status: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.status} [{self.phase}] {self.what}"
+
+
+def failed_checks(result: BackendResult) -> tuple[Signature, ...]:
+    """Every check `result` fails, fwd first: one per quantity past tolerance, or the error's type per phase."""
+    found = []
+    for phase in VERDICT_PHASES:
+        row = next((r for r in result.rows if r.phase == phase), None)
+        if row is None or row.status not in FAILING:
+            continue
+        if row.status == FAIL:
+            over = [q for q in QUANTITIES if _past(getattr(row, f"{q}_err"), getattr(row, f"{q}_tol"))]
+            found += [Signature(phase, row.status, q) for q in over or ["nonfinite"]]
+        else:
+            found.append(Signature(phase, row.status, (row.reason or "").split(":")[0]))
+    return tuple(found)
+
+
+def signature(result: BackendResult) -> Signature | None:
+    """The first check `result` fails (the one its shrinking keeps failing), or None when nothing failed."""
+    return next(iter(failed_checks(result)), None)
+
+
+def _past(err: float | None, tol: float | None) -> bool:
+    return err is not None and tol is not None and not err <= tol               # NaN errors count as past
+
+
+@dataclass
+class Trials:
+    """Runs `backend` on cases with the run's seed, remembering each case's signature (shrinks share their steps)."""
+
+    backend: Backend
+    device: torch.device
+    seed: int
+    executor: Executor
+    seen: dict[str, tuple[Signature, ...]] = field(default_factory=dict)
+    count: int = 0
+
+    def checks(self, case: AttentionCase) -> tuple[Signature, ...]:
+        """The checks `case` fails on the backend (run once per case)."""
+        key = case.spelled_id
+        if key not in self.seen:
+            self.count += 1
+            result = execute(self.backend, prepare_case(case, self.device, self.seed), executor=self.executor)
+            self.seen[key] = failed_checks(result)
+        return self.seen[key]
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    """A failure's smallest case found, the steps that led there and the trials run ('bound' when one stopped it)."""
+
+    knobs: Knobs
+    case: AttentionCase
+    steps: tuple[str, ...]
+    trials: int
+    stopped: str = ""
+
+
+def reproduces(candidate: Knobs, target: Signature, trials: Trials) -> AttentionCase | None:
+    """The case of `candidate` when it is valid, the backend takes it and it fails `target`; else None."""
+    try:
+        built = build(candidate)
+    except ValueError:
+        return None
+    if trials.backend.can_run(built, trials.device):
+        return None
+    return built if target in trials.checks(built) else None
+
+
+def shrink(knobs: Knobs, target: Signature, trials: Trials, deadline: float,
+           clock: Callable[[], float] = time.monotonic) -> Shrunk:
+    """The smallest knobs whose case still fails `target` (among others): each removal that keeps the failure, then each size
+    lowered by a binary search from 1 (smallest first), repeated until nothing changes or a bound is reached."""
+    current, case, steps, start = knobs, build(knobs), [], trials.count
+
+    def still_fails(candidate: Knobs) -> AttentionCase | None:
+        built = reproduces(candidate, target, trials)
+        return None if built == case else built
+
+    def out_of_bounds() -> str:
+        return ("trial bound" if trials.count - start >= TRIALS else "time bound" if clock() >= deadline else "")
+
+    changed = True
+    while changed and not out_of_bounds():
+        changed = False
+        for name, candidate in simpler_steps(current):
+            if (built := still_fails(candidate)) is not None:
+                current, case, changed = candidate, built, True
+                steps.append(name)
+                break
+            if out_of_bounds():
+                break
+        for name in SIZES if not changed else ():
+            value = size_of(current, name)
+            if value is None or value <= 1 or out_of_bounds():
+                continue
+            lo, hi, found = 0, value, None                 # hi fails; values <= lo were tried and do not
+            while hi - lo > 1 and not out_of_bounds():
+                mid = 1 if lo == 0 else (lo + hi) // 2
+                if (built := still_fails(with_size(current, name, mid))) is not None:
+                    hi, found = mid, built
+                else:
+                    lo = mid
+            if found is not None:
+                current, case, changed = with_size(current, name, hi), found, True
+                steps.append(f"{name} {value} -> {hi}")
+                break
+    return Shrunk(current, case, tuple(steps), trials.count - start, out_of_bounds())

@@ -1,0 +1,71 @@
+"""The shrinker on synthetic failures (a predicate stands in for a backend): smallest case, steps, bounds."""
+
+from dataclasses import replace
+
+import torch
+
+from harness.backends.naive import Naive
+from harness.execution.shrink import Signature, Trials, failed_checks, shrink, signature
+from harness.execution.outcome import BackendResult
+from harness.spec.fuzz import Knobs, build
+from harness.store.schema import Row
+
+FWD_OUT = Signature("fwd", "fail", "out")
+
+
+class Predicate(Trials):
+    """Trials whose 'backend' fails exactly the cases `fails` says, with the check FWD_OUT."""
+
+    def __init__(self, fails):
+        super().__init__(Naive(), torch.device("cpu"), 0, executor=None)
+        self.fails = fails
+
+    def checks(self, case):
+        self.count += 1
+        return (FWD_OUT,) if self.fails(case) else ()
+
+
+BIG = Knobs("bf16", batch=6, kv_heads=3, group=3, seq_q=700, seq_k=1500, head_dim=80, layout="dense",
+            structure="window", padded=True, window=(40, 0), pad=(1500, 900, 3, 0, 1500, 70, 2, 1), softcap=20.0)
+
+
+def test_a_geometry_bug_shrinks_to_its_trigger_and_records_its_steps():
+    bug = Predicate(lambda c: c.heads // c.kv_heads == 3 and c.kv_heads >= 2 and c.head_dim == 80)
+    shrunk = shrink(BIG, FWD_OUT, bug, deadline=float("inf"))
+    assert shrunk.case == build(Knobs("fp32", 1, 2, 3, 1, 1, 80)) and not shrunk.stopped
+    assert shrunk.steps[:2] == ("fp32", "no softcap") and "kv_heads 3 -> 2" in shrunk.steps
+    again = shrink(BIG, FWD_OUT, Predicate(bug.fails), deadline=float("inf"))
+    assert again == shrunk                                              # deterministic
+
+
+def test_a_size_threshold_is_found_by_binary_search():
+    shrunk = shrink(BIG, FWD_OUT, Predicate(lambda c: c.seq_k >= 129), deadline=float("inf"))
+    assert shrunk.case.seq_k == 129 and shrunk.case.seq_q == 1 and shrunk.case.batch == 1
+    assert shrunk.trials < 80
+
+
+def test_the_bounds_stop_it_and_say_which():
+    clock = iter(range(100)).__next__
+    stopped = shrink(BIG, FWD_OUT, Predicate(lambda c: True), deadline=3, clock=clock)
+    assert stopped.stopped == "time bound" and len(stopped.steps) <= 3
+
+
+def test_the_checks_failed_name_the_phase_status_and_each_quantity_past_tolerance():
+    rows = [Row(run_id="r", case_id="c", backend="b", phase="fwd", status="pass", out_err=1.0, out_tol=2.0),
+            Row(run_id="r", case_id="c", backend="b", phase="bwd", status="fail", dq_err=1.0, dq_tol=2.0,
+                dk_err=3.0, dk_tol=2.0, dv_err=float("nan"), dv_tol=1.0)]
+    assert failed_checks(BackendResult(rows)) == (Signature("bwd", "fail", "dk"), Signature("bwd", "fail", "dv"))
+    rows[1] = replace(rows[1], status="error", reason="RuntimeError: shapes")
+    assert signature(BackendResult(rows)) == Signature("bwd", "error", "RuntimeError")
+    assert signature(BackendResult(rows[:1])) is None and failed_checks(BackendResult(rows[:1])) == ()
+
+
+def test_a_drawn_case_moved_toward_a_known_failure_fails_there_only_when_it_is_the_same_bug():
+    from harness.spec.fuzz import toward
+    bugs = Predicate(lambda c: (c.batch == 1 and c.seq_k >= 2) or (c.heads // c.kv_heads == 3 and c.kv_heads >= 2))
+    known = shrink(replace(BIG, batch=1, group=1), FWD_OUT, bugs, deadline=float("inf"))
+    assert known.case.batch == 1 and known.case.heads == known.case.kv_heads
+    same = toward(replace(BIG, batch=1, head_dim=40), known.knobs, known.steps)
+    assert bugs.fails(build(same)) and build(same).seq_k == 2             # a single sequence still: the same bug
+    moved = build(toward(BIG, known.knobs, known.steps))                   # batch 6, group 3: another bug
+    assert moved.batch == 2 and not bugs.fails(moved)                      # not moved onto the single sequence
