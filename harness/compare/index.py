@@ -180,7 +180,9 @@ class HistoryIndex:
              timed: bool = False) -> pd.DataFrame:
         """The runs' rows (env fields added, `run_dir`), of `testbed` only, timed ones only; text columns come
         back categorical (categories sorted, so that sorting by one sorts by its text)."""
-        names = [m["name"] for m in self._given() if m.get("has_rows")]
+        # only the runs that hold rows of the testbed are opened (the manifest says which)
+        names = [m["name"] for m in self._given()
+                 if m.get("has_rows") and (testbed is None or testbed in m["testbeds"])]
         df = self.store.rows(names, columns, testbed, timed)
         return self._with_run_dir(df)
 

@@ -20,13 +20,19 @@ BAND_Z = 3.0
 _W, _H, _PAD = 640, 180, 36
 
 _SCRIPT = """
-window.addEventListener('error', e => { document.body.dataset.errors = (document.body.dataset.errors || '') + e.message; });
+window.addEventListener('error', e => {
+  document.body.dataset.errors = (document.body.dataset.errors || '') + e.message;
+});
 function applyFilters() {
   const want = {};
   for (const s of document.querySelectorAll('select[data-field]')) want[s.dataset.field] = s.value;
   const keep = el => Object.entries(want).every(([f, v]) => !v || el.dataset[f] === v);
   let shown = 0;
-  for (const el of document.querySelectorAll('[data-key]')) { const ok = keep(el); el.hidden = !ok; if (ok && el.tagName === 'SECTION') shown++; }
+  for (const el of document.querySelectorAll('[data-key]')) {
+    const ok = keep(el);
+    el.hidden = !ok;
+    if (ok && el.tagName === 'SECTION') shown++;
+  }
   document.getElementById('shown').textContent = shown;
 }
 for (const s of document.querySelectorAll('select[data-field]')) s.addEventListener('change', applyFilters);
@@ -61,8 +67,9 @@ def _svg(runs: pd.DataFrame, at: list[int], sigma: float) -> str:
     points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(ms))
     parts.append(f'<polyline points="{points}" fill="none" stroke="#1f77b4" stroke-width="1"/>')
     tips = zip(runs.run_id.astype(str), runs.started.astype(str), runs.get("git_sha", pd.Series([""] * len(ms))))
-    parts += [f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2" fill="#1f77b4"><title>{html.escape(r)} {html.escape(s)}'
-              f' {html.escape(str(g)[:8])}: {v:.4g} ms</title></circle>' for i, (v, (r, s, g)) in enumerate(zip(ms, tips))]
+    parts += [f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2" fill="#1f77b4"><title>{html.escape(r)} '
+              f'{html.escape(s)} {html.escape(str(g)[:8])}: {v:.4g} ms</title></circle>'
+              for i, (v, (r, s, g)) in enumerate(zip(ms, tips))]
     labels = (f'<text x="2" y="12" font-size="10">{hi:.3g} ms</text>'
               f'<text x="2" y="{_H - 4}" font-size="10">{lo:.3g} ms</text>')
     return f'<svg width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}">{"".join(parts)}{labels}</svg>'
