@@ -17,8 +17,8 @@ _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 #: the clock audit (clock_disagreement): a round is rejected when the run's own clock saw it last longer than the timing
 #: process's clocks account for by over CLOCK_SHARE of the round plus CLOCK_SLACK_MS - what a request's trip through the
-#: pipe and the scheduler adds: median 12 ms, 99th percentile 54 ms, at most 85 ms in 432 honest rounds at a load
-#: average of 8-10 on 2 cores (benchmarks/clock_audit_study.py, 2026-12-03); and a disagreeing round is timed once more
+#: pipe and the scheduler adds: median 12 ms, 99th percentile 54-61 ms, at most 110 ms in 864 honest rounds at a load
+#: average of 8-18 on 2 cores (benchmarks/clock_audit_study.py, 2026-12-03); a disagreeing round is timed once more
 CLOCK_SHARE = 0.5
 CLOCK_SLACK_MS = 100.0
 #: the same on CUDA between the events' span over the repetitions and the host clock around them, in one process after
