@@ -17,8 +17,8 @@ _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 #: the clock audit (clock_disagreement): a round is rejected when the run's own clock saw it last longer than the timing
 #: process's clocks account for by over CLOCK_SHARE of the round plus CLOCK_SLACK_MS - what a request's trip through the
-#: pipe and the scheduler adds: median 12 ms, 99th percentile 54 ms, at most 85 ms in 432 honest rounds at a load
-#: average of 8-10 on 2 cores (benchmarks/clock_audit_study.py, 2026-12-03); and a disagreeing round is timed once more
+#: pipe and the scheduler adds: median 12 ms, 99th percentile 54-61 ms, at most 110 ms in 864 honest rounds at a load
+#: average of 8-18 on 2 cores (benchmarks/clock_audit_study.py, 2026-12-03); a disagreeing round is timed once more
 CLOCK_SHARE = 0.5
 CLOCK_SLACK_MS = 100.0
 #: the same on CUDA between the events' span over the repetitions and the host clock around them, in one process after
@@ -194,8 +194,9 @@ class CallContent:
     1, head dim) for qk, (batch, kv heads, 1, 1) for v and dO; the space is 2^(batch.kv_heads.head_dim) x 16^(batch.
     kv_heads) contents - no memo keyed on any fingerprint of the inputs sees one twice."""
 
-    qk: torch.Tensor
-    v: torch.Tensor
+    #: None: left as they are (the backward alone: its graph is built on them)
+    qk: torch.Tensor | None
+    v: torch.Tensor | None
     d_out: torch.Tensor
 
     @classmethod
@@ -211,7 +212,7 @@ class CallContent:
             return torch.tensor(choices)[pick].expand(b, hkv, 1, 1)
 
         if backward_alone:
-            return cls(torch.ones(b, hkv, 1, d), torch.ones(b, hkv, 1, 1), scales(SLICE_SCALES))
+            return cls(None, None, scales(SLICE_SCALES))
         signs = torch.randint(2, (b, hkv, 1, d), generator=generator) * 2.0 - 1.0
         v_choices = (-1.0, 1.0) if case.fp8_kv is not None else SLICE_SCALES
         return cls(signs, scales(v_choices), scales(SLICE_SCALES))
@@ -219,14 +220,18 @@ class CallContent:
     def inputs(self, inputs: Inputs) -> Inputs:
         q, k, v, d_out, sinks, bias = inputs
         group = q.shape[1] // k.shape[1]
-        return Inputs(q * self._q_heads(self.qk, group).to(q), k * self.qk.to(k), v * self.v.to(v),
-                      d_out * self._q_heads(self.d_out, group).to(d_out), sinks, bias)
+        d_out = d_out * self._q_heads(self.d_out, group).to(d_out)
+        if self.qk is None:
+            return Inputs(q, k, v, d_out, sinks, bias)
+        return Inputs(q * self._q_heads(self.qk, group).to(q), k * self.qk.to(k), v * self.v.to(v), d_out, sinks, bias)
 
     def undo(self, quantity: str, answer: torch.Tensor, group: int) -> torch.Tensor:
         """`answer` (canonical) divided by its factor: the round's answer, bit for bit when the call's was exact."""
-        v_d_out = self.v * self.d_out
-        factor = {"out": self._q_heads(self.v, group), "dv": self.d_out,
-                  "dq": self._q_heads(self.qk * v_d_out, group), "dk": self.qk * v_d_out}.get(quantity)
+        qk = 1.0 if self.qk is None else self.qk
+        v = torch.ones_like(self.d_out) if self.v is None else self.v
+        v_d_out = v * self.d_out
+        factor = {"out": self._q_heads(v, group), "dv": self.d_out,
+                  "dq": self._q_heads(qk * v_d_out, group), "dk": qk * v_d_out}.get(quantity)
         if factor is None:  # dsinks, dbias: uniform factors (draw(uniform=True))
             factor = v_d_out.flatten()[0]
         return answer / factor.to(answer)

@@ -166,12 +166,12 @@ def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[
             config: TimingConfig = TimingConfig(), estimate_ms: float | None = None,
             build: Callable[[], None] | None = None, first_done: bool = False,
             renew: Callable[[], None] | None = None,
-            observe: Callable[[object, bool], None] | None = None, graph: Captured | None = None,
+            observe: Callable[[object, int], None] | None = None, graph: Captured | None = None,
             fresh: Callable[[], None] | None = None) -> Measurement:
     """Time `fn()` repeatedly, `setup()` before each repetition, untimed. estimate_ms: known latency (no estimate
     calls); build: what fn needs made first (a backward's forward); first_done (CPU): the caller made the first
-    call; renew: new inputs before the last repetition; observe(value, renewed): given what each of the last
-    two repetitions returned, right after; graph: fn captured (cuda_graph.Captured): its replays are timed; fresh:
+    call; renew: new inputs before the last repetition; observe(value, last): given what every repetition returned,
+    right after (last: 1 the last repetition, 2 the one before, else 0); graph: fn captured (cuda_graph.Captured): its replays are timed; fresh:
     new content written before every call, estimate and warm-up calls too (a graph's replays included)."""
     setup, start = setup or (lambda: None), CLOCKS.now_ns()
     m = _measure(fn, setup, device, config, estimate_ms, build, first_done, renew, observe, graph,
@@ -198,7 +198,7 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_don
     # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
     now_ns = CLOCKS.now_ns
 
-    def once(last: int = 0) -> float:
+    def once(last: int = 0, sample: bool = False) -> float:
         if last == 1 and renew is not None:
             renew()
         fresh()
@@ -206,8 +206,8 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_don
         start = now_ns()
         value = fn()
         elapsed = (now_ns() - start) / 1e6
-        if last and observe is not None:  # before anything else runs: a thread still filling it is caught
-            observe(value, last == 1)
+        if sample and observe is not None:  # before anything else runs: a thread still filling it is caught
+            observe(value, last)
         return elapsed
 
     looks = []
@@ -229,7 +229,7 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_don
     if renew is not None and reps - len(kept) < 1:
         kept = []  # the renewed call must be a repetition of its own
     n = reps - len(kept)
-    samples = (*kept, *(once(last=n - i if n - i <= 2 else 0) for i in range(n)))  # 1: the last, 2: the one before
+    samples = (*kept, *(once(n - i if n - i <= 2 else 0, True) for i in range(n)))  # 1: the last, 2: the one before
     return Measurement(samples, "cpu-clock", torch.get_num_threads())
 
 
@@ -278,8 +278,8 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
             clocks.record(starts[i], stream)  # events bracket the call's kernels on this device's current stream
             value = target()
             clocks.record(ends[i], stream)
-            if last and observe is not None:  # a copy enqueued behind the call, after its end event
-                observe(value, last == 1)
+            if observe is not None:  # a copy enqueued behind the call, after its end event
+                observe(value, last)
         clocks.synchronize(device)
         host_ms = (clocks.now_ns() - host_start) / 1e6
     samples = tuple(clocks.elapsed_ms(s, e) for s, e in zip(starts, ends))

@@ -1,9 +1,9 @@
-"""--cuda-graph timing on a real device: every sample a replay, the last one on new inputs, judged (outputs and
-gradients read from the graph's own memory after a synchronisation), and the speed rule applied to it.
+"""--cuda-graph timing on a real device: every sample a replay on content of its own, the last one on new inputs,
+judged (outputs and gradients read from the graph's own memory after a synchronisation); and the clock audit's
+events against the host clock.
 
 The real-device counterpart of tests/unit/measure/test_cuda_paths.py (capture order, renew before the last
-replay, the static output observed) and tests/unit/execution/test_integrity_timing.py (the speed rule on a
-graph's samples)."""
+replay, the static output observed, events rewritten after binding)."""
 
 from __future__ import annotations
 
@@ -47,3 +47,27 @@ def test_a_graph_that_captured_an_answer_instead_of_the_work_is_rejected():
     # every replay's static inputs hold new content: the first observed replay is already wrong
     assert row.timing_status == REJECTED and "out err" in row.timing_reason, row.timing_reason
     assert row.latency_ms is None
+
+
+def test_events_agree_with_the_host_clock_and_slowed_ones_do_not():
+    """sdpa's events over its repetitions against the host clock around them (Measurement.event_vs_host): within
+    EVENT_SLACK_MS; the same events read through a binding slowed 5x (what a plugin that rewrote it reads) are not,
+    on a round of 50 ms."""
+    from dataclasses import replace
+
+    from harness.execution.integrity import EVENT_SLACK_MS, clock_disagreement
+    from harness.measure import timing
+
+    device = torch.device("cuda")
+    a = torch.randn(2048, 2048, device=device)
+    config = TimingConfig(warmup_ms=5, budget_ms=50, min_reps=10, max_reps=500)
+    m = timing.measure(lambda: a @ a, device=device, config=config)
+    assert clock_disagreement(sum(m.samples_ms), *m.event_vs_host, "events", EVENT_SLACK_MS) == ""
+    elapsed = timing.CLOCKS.elapsed_ms
+    slowed = replace(timing.CLOCKS, elapsed_ms=lambda start, end: elapsed(start, end) / 5)
+    real, timing.CLOCKS = timing.CLOCKS, slowed
+    try:
+        m = timing.measure(lambda: a @ a, device=device, config=config)
+    finally:
+        timing.CLOCKS = real
+    assert clock_disagreement(sum(m.samples_ms), *m.event_vs_host, "events", EVENT_SLACK_MS)

@@ -218,13 +218,13 @@ def test_a_graph_s_last_sample_is_a_replay_on_new_inputs_and_its_static_output_i
 
     m = timing.measure(fn, device=torch.device("cuda", 0), config=config, renew=refill, observe=observe, graph=graph)
     assert m.mode == "cuda-graph" and m.n == 3 and len(calls) == 4  # 3 warm-up calls, 1 captured: no eager call after
-    assert [r for *_, r in seen] == [False, True] and all(v is made["out"] for v, *_ in seen)  # the static output
-    assert seen[0][1].tolist() == [3.0] * 4 and seen[1][1].tolist() == [11.0] * 4  # replayed on x = 5
+    assert [r for *_, r in seen] == [0, 2, 1] and all(v is made["out"] for v, *_ in seen)  # the static output
+    assert seen[1][1].tolist() == [3.0] * 4 and seen[2][1].tolist() == [11.0] * 4  # replayed on x = 5
     log = [e for e in fake.log if e[0] in ("renew", "replay", "record", "observe")]
     last = len(log) - 1 - log[::-1].index(("renew",))
     # renew, the build's graph replayed, then the last sample's events around the call's replay, then observe
     assert log[last:] == [("renew",), ("replay", 0), ("record", ("default", 0)), ("replay",),
-                          ("record", ("default", 0)), ("observe", True)], log[last:]
+                          ("record", ("default", 0)), ("observe", 1)], log[last:]
 
 
 def test_a_captured_backward_keeps_the_gradients_it_writes(fake):
