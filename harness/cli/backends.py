@@ -74,6 +74,13 @@ def _install(unavailable: list, reasons: dict[str, str], device) -> int:
     return 0
 
 
+def available_here(backends: list, device) -> list:
+    """The backends that can run on `device`, asked in workers as `describe` asks (none of their libraries loads in
+    this process: the run's, where the verdicts are made)."""
+    described = describe(backends, device)
+    return [b for b in backends if described[b.name][1] is None]
+
+
 def describe(backends: list, device) -> dict[str, tuple[str, str | None, str]]:
     """name -> (version, why it cannot run here or None, its kernels), asked where backend code may run: the
     built-ins together in one worker (their libraries - xformers, flash-attn, flashinfer - never load in this

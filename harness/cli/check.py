@@ -34,6 +34,7 @@ def _cases(args: argparse.Namespace, device):
 def _check(args: argparse.Namespace) -> int:
     from harness.api import check_in_session
     from harness.backends.registry import get_backends, load_backend_module
+    from harness.cli.backends import available_here
     from harness.execution.cost import check_cost
     from harness.execution.device import resolve_device
     from harness.execution.fuzz import fuzz_in_session, plan, summary_lines
@@ -50,7 +51,7 @@ def _check(args: argparse.Namespace) -> int:
     planned = None
     if args.fuzz:  # the draw is the seed's: fix it before the session, which records it
         args.seed = run_seed(args.seed)
-        here = [b for b in backends if b.unavailable_reason(device) is None]
+        here = available_here(backends, device)  # asked in workers: no backend library loads here
         planned = plan(here, device, args.seed, args.fuzz_budget_s)
         cases = [p.case for p in planned]
         if not cases:

@@ -12,6 +12,7 @@ import torch
 
 from harness.advisor.progress import Progress
 from harness.backends.registry import get_backends, load_backend_module
+from harness.cli.backends import available_here
 from harness.cli.options import add_to_pytest
 from harness.execution.device import resolve_device
 from harness.execution.fuzz import plan
@@ -92,7 +93,7 @@ def suite_cases(option, device, backends) -> tuple[str, list]:
     matrix = resolve_matrix(option.matrix, device.type)
     if matrix == FUZZ:
         option.seed = run_seed(option.seed)
-        here = [b for b in backends if b.unavailable_reason(device) is None]
+        here = available_here(backends, device)  # asked in workers: no backend library loads here
         return matrix, [p.case for p in plan(here, device, option.seed, option.fuzz_budget_s)]
     return matrix, build_matrix(matrix)
 

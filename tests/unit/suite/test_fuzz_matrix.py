@@ -10,7 +10,7 @@ from harness.suite.plugin import suite_cases
 
 
 def test_the_fuzz_matrix_draws_the_seeds_cases_for_the_backends():
-    option = Namespace(preset=None, hf_config=None, matrix="fuzz", seed=None, fuzz_budget_s=2.0)
+    option = Namespace(preset=None, hf_config=None, batch=None, seq=None, matrix="fuzz", seed=None, fuzz_budget_s=2.0)
     backends, cpu = get_backends("naive,sdpa-math"), torch.device("cpu")
     label, cases = suite_cases(option, cpu, backends)
     assert label == "fuzz" and cases and isinstance(option.seed, int)          # a drawn seed, recorded by the run

@@ -89,13 +89,13 @@ def _option(preset=None, *, matrix="auto", batch=None, seq=None) -> SimpleNamesp
 
 def test_a_session_runs_the_named_matrix_or_the_presets_cases_but_not_both():
     cpu = torch.device("cpu")
-    matrix, cases = plugin.suite_cases(_option(matrix="smoke"), cpu)
+    matrix, cases = plugin.suite_cases(_option(matrix="smoke"), cpu, [])
     assert matrix == "smoke" and [c.id for c in cases] == [c.id for c in build_matrix("smoke")]
-    assert plugin.suite_cases(_option(matrix="auto"), cpu)[0] == "default"
-    matrix, cases = plugin.suite_cases(_option("llama-3-8b", matrix="auto"), cpu)
+    assert plugin.suite_cases(_option(matrix="auto"), cpu, [])[0] == "default"
+    matrix, cases = plugin.suite_cases(_option("llama-3-8b", matrix="auto"), cpu, [])
     assert matrix == "model llama-3-8b" and {(c.heads, c.kv_heads, c.head_dim) for c in cases} == {(32, 8, 128)}
     with pytest.raises(ValueError, match="--matrix smoke and --preset/--hf-config both choose the cases; give one"):
-        plugin.suite_cases(_option("llama-3-8b", matrix="smoke"), cpu)
+        plugin.suite_cases(_option("llama-3-8b", matrix="smoke"), cpu, [])
 
 
 def test_suites_size_a_model_by_seq_and_batch_as_check_does():
@@ -103,11 +103,11 @@ def test_suites_size_a_model_by_seq_and_batch_as_check_does():
     preset's serving sizes: qwen2.5-7b's largest case needs ~34 GiB); --seq alone without a model is refused."""
     cpu = torch.device("cpu")
     option = _option("qwen2.5-7b", batch=1, seq=96)
-    matrix, cases = plugin.suite_cases(option, cpu)
+    matrix, cases = plugin.suite_cases(option, cpu, [])
     assert matrix == "model qwen2.5-7b" and cases == quick_cases("qwen2.5-7b", None, batch=1, seq=96)
     assert {(c.batch, c.seq_k) for c in cases} == {(1, 96)} and {c.seq_q for c in cases} == {1, 96}
     with pytest.raises(ValueError, match="--batch and --seq size the cases of a --preset or --hf-config"):
-        plugin.suite_cases(_option(seq=96), cpu)
+        plugin.suite_cases(_option(seq=96), cpu, [])
 
 
 def _perf(case_id, backend, phase, latency_ms, **more):
