@@ -47,7 +47,8 @@ def header(cmp: Comparison) -> str:
 def notable(df: pd.DataFrame) -> pd.DataFrame:
     """Rows that are not plainly unchanged, regressions first."""
     keep = df[(~df.verdict.isin([UNCHANGED, NOT_TIMED])) | (~df.correctness.isin([SAME, ""]))]
-    rank = keep.verdict.map(_ORDER).fillna(9) - 10 * keep.regression.astype(int)
+    # numeric even when nothing is notable: an empty map of a string column stays a (pyarrow) string column
+    rank = keep.verdict.map(_ORDER).astype(float).fillna(9) - 10 * keep.regression.astype(int)
     return keep.assign(_rank=rank).sort_values(["_rank", "ratio"], ascending=[True, False]).drop(columns="_rank")
 
 
