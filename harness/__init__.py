@@ -3,6 +3,7 @@
 from harness.api import check
 from harness.backends.base import Backend, BackwardUnsupported, Plan, Unsupported
 from harness.backends.registry import all_backends, get_backends, load_backend_module, register
+from harness.execution import plugin_host  # noqa: F401 - gives load_backend_module its process (registry._DECLARER)
 from harness.oracle.reference import reference_attention
 from harness import masks, recommend
 from harness.spec.case import AttentionCase, Inputs, make_inputs

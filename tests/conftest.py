@@ -26,3 +26,19 @@ def pytest_collection_modifyitems(config, items):
 def broken():
     from tests.fixtures import broken_backends
     return broken_backends
+
+
+@pytest.fixture
+def torch_setting():
+    """set(module, name, value): a torch config setting for one test, its value put back after. Not pytest's
+    monkeypatch: it looks a module's attribute up in its __dict__, where torch's config values are not, so its undo
+    deletes the setting, which torch's ConfigModule then hides for the rest of the session."""
+    saved = []
+
+    def set_(module, name, value):
+        saved.append((module, name, getattr(module, name)))
+        setattr(module, name, value)
+
+    yield set_
+    for module, name, value in reversed(saved):
+        setattr(module, name, value)

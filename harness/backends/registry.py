@@ -25,6 +25,9 @@ _ORIGIN: dict[str, str] = {}
 _REPLACED: set[str] = set()
 #: the plugin module being imported in this process (its @register calls note it as their origin)
 _IMPORTING: list[str] = []
+#: what loads a plugin module in a process of its own and registers its backends' stand-ins: execution/plugin_host.py
+#: puts its `declare_module` here when imported (this layer names no process); harness/__init__.py imports it
+_DECLARER: list = []
 
 
 def register(cls: type[Backend] | None = None, *, replace: bool = False):
@@ -153,9 +156,7 @@ def load_backend_module(spec: str, *, here: bool = False) -> Any:
     `here=True` imports it in this process (--no-isolate, in-process and unguarded). Returns the module (here) or
     its host process."""
     if not here:
-        # imported where it is used: the host process is the execution layer's (a worker of the plugin's own)
-        from harness.execution.plugin_host import declare_module
-        host = declare_module(spec)
+        host = _DECLARER[0](spec)  # the host process is the execution layer's (a worker of the plugin's own)
         if host.spec not in _LOADED:
             _LOADED.append(host.spec)
         return host

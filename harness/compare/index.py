@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from harness.compare.history import load_run, run_dirs, run_notes_lines, summarize
-from harness.store.load import COLUMN_KINDS, DURATION, load_samples
+from harness.compare.index_store import ParquetStore, column_kind
+from harness.store.load import DURATION, load_samples
 from harness.store.run_dir import ENV, RESULTS, SAMPLES
 from harness.store.schema import KEY
 
@@ -24,7 +25,15 @@ CHANGE_COLUMNS = ("testbed_id", *KEY, "started", "run_id", "git_sha", "torch", "
 #: the columns the noise model groups runs by: the same code is the same sha, dirty flag, torch and backend version
 CODE_COLUMNS = ("git_sha", "git_dirty", "torch", "backend_version")
 #: a column that is not a results column: its arrow type (the env fields are text but for git_dirty)
-_EXTRA_KINDS = {"refused_rows": int, "git_dirty": bool, "round": int}
+def open_store(where: str | Path):
+    """A PostgreSQL URL (postgresql://...) or a folder (created on first use)."""
+    text = str(where)
+    if text.startswith(("postgresql://", "postgres://")):
+        from harness.compare.index_postgres import PostgresStore  # psycopg, imported only for a PostgreSQL store
+        return PostgresStore(text)
+    if "://" in text:
+        raise ValueError(f"--store {text!r}: not a folder nor a postgresql:// URL (allowed: a path, postgresql://...)")
+    return ParquetStore(Path(where))
 
 
 def fingerprint(run_dir: Path) -> dict:
@@ -43,11 +52,6 @@ def round_medians(samples: pd.DataFrame) -> pd.DataFrame:
     """Per (case, backend, phase, round): the median of its latencies > 0 (what the noise model reads of samples)."""
     samples = samples[samples.latency_ms > 0]
     return samples.groupby([*KEY, "round"], sort=False).latency_ms.median().reset_index()
-
-
-def column_kind(column: str) -> type | str:
-    """The type a column is stored as: a results column's schema kind, else text (refused_rows, git_dirty aside)."""
-    return COLUMN_KINDS.get(column) or _EXTRA_KINDS.get(column, str)
 
 
 def typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -119,7 +123,6 @@ class HistoryIndex:
     """A results directory's runs as the index holds them, brought up to date (`sync`) on first use."""
 
     def __init__(self, results_dir: str | Path = "results", store: str | Path | None = None):
-        from harness.compare.index_store import open_store
         self.root = Path(results_dir)
         self.store = open_store(store if store is not None else self.root / INDEX_DIR)
         self.manifests: dict[str, dict] = {}

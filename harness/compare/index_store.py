@@ -13,27 +13,24 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from harness.store.load import DURATION
+from harness.store.load import COLUMN_KINDS, DURATION
 from harness.store.schema import KEY
 
 MANIFESTS, ROWS, ROUNDS = "runs", "rows", "rounds"
 ROUND_COLUMNS = (*KEY, "round", "latency_ms")
 
 
-def open_store(where: str | Path):
-    """A PostgreSQL URL (postgresql://...) or a folder (created on first use)."""
-    text = str(where)
-    if text.startswith(("postgresql://", "postgres://")):
-        from harness.compare.index_postgres import PostgresStore
-        return PostgresStore(text)
-    if "://" in text:
-        raise ValueError(f"--store {text!r}: not a folder nor a postgresql:// URL (allowed: a path, postgresql://...)")
-    return ParquetStore(Path(where))
+#: columns beside the results schema's, and their stored types
+_EXTRA_KINDS = {"refused_rows": int, "git_dirty": bool, "round": int}
+
+
+def column_kind(column: str) -> type | str:
+    """The type a column is stored as: a results column's schema kind, else text (refused_rows, git_dirty aside)."""
+    return COLUMN_KINDS.get(column) or _EXTRA_KINDS.get(column, str)
 
 
 def arrow_type(column: str) -> pa.DataType:
     """The column's type in the index: numbers float64, flags bool, text read back as a dictionary (categorical)."""
-    from harness.compare.index import column_kind
     kind = column_kind(column)
     if column == "refused_rows":
         return pa.int64()

@@ -13,7 +13,7 @@ import pandas as pd
 from harness.compare.changes import key_series
 from harness.compare.noise import NoiseModel, noise_path
 from harness.measure.stats import PENALTY, SIGMA_FLOOR, change_points, robust_sd
-from harness.store.schema import KEY
+from harness.store.schema import FASTER, KEY, SLOWER
 
 #: the band drawn around each segment's median: this many A/A sigmas of the log latency (the gate's --noise-z)
 BAND_Z = 3.0
@@ -102,7 +102,7 @@ def write_trends_page(history: pd.DataFrame, changes: pd.DataFrame, path: str | 
     for r in changes.itertuples():
         key = (r.testbed_id, *(getattr(r, k) for k in KEY))
         data = " ".join(f'data-{f}="{html.escape(str(getattr(r, f)))}"' for f in fields)
-        word = "slower" if r.ratio > 1 else "faster"
+        word = SLOWER if r.ratio > 1 else FASTER
         rows.append(f'<tr data-key="1" {data}><td>{html.escape(r.testbed_id)}</td><td>{html.escape(r.backend)}</td>'
                     f'<td>{html.escape(r.case_id)}</td><td>{html.escape(r.phase)}</td><td>{r.before_ms:.4g}</td>'
                     f'<td>{r.after_ms:.4g}</td><td class="{word}">{r.ratio:.2f}x</td>'

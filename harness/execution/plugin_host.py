@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from harness.backends import registry
 from harness.backends.base import Backend, DescriptionHooks, ProbeHooks
 from harness.execution.wire import recv, recv_answer, send
 
@@ -199,3 +200,6 @@ def close_hosts() -> None:
     for host in _HOSTS.values():
         host.close()
     _HOSTS.clear()
+
+
+registry._DECLARER[:] = [declare_module]  # load_backend_module's way to a process of the module's own

@@ -54,7 +54,10 @@ def test_a_zero_head_dim_in_a_config_is_refused_not_derived(tmp_path, field):
         from_hf_config(path)
 
 
-def test_an_unknown_backend_points_at_backend_module():
+def test_an_unknown_backend_points_at_backend_module(monkeypatch):
+    from harness.backends import registry
+
+    monkeypatch.setattr(registry, "_LOADED", [])  # no plugin module loaded (earlier tests load some)
     with pytest.raises(ValueError, match=r"unknown backend 'my-attn'; allowed: naive.*--backend-module my_attn.py"):
         get_backends("my-attn")
 

@@ -36,10 +36,10 @@ def _state() -> dict:
             **{name: getattr(dynamo_config, name) for name in DYNAMO_SETTINGS if hasattr(dynamo_config, name)}}
 
 
-def test_check_and_recommend_leave_the_callers_process_as_they_found_it(monkeypatch):
-    monkeypatch.setattr(functorch_config, "donated_buffer", True)  # the caller's own choices, unlike the harness's
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 7)
-    monkeypatch.setattr(dynamo_config, "fail_on_recompile_limit_hit", False)
+def test_check_and_recommend_leave_the_callers_process_as_they_found_it(torch_setting):
+    torch_setting(functorch_config, "donated_buffer", True)  # the caller's own choices, unlike the harness's
+    torch_setting(dynamo_config, "recompile_limit", 7)
+    torch_setting(dynamo_config, "fail_on_recompile_limit_hit", False)
     torch.set_num_threads(max(2, torch.get_num_threads()))
     before = _state()
     for _ in range(2):  # per call: nothing accumulates

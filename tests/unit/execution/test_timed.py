@@ -15,13 +15,13 @@ from harness.spec.case import AttentionCase
 CPU = torch.device("cpu")
 
 
-def test_sessions_and_workers_turn_donated_buffers_off_before_any_backend_runs(tmp_path, monkeypatch):
+def test_sessions_and_workers_turn_donated_buffers_off_before_any_backend_runs(tmp_path, torch_setting):
     import torch._functorch.config as functorch_config
 
-    monkeypatch.setattr(functorch_config, "donated_buffer", True)
+    torch_setting(functorch_config, "donated_buffer", True)
     RunSession(CPU, tmp_path)
     assert functorch_config.donated_buffer is False
-    monkeypatch.setattr(functorch_config, "donated_buffer", True)
+    torch_setting(functorch_config, "donated_buffer", True)
     seen = tmp_path / "seen.txt"
     probe = tmp_path / "donation_probe.py"  # a plugin module the worker loads after its setup: it reports the flag
     probe.write_text("import torch._functorch.config as c\n"
