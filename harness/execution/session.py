@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 
 from harness.backends.base import Backend
-from harness.backends.registry import loaded_modules
+from harness.backends.registry import modules_for
 from harness.execution.benchmark import PerfResult, measure_phase
 from harness.execution.cache import RunCaches
 from harness.execution.executor import Executor, make_executor
@@ -194,7 +194,8 @@ class RunSession:
 
     def repro_command(self, case: AttentionCase, backend: str) -> str:
         """`python -m harness check ... --case 'ID' --seed S`: reruns `case` on `backend` with this run's inputs."""
-        flags = RerunFlags.of(loaded_modules(), self.device, isolate=self.executor.isolated,
+        # the module that registered this backend alone: a process may have loaded others (its own, a test's)
+        flags = RerunFlags.of(modules_for(backend), self.device, isolate=self.executor.isolated,
                               call_timeouts=self.call_timeouts)
         return repro_command(case, backend, self.seed, flags)
 
