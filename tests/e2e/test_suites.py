@@ -72,7 +72,8 @@ def test_the_harness_summary_is_the_last_thing_printed_and_explains_its_columns(
     assert res.returncode == 0, res.stdout[-3000:]
     lines = res.stdout.splitlines()
     ours = max(i for i, line in enumerate(lines) if "attention harness" in line and line.startswith("="))
-    tail = lines[ours + 1:]
+    integrity, *tail = lines[ours + 1:]
+    assert integrity == "integrity: isolated: each backend's code only in its own worker processes"
     assert all(f"speedup vs naive {p}" in tail[0] for p in ("fwd ", "bwd ", "fwd+bwd"))
     assert any(line.startswith("cases by verdict") and "speedup vs naive: naive's median latency / the backend's"
                in line for line in tail)
