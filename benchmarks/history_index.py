@@ -111,7 +111,7 @@ INDEX_SCRIPT = """
 import resource, sys, time, warnings; warnings.simplefilter("ignore")
 from harness.cli.main import main
 import harness.compare.index, harness.compare.index_store, harness.compare.changes, harness.compare.noise
-import pyarrow.dataset, ruptures
+import pyarrow.dataset, harness.measure.pelt_l1
 t = time.perf_counter(); rc = main(["history", *sys.argv[1:]]); assert rc == 0
 print("TIMED", time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6)
 """
@@ -121,7 +121,7 @@ import resource, sys, time, warnings; warnings.simplefilter("ignore")
 from harness.compare.history import history_text, load_history
 from harness.compare.noise import key_spreads
 from harness.compare.changes import detect_changes
-import ruptures
+import harness.measure.pelt_l1
 t = time.perf_counter(); h = load_history(sys.argv[1]); what = sys.argv[2]
 if what == "history": print(history_text(h).splitlines()[-1])
 if what == "noise": [key_spreads(h[h.testbed_id == t]) for t in sorted(set(h.testbed_id.dropna()))]; print("ok")

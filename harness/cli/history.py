@@ -33,11 +33,11 @@ def _history(args: argparse.Namespace) -> int:
         elif not args.noise:
             print(f"no noise model of testbed {testbed} yet: `history --noise` builds it from the runs above")
     if args.changes:
-        from harness.compare.changes import changes_text, detect_changes, key_series, write_trends
+        from harness.compare.changes import changes_text, detect_changes, timed_runs, write_trends
         from harness.compare.trends_page import write_trends_page
-        history = index.rows(CHANGE_COLUMNS, testbed=args.testbed, timed=True)
+        history = timed_runs(index.rows(CHANGE_COLUMNS, testbed=args.testbed, timed=True))  # grouped once
         changes = detect_changes(history, penalty=args.penalty, min_effect=args.min_effect)
-        print(changes_text(changes, len(key_series(history))))
+        print(changes_text(changes, len(history.keys)))
         out = Path(args.results_dir) / "history"
         out.mkdir(parents=True, exist_ok=True)
         changes.to_csv(out / "changes.csv", index=False)
