@@ -39,14 +39,15 @@ def run_round_medians(run_dirs) -> pd.DataFrame:
 def _joint_codes(frames: list[pd.DataFrame], columns: list[str]) -> list[np.ndarray]:
     """Per row of each frame, one integer for its values in `columns`, equal across the frames exactly when the
     values are (missing ones equal too, as groupby(dropna=False) and merge take them): a grouping by one int64
-    column instead of several text ones, numbered in order of first appearance (the first frame first)."""
-    joint = [np.zeros(len(f), dtype=np.int64) for f in frames]
+    column instead of several text ones, numbered 0, 1... in order of first appearance (the first frame first)."""
+    joint, span = [np.zeros(len(f), dtype=np.int64) for f in frames], 1
     for column in columns:
         parts = [f[column] for f in frames]
         seen = [p.cat.categories if isinstance(p.dtype, pd.CategoricalDtype) else pd.Index(p.dropna().unique())
                 for p in parts]
-        values = pd.Index(pd.unique(np.concatenate([np.asarray(v, dtype=object) for v in seen]))) if seen else \
-            pd.Index([])
+        values = pd.Index(pd.unique(np.concatenate([np.asarray(v, dtype=object) for v in seen])))
+        if span * (len(values) + 1) >= 2 ** 62:  # numbered densely before the product could overflow
+            joint, span = _dense(joint), sum(len(j) for j in joint) + 1
         for i, p in enumerate(parts):
             if isinstance(p.dtype, pd.CategoricalDtype):
                 local = np.r_[values.get_indexer(p.cat.categories), -1]  # a code of -1 (missing) stays -1
@@ -54,10 +55,14 @@ def _joint_codes(frames: list[pd.DataFrame], columns: list[str]) -> list[np.ndar
             else:
                 code = np.where(p.isna().to_numpy(), -1, values.get_indexer(p.astype(object).where(p.notna(), None)))
             joint[i] = joint[i] * (len(values) + 1) + (code + 1)
-        # kept dense, numbered by first appearance: the product of many columns' counts cannot overflow
-        dense = pd.factorize(np.concatenate(joint))[0]
-        joint = np.split(dense.astype(np.int64), np.cumsum([len(f) for f in frames])[:-1])
-    return joint
+        span *= len(values) + 1
+    return _dense(joint)
+
+
+def _dense(joint: list[np.ndarray]) -> list[np.ndarray]:
+    """The codes numbered 0, 1... in order of first appearance across the arrays."""
+    dense = pd.factorize(np.concatenate(joint))[0].astype(np.int64)
+    return np.split(dense, np.cumsum([len(j) for j in joint])[:-1])
 
 
 def _median_by(values: np.ndarray, groups: np.ndarray) -> pd.Series:
@@ -83,15 +88,18 @@ def key_spreads(history: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd
     run_median = _median_by(log_ms, pair_of)
     within = np.abs(log_ms - run_median.to_numpy()[pair_of])
     # per (key, run): its median, its rounds, its key and the code it ran (a run absent from `history`: missing)
-    pairs = run_median.index.to_numpy()
-    first = pd.Series(np.arange(len(pair_of))).groupby(pair_of, sort=True).first().to_numpy()
-    size = np.bincount(pair_of)[pairs]
+    pairs, first = np.unique(pair_of, return_index=True)  # pair codes are dense: pairs is 0..n-1
+    size = np.bincount(pair_of)
     pair_key = key_of[first]
     if code:
-        row = pd.Index(pair_of_id).get_indexer(pairs)  # ids holds each (run, key) once; -1: not in history
-        found, at = row >= 0, np.where(row >= 0, row, 0)
-        ran = pd.DataFrame({c: pd.Series(ids[c].to_numpy(dtype=object)[at]).where(found) for c in code})
-        group_of = _joint_codes([ran.assign(key=pair_key)], ["key", *code])[0]
+        # the code each (run, key) ran, numbered (ids holds each pair once); a pair not in history ran the code of
+        # no known values, as the merge's missing cells say: the number of a row with every code value missing
+        ran, = _joint_codes([ids], code)
+        unknown = ids[code].isna().all(axis=1).to_numpy()
+        none_ran = ran[unknown][0] if unknown.any() else (int(ran.max()) + 1 if len(ran) else 0)
+        row = pd.Index(pair_of_id).get_indexer(pairs)
+        code_of = np.where(row >= 0, ran[np.where(row >= 0, row, 0)], none_ran)
+        group_of = pd.factorize(pair_key * (int(code_of.max()) + 1) + code_of)[0]
     else:  # without code ids every run stands alone
         group_of = np.arange(len(pairs))
     median = run_median.to_numpy()
@@ -109,25 +117,33 @@ def key_spreads(history: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd
     # one run's rounds only: the spread of a median of n_rounds rounds, both sides
     from_rounds = math.sqrt(2) * within_sd / np.sqrt(np.clip(n_rounds, 1.0, None))
     enough = repeats >= MIN_REPEATS
-    named = rounds[keys].iloc[pd.Series(np.arange(len(key_of))).groupby(key_of, sort=True).first().to_numpy()]
+    named = rounds[keys].iloc[np.unique(key_of, return_index=True)[1]]
     return pd.DataFrame({"key": ["|".join(map(str, k)) for k in named.itertuples(index=False, name=None)],
                          "aa_sigma": np.where(enough, from_runs, from_rounds).astype(float),
                          "source": np.where(enough, "runs", "rounds"), "runs": runs})
+
+
+def _is_text(column: pd.Series, text: str) -> np.ndarray:
+    """column.astype(str) == text, asked of a categorical column's categories only (not of its 2M cells)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        hit = np.asarray(column.cat.categories.astype(str) == text)
+        return np.r_[hit, str(np.nan) == text][column.cat.codes.to_numpy()]  # code -1: a missing value, 'nan'
+    return (column.astype(str) == text).to_numpy()
 
 
 def build_noise_model(history: pd.DataFrame, testbed: str, results_dir: str | Path,
                       rounds: pd.DataFrame | None = None) -> Path:
     """Write the noise model of `testbed` (its runs in `history`; `rounds`: their per-round medians, default read
     from the runs' samples) to <results_dir>/noise/<testbed>.json."""
-    runs = history[history.testbed_id.astype(str) == testbed]
+    runs = history[_is_text(history.testbed_id, testbed)]
     if runs.empty:
         raise ValueError(f"no runs of testbed {testbed!r} under {results_dir}")
     spreads = key_spreads(runs, rounds)
     finite = spreads[np.isfinite(spreads.aa_sigma.astype(float))] if len(spreads) else spreads
     model = {"testbed": testbed, "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": int(runs.run_dir.nunique()),
              "default_aa_sigma": float(finite.aa_sigma.median()) if len(finite) else None,
-             "keys": {r.key: {"aa_sigma": float(r.aa_sigma), "source": r.source, "runs": int(r.runs)}
-                      for r in finite.itertuples()}}
+             "keys": {key: {"aa_sigma": float(sigma), "source": source, "runs": int(runs)}
+                      for key, sigma, source, runs in zip(finite.key, finite.aa_sigma, finite.source, finite.runs)}}
     path = noise_path(results_dir, testbed)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(model, indent=1))

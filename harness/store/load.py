@@ -91,10 +91,10 @@ def _suspect_records(header: list[str], records: list[list[str]], required: tupl
         return suspect
     table = np.empty((len(records), len(header)), dtype=object)
     table[:] = records
+    missing = pd.Series(table.ravel(), dtype=object).isin(_NA_STRINGS).to_numpy().reshape(table.shape)  # one pass
     for j, column in enumerate(header):
         cells, kind = pd.Series(table[:, j], dtype=object), kinds.get(column, str)
-        empty = (cells == "") if column in _VERBATIM else cells.isin(_NA_STRINGS)
-        filled = ~empty.to_numpy()
+        filled = ~((cells == "").to_numpy() if column in _VERBATIM else missing[:, j])
         if column in required:
             suspect |= ~filled
         if column in ALLOWED:
