@@ -21,7 +21,7 @@ def series(seed: int) -> np.ndarray:
     return z
 
 
-@pytest.mark.parametrize("block", range(3))
+@pytest.mark.parametrize("block", range(2))
 def test_same_ends_as_ruptures(block):
     for seed in range(block * 50, block * 50 + 50):
         z = series(seed)
@@ -36,19 +36,14 @@ def test_constant_and_shortest_series():
         assert list(pelt_l1_ends(z, 12.0, 3)) == expected
 
 
-def test_change_points_as_with_ruptures():
-    """change_points (log, robust scale, PELT) gives what it gave with ruptures' Pelt, on latencies with steps."""
-    import math
+def test_change_points_as_with_ruptures(monkeypatch):
+    """change_points (log, robust scale, compiled PELT) gives what ruptures' Pelt gives, on latencies with steps;
+    without numba it is ruptures' Pelt."""
+    import sys
 
     from harness.measure import stats
 
-    def with_ruptures(ms, penalty=stats.PENALTY, min_size=stats.MIN_SEGMENT):  # change_points as it was
-        y = np.log(np.asarray(ms, float))
-        steps = np.diff(y)
-        sigma = max(stats.robust_sd(steps - np.median(steps)) / math.sqrt(2), stats.SIGMA_FLOOR)
-        z = ((y - np.median(y)) / sigma).reshape(-1, 1)
-        return [e for e in rpt.Pelt(model="l1", min_size=min_size, jump=1).fit(z).predict(pen=penalty) if e < len(y)]
-
+    series = []
     for seed in range(30):
         rng = np.random.default_rng(1000 + seed)
         n = int(rng.integers(6, 80))
@@ -57,4 +52,9 @@ def test_change_points_as_with_ruptures():
             ms[int(rng.integers(3, n - 2)):] *= rng.choice([0.7, 1.3])
         if seed % 5 == 0:
             ms = np.round(ms, 2)  # latencies of few digits: equal values
-        assert stats.change_points(ms) == with_ruptures(ms), seed
+        series.append(ms)
+        assert stats.change_points(ms) == stats.ruptures_change_points(np.log(ms)), seed
+    assert any(stats.change_points(ms) for ms in series)  # some steps are found
+    monkeypatch.setitem(sys.modules, "harness.measure.pelt_l1", None)  # import fails: as where numba is missing
+    assert [stats.change_points(ms) for ms in series[:6]] == [stats.ruptures_change_points(np.log(ms))
+                                                              for ms in series[:6]]
