@@ -56,13 +56,23 @@ def run_values(i: int, timed: np.ndarray, rng) -> dict:
             "git_sha": f"{night // 5:07d}" + "a" * 33}
 
 
-def write_run(root: Path, rows: pd.DataFrame, env: dict, timed: np.ndarray, v: dict) -> Path:
+def _write_csv(df: pd.DataFrame, path: Path, as_harness: bool) -> None:
+    """pyarrow's writer (fast; it quotes every text cell), or as the harness's csv.writer writes (quotes only where
+    needed, CRLF): the run whose ingest is timed is written as the harness writes."""
+    if as_harness:
+        df.to_csv(path, index=False, lineterminator="\r\n")
+    else:
+        pacsv.write_csv(pa.Table.from_pandas(df, preserve_index=False), path)
+
+
+def write_run(root: Path, rows: pd.DataFrame, env: dict, timed: np.ndarray, v: dict,
+              as_harness: bool = False) -> Path:
     run = root / v["name"]
     run.mkdir(parents=True, exist_ok=True)
     df = rows.copy()
     df["run_id"], df["testbed_id"], df["git_sha"] = v["name"], v["testbed"], v["git_sha"]
     df.loc[timed, "latency_ms"] = df.loc[timed, "latency_ms"].to_numpy() * v["factor"]
-    pacsv.write_csv(pa.Table.from_pandas(df, preserve_index=False), run / "results.csv")
+    _write_csv(df, run / "results.csv", as_harness)
     base = df.loc[timed, list(KEY) + ["latency_ms"]]
     spread = np.array([0.98, 1.0, 1.03])  # three samples a round, three rounds: the rounds a little apart
     samples = pd.DataFrame({
@@ -71,7 +81,7 @@ def write_run(root: Path, rows: pd.DataFrame, env: dict, timed: np.ndarray, v: d
         "sample": np.tile(np.arange(ROUNDS * PER_ROUND), len(base)),
         "latency_ms": np.repeat(base.latency_ms.to_numpy(), ROUNDS * PER_ROUND)
         * np.tile(np.outer([1.0, 1.01, 0.99], spread).ravel(), len(base))})
-    pacsv.write_csv(pa.Table.from_pandas(samples, preserve_index=False), run / "samples.csv")
+    _write_csv(samples, run / "samples.csv", as_harness)
     (run / "env.json").write_text(json.dumps({**env, "run_id": v["name"], "testbed_id": v["testbed"],
                                               "started": v["started"], "git_sha": v["git_sha"], "status": "done"}))
     return run
@@ -95,15 +105,16 @@ def cloned(entry, run: Path, v: dict, timed_keys: pd.DataFrame):
     return type(entry)(m, rows, rounds)
 
 
-def measure(script: str, *args: str) -> tuple[float, float, str]:
-    """Seconds of the work itself (the imports before it not counted) and the peak memory (GB) of the process that
-    did it (imports included: torch alone is ~0.3 GB), each in a process of its own; and a line of its output."""
+def measure(script: str, *args: str) -> tuple[float, float, float, str]:
+    """Seconds of the work itself (the imports before it not counted), the peak memory (GB) of the process that did
+    it (imports included: torch alone is ~0.3 GB) and its CPU seconds (user + system: on a shared machine the wall
+    time is several times them), each in a process of its own; and a line of its output."""
     p = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{args} exited {p.returncode}: {p.stderr[-2000:]}")
     timed = [line for line in p.stdout.splitlines() if line.startswith("TIMED ")][-1].split()
     said = [line for line in p.stdout.splitlines() if line.strip() and not line.startswith("TIMED ")]
-    return float(timed[1]), float(timed[2]), said[-1][:200] if said else ""
+    return float(timed[1]), float(timed[2]), float(timed[3]), said[-1][:200] if said else ""
 
 
 #: what a user runs: `python -m harness history RESULTS [--noise|--changes]`, timed after its imports
@@ -111,9 +122,10 @@ INDEX_SCRIPT = """
 import resource, sys, time, warnings; warnings.simplefilter("ignore")
 from harness.cli.main import main
 import harness.compare.index, harness.compare.index_store, harness.compare.changes, harness.compare.noise
-import pyarrow.dataset, ruptures
-t = time.perf_counter(); rc = main(["history", *sys.argv[1:]]); assert rc == 0
-print("TIMED", time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6)
+import pyarrow.dataset, harness.measure.pelt_l1
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa: E731
+c, t = cpu(), time.perf_counter(); rc = main(["history", *sys.argv[1:]]); assert rc == 0
+print("TIMED", time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, cpu() - c)
 """
 #: today's path: every results.csv (and, for the noise model, samples.csv) read into one frame per call
 CSV_SCRIPT = """
@@ -121,12 +133,13 @@ import resource, sys, time, warnings; warnings.simplefilter("ignore")
 from harness.compare.history import history_text, load_history
 from harness.compare.noise import key_spreads
 from harness.compare.changes import detect_changes
-import ruptures
-t = time.perf_counter(); h = load_history(sys.argv[1]); what = sys.argv[2]
+import harness.measure.pelt_l1
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa: E731
+c, t = cpu(), time.perf_counter(); h = load_history(sys.argv[1]); what = sys.argv[2]
 if what == "history": print(history_text(h).splitlines()[-1])
 if what == "noise": [key_spreads(h[h.testbed_id == t]) for t in sorted(set(h.testbed_id.dropna()))]; print("ok")
 if what == "changes": print(len(detect_changes(h)), "changes")
-print("TIMED", time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6)
+print("TIMED", time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, cpu() - c)
 """
 
 
@@ -174,21 +187,21 @@ def main() -> None:
         point = {"runs": size, "rows": size * len(rows), "load": os.getloadavg()[0]}
         # one new run: written, then ingested by `history` (sync reads only it)
         v = run_values(made, timed_keys, rng)
-        write_run(root, rows, env, timed, v)
+        write_run(root, rows, env, timed, v, as_harness=True)
         made += 1
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         entry = read_run(root / v["name"])
         store.put(entry)
-        point["ingest_one_s"] = time.perf_counter() - t
+        point["ingest_one_s"], point["ingest_one_cpu_s"] = time.perf_counter() - t, time.process_time() - c
         for what, flags in (("history", []), ("noise", ["--noise"]), ("changes", ["--changes"])):
             if what == "changes" and size > args.changes_upto:
                 continue
-            wall, gb, tail = measure(INDEX_SCRIPT, str(root), *flags)
-            point[f"{what}_s"], point[f"{what}_gb"] = wall, gb
-            print(f"  index {what}: {wall:.1f} s, {gb:.2f} GB ({tail})", flush=True)
+            wall, gb, cpu, tail = measure(INDEX_SCRIPT, str(root), *flags)
+            point[f"{what}_s"], point[f"{what}_gb"], point[f"{what}_cpu_s"] = wall, gb, cpu
+            print(f"  index {what}: {wall:.1f} s, {gb:.2f} GB, {cpu:.1f} CPU s ({tail})", flush=True)
             if size <= args.csv_upto and (what != "changes" or size <= min(args.csv_upto, args.changes_upto)):
-                wall, gb, tail = measure(CSV_SCRIPT, str(root), what)
-                point[f"csv_{what}_s"], point[f"csv_{what}_gb"] = wall, gb
+                wall, gb, cpu, tail = measure(CSV_SCRIPT, str(root), what)
+                point[f"csv_{what}_s"], point[f"csv_{what}_gb"], point[f"csv_{what}_cpu_s"] = wall, gb, cpu
                 print(f"  csv   {what}: {wall:.1f} s, {gb:.2f} GB ({tail})", flush=True)
         point["load_after"] = os.getloadavg()[0]
         results.append(point)
@@ -218,11 +231,14 @@ def plot(results: list[dict], path: Path) -> None:
     ax = fig.add_subplot()
     df = pd.DataFrame(results)
     for col, style in (("history_s", "o-"), ("noise_s", "s-"), ("changes_s", "^-"), ("ingest_one_s", "x-"),
-                       ("csv_history_s", "o--"), ("csv_noise_s", "s--"), ("csv_changes_s", "^--")):
-        if col in df:
-            ax.plot(df.runs, df[col], style, label=col.replace("_s", ""))
+                       ("history_cpu_s", "o:"), ("noise_cpu_s", "s:"), ("changes_cpu_s", "^:"),
+                       ("ingest_one_cpu_s", "x:"), ("csv_history_s", "o--"), ("csv_noise_s", "s--"),
+                       ("csv_changes_s", "^--")):
+        if col in df and df[col].notna().any():
+            label = col.replace("_cpu_s", " (CPU s)").replace("_s", " (wall s)")
+            ax.plot(df.runs, df[col], style, label=label)
     ax.set_xlabel("runs (5,000 rows each)")
-    ax.set_ylabel("seconds")
+    ax.set_ylabel("seconds (wall at the load of the day; CPU)")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
     fig.savefig(path, dpi=110)

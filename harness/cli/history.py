@@ -24,20 +24,20 @@ def _history(args: argparse.Namespace) -> int:
         testbeds = [args.testbed]
     print(summary_text(index.summary(args.testbed), index.notes(args.testbed)))
     for testbed in testbeds:
-        if args.noise:
-            runs = index.rows(("run_id", "testbed_id", *KEY, *CODE_COLUMNS), testbed=testbed)
-            build_noise_model(runs, testbed, args.results_dir, index.rounds(testbed))
+        if args.noise:  # a testbed's rows and rounds held only while its model is built (not beside the next's)
+            build_noise_model(index.rows(("testbed_id", *KEY, *CODE_COLUMNS), testbed=testbed), testbed,
+                              args.results_dir, index.rounds(testbed))
         path = noise_path(args.results_dir, testbed)
         if path.exists():
             print(NoiseModel.load(path).summary())
         elif not args.noise:
             print(f"no noise model of testbed {testbed} yet: `history --noise` builds it from the runs above")
     if args.changes:
-        from harness.compare.changes import changes_text, detect_changes, key_series, write_trends
+        from harness.compare.changes import changes_text, detect_changes, timed_runs, write_trends
         from harness.compare.trends_page import write_trends_page
-        history = index.rows(CHANGE_COLUMNS, testbed=args.testbed, timed=True)
+        history = timed_runs(index.rows(CHANGE_COLUMNS, testbed=args.testbed, timed=True))  # grouped once
         changes = detect_changes(history, penalty=args.penalty, min_effect=args.min_effect)
-        print(changes_text(changes, len(key_series(history))))
+        print(changes_text(changes, len(history.keys)))
         out = Path(args.results_dir) / "history"
         out.mkdir(parents=True, exist_ok=True)
         changes.to_csv(out / "changes.csv", index=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,33 +17,67 @@ CHANGE_COLUMNS = ("testbed_id", *KEY, "runs", "at_run", "before_ms", "after_ms",
                   *(f"{s}_{side}" for side in ("before", "after") for s in SIDES))
 
 
-def key_series(history: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
-    """(testbed, case, backend, phase) -> its timed runs in start order (one row per run)."""
+@dataclass
+class TimedRuns:
+    """A history's timed runs, one row per key and run id, each key's rows together, oldest run first: its keys
+    (testbed, case, backend, phase) in order of first appearance, key i's rows at bounds[i]:bounds[i + 1]."""
+
+    frame: pd.DataFrame
+    keys: list[tuple]
+    bounds: np.ndarray
+
+    def items(self, only=None):
+        """(key, its runs as a frame) of every key, or of the keys in `only`."""
+        for i, key in enumerate(self.keys):
+            if only is None or key in only:
+                yield key, self.frame.iloc[self.bounds[i]:self.bounds[i + 1]].reset_index(drop=True)
+
+
+def timed_runs(history: pd.DataFrame | TimedRuns) -> TimedRuns:
+    """The timed runs of `history`, grouped by key at once (one sort, not a frame per key)."""
+    if isinstance(history, TimedRuns):
+        return history
     timed = history[pd.to_numeric(history.get("latency_ms"), errors="coerce") > 0].copy()
     if timed.empty:
-        return {}
+        return TimedRuns(timed, [], np.zeros(1, dtype=np.int64))
     timed["latency_ms"] = timed.latency_ms.astype(float)
     # a key's last row of each run id, oldest run first (dropped across keys at once: one pass, not one per key)
     timed = timed.sort_values(["started", "run_id"], na_position="first").drop_duplicates(
         ["testbed_id", *KEY, "run_id"], keep="last")
-    return {key: g.reset_index(drop=True) for key, g in timed.groupby(["testbed_id", *KEY], sort=False, observed=True)}
+    # numbered in order of first appearance, as groupby(sort=False) iterates; a key with a missing part (-1) is none
+    codes = timed.groupby(["testbed_id", *KEY], sort=False, observed=True).ngroup().to_numpy()
+    order = np.argsort(codes, kind="stable")
+    order = order[codes[order] >= 0]
+    timed, codes = timed.iloc[order].reset_index(drop=True), codes[order]
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]) if len(codes) else np.zeros(0, dtype=np.int64)
+    keys = list(timed.iloc[starts][["testbed_id", *KEY]].itertuples(index=False, name=None))
+    return TimedRuns(timed, keys, np.r_[starts, len(timed)].astype(np.int64))
 
 
-def detect_changes(history: pd.DataFrame, *, testbed: str | None = None, penalty: float = PENALTY,
+def key_series(history: pd.DataFrame | TimedRuns) -> dict[tuple, pd.DataFrame]:
+    """(testbed, case, backend, phase) -> its timed runs in start order (one row per run)."""
+    return dict(timed_runs(history).items())
+
+
+def detect_changes(history: pd.DataFrame | TimedRuns, *, testbed: str | None = None, penalty: float = PENALTY,
                    min_effect: float = MIN_RUN_CHANGE) -> pd.DataFrame:
     """One row per change point of every key (of `testbed`, or all): the step and the runs on each side."""
-    if testbed is not None:
+    if testbed is not None and not isinstance(history, TimedRuns):
         history = history[history.testbed_id.astype(str) == testbed]
-    rows = []
-    for key, runs in key_series(history).items():
-        ms = runs.latency_ms.to_numpy()
+    timed, rows = timed_runs(history), []
+    latency = timed.frame.latency_ms.to_numpy()
+    for i, key in enumerate(timed.keys):
+        if testbed is not None and str(key[0]) != testbed:
+            continue
+        first = timed.bounds[i]
+        ms = latency[first:timed.bounds[i + 1]]
         bounds = [0, *change_points(ms, penalty), len(ms)]
         for left, at, right in zip(bounds, bounds[1:], bounds[2:]):
             before, after = float(np.median(ms[left:at])), float(np.median(ms[at:right]))
             if not counts_as_change(before, after, after / before, 1 + min_effect):
                 continue
-            sides = {f"{s}_{side}": runs.iloc[i].get(s) for side, i in (("before", at - 1), ("after", at))
-                     for s in SIDES}
+            sides = {f"{s}_{side}": timed.frame.iloc[first + j].get(s) for side, j in (("before", at - 1),
+                                                                                        ("after", at)) for s in SIDES}
             rows.append({"testbed_id": key[0], **dict(zip(KEY, key[1:])), "runs": len(ms), "at_run": at,
                          "before_ms": before, "after_ms": after, "ratio": after / before, **sides})
     return pd.DataFrame(rows, columns=list(CHANGE_COLUMNS))
@@ -95,15 +130,13 @@ def plot_trend(runs: pd.DataFrame, change_at: list[int], title: str, path: str |
     return path
 
 
-def write_trends(history: pd.DataFrame, changes: pd.DataFrame, out_dir: str | Path, *, every_key: bool = False,
+def write_trends(history: pd.DataFrame | TimedRuns, changes: pd.DataFrame, out_dir: str | Path, *, every_key: bool = False,
                  penalty: float = PENALTY) -> Path:
     """A trend figure per changed key (every key with `every_key`) under out_dir, and trends.md, returned."""
     out_dir = Path(out_dir)
     changed = set(map(tuple, changes[["testbed_id", *KEY]].to_numpy())) if len(changes) else set()
     lines = ["# Latency over runs, per key", "", "Dashed red: a change point (compare/changes.py).", ""]
-    for key, runs in key_series(history).items():
-        if key not in changed and not every_key:
-            continue
+    for key, runs in timed_runs(history).items(None if every_key else changed):
         at = change_points(runs.latency_ms.to_numpy(), penalty)
         png = plot_trend(runs, at, f"{key[2]} {key[1]} [{key[3]}] on {key[0]}", out_dir / f"{trend_file(key)}.png")
         lines += [f"## {key[2]} {key[1]} [{key[3]}] on {key[0]}", "", f"![trend]({png.name})", ""]

@@ -8,6 +8,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from harness.compare.history import load_run, run_dirs, run_notes_lines, summarize
@@ -65,13 +66,25 @@ def typed(df: pd.DataFrame) -> pd.DataFrame:
         elif kind in (int, float, DURATION):
             out[column] = pd.to_numeric(s, errors="coerce").astype("float64")
         elif kind is bool:
-            out[column] = s.astype(object) if s.dtype == bool else s.map(
-                lambda v: None if _missing(v) else str(v).strip().lower() in ("true", "1", "1.0")).astype(object)
+            out[column] = s.astype(object) if s.dtype == bool else _per_value(
+                s, lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
         elif pd.api.types.infer_dtype(s, skipna=True) in ("string", "empty"):  # text already: no call per cell
             out[column] = s.astype(object).where(s.notna(), None)
         else:
-            out[column] = s.map(lambda v: None if _missing(v) else str(v)).astype(object)
+            out[column] = _per_value(s, str)
     return pd.DataFrame(out, index=df.index)
+
+
+def _per_value(s: pd.Series, convert) -> pd.Series:
+    """convert(v) of each cell, None where missing: asked once per distinct value (a column of 5,000 cells holds a
+    few), cell by cell where distinct values could hash alike yet print apart (mixed objects, -0.0 beside 0.0)."""
+    if s.dtype == object and pd.api.types.infer_dtype(s, skipna=True) != "boolean" or (
+            s.dtype.kind == "f" and (s == 0).any()):
+        return s.map(lambda v: None if _missing(v) else convert(v)).astype(object)
+    codes, uniques = pd.factorize(s, use_na_sentinel=True)
+    values = np.empty(len(uniques) + 1, dtype=object)
+    values[:-1] = [convert(v) for v in uniques]  # codes of missing cells are -1: the last slot, None
+    return pd.Series(values[codes], index=s.index, dtype=object)
 
 
 def _missing(value) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.compare.changes import key_series
+from harness.compare.changes import TimedRuns, timed_runs
 from harness.compare.noise import NoiseModel, noise_path
 from harness.measure.stats import PENALTY, SIGMA_FLOOR, change_points, robust_sd
 from harness.store.schema import FASTER, KEY, SLOWER
@@ -86,13 +86,13 @@ def _sigma(runs: pd.DataFrame, key: tuple, models: dict) -> tuple[float, str]:
         "run-to-run spread"
 
 
-def write_trends_page(history: pd.DataFrame, changes: pd.DataFrame, path: str | Path, results_dir: str | Path,
+def write_trends_page(history: pd.DataFrame | TimedRuns, changes: pd.DataFrame, path: str | Path, results_dir: str | Path,
                       penalty: float = PENALTY) -> Path:
     """The page of every changed key (changes' rows) with its trend, filterable; written to `path`."""
     path = Path(path)
     models = {tb: NoiseModel.load(noise_path(results_dir, tb)) for tb in set(changes.get("testbed_id", []))
               if noise_path(results_dir, tb).exists()}
-    series = key_series(history)
+    series = dict(timed_runs(history).items(set(map(tuple, changes[["testbed_id", *KEY]].to_numpy()))))
     fields = ("backend", "phase", "testbed_id")
     filters = "".join(
         f'<label>{f.replace("_id", "")} <select data-field="{f}"><option value="">all</option>'

@@ -10,6 +10,7 @@ import typing
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from harness.store.schema import (ALLOWED, COLUMNS, FIGURE_COLUMNS, KEY, SAMPLE_COLUMNS, SCHEMA_VERSION, Row,
@@ -62,8 +63,59 @@ def _cell_problem(column: str, cell: str, kind: type, required: bool) -> str | N
     return None
 
 
-def _parse(path: Path, required: tuple[str, ...], kinds: dict) -> tuple[list[str], list, list]:
-    """(header, the records that parse, [(line, why)] of those refused). A record is refused when its field count
+
+
+def _as_numbers(cells: np.ndarray) -> np.ndarray:
+    """float(cell) of each text cell, NaN where float() refuses it (numpy's cast of text objects is float())."""
+    try:
+        return cells.astype(np.float64)
+    except (TypeError, ValueError):  # a damaged cell: the column is read cell by cell
+        out = np.full(len(cells), np.nan)
+        for i, cell in enumerate(cells):
+            try:
+                out[i] = float(cell)
+            except ValueError:
+                pass
+        return out
+
+#: bool cells accepted without asking _cell_problem (any other spelling is asked, e.g. ' TRUE ')
+_PLAIN_BOOL = sorted(_TRUE_FALSE | {"True", "False", "TRUE", "FALSE"})
+
+
+def _suspect_records(header: list[str], records: list[list[str]], required: tuple[str, ...],
+                     kinds: dict) -> np.ndarray:
+    """Per record, whether a cell may be refused by _cell_problem: checked a column at a time (a results file has
+    ~375k cells; one Python call per cell took seconds). A record not marked has no cell _cell_problem refuses."""
+    suspect = np.zeros(len(records), dtype=bool)
+    if not records:
+        return suspect
+    table = np.empty((len(records), len(header)), dtype=object)
+    table[:] = records
+    missing = pd.Series(table.ravel(), dtype=object).isin(_NA_STRINGS).to_numpy().reshape(table.shape)  # one pass
+    for j, column in enumerate(header):
+        cells, kind = pd.Series(table[:, j], dtype=object), kinds.get(column, str)
+        filled = ~((cells == "").to_numpy() if column in _VERBATIM else missing[:, j])
+        if column in required:
+            suspect |= ~filled
+        if column in ALLOWED:
+            suspect |= filled & ~cells.isin(ALLOWED[column]).to_numpy()
+        if kind in (int, float, DURATION):
+            whole = np.zeros(len(cells))
+            whole[filled] = _as_numbers(table[filled, j])
+            number = filled & ~np.isnan(whole)
+            suspect |= filled & ~number  # a cell float() refuses or reads as NaN: asked cell by cell
+            if kind is int:
+                suspect |= number & ~(np.isfinite(whole) & (whole == np.floor(whole)))
+            elif kind == DURATION:
+                suspect |= number & ~(np.isfinite(whole) & (whole >= 0))
+        elif kind is bool:
+            suspect |= filled & ~cells.isin(_PLAIN_BOOL).to_numpy()
+    return suspect
+
+
+def _parse(path: Path, required: tuple[str, ...], kinds: dict) -> tuple[list[str], list, list, str | None]:
+    """(header, the records that parse, [(line, why)] of those refused, the file's text when pandas may read it as it
+    is: every record kept, none blank, no quote that the two parsers could read apart). A record is refused when its field count
     is not the header's (cut short, or run into the next), when the file ends inside it without a line end (a
     writer killed mid-line), or when a cell is not its column's kind."""
     try:
@@ -75,26 +127,37 @@ def _parse(path: Path, required: tuple[str, ...], kinds: dict) -> tuple[list[str
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(reader, [])
-        records, refused, first, line = [], [], reader.line_num + 1, 0
+        whole, refused, first, line, blank = [], [], reader.line_num + 1, 0, False
         for record in reader:
             line, first = first, reader.line_num + 1
             if not record:  # a blank line holds no row
+                blank = True
                 continue
             if len(record) != len(header):
-                why = f"{len(record)} fields where the header has {len(header)} (cut short or damaged)"
-            else:  # the first cell that is not its column's kind
-                why = next(filter(None, (_cell_problem(column, cell, kinds.get(column, str), column in required)
-                                         for column, cell in zip(header, record))), None)
-            if why:
-                refused.append((line, why))
+                refused.append((line, f"{len(record)} fields where the header has {len(header)} (cut short or "
+                                      "damaged)"))
             else:
-                records.append((line, record))
+                whole.append((line, record))
     except csv.Error as exc:
         raise ValueError(f"{path}: not a readable CSV (line {reader.line_num}: {exc})") from None
+    records = []
+    # a record with a suspect cell is asked cell by cell (the first cell that is not its column's kind says why)
+    suspect = _suspect_records(header, [record for _, record in whole], required, kinds)
+    for i, (at, record) in enumerate(whole):
+        why = None if not suspect[i] else next(filter(None, (
+            _cell_problem(column, cell, kinds.get(column, str), column in required)
+            for column, cell in zip(header, record))), None)
+        if why:
+            refused.append((at, why))
+        else:
+            records.append((at, record))
+    refused.sort(key=lambda item: item[0])
     if records and records[-1][0] == line and not text.endswith(("\n", "\r")):
         records.pop()  # every writer ends a line it finished: this one was cut, maybe inside its last cell
         refused.append((line, "the file ends inside it (a writer stopped mid-line)"))
-    return header, [record for _, record in records], refused
+    as_is = not refused and not blank and bool(records) and '"' not in text and not text.startswith("\ufeff") \
+        and text.count("\r") == text.count("\r\n")
+    return header, [record for _, record in records], refused, text if as_is else None
 
 
 def _warn_refused(path: Path, refused: list[tuple[int, str]]) -> None:
@@ -105,8 +168,10 @@ def _warn_refused(path: Path, refused: list[tuple[int, str]]) -> None:
                       stacklevel=3)
 
 
-def _frame(header: list[str], records: list[list[str]], **kwargs) -> pd.DataFrame:
-    """The records that parsed, read by pandas exactly as a clean file would be."""
+def _frame(header: list[str], records: list[list[str]], text: str | None, **kwargs) -> pd.DataFrame:
+    """The records that parsed, read by pandas exactly as a clean file would be (`text`: the file, when it is one)."""
+    if text is not None:
+        return pd.read_csv(io.StringIO(text, newline=""), **kwargs)
     buffer = io.StringIO()
     csv.writer(buffer).writerows([header, *records])
     buffer.seek(0)
@@ -120,12 +185,12 @@ def load_samples(run_dir: str | Path, folded: pd.DataFrame | None = None) -> pd.
     path = Path(run_dir) / "samples.csv"
     if not path.exists():
         return pd.DataFrame(columns=list(SAMPLE_COLUMNS))
-    header, records, refused = _parse(path, (*KEY, "latency_ms"), _SAMPLE_KIND)
+    header, records, refused, text = _parse(path, (*KEY, "latency_ms"), _SAMPLE_KIND)
     missing = [c for c in SAMPLE_COLUMNS if c not in header and c != "round"]
     if missing:
         raise ValueError(f"{path}: not a harness samples file (missing columns {missing})")
     _warn_refused(path, refused)
-    df = _frame(header, records, dtype={k: str for k in KEY})
+    df = _frame(header, records, text, dtype={k: str for k in KEY})
     if "round" not in df.columns:  # written before rounds existed: all samples are one round
         df.insert(SAMPLE_COLUMNS.index("round"), "round", 0)  # every other column is there (checked above)
     df["latency_ms"] = pd.to_numeric(df["latency_ms"], errors="coerce")
@@ -170,7 +235,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"no results file at {path}")
     try:
-        header, records, refused = _parse(path, KEY, COLUMN_KINDS)
+        header, records, refused, text = _parse(path, KEY, COLUMN_KINDS)
     except OSError as exc:
         raise ValueError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
     missing = [c for c in REQUIRED if c not in header]
@@ -180,7 +245,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
         raise ValueError(f"{path}: not a harness results file (a column named twice in its header)")
     _warn_refused(path, refused)
     na = {c: ([""] if c in _VERBATIM else _NA_STRINGS) for c in header}
-    df = _frame(header, records, keep_default_na=False, na_values=na,
+    df = _frame(header, records, text, keep_default_na=False, na_values=na,
                 dtype={c: str for c in (*_VERBATIM, *KEY) if c in header})
     # a file written by a newer harness is refused: its columns may mean something else
     versions = pd.to_numeric(df.get("schema_version", pd.Series(dtype=float)), errors="coerce").dropna()
