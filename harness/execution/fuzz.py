@@ -1,5 +1,6 @@
 """`check --fuzz`: seeded cases drawn within each backend's declarations until the cost model's budget is spent, each
-checked, and each failure shrunk to its smallest case; the distinct failures, once each, with their repro command."""
+checked in draw order until the budget's wall time is spent, and each failure shrunk to its smallest case; the
+distinct failures, once each, with their repro command."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ class Planned:
     case: AttentionCase
     backends: tuple[Backend, ...]
     seconds: float
+    #: the cost model's seconds for its float64 reference and baseline alone (what CALL_S is fitted beside)
+    reference_s: float = 0.0
 
 
 def calls_seconds(backends: tuple[Backend, ...], device: torch.device) -> float:
@@ -77,7 +80,7 @@ def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: flo
         if spent + seconds > budget_s:
             break
         idle, too_big, spent = 0, 0, spent + seconds
-        planned.append(Planned(knobs, case, runners, seconds))
+        planned.append(Planned(knobs, case, runners, seconds, sized))
     return planned
 
 
@@ -105,6 +108,13 @@ class FuzzRun:
     budget_s: float
     drawn: int
     estimated_s: float
+    #: drawn cases checked before the budget's wall time was spent (a prefix of the draw: the order is the seed's)
+    run: int = 0
+    #: the cost model's reference-and-baseline seconds, backend calls and per-shape compiles of the cases run
+    #: (benchmarks/fuzz_study.py fit reads them to fit CALL_S and COMPILE_S)
+    reference_s: float = 0.0
+    calls: int = 0
+    compiles: int = 0
     check_s: float = 0.0
     shrink_s: float = 0.0
     #: failing drawn cases the shrinking's bound left unshrunk (their rows carry their own repro command)
@@ -114,20 +124,29 @@ class FuzzRun:
     def record(self) -> dict:
         """env.json's "fuzz" entry (the report's fuzz section reads it)."""
         return {"seed": self.seed, "budget_s": self.budget_s, "drawn": self.drawn, "estimated_s": self.estimated_s,
-                "check_s": round(self.check_s, 1), "shrink_s": round(self.shrink_s, 1),
+                "run": self.run, "reference_s": round(self.reference_s, 2), "calls": self.calls,
+                "compiles": self.compiles, "check_s": round(self.check_s, 1), "shrink_s": round(self.shrink_s, 1),
                 "shrink_bound_s": BOUND_S, "shrink_trials": TRIALS, "unshrunk": self.unshrunk,
                 "failures": [f.record() for f in self.failures]}
 
 
 def fuzz_in_session(session: RunSession, backends: list[Backend], planned: list[Planned],
                     budget_s: float) -> tuple[pd.DataFrame, FuzzRun]:
-    """Check every planned case on the backends that take it (rows written), then shrink each failure: drawn
-    cases that shrink to the same smallest case and check are one failure. env.json gets the run's record."""
+    """Check the planned cases in draw order on the backends that take them (rows written) until `budget_s` of wall
+    time is spent (the cost model sized the plan; a loaded machine runs fewer: a prefix of the seed's draw, so a seed
+    reproduces its failures given the time), then shrink each failure: drawn cases that shrink to the same smallest
+    case and check are one failure. env.json gets the run's record."""
     run = FuzzRun(session.seed, budget_s, len(planned), round(sum(p.seconds for p in planned), 1))
     rows, failing, complete, start = [], [], False, time.monotonic()
     session.compile_ahead([(p.case, b) for p in planned for b in p.backends])
     try:
         for item in planned:
+            if run.run and time.monotonic() - start >= budget_s:
+                break                                   # the wall budget is spent: the rest is counted, not run
+            run.run += 1
+            run.reference_s += item.reference_s
+            run.calls += len(item.backends)
+            run.compiles += sum(b.compiles_per_shape for b in item.backends)
             for backend in item.backends:
                 result = session.check(item.case, backend)
                 rows.extend(result.rows)
@@ -180,11 +199,18 @@ def _shrink_all(session: RunSession, failing: list, deadline: float) -> tuple[li
     return sorted(found.values(), key=lambda f: (f.backend, -len(f.drawn))), unshrunk
 
 
+def run_line(fuzz: dict) -> str:
+    """How much of the draw ran within the wall budget, and the shrinking's own time and bound (env.json's record)."""
+    ran = fuzz.get("run", fuzz["drawn"])                            # a run before the wall stop ran them all
+    return (f"{ran} of {fuzz['drawn']} drawn cases run within the {fuzz['budget_s']:g} s budget (the cost "
+            f"model's estimate for all {fuzz['drawn']}: {fuzz['estimated_s']:g} s; checking took {fuzz['check_s']:.0f} "
+            f"s), shrinking {fuzz['shrink_s']:.0f} s of its own bound of {fuzz['shrink_bound_s']:g} s")
+
+
 def summary_lines(run: FuzzRun) -> list[str]:
     """The terminal's fuzz summary: what was drawn, then each distinct failure once with its command."""
-    lines = [f"fuzz: seed {run.seed}, {run.drawn} cases drawn for a {run.budget_s:g} s budget (estimated "
-             f"{run.estimated_s:g} s; checking took {run.check_s:.0f} s, shrinking {run.shrink_s:.0f} s of at most "
-             f"{BOUND_S:g} s): {len(run.failures)} distinct failure{'s' * (len(run.failures) != 1)}"]
+    lines = [f"fuzz: seed {run.seed}, {run_line(run.record())}: {len(run.failures)} distinct "
+             f"failure{'s' * (len(run.failures) != 1)}"]
     for f in run.failures:
         stopped = f" (stopped by the {f.shrunk.stopped})" if f.shrunk.stopped else ""
         lines.append(f"FUZZ {f.check.status.upper()} {f.backend} {f.shrunk.case.spelled_id} [{f.check.phase}] "

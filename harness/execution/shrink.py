@@ -1,5 +1,6 @@
 """Shrinking a failing case: the smallest case (harness.spec.fuzz's knobs) that still fails the same check, found by
-a deterministic greedy search - removals first, then a binary search per size - within a trial and time bound."""
+a deterministic greedy search - the big reductions first (halving each size), then removals, then a binary search
+per size - within a trial and time bound."""
 
 from __future__ import annotations
 
@@ -104,9 +105,13 @@ def reproduces(candidate: Knobs, target: Signature, trials: Trials) -> Attention
 
 def shrink(knobs: Knobs, target: Signature, trials: Trials, deadline: float,
            clock: Callable[[], float] = time.monotonic) -> Shrunk:
-    """The smallest knobs whose case still fails `target` (among others): each removal that keeps the failure, then each size
-    lowered by a binary search from 1 (smallest first), repeated until nothing changes or a bound is reached."""
+    """The smallest knobs whose case still fails `target` (among others), by three passes repeated until nothing
+    changes or a bound is reached: the big reductions first (each size, dimension by dimension, to 1 or else to its
+    half: every trial after them is cheap, so a long case gets near its trigger well inside the bounds), then each
+    removal, then each size lowered by a binary search from 1 (the exact least value)."""
     current, case, steps, start = knobs, build(knobs), [], trials.count
+    # sizes whose halving failed, not tried again until another size drops to 1 (a change that can free them)
+    kept: set[tuple[str, int]] = set()
 
     def still_fails(candidate: Knobs) -> AttentionCase | None:
         built = reproduces(candidate, target, trials)
@@ -115,21 +120,47 @@ def shrink(knobs: Knobs, target: Signature, trials: Trials, deadline: float,
     def out_of_bounds() -> str:
         return ("trial bound" if trials.count - start >= TRIALS else "time bound" if clock() >= deadline else "")
 
-    changed = True
-    while changed and not out_of_bounds():
+    def halve() -> bool:
+        """Each size to 1, or else to half its value, where the case still fails (one pass over the sizes)."""
+        nonlocal current, case
         changed = False
+        for name in SIZES:
+            value = size_of(current, name)
+            if value is None or value <= 1 or (name, value) in kept:
+                continue
+            for smaller in dict.fromkeys((1, value // 2)):
+                if out_of_bounds():
+                    return changed
+                if (built := still_fails(with_size(current, name, smaller))) is not None:
+                    current, case, changed = with_size(current, name, smaller), built, True
+                    steps.append(f"{name} {value} -> {smaller}")
+                    if smaller == 1:
+                        kept.clear()
+                    break
+            else:
+                kept.add((name, value))
+        return changed
+
+    def remove() -> bool:
+        """The first removal (SIMPLER's order) that keeps the failure."""
+        nonlocal current, case
         for name, candidate in simpler_steps(current):
-            if (built := still_fails(candidate)) is not None:
-                current, case, changed = candidate, built, True
-                steps.append(name)
-                break
             if out_of_bounds():
-                break
-        for name in SIZES if not changed else ():
+                return False
+            if (built := still_fails(candidate)) is not None:
+                current, case = candidate, built
+                steps.append(name)
+                return True
+        return False
+
+    def bisect() -> bool:
+        """The first size a binary search between 1 and its value lowers (hi fails; values <= lo do not)."""
+        nonlocal current, case
+        for name in SIZES:
             value = size_of(current, name)
             if value is None or value <= 1 or out_of_bounds():
                 continue
-            lo, hi, found = 0, value, None                 # hi fails; values <= lo were tried and do not
+            lo, hi, found = 0, value, None
             while hi - lo > 1 and not out_of_bounds():
                 mid = 1 if lo == 0 else (lo + hi) // 2
                 if (built := still_fails(with_size(current, name, mid))) is not None:
@@ -137,7 +168,11 @@ def shrink(knobs: Knobs, target: Signature, trials: Trials, deadline: float,
                 else:
                     lo = mid
             if found is not None:
-                current, case, changed = with_size(current, name, hi), found, True
+                current, case = with_size(current, name, hi), found
                 steps.append(f"{name} {value} -> {hi}")
-                break
+                return True
+        return False
+
+    while not out_of_bounds() and (halve() or remove() or bisect()):
+        pass
     return Shrunk(current, case, tuple(steps), trials.count - start, out_of_bounds())

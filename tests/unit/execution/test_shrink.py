@@ -33,7 +33,8 @@ def test_a_geometry_bug_shrinks_to_its_trigger_and_records_its_steps():
     bug = Predicate(lambda c: c.heads // c.kv_heads == 3 and c.kv_heads >= 2 and c.head_dim == 80)
     shrunk = shrink(BIG, FWD_OUT, bug, deadline=float("inf"))
     assert shrunk.case == build(Knobs("fp32", 1, 2, 3, 1, 1, 80)) and not shrunk.stopped
-    assert shrunk.steps[:2] == ("fp32", "no softcap") and "kv_heads 3 -> 2" in shrunk.steps
+    assert shrunk.steps[:3] == ("seq_k 1500 -> 1", "seq_q 700 -> 1", "batch 6 -> 1")     # the big cuts first
+    assert "fp32" in shrunk.steps and "kv_heads 3 -> 2" in shrunk.steps
     again = shrink(BIG, FWD_OUT, Predicate(bug.fails), deadline=float("inf"))
     assert again == shrunk                                              # deterministic
 
@@ -42,6 +43,15 @@ def test_a_size_threshold_is_found_by_binary_search():
     shrunk = shrink(BIG, FWD_OUT, Predicate(lambda c: c.seq_k >= 129), deadline=float("inf"))
     assert shrunk.case.seq_k == 129 and shrunk.case.seq_q == 1 and shrunk.case.batch == 1
     assert shrunk.trials < 80
+
+
+def test_a_long_case_is_halved_first_so_few_trials_run_at_its_drawn_size():
+    tried = []
+    bug = Predicate(lambda c: tried.append(c) or (c.head_dim == 80 and c.seq_k >= 2))        # any length past 1 key
+    shrunk = shrink(BIG, FWD_OUT, bug, deadline=float("inf"))
+    assert shrunk.case == build(Knobs("fp32", 1, 1, 1, 1, 2, 80)) and shrunk.trials < 50
+    assert sum(c.seq_q * c.seq_k >= 700 * 750 for c in tried) <= 2                 # seq_k to 1 (passes), to 750
+    assert shrunk.steps[1] == "seq_q 700 -> 1" and "seq_k 5 -> 2" in shrunk.steps
 
 
 def test_the_bounds_stop_it_and_say_which():
