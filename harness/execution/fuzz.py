@@ -21,10 +21,12 @@ from harness.spec.fuzz import Knobs, Space, build, draw, toward
 from harness.store.schema import COLUMNS
 
 #: a backend call's cost on top of the reference and baseline, per device type: the worker round trip, the inputs
-#: drawn again there and the judging of a small case (CPU: docs/measurements.md, "fuzzing"; GPU: the H200 fit)
-CALL_S = {"cpu": 0.3, "cuda": H200.call_s}
-#: what a backend that compiles per shape adds per drawn case: flex's compile of a new shape, ~5-9 s of one core
-COMPILE_S = 6.0
+#: drawn again there and the judging of a small case (CPU: fitted here by `benchmarks/fuzz_study.py fit`, 2.3-2.7 s
+#: a call on the shared 2-core VM at load ~10, docs/measurements.md "fuzzing"; GPU: the H200 fit)
+CALL_S = {"cpu": 2.5, "cuda": H200.call_s}
+#: what a backend that compiles per shape adds per drawn case: flex's compile of a new shape in a fresh worker,
+#: 77-96 s on the same VM at load ~10 (the same fit; about 5-9 s of a quiet core)
+COMPILE_S = 75.0
 #: no drawn case's reference and baseline may take more than this share of the budget: it tries many small cases
 LARGEST_SHARE = 0.1
 #: draws before a draw the backend takes is given up (its declarations leave little of the space), and draws in a
@@ -52,7 +54,7 @@ def calls_seconds(backends: tuple[Backend, ...], device: torch.device) -> float:
 
 def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: float) -> list[Planned]:
     """Cases drawn from `seed`, round robin over the backends (each case within the drawing backend's declarations,
-    run by every backend that takes it), until their estimated seconds would pass `budget_s`."""
+    run by every backend that takes it), until their estimated seconds would pass `budget_s` (at least one)."""
     rng = np.random.default_rng(seed)
     spaces = [(b, Space.of(b, device.type)) for b in backends]
     planned, spent, turn, idle, too_big = [], 0.0, 0, 0, 0
@@ -77,8 +79,8 @@ def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: flo
         if sized > LARGEST_SHARE * budget_s or cost.largest.peak_bytes > cost.memory:
             too_big += 1                               # too big for this budget or device: draw again
             continue
-        if spent + seconds > budget_s:
-            break
+        if planned and spent + seconds > budget_s:
+            break                                      # (the first case is planned even past it: a run tries one)
         idle, too_big, spent = 0, 0, spent + seconds
         planned.append(Planned(knobs, case, runners, seconds, sized))
     return planned
