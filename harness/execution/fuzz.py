@@ -14,10 +14,10 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.cost import H200, matrix_cost
 from harness.execution.session import RunSession
-from harness.execution.shrink import (BOUND_S, TRIALS, Shrunk, Signature, Trials, failed_checks, reproduces,
-                                      shrink)
+from harness.execution.shrink import (BOUND_S, TRIALS, Shrunk, Signature, Trials, failed_checks, inside,
+                                      needs_one, reproduces, shrink)
 from harness.spec.case import AttentionCase
-from harness.spec.fuzz import Knobs, Space, build, draw, toward
+from harness.spec.fuzz import Knobs, Space, build, draw, toward, with_size
 from harness.store.schema import COLUMNS
 
 #: a backend call's cost on top of the reference and baseline, per device type: the worker round trip, the inputs
@@ -94,10 +94,13 @@ class Failure:
     check: Signature
     shrunk: Shrunk
     repro: str
+    #: the sizes it needs at 1 (shrink.needs_one): other failures' shrinks keep out of that region
+    pins: dict[str, int] = field(default_factory=dict)
     drawn: list[str] = field(default_factory=list)
 
     def record(self) -> dict:
         return {"backend": self.backend, "check": str(self.check), "case": self.shrunk.case.spelled_id,
+                "needs_one": sorted(self.pins),
                 "repro": self.repro, "drawn_cases": len(self.drawn), "steps": list(self.shrunk.steps),
                 "trials": self.shrunk.trials, "stopped": self.shrunk.stopped, "first_drawn": self.drawn[0]}
 
@@ -171,8 +174,11 @@ def _shrink_all(session: RunSession, failing: list, deadline: float) -> tuple[li
     """Shrink the failures within `deadline`, each keeping its first failed check: first one drawn case per (backend,
     check), cheapest first, each with an equal share of the time left; then the other failing cases while time is
     left, each first moved to where a known failure shrank (`toward`: one trial) and shrunk from there when it still
-    fails (trials are shared per backend, so it then costs little). One Failure per
-    backend and smallest case; the count of failing drawn cases the bound left unshrunk is returned beside them."""
+    fails (trials are shared per backend, so it then costs little). A shrink keeps out of known failures' triggers
+    (`needs_one`: a batch of one) its drawn case lacks, and a drawn case inside one is first tried outside it; one
+    that shrank onto a trigger it lacks is shrunk again outside it: two bugs in one drawn case are two failures.
+    One Failure per backend and smallest case; the count of failing drawn cases the bound left unshrunk is returned
+    beside them."""
     trials: dict[str, Trials] = {}
     found: dict[tuple[str, str], Failure] = {}
     ordered = sorted(failing, key=lambda f: f[0].seconds)
@@ -188,16 +194,33 @@ def _shrink_all(session: RunSession, failing: list, deadline: float) -> tuple[li
         share = (deadline - now) / (len(firsts) - index) if index < len(firsts) else deadline - now
         runner = trials.setdefault(backend.name, Trials(backend, session.device, session.seed, session.executor))
         runner.seen[item.case.spelled_id] = checks
-        start = item.knobs
-        for known in (f for f in found.values() if f.backend == backend.name):  # the same failure? one trial
-            if reproduces(jump := toward(item.knobs, known.shrunk.knobs, known.shrunk.steps), checks[0], runner):
+        known = [f for f in found.values() if f.backend == backend.name]
+        start, avoid = item.knobs, tuple(f.pins for f in known if f.pins and not inside(item.knobs, f.pins))
+        for f in (f for f in known if inside(item.knobs, f.pins)):      # in a known trigger: does it fail without?
+            escaped = item.knobs
+            for name in f.pins:
+                escaped = with_size(escaped, name, 2)
+            if reproduces(escaped, checks[0], runner):
+                start, avoid = escaped, avoid + (f.pins,)
+        for f in known:                                          # the same failure as a known one? one trial
+            if f.pins in avoid:
+                continue
+            if reproduces(jump := toward(start, f.shrunk.knobs, f.shrunk.steps), checks[0], runner):
                 start = jump
                 break
-        shrunk = shrink(start, checks[0], runner, min(deadline, now + share))
-        key = (backend.name, shrunk.case.spelled_id)
-        if key not in found:
-            found[key] = Failure(backend.name, checks[0], shrunk, session.repro_command(shrunk.case, backend.name))
-        found[key].drawn.append(item.case.spelled_id)
+        while True:
+            shrunk = shrink(start, checks[0], runner, min(deadline, now + share), avoid=avoid)
+            key = (backend.name, shrunk.case.spelled_id)
+            if key not in found:
+                found[key] = Failure(backend.name, checks[0], shrunk, session.repro_command(shrunk.case, backend.name),
+                                     needs_one(shrunk.knobs, checks[0], runner))
+            found[key].drawn.append(item.case.spelled_id)
+            pins = found[key].pins
+            # it shrank onto a trigger its start lacks (a batch of one from a batch of two): the start fails
+            # for another reason too, so it is shrunk again outside that trigger
+            if not pins or inside(start, pins) or pins in avoid or time.monotonic() >= deadline:
+                break
+            avoid += (pins,)
     return sorted(found.values(), key=lambda f: (f.backend, -len(f.drawn))), unshrunk
 
 

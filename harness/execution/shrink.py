@@ -103,17 +103,41 @@ def reproduces(candidate: Knobs, target: Signature, trials: Trials) -> Attention
     return built if target in trials.checks(built) else None
 
 
+def inside(k: Knobs, pins: dict[str, int]) -> bool:
+    """Whether `k` has every size of `pins` at its value (a failure's trigger region; no pins: nowhere)."""
+    return bool(pins) and all(size_of(k, name) == value for name, value in pins.items())
+
+
+def needs_one(smallest: Knobs, target: Signature, trials: Trials) -> dict[str, int]:
+    """The sizes a failure needs at 1: those its smallest case has at 1 that, raised to 2, pass (a bug of a batch of
+    one needs batch 1). Another failure's shrink keeps out of that region, so two bugs in one drawn case are two
+    failures rather than the first one found twice (one trial per size at 1, on the smallest case)."""
+    pins = {}
+    for name in SIZES:
+        if isinstance(getattr(smallest, name), int) and size_of(smallest, name) == 1:
+            try:
+                raised = build(with_size(smallest, name, 2))
+            except ValueError:
+                continue
+            if not trials.backend.can_run(raised, trials.device) and target not in trials.checks(raised):
+                pins[name] = 1
+    return pins
+
+
 def shrink(knobs: Knobs, target: Signature, trials: Trials, deadline: float,
-           clock: Callable[[], float] = time.monotonic) -> Shrunk:
+           clock: Callable[[], float] = time.monotonic, avoid: tuple[dict[str, int], ...] = ()) -> Shrunk:
     """The smallest knobs whose case still fails `target` (among others), by three passes repeated until nothing
     changes or a bound is reached: the big reductions first (each size, dimension by dimension, to 1 or else to its
     half: every trial after them is cheap, so a long case gets near its trigger well inside the bounds), then each
-    removal, then each size lowered by a binary search from 1 (the exact least value)."""
+    removal, then each size lowered by a binary search from 1 (the exact least value). No step enters a region of
+    `avoid` (known failures' `needs_one`)."""
     current, case, steps, start = knobs, build(knobs), [], trials.count
     # sizes whose halving failed, not tried again until another size drops to 1 (a change that can free them)
     kept: set[tuple[str, int]] = set()
 
     def still_fails(candidate: Knobs) -> AttentionCase | None:
+        if any(inside(candidate, pins) for pins in avoid):
+            return None
         built = reproduces(candidate, target, trials)
         return None if built == case else built
 

@@ -79,3 +79,14 @@ def test_a_drawn_case_moved_toward_a_known_failure_fails_there_only_when_it_is_t
     assert bugs.fails(build(same)) and build(same).seq_k == 2             # a single sequence still: the same bug
     moved = build(toward(BIG, known.knobs, known.steps))                   # batch 6, group 3: another bug
     assert moved.batch == 2 and not bugs.fails(moved)                      # not moved onto the single sequence
+
+
+def test_two_bugs_in_one_case_are_two_failures_the_second_shrunk_outside_the_firsts_trigger():
+    from harness.execution.shrink import inside, needs_one
+    bugs = Predicate(lambda c: (c.batch == 1 and c.seq_k >= 2) or (c.head_dim == 80 and c.seq_k >= 2))
+    first = shrink(BIG, FWD_OUT, bugs, deadline=float("inf"))                   # batch 6, d80: slips to batch 1
+    assert first.case == build(Knobs("fp32", 1, 1, 1, 1, 2, 1))
+    pins = needs_one(first.knobs, FWD_OUT, bugs)
+    assert pins == {"batch": 1} and not inside(BIG, pins)                       # BIG fails for another reason too
+    second = shrink(BIG, FWD_OUT, bugs, deadline=float("inf"), avoid=(pins,))
+    assert second.case == build(Knobs("fp32", 2, 1, 1, 1, 2, 80))               # one row past the other trigger
