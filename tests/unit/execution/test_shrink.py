@@ -90,3 +90,9 @@ def test_two_bugs_in_one_case_are_two_failures_the_second_shrunk_outside_the_fir
     assert pins == {"batch": 1} and not inside(BIG, pins)                       # BIG fails for another reason too
     second = shrink(BIG, FWD_OUT, bugs, deadline=float("inf"), avoid=(pins,))
     assert second.case == build(Knobs("fp32", 2, 1, 1, 1, 2, 80))               # one row past the other trigger
+
+
+def test_a_drawn_case_moves_toward_a_known_failure_only_when_it_has_that_failures_sizes_above_2():
+    from harness.execution.fuzz import _shares_sizes
+    d80 = Knobs("fp32", 2, 1, 1, 1, 2, 80)                   # moving head dim 96 to 80 would plant that bug in it
+    assert _shares_sizes(replace(BIG, head_dim=80), d80) and not _shares_sizes(replace(BIG, head_dim=96), d80)
