@@ -47,7 +47,8 @@ def beyond_trigger(case_id: str) -> dict:
     """How far each dimension of a shrunk case is past the least value its bug needs."""
     from harness.spec.case import AttentionCase
     c = AttentionCase.from_id(case_id)
-    least = {"batch": 1, "seq_q": 1, "seq_k": 2 if "batch-1" in bug_of(case_id) else 1,
+    # a dropped key and a head dim cut to 64 change nothing when there is one key to attend to: both need two
+    least = {"batch": 1, "seq_q": 1, "seq_k": 2 if {"batch-1", "head-dim-80"} & set(bug_of(case_id).split("+")) else 1,
              "head_dim": 80 if c.head_dim == 80 else 1, "kv_heads": 2 if c.heads // c.kv_heads == 3 else 1}
     return {d: getattr(c, d) - n for d, n in least.items()}
 
