@@ -78,8 +78,9 @@ OPTIONS: dict[str, Option] = {o.flag.lstrip("-").replace("-", "_"): o for o in [
     Option("--fuzz", "check seeded random cases drawn within what each backend declares instead of a matrix, and "
                      "shrink each failure to the smallest case that fails the same check (docs/fuzzing.md)",
            {"action": "store_true"}),
-    Option("--fuzz-budget-s", "seconds of checking --fuzz draws cases for, by the cost model (the shrinking has its "
-                              "own bound, docs/fuzzing.md)", {"default": 60.0}, positive_float),
+    Option("--fuzz-budget-s", "seconds of checking --fuzz draws cases for by the cost model and runs them for in "
+                              "wall time (the shrinking has its own bound, docs/fuzzing.md)", {"default": 60.0},
+           positive_float),
     Option("--batch", "batch size of the workload (with --preset/--hf-config: of the model's cases)", {}, positive_int),
     Option("--seq", "query and key length (with --preset/--hf-config: of the model's cases)", {}, positive_int),
     Option("--allow-expensive", "run even when the float64 reference and the baseline are estimated to take over "

@@ -1,5 +1,6 @@
 """Shrinking a failing case: the smallest case (harness.spec.fuzz's knobs) that still fails the same check, found by
-a deterministic greedy search - removals first, then a binary search per size - within a trial and time bound."""
+a deterministic greedy search - the big reductions first (halving each size), then removals, then a binary search
+per size - within a trial and time bound."""
 
 from __future__ import annotations
 
@@ -102,34 +103,88 @@ def reproduces(candidate: Knobs, target: Signature, trials: Trials) -> Attention
     return built if target in trials.checks(built) else None
 
 
+def inside(k: Knobs, pins: dict[str, int]) -> bool:
+    """Whether `k` has every size of `pins` at its value (a failure's trigger region; no pins: nowhere)."""
+    return bool(pins) and all(size_of(k, name) == value for name, value in pins.items())
+
+
+def needs_one(smallest: Knobs, target: Signature, trials: Trials) -> dict[str, int]:
+    """The sizes a failure needs at 1: those its smallest case has at 1 that, raised to 2, pass (a bug of a batch of
+    one needs batch 1). Another failure's shrink keeps out of that region, so two bugs in one drawn case are two
+    failures rather than the first one found twice (one trial per size at 1, on the smallest case)."""
+    pins = {}
+    for name in SIZES:
+        if isinstance(getattr(smallest, name), int) and size_of(smallest, name) == 1:
+            try:
+                raised = build(with_size(smallest, name, 2))
+            except ValueError:
+                continue
+            if not trials.backend.can_run(raised, trials.device) and target not in trials.checks(raised):
+                pins[name] = 1
+    return pins
+
+
 def shrink(knobs: Knobs, target: Signature, trials: Trials, deadline: float,
-           clock: Callable[[], float] = time.monotonic) -> Shrunk:
-    """The smallest knobs whose case still fails `target` (among others): each removal that keeps the failure, then each size
-    lowered by a binary search from 1 (smallest first), repeated until nothing changes or a bound is reached."""
+           clock: Callable[[], float] = time.monotonic, avoid: tuple[dict[str, int], ...] = ()) -> Shrunk:
+    """The smallest knobs whose case still fails `target` (among others), by three passes repeated until nothing
+    changes or a bound is reached: the big reductions first (each size, dimension by dimension, to 1 or else to its
+    half: every trial after them is cheap, so a long case gets near its trigger well inside the bounds), then each
+    removal, then each size lowered by a binary search from 1 (the exact least value). No step enters a region of
+    `avoid` (known failures' `needs_one`)."""
     current, case, steps, start = knobs, build(knobs), [], trials.count
+    # sizes whose halving failed, not tried again until another size drops to 1 (a change that can free them)
+    kept: set[tuple[str, int]] = set()
 
     def still_fails(candidate: Knobs) -> AttentionCase | None:
+        if any(inside(candidate, pins) for pins in avoid):
+            return None
         built = reproduces(candidate, target, trials)
         return None if built == case else built
 
     def out_of_bounds() -> str:
         return ("trial bound" if trials.count - start >= TRIALS else "time bound" if clock() >= deadline else "")
 
-    changed = True
-    while changed and not out_of_bounds():
+    def halve() -> bool:
+        """Each size to 1, or else to half its value, where the case still fails (one pass over the sizes)."""
+        nonlocal current, case
         changed = False
+        for name in SIZES:
+            value = size_of(current, name)
+            if value is None or value <= 1 or (name, value) in kept:
+                continue
+            for smaller in dict.fromkeys((1, value // 2)):
+                if out_of_bounds():
+                    return changed
+                if (built := still_fails(with_size(current, name, smaller))) is not None:
+                    current, case, changed = with_size(current, name, smaller), built, True
+                    steps.append(f"{name} {value} -> {smaller}")
+                    if smaller == 1:
+                        kept.clear()
+                    break
+            else:
+                kept.add((name, value))
+        return changed
+
+    def remove() -> bool:
+        """The first removal (SIMPLER's order) that keeps the failure."""
+        nonlocal current, case
         for name, candidate in simpler_steps(current):
-            if (built := still_fails(candidate)) is not None:
-                current, case, changed = candidate, built, True
-                steps.append(name)
-                break
             if out_of_bounds():
-                break
-        for name in SIZES if not changed else ():
+                return False
+            if (built := still_fails(candidate)) is not None:
+                current, case = candidate, built
+                steps.append(name)
+                return True
+        return False
+
+    def bisect() -> bool:
+        """The first size a binary search between 1 and its value lowers (hi fails; values <= lo do not)."""
+        nonlocal current, case
+        for name in SIZES:
             value = size_of(current, name)
             if value is None or value <= 1 or out_of_bounds():
                 continue
-            lo, hi, found = 0, value, None                 # hi fails; values <= lo were tried and do not
+            lo, hi, found = 0, value, None
             while hi - lo > 1 and not out_of_bounds():
                 mid = 1 if lo == 0 else (lo + hi) // 2
                 if (built := still_fails(with_size(current, name, mid))) is not None:
@@ -137,7 +192,11 @@ def shrink(knobs: Knobs, target: Signature, trials: Trials, deadline: float,
                 else:
                     lo = mid
             if found is not None:
-                current, case, changed = with_size(current, name, hi), found, True
+                current, case = with_size(current, name, hi), found
                 steps.append(f"{name} {value} -> {hi}")
-                break
+                return True
+        return False
+
+    while not out_of_bounds() and (halve() or remove() or bisect()):
+        pass
     return Shrunk(current, case, tuple(steps), trials.count - start, out_of_bounds())

@@ -289,9 +289,8 @@ def _summary(run: Run) -> str:
 
 def _fuzz_section(fuzz: dict) -> list:
     """`check --fuzz`: the seed, budget and cases drawn, then each distinct failure at its smallest, with its command."""
-    text = (f"Seed {fuzz['seed']}: {fuzz['drawn']} cases drawn for a {fuzz['budget_s']:g} s budget (estimated "
-            f"{fuzz['estimated_s']:g} s; checking took {fuzz['check_s']:g} s, shrinking {fuzz['shrink_s']:g} s of at "
-            f"most {fuzz['shrink_bound_s']:g} s). {len(fuzz['failures'])} distinct failures, each shrunk to the "
+    from harness.execution.fuzz import run_line  # the terminal's words; torch loads only for a fuzz run's report
+    text = (f"Seed {fuzz['seed']}: {run_line(fuzz)}. {len(fuzz['failures'])} distinct failures, each shrunk to the "
             "smallest case that fails the same check; drawn cases: how many of the drawn cases shrank onto it.")
     if fuzz.get("unshrunk"):
         text += f" {fuzz['unshrunk']} failing drawn cases were left unshrunk by the bound (their rows are below)."

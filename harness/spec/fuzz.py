@@ -30,6 +30,10 @@ STRUCTURES = ("causal", "causal-br", "window", "docs", "docs-causal")
 LAYOUTS = ("dense", "cache", "mixed")
 #: how often the draw takes an edge size rather than a log-uniform one
 EDGE_SHARE = 0.4
+#: the models' head dims that are no tile's multiple, and the GQA groups that are no power of two: kernels tiled for
+#: 64/128 and groups of 2^n break there, so the draw takes them on purpose this often (the rest stays 1/n-weighted,
+#: small first)
+ODD_HEAD_DIMS, ODD_GROUPS, ODD_SHARE = (72, 80, 96), (3, 5, 6, 7), 0.5
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,20 @@ def _small(rng: np.random.Generator, hi: int) -> int:
     return int(rng.choice(np.arange(1, hi + 1), p=weights / weights.sum()))
 
 
+def _odd(rng: np.random.Generator, odd: tuple[int, ...], hi: int) -> int | None:
+    """One of `odd` (those up to hi) ODD_SHARE of the time, else None: the caller draws as usual."""
+    within = [n for n in odd if n <= hi]
+    return int(rng.choice(within)) if within and rng.random() < ODD_SHARE else None
+
+
+def _group(rng: np.random.Generator) -> int:
+    odd = _odd(rng, ODD_GROUPS, MAX_GROUP)
+    return odd if odd is not None else _small(rng, MAX_GROUP)
+
+
 def _head_dim(rng: np.random.Generator, hi: int) -> int:
+    if (odd := _odd(rng, ODD_HEAD_DIMS, hi)) is not None:
+        return odd
     roll = rng.random()
     if roll < 0.5:
         edges = [n for d in HEAD_DIMS for n in (d - 1, d, d + 1) if 8 <= n <= hi] or [hi]
@@ -148,7 +165,7 @@ def draw(rng: np.random.Generator, space: Space) -> Knobs:
     """One case's knobs within `space` (build may still refuse them: the caller draws again)."""
     dtype = str(rng.choice(space.dtypes))
     batch, kv_heads = _small(rng, MAX_BATCH), _small(rng, MAX_KV_HEADS)
-    group = _small(rng, MAX_GROUP) if space.gqa else 1
+    group = _group(rng) if space.gqa else 1
     head_dim = _head_dim(rng, space.max_head_dim)
     layouts = ["dense"] + ["cache"] * space.paged + ["mixed"] * space.mixed
     layout = str(rng.choice(layouts, p=[0.7] + [0.3 / (len(layouts) - 1)] * (len(layouts) - 1))

@@ -33,7 +33,8 @@ def test_a_geometry_bug_shrinks_to_its_trigger_and_records_its_steps():
     bug = Predicate(lambda c: c.heads // c.kv_heads == 3 and c.kv_heads >= 2 and c.head_dim == 80)
     shrunk = shrink(BIG, FWD_OUT, bug, deadline=float("inf"))
     assert shrunk.case == build(Knobs("fp32", 1, 2, 3, 1, 1, 80)) and not shrunk.stopped
-    assert shrunk.steps[:2] == ("fp32", "no softcap") and "kv_heads 3 -> 2" in shrunk.steps
+    assert shrunk.steps[:3] == ("seq_k 1500 -> 1", "seq_q 700 -> 1", "batch 6 -> 1")     # the big cuts first
+    assert "fp32" in shrunk.steps and "kv_heads 3 -> 2" in shrunk.steps
     again = shrink(BIG, FWD_OUT, Predicate(bug.fails), deadline=float("inf"))
     assert again == shrunk                                              # deterministic
 
@@ -42,6 +43,15 @@ def test_a_size_threshold_is_found_by_binary_search():
     shrunk = shrink(BIG, FWD_OUT, Predicate(lambda c: c.seq_k >= 129), deadline=float("inf"))
     assert shrunk.case.seq_k == 129 and shrunk.case.seq_q == 1 and shrunk.case.batch == 1
     assert shrunk.trials < 80
+
+
+def test_a_long_case_is_halved_first_so_few_trials_run_at_its_drawn_size():
+    tried = []
+    bug = Predicate(lambda c: tried.append(c) or (c.head_dim == 80 and c.seq_k >= 2))        # any length past 1 key
+    shrunk = shrink(BIG, FWD_OUT, bug, deadline=float("inf"))
+    assert shrunk.case == build(Knobs("fp32", 1, 1, 1, 1, 2, 80)) and shrunk.trials < 50
+    assert sum(c.seq_q * c.seq_k >= 700 * 750 for c in tried) <= 2                 # seq_k to 1 (passes), to 750
+    assert shrunk.steps[1] == "seq_q 700 -> 1" and "seq_k 5 -> 2" in shrunk.steps
 
 
 def test_the_bounds_stop_it_and_say_which():
@@ -69,3 +79,20 @@ def test_a_drawn_case_moved_toward_a_known_failure_fails_there_only_when_it_is_t
     assert bugs.fails(build(same)) and build(same).seq_k == 2             # a single sequence still: the same bug
     moved = build(toward(BIG, known.knobs, known.steps))                   # batch 6, group 3: another bug
     assert moved.batch == 2 and not bugs.fails(moved)                      # not moved onto the single sequence
+
+
+def test_two_bugs_in_one_case_are_two_failures_the_second_shrunk_outside_the_firsts_trigger():
+    from harness.execution.shrink import inside, needs_one
+    bugs = Predicate(lambda c: (c.batch == 1 and c.seq_k >= 2) or (c.head_dim == 80 and c.seq_k >= 2))
+    first = shrink(BIG, FWD_OUT, bugs, deadline=float("inf"))                   # batch 6, d80: slips to batch 1
+    assert first.case == build(Knobs("fp32", 1, 1, 1, 1, 2, 1))
+    pins = needs_one(first.knobs, FWD_OUT, bugs)
+    assert pins == {"batch": 1} and not inside(BIG, pins)                       # BIG fails for another reason too
+    second = shrink(BIG, FWD_OUT, bugs, deadline=float("inf"), avoid=(pins,))
+    assert second.case == build(Knobs("fp32", 2, 1, 1, 1, 2, 80))               # one row past the other trigger
+
+
+def test_a_drawn_case_moves_toward_a_known_failure_only_when_it_has_that_failures_sizes_above_2():
+    from harness.execution.fuzz import _shares_sizes
+    d80 = Knobs("fp32", 2, 1, 1, 1, 2, 80)                   # moving head dim 96 to 80 would plant that bug in it
+    assert _shares_sizes(replace(BIG, head_dim=80), d80) and not _shares_sizes(replace(BIG, head_dim=96), d80)

@@ -192,7 +192,7 @@ def test_the_headline_counts_the_matrix_as_the_summary_does_and_the_probes_apart
 def test_a_fuzz_run_has_a_fuzz_section_with_each_failure_at_its_smallest_and_its_command(run_dir):
     from harness.report.document import report_blocks, to_markdown
     run = load_run(run_dir)
-    run.env["fuzz"] = {"seed": 3, "budget_s": 60.0, "drawn": 140, "estimated_s": 59.5, "check_s": 70.1,
+    run.env["fuzz"] = {"seed": 3, "budget_s": 60.0, "drawn": 140, "run": 52, "estimated_s": 59.5, "check_s": 60.3,
                        "shrink_s": 12.0, "shrink_bound_s": 120.0, "unshrunk": 0, "failures": [
                            {"backend": "mine", "check": "fail [fwd] out", "case": "fp32-b1-h3kv1-s1x2-d8-none",
                             "drawn_cases": 9, "steps": ["fp32", "seq_k 300 -> 2"],
@@ -200,5 +200,5 @@ def test_a_fuzz_run_has_a_fuzz_section_with_each_failure_at_its_smallest_and_its
                                      "--seed 3 --device cpu"}]}
     text = to_markdown(report_blocks(run, {}), run_dir)
     fuzz = text.split("## Fuzz")[1].split("\n## ")[0]
-    assert "Seed 3: 140 cases drawn for a 60 s budget" in fuzz and "1 distinct failures" in fuzz
+    assert "Seed 3: 52 of 140 drawn cases run within the 60 s budget" in fuzz and "1 distinct failures" in fuzz
     assert "fp32-b1-h3kv1-s1x2-d8-none" in fuzz and "--case 'fp32-b1-h3kv1-s1x2-d8-none' --seed 3" in fuzz
