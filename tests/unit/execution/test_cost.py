@@ -121,8 +121,8 @@ def test_run_rates_are_for_their_device():
 
 
 #: unit costs in round numbers, so each step's seconds can be written out (no timing in these tests)
-UNITS = RunRates("cpu", startup_s=10.0, session_s=6.0, case_s=1.0, call_s=0.5, call_floor_s=1e-4, judged_per_s=1e6, key_round_s=0.2,
-                 compile_s=4.0, probes_s=3.0, probe_graphs=2, checks_s=5.0, fidelity_s=7.0)
+UNITS = RunRates("cpu", startup_s=10.0, session_s=6.0, case_s=1.0, call_s=0.5, call_floor_s=1e-4, judged_per_s=1e6,
+                 key_round_s=0.2, compile_s=4.0, probes_s=3.0, probe_graphs=2, checks_s=5.0, fidelity_s=7.0)
 
 
 def test_the_job_counts_each_backends_calls_compiles_and_timing_rounds_at_the_cases_size():
