@@ -222,7 +222,7 @@ class RunRates:
 #: `pytest suites --benchmark --matrix smoke --rounds 1` run's stage times, a probes-stage run of naive, sdpa and flex
 #: and a small `recommend` (docs/measurements.md, "The whole job's estimate"): a quiet machine takes less
 CPU = RunRates("cpu", startup_s=16.0, session_s=30.0, case_s=5.0, call_s=1.3, call_floor_s=1e-4, judged_per_s=2e7,
-               key_round_s=1.7, compile_s=12.0, probes_s=27.0, probe_graphs=8, checks_s=13.0, fidelity_s=48.0)
+               key_round_s=0.8, compile_s=12.0, probes_s=27.0, probe_graphs=8, checks_s=13.0, fidelity_s=48.0)
 #: one H200 (2026-11-30, torch 2.11), fitted to its gpu-smoke run with 7 backends (docs/design/execution.md): a
 #: key's round 0.52 s in all, less the 42 ms of its budget share the model counts as calls; the probes and the
 #: benchmark stage's own tests in startup_s and key_round_s, flex's compiles in call_s (that run did not split them)

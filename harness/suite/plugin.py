@@ -61,8 +61,10 @@ def pytest_configure(config):
         if config.option.shard:
             config._harness_cases = select_shard(config._harness_cases, *parse_shard(config.option.shard))
         results_root(config.option.results_dir)
+        # with -k/-m the cases selected are known after collection: the refusal waits for them (_refuse_selected)
         config._harness_cost = (check_cost(config._harness_cases, device, suite_job(config, device),
-                                           allow=config.option.allow_expensive) if main else None)
+                                           allow=config.option.allow_expensive or _narrowed(config))
+                                if main else None)
     except (ValueError, FileNotFoundError) as exc:
         raise pytest.UsageError(str(exc)) from None
     if config.option.threads is not None:
@@ -98,6 +100,27 @@ def suite_cases(option, device, backends) -> tuple[str, list]:
         here = available_here(backends, device)  # asked in workers: no backend library loads here
         return matrix, [p.case for p in plan(here, device, option.seed, option.fuzz_budget_s)]
     return matrix, build_matrix(matrix)
+
+
+def _narrowed(config) -> bool:
+    """Whether -k or -m selects among the matrix's tests (the whole matrix's estimate is then not the run's)."""
+    return bool(getattr(config.option, "keyword", "") or getattr(config.option, "markexpr", ""))
+
+
+def _refuse_selected(session) -> None:
+    """With -k/-m: the estimate of the cases the selected tests run, refused over an hour as the whole run's is."""
+    config = session.config
+    if not _narrowed(config) or config.option.allow_expensive:
+        return
+    cases = list(dict.fromkeys(p["case"] for p in (getattr(getattr(i, "callspec", None), "params", {})
+                                                   for i in session.items) if p.get("case") is not None))
+    if not cases:
+        return
+    try:
+        config._harness_cost = check_cost(cases, config._harness_device, suite_job(config, config._harness_device),
+                                          allow=False)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def suite_job(config, device) -> Job:
@@ -212,6 +235,7 @@ def pytest_collection_finish(session):
     run = session.config.stash.get(_SESSION_KEY, None)
     if run is None or not session.items:
         return
+    _refuse_selected(session)
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     progress = Progress(len(session.items), weights=_item_weights(session.config, session.items),
                         every_s=PROGRESS_EVERY_S,
