@@ -218,16 +218,18 @@ class RunRates:
     fidelity_s: float
 
 
-#: this project's 2-core VM shared with other jobs (2026-12-03, torch 2.11, load average ~9-10), fitted to a
+#: this project's 2-core VM shared with other jobs (2026-12-03, torch 2.11, load average ~9-12), fitted to a
 #: `pytest suites --benchmark --matrix smoke --rounds 1` run's stage times, a probes-stage run of naive, sdpa and flex
-#: and a small `recommend` (docs/measurements.md, "The whole job's estimate"): a quiet machine takes less
+#: and a small `recommend`; key_round_s between that run's 1.7 s and a quiet main job's 0.15 s (docs/measurements.md,
+#: "The whole job's estimate"): a quiet machine, or warm compile caches, take less
 CPU = RunRates("cpu", startup_s=16.0, session_s=30.0, case_s=5.0, call_s=1.3, call_floor_s=1e-4, judged_per_s=2e7,
                key_round_s=0.8, compile_s=12.0, probes_s=27.0, probe_graphs=8, checks_s=13.0, fidelity_s=48.0)
 #: one H200 (2026-11-30, torch 2.11), fitted to its gpu-smoke run with 7 backends (docs/design/execution.md): a
 #: key's round 0.52 s in all, less the 42 ms of its budget share the model counts as calls; the probes and the
-#: benchmark stage's own tests in startup_s and key_round_s, flex's compiles in call_s (that run did not split them)
-H200 = RunRates("cuda", startup_s=0.0, session_s=60.0, case_s=0.0, call_s=0.5, call_floor_s=2e-5, judged_per_s=6.6e7, key_round_s=0.48,
-                compile_s=0.0, probes_s=0.0, probe_graphs=0, checks_s=10.0, fidelity_s=0.0)
+#: benchmark stage's own tests in session_s and key_round_s, flex's compiles in call_s (that run did not split them);
+#: checks_s is a guess (no recommend was timed there)
+H200 = RunRates("cuda", startup_s=0.0, session_s=60.0, case_s=0.0, call_s=0.5, call_floor_s=2e-5, judged_per_s=6.6e7,
+                key_round_s=0.48, compile_s=0.0, probes_s=0.0, probe_graphs=0, checks_s=10.0, fidelity_s=0.0)
 #: each device type's unit costs (a device type not named takes the GPU's)
 RATES = {"cpu": CPU, "cuda": H200}
 #: the H200's measured FLOP rates and memory, for estimates made without the GPU at hand (run_estimate)
@@ -308,7 +310,8 @@ class JobCost:
 
     def summary(self) -> str:
         """One line: the whole job's estimate by stage, then the matrix's figures and what the estimate assumes."""
-        return (f"estimated ~{_duration(self.seconds)} in all ({self.breakdown()}); {self.matrix.summary()}. "
+        return (f"estimated ~{_duration(self.seconds)} ({self.seconds:.0f} s) in all ({self.breakdown()}); "
+                f"{self.matrix.summary()}. "
                 f"{ASSUMED}")
 
     def refusal(self) -> str | None:
