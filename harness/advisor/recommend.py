@@ -12,7 +12,9 @@ from harness.advisor.evidence import evidence_from_run, measure_now
 from harness.advisor.progress import Progress
 from harness.advisor.ranking import Overall, Recommendation, overall, rank_backends
 from harness.advisor.workload import Workload
+from harness.backends.base import Backend
 from harness.backends.registry import get_backends
+from harness.execution.cost import JobCost
 from harness.probes.batch_invariance import batch_invariance_check
 from harness.execution.caller import left_as_found
 from harness.execution.executor import CallFailed, Executor, make_executor
@@ -106,10 +108,22 @@ def steps_per_workload(backends: int) -> int:
     return 1 + 2 * backends
 
 
-def recommend_many(workloads: list[Workload], *, progress: bool = False,
+def step_weights(cost: JobCost, workloads: list[Workload], backends: list[Backend]) -> list[float]:
+    """The cost model's seconds of each progress step of recommend_many, in its order (the estimate it printed):
+    per workload its reference and baseline, each backend's verdict and timing, then each backend's checks."""
+    weights = []  # the start-up (rates, workers) is over before the progress clock starts
+    for case in (w.case() for w in workloads):
+        weights.append(cost.seconds_of(case.id, stages=("reference",)))
+        weights += [cost.seconds_of(case.id, b.name, stages=("correctness", "compile", "timing")) for b in backends]
+        weights += [cost.seconds_of(case.id, b.name, "checks") for b in backends]
+    return [max(w, 0.01) for w in weights]  # a refused backend or a mask-path look still takes a moment
+
+
+def recommend_many(workloads: list[Workload], *, progress: bool = False, weights: list[float] | None = None,
                    **kwargs) -> tuple[dict[str, Recommendation], Overall]:
-    """One recommendation per workload (by label) and the overall one; with `progress`, a line per step on stderr."""
+    """One recommendation per workload (by label) and the overall one; with `progress`, a line per step on stderr,
+    its time left from `weights` (step_weights: the estimate's seconds per step) when given."""
     steps = len(workloads) * steps_per_workload(len(get_backends(kwargs.get("backends"))))
-    shown = Progress(steps) if progress else None
+    shown = Progress(steps, weights=weights) if progress else None
     recommendations = {w.label: recommend_workload(w, progress=shown, **kwargs) for w in workloads}
     return recommendations, overall(recommendations)

@@ -171,6 +171,9 @@ class Backend(ProbeHooks, DescriptionHooks):
     deterministic: ClassVar[bool | str | None] = None
     #: compiles every new shape (seconds each): the probe suites give it fewer cases in their default tier
     compiles_per_shape: ClassVar[bool] = False
+    #: the FLOP rate of its calls as a multiple of a dense GEMM's in the case's dtype, per device type (the cost
+    #: model's, harness/execution/cost.py: a job's estimate before it runs); a device type not named: 1.0
+    relative_speed: ClassVar[dict[str, float]] = {}
     #: the modifiers forward implements (a subset of harness.spec.modifiers.MODIFIERS)
     modifiers: ClassVar[frozenset[str]] = frozenset()
     #: why the library cannot do an undeclared modifier, where the backend knows (shown in the unsupported row)

@@ -45,6 +45,14 @@ def _optional_name(what: str) -> Callable[[Any], str | None]:
     return lambda value: None if value is None or (isinstance(value, str) and value) else f"must be None or {what}"
 
 
+def _relative_speed(value) -> str | None:
+    if not isinstance(value, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                                              for v in value.values()):
+        return "must be a dict of device type -> a number > 0, e.g. {'cpu': 0.5}"
+    bad = [k for k in value if k not in DEVICE_TYPES]
+    return f"{', '.join(map(repr, bad))} not allowed; allowed: {', '.join(DEVICE_TYPES)}" if bad else None
+
+
 def _known_failures(value) -> str | None:
     if not isinstance(value, tuple) or not all(isinstance(v, KnownFailure) for v in value):
         return "must be a tuple of KnownFailure(probe, case, why, device=None)"
@@ -63,6 +71,7 @@ CAPABILITIES: dict[str, Callable[[Any], str | None]] = {
     "supports_backward": _flag,
     "supports_gqa": _flag,
     "compiles_per_shape": _flag,
+    "relative_speed": _relative_speed,
     "paged_kv": _flag,
     "mixed_batch": _flag,
     "fp8_kv": _flag,

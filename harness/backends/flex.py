@@ -132,6 +132,8 @@ class Flex(Backend):
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
     native_probes = frozenset({"mask"})
     compiles_per_shape = True
+    #: its compiled forward on the 2-core VM: 0.08-0.33 of the GEMM rate (docs/measurements.md)
+    relative_speed = {"cpu": 0.16}
     backward_devices = ("cuda",)  # FlexAttention has no backward on CPU
     #: softcap, ALiBi and bias as a score_mod; sinks from the log-sum-exp flex returns (return_aux)
     modifiers = frozenset({"softcap", "alibi", "bias", "sinks"})

@@ -221,6 +221,8 @@ def _cudnn_refusals(call):
 class Sdpa(_Sdpa):
     name = "sdpa"
     colour, marker = "#1f77b4", "s"
+    #: on the 2-core VM its CPU flash kernel ran at 0.11-0.51 of the GEMM rate (docs/measurements.md)
+    relative_speed = {"cpu": 0.22}
 
 
 @register
@@ -229,6 +231,9 @@ class SdpaMath(_Sdpa):
     colour, marker = "#17becf", "v"
     kernel = SDPBackend.MATH
     deterministic = "PyTorch: the math backend's backward is deterministic (composite of deterministic ops)"
+    #: dense, as naive: on an H200 the same fwd+bwd took 54.7 ms (30 TFLOP/s); on the 2-core VM 0.024-0.11
+    #: (docs/measurements.md)
+    relative_speed = {"cpu": 0.055, "cuda": 0.043}
 
 
 @register
@@ -236,6 +241,8 @@ class SdpaFlash(_Sdpa):
     name = "sdpa-flash"
     colour, marker = "#d62728", "^"
     kernel = SDPBackend.FLASH_ATTENTION
+    #: on the 2-core VM 0.09-0.46 of the GEMM rate (docs/measurements.md)
+    relative_speed = {"cpu": 0.18}
 
 
 @register

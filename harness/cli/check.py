@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 
 from harness.cli.options import add_to_argparse
 from harness.store.schema import FAILING
@@ -35,7 +36,7 @@ def _check(args: argparse.Namespace) -> int:
     from harness.api import check_in_session
     from harness.backends.registry import get_backends, load_backend_module
     from harness.cli.backends import available_here
-    from harness.execution.cost import check_cost
+    from harness.execution.cost import Job, check_cost
     from harness.execution.device import resolve_device
     from harness.execution.fuzz import fuzz_in_session, plan, summary_lines
     from harness.execution.integrity import run_seed
@@ -49,15 +50,16 @@ def _check(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     cases, matrix = _cases(args, device)
     planned = None
+    here = available_here(backends, device)  # asked in workers: no backend library loads here
     if args.fuzz:  # the draw is the seed's: fix it before the session, which records it
         args.seed = run_seed(args.seed)
-        here = available_here(backends, device)  # asked in workers: no backend library loads here
         planned = plan(here, device, args.seed, args.fuzz_budget_s)
         cases = [p.case for p in planned]
         if not cases:
             raise ValueError(f"--fuzz drew no case that {', '.join(b.name for b in backends)} take on {device} "
                              f"within --fuzz-budget-s {args.fuzz_budget_s:g}")
-    check_cost(cases, device, allow=args.allow_expensive)
+    # the whole estimate on stderr, where the longer commands print their progress: stdout keeps the verdicts
+    print(check_cost(cases, device, Job(tuple(here)), allow=args.allow_expensive).summary(), file=sys.stderr)
     results_root(args.results_dir)  # a results dir that is a file or cannot be written is refused in one line
     # a run folder like the suites', built the same way: `python -m harness report` and `compare` take it
     session = RunSession.from_options(args, device, cases, matrix)

@@ -17,15 +17,16 @@ SHAPE_FLAGS = ("batch", "heads", "kv_heads", "seq", "seq_k", "head_dim")
 
 def _recommend(args: argparse.Namespace) -> int:
     import torch
-    from harness.advisor.recommend import recommend_many
+    from harness.advisor.recommend import recommend_many, step_weights
     from harness.advisor.table import format_overall, format_table
     from harness.advisor.workload import Workload, load_workloads, model_workloads
-    from harness.backends.registry import load_backend_module
+    from harness.backends.registry import get_backends, load_backend_module
+    from harness.cli.backends import available_here
     from harness.execution.device import resolve_device
     from harness.execution.executor import make_executor
     from harness.execution.integrity import run_seed
     from harness.execution.supervisor import timeouts
-    from harness.execution.cost import check_cost
+    from harness.execution.cost import Job, check_cost
     from harness.spec.presets import model_shape
     for module in args.backend_module:
         load_backend_module(module, here=not args.isolate)  # imported here only with --no-isolate
@@ -74,10 +75,13 @@ def _recommend(args: argparse.Namespace) -> int:
                                   seq_k=args.seq_k or (args.seq if decode else None), dtype=args.dtype,
                                   mask=args.mask or ("causal-br" if decode else "causal"), training=args.training,
                                   page_size=args.page_size)]
-    # what the advisor's own reference and baseline will cost here, before anything runs
-    cost = check_cost([w.case() for w in workloads], resolve_device(args.device), allow=args.allow_expensive)
-    print(cost.summary())
+    # the whole job's cost here, every step of it, before anything runs; refused over an hour
     timing = TimingConfig.for_budget(args.timing_budget_ms, min_reps=ADVISOR_TIMING.min_reps)
+    backends, device = get_backends(args.backends), resolve_device(args.device)
+    job = Job(tuple(available_here(backends, device)), {w.case().id: (w.phase,) for w in workloads}, timing=timing,
+              advisor=True, checks=args.checks)  # availability asked in workers: no backend library loads here
+    cost = check_cost([w.case() for w in workloads], device, job, allow=args.allow_expensive)
+    print(cost.summary())
     executor = None
     if args.isolate:  # every backend call in a supervised worker: a crash or hang is a row, not the end
         default, overrides = timeouts(args.call_timeout_s)
@@ -87,7 +91,8 @@ def _recommend(args: argparse.Namespace) -> int:
         picks, total = recommend_many(workloads, backends=args.backends, device=args.device, results=args.results,
                                       seed=run_seed(args.seed), timing=timing, checks=args.checks,
                                       compile_backend=args.compile_backend, executor=executor,
-                                      require=tuple(args.require), progress=True)
+                                      require=tuple(args.require), progress=True,
+                                      weights=step_weights(cost, workloads, backends))
     finally:
         if executor is not None:
             executor.close()

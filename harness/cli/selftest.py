@@ -149,7 +149,7 @@ def gpu_matrix_estimate() -> str:
     from harness.execution.cost import H200_BACKENDS, H200_ROUNDS, run_estimate
     from harness.spec.matrices import build_matrix
     cases = build_matrix("gpu")
-    return (f"the gpu matrix on an H200 (its measured rates, {H200_BACKENDS} backends, {H200_ROUNDS} rounds): "
+    return (f"the gpu matrix on an H200 (its measured rates, {len(H200_BACKENDS)} backends, {H200_ROUNDS} rounds): "
             f"{len(cases)} cases, ~{run_estimate(cases) / 60:.1f} min (harness.execution.cost.run_estimate)")
 
 

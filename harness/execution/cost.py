@@ -1,22 +1,24 @@
-"""What a matrix will cost before it runs (FLOPs, memory, the reference's time at rates measured here), or why not."""
+"""What a job will cost before it runs (FLOPs, memory, every step's time at rates measured here), or why not."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from harness.execution.runner import baseline_budget
+from harness.backends.base import Backend
+from harness.execution.runner import backward_reason, baseline_budget
+from harness.measure.timing import TimingConfig, planned_calls
 from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
 from harness.oracle.reference import block_rows, reference_attention, reference_flops, reference_budget
 from harness.spec.case import AttentionCase, make_inputs
 from harness.store.host import available_memory
-from harness.store.schema import PHASES
+from harness.store.schema import FWD, PHASES
 
-#: a matrix whose reference would take longer than this is refused unless the override flag is given
+#: a job whose whole estimate (JobCost: every step) is longer than this is refused unless the override flag is given
 LIMIT_S = 3600.0
 OVERRIDE_FLAG = "--allow-expensive"
 #: the calibration case: big enough that its GEMMs run at the rate a real case sees, small enough to cost
@@ -129,7 +131,10 @@ def _gib(n: int) -> str:
 #: what every estimate assumes, printed with it
 ASSUMED = ("Assumed: the reference runs at the rate of a calibration case timed here (best of "
            f"{REPEATS['reference']}), the baseline at a batched matmul's rate in its dtype (best of "
-           f"{REPEATS['baseline']}), on a CPU one thread's rate times the threads; a busy machine runs slower")
+           f"{REPEATS['baseline']}), on a CPU one thread's rate times the threads; each backend's calls at the "
+           "baseline's rate times its declared relative_speed, the timing rounds' calls as measure() plans them, and "
+           "fixed costs per call, round, compile and probe fitted on one machine (docs/measurements.md); a busy "
+           "machine runs slower")
 
 
 @dataclass(frozen=True)
@@ -169,75 +174,265 @@ class MatrixCost:
         return (f"{len(self.costs)} cases on {self.device}: float64 reference ~{_duration(self.reference_seconds)} "
                 f"({total / 1e12:.3g} TFLOP at a measured {self.rate / 1e9:.3g} GFLOP/s), same-dtype baseline "
                 f"~{_duration(self.baseline_seconds)} (measured GFLOP/s: {rates}); largest case needs "
-                f"~{_gib(self.largest.peak_bytes)} ({self.largest.case.id}) of {_gib(self.memory)}. {ASSUMED}")
+                f"~{_gib(self.largest.peak_bytes)} ({self.largest.case.id}) of {_gib(self.memory)}")
 
-    def run_seconds(self, rates: "RunRates", backends: int, rounds: int) -> float:
-        """The whole run's wall time at `rates`: start-up, reference, baseline, correctness calls, `rounds` rounds."""
-        if rates.device_type != self.device.type:
-            raise ValueError(f"rates of a {rates.device_type} device for a run on {self.device}")
-        total = rates.startup_s + self.seconds
-        for cost in self.costs:
-            judged = cost.input_bytes // (2 * cost.case.dtype.itemsize)  # out, dq, dk, dv: as many as q, d_out, k, v
-            total += backends * (rates.call_s + judged / rates.judged_per_s)
-            slow = rates.slow_backends * rates.slow_calls_per_round * 2 * cost.reference_flops / rates.slow_rate
-            total += rounds * (backends * len(PHASES) * rates.key_round_s + slow)
-        return total
-
-    def refusal(self) -> str | None:
-        """Why this matrix should not run here (too long, or a case does not fit), or None."""
-        problems = []
-        if self.seconds > LIMIT_S:
-            slow = max(self.costs, key=self.case_seconds)
-            problems.append(f"the float64 reference and the same-dtype baseline would take ~"
-                            f"{_duration(self.seconds)} on {self.device} (reference "
-                            f"~{_duration(self.reference_seconds)}, baseline ~{_duration(self.baseline_seconds)}; "
-                            f"limit {_duration(LIMIT_S)}; "
-                            f"{slow.case.id} alone ~{_duration(self.case_seconds(slow))})")
-        if self.largest.peak_bytes > self.memory:
-            big = self.largest
-            problems.append(f"{big.case.id} needs ~{_gib(big.peak_bytes)} (inputs {_gib(big.input_bytes)}, "
-                            f"reference {_gib(big.reference_bytes)}, baseline {_gib(big.baseline_bytes)}) where "
-                            f"{self.device} has {_gib(self.memory)}")
-        if not problems:
+    def memory_problem(self) -> str | None:
+        """Why the largest case does not fit this device's memory, or None."""
+        big = self.largest
+        if big.peak_bytes <= self.memory:
             return None
-        where = "a GPU" if self.device.type == "cpu" else "a larger GPU"
-        return (f"{'; and '.join(problems)}. Run it on {where}, choose smaller shapes (a smaller --matrix, or "
-                f"--seq and --batch with --preset/--hf-config), or pass {OVERRIDE_FLAG} to run it anyway")
+        return (f"{big.case.id} needs ~{_gib(big.peak_bytes)} (inputs {_gib(big.input_bytes)}, reference "
+                f"{_gib(big.reference_bytes)}, baseline {_gib(big.baseline_bytes)}) where {self.device} has "
+                f"{_gib(self.memory)}")
 
 
 @dataclass(frozen=True)
 class RunRates:
-    """A whole run's unit costs on one device (docs/measurements.md); slow_*: the dense naive and sdpa-math."""
+    """A job's unit costs on one device type, beside the FLOP rates measured at run time (docs/measurements.md,
+    "The whole job's estimate"): what a step costs besides its arithmetic."""
 
     device_type: str
+    #: the command's start before its first step: imports, the rates measured, the backends' availability asked
     startup_s: float
+    #: a run session's start (the suites and `check`): its workers, the environment record, the peak probes
+    session_s: float
+    #: a case's own cost besides its reference's and baseline's arithmetic: its inputs, copies to the workers,
+    #: recommend's bandwidth ceiling
+    case_s: float
+    #: a correctness call's fixed cost: the worker round trip, the inputs made again there, the answers sent back
     call_s: float
+    #: the least one call of a backend takes, whatever its arithmetic (dispatch, a kernel launch)
+    call_floor_s: float
+    #: elements of an answer (out, dq, dk, dv) judged against the float64 reference per second
     judged_per_s: float
+    #: a timing round's fixed cost besides its calls' arithmetic: round trip, memory probe, new content, the row
     key_round_s: float
-    slow_backends: int
-    slow_calls_per_round: int
-    slow_rate: float
-    reference_rate: float
-    baseline_rates: dict[torch.dtype, float]
-    memory: int
+    #: what a `compiles_per_shape` backend's compile of one new graph (a shape, with or without gradients) costs
+    compile_s: float
+    #: the probes stage per backend (its fixed small cases), and the graphs a compiling backend compiles there
+    probes_s: float
+    probe_graphs: int
+    #: recommend's deployment checks per backend besides the determinism check's two calls (a small-shape compile)
+    checks_s: float
+    #: the benchmark stage's own tests: the timing fidelity and the reference's long-sequence memory
+    fidelity_s: float
 
 
-#: one H200 (2026-11-30, torch 2.11), fitted to its gpu-smoke run with 7 backends (docs/design/execution.md)
-H200 = RunRates("cuda", startup_s=60.0, call_s=0.5, judged_per_s=5.5e7, key_round_s=0.52, slow_backends=2,
-                slow_calls_per_round=5, slow_rate=30e12, reference_rate=22.4e12,
-                baseline_rates={torch.bfloat16: 693e12, torch.float16: 664e12, torch.float32: 50e12},
-                memory=141 * 10 ** 9)
-#: what the GPU estimate assumes: the H200 run's backends (naive, the five SDPA ones, flex) and --rounds' default
-H200_BACKENDS, H200_ROUNDS = 7, 3
+#: this project's 2-core VM shared with other jobs (2026-12-03, torch 2.11, load average ~9-12), fitted to a
+#: `pytest suites --benchmark --matrix smoke --rounds 1` run's stage times, a probes-stage run of naive, sdpa and flex
+#: and a small `recommend`; key_round_s between that run's 1.7 s and a quiet main job's 0.15 s (docs/measurements.md,
+#: "The whole job's estimate"): a quiet machine, or warm compile caches, take less
+CPU = RunRates("cpu", startup_s=16.0, session_s=30.0, case_s=5.0, call_s=1.3, call_floor_s=1e-4, judged_per_s=2e7,
+               key_round_s=0.8, compile_s=12.0, probes_s=27.0, probe_graphs=8, checks_s=13.0, fidelity_s=48.0)
+#: one H200 (2026-11-30, torch 2.11), fitted to its gpu-smoke run with 7 backends (docs/design/execution.md): a
+#: key's round 0.52 s in all, less the 42 ms of its budget share the model counts as calls; the probes and the
+#: benchmark stage's own tests in session_s and key_round_s, flex's compiles in call_s (that run did not split them);
+#: checks_s is a guess (no recommend was timed there)
+H200 = RunRates("cuda", startup_s=0.0, session_s=60.0, case_s=0.0, call_s=0.5, call_floor_s=2e-5, judged_per_s=6.6e7,
+                key_round_s=0.48, compile_s=0.0, probes_s=0.0, probe_graphs=0, checks_s=10.0, fidelity_s=0.0)
+#: each device type's unit costs (a device type not named takes the GPU's)
+RATES = {"cpu": CPU, "cuda": H200}
+#: the H200's measured FLOP rates and memory, for estimates made without the GPU at hand (run_estimate)
+H200_REFERENCE_RATE, H200_MEMORY = 22.4e12, 141 * 10 ** 9
+H200_BASELINE_RATES = {torch.bfloat16: 693e12, torch.float16: 664e12, torch.float32: 50e12}
 
 
-def run_estimate(cases: list[AttentionCase], rates: RunRates = H200, backends: int = H200_BACKENDS,
+@dataclass(frozen=True)
+class Job:
+    """What a command runs besides each case's reference and baseline: the backends' correctness calls always;
+    timing of `phases` (all cases, or per case id) in `rounds` at `timing`; the probes stage; a run session's start
+    (`session`: the suites, `check`); `advisor`: recommend's order (each backend timed in one round right after its
+    verdict, no session), with its deployment checks when `checks`."""
+
+    backends: tuple[Backend, ...]
+    phases: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
+    rounds: int = 1
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    probes: bool = False
+    session: bool = True
+    advisor: bool = False
+    checks: bool = False
+
+    def phases_of(self, case: AttentionCase) -> tuple[str, ...]:
+        return self.phases.get(case.id, ()) if isinstance(self.phases, dict) else self.phases
+
+
+@dataclass(frozen=True)
+class Step:
+    """One estimated step of a job: its stage, what it is, its seconds, and what it is of (the progress lines' key:
+    (case id,) for the reference and baseline, (case id, backend), (case id, backend, phase, round), ...)."""
+
+    stage: str
+    what: str
+    seconds: float
+    key: tuple = ()
+
+
+#: the stages of a job's steps, in the order the summary names them
+JOB_STAGES = ("start", "probes", "reference", "correctness", "compile", "timing", "checks")
+#: how the estimate's line names a stage where its name is too short
+STAGE_WORDS = {"reference": "reference and baseline", "correctness": "correctness calls", "compile": "compiles",
+               "timing": "timing rounds", "checks": "deployment checks"}
+
+
+def _elements(case: AttentionCase, grads: bool) -> int:
+    """Elements of the answers judged: out (q's shape, v's head dim), with grads dq, dk, dv."""
+    q = case.batch * case.heads * case.seq_q
+    kv = case.batch * case.kv_heads * case.seq_k
+    return q * case.head_dim_v + (q * case.head_dim + kv * (case.head_dim + case.head_dim_v) if grads else 0)
+
+
+@dataclass(frozen=True)
+class JobCost:
+    """A whole job's estimate on one device: its steps at the matrix's measured rates and the device's unit costs."""
+
+    matrix: MatrixCost
+    rates: RunRates
+    steps: tuple[Step, ...]
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.steps)
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Seconds per stage of JOB_STAGES (those with steps), in that order."""
+        return {name: sum(s.seconds for s in self.steps if s.stage == name) for name in JOB_STAGES
+                if any(s.stage == name for s in self.steps)}
+
+    def seconds_of(self, *prefix, stages: tuple[str, ...] = JOB_STAGES) -> float:
+        """Seconds of the steps in `stages` whose key starts with `prefix`."""
+        return sum(s.seconds for s in self.steps if s.key[:len(prefix)] == prefix and s.stage in stages)
+
+    def breakdown(self) -> str:
+        """'start ~25 s, reference and baseline ~20 min, ...': each stage's seconds."""
+        return ", ".join(f"{STAGE_WORDS.get(name, name)} ~{_duration(sec)}"
+                         for name, sec in self.stage_seconds().items())
+
+    def summary(self) -> str:
+        """One line: the whole job's estimate by stage, then the matrix's figures and what the estimate assumes."""
+        return (f"estimated ~{_duration(self.seconds)} ({self.seconds:.0f} s) in all ({self.breakdown()}); "
+                f"{self.matrix.summary()}. "
+                f"{ASSUMED}")
+
+    def refusal(self) -> str | None:
+        """Why this job should not run here (over LIMIT_S in all, or a case does not fit), or None."""
+        problems = []
+        if self.seconds > LIMIT_S:
+            slow = max(self.steps, key=lambda s: s.seconds)
+            problems.append(f"the whole job would take ~{_duration(self.seconds)} on {self.matrix.device} "
+                            f"({self.breakdown()}; limit {_duration(LIMIT_S)}; the longest step, {slow.what}, "
+                            f"~{_duration(slow.seconds)})")
+        if memory := self.matrix.memory_problem():
+            problems.append(memory)
+        if not problems:
+            return None
+        where = "a GPU" if self.matrix.device.type == "cpu" else "a larger GPU"
+        return (f"{'; and '.join(problems)}. Run it on {where}, choose smaller shapes (a smaller --matrix, or "
+                f"--seq and --batch with --preset/--hf-config), or pass {OVERRIDE_FLAG} to run it anyway")
+
+
+def _runs(backend: Backend, case: AttentionCase, device: torch.device) -> bool:
+    """Whether `backend`'s declarations let it run `case` on `device` (a library missing is not known here)."""
+    return (backend.devices is None or device.type in backend.devices) and not backend.can_run(case, device)
+
+
+def _call_seconds(matrix: MatrixCost, rates: RunRates, backend: Backend, case: AttentionCase, grads: bool) -> float:
+    """One call: its arithmetic at the same-dtype GEMM rate times the backend's declared relative speed here, at
+    least the device's floor."""
+    speed = backend.relative_speed.get(matrix.device.type, 1.0)
+    return max(rates.call_floor_s, reference_flops(case, grads=grads) / (matrix.baseline_rates[case.dtype] * speed))
+
+
+def correctness_steps(matrix: MatrixCost, rates: RunRates, backend: Backend, case: AttentionCase) -> list[Step]:
+    """A backend's correctness call on a case (no-grad, then forward and backward where it has one), judged, and
+    its compiles when it compiles per shape."""
+    grads = not backward_reason(backend, case, matrix.device)
+    seconds = (rates.call_s + _call_seconds(matrix, rates, backend, case, False)
+               + (_call_seconds(matrix, rates, backend, case, True) if grads else 0.0)
+               + (_elements(case, False) + _elements(case, grads)) / rates.judged_per_s)
+    key = (case.id, backend.name)
+    steps = [Step("correctness", f"{case.id}: {backend.name}'s correctness calls", seconds, key)]
+    if backend.compiles_per_shape:
+        steps.append(Step("compile", f"{case.id}: {backend.name}'s compiles", rates.compile_s * (1 + grads), key))
+    return steps
+
+
+def timing_step(matrix: MatrixCost, rates: RunRates, backend: Backend, case: AttentionCase, phase: str,
+                timing: TimingConfig, rounds: int, index: int) -> Step:
+    """Round `index` of `rounds` of one timed phase: the calls `measure` makes at this call's estimated latency (a
+    backward's each rebuild their forward), and the round's fixed cost."""
+    grads = phase != FWD
+    call = _call_seconds(matrix, rates, backend, case, grads)
+    calls = planned_calls(call * 1e3, timing.share(rounds, index), device_type=matrix.device.type,
+                          estimated=index > 0)
+    # the answers observed are checked where the calls ran (an honest one is the verified answer scaled): in key_round_s
+    return Step("timing", f"{case.id}: {backend.name} {phase} timing round {index + 1}",
+                rates.key_round_s + calls * call, (case.id, backend.name, phase, index))
+
+
+def checks_step(matrix: MatrixCost, rates: RunRates, backend: Backend, case: AttentionCase, phase: str) -> Step:
+    """recommend's deployment checks: a small-shape compile, and the timed phase twice at the workload's size."""
+    seconds = rates.checks_s + 2 * _call_seconds(matrix, rates, backend, case, phase != FWD)
+    return Step("checks", f"{case.id}: {backend.name}'s deployment checks", seconds, (case.id, backend.name, "checks"))
+
+
+def _timed(job: Job, backend: Backend, case: AttentionCase, device: torch.device) -> tuple[str, ...]:
+    """The phases of `case` the job times for `backend`: a phase with a backward only where it has one."""
+    return tuple(p for p in job.phases_of(case) if p == FWD or not backward_reason(backend, case, device))
+
+
+def job_cost(matrix: MatrixCost, job: Job, rates: RunRates | None = None) -> JobCost:
+    """Every step of `job` on `matrix`'s cases in the order the commands run them: the start, the probes, per case
+    its reference and baseline then each backend's correctness calls (and recommend's timing and checks), then the
+    suites' timing rounds, round-major; a backend whose declarations refuse a case costs nothing there."""
+    rates = rates if rates is not None else RATES.get(matrix.device.type, H200)
+    device = matrix.device
+    if rates.device_type != device.type:
+        raise ValueError(f"rates of a {rates.device_type} device for a job on {device}")
+    backends = [b for b in job.backends if b.devices is None or device.type in b.devices]
+    steps = [Step("start", "start-up", rates.startup_s)]
+    if job.session and not job.advisor:
+        steps.append(Step("start", "the run session's start", rates.session_s, ("session",)))
+    if job.probes:
+        steps += [Step("probes", f"{b.name}'s probes", rates.probes_s
+                       + (rates.compile_s * rates.probe_graphs if b.compiles_per_shape else 0.0), ("probes", b.name))
+                  for b in backends]
+    for cost in matrix.costs:
+        case = cost.case
+        steps.append(Step("reference", f"{case.id}: float64 reference and same-dtype baseline",
+                          rates.case_s + matrix.case_seconds(cost), (case.id,)))
+        for b in (b for b in backends if _runs(b, case, device)):
+            steps += correctness_steps(matrix, rates, b, case)
+            if job.advisor:  # recommend: each backend timed right after its verdict, in one round
+                steps += [timing_step(matrix, rates, b, case, p, job.timing, 1, 0)
+                          for p in _timed(job, b, case, device)]
+        if job.advisor and job.checks:  # those verified: the checks; the others' mask path costs next to nothing
+            steps += [checks_step(matrix, rates, b, case, p) for b in backends if _runs(b, case, device)
+                      for p in _timed(job, b, case, device)]
+    if not job.advisor:
+        steps += [timing_step(matrix, rates, b, c.case, p, job.timing, job.rounds, r) for r in range(job.rounds)
+                  for c in matrix.costs for b in backends if _runs(b, c.case, device)
+                  for p in _timed(job, b, c.case, device)]
+        if job.probes and any(job.phases_of(c.case) for c in matrix.costs):
+            steps.append(Step("timing", "timing fidelity and the reference's long-sequence memory",
+                              rates.fidelity_s, ("fidelity",)))
+    return JobCost(matrix, rates, tuple(steps))
+
+
+#: the backends of the H200 run the GPU estimate assumes, and --rounds' default
+H200_BACKENDS = ("naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex")
+H200_ROUNDS = 3
+
+
+def run_estimate(cases: list[AttentionCase], backends: tuple[str, ...] = H200_BACKENDS,
                  rounds: int = H200_ROUNDS) -> float:
-    """Seconds a whole `pytest suites --benchmark` run of `cases` takes on the device `rates` were measured on."""
+    """Seconds a whole `pytest suites --benchmark` run of `cases` takes on an H200, at its measured rates."""
+    from harness.backends.registry import get_backends
     budget = 8 * 2 ** 30  # the reference's and baseline's buffers: what a 141 GB device gives them, at most
-    return matrix_cost(cases, torch.device(rates.device_type), rate=rates.reference_rate,
-                       baseline_rates=rates.baseline_rates, memory=rates.memory, reference_budget_bytes=budget,
-                       baseline_budget_bytes=budget).run_seconds(rates, backends, rounds)
+    matrix = matrix_cost(cases, torch.device("cuda"), rate=H200_REFERENCE_RATE, baseline_rates=H200_BASELINE_RATES,
+                         memory=H200_MEMORY, reference_budget_bytes=budget, baseline_budget_bytes=budget)
+    job = Job(tuple(get_backends(list(backends))), PHASES, rounds, probes=True)
+    return job_cost(matrix, job, H200).seconds
 
 
 def matrix_cost(cases: list[AttentionCase], device: torch.device, *, rate: float | None = None,
@@ -256,9 +451,9 @@ def matrix_cost(cases: list[AttentionCase], device: torch.device, *, rate: float
                       if device.type == "cuda" else available_memory())
 
 
-def check_cost(cases: list[AttentionCase], device: torch.device, *, allow: bool) -> MatrixCost:
-    """The cost of `cases` here; a ValueError with the figures and the override flag when refused and not `allow`."""
-    cost = matrix_cost(cases, device)
+def check_cost(cases: list[AttentionCase], device: torch.device, job: Job, *, allow: bool) -> JobCost:
+    """The whole job's cost here; a ValueError with the figures and the override flag when refused and not `allow`."""
+    cost = job_cost(matrix_cost(cases, device), job)
     if not allow and (why := cost.refusal()):
         raise ValueError(why)
     return cost

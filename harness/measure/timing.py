@@ -162,6 +162,19 @@ def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
     return int(cfg.warmup_ms / estimate_ms), int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / estimate_ms)))
 
 
+def planned_calls(estimate_ms: float, cfg: TimingConfig, *, device_type: str, estimated: bool) -> int:
+    """How many calls `measure` makes of a call that takes `estimate_ms` (the cost model's count; execution/cost.py):
+    the first call and the estimate calls when no estimate is given (`estimated` False), the warm-up, the samples."""
+    warmup, reps = _reps(estimate_ms, cfg)
+    if device_type == "cuda":  # one untimed call and do_bench's 5 estimate calls; at least one warm-up call
+        return (0 if estimated else 6) + max(1, warmup) + reps
+    if estimated:
+        return max(warmup, 0 if estimate_ms >= SELF_WARMING_MS else 1) + reps
+    looks = 1 if estimate_ms >= cfg.budget_ms / cfg.min_reps else 2
+    warmup = max(warmup - looks, 0)
+    return 1 + looks + warmup + reps - (0 if warmup else 1)  # with no warm-up the last look is the first sample
+
+
 def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[], None] | None = None,
             config: TimingConfig = TimingConfig(), estimate_ms: float | None = None,
             build: Callable[[], None] | None = None, first_done: bool = False,

@@ -197,7 +197,7 @@ def _gpu() -> list[AttentionCase]:
 
 
 def _gpu_wide() -> list[AttentionCase]:
-    """What `gpu` held until issue 33 (~1 h 50 min on an H200 by cost.run_estimate)."""
+    """What `gpu` held until issue 33 (~1 h 40 min on an H200 by cost.run_estimate; ~1 h 50 min before issue 48)."""
     return (_tokens(["bf16"], [512, 1024, 2048, 4096, 8192, 16384], ["none", "causal"], [MHA_64, MHA_128])
             + _tokens(["fp16"], [1024, 4096, 16384], ["none", "causal"], [MHA_128])
             + _tokens(["bf16"], [1024, 4096, 16384], ["causal"], [MHA_256])

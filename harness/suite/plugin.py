@@ -20,9 +20,11 @@ from harness.execution.integrity import run_seed
 from harness.execution.session import RunSession
 from harness.launch.sharding import parse_shard, select_shard
 from harness.measure import stages
-from harness.execution.cost import check_cost
+from harness.measure.timing import TimingConfig
+from harness.execution.cost import Job, check_cost
 from harness.spec.matrices import AUTO, FUZZ, build_matrix, resolve_matrix
 from harness.spec.presets import model_shape, quick_cases
+from harness.suite.probes import tier
 from harness.oracle.signatures import signature
 from harness.store.run_dir import results_root
 from harness.store.schema import BASELINE, FAILING, OBSERVED, PHASES, REJECTED, STATUSES, figures_usable
@@ -59,7 +61,9 @@ def pytest_configure(config):
         if config.option.shard:
             config._harness_cases = select_shard(config._harness_cases, *parse_shard(config.option.shard))
         results_root(config.option.results_dir)
-        config._harness_cost = (check_cost(config._harness_cases, device, allow=config.option.allow_expensive)
+        # with -k/-m the cases selected are known after collection: the refusal waits for them (_refuse_selected)
+        config._harness_cost = (check_cost(config._harness_cases, device, suite_job(config, device),
+                                           allow=config.option.allow_expensive or _narrowed(config))
                                 if main else None)
     except (ValueError, FileNotFoundError) as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -96,6 +100,37 @@ def suite_cases(option, device, backends) -> tuple[str, list]:
         here = available_here(backends, device)  # asked in workers: no backend library loads here
         return matrix, [p.case for p in plan(here, device, option.seed, option.fuzz_budget_s)]
     return matrix, build_matrix(matrix)
+
+
+def _narrowed(config) -> bool:
+    """Whether -k or -m selects among the matrix's tests (the whole matrix's estimate is then not the run's)."""
+    return bool(getattr(config.option, "keyword", "") or getattr(config.option, "markexpr", ""))
+
+
+def _refuse_selected(session) -> None:
+    """With -k/-m: the estimate of the cases the selected tests run, refused over an hour as the whole run's is."""
+    config = session.config
+    if not _narrowed(config) or config.option.allow_expensive:
+        return
+    cases = list(dict.fromkeys(p["case"] for p in (getattr(getattr(i, "callspec", None), "params", {})
+                                                   for i in session.items) if p.get("case") is not None))
+    if not cases:
+        return
+    try:
+        config._harness_cost = check_cost(cases, config._harness_device, suite_job(config, config._harness_device),
+                                          allow=False)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def suite_job(config, device) -> Job:
+    """What this run does besides the references (the cost model's Job): the probes where their tier runs, every
+    available backend's correctness calls, and with --benchmark every phase's --rounds rounds at the run's budget."""
+    option = config.option
+    timing = TimingConfig.for_budget(option.timing_budget_ms, cuda_graph=option.cuda_graph)
+    here = available_here(config._harness_backends, device)  # asked in workers: no backend library loads here
+    return Job(tuple(here), PHASES if option.benchmark_enabled else (), option.rounds, timing,
+               probes=tier(config) is not None)
 
 
 def pytest_report_header(config):
@@ -158,22 +193,36 @@ def _progress(item, nextitem, stage: str) -> None:
 
 
 def _item_weights(config, items) -> list[float]:
-    """Each test's expected seconds (the cost model's for correctness, a round's budget for the benchmark)."""
+    """Each test's expected seconds by the cost model's steps (the estimate the header printed): a correctness test
+    carries its case's reference and baseline when it is the case's first, a timing round its round, a probe its
+    backend's probes stage shared among that backend's probe tests; the session's start is the first test's."""
     cost = getattr(config, "_harness_cost", None)
-    per_case = {c.case.id: cost.case_seconds(c) for c in cost.costs} if cost is not None else {}
-    backends = max(1, len(getattr(config, "_harness_backends", ()) or ()))
-    round_s = (getattr(config.option, "timing_budget_ms", None) or 1000.0) / 1000 / max(1, config.option.rounds)
-
-    def weight(item) -> float:
-        case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
-        stage = _NAMES[_stage(item)]
-        if stage == "benchmark":
-            return max(round_s, 0.01)
-        if stage == "correctness" and case is not None and case.id in per_case:
-            return max(per_case[case.id] / backends, 0.01)
-        return 1.0
-
-    return list(map(weight, items))
+    if cost is None:
+        return [1.0] * len(items)
+    params = [getattr(getattr(item, "callspec", None), "params", {}) for item in items]
+    names = [_NAMES[_stage(item)] for item in items]
+    # a probe suite that is off has one placeholder test whose backend is None
+    probes = Counter(p["backend"].name for p, n in zip(params, names) if n == "probes" and p.get("backend"))
+    first_of_case: set = set()
+    weights = []
+    for item, p, name in zip(items, params, names):
+        case, backend = p.get("case"), p.get("backend")
+        if name == "probes" and backend is not None:
+            seconds = cost.seconds_of("probes", backend.name) / probes[backend.name]
+        elif name == "correctness" and case is not None and backend is not None:
+            seconds = cost.seconds_of(case.id, backend.name, stages=("correctness", "compile"))
+            if case.id not in first_of_case:
+                first_of_case.add(case.id)
+                seconds += cost.seconds_of(case.id, stages=("reference",))
+        elif name == "benchmark" and "perf_round" in p:
+            seconds = cost.seconds_of(case.id, backend.name, p["phase"], p["perf_round"])
+        elif name == "benchmark":
+            seconds = cost.seconds_of("fidelity") / 2  # the timing fidelity and the reference-scale tests
+        else:
+            seconds = 0.0
+        weights.append(seconds)
+    weights[0] += cost.seconds_of("session")  # the first test's setup starts the session's workers
+    return [max(w, 0.01) for w in weights]  # a skip or a refusal still takes a moment
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -186,6 +235,7 @@ def pytest_collection_finish(session):
     run = session.config.stash.get(_SESSION_KEY, None)
     if run is None or not session.items:
         return
+    _refuse_selected(session)
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     progress = Progress(len(session.items), weights=_item_weights(session.config, session.items),
                         every_s=PROGRESS_EVERY_S,

@@ -87,7 +87,9 @@ def test_recommend_a_model_preset_states_its_cost_or_runs(monkeypatch, capsys):
                  "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "bf16-b4-h32kv8-s8192-d128-causal" in err and "--allow-expensive" in err
-    assert "would take ~3.8 h on cpu (reference ~5 min, baseline ~3.7 h" in err
+    # the whole job (issue 48): the reference and baseline, then every backend's calls and timing rounds
+    assert "the whole job would take ~" in err and "reference and baseline ~3.8 h, correctness calls ~" in err
+    assert "timing rounds ~" in err and "deployment checks ~" in err
     # a preset whose cost is small runs end to end; the preset fixes heads, kv heads, head dim and mask
     res = harness("recommend", "--preset", "vit-l", "--seq", "197", "--batch", "2", "--dtype", "fp32",
                   "--backends", "naive,sdpa-math", "--no-checks", "--device", "cpu")
@@ -107,7 +109,7 @@ def test_suites_refuse_an_expensive_preset_before_running():
                          timeout=600)
     assert res.returncode == 4 and "--allow-expensive" in res.stderr and "Traceback" not in res.stderr
     # injected rates; the preset's cases include its serving step (issue 36), the most expensive one
-    assert "~16.3 h on cpu (reference ~24 min, baseline ~15.9 h" in res.stderr, res.stderr[-2000:]
+    assert "reference and baseline ~16.3 h, correctness calls ~" in res.stderr, res.stderr[-2000:]
 
 
 def test_recommend_refuses_huge_shapes_with_figures_not_a_traceback():

@@ -66,6 +66,7 @@ def _plugin(tmp_path, body: str) -> str:
     ("    devices = ('gpu',)\n", "devices=('gpu',): 'gpu' not allowed; allowed: cpu, cuda"),
     ("    max_head_dim = 0\n", "max_head_dim=0: must be None or an integer >= 1"),
     ("    supports_backward = 'yes'\n", "supports_backward='yes': must be True or False"),
+    ("    relative_speed = {'cpu': 0}\n", "must be a dict of device type -> a number > 0"),
     ("    native_probes = frozenset({'causal', 'flash'})\n", "'flash' not allowed; allowed: causal, mask, dropout"),
     ("    layout = 'bsdh'\n", "layout='bsdh'; allowed: bhsd, bshd"),
 ])

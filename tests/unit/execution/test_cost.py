@@ -3,11 +3,16 @@
 import pytest
 import torch
 
-from harness.execution.cost import OVERRIDE_FLAG, CaseCost, check_cost, matrix_cost, reference_rate
+from harness.backends.naive import Naive
+from harness.backends.registry import get_backends
+from harness.execution.cost import (H200, LIMIT_S, OVERRIDE_FLAG, CaseCost, Job, RunRates, check_cost, job_cost,
+                                    matrix_cost, reference_rate)
+from harness.measure.timing import TimingConfig, planned_calls
 from harness.oracle.reference import reference_flops
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal
 from harness.spec.presets import get_preset
+from harness.store.schema import FWD, FWD_BWD
 
 CPU = torch.device("cpu")
 GIB = 2 ** 30
@@ -31,16 +36,17 @@ def test_a_matrix_over_an_hour_is_refused_with_the_figures_and_the_flag():
     # 13.2 TFLOP at 40 GFLOP/s for the reference, at 1 GFLOP/s for the bf16 baseline
     assert cost.reference_seconds == pytest.approx(reference_flops(llama) / 40e9)
     assert cost.baseline_seconds == pytest.approx(reference_flops(llama) / 1e9)
-    why = cost.refusal()
-    assert "would take ~3.8 h on cpu" in why and "reference ~5 min, baseline ~3.7 h" in why and OVERRIDE_FLAG in why
+    why = job_cost(cost, Job(())).refusal()
+    assert "whole job would take ~3.8 h on cpu" in why and "reference and baseline ~3.8 h" in why
+    assert OVERRIDE_FLAG in why
     assert llama.id in why and "Run it on a GPU" in why
     small = matrix_cost([AttentionCase(2, 4, 128, 64, "fp32")], CPU, **RATES)
-    assert small.refusal() is None and "1 cases on cpu" in small.summary()
+    assert job_cost(small, Job(())).refusal() is None and "1 cases on cpu" in small.summary()
 
 
 def test_a_case_that_does_not_fit_is_refused():
     decode = AttentionCase(16, 32, 1, 128, "bf16", kv_heads=8, seq_k=131072)
-    why = matrix_cost([decode], CPU, **{**RATES, "memory": 8 * GIB}).refusal()
+    why = job_cost(matrix_cost([decode], CPU, **{**RATES, "memory": 8 * GIB}), Job(())).refusal()
     assert f"{decode.id} needs ~" in why and "where cpu has 8.0 GiB" in why and OVERRIDE_FLAG in why
     assert "--seq and --batch with --preset/--hf-config" in why  # the options that size a model's cases
 
@@ -52,8 +58,8 @@ def test_check_cost_raises_unless_allowed(monkeypatch):
     monkeypatch.setattr(cost_module, "baseline_rate", lambda device, dtype: 1e6)
     case = AttentionCase(1, 8, 2048, 128, "fp32")
     with pytest.raises(ValueError, match=OVERRIDE_FLAG):
-        check_cost([case], CPU, allow=False)
-    assert check_cost([case], CPU, allow=True).seconds > 3600
+        check_cost([case], CPU, Job(()), allow=False)
+    assert check_cost([case], CPU, Job(()), allow=True).seconds > 3600
 
 
 def test_the_reference_rate_is_measured_here():
@@ -75,8 +81,8 @@ def test_a_rate_skips_the_first_call_and_takes_the_best_of_samples_of_a_minimum_
     seconds = _best_seconds(call, CPU, repeats=3, min_sample_s=0.005)
     assert seconds < 0.01  # neither the warm-up's 0.2 s nor the slowed sample (~25 ms a call) is in the rate
     assert len(calls) >= 1 + 2 + 2 * 2  # each sample looped the call until it lasted 5 ms
-    assert "best of" in ASSUMED and ASSUMED in matrix_cost([AttentionCase(1, 2, 8, 8, "fp32")], CPU,
-                                                           **RATES).summary()
+    assert "best of" in ASSUMED and ASSUMED in job_cost(matrix_cost([AttentionCase(1, 2, 8, 8, "fp32")], CPU,
+                                                                    **RATES), Job(())).summary()
 
 
 def test_a_cpu_rate_is_one_threads_times_the_threads_and_leaves_the_thread_count_alone(monkeypatch):
@@ -96,8 +102,8 @@ def test_a_cpu_rate_is_one_threads_times_the_threads_and_leaves_the_thread_count
 def test_the_run_estimate_reproduces_the_h200_run_it_was_fitted_to():
     """The H200's gpu-smoke run (docs/measurements.md, 7 backends): correctness of its first 11 cases ended at
     ~247 s, and a benchmark round took ~120 s; the estimate of those cases with 3 rounds (~607 s seen) is within
-    15 % above it (the slow backends' calls are counted on top of the measured per-key time)."""
-    from harness.execution.cost import H200, run_estimate
+    15 % above it (the slow dense backends' calls are counted by their declared relative speed)."""
+    from harness.execution.cost import run_estimate
     from harness.spec.matrices import build_matrix
 
     # gpu-smoke's cases then: those without paged KV or a model's modifiers, added since
@@ -105,13 +111,96 @@ def test_the_run_estimate_reproduces_the_h200_run_it_was_fitted_to():
              and c.head_dim_v == c.head_dim]
     assert len(first) == 11
     seen = 247 + 3 * 120
-    assert seen <= run_estimate(first, H200, backends=7, rounds=3) <= 1.15 * seen
-    correctness = run_estimate(first, H200, backends=7, rounds=0)
-    assert correctness == pytest.approx(247, rel=0.05)
+    assert seen <= run_estimate(first, rounds=3) <= 1.15 * seen
+    assert run_estimate(first, rounds=0) == pytest.approx(247, rel=0.05)
 
 
 def test_run_rates_are_for_their_device():
-    from harness.execution.cost import H200
+    with pytest.raises(ValueError, match="rates of a cuda device for a job on cpu"):
+        job_cost(matrix_cost([AttentionCase(2, 4, 128, 64, "fp32")], CPU, **RATES), Job(()), H200)
 
-    with pytest.raises(ValueError, match="rates of a cuda device for a run on cpu"):
-        matrix_cost([AttentionCase(2, 4, 128, 64, "fp32")], CPU, **RATES).run_seconds(H200, 1, 1)
+
+#: unit costs in round numbers, so each step's seconds can be written out (no timing in these tests)
+UNITS = RunRates("cpu", startup_s=10.0, session_s=6.0, case_s=1.0, call_s=0.5, call_floor_s=1e-4, judged_per_s=1e6,
+                 key_round_s=0.2, compile_s=4.0, probes_s=3.0, probe_graphs=2, checks_s=5.0, fidelity_s=7.0)
+
+
+def test_the_job_counts_each_backends_calls_compiles_and_timing_rounds_at_the_cases_size():
+    case = AttentionCase(1, 2, 256, 32, "bf16", mask=Causal())
+    matrix = matrix_cost([case], CPU, **RATES)
+    naive, flex = get_backends(["naive", "flex"])
+    timing = TimingConfig()
+    cost = job_cost(matrix, Job((naive, flex), (FWD,), rounds=2, timing=timing, probes=True), UNITS)
+    # bf16 at 1 GFLOP/s times each backend's declared relative speed on a CPU
+    fwd, train = (reference_flops(case, grads=g) / 1e9 / naive.relative_speed["cpu"] for g in (False, True))
+    out, grads = 2 * 256 * 32, 2 * 256 * 32 * 3
+    # naive: the no-grad call and the training call, their answers judged (out twice, the gradients once)
+    assert cost.seconds_of(case.id, "naive", stages=("correctness",)) == pytest.approx(
+        0.5 + fwd + train + (2 * out + grads) / 1e6)
+    # flex on a CPU: no backward, so the forward alone and one compile of the new shape
+    flex_fwd = reference_flops(case, grads=False) / 1e9 / flex.relative_speed["cpu"]
+    assert cost.seconds_of(case.id, "flex", stages=("correctness",)) == pytest.approx(0.5 + flex_fwd + 2 * out / 1e6)
+    assert cost.seconds_of(case.id, "flex", stages=("compile",)) == 4.0
+    # each round: the calls measure() plans at this latency, and the round's fixed cost
+    for index in range(2):
+        calls = planned_calls(fwd * 1e3, timing.share(2, index), device_type="cpu", estimated=index > 0)
+        assert cost.seconds_of(case.id, "naive", FWD, index) == pytest.approx(0.2 + calls * fwd)
+    assert cost.seconds_of("probes", "flex") == 3.0 + 2 * 4.0 and cost.seconds_of("probes", "naive") == 3.0
+    assert cost.seconds_of("fidelity") == 7.0 and cost.seconds_of(stages=("start",)) == 10.0 + 6.0
+    assert cost.seconds == pytest.approx(sum(cost.stage_seconds().values()))
+    assert 1.0 + matrix.case_seconds(matrix.costs[0]) == cost.seconds_of(case.id, stages=("reference",))
+
+
+def test_a_backends_declared_relative_speed_scales_its_calls_and_a_refused_case_costs_nothing():
+    class Slow(Naive):
+        relative_speed = {"cpu": Naive.relative_speed["cpu"] / 4}
+
+    case = AttentionCase(1, 2, 512, 64, "fp32")
+    matrix = matrix_cost([case], CPU, **RATES)
+    plain, slow = (job_cost(matrix, Job((b,), (FWD_BWD,)), UNITS) for b in (Naive(), Slow()))
+    # fp32 at 80 GFLOP/s times naive's relative speed
+    calls = (reference_flops(case, grads=False) + reference_flops(case)) / 80e9 / Naive.relative_speed["cpu"]
+    extra = (slow.seconds_of(case.id, stages=("correctness",)) - plain.seconds_of(case.id, stages=("correctness",)))
+    assert extra == pytest.approx(3 * calls)  # four times as long
+
+    class Bf16Only(Naive):
+        dtypes = (torch.bfloat16,)
+
+    assert job_cost(matrix, Job((Bf16Only(),), (FWD,)), UNITS).seconds_of(case.id, Bf16Only.name) == 0
+
+
+def test_the_refusal_takes_the_whole_job_not_only_the_reference():
+    """issue 48: `recommend --preset llama-3-8b --seq 8192 --batch 4 --training` was estimated by its reference and
+    baseline (~3 min), then ran well over an hour: the backends' calls and timing rounds decide it now."""
+    case = get_preset("llama-3-8b").case(4, 8192)
+    rates = dict(RATES, rate=1e12, baseline_rates={torch.bfloat16: 100e9})
+    matrix = matrix_cost([case], CPU, **rates)
+    assert matrix.seconds < 600  # the reference and baseline alone: minutes
+    backends = tuple(get_backends(["naive", "sdpa", "sdpa-math"]))
+    job = Job(backends, {case.id: (FWD_BWD,)}, timing=TimingConfig.for_budget(500.0, min_reps=15), advisor=True,
+              checks=True)
+    cost = job_cost(matrix, job, UNITS)
+    assert cost.seconds > LIMIT_S and cost.stage_seconds()["timing"] > matrix.seconds
+    why = cost.refusal()
+    assert why.startswith("the whole job would take ~") and "timing rounds ~" in why and "correctness calls ~" in why
+    assert "the longest step" in why and OVERRIDE_FLAG in why and "\n" not in why
+
+
+def test_recommends_progress_weights_are_the_estimates_steps_so_its_first_line_agrees():
+    from harness.advisor.progress import Progress
+    from harness.advisor.recommend import step_weights, steps_per_workload
+    from harness.advisor.workload import Workload
+
+    workloads = [Workload(1, 4, 256, 64, dtype="fp32", training=True), Workload(2, 4, 128, 64, dtype="fp32")]
+    backends = get_backends(["naive", "sdpa", "flex"])
+    matrix = matrix_cost([w.case() for w in workloads], CPU, **RATES)
+    job = Job(tuple(backends), {w.case().id: (w.phase,) for w in workloads}, advisor=True, checks=True)
+    cost = job_cost(matrix, job, UNITS)
+    weights = step_weights(cost, workloads, backends)
+    assert len(weights) == len(workloads) * steps_per_workload(len(backends))
+    # every step counted once (floors aside), but the start-up: it is over before the progress clock starts
+    assert sum(weights) == pytest.approx(cost.seconds - UNITS.startup_s, rel=1e-3)
+    # the first step (the first reference and baseline) took what the estimate said: the line projects the rest
+    clock = iter([0.0, weights[0]])
+    line = Progress(len(weights), weights=weights, clock=lambda: next(clock), say=lambda line: None).step("ref")
+    assert line.endswith(f"~{cost.seconds - UNITS.startup_s - weights[0]:.0f} s left")

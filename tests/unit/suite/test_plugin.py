@@ -139,3 +139,43 @@ def test_the_summary_counts_cases_by_status_and_gives_the_median_speedup_over_na
     assert header.endswith(f"speedup vs naive {FWD_BWD}") and "speedup vs naive:" in legend
     untimed = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows={}))
     assert "speedup" not in untimed[0] and len(untimed[1].split()) == 7
+
+
+def test_the_progress_weights_are_the_estimates_steps_per_test():
+    """issue 48: each test weighs what the cost model estimated for it, so the time left the progress lines project
+    is the estimate's: a correctness test its backend's calls (the case's first also its reference), a timing round
+    its round, a probe its backend's probes shared among its tests; the session's start goes to the first test."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from harness.backends.registry import get_backends
+    from harness.execution.cost import Job, job_cost, matrix_cost
+    from harness.spec.case import AttentionCase
+    from harness.store.schema import FWD, PHASES
+    from harness.suite.plugin import _item_weights
+    from tests.unit.execution.test_cost import UNITS
+
+    units = UNITS  # round numbers: startup_s 10, session_s 6, probes_s 3
+    cases = [AttentionCase(1, 2, 64, 32, "fp32"), AttentionCase(1, 2, 32, 32, "fp32")]
+    backends = get_backends(["naive", "sdpa"])
+    matrix = matrix_cost(cases, torch.device("cpu"), rate=1e9, baseline_rates={torch.float32: 1e9}, memory=2 ** 30,
+                         reference_budget_bytes=2 ** 20, baseline_budget_bytes=2 ** 20)
+    cost = job_cost(matrix, Job(tuple(backends), (FWD,), rounds=1, probes=True), units)
+
+    def item(stage: str, **params):
+        return SimpleNamespace(path=f"suites/{stage}/test_x.py", callspec=SimpleNamespace(params=params))
+
+    items = ([item("probes", backend=b, question=q) for b in backends for q in ("a", "b")]
+             + [item("correctness", case=c, backend=b) for c in cases for b in backends]
+             + [item("benchmark", case=c, backend=b, phase=p, perf_round=0) for c in cases for b in backends
+                for p in PHASES] + [item("benchmark"), item("benchmark")])
+    weights = _item_weights(SimpleNamespace(_harness_cost=cost), items)
+    assert weights[0] == pytest.approx(6.0 + 3.0 / 2)  # the session's start, then half of naive's probes
+    first = items.index(next(i for i in items if "/correctness/" in i.path))
+    assert weights[first] == pytest.approx(cost.seconds_of(cases[0].id, stages=("reference",))
+                                           + cost.seconds_of(cases[0].id, "naive", stages=("correctness",)))
+    # every step but the command's start-up (over before the tests) is some test's, bwd phases of a fwd-only job
+    # and the like at the floor
+    floors = sum(w for w, i in zip(weights, items) if i.callspec.params.get("phase") not in (None, FWD))
+    assert sum(weights) - floors == pytest.approx(cost.seconds - 10.0)
