@@ -62,7 +62,7 @@ def main() -> None:
                                                   **round_options(case, phase))
                             timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase,
                                                 TimingConfig().share(args.rounds, index), estimate_ms=estimate,
-                                                known_memory=memory, inputs=inputs, verified=verdict.answer_id)
+                                                known_memory=memory, inputs=inputs)
                             result = executor.time(backend, timing, device)
                             if result.failure is not None:
                                 print(f"{case.id} {backend.name} {phase}: {result.failure.reason}")

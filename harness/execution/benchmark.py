@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import Call, timed_call
+from harness.execution.call import Call
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
 from harness.execution.integrity import (EVENT_SLACK_MS, Transform, clock_behind, clock_disagreement,
@@ -22,7 +22,7 @@ from harness.measure.roofline import one_thread
 from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig
 from harness.oracle.prepared import PreparedCase
-from harness.oracle.verdict import Check, judge, ruled
+from harness.oracle.verdict import Check, judge
 from harness.spec.case import dtype_name
 from harness.store.rows import make_row
 from harness.store.schema import BWD, FWD, FWD_BWD, NOT_TIMED, PASS, REJECTED, TIMED, VERDICT_PHASES, Row
@@ -77,8 +77,7 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase, config,
                         estimate_ms=prior.median if prior is not None else None, known_memory=timing_round.memory,
                         cpu_mem_budget=cpu_mem_budget,
-                        inputs=round_inputs(prepared.seed or 0, key, timing_round.index, **round_options(case, phase)),
-                        verified=verdict.answer_id)
+                        inputs=round_inputs(prepared.seed or 0, key, timing_round.index, **round_options(case, phase)))
     answer, clock = audited_time(executor, backend, timing, device)
     if answer.failure is not None:
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,
@@ -87,7 +86,7 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     # one thread on a CPU: the workers' OpenMP threads still spin after a call, and the default run's timed judging
     # took 5.6 s on two threads, 1.1 s on one (2-core VM, 984 rounds)
     with stage("judging"), one_thread() if device.type == "cpu" else contextlib.nullcontext():
-        problem = clock or judge_timed(backend, prepared, phase, answer.observed, verdict.verified) or answer.integrity
+        problem = clock or judge_timed(backend, prepared, phase, answer.observed) or answer.integrity
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
         where = f"round {timing_round.index + 1} of {timing_round.count}: " if timing_round.count > 1 else ""
         return PerfResult(row(REJECTED, f"{where}timed at median {m.median:.4g} ms, but {problem}"), None)
@@ -129,37 +128,20 @@ def clock_audit(answer: TimingResult) -> str:
                 EVENT_SLACK_MS)) or "")
 
 
-def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: list[Observed],
-                verified: dict[tuple[str, str], Check] | None = None) -> str:
-    """'' when the timed calls' answers are their inputs' verified answer within the tolerance (never bitwise);
-    else the first failure, naming the call and the quantity. An answer told scaled where the calls ran gets the
-    verdict's Check (`verified`) or the last call's, scaled; any other is judged against the float64 reference."""
+def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: list[Observed]) -> str:
+    """'' when every timed call's answer that came back is its inputs' verified answer within the tolerance (never
+    bitwise), judged against the float64 reference; else the first failure, naming the call and the quantity."""
     if not observed:
         return "nothing the timed calls returned came back to be judged"
-    case, verified = prepared.case, verified or {}
+    case = prepared.case
     quantities = (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else [])
-    last = observed[-1]
     for quantity in quantities:
         naive = prepared.naive_error(quantity, backend.name)
-        known = verified.get((timed_call(phase), quantity))
-        checks: dict[int, Check | None] = {}
-        for i in [len(observed) - 1, *range(len(observed) - 1)]:  # the last first: the others may be scaled from it
-            o = observed[i]
-            factor = o.transform.factor(quantity)
-            scaled_naive = None if naive is None else naive * abs(factor)
-            if quantity in o.scaled_verified:
-                checks[i] = None if known is None else _scaled(known, factor, case.dtype, scaled_naive)
-            elif quantity in o.scaled_last:
-                last_check = checks[len(observed) - 1]
-                ratio = factor / last.transform.factor(quantity)
-                checks[i] = None if last_check is None else _scaled(last_check, ratio, case.dtype, scaled_naive)
-            elif o.answer(quantity) is not None:
-                checks[i] = _judge_one(quantity, o.answer(quantity), o.transform, prepared, naive)
         for i, o in enumerate(observed):
             which = "the last call, on new inputs" if i == len(observed) - 1 else "a call on the round's inputs"
-            check = checks.get(i)
-            if check is None:
+            if o.answer(quantity) is None:
                 return f"[{phase}, {which}] returned no {quantity}"
+            check = _judge_one(quantity, o.answer(quantity), o.transform, prepared, naive)
             if not check.passed:
                 return f"[{phase}, {which} ({o.transform.describe()})] {check.describe()}"
     return ""
@@ -171,8 +153,3 @@ def _judge_one(quantity: str, actual: torch.Tensor, transform: Transform, prepar
     factor = transform.factor(quantity)
     return judge(quantity, actual, prepared.reference.get(quantity), prepared.case.dtype,
                  None if naive is None else naive * abs(factor), factor)
-
-
-def _scaled(judged: Check, ratio: float, dtype: torch.dtype, naive: float | None) -> Check:
-    """The Check of `judged`'s answer times `ratio` (a signed power of two): error and max|ref| scale exactly."""
-    return ruled(judged.quantity, judged.err * abs(ratio), judged.nonfinite, judged.largest * abs(ratio), dtype, naive)

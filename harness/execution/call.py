@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import uuid
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cache import KEPT_ANSWER_BYTES, LRU, CallCaches, cached, kept_bytes
+from harness.execution.cache import LRU, CallCaches, cached
 from harness.execution.integrity import Snapshot, aliased
 from harness.execution.outcome import Failure
 from harness.measure.stages import stage
@@ -124,8 +123,6 @@ class Call:
     rng_seed: int | None = None
     #: with backward: run a call without autograd first (what inference and fwd timing run), its output judged too
     inference: bool = False
-    #: keep the answers where the call ran (CallResult.answer_id), for timing to compare its answers with there
-    keep: bool = False
 
     def __post_init__(self):
         if self.seed is None and self.inputs is None:
@@ -152,8 +149,6 @@ class CallResult:
     compile_ms: float | None = None
     #: the output of the call without autograd (Call.inference)
     inference_out: torch.Tensor | None = None
-    #: the id its process keeps the answers under (Call.keep); '' when none
-    answer_id: str = ""
 
     @property
     def interrupted(self) -> bool:
@@ -167,11 +162,6 @@ def answers_by_call(call: Call, result: CallResult) -> dict[tuple[str, str], tor
         answers[(GRAD if call.backward else NO_GRAD, "out")] = result.out
     answers.update({(GRAD, name): grad for name, grad in result.grads.items()})
     return answers
-
-
-def timed_call(phase: str) -> str:
-    """Which verified call a timed phase makes: fwd the no-grad one, bwd and fwd+bwd the training call."""
-    return NO_GRAD if phase == FWD else GRAD
 
 
 def call_inputs(call: Call, device: torch.device, drawn: LRU | None = None) -> Inputs:
@@ -253,17 +243,8 @@ def _entry(backend: Backend, call: Call, device: torch.device,
 
 
 def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCaches | None = None) -> CallResult:
-    """The call's outputs (CPU, canonical layout) or its failure; never raises for anything the backend does. A kept
-    call's answers are kept in `caches` under a new id when they fit (cache.KEPT_ANSWER_BYTES)."""
-    result = _run(backend, call, device, None if caches is None else caches.drawn)
-    answers = answers_by_call(call, result) if call.keep and caches is not None else {}
-    if answers and kept_bytes(answers) <= KEPT_ANSWER_BYTES:  # copies: the originals may travel in shared memory
-        result.answer_id = uuid.uuid4().hex  # a worker started anew keeps none: its ids are never found there
-        caches.answers.get(result.answer_id, lambda: {key: t.clone() for key, t in answers.items()})
-    return result
-
-
-def _run(backend: Backend, call: Call, device: torch.device, drawn: LRU | None) -> CallResult:
+    """The call's outputs (CPU, canonical layout) or its failure; never raises for anything the backend does."""
+    drawn = None if caches is None else caches.drawn
     with device_scope(device), _seeded(call.rng_seed, device):
         result = CallResult()
         try:

@@ -12,7 +12,7 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.cache import CallCaches
 from harness.execution.call import (BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves,
-                                    poison, timed_call)
+                                    poison)
 from harness.execution.integrity import CallContent, RoundInputs, Snapshot, Transform, aliased, same_bits
 from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
@@ -33,7 +33,7 @@ CHECK_ONE_IN = 4
 @dataclass(frozen=True)
 class TimingCall:
     """Time `phase` of the call's case; estimate_ms, known_memory (bytes, method) from earlier rounds (None: measure
-    now); inputs: the round's transforms (None: nothing observed); verified: the verdict call's answer id."""
+    now); inputs: the round's transforms (None: nothing observed)."""
 
     call: Call
     phase: str
@@ -42,7 +42,6 @@ class TimingCall:
     known_memory: tuple[int, str] | None = None
     cpu_mem_budget: int | None = None
     inputs: RoundInputs | None = None
-    verified: str = ""
 
 
 @dataclass
@@ -55,10 +54,6 @@ class Observed:
     #: the call's own content on top of the transform (divided out where the calls ran: the answers here are the
     #: transform's)
     content: CallContent | None = None
-    #: quantities whose answer was, bit for bit, the verified one (or the last call's) scaled: dropped where the
-    #: calls ran, judged by that answer's Check, scaled (judge_timed)
-    scaled_verified: frozenset[str] = frozenset()
-    scaled_last: frozenset[str] = frozenset()
 
     def answer(self, quantity: str) -> torch.Tensor | None:
         return self.out if quantity == "out" else self.grads.get(quantity)
@@ -207,7 +202,6 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
         try:
             with stage("inputs"):
                 verified = call_inputs(timing.call, device, None if caches is None else caches.drawn)
-                kept = _kept(caches, timing)
                 plan = timing.inputs
                 inputs = verified if plan is None else plan.seen.inputs(verified)
             case, phase = timing.call.case, timing.phase
@@ -222,7 +216,7 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                 if first_done:
                     with stage("timing"):
                         timed = phase_callables(backend, case, inputs, device, phase)
-                        checks = None if plan is None else _Checks(backend, timed, verified, plan, case, phase, kept)
+                        checks = None if plan is None else _Checks(backend, timed, verified, plan, case, phase)
                 with stage("peak memory"):
                     probe = timed if first_done else phase_callables(backend, case, inputs, device, phase)
                     if probe.build is not None:
@@ -237,7 +231,7 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
             with stage("timing"):
                 if timed is None:
                     timed = phase_callables(backend, case, inputs, device, phase)
-                    checks = None if plan is None else _Checks(backend, timed, verified, plan, case, phase, kept)
+                    checks = None if plan is None else _Checks(backend, timed, verified, plan, case, phase)
                 captured = None
                 if timing.config.cuda_graph and device.type == "cuda":
                     # the samples are replays: the checks renew, observe and confirm the graph, not an eager call
@@ -270,10 +264,8 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
 class _Checks:
     """A round's integrity checks where the calls run: fresh content every call, inputs left as given, outputs owned."""
 
-    def __init__(self, backend: Backend, timed: Phase, verified: Inputs, plan: RoundInputs, case, phase: str,
-                 kept: dict[str, torch.Tensor] | None = None):
+    def __init__(self, backend: Backend, timed: Phase, verified: Inputs, plan: RoundInputs, case, phase: str):
         self.backend, self.timed, self.verified, self.plan = backend, timed, verified, plan
-        self.kept = kept  # None: every answer goes back to be judged (a worker: nothing is elided where it ran)
         self.snapshot = Snapshot(timed.buffers)
         self.problems: list[str] = []
         self.observed: list[Observed] = []
@@ -316,50 +308,11 @@ class _Checks:
             undo = (lambda q, t: t) if o.content is None else functools.partial(o.content.undo, group=self.group)
             o.out = None if o.out is None else undo("out", self.backend.from_layout(o.out).cpu())
             o.grads = {n: undo(n, (self.backend.from_layout(g) if n in GRADS else g).cpu()) for n, g in o.grads.items()}
-        if self.kept is not None:
-            _drop_scaled(self.observed, self.kept)
         return self.observed, "; ".join(self.problems)
 
     def _note(self, problem: str) -> None:
         if problem and problem not in self.problems:
             self.problems.append(problem)
-
-
-def _kept(caches: CallCaches | None, timing: TimingCall) -> dict[str, torch.Tensor] | None:
-    """This process's kept answers of the verdict's call the phase makes, by quantity ({} when none); None when the
-    round names no verified answer: a worker's round, whose answers are all judged in the run's process."""
-    if not timing.verified:
-        return None
-    if caches is None or timing.verified not in caches.answers:
-        return {}
-    call = timed_call(timing.phase)
-    return {quantity: t for (kind, quantity), t in caches.answers.get(timing.verified).items() if kind == call}
-
-
-def _drop_scaled(observed: list[Observed], kept: dict[str, torch.Tensor]) -> None:
-    """Drop each answer that is the kept verified one or the last call's, scaled, bit for bit (scaled_*)."""
-    for o in observed:
-        same = {quantity for quantity, answer in kept.items()
-                if _equal(o.answer(quantity), answer, o.transform.factor(quantity))}
-        o.scaled_verified = frozenset(same)
-        _drop(o, same)
-    last = observed[-1] if observed else None
-    for o in observed[:-1]:
-        same = {quantity for quantity in ("out", *o.grads) if last.answer(quantity) is not None and _equal(
-            o.answer(quantity), last.answer(quantity), o.transform.factor(quantity) / last.transform.factor(quantity))}
-        o.scaled_last = frozenset(same)
-        _drop(o, same)
-
-
-def _equal(answer: torch.Tensor | None, base: torch.Tensor, factor: float) -> bool:
-    """`answer` is `base` times `factor` (a signed power of two), bit for bit."""
-    return (answer is not None and answer.shape == base.shape and answer.dtype == base.dtype
-            and torch.equal(answer, base * factor))
-
-
-def _drop(o: Observed, quantities: set[str]) -> None:
-    o.out = None if "out" in quantities else o.out
-    o.grads = {n: g for n, g in o.grads.items() if n not in quantities}
 
 
 def fidelity_of(backend: Backend, device: torch.device, case, seed: int):

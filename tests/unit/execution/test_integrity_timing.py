@@ -96,36 +96,25 @@ def test_honest_controls_are_timed_on_every_phase_and_round(kernel, phase):
 
 
 @pytest.mark.parametrize("isolate", [False, True])
-def test_a_deterministic_kernel_s_timed_answers_are_told_where_they_ran_and_judged_by_the_verdict(isolate):
-    """In-process, the executor that ran the correctness call kept its answers (Call.keep): a round's every answer
-    that is a verified one scaled, bit for bit, is told, not sent back, and the rows are timed; an executor that did
-    not run it (a fresh one) sends them and they are judged in float64. From a worker nothing is told (a comparison
-    where the backend's code runs could be its own, issue 47): every answer comes back, and the rows are timed."""
+def test_every_timed_answer_comes_back_to_be_judged_in_process_and_from_a_worker(isolate):
+    """Nothing is compared where the calls ran (issue 47): every observed answer of every phase comes back, from the
+    run's own process and from a worker alike, and is judged in the run's process."""
+    from harness.backends.naive import Naive
     from harness.execution.call import Call
     from harness.execution.executor import make_executor
     from harness.execution.integrity import round_options
     from harness.execution.timed import TimingCall
-    from harness.backends.naive import Naive
 
     executor = make_executor(CPU, isolate=isolate)
     try:
-        prepared = prepare_case(CASE, CPU, 3)
-        verdict = execute(Naive(), prepared, executor=executor)
-        assert verdict.answer_id and set(verdict.verified) == {("no-grad", "out"), ("grad", "out"), ("grad", "dq"),
-                                                               ("grad", "dk"), ("grad", "dv")}
         for phase, quantities in (("fwd", {"out"}), ("bwd", {"dq", "dk", "dv"}),
                                   ("fwd+bwd", {"out", "dq", "dk", "dv"})):
             timing = TimingCall(Call(CASE, 3), phase, FAST, inputs=round_inputs(3, (CASE.id, "naive", phase), 0,
-                                                                                **round_options(CASE, phase)),
-                                verified=verdict.answer_id)
+                                                                                **round_options(CASE, phase)))
             observed = executor.time(Naive(), timing, CPU).observed
-            told = set() if isolate else quantities  # from a worker nothing is told (issue 47's trust boundary)
-            assert len(observed) >= 2 and all(o.scaled_verified == told for o in observed), phase
-            returned = [({"out"} if o.out is not None else set()) | set(o.grads) for o in observed]
-            assert all(r & quantities == quantities - told for r in returned), phase
+            assert len(observed) >= 2 and all(
+                ({"out"} if o.out is not None else set()) | set(o.grads) >= quantities for o in observed), phase
             assert _timed(Naive(), phase, executor=executor).row.timing_status == TIMED
-        fresh = InProcessExecutor().time(Naive(), timing, CPU).observed
-        assert not fresh[-1].scaled_verified and set(fresh[-1].grads) == {"dq", "dk", "dv"}
     finally:
         executor.close()
 
@@ -196,82 +185,6 @@ def test_fp8_queries_round_inputs_are_exact_after_quantization():
         q, k, v, _ = backend_inputs(Naive(), case, t.inputs(inputs), requires_grad=False)
         for got, verified, factor in ((q, base[0], t.qk), (k, base[1], t.qk), (v, base[2], t.v)):
             assert torch.equal(got.float(), verified.float() * factor)
-
-
-def test_a_seen_answer_that_is_the_new_one_scaled_bit_for_bit_is_judged_by_its_figures_else_on_its_own():
-    """_scaled: an answer that is a judged one times the transforms' ratio bit for bit (a deterministic kernel's: the
-    transforms are exact) gets the judged figures scaled, with no pass over the reference - the same figures a pass
-    gives. judge_timed with answers not told scaled judges each: a nondeterministic one (within the
-    tolerance) passes, one wrong on seen inputs alone fails."""
-    import torch
-
-    from harness.execution.benchmark import _judge_one, _scaled, judge_timed
-    from harness.execution.timed import Observed
-
-    prepared = prepare_case(CASE, CPU, 5)
-    plan = round_inputs(5, (CASE.id, "sdpa", "fwd"), 0)
-    verified = prepared.reference.out.to(torch.float32)
-    new_out = verified * plan.new.factor("out")
-    honest_seen = verified * plan.seen.factor("out")
-    naive = prepared.naive_error("out", "sdpa")
-    judged = _judge_one("out", honest_seen, plan.seen, prepared, naive)
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd",
-                       [Observed(plan.seen, honest_seen), Observed(plan.new, new_out)]) == ""
-    ratio = plan.seen.factor("out") / plan.new.factor("out")
-    derived = _scaled(_judge_one("out", new_out, plan.new, prepared, naive), ratio, CASE.dtype,
-                      naive * abs(plan.seen.factor("out")))
-    assert (derived.err, derived.tol, derived.largest) == (judged.err, judged.tol,
-                                                                                   judged.largest)
-    jittered = honest_seen + 1e-7 * torch.randn_like(honest_seen)  # within the tolerance, not bitwise scaled
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd",
-                       [Observed(plan.seen, jittered), Observed(plan.new, new_out)]) == ""
-    wrong_seen = honest_seen.clone()
-    wrong_seen.view(-1)[3] += 1.0
-    problem = judge_timed(gamed.Recomputing(), prepared, "fwd",
-                          [Observed(plan.seen, wrong_seen), Observed(plan.new, new_out)])
-    assert problem.startswith("[fwd, a call on the round's inputs") and "out err" in problem
-
-
-def test_where_the_calls_ran_a_seen_answer_scaled_from_the_last_is_dropped_and_judged_by_its_figures():
-    """timed._drop_scaled (in the worker): an answer that is the kept verified one times its factor, or an earlier
-    one that is the last one times the factors' ratio, bit for bit, does not travel; judge_timed gives it the
-    verdict's Check or the last answer's, scaled - the figures a float64 pass gives. One that differs travels and is
-    judged on its own - an answer wrong only on seen or only on new inputs still fails."""
-    import torch
-
-    from harness.execution.benchmark import _judge_one, judge_timed
-    from harness.execution.timed import Observed, _drop_scaled
-
-    prepared = prepare_case(CASE, CPU, 5)
-    plan = round_inputs(5, (CASE.id, "sdpa", "fwd"), 0)
-    verified = prepared.reference.out.to(torch.float32)
-    observed = [Observed(plan.seen, verified * plan.seen.factor("out")),
-                Observed(plan.new, verified * plan.new.factor("out"))]
-    _drop_scaled(observed, {})
-    assert observed[0].out is None and observed[0].scaled_last == {"out"}
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed) == ""
-    wrong = verified * plan.seen.factor("out")
-    wrong.view(-1)[3] += 1.0
-    observed = [Observed(plan.seen, wrong), Observed(plan.new, verified * plan.new.factor("out"))]
-    _drop_scaled(observed, {})
-    assert observed[0].out is not None and not observed[0].scaled_last
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed).startswith("[fwd, a call on the round's inputs")
-
-    # the verdict's answer kept where the calls ran: both answers are it, scaled - nothing travels
-    naive = prepared.naive_error("out", "sdpa")
-    check = _judge_one("out", verified, Transform(), prepared, naive)  # the verified inputs as they are
-    observed = [Observed(plan.seen, verified * plan.seen.factor("out")),
-                Observed(plan.new, verified * plan.new.factor("out"))]
-    _drop_scaled(observed, {"out": verified})
-    assert all(o.out is None and o.scaled_verified == {"out"} for o in observed)
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed, {("no-grad", "out"): check}) == ""
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed, {}).endswith("returned no out")
-    bad = verified * 4.0  # the verdict's passed; 4x its answer is judged and fails, though both scaled bit for bit
-    observed = [Observed(plan.seen, verified * plan.seen.factor("out")), Observed(plan.new, bad)]
-    _drop_scaled(observed, {"out": verified})
-    assert observed[0].out is None and observed[1].out is not None and not observed[1].scaled_verified
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed,
-                       {("no-grad", "out"): check}).startswith("[fwd, the last call, on new inputs")
 
 
 @pytest.mark.parametrize("case, phase", [
