@@ -8,7 +8,6 @@ from harness import AttentionCase
 from harness.execution.benchmark import measure_phase
 from harness.execution.device import resolve_device
 from harness.execution.in_process import InProcessExecutor
-from harness.execution.integrity import RoundInputs, TRANSFORMS, Transform, round_inputs
 from harness.execution.rounds import Round
 from harness.execution.runner import execute, prepare_case
 from harness.measure.timing import TimingConfig
@@ -102,89 +101,59 @@ def test_every_timed_answer_comes_back_to_be_judged_in_process_and_from_a_worker
     from harness.backends.naive import Naive
     from harness.execution.call import Call
     from harness.execution.executor import make_executor
-    from harness.execution.integrity import round_options
     from harness.execution.timed import TimingCall
 
     executor = make_executor(CPU, isolate=isolate)
     try:
         for phase, quantities in (("fwd", {"out"}), ("bwd", {"dq", "dk", "dv"}),
                                   ("fwd+bwd", {"out", "dq", "dk", "dv"})):
-            timing = TimingCall(Call(CASE, 3), phase, FAST, inputs=round_inputs(3, (CASE.id, "naive", phase), 0,
-                                                                                **round_options(CASE, phase)))
-            observed = executor.time(Naive(), timing, CPU).observed
-            assert len(observed) >= 2 and all(
+            observed = executor.time(Naive(), TimingCall(Call(CASE, 3), phase, FAST), CPU).observed
+            assert observed and all(
                 ({"out"} if o.out is not None else set()) | set(o.grads) >= quantities for o in observed), phase
             assert _timed(Naive(), phase, executor=executor).row.timing_status == TIMED
     finally:
         executor.close()
 
 
-def test_every_transform_gives_exactly_the_transformed_answer():
-    """The expected answer of transformed inputs is the verified one scaled: exact in floating point (float64
-    reference of the transformed inputs against the scaled reference, to the last bit for out and dv)."""
-    case = AttentionCase(1, 2, 8, 16, "fp32", mask=Causal())
-    inputs = make_inputs(case, "cpu", 5)
-    ref = reference_attention(case, inputs)
-    for t in TRANSFORMS:
-        theirs = reference_attention(case, t.inputs(inputs))
-        for quantity in ("out", "dq", "dk", "dv"):
-            assert (theirs.get(quantity) - ref.get(quantity) * t.factor(quantity)).abs().max() <= 1e-12, (t, quantity)
-
-
-def test_a_round_s_new_inputs_change_every_answer_and_rounds_differ():
-    seen = set()
-    for index in range(3):
-        r = round_inputs(11, ("c", "b", "fwd"), index)
-        assert isinstance(r, RoundInputs) and not r.seen.identity and Transform().identity
-        for q in ("out", "dq", "dk", "dv"):
-            assert r.new.factor(q) != r.seen.factor(q)
-        seen.add(r.seen)
-    assert len(seen) == 3
-    assert round_inputs(11, ("c", "b", "fwd"), 0) != round_inputs(12, ("c", "b", "fwd"), 0)  # the seed decides
-
-
-def test_an_fp8_cache_s_round_inputs_are_exact_after_quantization():
-    """An FP8 KV cache is quantized with scales fixed by the case (spec/fp8.py): v x 2 may saturate e4m3, so its
-    rounds draw from FP8_TRANSFORMS (v and q, k times +-1): quantizing a transformed v gives the transformed
-    quantized v bit for bit, and the new inputs still change the answer and the bytes of q, k or v."""
+@pytest.mark.parametrize("case", [
+    AttentionCase(1, 2, 9, 16, "bf16", seq_k=12, fp8_kv="tensor"),
+    AttentionCase(1, 6, 9, 16, "bf16", kv_heads=3, seq_k=12, fp8_kv="head", fp8_q=True),
+])
+def test_an_fp8_case_s_call_content_is_exact_after_quantization(case):
+    """An FP8 KV cache (and q) is quantized with scales fixed by the case (spec/fp8.py): v x 2 may saturate e4m3, so a
+    call's content scales v by signs alone; q and k take signs per column. A sign commutes with e4m3 quantization
+    bit for bit (its grid and saturation are symmetric): what the backend gets (backend_inputs, as timing gives it)
+    is the quantized inputs times the content's factors, so the answer follows exactly."""
     import torch
 
-    from harness.execution.integrity import FP8_TRANSFORMS
-    from harness.spec import fp8
-
-    assert FP8_TRANSFORMS and all(abs(t.v) == 1.0 and abs(t.qk) == 1.0 and (t.qk, t.v) != (1.0, 1.0)
-                                  for t in FP8_TRANSFORMS)
-    v = torch.randn(2, 2, 33, 16) * 300  # beyond e4m3's range at scale 1 too: saturation must stay symmetric
-    scale = torch.ones(())
-    for t in FP8_TRANSFORMS:
-        assert torch.equal(fp8.quantize(v * t.v, scale).float(), fp8.quantize(v, scale).float() * t.v)
-    for index in range(4):
-        r = round_inputs(11, ("c", "b", "fwd"), index, fp8_kv=True)
-        assert r.seen in FP8_TRANSFORMS and r.new in FP8_TRANSFORMS and r.new.factor("out") != r.seen.factor("out")
-
-
-def test_fp8_queries_round_inputs_are_exact_after_quantization():
-    """An FP8 Q/K/V case's q is quantized too, per kv-head group (spec/fp8.py): q (and k) times -1 - the only change
-    FP8_TRANSFORMS makes to them - commutes with e4m3 quantization bit for bit (its grid and saturation are
-    symmetric), so the transformed round's quantized inputs are the verified ones' with flipped signs: the scores
-    are unchanged and the answer follows exactly. The backend gets them through backend_inputs, as timing does."""
-    import torch
-
-    from harness import AttentionCase
     from harness.backends.naive import Naive
     from harness.execution.call import backend_inputs
-    from harness.execution.integrity import FP8_TRANSFORMS
-    from harness.spec.case import make_inputs
+    from harness.execution.integrity import CallContent
 
-    case = AttentionCase(1, 6, 9, 16, "bf16", kv_heads=3, seq_k=12, fp8_kv="head", fp8_q=True)
     inputs = make_inputs(case)
-    inputs = inputs._replace(q=inputs.q * 40)  # past e4m3's range for some values: saturation must stay symmetric
-    base = backend_inputs(Naive(), case, inputs, requires_grad=False)
-    assert base[0].dtype == torch.float8_e4m3fn
-    for t in FP8_TRANSFORMS:
-        q, k, v, _ = backend_inputs(Naive(), case, t.inputs(inputs), requires_grad=False)
-        for got, verified, factor in ((q, base[0], t.qk), (k, base[1], t.qk), (v, base[2], t.v)):
-            assert torch.equal(got.float(), verified.float() * factor)
+    inputs = inputs._replace(q=inputs.q * 40, v=inputs.v * 300)  # past e4m3's range: saturation must stay symmetric
+    base = [t.float() for t in backend_inputs(Naive(), case, inputs, requires_grad=False)[:3]]
+    assert backend_inputs(Naive(), case, inputs, requires_grad=False)[2].dtype == torch.float8_e4m3fn
+    generator = torch.Generator().manual_seed(2)
+    for _ in range(4):
+        content = CallContent.draw(case, generator)
+        assert set(content.v.flatten().tolist()) <= {-1.0, 1.0}
+        got = backend_inputs(Naive(), case, content.inputs(inputs), requires_grad=False)[:3]
+        expected = content.inputs(inputs._replace(q=base[0] if case.fp8_q else inputs.q.float(), k=base[1],
+                                                  v=base[2]))[:3]
+        for name, mine, theirs in zip("qkv", got, expected):
+            if name != "q" or case.fp8_q:
+                assert torch.equal(mine.float(), theirs), name
+
+
+def test_a_backward_alone_s_graph_is_built_on_the_round_s_own_content():
+    """RoundGuard: the round draws content of its own, which the phase is built on (the backward alone's graph: q, k
+    and v unlike the verified inputs'), and its calls' content on top; every answer is undone to the verified one."""
+    from harness.execution.integrity import RoundGuard
+
+    inputs = make_inputs(CASE, "cpu", 3)
+    guard = RoundGuard(CASE, "bwd", inputs)
+    assert not any(a.equal(b) for a, b in zip(guard.inputs[:3], inputs[:3]))
 
 
 @pytest.mark.parametrize("case, phase", [
@@ -238,16 +207,15 @@ def test_every_timed_call_runs_on_content_no_earlier_call_saw():
 
 @pytest.mark.parametrize("drawn", [0, 1])
 def test_each_timed_call_is_judged_when_the_draw_after_it_says_so(monkeypatch, drawn):
-    """timed._Checks.observe draws, after each timed call returns, whether it is judged (odds 1/CHECK_ONE_IN): drawn
-    every time, every sample's answer is observed; never, the last two alone. A kernel wrong on m of a round's other
-    calls escapes with odds (1 - 1/CHECK_ONE_IN)^m."""
+    """integrity.RoundGuard.after_call draws, after each timed call returns, whether it is judged (odds
+    1/CHECK_ONE_IN): drawn every time, every sample's answer is observed; never, the last alone. A kernel wrong on m
+    of a round's other calls escapes with odds (1 - 1/CHECK_ONE_IN)^m."""
     from harness.backends.naive import Naive
-    from harness.execution import timed as timed_module
+    from harness.execution import integrity
     from harness.execution.call import Call
     from harness.execution.timed import TimingCall
 
-    monkeypatch.setattr(timed_module.secrets, "randbelow", lambda n, _d=drawn: _d)
-    timing = TimingCall(Call(CASE, 3), "fwd", FAST, inputs=round_inputs(3, (CASE.id, "naive", "fwd"), 0))
-    result = InProcessExecutor().time(Naive(), timing, CPU)
+    monkeypatch.setattr(integrity.secrets, "randbelow", lambda n, _d=drawn: _d)
+    result = InProcessExecutor().time(Naive(), TimingCall(Call(CASE, 3), "fwd", FAST), CPU)
     n = result.measurement.n  # the first may be the estimate's last call, made before it was known to be a sample
-    assert n > 2 and (n - 1 <= len(result.observed) <= n if drawn == 0 else len(result.observed) == 2)
+    assert n > 2 and (n - 1 <= len(result.observed) <= n if drawn == 0 else len(result.observed) == 1)
