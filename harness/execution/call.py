@@ -17,10 +17,7 @@ from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.modifiers import MODIFIER_GRADS, alibi_slopes
 from harness.spec.fp8 import kv_scales, per_query_head, q_scales, quantize
 from harness.spec.paged import paged_inputs, paged_layout
-from harness.store.schema import ERROR, FAIL, FWD, GRADS
-
-#: the two calls a correctness verdict judges: no autograd (as inference and fwd timing), and the training call
-NO_GRAD, GRAD = "no-grad", "grad"
+from harness.store.schema import ERROR, FAIL, GRADS
 
 
 class Arrangement(Protocol):
@@ -155,15 +152,6 @@ class CallResult:
         return any(f is not None and f.interrupted for f in (self.failure, self.backward_failure))
 
 
-def answers_by_call(call: Call, result: CallResult) -> dict[tuple[str, str], torch.Tensor]:
-    """The call's answers by (NO_GRAD or GRAD, quantity); without a backward its one output is the no-grad one."""
-    answers = {} if result.inference_out is None else {(NO_GRAD, "out"): result.inference_out}
-    if result.out is not None:
-        answers[(GRAD if call.backward else NO_GRAD, "out")] = result.out
-    answers.update({(GRAD, name): grad for name, grad in result.grads.items()})
-    return answers
-
-
 def call_inputs(call: Call, device: torch.device, drawn: LRU | None = None) -> Inputs:
     """The call's inputs on `device`: given ones moved there, or the seeded ones drawn (kept in `drawn`)."""
     if call.inputs is not None:
@@ -200,6 +188,13 @@ def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor,
 def _host(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy taken now (`.cpu()` would alias a CPU tensor a background thread may still be writing)."""
     return t.detach().to("cpu", copy=True)
+
+
+def leaf_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               leaves: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(gradient, leaf) by the gradient's name (dq, dk, dv, dsinks, dbias): zeros where the call wrote none."""
+    return {name: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf), leaf)
+            for name, leaf in [*zip(GRADS, (q, k, v)), *((MODIFIER_GRADS[n], t) for n, t in leaves.items())]}
 
 
 def poison(out: torch.Tensor) -> None:
@@ -294,9 +289,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCac
             result.backward_failure = Failure(FAIL, f"[bwd] {written}")
             return result
         problems = []
-        judged = [*zip(GRADS, (q, k, v)), *((MODIFIER_GRADS[n], t) for n, t in leaves.items())]
-        for name, leaf in judged:
-            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        for name, (grad, leaf) in leaf_grads(q, k, v, leaves).items():
             if problem := _grad_violation(name, grad, leaf):
                 problems.append(problem)
             else:

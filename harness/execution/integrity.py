@@ -6,12 +6,16 @@ from __future__ import annotations
 import functools
 import secrets
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
+from harness.measure.timing import Guard
 from harness.spec.case import Inputs
 from harness.store.schema import BWD, GRADS
+
+if TYPE_CHECKING:
+    from harness.execution.timed import Phase  # the phase a RoundGuard watches
 
 #: same-size integer views: inputs are compared bit for bit (NaN in padding compares equal to itself)
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -177,18 +181,7 @@ class Observed:
         return self.out if quantity == "out" else self.grads.get(quantity)
 
 
-class Guarded(Protocol):
-    """The phase a RoundGuard watches (timed.Phase): its buffers, how a call's content is written into them, and what
-    a call returned, copied."""
-
-    buffers: dict[str, torch.Tensor]
-
-    def fresh(self, inputs: Inputs) -> dict[str, torch.Tensor]: ...
-
-    def observe(self, value: object) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]: ...
-
-
-class RoundGuard:
+class RoundGuard(Guard):
     """A timed round's integrity where its calls run: the one entry every clock path (timing.measure: CPU clock, CUDA
     events, CUDA graph replays) calls, in named steps - before_call before every call (estimate, warm-up, sample),
     after_call after each sample but the last, after_last_call after the last - then finish."""
@@ -206,7 +199,7 @@ class RoundGuard:
         self.problems: list[str] = []
         self.content: CallContent | None = None
 
-    def watch(self, timed: Guarded) -> None:
+    def watch(self, timed: Phase) -> None:
         """The phase built on `inputs`: what its calls must leave as given is taken now."""
         self.timed, self.snapshot = timed, Snapshot(timed.buffers)
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import Arrangement, Call, CallResult, answers_by_call
+from harness.execution.call import Arrangement, Call, CallResult
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult, failure_status, free
 from harness.measure.stages import stage
@@ -148,12 +148,13 @@ def _judged_forward(backend: Backend, prepared: PreparedCase, call: Call, answer
                     tag: str) -> BackendResult:
     naive = prepared.naive_error("out", backend.name)
     # the fwd verdict judges the no-grad call and the training call's output: the worse stands, a failure names it
-    outs = {key: t for key, t in answers_by_call(call, answer).items() if key[1] == "out"}
+    outs = {"no-grad": answer.inference_out, "grad" if call.backward else "no-grad": answer.out}
     with stage("judging"):
-        verified = {key: judge("out", t, prepared.reference.out, prepared.case.dtype, naive) for key, t in outs.items()}
+        verified = {kind: judge("out", t, prepared.reference.out, prepared.case.dtype, naive)
+                    for kind, t in outs.items() if t is not None}
     check = max(verified.values(), key=lambda c: c.ratio)
     failed = [(f"[fwd, {kind}] " if len(verified) > 1 else "") + c.describe()
-              for (kind, _), c in verified.items() if not c.passed]
+              for kind, c in verified.items() if not c.passed]
     result = BackendResult([], {"out": check}, answer.out)
     reason = "; ".join(filter(None, [*failed, prepared.note_for(backend.name)]))
     result.rows.append(verdict_row(prepared, backend, FWD, PASS if check.passed else FAIL, reason, [check],

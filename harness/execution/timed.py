@@ -10,7 +10,8 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.cache import CallCaches
-from harness.execution.call import BoundCall, Call, backend_inputs, call_inputs, device_scope, modifier_leaves, poison
+from harness.execution.call import (BoundCall, Call, backend_inputs, call_inputs, device_scope, leaf_grads,
+                                    modifier_leaves, poison)
 from harness.execution.integrity import Observed, RoundGuard
 from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
@@ -19,8 +20,7 @@ from harness.measure.stages import stage
 from harness.measure import timing as clocks  # clocks.CLOCKS, read where used: one binding for every reading
 from harness.measure.timing import Measurement, TimingConfig, measure
 from harness.spec.case import Inputs
-from harness.spec.modifiers import MODIFIER_GRADS
-from harness.store.schema import BWD, FWD, FWD_BWD, GRADS, OOM
+from harness.store.schema import BWD, FWD, FWD_BWD, OOM
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,6 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
     leaves = modifier_leaves(inputs, requires_grad=phase != FWD)  # sinks/bias: their gradients are work too
     call = BoundCall(backend, case, device, leaves=leaves)
     buffers = {"q": q, "k": k, "v": v, "dO": d_out, **leaves}
-    judged = [*zip(GRADS, (q, k, v)), *((MODIFIER_GRADS[n], t) for n, t in leaves.items())]
     built: list = []
 
     forward = functools.partial(call, q, k, v)
@@ -107,8 +106,7 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         out = value.detach().clone() if isinstance(value, torch.Tensor) else None
         if out is not None:
             poison(value)
-        grads = {} if phase == FWD else {name: (t.grad if t.grad is not None else torch.zeros_like(t)).clone()
-                                         for name, t in judged}
+        grads = {} if phase == FWD else {name: g.clone() for name, (g, _) in leaf_grads(q, k, v, leaves).items()}
         return out, grads
 
     def inference():  # as the correctness call runs it: a compiled backend guarded on grad mode compiles once

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
@@ -162,19 +162,9 @@ def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
     return int(cfg.warmup_ms / estimate_ms), int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / estimate_ms)))
 
 
-class Guard(Protocol):
-    """A round's integrity steps around the calls measure makes (execution.integrity.RoundGuard: fresh content before
-    every call, each sample's answer checked as it returns, the last one always)."""
-
-    def before_call(self) -> None: ...
-
-    def after_call(self, value: object) -> None: ...
-
-    def after_last_call(self, value: object) -> None: ...
-
-
-class Unguarded:
-    """No steps: the calls timed as they are."""
+class Guard:
+    """A round's integrity steps around the calls measure makes; here none (execution.integrity.RoundGuard: fresh
+    content before every call, each sample's answer checked as it returns, the last one always)."""
 
     def before_call(self) -> None:
         pass
@@ -193,7 +183,7 @@ def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[
     calls); build: what fn needs made first (a backward's forward); warm: fn ran once already (the CPU memory probe),
     so no first call is kept apart for compiling; guard: the round's integrity steps around every call, estimate and
     warm-up calls included; graph: fn captured (cuda_graph.Captured): its replays are timed."""
-    setup, guard, start = setup or (lambda: None), guard or Unguarded(), CLOCKS.now_ns()
+    setup, guard, start = setup or (lambda: None), guard or Guard(), CLOCKS.now_ns()
     if device.type == "cuda":
         if config.cuda_graph and graph is None:
             raise ValueError("measure(config.cuda_graph=True) needs graph= (timed.graph_phase captures it)")
