@@ -18,9 +18,9 @@ import statistics
 import torch
 
 from harness.backends.registry import get_backends
-from harness.execution.benchmark import clock_audit, phase_verdict
+from harness.execution.benchmark import phase_verdict
 from harness.execution.call import Call
-from harness.execution.integrity import round_inputs, round_options
+from harness.execution.integrity import clock_audit
 from harness.execution.runner import execute, prepare_case
 from harness.execution.supervisor import IsolatedExecutor
 from harness.execution.timed import TimingCall
@@ -58,11 +58,9 @@ def main() -> None:
                     for _ in range(args.repeats):
                         estimate, memory = None, None
                         for index in range(args.rounds):
-                            inputs = round_inputs(prepared.seed, (case.id, backend.name, phase), index,
-                                                  **round_options(case, phase))
                             timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase,
                                                 TimingConfig().share(args.rounds, index), estimate_ms=estimate,
-                                                known_memory=memory, inputs=inputs, verified=verdict.answer_id)
+                                                known_memory=memory)
                             result = executor.time(backend, timing, device)
                             if result.failure is not None:
                                 print(f"{case.id} {backend.name} {phase}: {result.failure.reason}")

@@ -1,8 +1,8 @@
 """What the timing integrity checks cost (docs/integrity.md): a key timed as the main job times it (--rounds rounds,
 each its share of the default budget; the first estimates the latency and measures peak memory, the later ones are
-given both), plain (the verified inputs, nothing observed) and checked (transformed inputs, input snapshots, the
-last two calls copied, the speed rule, and judging against the reference), interleaved so the machine's load falls
-on both alike.
+given both), plain (the verified inputs, nothing observed) and checked (integrity.RoundGuard: fresh content on every
+call, input snapshots, the last call and each other drawn copied, and judging against the reference), interleaved so
+the machine's load falls on both alike.
 
     python benchmarks/integrity_overhead.py [--matrix default] [--backends naive sdpa] [--repeats 5] [--cases 30]
 
@@ -24,7 +24,6 @@ import torch
 from harness.backends.registry import get_backends
 from harness.execution.benchmark import judge_timed, phase_verdict
 from harness.execution.call import Call
-from harness.execution.integrity import round_inputs, round_options
 from harness.execution.runner import execute, prepare_case
 from harness.execution.in_process import InProcessExecutor
 from harness.execution.timed import TimingCall
@@ -41,17 +40,14 @@ def key_timing(executor, backend, prepared, phase, rounds: int, estimate_ms: flo
     hands it."""
     case, memory, wall, cpu, latency = prepared.case, None, 0.0, 0.0, float("nan")
     for index in range(rounds):
-        inputs = (round_inputs(prepared.seed, (case.id, backend.name, phase), index, **round_options(case, phase))
-                  if checked else None)
         timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase, TimingConfig().share(rounds, index),
-                            estimate_ms=None if index == 0 else estimate_ms, known_memory=memory, inputs=inputs,
-                            verified=verdict.answer_id if checked else "")
+                            estimate_ms=None if index == 0 else estimate_ms, known_memory=memory, checked=checked)
         start_wall, start_cpu = time.perf_counter(), time.process_time()
         result = executor.time(backend, timing, prepared.device)
         if result.failure is not None:
             raise RuntimeError(result.failure.reason)
         if checked:
-            problem = judge_timed(backend, prepared, phase, result.observed, verdict.verified) or result.integrity
+            problem = judge_timed(backend, prepared, phase, result.observed) or result.integrity
             assert not problem, problem
         wall += time.perf_counter() - start_wall
         cpu += time.process_time() - start_cpu

@@ -84,9 +84,6 @@ class ExecutorTimer:
         self.config = TimingConfig(**timing) if timing else TimingConfig().share(int(env.get("rounds") or 1))
         self.seed, self.threads = int(env.get("seed") or 0), env.get("threads")
         self.log_dir, self.fresh, self.executor = str(log_dir), fresh_workers, None
-        #: the run's rounds drew the input transforms of rounds 0..rounds-1: a re-measured round takes the next
-        self.first_round = int(env.get("rounds") or 1)
-        self.rounds: dict[tuple, int] = {}
         self.prepared: dict[str, object] = {}
 
     def start_round(self) -> None:
@@ -98,9 +95,9 @@ class ExecutorTimer:
     def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | Rejected | str:
         """One round of one key: its samples (ms), Rejected (a check failed: no figure), or why timing failed."""
         from harness.backends.registry import get_backends
-        from harness.execution.benchmark import audited_time, judge_timed
+        from harness.execution.benchmark import judge_timed
         from harness.execution.call import Call
-        from harness.execution.integrity import round_inputs, round_options
+        from harness.execution.integrity import audited_time
         from harness.execution.runner import prepare_case
         from harness.execution.timed import TimingCall
 
@@ -108,14 +105,10 @@ class ExecutorTimer:
             (impl,) = get_backends([backend])
         except ValueError as exc:
             return str(exc)
-        key = (case.id, backend, phase)
-        index = self.rounds.get(key, self.first_round)
-        self.rounds[key] = index + 1
-        plan = round_inputs(self.seed, key, index, **round_options(case, phase))
         # the memory was measured in the run; known_memory skips the probe (an extra call per round)
         answer, clock = audited_time(self.executor, impl, TimingCall(
-            Call(case, self.seed), phase, self.config, estimate_ms=estimate_ms, known_memory=(0, "not measured"),
-            inputs=plan), self.device)
+            Call(case, self.seed), phase, self.config, estimate_ms=estimate_ms, known_memory=(0, "not measured")),
+            self.device)
         if answer.measurement is None:
             return answer.failure.reason
         if case.id not in self.prepared:  # the answer every round of every key of the case is judged against

@@ -5,16 +5,14 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import Call, timed_call
+from harness.execution.call import Call
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
-from harness.execution.integrity import (EVENT_SLACK_MS, Transform, clock_behind, clock_disagreement,
-                                         round_inputs, round_options)
+from harness.execution.integrity import Observed, audited_time
 from harness.execution.rounds import Round
-from harness.execution.timed import Observed, TimingCall, TimingResult
+from harness.execution.timed import TimingCall
 from harness.measure.bandwidth import roofline_columns
 from harness.measure.flops import attention_flops
 from harness.measure.peaks import beyond_physical_limit
@@ -22,7 +20,7 @@ from harness.measure.roofline import one_thread
 from harness.measure.stages import stage
 from harness.measure.timing import Measurement, TimingConfig
 from harness.oracle.prepared import PreparedCase
-from harness.oracle.verdict import Check, judge, ruled
+from harness.oracle.verdict import judge
 from harness.spec.case import dtype_name
 from harness.store.rows import make_row
 from harness.store.schema import BWD, FWD, FWD_BWD, NOT_TIMED, PASS, REJECTED, TIMED, VERDICT_PHASES, Row
@@ -73,12 +71,9 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     if status != PASS:
         return PerfResult(row(NOT_TIMED, f"not timed: {reason}"), None)
     prior = timing_round.pooled
-    key = (case.id, backend.name, phase)
     timing = TimingCall(Call(case, prepared.seed, prepared.inputs), phase, config,
                         estimate_ms=prior.median if prior is not None else None, known_memory=timing_round.memory,
-                        cpu_mem_budget=cpu_mem_budget,
-                        inputs=round_inputs(prepared.seed or 0, key, timing_round.index, **round_options(case, phase)),
-                        verified=verdict.answer_id)
+                        cpu_mem_budget=cpu_mem_budget)
     answer, clock = audited_time(executor, backend, timing, device)
     if answer.failure is not None:
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,
@@ -87,7 +82,7 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     # one thread on a CPU: the workers' OpenMP threads still spin after a call, and the default run's timed judging
     # took 5.6 s on two threads, 1.1 s on one (2-core VM, 984 rounds)
     with stage("judging"), one_thread() if device.type == "cpu" else contextlib.nullcontext():
-        problem = clock or judge_timed(backend, prepared, phase, answer.observed, verdict.verified) or answer.integrity
+        problem = clock or judge_timed(backend, prepared, phase, answer.observed) or answer.integrity
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
         where = f"round {timing_round.index + 1} of {timing_round.count}: " if timing_round.count > 1 else ""
         return PerfResult(row(REJECTED, f"{where}timed at median {m.median:.4g} ms, but {problem}"), None)
@@ -107,72 +102,21 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     return PerfResult(result, m, pooled)
 
 
-def audited_time(executor: Executor, backend: Backend, timing: TimingCall, device: torch.device
-                 ) -> tuple[TimingResult, str]:
-    """A round timed where the backend runs, and its clock audit ('' when the clocks agree, or it failed)."""
-    answer = executor.time(backend, timing, device)
-    if answer.failure is None and clock_audit(answer):
-        # one reply held up by a loaded scheduler is not a slowed clock, which disagrees on every round
-        answer = executor.time(backend, timing, device)
-    return answer, "" if answer.failure is not None else clock_audit(answer)
-
-
-def clock_audit(answer: TimingResult) -> str:
-    """The round's clock audit (integrity.clock_disagreement): the worker's clock against the run's around the round,
-    and on CUDA the events against the host clock around the repetitions; '' when they agree."""
-    claimed = sum(answer.measurement.samples_ms)
-    events = answer.measurement.event_vs_host
-    return ((answer.asked_ns is not None and clock_behind(answer.started_ns, answer.asked_ns))
-            or (answer.wall_ms is not None and clock_disagreement(claimed, answer.accounted_ms, answer.wall_ms))
-            or (events is not None and clock_disagreement(
-                claimed, *events, "the device's events disagree with the host clock after synchronisation",
-                EVENT_SLACK_MS)) or "")
-
-
-def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: list[Observed],
-                verified: dict[tuple[str, str], Check] | None = None) -> str:
-    """'' when the timed calls' answers are their inputs' verified answer within the tolerance (never bitwise);
-    else the first failure, naming the call and the quantity. An answer told scaled where the calls ran gets the
-    verdict's Check (`verified`) or the last call's, scaled; any other is judged against the float64 reference."""
+def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: list[Observed]) -> str:
+    """'' when every timed call's answer that came back (its content divided out where it ran: the verified inputs'
+    answer) is within the tolerance of the float64 reference (never bitwise); else the first failure, naming the
+    call and the quantity."""
     if not observed:
         return "nothing the timed calls returned came back to be judged"
-    case, verified = prepared.case, verified or {}
-    quantities = (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else [])
-    last = observed[-1]
-    for quantity in quantities:
+    case = prepared.case
+    for quantity in (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else []):
         naive = prepared.naive_error(quantity, backend.name)
-        known = verified.get((timed_call(phase), quantity))
-        checks: dict[int, Check | None] = {}
-        for i in [len(observed) - 1, *range(len(observed) - 1)]:  # the last first: the others may be scaled from it
-            o = observed[i]
-            factor = o.transform.factor(quantity)
-            scaled_naive = None if naive is None else naive * abs(factor)
-            if quantity in o.scaled_verified:
-                checks[i] = None if known is None else _scaled(known, factor, case.dtype, scaled_naive)
-            elif quantity in o.scaled_last:
-                last_check = checks[len(observed) - 1]
-                ratio = factor / last.transform.factor(quantity)
-                checks[i] = None if last_check is None else _scaled(last_check, ratio, case.dtype, scaled_naive)
-            elif o.answer(quantity) is not None:
-                checks[i] = _judge_one(quantity, o.answer(quantity), o.transform, prepared, naive)
         for i, o in enumerate(observed):
-            which = "the last call, on new inputs" if i == len(observed) - 1 else "a call on the round's inputs"
-            check = checks.get(i)
-            if check is None:
-                return f"[{phase}, {which}] returned no {quantity}"
+            which = "the last" if i == len(observed) - 1 else "a"
+            which = f"[{phase}, {which} timed call, on content no earlier call saw]"
+            if o.answer(quantity) is None:
+                return f"{which} returned no {quantity}"
+            check = judge(quantity, o.answer(quantity), prepared.reference.get(quantity), case.dtype, naive)
             if not check.passed:
-                return f"[{phase}, {which} ({o.transform.describe()})] {check.describe()}"
+                return f"{which} {check.describe()}"
     return ""
-
-
-def _judge_one(quantity: str, actual: torch.Tensor, transform: Transform, prepared: PreparedCase,
-               naive: float | None) -> Check:
-    """`actual` against the verified answer scaled as `transform` scales it, within the tolerance scaled alike."""
-    factor = transform.factor(quantity)
-    return judge(quantity, actual, prepared.reference.get(quantity), prepared.case.dtype,
-                 None if naive is None else naive * abs(factor), factor)
-
-
-def _scaled(judged: Check, ratio: float, dtype: torch.dtype, naive: float | None) -> Check:
-    """The Check of `judged`'s answer times `ratio` (a signed power of two): error and max|ref| scale exactly."""
-    return ruled(judged.quantity, judged.err * abs(ratio), judged.nonfinite, judged.largest * abs(ratio), dtype, naive)

@@ -18,11 +18,6 @@ ANSWER_BYTES = 2 * 2 ** 30
 PROBE_RUNS = 8
 #: inputs a process drew from a seed, shared by a case's correctness call and timing rounds; one case at a time
 DRAWN_INPUTS = 1
-#: the correctness answers a process keeps (Call.keep) for timing to compare with where it runs: none over
-#: KEPT_ANSWER_BYTES, the newest up to KEPT_ANSWERS_BYTES - the CPU default matrix's are 48 MiB a backend (the largest
-#: case 10 MiB), and a worker on a GPU keeps them in host memory all run long
-KEPT_ANSWER_BYTES = 16 * 2 ** 20
-KEPT_ANSWERS_BYTES = 256 * 2 ** 20
 
 
 class LRU:
@@ -60,10 +55,6 @@ def answer_bytes(prepared) -> int:
     return sum(t.numel() * t.element_size() for t in prepared.reference if t is not None)
 
 
-def kept_bytes(answers: dict) -> int:
-    return sum(t.numel() * t.element_size() for t in answers.values())
-
-
 def cached(cache: LRU | None, key: Hashable, make: Callable[[], T]) -> T:
     """`make()` kept in `cache` under `key`; computed afresh when there is no cache."""
     return make() if cache is None else cache.get(key, make)
@@ -71,10 +62,9 @@ def cached(cache: LRU | None, key: Hashable, make: Callable[[], T]) -> T:
 
 @dataclass
 class CallCaches:
-    """What a process running backend calls keeps: inputs it drew last, answers by id (CallResult.answer_id)."""
+    """What a process running backend calls keeps: the inputs it drew last (a case's call and timing rounds)."""
 
     drawn: LRU = field(default_factory=lambda: LRU(DRAWN_INPUTS))
-    answers: LRU = field(default_factory=lambda: LRU(1 << 20, kept_bytes, KEPT_ANSWERS_BYTES))
 
 
 @dataclass

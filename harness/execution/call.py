@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import uuid
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cache import KEPT_ANSWER_BYTES, LRU, CallCaches, cached, kept_bytes
+from harness.execution.cache import LRU, CallCaches, cached
 from harness.execution.integrity import Snapshot, aliased
 from harness.execution.outcome import Failure
 from harness.measure.stages import stage
@@ -18,10 +17,7 @@ from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.modifiers import MODIFIER_GRADS, alibi_slopes
 from harness.spec.fp8 import kv_scales, per_query_head, q_scales, quantize
 from harness.spec.paged import paged_inputs, paged_layout
-from harness.store.schema import ERROR, FAIL, FWD, GRADS
-
-#: the two calls a correctness verdict judges: no autograd (as inference and fwd timing), and the training call
-NO_GRAD, GRAD = "no-grad", "grad"
+from harness.store.schema import ERROR, FAIL, GRADS
 
 
 class Arrangement(Protocol):
@@ -124,8 +120,6 @@ class Call:
     rng_seed: int | None = None
     #: with backward: run a call without autograd first (what inference and fwd timing run), its output judged too
     inference: bool = False
-    #: keep the answers where the call ran (CallResult.answer_id), for timing to compare its answers with there
-    keep: bool = False
 
     def __post_init__(self):
         if self.seed is None and self.inputs is None:
@@ -152,26 +146,10 @@ class CallResult:
     compile_ms: float | None = None
     #: the output of the call without autograd (Call.inference)
     inference_out: torch.Tensor | None = None
-    #: the id its process keeps the answers under (Call.keep); '' when none
-    answer_id: str = ""
 
     @property
     def interrupted(self) -> bool:
         return any(f is not None and f.interrupted for f in (self.failure, self.backward_failure))
-
-
-def answers_by_call(call: Call, result: CallResult) -> dict[tuple[str, str], torch.Tensor]:
-    """The call's answers by (NO_GRAD or GRAD, quantity); without a backward its one output is the no-grad one."""
-    answers = {} if result.inference_out is None else {(NO_GRAD, "out"): result.inference_out}
-    if result.out is not None:
-        answers[(GRAD if call.backward else NO_GRAD, "out")] = result.out
-    answers.update({(GRAD, name): grad for name, grad in result.grads.items()})
-    return answers
-
-
-def timed_call(phase: str) -> str:
-    """Which verified call a timed phase makes: fwd the no-grad one, bwd and fwd+bwd the training call."""
-    return NO_GRAD if phase == FWD else GRAD
 
 
 def call_inputs(call: Call, device: torch.device, drawn: LRU | None = None) -> Inputs:
@@ -210,6 +188,13 @@ def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor,
 def _host(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy taken now (`.cpu()` would alias a CPU tensor a background thread may still be writing)."""
     return t.detach().to("cpu", copy=True)
+
+
+def leaf_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               leaves: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(gradient, leaf) by the gradient's name (dq, dk, dv, dsinks, dbias): zeros where the call wrote none."""
+    return {name: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf), leaf)
+            for name, leaf in [*zip(GRADS, (q, k, v)), *((MODIFIER_GRADS[n], t) for n, t in leaves.items())]}
 
 
 def poison(out: torch.Tensor) -> None:
@@ -253,17 +238,8 @@ def _entry(backend: Backend, call: Call, device: torch.device,
 
 
 def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCaches | None = None) -> CallResult:
-    """The call's outputs (CPU, canonical layout) or its failure; never raises for anything the backend does. A kept
-    call's answers are kept in `caches` under a new id when they fit (cache.KEPT_ANSWER_BYTES)."""
-    result = _run(backend, call, device, None if caches is None else caches.drawn)
-    answers = answers_by_call(call, result) if call.keep and caches is not None else {}
-    if answers and kept_bytes(answers) <= KEPT_ANSWER_BYTES:  # copies: the originals may travel in shared memory
-        result.answer_id = uuid.uuid4().hex  # a worker started anew keeps none: its ids are never found there
-        caches.answers.get(result.answer_id, lambda: {key: t.clone() for key, t in answers.items()})
-    return result
-
-
-def _run(backend: Backend, call: Call, device: torch.device, drawn: LRU | None) -> CallResult:
+    """The call's outputs (CPU, canonical layout) or its failure; never raises for anything the backend does."""
+    drawn = None if caches is None else caches.drawn
     with device_scope(device), _seeded(call.rng_seed, device):
         result = CallResult()
         try:
@@ -313,9 +289,7 @@ def _run(backend: Backend, call: Call, device: torch.device, drawn: LRU | None) 
             result.backward_failure = Failure(FAIL, f"[bwd] {written}")
             return result
         problems = []
-        judged = [*zip(GRADS, (q, k, v)), *((MODIFIER_GRADS[n], t) for n, t in leaves.items())]
-        for name, leaf in judged:
-            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        for name, (grad, leaf) in leaf_grads(q, k, v, leaves).items():
             if problem := _grad_violation(name, grad, leaf):
                 problems.append(problem)
             else:

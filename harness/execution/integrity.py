@@ -1,16 +1,21 @@
-"""Integrity checks of what a backend's calls did (docs/integrity.md): inputs, outputs, fresh content, clocks."""
+"""A timed round's integrity (docs/integrity.md): fresh content on every call, the checks of what the calls did
+(RoundGuard, where they run), and the clock audit of the round (clock_audit, in the run's process)."""
 
 from __future__ import annotations
 
-import random
+import functools
 import secrets
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+from harness.measure.timing import Guard
 from harness.spec.case import Inputs
-from harness.store.schema import BWD
+from harness.store.schema import BWD, GRADS
+
+if TYPE_CHECKING:
+    from harness.execution.timed import Phase  # the phase a RoundGuard watches
 
 #: same-size integer views: inputs are compared bit for bit (NaN in padding compares equal to itself)
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -24,6 +29,9 @@ CLOCK_SLACK_MS = 100.0
 #: the same on CUDA between the events' span over the repetitions and the host clock around them, in one process after
 #: synchronisation: only the first launch and the last synchronisation are the host's alone
 EVENT_SLACK_MS = 5.0
+#: besides a round's last call, each timed call is judged with odds 1/CHECK_ONE_IN, drawn after it returns: a kernel wrong
+#: on m calls of a round other than the last escapes with odds (1 - 1/CHECK_ONE_IN)^m (m = 10: 5.6 %, m = 20: 0.3 %)
+CHECK_ONE_IN = 4
 
 
 def run_seed(seed: int | None) -> int:
@@ -36,19 +44,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_BITS[t.element_size()]) if t.element_size() in _BITS and t.is_floating_point() else t
 
 
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors hold the same bits (NaN equal to itself, -0.0 unlike 0.0)."""
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
-
-
 class Snapshot:
     """Bit-exact copies of named tensors, to tell afterwards which of them a call wrote into."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor | None], copies: dict[str, torch.Tensor] | None = None):
-        """copies: tensors bit-equal to some of them that no call is given, kept instead of cloning again."""
-        copies = copies or {}
-        self._kept = {name: (t, _bits(copies[name]) if name in copies else _bits(t).clone())
-                      for name, t in tensors.items() if t is not None}
+    def __init__(self, tensors: dict[str, torch.Tensor | None]):
+        self._kept = {name: (t, _bits(t).clone()) for name, t in tensors.items() if t is not None}
 
     def rebased(self, copies: dict[str, torch.Tensor]) -> "Snapshot":
         """The same tensors, now expected to hold `copies`' bits where it names them (what was just written in)."""
@@ -76,78 +76,6 @@ def aliased(out: torch.Tensor, inputs: dict[str, torch.Tensor | None]) -> str:
     shared = [name for name, t in inputs.items()
               if t is not None and t.numel() and t.untyped_storage().data_ptr() == storage]
     return f"its output aliases its input {', '.join(shared)}" if shared else ""
-
-
-@dataclass(frozen=True)
-class Transform:
-    """An exact change of a case's inputs: q and k times `qk` (+-1: scores unchanged bit for bit), v times `v` and
-    dO times `d_out` (signed powers of two). out scales by v; dv by d_out; dq and dk by qk * v * d_out; dsinks and
-    dbias by v * d_out; the naive baseline's errors (the tolerance) alike. Valid for every case."""
-
-    qk: float = 1.0
-    v: float = 1.0
-    d_out: float = 1.0
-
-    @property
-    def identity(self) -> bool:
-        return (self.qk, self.v, self.d_out) == (1.0, 1.0, 1.0)
-
-    def inputs(self, inputs: Inputs) -> Inputs:
-        q, k, v, d_out, sinks, bias = inputs
-        # a factor of 1 hands the tensor on as it is: whoever gives it to a call copies it (backend_inputs)
-        if self.v != 1.0:
-            v = v * self.v
-        if self.qk != 1.0:
-            q, k = q * self.qk, k * self.qk
-        return Inputs(q, k, v, d_out * self.d_out, sinks, bias)
-
-    def factor(self, quantity: str) -> float:
-        """What `quantity` of the verified answer is multiplied by to give this transform's answer."""
-        return {"out": self.v, "dv": self.d_out, "dq": self.qk * self.v * self.d_out,
-                "dk": self.qk * self.v * self.d_out}.get(quantity, self.v * self.d_out)
-
-    def describe(self) -> str:
-        return f"q,k x{self.qk:g}, v x{self.v:g}, dO x{self.d_out:g}"
-
-
-#: the transforms drawn from: every answer changes (none of v, dO, qk.v.dO is 1); 17 input sets
-TRANSFORMS = tuple(Transform(qk, v, d) for qk in (1.0, -1.0) for v in (-1.0, 2.0, -2.0) for d in (-1.0, 2.0, -2.0)
-                   if qk * v * d != 1.0)
-
-
-@dataclass(frozen=True)
-class RoundInputs:
-    """A round's inputs: `seen` for every repetition but the last, `new` (every answer unlike seen's) for the last; each
-    call's own content is drawn on top (CallContent)."""
-
-    seen: Transform
-    new: Transform
-
-
-#: for an FP8 KV cache (fixed scales): v x 2 may saturate e4m3 where v x -1 is exact; q and k still flip sign
-#: (an FP8 q's flip is exact too: quantize(-q) = -quantize(q))
-FP8_TRANSFORMS = tuple(Transform(qk, v, d) for qk in (1.0, -1.0) for v in (1.0, -1.0) for d in (-1.0, 2.0, -2.0)
-                       if (qk, v) != (1.0, 1.0))
-
-
-def round_options(case, phase: str) -> dict:
-    """round_inputs' keywords for an AttentionCase and a phase."""
-    return {"fp8_kv": case.fp8_kv is not None, "backward_alone": phase == BWD}
-
-
-def round_inputs(seed: int, key: Iterable, round_index: int, *, fp8_kv: bool = False,
-                 backward_alone: bool = False) -> RoundInputs:
-    """A round's transforms, drawn from the run's seed, its key and its round. backward_alone: new differs in dO alone
-    (no new forward: +18 % on naive's bwd)."""
-    order = list(FP8_TRANSFORMS if fp8_kv else TRANSFORMS)
-    random.Random(f"{seed}:{':'.join(map(str, key))}").shuffle(order)
-    seen = order[round_index % len(order)]
-    rest = order[round_index % len(order) + 1:] + order[:round_index % len(order)]
-    new = next(t for t in rest if t.v != seen.v and t.d_out != seen.d_out
-               and t.qk * t.v * t.d_out != seen.qk * seen.v * seen.d_out)
-    if backward_alone:
-        new = Transform(seen.qk, seen.v, new.d_out)
-    return RoundInputs(seen, new)
 
 
 def clock_disagreement(claimed_ms: float, accounted_ms: float, wall_ms: float,
@@ -239,3 +167,101 @@ class CallContent:
     @staticmethod
     def _q_heads(factor: torch.Tensor, group: int) -> torch.Tensor:
         return factor.repeat_interleave(group, dim=1) if group > 1 else factor
+
+
+@dataclass
+class Observed:
+    """What a timed call returned (CPU, canonical layout), its call's and round's content divided out: the answer
+    the verified inputs have, judged against their float64 reference (benchmark.judge_timed)."""
+
+    out: torch.Tensor | None = None
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def answer(self, quantity: str) -> torch.Tensor | None:
+        return self.out if quantity == "out" else self.grads.get(quantity)
+
+
+class RoundGuard(Guard):
+    """A timed round's integrity where its calls run: the one entry every clock path (timing.measure: CPU clock, CUDA
+    events, CUDA graph replays) calls, in named steps - before_call before every call (estimate, warm-up, sample),
+    after_call after each sample but the last, after_last_call after the last - then finish."""
+
+    def __init__(self, case, phase: str, verified: Inputs):
+        # drawn where the calls run, from a seed no code saw: a kernel cannot know a call's content before it
+        self.generator = torch.Generator().manual_seed(secrets.randbits(63))
+        self.draw = functools.partial(CallContent.draw, case, self.generator,
+                                      uniform=verified.sinks is not None or verified.bias is not None)
+        self.group, self.backward_alone = case.heads // case.kv_heads, phase == BWD
+        #: the round's own content, which the phase is built on (the backward alone's graph: q, k and v)
+        self.round = self.draw()
+        self.inputs = self.round.inputs(verified)
+        self.observed: list[tuple[torch.Tensor | None, dict[str, torch.Tensor], CallContent | None]] = []
+        self.problems: list[str] = []
+        self.content: CallContent | None = None
+
+    def watch(self, timed: Phase) -> None:
+        """The phase built on `inputs`: what its calls must leave as given is taken now."""
+        self.timed, self.snapshot = timed, Snapshot(timed.buffers)
+
+    def before_call(self) -> None:
+        """Content no earlier call had, written into the buffers outside the timed region (CallContent)."""
+        self.content = self.draw(backward_alone=self.backward_alone)
+        self.snapshot = self.snapshot.rebased(self.timed.fresh(self.content.inputs(self.inputs)))
+
+    def after_call(self, value: object) -> None:
+        """Copied to be judged with odds 1/CHECK_ONE_IN, drawn only now: no kernel knows which before it returns."""
+        if not secrets.randbelow(CHECK_ONE_IN):
+            self._observe(value)
+
+    def after_last_call(self, value: object) -> None:
+        """The last call is always judged, and its output must be its own."""
+        self._note(aliased(value, self.timed.buffers))
+        self._observe(value)
+
+    def finish(self, backend, device: torch.device) -> tuple[list[Observed], str]:
+        """(what was observed, CPU, canonical layout, each call's and the round's content divided out; the integrity
+        problems, '' when none)."""
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self._note(self.snapshot.written())
+
+        def undone(name: str, t: torch.Tensor, content: CallContent | None) -> torch.Tensor:
+            t = (backend.from_layout(t) if name in ("out", *GRADS) else t).cpu()  # sinks, bias: canonical always
+            for c in (content, self.round):
+                t = t if c is None else c.undo(name, t, self.group)
+            return t
+
+        observed = [Observed(None if out is None else undone("out", out, content),
+                             {n: undone(n, g, content) for n, g in grads.items()})
+                    for out, grads, content in self.observed]
+        return observed, "; ".join(self.problems)
+
+    def _observe(self, value: object) -> None:
+        out, grads = self.timed.observe(value)
+        self.observed.append((out, grads, self.content))
+
+    def _note(self, problem: str) -> None:
+        if problem and problem not in self.problems:
+            self.problems.append(problem)
+
+
+def audited_time(executor, backend, timing, device: torch.device):
+    """(a round timed where the backend runs, its clock audit: '' when the clocks agree, or the round failed)."""
+    answer = executor.time(backend, timing, device)
+    if answer.failure is None and clock_audit(answer):
+        # one reply held up by a loaded scheduler is not a slowed clock, which disagrees on every round
+        answer = executor.time(backend, timing, device)
+    return answer, "" if answer.failure is not None else clock_audit(answer)
+
+
+def clock_audit(answer) -> str:
+    """A timed round's (timed.TimingResult) clock audit in the run's process: the worker's clock against the run's
+    around the round (clock_behind, clock_disagreement), and on CUDA the events against the host clock around the
+    repetitions; '' when they agree."""
+    claimed = sum(answer.measurement.samples_ms)
+    events = answer.measurement.event_vs_host
+    return ((answer.asked_ns is not None and clock_behind(answer.started_ns, answer.asked_ns))
+            or (answer.wall_ms is not None and clock_disagreement(claimed, answer.accounted_ms, answer.wall_ms))
+            or (events is not None and clock_disagreement(
+                claimed, *events, "the device's events disagree with the host clock after synchronisation",
+                EVENT_SLACK_MS)) or "")

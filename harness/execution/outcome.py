@@ -83,10 +83,6 @@ class BackendResult:
     checks: dict[str, Check] = field(default_factory=dict)
     out: torch.Tensor | None = None
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: the Check of each answer judged, by (call, quantity), and the id its process keeps them under: a timed answer
-    #: that is one of them scaled gets its Check scaled, without a float64 pass (benchmark.judge_timed)
-    verified: dict[tuple[str, str], Check] = field(default_factory=dict)
-    answer_id: str = ""
 
     @property
     def status(self) -> str:
@@ -105,4 +101,4 @@ class BackendResult:
 
     def released(self) -> "BackendResult":
         """The same verdict without the output and gradient tensors."""
-        return BackendResult(self.rows, self.checks, verified=self.verified, answer_id=self.answer_id)
+        return BackendResult(self.rows, self.checks)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import GRAD, Arrangement, Call, CallResult, answers_by_call
+from harness.execution.call import Arrangement, Call, CallResult
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult, failure_status, free
 from harness.measure.stages import stage
@@ -106,7 +106,7 @@ def correctness_call(backend: Backend, case: AttentionCase, device: torch.device
                      inputs: Inputs | None = None, arrangement: Arrangement | None = None) -> Call:
     """The call that checks `backend` on `case`: no-grad, then forward and backward where it has a backward here."""
     backward = not backward_reason(backend, case, device)
-    return Call(case, seed, inputs, backward=backward, arrangement=arrangement, inference=backward, keep=True)
+    return Call(case, seed, inputs, backward=backward, arrangement=arrangement, inference=backward)
 
 
 def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arrangement: Arrangement | None = None,
@@ -132,7 +132,6 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
         free(device)
         return both(answer.failure.status, answer.failure.reason, answer.op)
     result = _judged_forward(backend, prepared, call, answer, run_id, tag)
-    result.answer_id = answer.answer_id
     if bwd_reason:
         result.rows.append(verdict_row(prepared, backend, BWD, UNSUPPORTED, bwd_reason, run_id=run_id, tag=tag))
     elif answer.backward_failure is not None:
@@ -149,13 +148,14 @@ def _judged_forward(backend: Backend, prepared: PreparedCase, call: Call, answer
                     tag: str) -> BackendResult:
     naive = prepared.naive_error("out", backend.name)
     # the fwd verdict judges the no-grad call and the training call's output: the worse stands, a failure names it
-    outs = {key: t for key, t in answers_by_call(call, answer).items() if key[1] == "out"}
+    outs = {"no-grad": answer.inference_out, "grad" if call.backward else "no-grad": answer.out}
     with stage("judging"):
-        verified = {key: judge("out", t, prepared.reference.out, prepared.case.dtype, naive) for key, t in outs.items()}
+        verified = {kind: judge("out", t, prepared.reference.out, prepared.case.dtype, naive)
+                    for kind, t in outs.items() if t is not None}
     check = max(verified.values(), key=lambda c: c.ratio)
     failed = [(f"[fwd, {kind}] " if len(verified) > 1 else "") + c.describe()
-              for (kind, _), c in verified.items() if not c.passed]
-    result = BackendResult([], {"out": check}, answer.out, verified=verified)
+              for kind, c in verified.items() if not c.passed]
+    result = BackendResult([], {"out": check}, answer.out)
     reason = "; ".join(filter(None, [*failed, prepared.note_for(backend.name)]))
     result.rows.append(verdict_row(prepared, backend, FWD, PASS if check.passed else FAIL, reason, [check],
                                    run_id, op=answer.op, tag=tag))
@@ -168,7 +168,7 @@ def _judged_backward(backend: Backend, prepared: PreparedCase, answer: CallResul
     for name in case.grads:
         result.grads[name] = answer.grads[name]
         with stage("judging"):
-            result.checks[name] = result.verified[(GRAD, name)] = judge(
+            result.checks[name] = judge(
                 name, answer.grads[name], prepared.reference.get(name), case.dtype,
                 prepared.naive_error(name, backend.name))
     checks = [result.checks[name] for name in case.grads]

@@ -137,7 +137,7 @@ class RunSession:
         if self.device.type != "cpu" or not self.executor.isolated or self.prefetcher is not None \
                 or "prefetch" in self.env:
             return
-        calls = [(b, replace(correctness_call(b, c, self.device, self.seed), keep=False)) for c, b in pairs
+        calls = [(b, correctness_call(b, c, self.device, self.seed)) for c, b in pairs
                  if b.compiles_per_shape and not b.can_run(c, self.device)]
         if calls:
             self.prefetcher = Prefetcher(calls, self.device, self._log_dir)

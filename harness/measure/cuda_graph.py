@@ -9,7 +9,7 @@ import torch
 
 class Captured:
     """fn captured in a CUDA graph on `device`, as do_bench_cudagraph does; replay() returns its static output.
-    `build` (a backward's forward) is captured first on the same pool; rebuild() replays it."""
+    `build` (a backward's forward) is captured first on the same pool."""
 
     def __init__(self, fn: Callable[[], object], setup: Callable[[], None] | None, device: torch.device,
                  build: Callable[[], None] | None = None):
@@ -40,8 +40,3 @@ class Captured:
         """One replay of the call; its static output (None when the call returns nothing, e.g. a backward)."""
         self._graph.replay()
         return self.value
-
-    def rebuild(self) -> None:
-        """Replay the build's graph (nothing without a build): its outputs recomputed from the static inputs."""
-        if self._build_graph is not None:
-            self._build_graph.replay()

@@ -172,82 +172,81 @@ def planned_calls(estimate_ms: float, cfg: TimingConfig, *, device_type: str, es
         return max(warmup, 0 if estimate_ms >= SELF_WARMING_MS else 1) + reps
     looks = 1 if estimate_ms >= cfg.budget_ms / cfg.min_reps else 2
     warmup = max(warmup - looks, 0)
-    return 1 + looks + warmup + reps - (0 if warmup else 1)  # with no warm-up the last look is the first sample
+    # with no warm-up (and more than one sample) the last look is the first sample
+    return 1 + looks + warmup + reps - (1 if not warmup and reps > 1 else 0)
+
+
+class Guard:
+    """A round's integrity steps around the calls measure makes; here none (execution.integrity.RoundGuard: fresh
+    content before every call, each sample's answer checked as it returns, the last one always)."""
+
+    def before_call(self) -> None:
+        pass
+
+    def after_call(self, value: object) -> None:
+        pass
+
+    after_last_call = after_call
 
 
 def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[], None] | None = None,
             config: TimingConfig = TimingConfig(), estimate_ms: float | None = None,
-            build: Callable[[], None] | None = None, first_done: bool = False,
-            renew: Callable[[], None] | None = None,
-            observe: Callable[[object, int], None] | None = None, graph: Captured | None = None,
-            fresh: Callable[[], None] | None = None) -> Measurement:
+            build: Callable[[], None] | None = None, warm: bool = False, guard: Guard | None = None,
+            graph: Captured | None = None) -> Measurement:
     """Time `fn()` repeatedly, `setup()` before each repetition, untimed. estimate_ms: known latency (no estimate
-    calls); build: what fn needs made first (a backward's forward); first_done (CPU): the caller made the first
-    call; renew: new inputs before the last repetition; observe(value, last): given what every repetition returned,
-    right after (last: 1 the last repetition, 2 the one before, else 0); graph: fn captured (cuda_graph.Captured): its replays are timed; fresh:
-    new content written before every call, estimate and warm-up calls too (a graph's replays included)."""
-    setup, start = setup or (lambda: None), CLOCKS.now_ns()
-    m = _measure(fn, setup, device, config, estimate_ms, build, first_done, renew, observe, graph,
-                 fresh or (lambda: None))
+    calls); build: what fn needs made first (a backward's forward); warm: fn ran once already (the CPU memory probe),
+    so no first call is kept apart for compiling; guard: the round's integrity steps around every call, estimate and
+    warm-up calls included; graph: fn captured (cuda_graph.Captured): its replays are timed."""
+    setup, guard, start = setup or (lambda: None), guard or Guard(), CLOCKS.now_ns()
+    if device.type == "cuda":
+        if config.cuda_graph and graph is None:
+            raise ValueError("measure(config.cuda_graph=True) needs graph= (timed.graph_phase captures it)")
+        m = _measure_cuda(fn, setup, device, config, estimate_ms, build, warm, guard, graph)
+    else:
+        if build is not None:
+            build()
+        m = _measure_cpu(fn, setup, config, estimate_ms, warm, guard)
     return replace(m, untimed_ms=(CLOCKS.now_ns() - start) / 1e6 - sum(m.samples_ms))
 
 
-def _measure(fn, setup, device, config, estimate_ms, build, first_done, renew, observe, graph, fresh
-             ) -> Measurement:
-    if device.type == "cuda":
-        if first_done:
-            raise ValueError("measure(first_done=True) is for the CPU clock; on CUDA the first call may be a graph "
-                             "replay")
-        if config.cuda_graph and graph is None:
-            raise ValueError("measure(config.cuda_graph=True) needs graph= (timed.graph_phase captures it)")
-        return _measure_cuda(fn, setup, device, config, estimate_ms, build, renew, observe, graph, fresh)
-    if build is not None:
-        build()
-    return _measure_cpu(fn, setup, config, estimate_ms, first_done, renew, observe, fresh)
-
-
-def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, first_done: bool, renew,
-                 observe, fresh) -> Measurement:
+def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, warm: bool, guard: Guard) -> Measurement:
     # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
     now_ns = CLOCKS.now_ns
 
-    def once(last: int = 0, sample: bool = False) -> float:
-        if last == 1 and renew is not None:
-            renew()
-        fresh()
+    def call() -> tuple[float, object]:
+        guard.before_call()
         setup()
         start = now_ns()
         value = fn()
-        elapsed = (now_ns() - start) / 1e6
-        if sample and observe is not None:  # before anything else runs: a thread still filling it is caught
-            observe(value, last)
-        return elapsed
+        return (now_ns() - start) / 1e6, value
 
     looks = []
     if estimate is None:
-        if not first_done:  # may include compilation or lazy init: kept apart from the samples
-            once()
-        looks.append(once())
+        if not warm:  # may include compilation or lazy init: kept apart from the samples
+            call()
+        looks.append(call()[0])
         # a second look only where the estimate sizes the repetitions: a slow call gets min_reps whatever it says
         if looks[0] < cfg.budget_ms / cfg.min_reps:
-            looks.append(once())
+            looks.append(call()[0])
         estimate = min(looks)
     warmup, reps = _reps(estimate, cfg)
     # the estimate calls are warm-up; a known estimate (caches cold since) gets one call unless it warms itself
     warmup = max(warmup - len(looks), 0 if looks or estimate >= SELF_WARMING_MS else 1)
     for _ in range(warmup):
-        once()
-    # with no warm-up call after it, the last estimate call ran as the next will: it is the first sample
-    kept = looks[-1:] if looks and not warmup else []
-    if renew is not None and reps - len(kept) < 1:
-        kept = []  # the renewed call must be a repetition of its own
-    n = reps - len(kept)
-    samples = (*kept, *(once(n - i if n - i <= 2 else 0, True) for i in range(n)))  # 1: the last, 2: the one before
-    return Measurement(samples, "cpu-clock", torch.get_num_threads())
+        call()
+    # with no warm-up call after it, the last estimate call ran as the next will: it is the first sample (never the
+    # last: the guard sees the last sample's answer)
+    samples = looks[-1:] if looks and not warmup and reps > 1 else []
+    for i in range(len(samples), reps):
+        elapsed, value = call()
+        # checked before anything else runs: a thread still filling the answer is caught
+        (guard.after_last_call if i == reps - 1 else guard.after_call)(value)
+        samples.append(elapsed)
+    return Measurement(tuple(samples), "cpu-clock", torch.get_num_threads())
 
 
-def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, build, renew, observe,
-                  graph, fresh) -> Measurement:
+def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, build, warm: bool, guard: Guard,
+                  graph) -> Measurement:
     clocks = CLOCKS  # the event API as bound at import (Clocks)
     with torch.cuda.device(device):  # events record on the current device's stream: make it the run's device
         stream, target, mode = torch.cuda.current_stream(device), fn, "cuda-events"
@@ -256,43 +255,41 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
             target, mode, setup = graph.replay, "cuda-graph", (lambda: None)
         elif build is not None:
             build()
+
+        def call() -> object:
+            guard.before_call()  # the call's own content, written before the events
+            setup()              # host work (gradient reset) and the flush stay outside the events
+            return target()
+
         clocks.synchronize(device)
         flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
         if estimate is None:
-            fresh()
-            setup()
-            target()
-            clocks.synchronize(device)
+            if not warm:
+                call()
+                clocks.synchronize(device)
             # Estimate from 5 calls, as do_bench does, to size warmup and repetitions from the time budgets.
             est_start, est_end = clocks.timing_event(), clocks.timing_event()
             clocks.record(est_start, stream)
             for _ in range(5):
-                fresh()
-                setup()
-                target()
+                call()
             clocks.record(est_end, stream)
             clocks.synchronize(device)
             estimate = clocks.elapsed_ms(est_start, est_end) / 5
         warmup, reps = _reps(estimate, cfg)
         for _ in range(max(1, warmup)):  # do_bench's floor: at least one call
-            fresh()
-            setup()
-            target()
+            call()
         starts, ends = ([clocks.timing_event() for _ in range(reps)] for _ in range(2))
         clocks.synchronize(device)
         host_start = clocks.now_ns()  # the host clock around the repetitions: the events' span must agree with it
         for i in range(reps):
-            last = reps - i if reps - i <= 2 else 0  # 1: the last repetition, 2: the one before
-            if last == 1 and renew is not None:
-                renew()        # new inputs (and, for a graph, the forward it reads) before the events
-            fresh()            # the call's own content, written before the events
-            setup()            # host work (gradient reset) and the flush stay outside the events
+            guard.before_call()
+            setup()
             flush.zero_()      # clear L2 so every repetition reads its inputs from HBM, like a real model step
             clocks.record(starts[i], stream)  # events bracket the call's kernels on this device's current stream
             value = target()
             clocks.record(ends[i], stream)
-            if observe is not None:  # a copy enqueued behind the call, after its end event
-                observe(value, last)
+            # a copy enqueued behind the call, after its end event
+            (guard.after_last_call if i == reps - 1 else guard.after_call)(value)
         clocks.synchronize(device)
         host_ms = (clocks.now_ns() - host_start) / 1e6
     samples = tuple(clocks.elapsed_ms(s, e) for s, e in zip(starts, ends))

@@ -59,8 +59,8 @@ CHUNK = 1 << 18
 
 def compare(actual: torch.Tensor, ref: torch.Tensor, factor: float = 1.0) -> tuple[float, bool, float]:
     """(max |actual - factor * ref| over finite entries, whether actual has NaN/inf where ref is finite,
-    max |factor * ref|), in one chunked pass. factor: a signed power of two (a timed call's transform,
-    integrity.Transform.factor), so factor * ref is exact and never made. Only a chunk whose difference is not
+    max |factor * ref|), in one chunked pass. factor: a signed power of two, so factor * ref is exact and
+    never made. Only a chunk whose difference is not
     finite pays for finiteness masks (bad entries zeroed, NaN propagated, as the whole-tensor formula)."""
     if math.frexp(factor)[0] not in (0.5, -0.5):
         raise ValueError(f"compare factor {factor!r} is not a signed power of two (exact scaling is)")

@@ -1,9 +1,9 @@
-"""--cuda-graph timing on a real device: every sample a replay on content of its own, the last one on new inputs,
-judged (outputs and gradients read from the graph's own memory after a synchronisation); and the clock audit's
-events against the host clock.
+"""--cuda-graph timing on a real device: every sample a replay on content of its own (integrity.RoundGuard), the
+last one always judged (outputs and gradients read from the graph's own memory after a synchronisation); and the
+clock audit's events against the host clock.
 
-The real-device counterpart of tests/unit/measure/test_cuda_paths.py (capture order, renew before the last
-replay, the static output observed, events rewritten after binding)."""
+The real-device counterpart of tests/unit/measure/test_cuda_paths.py (capture order, a call's content written
+before each replay, the static output observed, events rewritten after binding)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def _timed(backend, phase: str):
 
 @pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
 def test_an_honest_kernel_is_timed_as_a_graph_on_every_phase(phase):
-    """sdpa's replays, the last on new inputs (for bwd: its forward's graph replayed from them first), are the
-    transformed answer within the tolerance: timed, in cuda-graph mode."""
+    """sdpa's replays, each on its own content (for bwd: a new dO on its forward's graph, built on the round's
+    content), are the verified answer once undone, within the tolerance: timed, in cuda-graph mode."""
     row = _timed(get_backends(["sdpa"])[0], phase)
     assert row.timing_status == TIMED and row.timing_mode == "cuda-graph" and row.latency_ms > 0, row.timing_reason
 

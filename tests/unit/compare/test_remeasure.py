@@ -258,8 +258,7 @@ def test_a_remeasured_round_that_fails_a_check_is_no_figure_and_fails_the_gate(t
     fresh = (tmp_path / "new" / "remeasure" / "samples.csv").read_text()
     assert "sdpa" in fresh and "gamed-cached-no-grad" not in fresh  # a rejected round leaves no samples
     assert cmp.exit_code(fail_on_undecided=False) == EXIT_REGRESSION
-    # each round a new input set: the run's round 0, then one index a round (the rejected key stopped at its first)
-    assert timer.rounds == {keys[0]: 2, keys[1]: 1 + int(honest.rounds_new)} and honest.rounds_new >= 2
+    assert honest.rounds_new >= 2  # each round draws its own content where it runs (integrity.RoundGuard)
 
 
 def test_a_rejected_base_side_is_no_figure_either(tmp_path):

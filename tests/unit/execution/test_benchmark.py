@@ -246,7 +246,7 @@ def test_the_first_timed_call_is_the_cpu_memory_probe(monkeypatch):
     res = _perf("naive", AttentionCase(1, 2, 256, 32, "bf16"), "bwd")
     assert res.row.mem_method == "cpu-profiler-peak" and res.row.peak_mem_bytes >= 2 * 256 * 256 * 2  # the scores
     assert phases == [1]  # one Phase: its first call was the probe
-    assert [(kw["first_done"], kw["build"]) for kw in told] == [(True, None)]
+    assert [(kw["warm"], kw["build"]) for kw in told] == [(True, None)]
 
 
 def test_the_fwd_phase_is_timed_without_autograd():

@@ -124,28 +124,3 @@ def test_the_result_names_the_kernels_the_plan_names(backend, ops):
     assert (result.op, result.backward_op) == ops
     native = run_call(backend, Call(CASE, entry="native_causal"), CPU)  # not offered: an error, named nothing
     assert native.failure is not None and native.op == ""
-
-
-def test_a_kept_call_s_answers_stay_where_it_ran_as_copies_bounded_by_size(monkeypatch):
-    """Call.keep: the process keeps copies of the call's answers by (call, quantity) under the id the result
-    carries (what travels to the run may move into shared memory, so the kept ones are its own); an answer over
-    KEPT_ANSWER_BYTES is not kept (id ''), and past KEPT_ANSWERS_BYTES the oldest go."""
-    import harness.execution.call as call_module
-    from harness.backends.naive import Naive
-    from harness.execution.cache import LRU, CallCaches, kept_bytes
-
-    caches = CallCaches()
-    result = run_call(Naive(), Call(CASE, 0, backward=True, inference=True, keep=True), CPU, caches)
-    kept = caches.answers.get(result.answer_id)
-    assert set(kept) == {("no-grad", "out"), ("grad", "out"), ("grad", "dq"), ("grad", "dk"), ("grad", "dv")}
-    assert torch.equal(kept[("no-grad", "out")], result.inference_out)
-    assert kept[("grad", "dq")] is not result.grads["dq"]  # a copy: what travels may move into shared memory
-    assert run_call(Naive(), Call(CASE, 0), CPU, caches).answer_id == ""  # not asked to keep
-    one = kept_bytes(kept)
-    monkeypatch.setattr(call_module, "KEPT_ANSWER_BYTES", one - 1)
-    assert run_call(Naive(), Call(CASE, 0, backward=True, inference=True, keep=True), CPU, caches).answer_id == ""
-    monkeypatch.setattr(call_module, "KEPT_ANSWER_BYTES", one)
-    caches = CallCaches(answers=LRU(100, kept_bytes, 2 * one))
-    ids = [run_call(Naive(), Call(CASE, 0, backward=True, inference=True, keep=True), CPU, caches).answer_id
-           for _ in range(3)]
-    assert [i in caches.answers for i in ids] == [False, True, True]

@@ -8,7 +8,6 @@ from harness import AttentionCase
 from harness.execution.benchmark import measure_phase
 from harness.execution.device import resolve_device
 from harness.execution.in_process import InProcessExecutor
-from harness.execution.integrity import RoundInputs, TRANSFORMS, Transform, round_inputs
 from harness.execution.rounds import Round
 from harness.execution.runner import execute, prepare_case
 from harness.measure.timing import TimingConfig
@@ -96,182 +95,65 @@ def test_honest_controls_are_timed_on_every_phase_and_round(kernel, phase):
 
 
 @pytest.mark.parametrize("isolate", [False, True])
-def test_a_deterministic_kernel_s_timed_answers_are_told_where_they_ran_and_judged_by_the_verdict(isolate):
-    """In-process, the executor that ran the correctness call kept its answers (Call.keep): a round's every answer
-    that is a verified one scaled, bit for bit, is told, not sent back, and the rows are timed; an executor that did
-    not run it (a fresh one) sends them and they are judged in float64. From a worker nothing is told (a comparison
-    where the backend's code runs could be its own, issue 47): every answer comes back, and the rows are timed."""
+def test_every_timed_answer_comes_back_to_be_judged_in_process_and_from_a_worker(isolate):
+    """Nothing is compared where the calls ran (issue 47): every observed answer of every phase comes back, from the
+    run's own process and from a worker alike, and is judged in the run's process."""
+    from harness.backends.naive import Naive
     from harness.execution.call import Call
     from harness.execution.executor import make_executor
-    from harness.execution.integrity import round_options
     from harness.execution.timed import TimingCall
-    from harness.backends.naive import Naive
 
     executor = make_executor(CPU, isolate=isolate)
     try:
-        prepared = prepare_case(CASE, CPU, 3)
-        verdict = execute(Naive(), prepared, executor=executor)
-        assert verdict.answer_id and set(verdict.verified) == {("no-grad", "out"), ("grad", "out"), ("grad", "dq"),
-                                                               ("grad", "dk"), ("grad", "dv")}
         for phase, quantities in (("fwd", {"out"}), ("bwd", {"dq", "dk", "dv"}),
                                   ("fwd+bwd", {"out", "dq", "dk", "dv"})):
-            timing = TimingCall(Call(CASE, 3), phase, FAST, inputs=round_inputs(3, (CASE.id, "naive", phase), 0,
-                                                                                **round_options(CASE, phase)),
-                                verified=verdict.answer_id)
-            observed = executor.time(Naive(), timing, CPU).observed
-            told = set() if isolate else quantities  # from a worker nothing is told (issue 47's trust boundary)
-            assert len(observed) >= 2 and all(o.scaled_verified == told for o in observed), phase
-            returned = [({"out"} if o.out is not None else set()) | set(o.grads) for o in observed]
-            assert all(r & quantities == quantities - told for r in returned), phase
+            observed = executor.time(Naive(), TimingCall(Call(CASE, 3), phase, FAST), CPU).observed
+            assert observed and all(
+                ({"out"} if o.out is not None else set()) | set(o.grads) >= quantities for o in observed), phase
             assert _timed(Naive(), phase, executor=executor).row.timing_status == TIMED
-        fresh = InProcessExecutor().time(Naive(), timing, CPU).observed
-        assert not fresh[-1].scaled_verified and set(fresh[-1].grads) == {"dq", "dk", "dv"}
     finally:
         executor.close()
 
 
-def test_every_transform_gives_exactly_the_transformed_answer():
-    """The expected answer of transformed inputs is the verified one scaled: exact in floating point (float64
-    reference of the transformed inputs against the scaled reference, to the last bit for out and dv)."""
-    case = AttentionCase(1, 2, 8, 16, "fp32", mask=Causal())
-    inputs = make_inputs(case, "cpu", 5)
-    ref = reference_attention(case, inputs)
-    for t in TRANSFORMS:
-        theirs = reference_attention(case, t.inputs(inputs))
-        for quantity in ("out", "dq", "dk", "dv"):
-            assert (theirs.get(quantity) - ref.get(quantity) * t.factor(quantity)).abs().max() <= 1e-12, (t, quantity)
-
-
-def test_a_round_s_new_inputs_change_every_answer_and_rounds_differ():
-    seen = set()
-    for index in range(3):
-        r = round_inputs(11, ("c", "b", "fwd"), index)
-        assert isinstance(r, RoundInputs) and not r.seen.identity and Transform().identity
-        for q in ("out", "dq", "dk", "dv"):
-            assert r.new.factor(q) != r.seen.factor(q)
-        seen.add(r.seen)
-    assert len(seen) == 3
-    assert round_inputs(11, ("c", "b", "fwd"), 0) != round_inputs(12, ("c", "b", "fwd"), 0)  # the seed decides
-
-
-def test_an_fp8_cache_s_round_inputs_are_exact_after_quantization():
-    """An FP8 KV cache is quantized with scales fixed by the case (spec/fp8.py): v x 2 may saturate e4m3, so its
-    rounds draw from FP8_TRANSFORMS (v and q, k times +-1): quantizing a transformed v gives the transformed
-    quantized v bit for bit, and the new inputs still change the answer and the bytes of q, k or v."""
+@pytest.mark.parametrize("case", [
+    AttentionCase(1, 2, 9, 16, "bf16", seq_k=12, fp8_kv="tensor"),
+    AttentionCase(1, 6, 9, 16, "bf16", kv_heads=3, seq_k=12, fp8_kv="head", fp8_q=True),
+])
+def test_an_fp8_case_s_call_content_is_exact_after_quantization(case):
+    """An FP8 KV cache (and q) is quantized with scales fixed by the case (spec/fp8.py): v x 2 may saturate e4m3, so a
+    call's content scales v by signs alone; q and k take signs per column. A sign commutes with e4m3 quantization
+    bit for bit (its grid and saturation are symmetric): what the backend gets (backend_inputs, as timing gives it)
+    is the quantized inputs times the content's factors, so the answer follows exactly."""
     import torch
 
-    from harness.execution.integrity import FP8_TRANSFORMS
-    from harness.spec import fp8
-
-    assert FP8_TRANSFORMS and all(abs(t.v) == 1.0 and abs(t.qk) == 1.0 and (t.qk, t.v) != (1.0, 1.0)
-                                  for t in FP8_TRANSFORMS)
-    v = torch.randn(2, 2, 33, 16) * 300  # beyond e4m3's range at scale 1 too: saturation must stay symmetric
-    scale = torch.ones(())
-    for t in FP8_TRANSFORMS:
-        assert torch.equal(fp8.quantize(v * t.v, scale).float(), fp8.quantize(v, scale).float() * t.v)
-    for index in range(4):
-        r = round_inputs(11, ("c", "b", "fwd"), index, fp8_kv=True)
-        assert r.seen in FP8_TRANSFORMS and r.new in FP8_TRANSFORMS and r.new.factor("out") != r.seen.factor("out")
-
-
-def test_fp8_queries_round_inputs_are_exact_after_quantization():
-    """An FP8 Q/K/V case's q is quantized too, per kv-head group (spec/fp8.py): q (and k) times -1 - the only change
-    FP8_TRANSFORMS makes to them - commutes with e4m3 quantization bit for bit (its grid and saturation are
-    symmetric), so the transformed round's quantized inputs are the verified ones' with flipped signs: the scores
-    are unchanged and the answer follows exactly. The backend gets them through backend_inputs, as timing does."""
-    import torch
-
-    from harness import AttentionCase
     from harness.backends.naive import Naive
     from harness.execution.call import backend_inputs
-    from harness.execution.integrity import FP8_TRANSFORMS
-    from harness.spec.case import make_inputs
+    from harness.execution.integrity import CallContent
 
-    case = AttentionCase(1, 6, 9, 16, "bf16", kv_heads=3, seq_k=12, fp8_kv="head", fp8_q=True)
     inputs = make_inputs(case)
-    inputs = inputs._replace(q=inputs.q * 40)  # past e4m3's range for some values: saturation must stay symmetric
-    base = backend_inputs(Naive(), case, inputs, requires_grad=False)
-    assert base[0].dtype == torch.float8_e4m3fn
-    for t in FP8_TRANSFORMS:
-        q, k, v, _ = backend_inputs(Naive(), case, t.inputs(inputs), requires_grad=False)
-        for got, verified, factor in ((q, base[0], t.qk), (k, base[1], t.qk), (v, base[2], t.v)):
-            assert torch.equal(got.float(), verified.float() * factor)
+    inputs = inputs._replace(q=inputs.q * 40, v=inputs.v * 300)  # past e4m3's range: saturation must stay symmetric
+    base = [t.float() for t in backend_inputs(Naive(), case, inputs, requires_grad=False)[:3]]
+    assert backend_inputs(Naive(), case, inputs, requires_grad=False)[2].dtype == torch.float8_e4m3fn
+    generator = torch.Generator().manual_seed(2)
+    for _ in range(4):
+        content = CallContent.draw(case, generator)
+        assert set(content.v.flatten().tolist()) <= {-1.0, 1.0}
+        got = backend_inputs(Naive(), case, content.inputs(inputs), requires_grad=False)[:3]
+        expected = content.inputs(inputs._replace(q=base[0] if case.fp8_q else inputs.q.float(), k=base[1],
+                                                  v=base[2]))[:3]
+        for name, mine, theirs in zip("qkv", got, expected):
+            if name != "q" or case.fp8_q:
+                assert torch.equal(mine.float(), theirs), name
 
 
-def test_a_seen_answer_that_is_the_new_one_scaled_bit_for_bit_is_judged_by_its_figures_else_on_its_own():
-    """_scaled: an answer that is a judged one times the transforms' ratio bit for bit (a deterministic kernel's: the
-    transforms are exact) gets the judged figures scaled, with no pass over the reference - the same figures a pass
-    gives. judge_timed with answers not told scaled judges each: a nondeterministic one (within the
-    tolerance) passes, one wrong on seen inputs alone fails."""
-    import torch
+def test_a_backward_alone_s_graph_is_built_on_the_round_s_own_content():
+    """RoundGuard: the round draws content of its own, which the phase is built on (the backward alone's graph: q, k
+    and v unlike the verified inputs'), and its calls' content on top; every answer is undone to the verified one."""
+    from harness.execution.integrity import RoundGuard
 
-    from harness.execution.benchmark import _judge_one, _scaled, judge_timed
-    from harness.execution.timed import Observed
-
-    prepared = prepare_case(CASE, CPU, 5)
-    plan = round_inputs(5, (CASE.id, "sdpa", "fwd"), 0)
-    verified = prepared.reference.out.to(torch.float32)
-    new_out = verified * plan.new.factor("out")
-    honest_seen = verified * plan.seen.factor("out")
-    naive = prepared.naive_error("out", "sdpa")
-    judged = _judge_one("out", honest_seen, plan.seen, prepared, naive)
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd",
-                       [Observed(plan.seen, honest_seen), Observed(plan.new, new_out)]) == ""
-    ratio = plan.seen.factor("out") / plan.new.factor("out")
-    derived = _scaled(_judge_one("out", new_out, plan.new, prepared, naive), ratio, CASE.dtype,
-                      naive * abs(plan.seen.factor("out")))
-    assert (derived.err, derived.tol, derived.largest) == (judged.err, judged.tol,
-                                                                                   judged.largest)
-    jittered = honest_seen + 1e-7 * torch.randn_like(honest_seen)  # within the tolerance, not bitwise scaled
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd",
-                       [Observed(plan.seen, jittered), Observed(plan.new, new_out)]) == ""
-    wrong_seen = honest_seen.clone()
-    wrong_seen.view(-1)[3] += 1.0
-    problem = judge_timed(gamed.Recomputing(), prepared, "fwd",
-                          [Observed(plan.seen, wrong_seen), Observed(plan.new, new_out)])
-    assert problem.startswith("[fwd, a call on the round's inputs") and "out err" in problem
-
-
-def test_where_the_calls_ran_a_seen_answer_scaled_from_the_last_is_dropped_and_judged_by_its_figures():
-    """timed._drop_scaled (in the worker): an answer that is the kept verified one times its factor, or an earlier
-    one that is the last one times the factors' ratio, bit for bit, does not travel; judge_timed gives it the
-    verdict's Check or the last answer's, scaled - the figures a float64 pass gives. One that differs travels and is
-    judged on its own - an answer wrong only on seen or only on new inputs still fails."""
-    import torch
-
-    from harness.execution.benchmark import _judge_one, judge_timed
-    from harness.execution.timed import Observed, _drop_scaled
-
-    prepared = prepare_case(CASE, CPU, 5)
-    plan = round_inputs(5, (CASE.id, "sdpa", "fwd"), 0)
-    verified = prepared.reference.out.to(torch.float32)
-    observed = [Observed(plan.seen, verified * plan.seen.factor("out")),
-                Observed(plan.new, verified * plan.new.factor("out"))]
-    _drop_scaled(observed, {})
-    assert observed[0].out is None and observed[0].scaled_last == {"out"}
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed) == ""
-    wrong = verified * plan.seen.factor("out")
-    wrong.view(-1)[3] += 1.0
-    observed = [Observed(plan.seen, wrong), Observed(plan.new, verified * plan.new.factor("out"))]
-    _drop_scaled(observed, {})
-    assert observed[0].out is not None and not observed[0].scaled_last
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed).startswith("[fwd, a call on the round's inputs")
-
-    # the verdict's answer kept where the calls ran: both answers are it, scaled - nothing travels
-    naive = prepared.naive_error("out", "sdpa")
-    check = _judge_one("out", verified, Transform(), prepared, naive)  # the verified inputs as they are
-    observed = [Observed(plan.seen, verified * plan.seen.factor("out")),
-                Observed(plan.new, verified * plan.new.factor("out"))]
-    _drop_scaled(observed, {"out": verified})
-    assert all(o.out is None and o.scaled_verified == {"out"} for o in observed)
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed, {("no-grad", "out"): check}) == ""
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed, {}).endswith("returned no out")
-    bad = verified * 4.0  # the verdict's passed; 4x its answer is judged and fails, though both scaled bit for bit
-    observed = [Observed(plan.seen, verified * plan.seen.factor("out")), Observed(plan.new, bad)]
-    _drop_scaled(observed, {"out": verified})
-    assert observed[0].out is None and observed[1].out is not None and not observed[1].scaled_verified
-    assert judge_timed(gamed.Recomputing(), prepared, "fwd", observed,
-                       {("no-grad", "out"): check}).startswith("[fwd, the last call, on new inputs")
+    inputs = make_inputs(CASE, "cpu", 3)
+    guard = RoundGuard(CASE, "bwd", inputs)
+    assert not any(a.equal(b) for a, b in zip(guard.inputs[:3], inputs[:3]))
 
 
 @pytest.mark.parametrize("case, phase", [
@@ -325,16 +207,15 @@ def test_every_timed_call_runs_on_content_no_earlier_call_saw():
 
 @pytest.mark.parametrize("drawn", [0, 1])
 def test_each_timed_call_is_judged_when_the_draw_after_it_says_so(monkeypatch, drawn):
-    """timed._Checks.observe draws, after each timed call returns, whether it is judged (odds 1/CHECK_ONE_IN): drawn
-    every time, every sample's answer is observed; never, the last two alone. A kernel wrong on m of a round's other
-    calls escapes with odds (1 - 1/CHECK_ONE_IN)^m."""
+    """integrity.RoundGuard.after_call draws, after each timed call returns, whether it is judged (odds
+    1/CHECK_ONE_IN): drawn every time, every sample's answer is observed; never, the last alone. A kernel wrong on m
+    of a round's other calls escapes with odds (1 - 1/CHECK_ONE_IN)^m."""
     from harness.backends.naive import Naive
-    from harness.execution import timed as timed_module
+    from harness.execution import integrity
     from harness.execution.call import Call
     from harness.execution.timed import TimingCall
 
-    monkeypatch.setattr(timed_module.secrets, "randbelow", lambda n, _d=drawn: _d)
-    timing = TimingCall(Call(CASE, 3), "fwd", FAST, inputs=round_inputs(3, (CASE.id, "naive", "fwd"), 0))
-    result = InProcessExecutor().time(Naive(), timing, CPU)
+    monkeypatch.setattr(integrity.secrets, "randbelow", lambda n, _d=drawn: _d)
+    result = InProcessExecutor().time(Naive(), TimingCall(Call(CASE, 3), "fwd", FAST), CPU)
     n = result.measurement.n  # the first may be the estimate's last call, made before it was known to be a sample
-    assert n > 2 and (n - 1 <= len(result.observed) <= n if drawn == 0 else len(result.observed) == 2)
+    assert n > 2 and (n - 1 <= len(result.observed) <= n if drawn == 0 else len(result.observed) == 1)

@@ -78,13 +78,16 @@ def test_a_disarming_plugin_runs_only_in_its_own_processes_and_gets_no_timed_fig
 
 
 def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tmp_path):
-    """A worker's reply claiming its answers were the verified ones scaled is not believed: they must come back."""
-    from harness.execution.timed import Observed, TimingResult
-    from harness.execution.integrity import TRANSFORMS
+    """A worker's reply missing its answers (as though told equal where it ran) is not believed: they must come back,
+    and the run's judge calls a missing one a missing answer."""
+    from harness.execution.benchmark import judge_timed
+    from harness.execution.runner import prepare_case
+    from harness.execution.integrity import Observed
+    from harness.execution.timed import TimingResult
 
     session = RunSession(CPU, tmp_path / "run", timing=FAST, executor=make_executor(CPU, isolate=True))
     executor = session.executor
-    forged = TimingResult(observed=[Observed(TRANSFORMS[0], None, {}, frozenset({"out"}), frozenset({"out"}))])
+    forged = TimingResult(observed=[Observed(None, {})])  # no answer: "elided"
     try:
         naive = get_backends(["naive"])[0]
         executor._ask = lambda *args, **kwargs: ("ok", forged)  # what a rewritten worker could send
@@ -95,7 +98,7 @@ def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tm
     finally:
         executor.workers.pop("naive", None)  # the stand-in above is no process to stop
         session.finish()
-    assert all(not o.scaled_verified and not o.scaled_last for o in answer.observed)
+    assert judge_timed(naive, prepare_case(CASE, CPU, 0), "fwd", answer.observed).endswith("returned no out")
 
 
 @pytest.mark.parametrize("payload, words", [

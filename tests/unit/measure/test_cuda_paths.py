@@ -183,48 +183,44 @@ def test_timing_with_a_graph_replays_and_never_times_the_build(fake):
     assert replays and records and min(records) < max(replays) < max(records)  # replays inside the events
 
 
-def test_a_graph_s_last_sample_is_a_replay_on_new_inputs_and_its_static_output_is_observed(fake):
-    """The renewed sample replays the graph itself: its static inputs refilled before the events, the forward it
-    reads (build) replayed from them, and what observe gets is the graph's static output, after its end event.
-    (An eager call after the replays - the old way - would be observed instead of a replay, and judge nothing
-    the samples did.)"""
+def test_a_graph_s_every_replay_reads_fresh_content_and_its_static_output_is_judged(fake):
+    """The round's guard (integrity.RoundGuard's steps) around a graph's replays: a call's content is written into
+    the static inputs before every replay's events, and what each sample's step gets is the graph's static output,
+    after its end event, the last one's by after_last_call. (An eager call after the replays would be judged instead
+    of a replay, and judge nothing the samples did.)"""
     x = torch.ones(4)
     made, calls, seen = {}, [], []
-
-    def build():  # the forward a backward reads: recorded in its own graph, replayed after new inputs
-        h = made.setdefault("h", torch.zeros(4))
-        fake.launch(lambda: h.copy_(x * 2))
 
     def fn():
         calls.append(1)
         out = made.setdefault("out", torch.zeros(4))
-        fake.launch(lambda: out.copy_(made["h"] + 1))
+        fake.launch(lambda: out.copy_(x + 1))
         return out
 
-    def renew():
-        fake.log.append(("renew",))
-        x.fill_(5.0)
+    class Guard:
+        def before_call(self):
+            fake.log.append(("content",))
+            x.add_(1.0)
 
-    def observe(value, renewed):
-        fake.log.append(("observe", renewed))
-        seen.append((value, value.clone(), renewed))
+        def after_call(self, value, last=False):
+            fake.log.append(("judged", last))
+            seen.append((value, value.clone()))
+
+        def after_last_call(self, value):
+            self.after_call(value, True)
 
     config = TimingConfig(warmup_ms=0, budget_ms=3, min_reps=3, max_reps=3, cuda_graph=True)
-    graph = cuda_graph.Captured(fn, None, torch.device("cuda", 0), build)
-
-    def refill():
-        renew()
-        graph.rebuild()
-
-    m = timing.measure(fn, device=torch.device("cuda", 0), config=config, renew=refill, observe=observe, graph=graph)
+    graph = cuda_graph.Captured(fn, None, torch.device("cuda", 0))
+    m = timing.measure(fn, device=torch.device("cuda", 0), config=config, guard=Guard(), graph=graph)
     assert m.mode == "cuda-graph" and m.n == 3 and len(calls) == 4  # 3 warm-up calls, 1 captured: no eager call after
-    assert [r for *_, r in seen] == [0, 2, 1] and all(v is made["out"] for v, *_ in seen)  # the static output
-    assert seen[1][1].tolist() == [3.0] * 4 and seen[2][1].tolist() == [11.0] * 4  # replayed on x = 5
-    log = [e for e in fake.log if e[0] in ("renew", "replay", "record", "observe")]
-    last = len(log) - 1 - log[::-1].index(("renew",))
-    # renew, the build's graph replayed, then the last sample's events around the call's replay, then observe
-    assert log[last:] == [("renew",), ("replay", 0), ("record", ("default", 0)), ("replay",),
-                          ("record", ("default", 0)), ("observe", 1)], log[last:]
+    assert all(v is made["out"] for v, _ in seen) and len(seen) == 3  # the static output, every sample
+    last = x[0].item()  # what the last content left: the last replay read it
+    assert [c.tolist() for _, c in seen] == [[last - 1.0] * 4, [last] * 4, [last + 1.0] * 4]
+    log = [e for e in fake.log if e[0] in ("content", "replay", "record", "judged")]
+    # the last sample: content, then its events around the call's replay, then judged as the last
+    assert log[-5:] == [("content",), ("record", ("default", 0)), ("replay",), ("record", ("default", 0)),
+                        ("judged", True)], log[-5:]
+    assert log.count(("judged", False)) == 2
 
 
 def test_a_captured_backward_keeps_the_gradients_it_writes(fake):
@@ -239,11 +235,11 @@ def test_a_captured_backward_keeps_the_gradients_it_writes(fake):
     assert setups == [0, 0, 0, 0]  # 3 warm-up calls and the capture, before it; none once the graph exists
 
 
-def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_that_renews_its_forward(fake):
+def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_on_fresh_d_out(fake):
     """execution.timed.graph_phase on a real (CPU) backward with the fake graph: the forward is made for the warm-up
     and made again inside a graph of its own; the gradients the captured backward wrote are the leaves' .grad
-    (setup ran before the capture); the phase has no setup, its call is the call's replay, and renew refills the
-    static inputs and then replays the forward's graph - no eager forward."""
+    (setup ran before the capture); the phase has no setup, its call is the call's replay, and a call's content
+    goes into the static dO alone (the forward's graph keeps its q, k, v) - no eager forward."""
     from harness.backends.naive import Naive
     from harness.execution.timed import graph_phase, phase_callables
     from harness.spec.case import AttentionCase, make_inputs
@@ -258,8 +254,9 @@ def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_that_renews_its_forwa
     assert builds == [False, True] and timed.setup is None and timed.build is None
     assert eager.buffers["q"].grad is not None  # written by the captured backward, not reset since
     fake.log.clear()
-    timed.renew(inputs._replace(q=inputs.q * -1))
-    assert torch.equal(eager.buffers["q"], -inputs.q) and fake.log == [("replay", 0)] and builds == [False, True]
+    written = timed.fresh(inputs._replace(q=inputs.q * -1, d_out=inputs.d_out * 2))
+    assert set(written) == {"dO"} and torch.equal(eager.buffers["dO"], inputs.d_out * 2)
+    assert torch.equal(eager.buffers["q"], inputs.q) and fake.log == [] and builds == [False, True]
     assert timed.fn() is None and fake.log[-1] == ("replay",)
     out, grads = timed.observe(None)
     assert out is None and set(grads) == {"dq", "dk", "dv"}

@@ -37,10 +37,10 @@ def test_repetitions_follow_the_budget():
 
 
 def test_a_first_call_made_by_the_caller_is_not_made_again_and_is_no_sample():
-    """first_done: the caller made the first call (the CPU memory probe's); measure starts at the estimate."""
+    """warm: the caller made the first call (the CPU memory probe's); measure starts at the estimate."""
     calls = []
     m = measure(lambda: calls.append("call"), device=CPU, config=TimingConfig(warmup_ms=0, budget_ms=5, min_reps=5),
-                first_done=True)
+                warm=True)
     # the first estimate call is no sample; the second, with no warm-up after it, is the first sample
     assert m.n == len(calls) - 1
 
@@ -105,9 +105,7 @@ def test_the_estimate_call_is_the_first_sample_only_when_no_warm_up_follows_it(m
     assert m.samples_ms == (6.0,) * 5 and len(durations) == 1 + 1 + 1 + 5  # first, estimate, 20 // 7 - 1 warm-up
 
 
-def test_first_done_is_for_the_cpu_clock_and_a_graph_is_captured_by_the_caller():
-    with pytest.raises(ValueError, match="first_done=.* is for the CPU clock"):
-        measure(lambda: None, device=torch.device("cuda"), first_done=True)
+def test_a_graph_is_captured_by_the_caller():
     with pytest.raises(ValueError, match=r"cuda_graph=True\) needs graph="):  # never eager calls under a graph's name
         measure(lambda: None, device=torch.device("cuda"), config=TimingConfig(cuda_graph=True))
 
