@@ -14,6 +14,7 @@ from harness.store.load import load_results
 from harness.store.run_dir import read_env
 from harness.store.run_state import incomplete
 from tests.fixtures.faulty_backends import FAULTS
+from tests.e2e import the_run
 
 SMOKE = len(build_matrix("smoke"))  # cases of the smoke matrix these runs use
 
@@ -30,7 +31,7 @@ def suites(tmp_path, *args, timeout=900):
 def test_every_fault_is_a_row_and_the_sweep_goes_on(tmp_path):
     res = suites(tmp_path, "--backends", ",".join(["naive", *FAULTS]), "--call-timeout-s", "10")
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]  # failures, not a crash of the run
-    df = load_results(next(tmp_path.iterdir()))
+    df = load_results(the_run(tmp_path))
     assert len(df) == SMOKE * (1 + len(FAULTS)) * 2  # every case x backend x phase has its row
     by = df.set_index(["backend", "case_id", "phase"])
     assert set(df[df.backend == "naive"].status) == {"pass"}  # cases after each crash still ran
@@ -60,11 +61,11 @@ def test_every_fault_is_a_row_and_the_sweep_goes_on(tmp_path):
 def test_a_backend_raising_keyboardinterrupt_is_recorded_then_stops_the_run(tmp_path):
     res = suites(tmp_path, "--backends", "naive,fault-interrupt")
     assert res.returncode == 2 and "fault-interrupt raised KeyboardInterrupt" in res.stdout, res.stdout[-2000:]
-    df = load_results(next(tmp_path.iterdir()))
+    df = load_results(the_run(tmp_path))
     assert len(df) == 2 * 2  # naive and the interrupting backend on the first case, both phases, then the stop
     assert set(df[df.backend == "fault-interrupt"].reason) == {"KeyboardInterrupt inside the backend call"}
     # the run knows it did not reach its end (issue 35)
-    assert incomplete(read_env(next(tmp_path.iterdir()))) == "interrupted during the correctness stage"
+    assert incomplete(read_env(the_run(tmp_path))) == "interrupted during the correctness stage"
 
 
 def test_a_killed_run_keeps_every_finished_row(tmp_path):

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from tests.e2e import the_run
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the default matrix's mixed steps' ids carry this (8 sequences: queries 1 to 24)
@@ -19,7 +20,7 @@ def test_the_default_matrix_steps_pass_and_are_timed_with_naive_sdpa_and_flex(tm
                           "--benchmark", "--rounds", "1", "--timing-budget-ms", "5", "--no-report", "-k", STEP_KEY],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:]
-    df = pd.read_csv(next(tmp_path.iterdir()) / "results.csv")
+    df = pd.read_csv(the_run(tmp_path) / "results.csv")
     steps = df[df.case_id.str.contains(STEP_KEY)]
     assert set(steps.case_id.str.endswith("-page16")) == {True, False}        # the paged step and the contiguous one
     fwd = steps[steps.phase == "fwd"]
@@ -41,7 +42,7 @@ def test_the_default_matrix_fp8_cases_pass_and_are_timed_with_quant_err_beside(t
                           "--benchmark", "--rounds", "1", "--timing-budget-ms", "5", "--no-report", "-k", "fp8kv"],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:]
-    df = pd.read_csv(next(tmp_path.iterdir()) / "results.csv")
+    df = pd.read_csv(the_run(tmp_path) / "results.csv")
     fwd = df[df.phase == "fwd"]
     assert len(fwd) == 6 and set(fwd.status) == {"pass"} and fwd.timing_status.eq("timed").all(), fwd
     assert set(fwd.fp8_kv) == {"head", "tensor"} and (fwd.quant_err > fwd.out_err).all()
@@ -58,7 +59,7 @@ def test_the_full_matrix_fp8_qkv_cases_pass_and_are_timed_with_naive_sdpa_and_fl
                           "--benchmark", "--rounds", "1", "--timing-budget-ms", "5", "--no-report", "-k", "fp8qkv"],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:]
-    df = pd.read_csv(next(tmp_path.iterdir()) / "results.csv")
+    df = pd.read_csv(the_run(tmp_path) / "results.csv")
     fwd = df[df.phase == "fwd"]
     assert len(fwd) == 6 and set(fwd.status) == {"pass"} and fwd.timing_status.eq("timed").all(), fwd
     assert set(fwd.fp8_kv) == {"head", "tensor"} and fwd.fp8_q.all() and (fwd.quant_err > fwd.out_err).all()

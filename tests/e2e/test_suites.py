@@ -9,6 +9,7 @@ import pandas as pd
 from harness.store.load import load_results
 from harness.store.schema import COLUMNS
 from harness.spec.matrices import build_matrix
+from tests.e2e import the_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +25,7 @@ def test_smoke_run_writes_csv_and_skips_with_reasons(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:]
     assert "test_correctness[sdpa-flash-bf16-b2-h4-s64-d32-causal] PASSED" in res.stdout
     assert "xformers kernels need CUDA" in res.stdout and "flash_attn is not installed" in res.stdout
-    run_dir = next(tmp_path.iterdir())
+    run_dir = the_run(tmp_path)
     df = pd.read_csv(run_dir / "results.csv")
     assert list(df.columns) == list(COLUMNS)
     assert len(df) == len(build_matrix("smoke")) * 4 * 2  # cases x backends x phases, one row each
@@ -101,7 +102,7 @@ def test_gamed_plugins_lose_their_figures_and_honest_ones_keep_theirs(tmp_path):
     res = run_suites(tmp_path, "--matrix", "smoke", "--benchmark", "--rounds", "1", "--timing-budget-ms", "20",
                      "--backend-module", "tests/fixtures/gamed_plugin.py",
                      "--backends", "naive,gamed-cached-no-grad,gamed-memo-per-graph")
-    run_dir = next(tmp_path.iterdir())
+    run_dir = the_run(tmp_path)
     df = load_results(run_dir)
     cheats = {("gamed-cached-no-grad", "fwd"), ("gamed-memo-per-graph", "bwd")}
     cheating = pd.Series([(b, p) in cheats for b, p in zip(df.backend, df.phase)], index=df.index)
