@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cost import H200, matrix_cost
+from harness.execution.cost import H200, H200_BASELINE_RATES, H200_REFERENCE_RATE, baseline_rate, matrix_cost
 from harness.execution.session import RunSession
 from harness.execution.shrink import (BOUND_S, TRIALS, Shrunk, Signature, Trials, failed_checks, inside,
                                       needs_one, reproduces, shrink)
@@ -33,6 +33,20 @@ LARGEST_SHARE = 0.1
 #: draws before a draw the backend takes is given up (its declarations leave little of the space), and draws in a
 #: row too big for the budget before the plan ends
 TRIES = 200
+
+
+#: the FLOP rates the plan is sized by, fixed per device type so a seed plans the same cases on every machine (rates
+#: measured at the start differ run to run and moved which draws were too big and where the plan ended); the wall
+#: budget, not the plan, decides how many of them run. CPU: this project's 2-core VM at load 0.75 (float64 reference,
+#: then the baseline's batched GEMM per dtype); GPU: the H200's
+PLAN_RATES = {"cpu": (6.1e10, {torch.float32: 1.9e11, torch.bfloat16: 4.2e11, torch.float16: 6.7e9}),
+              "cuda": (H200_REFERENCE_RATE, H200_BASELINE_RATES)}
+
+
+def plan_rates(case: AttentionCase, device: torch.device) -> tuple[float, dict[torch.dtype, float]]:
+    """The reference rate and the baseline rates a drawn case is sized by (a dtype with no fixed rate: measured)."""
+    reference, baselines = PLAN_RATES.get(device.type, PLAN_RATES["cuda"])
+    return reference, {case.dtype: baselines.get(case.dtype) or baseline_rate(device, case.dtype)}
 
 
 @dataclass(frozen=True)
@@ -74,7 +88,8 @@ def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: flo
             idle += 1
             continue
         runners = tuple(b for b in backends if not b.can_run(case, device))
-        cost = matrix_cost([case], device)
+        reference, baselines = plan_rates(case, device)
+        cost = matrix_cost([case], device, rate=reference, baseline_rates=baselines)
         sized = cost.case_seconds(cost.costs[0])                       # its float64 reference and baseline
         seconds = sized + calls_seconds(runners, device)
         if sized > LARGEST_SHARE * budget_s or cost.largest.peak_bytes > cost.memory:

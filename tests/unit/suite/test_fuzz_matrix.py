@@ -15,3 +15,18 @@ def test_the_fuzz_matrix_draws_the_seeds_cases_for_the_backends():
     label, cases = suite_cases(option, cpu, backends)
     assert label == "fuzz" and cases and isinstance(option.seed, int)          # a drawn seed, recorded by the run
     assert cases == [p.case for p in plan(backends, cpu, option.seed, 2.0)]
+
+
+def test_a_seeds_plan_is_the_seeds_alone_not_the_machines_measured_rates(monkeypatch):
+    """The plan is sized by fixed rates (fuzz.PLAN_RATES): no rate is measured, so a seed plans the same cases on any
+    machine of a device type and at any load (rates measured at the start once planned 12 then 13 cases)."""
+    from harness.execution import cost
+
+    def measured(*_):
+        raise AssertionError("the fuzz plan measured a rate")
+
+    monkeypatch.setattr(cost, "baseline_rate", measured)
+    monkeypatch.setattr(cost, "reference_rate", measured)
+    backends, cpu = get_backends("naive,sdpa"), torch.device("cpu")
+    first = [p.case for p in plan(backends, cpu, 0, 5.0)]
+    assert first and first == [p.case for p in plan(backends, cpu, 0, 5.0)]
