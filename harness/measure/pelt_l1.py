@@ -243,23 +243,3 @@ def pelt_l1_ends(z, pen, min_size):
 def _slack(value, k, biggest, n):
     """A bound, a million times too wide, on how far a total from the halves' sums can be from ruptures' float."""
     return 1e6 * 2.3e-16 * (4 * n + 4 * k + 8) * (1.0 + abs(value) + k * biggest)
-
-
-@njit(cache=True)
-def _np_median(values):
-    """np.median of a 1-D array, float for float: the middle value, or numpy's mean of the two middle ones."""
-    ordered = np.sort(values)
-    k = ordered.shape[0]
-    if k % 2:
-        return (0.0 + (0.0 + ordered[k // 2])) / 1.0
-    return (0.0 + ((0.0 + ordered[k // 2 - 1]) + ordered[k // 2])) / 2.0
-
-
-@njit(cache=True)
-def standardized(y, mad_scale, floor):
-    """(y - median(y)) / sigma, sigma = max(mad_scale * median(|d - median(d)|) / sqrt(2), floor) over the steps d
-    of y: stats.change_points' scaling of a log series, as numpy computes it."""
-    steps = np.diff(y)
-    spread = mad_scale * _np_median(np.abs(steps - _np_median(steps))) / np.sqrt(2.0)
-    sigma = spread if spread >= floor else floor
-    return (y - _np_median(y)) / sigma

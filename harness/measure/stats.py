@@ -341,20 +341,24 @@ def change_points(latency_ms, penalty: float = PENALTY, min_size: int = MIN_SEGM
     if len(y) < 2 * min_size:
         return []
     try:
-        from harness.measure.pelt_l1 import pelt_l1_ends, standardized
+        from harness.measure.pelt_l1 import pelt_l1_ends
     except ImportError:  # no numba (a node installed from the wheelhouse, --no-deps): ruptures itself, slower
         return ruptures_change_points(y, penalty, min_size)
-    # the log series over its robust scale: (y - median) / max(robust_sd(steps - their median) / sqrt 2, floor)
-    z = standardized(np.ascontiguousarray(y), MAD_SCALE, SIGMA_FLOOR)
-    ends = pelt_l1_ends(z, float(penalty), max(int(min_size), 2))  # ruptures' l1 cost needs 2 points a segment
+    ends = pelt_l1_ends(standardized(y), float(penalty), max(int(min_size), 2))  # ruptures' l1 needs 2 a segment
     return [int(e) for e in ends if e < len(y)]
+
+
+def standardized(y: np.ndarray) -> np.ndarray:
+    """A log series over its robust scale, centred: (y - median) / max(robust_sd(steps - their median) / sqrt 2,
+    floor) - what PELT's penalty is set against."""
+    steps = np.diff(y)
+    sigma = max(robust_sd(steps - np.median(steps)) / math.sqrt(2), SIGMA_FLOOR)
+    return np.ascontiguousarray((y - np.median(y)) / sigma)
 
 
 def ruptures_change_points(y: np.ndarray, penalty: float = PENALTY, min_size: int = MIN_SEGMENT) -> list[int]:
     """change_points of a log series through ruptures' own Pelt (Python: seconds a key of hundreds of runs)."""
     import ruptures as rpt
 
-    steps = np.diff(y)
-    sigma = max(robust_sd(steps - np.median(steps)) / math.sqrt(2), SIGMA_FLOOR)
-    z = ((y - np.median(y)) / sigma).reshape(-1, 1)
+    z = standardized(y).reshape(-1, 1)
     return [e for e in rpt.Pelt(model="l1", min_size=min_size, jump=1).fit(z).predict(pen=penalty) if e < len(y)]
