@@ -112,6 +112,17 @@ def test_suites_refuse_an_expensive_preset_before_running():
     assert "reference and baseline ~16.3 h, correctness calls ~" in res.stderr, res.stderr[-2000:]
 
 
+def test_suites_with_k_refuse_on_the_selected_tests_cases():
+    """With -k the refusal waits for collection and estimates the selected tests' cases, not the whole preset's."""
+    res = subprocess.run([sys.executable, "-m", "pytest", "suites", "--preset", "llama-3-8b", "-p", "no:cacheprovider",
+                          "-p", "tests.fixtures.cost_rates", "-q", "-k", "s8192-d128"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    out = res.stdout + res.stderr
+    assert res.returncode == 4 and "--allow-expensive" in out and "Traceback" not in out, out[-2000:]
+    # the longest step is the selected case's; the whole preset's would be its s16384 case's (and its memory refusal)
+    assert "the longest step, bf16-b2-h32kv8-s8192-d128-causal" in out and "s16384" not in out, out[-2000:]
+
+
 def test_recommend_refuses_huge_shapes_with_figures_not_a_traceback():
     for shape, needle in ((["--seq", "1000000", "--head-dim", "128"], "needs ~"),
                           (["--seq", "128", "--head-dim", "1000000"], "needs ~")):
