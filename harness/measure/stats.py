@@ -321,8 +321,9 @@ def gate_verdict(base_ms, new_ms, cfg: GateConfig = GateConfig(), *, base_rounds
                 f"{fmt_ratio(finite_exp(low))}-{fmt_ratio(finite_exp(high))})")
     if not counts_as_change(figures["base_ms"], figures["new_ms"], figures["ratio"], margin, cfg.abs_floor_ms):
         return GateVerdict(UNCHANGED, "", **figures)
-    if shift > 0:
-        if low > 0 and exact and not loaded:
+    # a loaded run settles neither direction: a burst in the base run makes a slower new run look faster
+    if shift > 0 or loaded:
+        if shift > 0 and low > 0 and exact and not loaded:
             return GateVerdict(SLOWER, CONFIRM, **figures)
         why = (f"a run was made on a loaded machine ({loaded}), so its rounds cannot settle it" if loaded
                else "too few rounds for any interval at this confidence" if not exact
