@@ -116,7 +116,8 @@ def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: 
             which = f"[{phase}, {which} timed call, on content no earlier call saw]"
             if o.answer(quantity) is None:
                 return f"{which} returned no {quantity}"
-            check = judge(quantity, o.answer(quantity), prepared.reference.get(quantity), case.dtype, naive)
+            check = judge(quantity, o.answer(quantity), prepared.reference.get(quantity), case.dtype, naive,
+                          terms=prepared.reference.terms_of(quantity))
             if not check.passed:
                 return f"{which} {check.describe()}"
     return ""

@@ -52,7 +52,7 @@ class LRU:
 
 
 def answer_bytes(prepared) -> int:
-    return sum(t.numel() * t.element_size() for t in prepared.reference if t is not None)
+    return sum(t.numel() * t.element_size() for t in prepared.reference.tensors() if t is not None)
 
 
 def cached(cache: LRU | None, key: Hashable, make: Callable[[], T]) -> T:

@@ -170,7 +170,7 @@ def _judged_backward(backend: Backend, prepared: PreparedCase, answer: CallResul
         with stage("judging"):
             result.checks[name] = judge(
                 name, answer.grads[name], prepared.reference.get(name), case.dtype,
-                prepared.naive_error(name, backend.name))
+                prepared.naive_error(name, backend.name), terms=prepared.reference.terms_of(name))
     checks = [result.checks[name] for name in case.grads]
     failed = [c.describe() for c in checks if not c.passed]
     return verdict_row(prepared, backend, BWD, FAIL if failed else PASS,

@@ -98,7 +98,8 @@ def baseline(case: AttentionCase, inputs: Inputs, reference: Reference, budget_b
     `reference`; dense within `budget_bytes`, else in query-row chunks. Errors (e.g. out of memory) propagate."""
     rows = chunk_rows(case, budget_bytes)
     out, grads = _chunked(case, inputs, rows)
-    checks = {name: judge(name, t, reference.get(name), case.dtype, None) for name, t in {"out": out, **grads}.items()}
+    checks = {name: judge(name, t, reference.get(name), case.dtype, None, terms=reference.terms_of(name))
+              for name, t in {"out": out, **grads}.items()}
     method = "dense" if rows >= case.seq_q else f"chunked ({rows} query rows a chunk)"
     return Baseline(checks, method, ("out",) + case.grads)
 

@@ -36,7 +36,8 @@ class PreparedCase:
             return None
         if self.naive_errors is not None and quantity in self.naive_errors:
             return self.naive_errors[quantity]
-        return NAIVE_BOUND[self.case.dtype] * max(1.0, float(self.reference.get(quantity).abs().max()))
+        return NAIVE_BOUND[self.case.dtype] * max(1.0, float(self.reference.get(quantity).abs().max()),
+                                                  self.reference.terms_of(quantity))
 
     def note_for(self, backend_name: str) -> str:
         """What every verdict of `backend_name` on this case must mention about its baseline ('' when usable)."""

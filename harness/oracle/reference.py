@@ -37,15 +37,29 @@ class Reference(NamedTuple):
     dv: torch.Tensor | None
     dsinks: torch.Tensor | None = None
     dbias: torch.Tensor | None = None
+    #: per cancelling gradient (dq, dk), the root mean square over its entries of the root-sum-square of the terms
+    #: it sums before the softmax backward cancels them (verdict.py's rule takes its floor's size from it)
+    terms: tuple[tuple[str, float], ...] = ()
 
     def get(self, quantity: str) -> torch.Tensor | None:
         """The reference of one judged quantity: 'out', 'dq', 'dk', 'dv', 'dsinks' or 'dbias'."""
-        if quantity not in self._fields:
-            raise ValueError(f"quantity={quantity!r}; allowed: {', '.join(self._fields)}")
+        if quantity not in QUANTITIES:
+            raise ValueError(f"quantity={quantity!r}; allowed: {', '.join(QUANTITIES)}")
         return getattr(self, quantity)
 
+    def terms_of(self, quantity: str) -> float:
+        """The size of the terms `quantity` sums before they cancel (0: not a cancelling gradient)."""
+        return dict(self.terms).get(quantity, 0.0)
+
+    def tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return tuple(getattr(self, name) for name in QUANTITIES)
+
     def to(self, device: str | torch.device) -> "Reference":
-        return Reference(*(None if t is None else t.to(device) for t in self))
+        return Reference(*(None if t is None else t.to(device) for t in self.tensors()), self.terms)
+
+
+#: the judged quantities a Reference holds, in its order
+QUANTITIES = Reference._fields[:-1]
 
 
 def reference_flops(case: AttentionCase, grads: bool = True) -> int:
@@ -101,6 +115,9 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
     dbias = torch.zeros_like(bias) if grads and bias is not None else None
     probs_buffer = torch.empty(bh, g * block * sk, **cast)
     d_probs_buffer = torch.empty(bh, g * block * sk, **cast) if grads else None
+    if grads:  # squared norms of the rows dS multiplies: the terms of dQ = K^T dS^T and dK = Q^T dS
+        k_norms, dq_terms, dk_terms = (k.square().sum(-1, keepdim=True), torch.zeros((), **cast),
+                                        torch.zeros(bh, sk, 1, **cast))
     for start in range(0, sq, block):
         stop = min(sq, start + block)
         n = stop - start
@@ -161,6 +178,16 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
         dq[:, :, start:stop] = dq_t.transpose(1, 2).mul_(case.scale).reshape(bh, g, n, d)
         dk_t.baddbmm_(q_blk.transpose(1, 2), d_probs, alpha=case.scale)     # summed over the group's heads too
         dv_t.baddbmm_(do_blk.transpose(1, 2), probs)
+        # P * dP and P * delta, the two terms of each dS that cancel (exactly, where a row's probability is all on
+        # one key): a kernel's rounding of dQ and dK grows with their squares, not with the result. Rebuilt in the
+        # two block buffers, free now (P dP = dS + P delta; softcap's chain factor on both), so no third one.
+        p_delta = probs.mul_(delta) if capped is None else probs.mul_(delta).view(b, hkv, g, n, sk).mul_(capped)
+        terms = d_probs.add_(p_delta.view(bh, g * n, sk)).square_().addcmul_(probs, probs)
+        dq_terms = torch.maximum(dq_terms, torch.bmm(terms, k_norms).max())
+        dk_terms.baddbmm_(terms.transpose(1, 2), q_blk.square().sum(-1, keepdim=True))
     grad_views = (dq.reshape(b, h, sq, d), dk_t.transpose(1, 2).reshape(b, hkv, sk, d),
                   dv_t.transpose(1, 2).reshape(b, hkv, sk, dv_dim)) if grads else (None, None, None)
-    return Reference(out.reshape(b, h, sq, dv_dim), *grad_views, dsinks, dbias)
+    # per entry: the squared norms summed over the head dim d, so / d; dS is kept / scale, so * scale
+    terms = (("dq", case.scale * float(dq_terms / d) ** 0.5), ("dk", case.scale * float(dk_terms.max() / d) ** 0.5)
+             ) if grads and sq and sk and device.type != "meta" else ()
+    return Reference(out.reshape(b, h, sq, dv_dim), *grad_views, dsinks, dbias, terms)

@@ -1,7 +1,9 @@
-"""The correctness rule: err(backend) <= factor * err(naive, same dtype) + floor(dtype) * max(1, max|ref|).
+"""The correctness rule: err(backend) <= factor * err(naive, same dtype) + floor(dtype) * max(1, max|ref|, terms).
 
 err is the max absolute difference from the float64 reference; NaN/inf where the reference is finite always fails;
-naive itself is held to NAIVE_BOUND[dtype] * max(1, max|ref|). Why this rule: docs/design/backends.md.
+naive itself is held to NAIVE_BOUND[dtype] * max(1, max|ref|, terms). terms: for dq and dk, the size of the terms
+they sum before the softmax backward cancels them (Reference.terms_of), so a gradient that cancels to ~0 is held to
+the rounding of what it summed. Why this rule: docs/design/backends.md.
 """
 
 from __future__ import annotations
@@ -93,17 +95,18 @@ def compare(actual: torch.Tensor, ref: torch.Tensor, factor: float = 1.0) -> tup
 
 
 def judge(quantity: str, actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
-          naive_err: float | None, factor: float = 1.0) -> Check:
-    """Compare one quantity with `factor * ref`; naive_err=None: this *is* the naive baseline (fixed bound)."""
+          naive_err: float | None, factor: float = 1.0, terms: float = 0.0) -> Check:
+    """Compare one quantity with `factor * ref`; naive_err=None: this *is* the naive baseline (fixed bound); terms:
+    Reference.terms_of(quantity) (scaled by |factor| here, as ref is)."""
     err, nonfinite, largest = compare(actual, ref, factor)
-    return ruled(quantity, err, nonfinite, largest if ref.numel() else 0.0, dtype, naive_err)
+    return ruled(quantity, err, nonfinite, largest if ref.numel() else 0.0, dtype, naive_err, abs(factor) * terms)
 
 
 def ruled(quantity: str, err: float, nonfinite: bool, largest: float, dtype: torch.dtype,
-          naive_err: float | None) -> Check:
+          naive_err: float | None, terms: float = 0.0) -> Check:
     """The Check of a comparison already made (compare's figures): the tolerance the rule above gives."""
-    magnitude = max(1.0, largest)
-    scale = f"max(1, max|ref|)={magnitude:.3g}"
+    magnitude = max(1.0, largest, terms)
+    scale = (f"max(1, max|ref|, terms {terms:.3g})" if terms > largest else "max(1, max|ref|)") + f"={magnitude:.3g}"
     if naive_err is None:
         tol = NAIVE_BOUND[dtype] * magnitude
         rule = f"naive's fixed bound {NAIVE_BOUND[dtype]:g} x {scale}"

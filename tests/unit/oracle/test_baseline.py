@@ -41,4 +41,4 @@ def test_the_row_records_which_baseline_ran():
 
 def test_reference_is_kept_on_the_cpu_for_judging():
     prepared = prepare_case(AttentionCase(1, 2, 8, 16, "fp32"), torch.device("cpu"))
-    assert all(t.device.type == "cpu" and t.dtype == torch.float64 for t in prepared.reference if t is not None)
+    assert all(t.device.type == "cpu" and t.dtype == torch.float64 for t in prepared.reference.tensors() if t is not None)

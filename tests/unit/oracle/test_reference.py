@@ -119,3 +119,37 @@ def test_device_path_is_the_cpu_path(mask):
     meta = reference_attention(case, inputs, device="meta")
     assert [(t.device.type, t.dtype, t.shape) for t in meta[:4]] == [("meta", torch.float64, t.shape) for t in cpu[:4]]
     assert [t.device.type for t in named.to("meta")[:4]] == ["meta"] * 4
+
+
+def _dense_terms(case, inputs):
+    """Reference.terms by an independent dense float64 formula: per dQ row and per dK row, the root-sum-square over
+    what it sums of P * dP and P * delta (each weighted by the row of K or Q it multiplies), as an RMS over the head
+    dim, times the scale."""
+    g = case.heads // case.kv_heads
+    q, d_out = inputs.q.double(), inputs.d_out.double()
+    k, v = (t.double().repeat_interleave(g, 1) for t in (inputs.k, inputs.v))
+    s = (q @ k.transpose(-1, -2)) * case.scale
+    if case.mask is not None:
+        s = s.masked_fill(~case.key_mask(), float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    d_p = d_out @ v.transpose(-1, -2)
+    delta = (d_out * (p @ v)).sum(-1, keepdim=True)
+    w = p.square() * (d_p.square() + delta.square())                            # (B, H, Sq, Sk)
+    dq = (w @ k.square().sum(-1, keepdim=True)).max()
+    per_key = (w.transpose(-1, -2) @ q.square().sum(-1, keepdim=True))          # (B, H, Sk, 1)
+    dk = per_key.view(case.batch, case.kv_heads, g, case.seq_k).sum(2).max()  # a kv head sums its group's heads
+    return {"dq": case.scale * float(dq / case.head_dim) ** 0.5, "dk": case.scale * float(dk / case.head_dim) ** 0.5}
+
+
+@pytest.mark.parametrize("case", [AttentionCase(2, 6, 23, 16, "fp32", kv_heads=2, seq_k=19, mask=Causal()),
+                                  AttentionCase(1, 3, 193, 8, "fp32", kv_heads=1, seq_k=1),
+                                  AttentionCase(2, 4, 9, 8, "bf16", seq_k=30, mask=SlidingWindow(4, 2))],
+                         ids=lambda c: c.id)
+def test_cancelling_terms_match_a_dense_formula(case):
+    """The size of the terms dq and dk sum before the softmax backward cancels them (verdict's floor), blocked as
+    the reference is (block=5 spans blocks; GQA sums a group's heads), against a dense float64 formula."""
+    inputs = make_inputs(case, seed=3)
+    ref = reference_attention(case, inputs, block=5)
+    for quantity, expected in _dense_terms(case, inputs).items():
+        assert ref.terms_of(quantity) == pytest.approx(expected, rel=1e-9)
+    assert ref.terms_of("dv") == ref.terms_of("out") == 0.0 and reference_attention(case, inputs, grads=False).terms == ()

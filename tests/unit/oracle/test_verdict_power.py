@@ -102,7 +102,7 @@ def test_baseline_stand_in_scales_with_the_reference():
     assert prepared.naive_error("dq", "naive") is None
     assert prepared.naive_error("dq", "sdpa") == prepared.naive_errors["dq"]
     prepared.naive_errors = None
-    magnitude = max(1.0, float(prepared.reference.dk.abs().max()))
+    magnitude = max(1.0, float(prepared.reference.dk.abs().max()), prepared.reference.terms_of("dk"))
     assert prepared.naive_error("dk", "sdpa") == pytest.approx(NAIVE_BOUND[torch.bfloat16] * magnitude)
 
 
@@ -117,3 +117,23 @@ def test_a_failure_message_defines_err_and_tol_with_its_own_figures():
     assert check.tol == pytest.approx(2 * 1e-6 + 1e-5 * 2)  # the figures quoted are the ones applied
     naive = judge("dq", ref + 1.0, ref, torch.bfloat16, naive_err=None)
     assert naive.describe().endswith("tol 0.5 = naive's fixed bound 0.25 x max(1, max|ref|)=2")
+
+
+def test_a_gradient_that_cancels_is_held_to_the_rounding_of_its_terms():
+    """One key: P = 1, so dS = P (dP - delta) = 0 and dk = 0 exactly. sdpa forms delta as rowsum(dO * O)
+    (FlashAttention's formula), so its fp32 dP - delta is ~eps |dP|, summed over Sq * group rows into dk: err 1.46e-5
+    here, past the floor 1e-5 x max(1, max|ref|) that the result (0) gave (fuzz seed 17's false failure, issue 49).
+    Held to the size of the terms it summed it passes; a dk that skips the cancellation (dS = P dP) still fails."""
+    from harness.oracle.reference import reference_attention
+    from harness.spec.case import make_inputs
+    case = AttentionCase(1, 3, 193, 113, "fp32", kv_heads=1, seq_k=1)
+    df = harness.check(["naive", "sdpa"], [case], "cpu", seed=2).set_index(["backend", "phase"])
+    sdpa = df.loc[("sdpa", "bwd")]
+    assert sdpa.status == "pass" and 1e-5 < sdpa.dk_err < sdpa.dk_tol, sdpa[["dk_err", "dk_tol"]]
+    inputs = make_inputs(case, seed=2)
+    ref = reference_attention(case, inputs)
+    q, d_out, v = inputs.q[0], inputs.d_out[0], inputs.v[0, 0]                 # fp32, (3, 193, D), (1, D)
+    skipped = case.scale * torch.einsum("hi,hid->d", (d_out @ v.T)[..., 0], q)[None, None, None]   # P dP, P = 1
+    check = judge("dk", skipped, ref.dk, torch.float32, naive_err=float(df.loc[("naive", "bwd")].dk_err),
+                  terms=ref.terms_of("dk"))
+    assert not check.passed and check.err > 100 * check.tol and "terms" in check.describe()
