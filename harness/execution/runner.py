@@ -7,7 +7,8 @@ from dataclasses import replace
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import Arrangement, Call, CallResult
+from harness.execution.bound import Arrangement
+from harness.execution.call import Call, CallResult
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult, failure_status, free
 from harness.measure.stages import stage

@@ -10,8 +10,8 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.cache import CallCaches
-from harness.execution.call import (BoundCall, Call, backend_inputs, call_inputs, device_scope, leaf_grads,
-                                    modifier_leaves, poison)
+from harness.execution.bound import BoundCall, backend_inputs, modifier_leaves
+from harness.execution.call import Call, call_inputs, device_scope, leaf_grads, poison
 from harness.execution.integrity import Observed, RoundGuard
 from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured

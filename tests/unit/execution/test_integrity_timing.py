@@ -127,7 +127,7 @@ def test_an_fp8_case_s_call_content_is_exact_after_quantization(case):
     import torch
 
     from harness.backends.naive import Naive
-    from harness.execution.call import backend_inputs
+    from harness.execution.bound import backend_inputs
     from harness.execution.integrity import CallContent
 
     inputs = make_inputs(case)
