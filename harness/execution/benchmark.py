@@ -16,10 +16,11 @@ from harness.execution.rounds import Round
 from harness.execution.timed import TimingCall
 from harness.measure.bandwidth import roofline_columns
 from harness.measure.flops import attention_flops
+from harness.measure.measurement import Measurement
 from harness.measure.peaks import beyond_physical_limit
 from harness.measure.roofline import one_thread
 from harness.measure.stages import stage
-from harness.measure.timing import Measurement, TimingConfig
+from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
 from harness.oracle.verdict import judge
 from harness.spec.case import dtype_name

@@ -15,10 +15,11 @@ from harness.execution.call import Call, call_inputs, device_scope, leaf_grads, 
 from harness.execution.integrity import RoundGuard
 from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
+from harness.measure.measurement import Measurement
 from harness.measure.memory import peak_memory
 from harness.measure.stages import stage
 from harness.measure import timing as clocks  # clocks.CLOCKS, read where used: one binding for every reading
-from harness.measure.timing import Measurement, TimingConfig, measure
+from harness.measure.timing import TimingConfig, measure
 from harness.spec.case import Inputs
 from harness.store.schema import BWD, FWD, FWD_BWD, OOM
 
