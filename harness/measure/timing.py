@@ -35,9 +35,6 @@ class Clocks:
         event = torch.cuda.Event
         return cls(time.perf_counter_ns, event, event.record, event.elapsed_time, torch.cuda.synchronize)
 
-    def timing_event(self):
-        return self.event(enable_timing=True)
-
 
 #: bound at import, before any backend code runs in a worker (worker_main imports timing before loading modules)
 CLOCKS = Clocks.bound()
@@ -198,7 +195,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
                 call()
                 clocks.synchronize(device)
             # Estimate from 5 calls, as do_bench does, to size warmup and repetitions from the time budgets.
-            est_start, est_end = clocks.timing_event(), clocks.timing_event()
+            est_start, est_end = clocks.event(enable_timing=True), clocks.event(enable_timing=True)
             clocks.record(est_start, stream)
             for _ in range(5):
                 call()
@@ -208,7 +205,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
         warmup, reps = _reps(estimate, cfg)
         for _ in range(max(1, warmup)):  # do_bench's floor: at least one call
             call()
-        starts, ends = ([clocks.timing_event() for _ in range(reps)] for _ in range(2))
+        starts, ends = ([clocks.event(enable_timing=True) for _ in range(reps)] for _ in range(2))
         clocks.synchronize(device)
         host_start = clocks.now_ns()  # the host clock around the repetitions: the events' span must agree with it
         for i in range(reps):
