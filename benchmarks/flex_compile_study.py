@@ -28,7 +28,7 @@ def flex_forwards(matrix: str):
     import torch
 
     from harness.backends import flex
-    from harness.execution.call import backend_inputs, case_kwargs, modifier_leaves
+    from harness.execution.bound import backend_inputs, case_kwargs, modifier_leaves
     from harness.spec.case import make_inputs
     from harness.spec.matrices import build_matrix
 

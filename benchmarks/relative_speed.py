@@ -15,7 +15,7 @@ import time
 import torch
 
 from harness.backends.registry import get_backends
-from harness.execution.call import BoundCall, backend_inputs
+from harness.execution.bound import BoundCall, backend_inputs
 from harness.execution.cost import baseline_rate
 from harness.oracle.reference import reference_flops
 from harness.spec.case import AttentionCase, make_inputs

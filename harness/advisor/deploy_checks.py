@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from harness.backends.base import Backend, MaskForm, Unsupported
-from harness.execution.call import BoundCall, backend_inputs
+from harness.execution.bound import BoundCall, backend_inputs
 from harness.execution.timed import graph_phase, phase_callables
 from harness.execution.outcome import exception_text
 from harness.spec.case import AttentionCase, Inputs, make_inputs

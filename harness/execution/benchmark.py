@@ -5,20 +5,22 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+import torch
 
 from harness.backends.base import Backend
 from harness.execution.call import Call
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
-from harness.execution.integrity import Observed, audited_time
+from harness.execution.integrity import audited_time
 from harness.execution.rounds import Round
 from harness.execution.timed import TimingCall
 from harness.measure.bandwidth import roofline_columns
 from harness.measure.flops import attention_flops
+from harness.measure.measurement import Measurement
 from harness.measure.peaks import beyond_physical_limit
 from harness.measure.roofline import one_thread
 from harness.measure.stages import stage
-from harness.measure.timing import Measurement, TimingConfig
+from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
 from harness.oracle.verdict import judge
 from harness.spec.case import dtype_name
@@ -102,7 +104,7 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     return PerfResult(result, m, pooled)
 
 
-def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: list[Observed]) -> str:
+def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: list[dict[str, torch.Tensor]]) -> str:
     """'' when every timed call's answer that came back (its content divided out where it ran: the verified inputs'
     answer) is within the tolerance of the float64 reference (never bitwise); else the first failure, naming the
     call and the quantity."""
@@ -114,9 +116,9 @@ def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: 
         for i, o in enumerate(observed):
             which = "the last" if i == len(observed) - 1 else "a"
             which = f"[{phase}, {which} timed call, on content no earlier call saw]"
-            if o.answer(quantity) is None:
+            if o.get(quantity) is None:
                 return f"{which} returned no {quantity}"
-            check = judge(quantity, o.answer(quantity), prepared.reference.get(quantity), case.dtype, naive,
+            check = judge(quantity, o[quantity], prepared.reference.get(quantity), case.dtype, naive,
                           terms=prepared.reference.terms_of(quantity))
             if not check.passed:
                 return f"{which} {check.describe()}"

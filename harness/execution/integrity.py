@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -50,12 +50,10 @@ class Snapshot:
     def __init__(self, tensors: dict[str, torch.Tensor | None]):
         self._kept = {name: (t, _bits(t).clone()) for name, t in tensors.items() if t is not None}
 
-    def rebased(self, copies: dict[str, torch.Tensor]) -> "Snapshot":
-        """The same tensors, now expected to hold `copies`' bits where it names them (what was just written in)."""
-        new = object.__new__(Snapshot)
-        new._kept = {name: (t, _bits(copies[name]) if name in copies else before)
-                     for name, (t, before) in self._kept.items()}
-        return new
+    def expect(self, written: dict[str, torch.Tensor]) -> None:
+        """The tensors `written` names now expected to hold its bits (what was just written into them)."""
+        for name, now in written.items():
+            self._kept[name] = (self._kept[name][0], _bits(now))
 
     def written(self) -> str:
         """'' when every tensor still holds what it held; else which were written, and how many elements."""
@@ -169,18 +167,6 @@ class CallContent:
         return factor.repeat_interleave(group, dim=1) if group > 1 else factor
 
 
-@dataclass
-class Observed:
-    """What a timed call returned (CPU, canonical layout), its call's and round's content divided out: the answer
-    the verified inputs have, judged against their float64 reference (benchmark.judge_timed)."""
-
-    out: torch.Tensor | None = None
-    grads: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def answer(self, quantity: str) -> torch.Tensor | None:
-        return self.out if quantity == "out" else self.grads.get(quantity)
-
-
 class RoundGuard(Guard):
     """A timed round's integrity where its calls run: the one entry every clock path (timing.measure: CPU clock, CUDA
     events, CUDA graph replays) calls, in named steps - before_call before every call (estimate, warm-up, sample),
@@ -195,7 +181,7 @@ class RoundGuard(Guard):
         #: the round's own content, which the phase is built on (the backward alone's graph: q, k and v)
         self.round = self.draw()
         self.inputs = self.round.inputs(verified)
-        self.observed: list[tuple[torch.Tensor | None, dict[str, torch.Tensor], CallContent | None]] = []
+        self.observed: list[tuple[dict[str, torch.Tensor], CallContent | None]] = []
         self.problems: list[str] = []
         self.content: CallContent | None = None
 
@@ -206,7 +192,7 @@ class RoundGuard(Guard):
     def before_call(self) -> None:
         """Content no earlier call had, written into the buffers outside the timed region (CallContent)."""
         self.content = self.draw(backward_alone=self.backward_alone)
-        self.snapshot = self.snapshot.rebased(self.timed.fresh(self.content.inputs(self.inputs)))
+        self.snapshot.expect(self.timed.fresh(self.content.inputs(self.inputs)))
 
     def after_call(self, value: object) -> None:
         """Copied to be judged with odds 1/CHECK_ONE_IN, drawn only now: no kernel knows which before it returns."""
@@ -218,9 +204,10 @@ class RoundGuard(Guard):
         self._note(aliased(value, self.timed.buffers))
         self._observe(value)
 
-    def finish(self, backend, device: torch.device) -> tuple[list[Observed], str]:
-        """(what was observed, CPU, canonical layout, each call's and the round's content divided out; the integrity
-        problems, '' when none)."""
+    def finish(self, backend, device: torch.device) -> tuple[list[dict[str, torch.Tensor]], str]:
+        """(the observed calls' answers by quantity, CPU, canonical layout, each call's and the round's content
+        divided out: the answers the verified inputs have, judged by benchmark.judge_timed; the integrity problems,
+        '' when none)."""
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self._note(self.snapshot.written())
@@ -231,14 +218,11 @@ class RoundGuard(Guard):
                 t = t if c is None else c.undo(name, t, self.group)
             return t
 
-        observed = [Observed(None if out is None else undone("out", out, content),
-                             {n: undone(n, g, content) for n, g in grads.items()})
-                    for out, grads, content in self.observed]
-        return observed, "; ".join(self.problems)
+        return ([{name: undone(name, t, content) for name, t in answers.items()} for answers, content in self.observed],
+                "; ".join(self.problems))
 
     def _observe(self, value: object) -> None:
-        out, grads = self.timed.observe(value)
-        self.observed.append((out, grads, self.content))
+        self.observed.append((self.timed.observe(value), self.content))
 
     def _note(self, problem: str) -> None:
         if problem and problem not in self.problems:

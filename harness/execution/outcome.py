@@ -12,15 +12,6 @@ from harness.oracle.verdict import Check
 from harness.store.schema import ERROR, OOM, UNSUPPORTED, Row, worst_status
 
 
-def failure_status(exc: BaseException) -> tuple[str, str]:
-    """(status, reason) of a backend call that raised: unsupported, oom or error."""
-    if isinstance(exc, Unsupported):
-        return UNSUPPORTED, str(exc)
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-        return OOM, f"out of memory: {str(exc).splitlines()[0][:300]}"
-    return ERROR, exception_text(exc)
-
-
 def exception_text(exc: BaseException, limit: int = 400) -> str:
     """'Type: first line' of an exception (Unsupported: its message alone) - the one way failures are worded."""
     text = str(exc).strip().splitlines()[0][:limit] if str(exc).strip() else ""
@@ -40,13 +31,16 @@ class Failure:
 
     @staticmethod
     def of(exc: BaseException) -> "Failure":
-        if isinstance(exc, BackwardUnsupported):
-            return Failure(UNSUPPORTED, str(exc), backward_only=True)
+        """What a call that raised `exc` came to: unsupported, oom or error."""
+        if isinstance(exc, Unsupported):
+            return Failure(UNSUPPORTED, str(exc), backward_only=isinstance(exc, BackwardUnsupported))
         if isinstance(exc, KeyboardInterrupt):
             return Failure(ERROR, "KeyboardInterrupt inside the backend call", interrupted=True)
         if isinstance(exc, SystemExit):  # a backend must not end the run: it is an error of this call
             return Failure(ERROR, f"SystemExit({exc.code!r}) raised inside the backend call")
-        return Failure(*failure_status(exc))
+        if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+            return Failure(OOM, f"out of memory: {str(exc).splitlines()[0][:300]}")
+        return Failure(ERROR, exception_text(exc))
 
 
 class CallFailed(Exception):

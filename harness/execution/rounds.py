@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.measure.timing import Measurement, TimingConfig
+from harness.measure.measurement import Measurement
+from harness.measure.timing import TimingConfig
 from harness.store.schema import TIMED, Row, TimingKey
 
 

@@ -7,9 +7,10 @@ from dataclasses import replace
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import Arrangement, Call, CallResult
+from harness.execution.bound import Arrangement
+from harness.execution.call import Call, CallResult
 from harness.execution.executor import Executor, make_executor
-from harness.execution.outcome import BackendResult, failure_status, free
+from harness.execution.outcome import BackendResult, Failure, free
 from harness.measure.stages import stage
 from harness.oracle.baseline import baseline
 from harness.oracle.prepared import PreparedCase
@@ -77,8 +78,8 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, in
             return prepared
         why = "fail: " + "; ".join(c.describe() for c in naive.checks.values() if not c.passed)
     except Exception as exc:  # e.g. out of memory even in chunks
-        status, reason = failure_status(exc)
-        why = f"{status}: {reason}"
+        failure = Failure.of(exc)
+        why = f"{failure.status}: {failure.reason}"
         free(device)
     # Without a trustworthy same-precision baseline, the naive bound stands in for it.
     prepared.baseline = "NAIVE_BOUND (naive baseline unusable)"

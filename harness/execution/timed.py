@@ -10,15 +10,16 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.cache import CallCaches
-from harness.execution.call import (BoundCall, Call, backend_inputs, call_inputs, device_scope, leaf_grads,
-                                    modifier_leaves, poison)
-from harness.execution.integrity import Observed, RoundGuard
+from harness.execution.bound import BoundCall, backend_inputs, modifier_leaves
+from harness.execution.call import Call, call_inputs, device_scope, leaf_grads, poison
+from harness.execution.integrity import RoundGuard
 from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
+from harness.measure.measurement import Measurement
 from harness.measure.memory import peak_memory
 from harness.measure.stages import stage
 from harness.measure import timing as clocks  # clocks.CLOCKS, read where used: one binding for every reading
-from harness.measure.timing import Measurement, TimingConfig, measure
+from harness.measure.timing import TimingConfig, measure
 from harness.spec.case import Inputs
 from harness.store.schema import BWD, FWD, FWD_BWD, OOM
 
@@ -44,8 +45,9 @@ class TimingResult:
     mem_method: str | None = None
     failure: Failure | None = None
     compile_ms: float | None = None
-    #: the timed calls' answers judged: the last call's, and each other's drawn (integrity.RoundGuard); [] unchecked
-    observed: list[Observed] = field(default_factory=list)
+    #: the timed calls' answers judged, by quantity: the last call's, and each other's drawn (integrity.RoundGuard);
+    #: [] unchecked
+    observed: list[dict[str, torch.Tensor]] = field(default_factory=list)
     #: the integrity rules the timed calls broke where they ran; '' when none
     integrity: str = ""
     #: the round as the timing process's clocks account for it, ms: its work around `measure`, measure's own besides
@@ -67,14 +69,15 @@ class TimingResult:
 class Phase:
     """What timing a phase runs: `setup` before every repetition (untimed), `fn` the timed call, `build` what fn
     reads made anew; buffers: the call's inputs by name; fresh writes a call's content into them (all four; the
-    backward alone: dO, on the graph it has) and returns what it wrote; observe copies what a call returned."""
+    backward alone: dO, on the graph it has) and returns what it wrote; observe copies what a call returned, by
+    quantity (out, dq, ...)."""
 
     setup: Callable[[], None] | None
     fn: Callable[[], object]
     build: Callable[[], None] | None = None
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     fresh: Callable[[Inputs], dict[str, torch.Tensor]] | None = None
-    observe: Callable[[object], tuple[torch.Tensor | None, dict[str, torch.Tensor]]] | None = None
+    observe: Callable[[object], dict[str, torch.Tensor]] | None = None
 
 
 def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
@@ -102,12 +105,14 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
                 buffers[name].copy_(source)
         return sources
 
-    def observe(value) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
-        out = value.detach().clone() if isinstance(value, torch.Tensor) else None
-        if out is not None:
+    def observe(value) -> dict[str, torch.Tensor]:
+        answers = {}
+        if isinstance(value, torch.Tensor):
+            answers["out"] = value.detach().clone()
             poison(value)
-        grads = {} if phase == FWD else {name: g.clone() for name, (g, _) in leaf_grads(q, k, v, leaves).items()}
-        return out, grads
+        if phase != FWD:
+            answers.update((name, g.clone()) for name, (g, _) in leaf_grads(q, k, v, leaves).items())
+        return answers
 
     def inference():  # as the correctness call runs it: a compiled backend guarded on grad mode compiles once
         with torch.no_grad():

@@ -7,7 +7,8 @@ import time
 
 import torch
 
-from harness.measure.timing import Measurement, TimingConfig, measure
+from harness.measure.measurement import Measurement
+from harness.measure.timing import TimingConfig, measure
 from harness.spec.case import dtype_name
 
 #: each peak sample's timing: short, the best sample is kept; 2 repetitions, not 10 (a loaded start took 47 s)

@@ -5,18 +5,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable
 
-import numpy as np
 import torch
 
-from harness.measure.stats import MIN_SAMPLES, iqr, round_medians
+from harness.measure.measurement import Measurement
+from harness.measure.stats import MIN_SAMPLES
 
 if TYPE_CHECKING:
     from harness.measure.cuda_graph import Captured
 
-#: IQR/median above this marks a measurement as noisy (torch.utils.benchmark warns at the same 10%)
-NOISE_THRESHOLD = 0.10
 #: bytes written before each GPU repetition: larger than any current GPU's L2 (H100/H200 have 50-60 MB)
 L2_FLUSH_BYTES = 256 * 2 ** 20
 
@@ -37,80 +35,9 @@ class Clocks:
         event = torch.cuda.Event
         return cls(time.perf_counter_ns, event, event.record, event.elapsed_time, torch.cuda.synchronize)
 
-    def timing_event(self):
-        return self.event(enable_timing=True)
-
 
 #: bound at import, before any backend code runs in a worker (worker_main imports timing before loading modules)
 CLOCKS = Clocks.bound()
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """Raw per-repetition latencies (ms), the round of each, and the statistics derived from them."""
-
-    samples_ms: tuple[float, ...]
-    mode: str
-    threads: int
-    #: the round of each sample (empty: all one round)
-    round_of: tuple[int, ...] = ()
-    #: CUDA: (the events' span over the repetitions, the host clock's around them after synchronisation), ms, for the
-    #: clock audit (integrity.clock_disagreement); None on the CPU clock
-    event_vs_host: tuple[float, float] | None = None
-    #: the time `measure` spent besides the samples (estimate and warm-up calls, setup, new inputs, observing), ms, by
-    #: the clock of the samples: the clock audit adds it to what the round accounts for
-    untimed_ms: float = 0.0
-
-    @classmethod
-    def merge(cls, parts: Sequence["Measurement"]) -> "Measurement":
-        """The parts' rounds pooled, renumbered in order; mode and threads are the first part's."""
-        labels, offset = [], 0
-        for rounds in (part.rounds_index() for part in parts):
-            labels += [offset + r for r in rounds]
-            offset += (max(rounds) + 1) if rounds else 0
-        return replace(parts[0], samples_ms=tuple(x for part in parts for x in part.samples_ms), round_of=tuple(labels),
-                       event_vs_host=None, untimed_ms=sum(part.untimed_ms for part in parts))
-
-    def rounds_index(self) -> list[int]:
-        return list(self.round_of) if self.round_of else [0] * len(self.samples_ms)
-
-    @property
-    def n(self) -> int:
-        return len(self.samples_ms)
-
-    @property
-    def rounds(self) -> int:
-        return len(set(self.rounds_index()))
-
-    @property
-    def median(self) -> float:
-        return float(np.median(self.samples_ms))
-
-    @property
-    def iqr(self) -> float:
-        return iqr(self.samples_ms)
-
-    @property
-    def min(self) -> float:
-        return float(np.min(self.samples_ms))
-
-    def round_medians(self) -> list[float]:
-        return round_medians(self.samples_ms, self.rounds_index()).tolist()
-
-    @property
-    def round_spread(self) -> float:
-        medians = self.round_medians()
-        return (max(medians) - min(medians)) / self.median if self.median > 0 else float("nan")
-
-    @property
-    def noisy(self) -> bool:
-        return self.median > 0 and (self.iqr / self.median > NOISE_THRESHOLD or self.round_spread > NOISE_THRESHOLD)
-
-    def latency_columns(self) -> dict:
-        """The results columns this measurement fills."""
-        return {"latency_ms": self.median, "latency_iqr_ms": self.iqr, "latency_min_ms": self.min,
-                "n_samples": self.n, "rounds": self.rounds, "round_spread": self.round_spread, "noisy": self.noisy,
-                "timing_mode": self.mode, "threads": self.threads}
 
 
 #: a suite run's time budget per timed key, all rounds together (--timing-budget-ms): triton's do_bench rep=100 ms
@@ -268,7 +195,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
                 call()
                 clocks.synchronize(device)
             # Estimate from 5 calls, as do_bench does, to size warmup and repetitions from the time budgets.
-            est_start, est_end = clocks.timing_event(), clocks.timing_event()
+            est_start, est_end = clocks.event(enable_timing=True), clocks.event(enable_timing=True)
             clocks.record(est_start, stream)
             for _ in range(5):
                 call()
@@ -278,7 +205,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
         warmup, reps = _reps(estimate, cfg)
         for _ in range(max(1, warmup)):  # do_bench's floor: at least one call
             call()
-        starts, ends = ([clocks.timing_event() for _ in range(reps)] for _ in range(2))
+        starts, ends = ([clocks.event(enable_timing=True) for _ in range(reps)] for _ in range(2))
         clocks.synchronize(device)
         host_start = clocks.now_ns()  # the host clock around the repetitions: the events' span must agree with it
         for i in range(reps):

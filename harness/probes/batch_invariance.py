@@ -8,7 +8,8 @@ from functools import partial
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import BoundCall, Call, backend_inputs
+from harness.execution.bound import BoundCall, backend_inputs
+from harness.execution.call import Call
 from harness.execution.executor import Executor, make_executor
 from harness.probes.common import probe_dtype, probe_row, refused
 from harness.spec.case import AttentionCase, Inputs, make_inputs, paged_case

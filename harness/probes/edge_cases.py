@@ -27,7 +27,7 @@ NAN_TAIL = 37
 
 @dataclass(frozen=True)
 class EdgeCase:
-    """A named edge case: the case, how its inputs are arranged (ARRANGEMENTS: it is the execution.call.Arrangement
+    """A named edge case: the case, how its inputs are arranged (ARRANGEMENTS: it is the execution.bound.Arrangement
     of its inputs), how they are scaled, its tier."""
 
     name: str

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import BoundCall
+from harness.execution.bound import BoundCall
 from harness.execution.executor import CallFailed, Executor
 from harness.execution.outcome import exception_text
 from harness.probes.common import probe_dtype, probe_row

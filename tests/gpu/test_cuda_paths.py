@@ -12,7 +12,7 @@ import torch
 from harness import AttentionCase, check
 from harness.backends.base import Unsupported
 from harness.backends.registry import get_backends
-from harness.execution.call import BoundCall, backend_inputs
+from harness.execution.bound import BoundCall, backend_inputs
 from harness.execution.timed import graph_phase, phase_callables
 from harness.measure.memory import peak_memory
 from harness.measure.timing import TimingConfig, measure

@@ -18,7 +18,7 @@ import torch
 
 from harness import AttentionCase
 from harness.backends.base import BackwardUnsupported
-from harness.execution.call import backend_inputs, case_kwargs
+from harness.execution.bound import backend_inputs, case_kwargs
 from harness.oracle.baseline import naive_attention
 from harness.spec import fp8
 from harness.spec.case import make_inputs

@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.backends.registry import get_backends
-from harness.execution.call import backend_inputs
+from harness.execution.bound import backend_inputs
 from harness.spec.case import AttentionCase, make_inputs
 from harness.spec.masks import Causal, CausalBottomRight, Documents, KeyPadding, SlidingWindow
 

@@ -17,7 +17,8 @@ from harness.execution.device import resolve_device
 from harness.execution.runner import execute, prepare_case
 from harness.execution.rounds import Round, RoundSchedule
 from harness.execution.session import RunSession
-from harness.measure.timing import Measurement, TimingConfig
+from harness.measure.measurement import Measurement
+from harness.measure.timing import TimingConfig
 from harness.spec.masks import Causal
 from harness.store.load import load_results, load_samples
 

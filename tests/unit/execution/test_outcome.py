@@ -3,7 +3,7 @@
 import torch
 
 from harness.backends.base import BackwardUnsupported, Unsupported
-from harness.execution.outcome import BackendResult, Failure, failure_status
+from harness.execution.outcome import BackendResult, Failure
 from harness.store.schema import ERROR, OOM, UNSUPPORTED
 
 
@@ -15,10 +15,10 @@ def test_a_verdict_kept_for_later_stages_holds_no_tensors():
 
 
 def test_each_exception_becomes_its_status_and_one_line():
-    assert failure_status(Unsupported("head_dim=512: allowed <= 256")) == (UNSUPPORTED, "head_dim=512: allowed <= 256")
-    assert failure_status(torch.OutOfMemoryError("CUDA out of memory. Tried 2 GiB\nmore")) == (
+    assert Failure.of(Unsupported("head_dim=512: allowed <= 256")) == Failure(UNSUPPORTED, "head_dim=512: allowed <= 256")
+    assert Failure.of(torch.OutOfMemoryError("CUDA out of memory. Tried 2 GiB\nmore")) == Failure(
         OOM, "out of memory: CUDA out of memory. Tried 2 GiB")
-    assert failure_status(ValueError("bad\nsecond line")) == (ERROR, "ValueError: bad")
+    assert Failure.of(ValueError("bad\nsecond line")) == Failure(ERROR, "ValueError: bad")
 
 
 def test_keyboard_interrupt_and_system_exit_inside_a_backend_are_errors_and_only_the_first_stops_the_run():

@@ -17,7 +17,8 @@ from harness.execution.outcome import BackendResult
 from harness.execution.recorder import RunRecorder
 from harness.execution.rounds import Round, RoundSchedule
 from harness.execution.session import RunSession
-from harness.measure.timing import Measurement, TimingConfig
+from harness.measure.measurement import Measurement
+from harness.measure.timing import TimingConfig
 from harness.spec.case import AttentionCase
 from harness.store.load import load_results
 from harness.store.schema import Row, TimingKey

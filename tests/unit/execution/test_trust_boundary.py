@@ -82,12 +82,11 @@ def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tm
     and the run's judge calls a missing one a missing answer."""
     from harness.execution.benchmark import judge_timed
     from harness.execution.runner import prepare_case
-    from harness.execution.integrity import Observed
     from harness.execution.timed import TimingResult
 
     session = RunSession(CPU, tmp_path / "run", timing=FAST, executor=make_executor(CPU, isolate=True))
     executor = session.executor
-    forged = TimingResult(observed=[Observed(None, {})])  # no answer: "elided"
+    forged = TimingResult(observed=[{}])  # no answer: "elided"
     try:
         naive = get_backends(["naive"])[0]
         executor._ask = lambda *args, **kwargs: ("ok", forged)  # what a rewritten worker could send

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from harness.measure.fidelity import Fidelity
-from harness.measure.timing import Measurement
+from harness.measure.measurement import Measurement
 
 
 def _fidelity(seed: int, offset: float = 1.0, burst_blocks=(), blocks: int = 30, calls: int = 10) -> Fidelity:

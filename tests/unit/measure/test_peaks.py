@@ -20,9 +20,10 @@ from harness.measure import peaks as peaks_module
 from harness.measure import roofline
 from harness.measure.bandwidth import COPY_BYTES, bytes_moved
 from harness.measure.flops import attention_flops
+from harness.measure.measurement import Measurement
 from harness.measure.peaks import BEYOND, PHYSICAL_MARGIN, RunPeaks, limit_tflops
 from harness.measure.peaks import beyond_physical_limit as _beyond
-from harness.measure.timing import Measurement, TimingConfig
+from harness.measure.timing import TimingConfig
 from harness.spec.case import dtype_name
 from harness.spec.masks import Causal
 from harness.store.schema import REJECTED, TIMED

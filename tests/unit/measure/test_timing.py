@@ -10,9 +10,10 @@ import torch
 from harness import AttentionCase
 from harness.execution.device import resolve_device
 from harness.measure.flops import attention_flops
+from harness.measure.measurement import Measurement
 from harness.measure.memory import peak_memory
 from harness.measure.roofline import matmul_peak_tflops
-from harness.measure.timing import Measurement, TimingConfig, measure
+from harness.measure.timing import TimingConfig, measure
 from harness.spec.masks import Causal, CausalBottomRight, KeyPadding
 
 CPU = resolve_device("cpu")
