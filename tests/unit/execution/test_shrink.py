@@ -96,3 +96,24 @@ def test_a_drawn_case_moves_toward_a_known_failure_only_when_it_has_that_failure
     from harness.execution.fuzz import _shares_sizes
     d80 = Knobs("fp32", 2, 1, 1, 1, 2, 80)                   # moving head dim 96 to 80 would plant that bug in it
     assert _shares_sizes(replace(BIG, head_dim=80), d80) and not _shares_sizes(replace(BIG, head_dim=96), d80)
+
+
+def test_a_shrink_held_off_a_known_failures_case_by_another_trigger_is_that_failure():
+    """Fuzz seed 2 of the planted plugin listed its group-of-3 bug twice: smallest at batch 1 with one key (outside
+    the batch-1 bug's trigger, which needs two keys) and, from a drawn case of batch 2 kept out of batch 1, at batch
+    2. The second is the first held off by the batch-1 trigger: one failure. Two bugs stay two."""
+    from harness.execution.fuzz import Failure, held_off
+    from harness.execution.shrink import needs_one
+    bugs = Predicate(lambda c: (c.batch == 1 and c.seq_k >= 2) or (c.heads // c.kv_heads == 3 and c.kv_heads >= 2))
+    single = shrink(replace(BIG, group=1, head_dim=16), FWD_OUT, bugs, deadline=float("inf"))
+    pins = needs_one(single.knobs, FWD_OUT, bugs)
+    group = shrink(replace(BIG, batch=1, seq_k=1, seq_q=1, structure="none", padded=False, pad=(), window=None),
+                   FWD_OUT, bugs, deadline=float("inf"))
+    assert pins == {"batch": 1} and group.case.batch == 1 and group.case.seq_k == 1
+    known = [Failure("b", FWD_OUT, single, "", pins), Failure("b", FWD_OUT, group, "")]
+    held = shrink(BIG, FWD_OUT, bugs, deadline=float("inf"), avoid=(pins,))
+    assert held.case.batch == 2 and held.case.heads // held.case.kv_heads == 3
+    assert held_off(held.knobs, (pins,), known, FWD_OUT) is known[1]
+    d80 = Predicate(lambda c: (c.batch == 1 and c.seq_k >= 2) or (c.head_dim == 80 and c.seq_k >= 2))
+    other = shrink(BIG, FWD_OUT, d80, deadline=float("inf"), avoid=(pins,))           # batch 2, d80: a second bug
+    assert held_off(other.knobs, (pins,), known, FWD_OUT) is None
