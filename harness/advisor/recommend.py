@@ -124,6 +124,6 @@ def recommend_many(workloads: list[Workload], *, progress: bool = False, weights
     """One recommendation per workload (by label) and the overall one; with `progress`, a line per step on stderr,
     its time left from `weights` (step_weights: the estimate's seconds per step) when given."""
     steps = len(workloads) * steps_per_workload(len(get_backends(kwargs.get("backends"))))
-    shown = Progress(steps, weights=weights) if progress else None
+    shown = Progress(steps, weights=weights, estimated=weights is not None) if progress else None
     recommendations = {w.label: recommend_workload(w, progress=shown, **kwargs) for w in workloads}
     return recommendations, overall(recommendations)

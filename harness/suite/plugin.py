@@ -238,6 +238,7 @@ def pytest_collection_finish(session):
     _refuse_selected(session)
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     progress = Progress(len(session.items), weights=_item_weights(session.config, session.items),
+                        estimated=getattr(session.config, "_harness_cost", None) is not None,
                         every_s=PROGRESS_EVERY_S,
                         say=None if tr is None else lambda line: tr.write(f"\nattention harness: {line}\n"))
     names = [_NAMES[i] for i in map(_stage, session.items)]

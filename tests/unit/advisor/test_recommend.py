@@ -404,3 +404,18 @@ def test_a_tie_never_reads_as_significant_beside_its_p_value():
     unconfirmed = TimingVerdict("undecided", "ratio 1.2 but not across rounds", n_base=30, n_new=30, p_value=1e-6)
     assert advisor_word(unconfirmed, cfg) == "tied (differs, not confirmed)"
     assert advisor_word(TimingVerdict("undecided", n_base=30, n_new=30, p_value=0.3), cfg) == "tied (too noisy to tell)"
+
+
+def test_progress_on_an_estimate_starts_from_it_and_moves_to_the_measured_pace():
+    """A first step 10x its estimate projects the rest at a pace between the estimate's and the step's, not 10x
+    (recommend's first line once said ~164 min left, the next ~85); with the estimate borne out it projects it."""
+    from harness.advisor.progress import ESTIMATE_SHARE, Progress
+    weights = [10.0] * 10                                                # 100 s estimated, 10 s a step
+    now = iter([0.0, 100.0, 110.0])
+    p = Progress(10, weights=weights, estimated=True, clock=lambda: next(now), say=lambda line: None)
+    prior = ESTIMATE_SHARE * 100
+    assert p.step("ref").endswith(f"~{(100 + prior) / (10 + prior) * 90 / 60:.1f} min left")   # 5.2x, not 10x
+    assert Progress(10, weights=weights, clock=iter([0.0, 100.0]).__next__, say=lambda line: None
+                    ).step("ref").endswith("~15.0 min left")                                   # plain: 10x
+    on_time = Progress(10, weights=weights, estimated=True, clock=iter([0.0, 10.0]).__next__, say=lambda l: None)
+    assert on_time.step("ref").endswith("~90 s left")
