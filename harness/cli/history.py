@@ -24,9 +24,9 @@ def _history(args: argparse.Namespace) -> int:
         testbeds = [args.testbed]
     print(summary_text(index.summary(args.testbed), index.notes(args.testbed)))
     for testbed in testbeds:
-        if args.noise:  # a testbed's rows and rounds held only while its model is built (not beside the next's)
-            build_noise_model(index.rows(("testbed_id", *KEY, *CODE_COLUMNS), testbed=testbed), testbed,
-                              args.results_dir, index.rounds(testbed))
+        if args.noise:  # a testbed's rows and rounds read some runs at a time (1,500 runs at once: over 1 GB)
+            build_noise_model(index.noise_parts(("testbed_id", *KEY, *CODE_COLUMNS), testbed), testbed,
+                              args.results_dir)
         path = noise_path(args.results_dir, testbed)
         if path.exists():
             print(NoiseModel.load(path).summary())
