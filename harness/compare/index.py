@@ -26,7 +26,7 @@ CHANGE_COLUMNS = ("testbed_id", *KEY, "started", "run_id", "git_sha", "torch", "
 #: the columns the noise model groups runs by: the same code is the same sha, dirty flag, torch and backend version
 CODE_COLUMNS = ("git_sha", "git_dirty", "torch", "backend_version")
 #: runs read at once to build a noise model: its peak memory follows this, not the number of runs
-RUNS_AT_ONCE = 50
+RUNS_AT_ONCE = 25
 def open_store(where: str | Path):
     """A PostgreSQL URL (postgresql://...) or a folder (created on first use)."""
     text = str(where)

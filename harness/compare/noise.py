@@ -92,7 +92,19 @@ def key_spreads_of_parts(parts: Iterable[tuple[pd.DataFrame, pd.DataFrame | None
             offset += len(part[0])
     if not pairs:
         return pd.DataFrame(columns=["key", "aa_sigma", "source", "runs"])
-    return _spreads(pd.concat(pairs, ignore_index=True), np.concatenate(within), np.concatenate(rounds_pair))
+    return _spreads(_stacked(pairs), np.concatenate(within), np.concatenate(rounds_pair))
+
+
+def _stacked(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The frames one below the other, a column categorical in each staying categorical (over the union of their
+    categories; pd.concat makes it objects, 8 bytes a cell and slower to group, when the categories differ)."""
+    for column in frames[0].columns:
+        if all(isinstance(f[column].dtype, pd.CategoricalDtype) for f in frames):
+            union = pd.Index(pd.unique(np.concatenate([np.asarray(f[column].cat.categories, dtype=object)
+                                                       for f in frames])))
+            for f in frames:
+                f[column] = f[column].cat.set_categories(union)
+    return pd.concat(frames, ignore_index=True)
 
 
 def _run_pairs(history: pd.DataFrame, rounds: pd.DataFrame | None):
