@@ -4,6 +4,12 @@ memory, each in its own process), beside today's CSV path (load_history) at the 
 
     python benchmarks/history_index.py REAL_RUN_DIR --out /tmp/hist --sizes 100 200 400 800 1500 --csv-upto 200
 
+One command for the targets at 1,500 runs (each query's wall s, peak GB and CPU s printed as it runs; ~10 min on two
+cores, ~6 GB of disk under --out; REAL_RUN_DIR: any run folder, e.g. one `pytest suites --matrix smoke --rounds 1
+--benchmark` made):
+
+    nice -n 19 .venv/bin/python benchmarks/history_index.py results/<run> --out /tmp/hist --sizes 1500 --csv-upto 0
+
 The index of the synthetic runs is made by ingesting one run of each testbed for real and writing every other run's
 entry from it with that run's own values (run id, start, sha, latencies): a sample of runs is then ingested for real
 and must give the same entry (checked). Everything under --out is deleted at the end unless --keep.
@@ -127,6 +133,17 @@ cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa: E731
 c, t = cpu(), time.perf_counter(); rc = main(["history", *sys.argv[1:]]); assert rc == 0
 print("TIMED", time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, cpu() - c)
 """
+#: what `history` does to a run that is new: read it (the strict loader) and write its entry, in a process of its own
+INGEST_SCRIPT = """
+import resource, sys, time, warnings; warnings.simplefilter("ignore")
+from pathlib import Path
+from harness.compare.index import INDEX_DIR, read_run
+from harness.compare.index_store import ParquetStore
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa: E731
+run = Path(sys.argv[1]); store = ParquetStore(run.parent / INDEX_DIR)
+c, t = cpu(), time.perf_counter(); store.put(read_run(run)); print("ingested", run.name)
+print("TIMED", time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, cpu() - c)
+"""
 #: today's path: every results.csv (and, for the noise model, samples.csv) read into one frame per call
 CSV_SCRIPT = """
 import resource, sys, time, warnings; warnings.simplefilter("ignore")
@@ -193,6 +210,14 @@ def main() -> None:
         entry = read_run(root / v["name"])
         store.put(entry)
         point["ingest_one_s"], point["ingest_one_cpu_s"] = time.perf_counter() - t, time.process_time() - c
+        print(f"  ingest of one new run (in this process): {point['ingest_one_s']:.2f} s, "
+              f"{point['ingest_one_cpu_s']:.2f} CPU s", flush=True)
+        v = run_values(made, timed_keys, rng)  # another new run, ingested by a process of its own (as `history`)
+        run = write_run(root, rows, env, timed, v, as_harness=True)
+        made += 1
+        wall, gb, cpu, _ = measure(INGEST_SCRIPT, str(run))
+        point["ingest_s"], point["ingest_gb"], point["ingest_cpu_s"] = wall, gb, cpu
+        print(f"  ingest of one new run (own process): {wall:.2f} s, {gb:.2f} GB, {cpu:.2f} CPU s", flush=True)
         for what, flags in (("history", []), ("noise", ["--noise"]), ("changes", ["--changes"])):
             if what == "changes" and size > args.changes_upto:
                 continue

@@ -24,9 +24,9 @@ def _history(args: argparse.Namespace) -> int:
         testbeds = [args.testbed]
     print(summary_text(index.summary(args.testbed), index.notes(args.testbed)))
     for testbed in testbeds:
-        if args.noise:  # a testbed's rows and rounds held only while its model is built (not beside the next's)
-            build_noise_model(index.rows(("testbed_id", *KEY, *CODE_COLUMNS), testbed=testbed), testbed,
-                              args.results_dir, index.rounds(testbed))
+        if args.noise:  # a testbed's rows and rounds read some runs at a time (1,500 runs at once: over 1 GB)
+            build_noise_model(index.noise_parts(("testbed_id", *KEY, *CODE_COLUMNS), testbed), testbed,
+                              args.results_dir)
         path = noise_path(args.results_dir, testbed)
         if path.exists():
             print(NoiseModel.load(path).summary())
@@ -41,9 +41,12 @@ def _history(args: argparse.Namespace) -> int:
         out = Path(args.results_dir) / "history"
         out.mkdir(parents=True, exist_ok=True)
         changes.to_csv(out / "changes.csv", index=False)
-        index = write_trends(history, changes, out / "trends", every_key=args.all_trends, penalty=args.penalty)
         page = write_trends_page(history, changes, out / "changes.html", args.results_dir, penalty=args.penalty)
-        print(f"wrote {out / 'changes.csv'}, {page}, {index}")
+        wrote = [out / "changes.csv", page]
+        if args.trend_figures or args.all_trends:  # PNGs on request: ~0.2 s each, and the page draws every trend
+            wrote.append(write_trends(history, changes, out / "trends", every_key=args.all_trends,
+                                      penalty=args.penalty))
+        print(f"wrote {', '.join(map(str, wrote))}")
     return 0
 
 
@@ -59,10 +62,13 @@ def add_subcommand(subparsers) -> None:
     p.add_argument("--noise", action="store_true",
                    help="(re)build each testbed's noise model (every key's A/A spread) into RESULTS_DIR/noise/")
     p.add_argument("--changes", action="store_true",
-                   help="change-point detection per key over the runs (ruptures PELT); writes changes.csv, "
-                        "changes.html (every changed key's trend, filterable) and a trend figure per changed key "
-                        "under RESULTS_DIR/history/")
-    p.add_argument("--all-trends", action="store_true", help="with --changes: a trend figure for every key")
+                   help="change-point detection per key over the runs (ruptures PELT); writes changes.csv and "
+                        "changes.html (every changed key's trend, filterable) under RESULTS_DIR/history/")
+    p.add_argument("--trend-figures", action="store_true",
+                   help="with --changes: also a PNG trend figure per changed key, and trends.md listing them, under "
+                        "RESULTS_DIR/history/trends/")
+    p.add_argument("--all-trends", action="store_true",
+                   help="with --changes: a PNG trend figure for every key (--trend-figures for all)")
     p.add_argument("--penalty", type=positive_float, default=stats.PENALTY,
                    help="PELT penalty on the standardized series (default: %(default)s; lower finds smaller steps)")
     p.add_argument("--min-effect", type=nonnegative_float, default=stats.MIN_RUN_CHANGE,

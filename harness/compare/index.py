@@ -25,7 +25,8 @@ INDEX_DIR = "index"
 CHANGE_COLUMNS = ("testbed_id", *KEY, "started", "run_id", "git_sha", "torch", "backend_version", "latency_ms")
 #: the columns the noise model groups runs by: the same code is the same sha, dirty flag, torch and backend version
 CODE_COLUMNS = ("git_sha", "git_dirty", "torch", "backend_version")
-#: a column that is not a results column: its arrow type (the env fields are text but for git_dirty)
+#: runs read at once to build a noise model: its peak memory follows this, not the number of runs
+RUNS_AT_ONCE = 25
 def open_store(where: str | Path):
     """A PostgreSQL URL (postgresql://...) or a folder (created on first use)."""
     text = str(where)
@@ -210,6 +211,18 @@ class HistoryIndex:
             raise ValueError(bad[0]["samples_error"])
         names = [m["name"] for m in given if m.get("has_rows") and (testbed is None or testbed in m["testbeds"])]
         return self._with_run_dir(self.store.rounds(names))
+
+    def noise_parts(self, columns: tuple[str, ...], testbed: str, runs_at_once: int = RUNS_AT_ONCE):
+        """(rows, rounds) of `testbed`'s runs, `runs_at_once` runs at a time (rows(columns, testbed) and
+        rounds(testbed) cut by run): a noise model is built a part at a time."""
+        names = [m["name"] for m in self._given() if m.get("has_rows") and testbed in m["testbeds"]]
+        bad = [m for m in self._given("samples_warnings") if m.get("samples_error") and testbed in m["testbeds"]]
+        if bad:
+            raise ValueError(bad[0]["samples_error"])
+        for i in range(0, len(names), runs_at_once):
+            some = names[i:i + runs_at_once]
+            yield (self._with_run_dir(self.store.rows(some, columns, testbed, False)),
+                   self._with_run_dir(self.store.rounds(some)))
 
     def _with_run_dir(self, df: pd.DataFrame) -> pd.DataFrame:
         names = df.pop("run_name").astype("category") if "run_name" in df else pd.Series([], dtype="category")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from harness.compare.index import CODE_COLUMNS
 from harness.measure.stats import MAD_SCALE, KeyNoise
 from harness.store.load import load_samples
 from harness.store.schema import KEY
@@ -72,52 +74,86 @@ def _median_by(values: np.ndarray, groups: np.ndarray) -> pd.Series:
 
 def key_spreads(history: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per key of one testbed's runs: the A/A sigma of log(run median ratio), its source and run count. `rounds`:
-    the runs' per-round medians (run_round_medians; default: read from each run's samples.csv). Grouped by integer
-    codes of (key), (key, run) and (key, code) at once: 2M round medians of a testbed in seconds."""
+    the runs' per-round medians (run_round_medians; default: read from each run's samples.csv)."""
+    return key_spreads_of_parts([(history, rounds)])
+
+
+def key_spreads_of_parts(parts: Iterable[tuple[pd.DataFrame, pd.DataFrame | None]]) -> pd.DataFrame:
+    """key_spreads of the runs of every (history, rounds) part, each part some runs whole (no run in two parts):
+    each part is brought down to one line per (key, run) before the next is read, so the peak memory follows a
+    part, not the testbed (1,500 runs: the rows and rounds of 375 runs of a testbed at once were over 1 GB)."""
+    pairs, within, rounds_pair, offset = [], [], [], 0
+    for history, rounds in parts:
+        part = _run_pairs(history, rounds)
+        if part is not None:
+            pairs.append(part[0])
+            within.append(part[1])
+            rounds_pair.append(part[2] + offset)
+            offset += len(part[0])
+    if not pairs:
+        return pd.DataFrame(columns=["key", "aa_sigma", "source", "runs"])
+    return _spreads(_stacked(pairs), np.concatenate(within), np.concatenate(rounds_pair))
+
+
+def _stacked(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The frames one below the other, a column categorical in each staying categorical (over the union of their
+    categories; pd.concat makes it objects, 8 bytes a cell and slower to group, when the categories differ)."""
+    for column in frames[0].columns:
+        if all(isinstance(f[column].dtype, pd.CategoricalDtype) for f in frames):
+            union = pd.Index(pd.unique(np.concatenate([np.asarray(f[column].cat.categories, dtype=object)
+                                                       for f in frames])))
+            for f in frames:
+                f[column] = f[column].cat.set_categories(union)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _run_pairs(history: pd.DataFrame, rounds: pd.DataFrame | None):
+    """One line per (key, run) of `rounds` in order of first appearance: the key, the code it ran (history's code
+    columns; all missing for a run absent from `history`), the median of its log round medians and its rounds;
+    and per round, its deviation from its run's median and its line's number. None without rounds. Grouped by
+    integer codes of (key, run): 2M round medians in seconds."""
     if rounds is None:
         rounds = run_round_medians(history.drop_duplicates("run_dir").run_dir)
     if rounds.empty:
-        return pd.DataFrame(columns=["key", "aa_sigma", "source", "runs"])
-    code = [c for c in ("git_sha", "git_dirty", "torch", "backend_version") if c in history]
+        return None
+    code = [c for c in CODE_COLUMNS if c in history]
     ids = history[["run_dir", *KEY, *code]].drop_duplicates(["run_dir", *KEY])
-    keys = list(KEY)
-    key_of, = _joint_codes([rounds], keys)  # in order of first appearance: the order of the answer
-    pair_of, pair_of_id = _joint_codes([rounds, ids], [*keys, "run_dir"])
+    pair_of, pair_of_id = _joint_codes([rounds, ids], [*KEY, "run_dir"])
     log_ms = np.log(rounds.latency_ms.to_numpy(dtype=float))
-    # within a run: each round median's deviation from its run's median
     run_median = _median_by(log_ms, pair_of)
-    within = np.abs(log_ms - run_median.to_numpy()[pair_of])
-    # per (key, run): its median, its rounds, its key and the code it ran (a run absent from `history`: missing)
+    within = np.abs(log_ms - run_median.to_numpy()[pair_of])  # each round median's deviation from its run's
     pairs, first = np.unique(pair_of, return_index=True)  # pair codes are dense: pairs is 0..n-1
-    size = np.bincount(pair_of)
-    pair_key = key_of[first]
-    if code:
-        # the code each (run, key) ran, numbered (ids holds each pair once); a pair not in history ran the code of
-        # no known values, as the merge's missing cells say: the number of a row with every code value missing
-        ran, = _joint_codes([ids], code)
-        unknown = ids[code].isna().all(axis=1).to_numpy()
-        none_ran = ran[unknown][0] if unknown.any() else (int(ran.max()) + 1 if len(ran) else 0)
-        row = pd.Index(pair_of_id).get_indexer(pairs)
-        code_of = np.where(row >= 0, ran[np.where(row >= 0, row, 0)], none_ran)
-        group_of = pd.factorize(pair_key * (int(code_of.max()) + 1) + code_of)[0]
-    else:  # without code ids every run stands alone
-        group_of = np.arange(len(pairs))
-    median = run_median.to_numpy()
-    # a missing version is a value too: runs of the same code
+    out = rounds[list(KEY)].iloc[first].reset_index(drop=True)
+    row = pd.Index(pair_of_id).get_indexer(pairs)  # each pair's line of ids, -1 where the run is not in history
+    known = pd.Series(row >= 0)
+    for c in code:
+        out[c] = ids[c].iloc[np.where(row >= 0, row, 0)].reset_index(drop=True).where(known)
+    out["median"], out["rounds"] = run_median.to_numpy(), np.bincount(pair_of).astype(float)
+    return out, within, pair_of
+
+
+def _spreads(pairs: pd.DataFrame, within: np.ndarray, round_pair: np.ndarray) -> pd.DataFrame:
+    """The A/A sigma per key of its (key, run) lines (_run_pairs'), keys in order of first appearance."""
+    keys = list(KEY)
+    pair_key, = _joint_codes([pairs], keys)
+    code = [c for c in CODE_COLUMNS if c in pairs]
+    # runs of the same code (a missing version is a value too, and a run absent from history ran no known code)
+    group_of = _joint_codes([pairs], [*keys, *code])[0] if code else np.arange(len(pairs))  # else each alone
+    median = pairs["median"].to_numpy()
     deviation = np.abs(median - _median_by(median, group_of).to_numpy()[group_of])
-    n_keys = int(key_of.max()) + 1
+    n_keys = int(pair_key.max()) + 1
     runs = np.bincount(pair_key, minlength=n_keys)
     groups = np.bincount(pd.Series(pair_key).groupby(group_of, sort=True).first().to_numpy(), minlength=n_keys)
-    n_rounds = _median_by(size.astype(float), pair_key).to_numpy()
+    n_rounds = _median_by(pairs["rounds"].to_numpy(), pair_key).to_numpy()
     dev_sd = MAD_SCALE * _median_by(deviation, pair_key).to_numpy()
-    within_sd = MAD_SCALE * _median_by(within, key_of).to_numpy()
+    within_sd = MAD_SCALE * _median_by(within, pair_key[round_pair]).to_numpy()
     repeats = runs - groups
     # run medians of unchanged code: their spread is the A/A spread of one side; a ratio has two
     from_runs = math.sqrt(2) * dev_sd * np.sqrt(runs / np.where(repeats > 0, repeats, np.nan))
     # one run's rounds only: the spread of a median of n_rounds rounds, both sides
     from_rounds = math.sqrt(2) * within_sd / np.sqrt(np.clip(n_rounds, 1.0, None))
     enough = repeats >= MIN_REPEATS
-    named = rounds[keys].iloc[np.unique(key_of, return_index=True)[1]]
+    named = pairs[keys].iloc[np.unique(pair_key, return_index=True)[1]]
     return pd.DataFrame({"key": ["|".join(map(str, k)) for k in named.itertuples(index=False, name=None)],
                          "aa_sigma": np.where(enough, from_runs, from_rounds).astype(float),
                          "source": np.where(enough, "runs", "rounds"), "runs": runs})
@@ -131,16 +167,26 @@ def _is_text(column: pd.Series, text: str) -> np.ndarray:
     return (column.astype(str) == text).to_numpy()
 
 
-def build_noise_model(history: pd.DataFrame, testbed: str, results_dir: str | Path,
-                      rounds: pd.DataFrame | None = None) -> Path:
+def build_noise_model(history: pd.DataFrame | Iterable[tuple[pd.DataFrame, pd.DataFrame | None]], testbed: str,
+                      results_dir: str | Path, rounds: pd.DataFrame | None = None) -> Path:
     """Write the noise model of `testbed` (its runs in `history`; `rounds`: their per-round medians, default read
-    from the runs' samples) to <results_dir>/noise/<testbed>.json."""
-    runs = history[_is_text(history.testbed_id, testbed)]
-    if runs.empty:
+    from the runs' samples) to <results_dir>/noise/<testbed>.json. `history` may instead be (history, rounds)
+    parts, each some runs whole (HistoryIndex.noise_parts): read a part at a time."""
+    parts = [(history, rounds)] if isinstance(history, pd.DataFrame) else history
+    counted = []
+
+    def of_testbed():
+        for rows, part_rounds in parts:
+            rows = rows[_is_text(rows.testbed_id, testbed)]
+            counted.append(rows.run_dir.nunique())
+            if len(rows):
+                yield rows, part_rounds
+
+    spreads = key_spreads_of_parts(of_testbed())
+    if not sum(counted):
         raise ValueError(f"no runs of testbed {testbed!r} under {results_dir}")
-    spreads = key_spreads(runs, rounds)
     finite = spreads[np.isfinite(spreads.aa_sigma.astype(float))] if len(spreads) else spreads
-    model = {"testbed": testbed, "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": int(runs.run_dir.nunique()),
+    model = {"testbed": testbed, "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": int(sum(counted)),
              "default_aa_sigma": float(finite.aa_sigma.median()) if len(finite) else None,
              "keys": {key: {"aa_sigma": float(sigma), "source": source, "runs": int(runs)}
                       for key, sigma, source, runs in zip(finite.key, finite.aa_sigma, finite.source, finite.runs)}}

@@ -56,6 +56,8 @@ def test_cli_changes_and_trend_figures(tmp_path, capsys):
     assert "between run run14 (2026-03-15" in out
     changes = pd.read_csv(tmp_path / "history" / "changes.csv")
     assert len(changes) == 3
+    assert (tmp_path / "history" / "changes.html").exists() and not (tmp_path / "history" / "trends").exists()
+    assert main(["history", str(tmp_path), "--changes", "--trend-figures"]) == 0  # the PNGs: on request
     pngs = sorted((tmp_path / "history" / "trends").glob("*.png"))
     assert len(pngs) == 3 and pngs[0].read_bytes()[:4] == b"\x89PNG"
     assert "![trend](" in (tmp_path / "history" / "trends" / "trends.md").read_text()

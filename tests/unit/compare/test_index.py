@@ -102,6 +102,19 @@ def test_deleting_the_index_and_rebuilding_it_gives_the_same_answers(history_dir
     assert_same(first, again)
 
 
+def test_a_noise_model_read_a_few_runs_at_a_time_is_the_one_read_at_once(history_dir, tmp_path):
+    columns = ("testbed_id", *KEY, *CODE_COLUMNS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ix = open_index(history_dir)
+        for tb in ("tb-a", "tb-b"):
+            assert len(list(ix.noise_parts(columns, tb, runs_at_once=2))) == 4  # 7 runs: 2, 2, 2 and 1
+            paths = [build_noise_model(ix.rows(columns, testbed=tb), tb, tmp_path / "whole", ix.rounds(tb)),
+                     build_noise_model(ix.noise_parts(columns, tb, runs_at_once=2), tb, tmp_path / "parts")]
+            whole, parts = ({k: v for k, v in json.loads(p.read_text()).items() if k != "built"} for p in paths)
+            assert whole == parts and whole["runs"] == 7 and whole["keys"]
+
+
 def test_a_run_is_read_again_only_when_its_files_change(tmp_path):
     root = write_history(tmp_path, runs=8)
     assert len(open_index(root).ingested) == 9
