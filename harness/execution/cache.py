@@ -14,6 +14,8 @@ PREPARED_CASES = 2
 #: the verified answers timing judges against, by size: the benchmark walks every case again once a round, so a run
 #: keeps as many as fit (the CPU default matrix's all do) and computes a dropped one again (GPU: seconds in FP64)
 ANSWER_BYTES = 2 * 2 ** 30
+#: the semantics probes' runs (tiny tensors), shared by the several questions asked of one backend in a row
+PROBE_RUNS = 8
 #: inputs a process drew from a seed, shared by a case's correctness call and timing rounds; one case at a time
 DRAWN_INPUTS = 1
 
@@ -71,7 +73,8 @@ class RunCaches:
 
     prepared: LRU = field(default_factory=lambda: LRU(PREPARED_CASES))
     answers: LRU = field(default_factory=lambda: LRU(1 << 20, answer_bytes, ANSWER_BYTES))
+    probe_runs: LRU = field(default_factory=lambda: LRU(PROBE_RUNS))
 
     def clear(self) -> None:
-        for cache in (self.prepared, self.answers):
+        for cache in (self.prepared, self.answers, self.probe_runs):
             cache.clear()
