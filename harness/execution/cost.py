@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -133,8 +135,8 @@ ASSUMED = ("Assumed: the reference runs at the rate of a calibration case timed 
            f"{REPEATS['reference']}), the baseline at a batched matmul's rate in its dtype (best of "
            f"{REPEATS['baseline']}), on a CPU one thread's rate times the threads; each backend's calls at the "
            "baseline's rate times its declared relative_speed, the timing rounds' calls as measure() plans them, and "
-           "fixed costs per call, round, compile and probe fitted on one machine (docs/measurements.md); a busy "
-           "machine runs slower")
+           "fixed costs per call, round, compile and probe fitted on one 2-core VM quiet and loaded, priced between "
+           "the two by the load average here (docs/measurements.md); a compile inductor has cached costs less")
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,8 @@ class RunRates:
     checks_s: float
     #: the benchmark stage's own tests: the timing fidelity and the reference's long-sequence memory
     fidelity_s: float
+    #: the load average per CPU these costs are for (None: the device's own fit, load not read)
+    load_per_cpu: float | None = None
 
 
 #: this project's 2-core VM shared with other jobs (2026-12-03, torch 2.11, load average ~9-12), fitted to a
@@ -224,6 +228,17 @@ class RunRates:
 #: "The whole job's estimate"): a quiet machine, or warm compile caches, take less
 CPU = RunRates("cpu", startup_s=16.0, session_s=30.0, case_s=5.0, call_s=1.3, call_floor_s=1e-4, judged_per_s=2e7,
                key_round_s=0.8, compile_s=12.0, probes_s=27.0, probe_graphs=8, checks_s=13.0, fidelity_s=48.0)
+#: the same VM quiet (2026-12-04, torch 2.13, load average 0.4-1.9 on 2 CPUs: the run's own), from the stage clocks of
+#: the default main job (its benchmark stage 96-99 s: 984 rounds, ~35 s of it each round's pipe, judging, memory
+#: probe and inputs; correctness 12-13 s for 30 cases; probes 24 s for 5 backends), `check` and `recommend` on
+#: llama-3-8b and a smoke suite run; compile_s is a cold flex compile (fuzz's fit): a warm inductor cache skips most
+#: of it, which the estimate does not know (docs/measurements.md, "The whole job's estimate")
+CPU_QUIET = RunRates("cpu", startup_s=6.0, session_s=12.0, case_s=0.2, call_s=0.05, call_floor_s=1e-4,
+                     judged_per_s=2e7, key_round_s=0.05, compile_s=3.2, probes_s=4.0, probe_graphs=8, checks_s=2.5,
+                     fidelity_s=5.0)
+#: the load average per CPU of each CPU fit: the quiet one's (a run's own threads keep one per CPU busy) and the
+#: loaded one's (9-12 on 2 CPUs); between them each unit cost is priced log-linearly in the load, beyond them the fit
+QUIET_LOAD, LOADED_LOAD = 1.0, 5.25
 #: one H200 (2026-11-30, torch 2.11), fitted to its gpu-smoke run with 7 backends (docs/design/execution.md): a
 #: key's round 0.52 s in all, less the 42 ms of its budget share the model counts as calls; the probes and the
 #: benchmark stage's own tests in session_s and key_round_s, flex's compiles in call_s (that run did not split them);
@@ -232,6 +247,33 @@ H200 = RunRates("cuda", startup_s=0.0, session_s=60.0, case_s=0.0, call_s=0.5, c
                 key_round_s=0.48, compile_s=0.0, probes_s=0.0, probe_graphs=0, checks_s=10.0, fidelity_s=0.0)
 #: each device type's unit costs (a device type not named takes the GPU's)
 RATES = {"cpu": CPU, "cuda": H200}
+
+
+def load_per_cpu() -> float:
+    """This machine's load average over the last minute per CPU this process may use."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return os.getloadavg()[0] / cpus
+
+
+def cpu_rates(load: float) -> RunRates:
+    """The CPU unit costs at `load` (average per CPU): the quiet fit up to QUIET_LOAD, the loaded fit from
+    LOADED_LOAD, and between them each cost geometrically between the two (a shared machine's fixed costs - process
+    round trips, scheduling, compiles - grow with its contention; the FLOP rates are measured per run)."""
+    if not math.isfinite(load) or load < 0:
+        raise ValueError(f"load per CPU {load!r}: must be a finite number >= 0")
+    t = min(1.0, max(0.0, math.log(max(load, QUIET_LOAD) / QUIET_LOAD) / math.log(LOADED_LOAD / QUIET_LOAD)))
+    costs = {f.name: getattr(CPU_QUIET, f.name) ** (1 - t) * getattr(CPU, f.name) ** t for f in fields(RunRates)
+             if f.type == "float"}
+    return replace(CPU_QUIET, **costs, load_per_cpu=load)
+
+
+def rates_here(device: torch.device, load: float | None = None) -> RunRates:
+    """The unit costs of a job on `device` now: on a CPU priced at `load` (default: this machine's now)."""
+    if device.type != "cpu":
+        return RATES.get(device.type, H200)
+    return cpu_rates(load_per_cpu() if load is None else load)
+
+
 #: the H200's measured FLOP rates and memory, for estimates made without the GPU at hand (run_estimate)
 H200_REFERENCE_RATE, H200_MEMORY = 22.4e12, 141 * 10 ** 9
 H200_BASELINE_RATES = {torch.bfloat16: 693e12, torch.float16: 664e12, torch.float32: 50e12}
@@ -310,7 +352,9 @@ class JobCost:
 
     def summary(self) -> str:
         """One line: the whole job's estimate by stage, then the matrix's figures and what the estimate assumes."""
-        return (f"estimated ~{_duration(self.seconds)} ({self.seconds:.0f} s) in all ({self.breakdown()}); "
+        load = self.rates.load_per_cpu
+        at = "" if load is None else f", fixed costs at a load average of {load:.2g} per CPU"
+        return (f"estimated ~{_duration(self.seconds)} ({self.seconds:.0f} s) in all ({self.breakdown()}{at}); "
                 f"{self.matrix.summary()}. "
                 f"{ASSUMED}")
 
@@ -451,9 +495,11 @@ def matrix_cost(cases: list[AttentionCase], device: torch.device, *, rate: float
                       if device.type == "cuda" else available_memory())
 
 
-def check_cost(cases: list[AttentionCase], device: torch.device, job: Job, *, allow: bool) -> JobCost:
-    """The whole job's cost here; a ValueError with the figures and the override flag when refused and not `allow`."""
-    cost = job_cost(matrix_cost(cases, device), job)
+def check_cost(cases: list[AttentionCase], device: torch.device, job: Job, *, allow: bool,
+               load: float | None = None) -> JobCost:
+    """The whole job's cost here, its fixed costs at this machine's load (`load`: per CPU, default read now); a
+    ValueError with the figures and the override flag when refused and not `allow`."""
+    cost = job_cost(matrix_cost(cases, device), job, rates_here(device, load))
     if not allow and (why := cost.refusal()):
         raise ValueError(why)
     return cost

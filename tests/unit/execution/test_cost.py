@@ -1,5 +1,7 @@
 """The cost of a matrix before it runs: FLOPs, memory, the reference's and baseline's time, and the refusal."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -204,3 +206,34 @@ def test_recommends_progress_weights_are_the_estimates_steps_so_its_first_line_a
     clock = iter([0.0, weights[0]])
     line = Progress(len(weights), weights=weights, clock=lambda: next(clock), say=lambda line: None).step("ref")
     assert line.endswith(f"~{cost.seconds - UNITS.startup_s - weights[0]:.0f} s left")
+
+
+def test_cpu_unit_costs_are_the_quiet_fit_when_quiet_the_loaded_fit_when_loaded_and_between_in_between():
+    from harness.execution import cost
+
+    quiet, loaded = cost.cpu_rates(0.3), cost.cpu_rates(8.0)  # below the quiet fit's load, past the loaded one's
+    assert quiet == replace(cost.CPU_QUIET, load_per_cpu=0.3) and loaded == replace(cost.CPU, load_per_cpu=8.0)
+    assert cost.cpu_rates(cost.LOADED_LOAD).key_round_s == pytest.approx(cost.CPU.key_round_s)
+    middle = cost.cpu_rates((cost.QUIET_LOAD * cost.LOADED_LOAD) ** 0.5)  # halfway in log load: the geometric mean
+    assert middle.call_s == pytest.approx((cost.CPU_QUIET.call_s * cost.CPU.call_s) ** 0.5)
+    assert middle.probe_graphs == cost.CPU.probe_graphs and middle.device_type == "cpu"
+    seconds = [cost.cpu_rates(load).key_round_s for load in (0.0, 1.0, 1.5, 2.5, 4.0, 5.25, 20.0)]
+    assert seconds == sorted(seconds) and seconds[0] < seconds[-1]
+    with pytest.raises(ValueError, match="load per CPU nan"):
+        cost.cpu_rates(float("nan"))
+
+
+def test_the_estimate_prices_its_fixed_costs_at_the_load_it_read_and_says_so(monkeypatch):
+    from harness.execution import cost
+
+    monkeypatch.setattr(cost, "reference_rate", lambda device: 40e9)
+    monkeypatch.setattr(cost, "baseline_rate", lambda device, dtype: 80e9)
+    case, job = AttentionCase(1, 4, 64, 32, "fp32"), Job(tuple(get_backends(["naive", "sdpa"])), (FWD,), 3)
+    quiet = check_cost([case], CPU, job, allow=False, load=0.5)
+    loaded = check_cost([case], CPU, job, allow=False, load=10.0)
+    assert quiet.rates.load_per_cpu == 0.5 and "fixed costs at a load average of 0.5 per CPU" in quiet.summary()
+    assert loaded.seconds > 2.5 * quiet.seconds  # a small job is its fixed costs
+    monkeypatch.setattr(cost.os, "getloadavg", lambda: (3.0, 2.0, 1.0))  # the last minute's, per usable CPU
+    monkeypatch.setattr(cost.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert cost.load_per_cpu() == 1.5
+    assert check_cost([case], CPU, job, allow=False).rates == cost.cpu_rates(1.5)
