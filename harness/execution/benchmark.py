@@ -22,7 +22,6 @@ from harness.measure.roofline import one_thread
 from harness.measure.stages import stage
 from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
-from harness.oracle.verdict import judge
 from harness.spec.case import dtype_name
 from harness.store.rows import make_row
 from harness.store.schema import BWD, FWD, FWD_BWD, NOT_TIMED, PASS, REJECTED, TIMED, VERDICT_PHASES, Row
@@ -112,14 +111,12 @@ def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: 
         return "nothing the timed calls returned came back to be judged"
     case = prepared.case
     for quantity in (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else []):
-        naive = prepared.naive_error(quantity, backend.name)
         for i, o in enumerate(observed):
             which = "the last" if i == len(observed) - 1 else "a"
             which = f"[{phase}, {which} timed call, on content no earlier call saw]"
             if o.get(quantity) is None:
                 return f"{which} returned no {quantity}"
-            check = judge(quantity, o[quantity], prepared.reference.get(quantity), case.dtype, naive,
-                          terms=prepared.reference.terms_of(quantity))
+            check = prepared.judged(quantity, o[quantity], backend.name)
             if not check.passed:
                 return f"{which} {check.describe()}"
     return ""

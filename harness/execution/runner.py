@@ -15,7 +15,7 @@ from harness.measure.stages import stage
 from harness.oracle.baseline import baseline
 from harness.oracle.prepared import PreparedCase
 from harness.oracle.reference import reference_attention
-from harness.oracle.verdict import Check, judge
+from harness.oracle.verdict import Check
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec import fp8
 from harness.spec.paged import FORWARD_ONLY, reference_inputs as paged_reference_inputs
@@ -147,12 +147,10 @@ def execute(backend: Backend, prepared: PreparedCase, run_id: str = "", *, arran
 
 def _judged_forward(backend: Backend, prepared: PreparedCase, call: Call, answer: CallResult, run_id: str,
                     tag: str) -> BackendResult:
-    naive = prepared.naive_error("out", backend.name)
     # the fwd verdict judges the no-grad call and the training call's output: the worse stands, a failure names it
     outs = {"no-grad": answer.inference_out, "grad" if call.backward else "no-grad": answer.out}
     with stage("judging"):
-        verified = {kind: judge("out", t, prepared.reference.out, prepared.case.dtype, naive)
-                    for kind, t in outs.items() if t is not None}
+        verified = {kind: prepared.judged("out", t, backend.name) for kind, t in outs.items() if t is not None}
     check = max(verified.values(), key=lambda c: c.ratio)
     failed = [(f"[fwd, {kind}] " if len(verified) > 1 else "") + c.describe()
               for kind, c in verified.items() if not c.passed]
@@ -169,9 +167,7 @@ def _judged_backward(backend: Backend, prepared: PreparedCase, answer: CallResul
     for name in case.grads:
         result.grads[name] = answer.grads[name]
         with stage("judging"):
-            result.checks[name] = judge(
-                name, answer.grads[name], prepared.reference.get(name), case.dtype,
-                prepared.naive_error(name, backend.name), terms=prepared.reference.terms_of(name))
+            result.checks[name] = prepared.judged(name, answer.grads[name], backend.name)
     checks = [result.checks[name] for name in case.grads]
     failed = [c.describe() for c in checks if not c.passed]
     return verdict_row(prepared, backend, BWD, FAIL if failed else PASS,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.oracle.reference import Reference
-from harness.oracle.verdict import NAIVE_BOUND
+from harness.oracle.verdict import NAIVE_BOUND, Check, judge
 from harness.spec.case import AttentionCase, Inputs
 from harness.store.schema import BASELINE
 
@@ -38,6 +38,12 @@ class PreparedCase:
             return self.naive_errors[quantity]
         return NAIVE_BOUND[self.case.dtype] * max(1.0, float(self.reference.get(quantity).abs().max()),
                                                   self.reference.terms_of(quantity))
+
+    def judged(self, quantity: str, actual: torch.Tensor, backend_name: str) -> Check:
+        """`actual` (canonical layout, the whole quantity) of `backend_name` against this case's reference under the
+        rule: its naive error, and for dq and dk the size of the terms they cancel (Reference.terms_of)."""
+        return judge(quantity, actual, self.reference.get(quantity), self.case.dtype,
+                     self.naive_error(quantity, backend_name), terms=self.reference.terms_of(quantity))
 
     def note_for(self, backend_name: str) -> str:
         """What every verdict of `backend_name` on this case must mention about its baseline ('' when usable)."""

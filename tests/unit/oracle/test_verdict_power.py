@@ -137,3 +137,18 @@ def test_a_gradient_that_cancels_is_held_to_the_rounding_of_its_terms():
     check = judge("dk", skipped, ref.dk, torch.float32, naive_err=float(df.loc[("naive", "bwd")].dk_err),
                   terms=ref.terms_of("dk"))
     assert not check.passed and check.err > 100 * check.tol and "terms" in check.describe()
+
+
+def test_every_whole_answer_is_judged_with_its_cancelling_terms():
+    """PreparedCase.judged is the one way a backend's whole answer meets the rule (the correctness calls, the timed
+    answers, the KV-cache probe's stitched chunks): the same sdpa dk passes through it and fails without the terms."""
+    from harness.execution.runner import prepare_case
+    case = AttentionCase(1, 3, 193, 113, "fp32", kv_heads=1, seq_k=1)
+    prepared = prepare_case(case, torch.device("cpu"), seed=2)
+    q, k, v, d_out = (t.detach().clone().requires_grad_(t is not prepared.inputs.d_out) for t in prepared.inputs[:4])
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=case.scale, enable_gqa=True)
+    out.backward(d_out)
+    assert prepared.reference.dk.abs().max() < 1e-12 and k.grad.abs().max() > 1e-5  # 0 but for float64 rounding
+    assert prepared.judged("dk", k.grad, "sdpa").passed
+    naive = prepared.naive_error("dk", "sdpa")
+    assert not judge("dk", k.grad, prepared.reference.dk, torch.float32, naive).passed
