@@ -29,9 +29,11 @@ CLOCK_SLACK_MS = 100.0
 #: the same on CUDA between the events' span over the repetitions and the host clock around them, in one process after
 #: synchronisation: only the first launch and the last synchronisation are the host's alone
 EVENT_SLACK_MS = 5.0
-#: besides a round's last call, each timed call is judged with odds 1/CHECK_ONE_IN, drawn after it returns: a kernel wrong
-#: on m calls of a round other than the last escapes with odds (1 - 1/CHECK_ONE_IN)^m (m = 10: 5.6 %, m = 20: 0.3 %)
-CHECK_ONE_IN = 4
+#: besides its last call, a round judges JUDGED_DRAWS of its other samples: a uniform draw made as each returns (reservoir
+#: sampling: the i-th is kept with odds JUDGED_DRAWS/i, in place of one kept before), so a kernel wrong on m of a round's
+#: n other samples escapes with odds C(n - m, k) / C(n, k) <= (1 - m/n)^k, k = JUDGED_DRAWS: wrong on half of them,
+#: 1/16 a round and 1/4096 over a key's three rounds; a fixed k keeps a fast key's round of ~170 samples at five answers
+JUDGED_DRAWS = 4
 
 
 def run_seed(seed: int | None) -> int:
@@ -108,6 +110,9 @@ def clock_behind(started_ns: int, asked_ns: int) -> str:
 
 #: the signed powers of two a call's v and dO slices are scaled by: exact in every float format (none overflows at 2)
 SLICE_SCALES = (-2.0, -1.0, 1.0, 2.0)
+_SLICE_SCALES = torch.tensor(SLICE_SCALES)
+#: a phase's buffers by the Inputs field each holds
+INPUT_NAMES = {"q": "q", "k": "k", "v": "v", "dO": "d_out"}
 
 
 @dataclass(frozen=True)
@@ -128,28 +133,31 @@ class CallContent:
     @classmethod
     def draw(cls, case, generator: torch.Generator, *, backward_alone: bool = False,
              uniform: bool = False) -> "CallContent":
-        """Fresh factors for `case` from `generator`; backward_alone: q, k and v stay (the graph is built), dO alone
-        changes; uniform: one v and one dO factor for every slice (sinks or a bias take gradients)."""
+        """Fresh factors for `case` from `generator`, in one draw; backward_alone: q, k and v stay (the graph is
+        built), dO alone changes; uniform: one v and one dO factor for every slice (sinks or a bias take gradients)."""
         b, hkv, d = case.batch, case.kv_heads, case.head_dim
-
-        def scales(choices: tuple[float, ...]) -> torch.Tensor:
-            shape = (1, 1, 1, 1) if uniform else (b, hkv, 1, 1)
-            pick = torch.randint(len(choices), shape, generator=generator)
-            return torch.tensor(choices)[pick].expand(b, hkv, 1, 1)
-
+        n, signs = (1 if uniform else b * hkv), (0 if backward_alone else b * hkv * d)
+        drawn = _SLICE_SCALES[torch.randint(len(SLICE_SCALES), (signs + 2 * n,), generator=generator)]
+        shape = (1, 1, 1, 1) if uniform else (b, hkv, 1, 1)
+        d_out = drawn[-n:].view(shape).expand(b, hkv, 1, 1)
         if backward_alone:
-            return cls(None, None, scales(SLICE_SCALES))
-        signs = torch.randint(2, (b, hkv, 1, d), generator=generator) * 2.0 - 1.0
-        v_choices = (-1.0, 1.0) if case.fp8_kv is not None else SLICE_SCALES
-        return cls(signs, scales(v_choices), scales(SLICE_SCALES))
+            return cls(None, None, d_out)
+        v = drawn[signs:signs + n].view(shape).expand(b, hkv, 1, 1)
+        return cls(drawn[:signs].sign().view(b, hkv, 1, d), v.sign() if case.fp8_kv is not None else v, d_out)
+
+    def factors(self, group: int, like: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each input's factor by its buffer's name (q, k, v, dO; dO alone for the backward alone), canonical layout,
+        as `like`'s dtype and device."""
+        factors = {"dO": self._q_heads(self.d_out, group)}
+        if self.qk is not None:
+            factors.update(q=self._q_heads(self.qk, group), k=self.qk, v=self.v)
+        return {name: f.to(like) for name, f in factors.items()}
 
     def inputs(self, inputs: Inputs) -> Inputs:
-        q, k, v, d_out, sinks, bias = inputs
-        group = q.shape[1] // k.shape[1]
-        d_out = d_out * self._q_heads(self.d_out, group).to(d_out)
-        if self.qk is None:
-            return Inputs(q, k, v, d_out, sinks, bias)
-        return Inputs(q * self._q_heads(self.qk, group).to(q), k * self.qk.to(k), v * self.v.to(v), d_out, sinks, bias)
+        """`inputs` with this content: each of q, k, v and dO times its factor."""
+        factors = self.factors(inputs.q.shape[1] // inputs.k.shape[1], inputs.q)
+        return inputs._replace(**{name: getattr(inputs, name) * factors[key]
+                                  for key, name in INPUT_NAMES.items() if key in factors})
 
     def undo(self, quantity: str, answer: torch.Tensor, group: int) -> torch.Tensor:
         """`answer` (canonical) divided by its factor: the round's answer, bit for bit when the call's was exact."""
@@ -181,7 +189,9 @@ class RoundGuard(Guard):
         #: the round's own content, which the phase is built on (the backward alone's graph: q, k and v)
         self.round = self.draw()
         self.inputs = self.round.inputs(verified)
-        self.observed: list[tuple[dict[str, torch.Tensor], CallContent | None]] = []
+        #: the samples' answers drawn so far (after_call), with their content; the last call's after them
+        self.drawn: list[tuple[dict[str, torch.Tensor], CallContent | None]] = []
+        self.samples = 0
         self.problems: list[str] = []
         self.content: CallContent | None = None
 
@@ -192,17 +202,19 @@ class RoundGuard(Guard):
     def before_call(self) -> None:
         """Content no earlier call had, written into the buffers outside the timed region (CallContent)."""
         self.content = self.draw(backward_alone=self.backward_alone)
-        self.snapshot.expect(self.timed.fresh(self.content.inputs(self.inputs)))
+        self.timed.fresh(self.content, self.inputs)
 
     def after_call(self, value: object) -> None:
-        """Copied to be judged with odds 1/CHECK_ONE_IN, drawn only now: no kernel knows which before it returns."""
-        if not secrets.randbelow(CHECK_ONE_IN):
-            self._observe(value)
+        """Kept to be judged or not, drawn only now (JUDGED_DRAWS): no kernel knows before it returns."""
+        self.samples += 1
+        slot = self.samples - 1 if self.samples <= JUDGED_DRAWS else secrets.randbelow(self.samples)
+        if slot < JUDGED_DRAWS:
+            self.drawn[slot:slot + 1] = [(self.timed.observe(value), self.content)]
 
     def after_last_call(self, value: object) -> None:
         """The last call is always judged, and its output must be its own."""
         self._note(aliased(value, self.timed.buffers))
-        self._observe(value)
+        self.drawn.append((self.timed.observe(value), self.content))
 
     def finish(self, backend, device: torch.device) -> tuple[list[dict[str, torch.Tensor]], str]:
         """(the observed calls' answers by quantity, CPU, canonical layout, each call's and the round's content
@@ -210,6 +222,8 @@ class RoundGuard(Guard):
         '' when none)."""
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        if self.content is not None:  # what the last call was given, made anew here: the buffers must still hold it
+            self.snapshot.expect(self.timed.sources(self.content.inputs(self.inputs)))
         self._note(self.snapshot.written())
 
         def undone(name: str, t: torch.Tensor, content: CallContent | None) -> torch.Tensor:
@@ -218,11 +232,8 @@ class RoundGuard(Guard):
                 t = t if c is None else c.undo(name, t, self.group)
             return t
 
-        return ([{name: undone(name, t, content) for name, t in answers.items()} for answers, content in self.observed],
+        return ([{name: undone(name, t, content) for name, t in answers.items()} for answers, content in self.drawn],
                 "; ".join(self.problems))
-
-    def _observe(self, value: object) -> None:
-        self.observed.append((self.timed.observe(value), self.content))
 
     def _note(self, problem: str) -> None:
         if problem and problem not in self.problems:

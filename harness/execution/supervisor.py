@@ -79,6 +79,7 @@ class Worker:
         self.start_failure: Failure | None = None
         self.asked_ns: int | None = None
         self.asked_ms: float | None = None
+        self.replied_ns: int | None = None
         reply = self._receive(START_TIMEOUT_S, "starting")
         if reply[0] != "ready":
             self.start_failure = reply[1]
@@ -100,6 +101,7 @@ class Worker:
 
     def _receive(self, timeout: float, doing: str) -> tuple[str, Any]:
         ready = mp.connection.wait([self.conn, self.process.sentinel], timeout)
+        self.replied_ns = CLOCKS.now_ns()
         if self.conn in ready:
             try:
                 return recv_answer(self.conn)
@@ -117,12 +119,13 @@ class Worker:
 
     def ask(self, kind: str, payload: Any, timeout: float, doing: str, beside: bool = False) -> tuple[str, Any]:
         """Send a request and wait for (status, answer); beside=True: a worker beside the run (its times not merged).
-        The run's clock as it asked and around it is kept (`asked_ns`, `asked_ms`), for the clock audit."""
-        self.asked_ns = CLOCKS.now_ns()
+        The run's clock as it asked and as the reply arrived is kept (`asked_ns`, `asked_ms`), for the clock audit:
+        reading the reply is this process's work, never the worker's (large answers: a trip to its fd sharer each)."""
+        self.asked_ns = self.replied_ns = CLOCKS.now_ns()
         try:
             return self._exchange(kind, payload, timeout, doing, beside)
         finally:
-            self.asked_ms = (CLOCKS.now_ns() - self.asked_ns) / 1e6
+            self.asked_ms = (self.replied_ns - self.asked_ns) / 1e6
 
     def _exchange(self, kind: str, payload: Any, timeout: float, doing: str, beside: bool) -> tuple[str, Any]:
         with stage("worker pipe") if not beside else nullcontext():

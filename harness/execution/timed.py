@@ -12,7 +12,7 @@ from harness.backends.base import Backend
 from harness.execution.cache import CallCaches
 from harness.execution.bound import BoundCall, backend_inputs, modifier_leaves
 from harness.execution.call import Call, call_inputs, device_scope, leaf_grads, poison
-from harness.execution.integrity import RoundGuard
+from harness.execution.integrity import INPUT_NAMES, CallContent, RoundGuard
 from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
 from harness.measure.measurement import Measurement
@@ -68,15 +68,16 @@ class TimingResult:
 @dataclass
 class Phase:
     """What timing a phase runs: `setup` before every repetition (untimed), `fn` the timed call, `build` what fn
-    reads made anew; buffers: the call's inputs by name; fresh writes a call's content into them (all four; the
-    backward alone: dO, on the graph it has) and returns what it wrote; observe copies what a call returned, by
-    quantity (out, dq, ...)."""
+    reads made anew; buffers: the call's inputs by name; fresh(content, base) writes a call's content on `base` into
+    them (all four; the backward alone: dO, on the graph it has); sources(inputs): what they hold for `inputs`;
+    observe copies what a call returned, by quantity (out, dq, ...)."""
 
     setup: Callable[[], None] | None
     fn: Callable[[], object]
     build: Callable[[], None] | None = None
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
-    fresh: Callable[[Inputs], dict[str, torch.Tensor]] | None = None
+    fresh: Callable[[CallContent, Inputs], None] | None = None
+    sources: Callable[[Inputs], dict[str, torch.Tensor]] | None = None
     observe: Callable[[object], dict[str, torch.Tensor]] | None = None
 
 
@@ -94,16 +95,25 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         for t in (q, k, v, *leaves.values()):
             t.grad = None
 
-    def fresh(new: Inputs) -> dict[str, torch.Tensor]:
-        # the values alone (no copy of their own): the buffers are what the calls get, these only what they held
-        if phase == BWD:  # the graph keeps its q, k, v: dO alone, laid out as backend_inputs lays it
-            sources = {"dO": backend.to_layout(new.d_out).detach()}
-        else:
-            sources = dict(zip(("q", "k", "v", "dO"), backend_inputs(backend, case, new, False, copy=False)))
+    def sources(new: Inputs) -> dict[str, torch.Tensor]:
+        # what the buffers hold for inputs `new` (the backward alone: dO alone - its graph keeps its q, k, v)
+        if phase == BWD:
+            return {"dO": backend.to_layout(new.d_out)}
+        return dict(zip(("q", "k", "v", "dO"), backend_inputs(backend, case, new, False, copy=False)))
+
+    # the buffers are the canonical inputs laid out (a transpose) unless FP8 or pages change them: a call's content is
+    # multiplied straight into them, one op a buffer; else its inputs are made and copied in
+    direct = phase == BWD or (case.fp8_kv is None and not case.fp8_q and case.page_size is None)
+
+    def fresh(content: CallContent, base: Inputs) -> None:
         with torch.no_grad():
-            for name, source in sources.items():
-                buffers[name].copy_(source)
-        return sources
+            if not direct:
+                for name, source in sources(content.inputs(base)).items():
+                    buffers[name].copy_(source)
+                return
+            factors = content.factors(case.heads // case.kv_heads, base.q)
+            for name in ("dO",) if phase == BWD else INPUT_NAMES:
+                torch.mul(getattr(base, INPUT_NAMES[name]), factors[name], out=backend.from_layout(buffers[name]))
 
     def observe(value) -> dict[str, torch.Tensor]:
         answers = {}
@@ -127,10 +137,10 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         built[:] = [forward()]
 
     if phase == FWD:
-        return Phase(None, inference, None, buffers, fresh, observe)
+        return Phase(None, inference, None, buffers, fresh, sources, observe)
     if phase == FWD_BWD:
-        return Phase(reset, step, None, buffers, fresh, observe)
-    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build, buffers, fresh, observe)
+        return Phase(reset, step, None, buffers, fresh, sources, observe)
+    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build, buffers, fresh, sources, observe)
 
 
 def graph_phase(timed: Phase, device: torch.device) -> tuple[Phase, Captured]:

@@ -95,3 +95,30 @@ def test_a_plugin_that_slows_the_harness_s_own_clock_gets_no_figure(module, kern
     for row in _timed_in_worker(module, kernel(), ""):
         assert row.timing_status == REJECTED and row.latency_ms is None, (row.phase, row.timing_reason)
         assert "the backend process's clock" in row.timing_reason
+
+
+def test_the_run_s_clock_stops_as_the_reply_arrives_not_after_reading_it(monkeypatch):
+    """supervisor.Worker.ask: the round by the run's clock ends when the worker's reply is there to read. Reading it
+    (a large answer's trips to the worker's fd sharer, the restricted unpickler) is this process's work, which a
+    loaded machine slows: a read taking 300 ms leaves the round's wall as the worker accounts for it."""
+    import time
+
+    from harness.backends.registry import get_backends
+    from harness.execution import supervisor
+    from harness.execution.call import Call
+    from harness.execution.timed import TimingCall
+
+    real = supervisor.recv_answer
+
+    def slow_read(conn):
+        answer = real(conn)
+        time.sleep(0.3)
+        return answer
+
+    monkeypatch.setattr(supervisor, "recv_answer", slow_read)
+    executor = IsolatedExecutor(CPU)
+    try:
+        answer = executor.time(get_backends(["naive"])[0], TimingCall(Call(CASE, 3), "fwd", FAST), CPU)
+    finally:
+        executor.close()
+    assert answer.failure is None and answer.wall_ms < answer.accounted_ms + 250, (answer.wall_ms, answer.accounted_ms)

@@ -13,7 +13,7 @@ from harness.execution.runner import execute, prepare_case
 from harness.measure.timing import TimingConfig
 from harness.oracle.reference import reference_attention
 from harness.spec.case import make_inputs
-from harness.spec.masks import Causal
+from harness.spec.masks import CacheCausal, Causal
 from harness.store.schema import REJECTED, TIMED
 from tests.fixtures import gamed_kernels as gamed
 
@@ -204,17 +204,71 @@ def test_every_timed_call_runs_on_content_no_earlier_call_saw():
         assert result.row.timing_status == TIMED and len(timed) > 4 and len(set(timed)) == len(timed), phase
 
 
-@pytest.mark.parametrize("drawn", [0, 1])
-def test_each_timed_call_is_judged_when_the_draw_after_it_says_so(monkeypatch, drawn):
-    """integrity.RoundGuard.after_call draws, after each timed call returns, whether it is judged (odds
-    1/CHECK_ONE_IN): drawn every time, every sample's answer is observed; never, the last alone. A kernel wrong on m
-    of a round's other calls escapes with odds (1 - 1/CHECK_ONE_IN)^m."""
+def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples(monkeypatch):
+    """integrity.RoundGuard.after_call keeps JUDGED_DRAWS of a round's samples but the last, drawn as each returns
+    (reservoir sampling: every sample kept with odds k/n), and after_last_call the last: over 3,000 seeded rounds of
+    12 samples each sample is kept ~k/12 of the time, and a kernel wrong on 6 of them escapes with the odds
+    C(6, k) / C(12, k) the docs state (k = 4: 3.0 %). A real round sends k + 1 answers however many samples it had."""
+    import math
+    import random
+    from types import SimpleNamespace
+
+    import torch
+
     from harness.backends.naive import Naive
     from harness.execution import integrity
     from harness.execution.call import Call
     from harness.execution.timed import TimingCall
 
-    monkeypatch.setattr(integrity.secrets, "randbelow", lambda n, _d=drawn: _d)
+    k, n, rounds = integrity.JUDGED_DRAWS, 12, 3000
+    monkeypatch.setattr(integrity.secrets, "randbelow", random.Random(0).randrange)
+    kept, escaped = [0] * n, 0
+    for _ in range(rounds):
+        guard = integrity.RoundGuard(CASE, "fwd", make_inputs(CASE, "cpu", 3))
+        guard.timed = SimpleNamespace(observe=lambda value: {"out": value})
+        for i in range(n):
+            guard.after_call(torch.tensor(i))
+        drawn = [int(answers["out"]) for answers, _ in guard.drawn]
+        assert len(drawn) == len(set(drawn)) == k
+        for i in drawn:
+            kept[i] += 1
+        escaped += not set(drawn) & set(range(6))
+    mean, sd = rounds * k / n, math.sqrt(rounds * k / n * (1 - k / n))
+    assert all(abs(c - mean) < 4 * sd for c in kept), kept
+    odds = math.comb(6, k) / math.comb(n, k)
+    assert abs(escaped - rounds * odds) < 4 * math.sqrt(rounds * odds), (escaped, rounds * odds)
+
     result = InProcessExecutor().time(Naive(), TimingCall(Call(CASE, 3), "fwd", FAST), CPU)
-    n = result.measurement.n  # the first may be the estimate's last call, made before it was known to be a sample
-    assert n > 2 and (n - 1 <= len(result.observed) <= n if drawn == 0 else len(result.observed) == 1)
+    assert result.measurement.n > k + 1 and len(result.observed) == k + 1
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("case", [
+    AttentionCase(2, 4, 8, 16, "bf16", kv_heads=2, mask=Causal()),
+    AttentionCase(1, 2, 9, 16, "bf16", seq_k=12, fp8_kv="tensor"),  # FP8: the content's inputs made and copied in
+    AttentionCase(2, 4, 1, 32, "fp32", seq_k=40, mask=CacheCausal((40, 30)), page_size=16),  # pages: likewise
+])
+@pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
+def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout, case, phase):
+    """timed.phase_callables' fresh(content, base): what the buffers hold afterwards is bit for bit what `sources`
+    makes of the content's inputs - the one op a buffer multiplied into a transposed view included; the backward
+    alone's q, k and v keep the round's."""
+    import torch
+
+    from harness.backends.naive import Naive
+    from harness.execution.integrity import CallContent
+    from harness.execution.timed import phase_callables
+
+    backend = type("Laid", (Naive,), {"layout": layout})()
+    base = make_inputs(case, "cpu", 4)
+    timed = phase_callables(backend, case, base, CPU, phase)
+    kept = {name: t.detach().clone() for name, t in timed.buffers.items()}
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        content = CallContent.draw(case, generator, backward_alone=phase == "bwd")
+        timed.fresh(content, base)
+        expected = timed.sources(content.inputs(base))
+        assert set(expected) == ({"dO"} if phase == "bwd" else {"q", "k", "v", "dO"})
+        for name, t in timed.buffers.items():
+            want = expected.get(name, kept[name])
+            assert t.dtype == want.dtype and torch.equal(t.detach().view(torch.uint8), want.view(torch.uint8)), name

@@ -241,6 +241,7 @@ def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_on_fresh_d_out(fake):
     (setup ran before the capture); the phase has no setup, its call is the call's replay, and a call's content
     goes into the static dO alone (the forward's graph keeps its q, k, v) - no eager forward."""
     from harness.backends.naive import Naive
+    from harness.execution.integrity import CallContent
     from harness.execution.timed import graph_phase, phase_callables
     from harness.spec.case import AttentionCase, make_inputs
 
@@ -254,8 +255,9 @@ def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_on_fresh_d_out(fake):
     assert builds == [False, True] and timed.setup is None and timed.build is None
     assert eager.buffers["q"].grad is not None  # written by the captured backward, not reset since
     fake.log.clear()
-    written = timed.fresh(inputs._replace(q=inputs.q * -1, d_out=inputs.d_out * 2))
-    assert set(written) == {"dO"} and torch.equal(eager.buffers["dO"], inputs.d_out * 2)
+    ones = torch.ones(1, 2, 1, 1)
+    timed.fresh(CallContent(-torch.ones(1, 2, 1, 8), ones, 2 * ones), inputs)  # q's factor too: dO alone is written
+    assert set(timed.sources(inputs)) == {"dO"} and torch.equal(eager.buffers["dO"], inputs.d_out * 2)
     assert torch.equal(eager.buffers["q"], inputs.q) and fake.log == [] and builds == [False, True]
     assert timed.fn() is None and fake.log[-1] == ("replay",)
     assert set(timed.observe(None)) == {"dq", "dk", "dv"}  # no output: the gradients alone
