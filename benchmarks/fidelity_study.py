@@ -20,7 +20,7 @@ import json, torch
 from harness import AttentionCase
 from harness.backends.registry import get_backends
 from harness.execution.device import resolve_device
-from harness.execution.timed import fidelity_of
+from harness.probes.fidelity import fidelity_of
 from harness.spec.masks import Causal
 device = resolve_device({device!r})
 case = (AttentionCase(2, 8, 4096, 128, "bf16", mask=Causal()) if device.type == "cuda"

@@ -24,7 +24,7 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.cli.backends import available_here
     from harness.execution.device import resolve_device
     from harness.execution.executor import make_executor
-    from harness.execution.integrity import run_seed
+    from harness.execution.session import run_seed
     from harness.execution.supervisor import timeouts
     from harness.execution.cost import Job, check_cost
     from harness.spec.presets import model_shape

@@ -11,12 +11,12 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.bound import Arrangement, BoundCall, backend_inputs, modifier_leaves
 from harness.execution.cache import LRU, CallCaches, cached
-from harness.execution.integrity import Snapshot, aliased
+from harness.execution.contract import Snapshot, grad_violation, owned
 from harness.execution.outcome import Failure
 from harness.measure.stages import stage
 from harness.spec.case import AttentionCase, Inputs, make_inputs
 from harness.spec.modifiers import MODIFIER_GRADS
-from harness.store.schema import ERROR, FAIL, GRADS
+from harness.store.schema import FAIL, GRADS
 
 
 @dataclass(frozen=True)
@@ -83,27 +83,6 @@ def device_scope(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor,
-                       dtype: torch.dtype) -> Failure | None:
-    """Why `out` breaks the Backend contract (a strided tensor of `dtype` on q's device, shaped like q with v's head
-    dim), or None: a non-tensor is an error, a wrong tensor a fail."""
-    if not isinstance(out, torch.Tensor):
-        return Failure(ERROR, f"forward returned {type(out).__name__}, not a tensor")
-    expected = (*q.shape[:-1], v.shape[-1])
-    problems = []
-    if out.dtype != dtype:
-        problems.append(f"output dtype {str(out.dtype).removeprefix('torch.')}, expected "
-                        f"{str(dtype).removeprefix('torch.')} "
-                        f"({'the input dtype' if dtype == q.dtype else 'the case dtype: q is FP8'})")
-    if out.device != q.device:
-        problems.append(f"output on {out.device}, expected {q.device} (the inputs' device)")
-    if out.layout != torch.strided:
-        problems.append(f"output layout {out.layout}, expected torch.strided")
-    if tuple(out.shape) != tuple(expected):
-        problems.append(f"output shape {tuple(out.shape)}, expected {tuple(expected)}")
-    return Failure(FAIL, "; ".join(problems)) if problems else None
-
-
 def _host(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy taken now (`.cpu()` would alias a CPU tensor a background thread may still be writing)."""
     return t.detach().to("cpu", copy=True)
@@ -121,23 +100,6 @@ def poison(out: torch.Tensor) -> None:
     if out.is_floating_point():
         with torch.no_grad():
             out.detach().fill_(float("nan"))
-
-
-def _owned(path: str, out: object, q: torch.Tensor, v: torch.Tensor, given: dict[str, torch.Tensor],
-           snapshot: Snapshot, dtype: torch.dtype) -> Failure | None:
-    """contract_violation, then inputs left as given and the output owned; `path` prefixes the reason."""
-    failure = contract_violation(out, q, v, dtype)
-    if failure is None:
-        problem = "; ".join(filter(None, [snapshot.written(), aliased(out, given)]))
-        failure = Failure(FAIL, problem) if problem else None
-    return None if failure is None else Failure(failure.status, path + failure.reason)
-
-
-def _grad_violation(name: str, grad: torch.Tensor, leaf: torch.Tensor) -> str | None:
-    if grad.dtype != leaf.dtype or tuple(grad.shape) != tuple(leaf.shape) or grad.device != leaf.device:
-        return (f"{name} is {str(grad.dtype).removeprefix('torch.')} {tuple(grad.shape)} on {grad.device}, expected "
-                f"{str(leaf.dtype).removeprefix('torch.')} {tuple(leaf.shape)} on {leaf.device}")
-    return None
 
 
 def _entry(backend: Backend, call: Call, device: torch.device,
@@ -173,7 +135,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCac
             if call.inference and call.backward:  # the call inference and fwd timing make, judged by itself
                 with torch.no_grad(), stage("forward"):
                     inference = fn(q, k, v)
-                result.failure = _owned("[fwd, no-grad] ", inference, q, v, given, snapshot, call.case.dtype)
+                result.failure = owned("[fwd, no-grad] ", inference, q, v, given, snapshot, call.case.dtype)
                 if result.failure is not None:
                     result.op = op
                     return result
@@ -189,7 +151,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCac
             return result
         result.op, result.compile_ms = op, backend.compile_time_ms()
         path = "[fwd, grad] " if call.inference and call.backward else ""
-        result.failure = _owned(path, out, q, v, given, snapshot, call.case.dtype)
+        result.failure = owned(path, out, q, v, given, snapshot, call.case.dtype)
         if result.failure is not None:
             return result
         with stage("to host"):
@@ -209,7 +171,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCac
             return result
         problems = []
         for name, (grad, leaf) in leaf_grads(q, k, v, leaves).items():
-            if problem := _grad_violation(name, grad, leaf):
+            if problem := grad_violation(name, grad, leaf):
                 problems.append(problem)
             else:
                 with stage("to host"):  # sinks and bias are canonical in every layout

@@ -13,7 +13,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.runner import backward_reason, baseline_budget
-from harness.measure.timing import TimingConfig, planned_calls
+from harness.measure.timing import SELF_WARMING_MS, TimingConfig, repetitions
 from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
 from harness.oracle.reference import block_rows, reference_attention, reference_flops, reference_budget
 from harness.spec.case import AttentionCase, make_inputs
@@ -26,6 +26,21 @@ OVERRIDE_FLAG = "--allow-expensive"
 #: the calibration case: big enough that its GEMMs run at the rate a real case sees, small enough to cost
 #: ~0.1 s (CPU: 3 GFLOP) or ~10 ms (GPU: 0.4 TFLOP)
 CALIBRATION = {"cpu": AttentionCase(1, 8, 512, 128, "fp32"), "cuda": AttentionCase(1, 16, 4096, 128, "fp32")}
+
+
+def planned_calls(estimate_ms: float, cfg: TimingConfig, *, device_type: str, estimated: bool) -> int:
+    """How many calls measure.timing.measure makes of a call that takes `estimate_ms` (mirrors `_measure_cpu` and
+    `_measure_cuda`; tests/unit/measure/test_timing.py holds the CPU's to it): the first call and the estimate calls
+    when no estimate is given (`estimated` False), the warm-up, the samples."""
+    warmup, reps = repetitions(estimate_ms, cfg)
+    if device_type == "cuda":  # one untimed call and do_bench's 5 estimate calls; at least one warm-up call
+        return (0 if estimated else 6) + max(1, warmup) + reps
+    if estimated:
+        return max(warmup, 0 if estimate_ms >= SELF_WARMING_MS else 1) + reps
+    looks = 1 if estimate_ms >= cfg.budget_ms / cfg.min_reps else 2
+    warmup = max(warmup - looks, 0)
+    # with no warm-up (and more than one sample) the last look is the first sample
+    return 1 + looks + warmup + reps - (1 if not warmup and reps > 1 else 0)
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from harness.execution.contract import Snapshot, aliased
 from harness.measure.timing import Guard
 from harness.spec.case import Inputs
 from harness.store.schema import BWD, GRADS
 
 if TYPE_CHECKING:
     from harness.execution.timed import Phase  # the phase a RoundGuard watches
-
-#: same-size integer views: inputs are compared bit for bit (NaN in padding compares equal to itself)
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 #: the clock audit (clock_disagreement): a round is rejected when the run's own clock saw it last longer than the timing
 #: process's clocks account for by over CLOCK_SHARE of the round plus CLOCK_SLACK_MS - what a request's trip through the
@@ -29,53 +27,13 @@ CLOCK_SLACK_MS = 100.0
 #: the same on CUDA between the events' span over the repetitions and the host clock around them, in one process after
 #: synchronisation: only the first launch and the last synchronisation are the host's alone
 EVENT_SLACK_MS = 5.0
-#: besides its last call, a round judges JUDGED_DRAWS of its other samples: a uniform draw made as each returns (reservoir
-#: sampling: the i-th is kept with odds JUDGED_DRAWS/i, in place of one kept before), so a kernel wrong on m of a round's
-#: n other samples escapes with odds C(n - m, k) / C(n, k) <= (1 - m/n)^k, k = JUDGED_DRAWS: wrong on half of them,
-#: 1/16 a round and 1/4096 over a key's three rounds; a fixed k keeps a fast key's round of ~170 samples at five answers
+#: besides its last call, a round judges JUDGED_DRAWS of its other samples, a uniform draw made as each returns
+#: (reservoir sampling: the i-th is kept with odds k/i, in place of one kept before; k = JUDGED_DRAWS): a kernel wrong
+#: on m of a round's n other samples escapes with odds C(n - m, k) / C(n, k) <= (1 - m/n)^k - wrong on half, 1/16 a
+#: round, 1/4096 over a key's three rounds; a fixed k keeps a fast key's round of ~170 samples at five answers
 JUDGED_DRAWS = 4
-
-
-def run_seed(seed: int | None) -> int:
-    """The seed given (to reproduce a run), else one drawn now, which no code can predict."""
-    return secrets.randbelow(2 ** 31) if seed is None else seed
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    return t.view(_BITS[t.element_size()]) if t.element_size() in _BITS and t.is_floating_point() else t
-
-
-class Snapshot:
-    """Bit-exact copies of named tensors, to tell afterwards which of them a call wrote into."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor | None]):
-        self._kept = {name: (t, _bits(t).clone()) for name, t in tensors.items() if t is not None}
-
-    def expect(self, written: dict[str, torch.Tensor]) -> None:
-        """The tensors `written` names now expected to hold its bits (what was just written into them)."""
-        for name, now in written.items():
-            self._kept[name] = (self._kept[name][0], _bits(now))
-
-    def written(self) -> str:
-        """'' when every tensor still holds what it held; else which were written, and how many elements."""
-        changed = []
-        for name, (t, before) in self._kept.items():
-            now = _bits(t)
-            if now.shape != before.shape or not torch.equal(now, before):
-                n = (now != before).sum().item() if now.shape == before.shape else now.numel()
-                changed.append(f"{name} ({n} of {before.numel()} elements)")
-        return f"wrote into its input {', '.join(changed)}" if changed else ""
-
-
-def aliased(out: torch.Tensor, inputs: dict[str, torch.Tensor | None]) -> str:
-    """'' when `out` owns its memory; else which input's storage it shares (an output must be the call's own)."""
-    if not isinstance(out, torch.Tensor) or out.numel() == 0:
-        return ""
-    storage = out.untyped_storage().data_ptr()
-    shared = [name for name, t in inputs.items()
-              if t is not None and t.numel() and t.untyped_storage().data_ptr() == storage]
-    return f"its output aliases its input {', '.join(shared)}" if shared else ""
+#: calls' contents drawn in one draw: a fast key's round makes ~200 calls, and a content drawn alone cost a call ~25 us
+DRAWN_AT_ONCE = 64
 
 
 def clock_disagreement(claimed_ms: float, accounted_ms: float, wall_ms: float,
@@ -131,32 +89,39 @@ class CallContent:
     d_out: torch.Tensor
 
     @classmethod
-    def draw(cls, case, generator: torch.Generator, *, backward_alone: bool = False,
-             uniform: bool = False) -> "CallContent":
-        """Fresh factors for `case` from `generator`, in one draw; backward_alone: q, k and v stay (the graph is
-        built), dO alone changes; uniform: one v and one dO factor for every slice (sinks or a bias take gradients)."""
+    def draw(cls, case, generator: torch.Generator, *, backward_alone: bool = False, uniform: bool = False,
+             count: int | None = None, like: torch.Tensor | None = None) -> "CallContent | list[CallContent]":
+        """Fresh factors for `case` from `generator`; backward_alone: q, k and v stay (the graph is built), dO alone
+        changes; uniform: one v and one dO factor for every slice (sinks or a bias take gradients). count: that many
+        contents, drawn in one draw (a call's own costs no more than picking it), as `like`'s dtype and device."""
         b, hkv, d = case.batch, case.kv_heads, case.head_dim
         n, signs = (1 if uniform else b * hkv), (0 if backward_alone else b * hkv * d)
-        drawn = _SLICE_SCALES[torch.randint(len(SLICE_SCALES), (signs + 2 * n,), generator=generator)]
-        shape = (1, 1, 1, 1) if uniform else (b, hkv, 1, 1)
-        d_out = drawn[-n:].view(shape).expand(b, hkv, 1, 1)
+        many = 1 if count is None else count
+        drawn = _SLICE_SCALES[torch.randint(len(SLICE_SCALES), (many, signs + 2 * n), generator=generator)]
+        drawn = drawn if like is None else drawn.to(like)
+        shape = (many, 1, 1, 1, 1) if uniform else (many, b, hkv, 1, 1)
+        d_out = drawn[:, signs + n:].reshape(shape).expand(many, b, hkv, 1, 1)
         if backward_alone:
-            return cls(None, None, d_out)
-        v = drawn[signs:signs + n].view(shape).expand(b, hkv, 1, 1)
-        return cls(drawn[:signs].sign().view(b, hkv, 1, d), v.sign() if case.fp8_kv is not None else v, d_out)
+            contents = [cls(None, None, o) for o in d_out.unbind(0)]
+        else:
+            v = drawn[:, signs:signs + n].reshape(shape).expand(many, b, hkv, 1, 1)
+            v = v.sign() if case.fp8_kv is not None else v
+            qk = drawn[:, :signs].sign().reshape(many, b, hkv, 1, d)
+            contents = [cls(*factors) for factors in zip(qk.unbind(0), v.unbind(0), d_out.unbind(0))]
+        return contents[0] if count is None else contents
 
-    def factors(self, group: int, like: torch.Tensor) -> dict[str, torch.Tensor]:
+    def factors(self, group: int) -> dict[str, torch.Tensor]:
         """Each input's factor by its buffer's name (q, k, v, dO; dO alone for the backward alone), canonical layout,
-        as `like`'s dtype and device."""
+        as drawn (draw's `like`)."""
         factors = {"dO": self._q_heads(self.d_out, group)}
         if self.qk is not None:
             factors.update(q=self._q_heads(self.qk, group), k=self.qk, v=self.v)
-        return {name: f.to(like) for name, f in factors.items()}
+        return factors
 
     def inputs(self, inputs: Inputs) -> Inputs:
         """`inputs` with this content: each of q, k, v and dO times its factor."""
-        factors = self.factors(inputs.q.shape[1] // inputs.k.shape[1], inputs.q)
-        return inputs._replace(**{name: getattr(inputs, name) * factors[key]
+        factors = self.factors(inputs.q.shape[1] // inputs.k.shape[1])
+        return inputs._replace(**{name: getattr(inputs, name) * factors[key].to(inputs.q)
                                   for key, name in INPUT_NAMES.items() if key in factors})
 
     def undo(self, quantity: str, answer: torch.Tensor, group: int) -> torch.Tensor:
@@ -194,6 +159,7 @@ class RoundGuard(Guard):
         self.samples = 0
         self.problems: list[str] = []
         self.content: CallContent | None = None
+        self.pending: list[CallContent] = []
 
     def watch(self, timed: Phase) -> None:
         """The phase built on `inputs`: what its calls must leave as given is taken now."""
@@ -201,7 +167,9 @@ class RoundGuard(Guard):
 
     def before_call(self) -> None:
         """Content no earlier call had, written into the buffers outside the timed region (CallContent)."""
-        self.content = self.draw(backward_alone=self.backward_alone)
+        if not self.pending:  # the next calls' contents, drawn together (docs/integrity.md: what a kernel can read)
+            self.pending = self.draw(backward_alone=self.backward_alone, count=DRAWN_AT_ONCE, like=self.inputs.q)[::-1]
+        self.content = self.pending.pop()
         self.timed.fresh(self.content, self.inputs)
 
     def after_call(self, value: object) -> None:
@@ -222,9 +190,8 @@ class RoundGuard(Guard):
         '' when none)."""
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        if self.content is not None:  # what the last call was given, made anew here: the buffers must still hold it
-            self.snapshot.expect(self.timed.sources(self.content.inputs(self.inputs)))
-        self._note(self.snapshot.written())
+        # what the last call was given, made anew here: the buffers must still hold it
+        self._note(self.snapshot.written(self.content and self.timed.sources(self.content.inputs(self.inputs))))
 
         def undone(name: str, t: torch.Tensor, content: CallContent | None) -> torch.Tensor:
             t = (backend.from_layout(t) if name in ("out", *GRADS) else t).cpu()  # sinks, bias: canonical always

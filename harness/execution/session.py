@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from argparse import Namespace
 from dataclasses import replace
 from pathlib import Path
@@ -13,8 +14,8 @@ from harness.backends.base import Backend
 from harness.backends.registry import modules_for
 from harness.execution.benchmark import PerfResult, measure_phase
 from harness.execution.cache import RunCaches
+from harness.execution.caller import allow_backward_replay
 from harness.execution.executor import Executor, make_executor
-from harness.execution.integrity import run_seed
 from harness.execution.outcome import BackendResult
 from harness.execution.prefetch import Prefetcher
 from harness.execution.recorder import RunRecorder
@@ -22,7 +23,6 @@ from harness.execution.repro import RerunFlags, repro_command
 from harness.execution.rounds import RoundSchedule
 from harness.execution.runner import correctness_call, execute, prepare_case
 from harness.execution.supervisor import timeouts
-from harness.execution.timed import allow_backward_replay
 from harness.measure.peaks import RunPeaks
 from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
@@ -32,6 +32,11 @@ from harness.store.environment import REPO_ROOT, environment, foreign_checkout, 
 from harness.store.host import snapshot_clocks
 from harness.store.kernels import keep_sources
 from harness.store.schema import FAILING, Row, TimingKey
+
+
+def run_seed(seed: int | None) -> int:
+    """The seed given (to reproduce a run), else one drawn now, which no code can predict."""
+    return secrets.randbelow(2 ** 31) if seed is None else seed
 
 
 class RunSession:

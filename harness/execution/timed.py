@@ -45,14 +45,12 @@ class TimingResult:
     mem_method: str | None = None
     failure: Failure | None = None
     compile_ms: float | None = None
-    #: the timed calls' answers judged, by quantity: the last call's, and each other's drawn (integrity.RoundGuard);
-    #: [] unchecked
+    #: the judged calls' answers by quantity, the last call's last (integrity.RoundGuard); [] unchecked
     observed: list[dict[str, torch.Tensor]] = field(default_factory=list)
     #: the integrity rules the timed calls broke where they ran; '' when none
     integrity: str = ""
-    #: the round as the timing process's clocks account for it, ms: its work around `measure`, measure's own besides
-    #: the samples, and the samples; and the round by the run's process's clock, around its request (None: not
-    #: timed); integrity.clock_disagreement compares them
+    #: the round (ms) as the timing process's clocks account for it (its work around `measure`, measure's own, the
+    #: samples), and by the run's clock from its request to the reply (None: not timed): integrity.clock_audit
     accounted_ms: float | None = None
     wall_ms: float | None = None
     #: the timing process's clock as the round started, and the run's as it sent the request (ns; one system-wide
@@ -104,6 +102,8 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
     # the buffers are the canonical inputs laid out (a transpose) unless FP8 or pages change them: a call's content is
     # multiplied straight into them, one op a buffer; else its inputs are made and copied in
     direct = phase == BWD or (case.fp8_kv is None and not case.fp8_q and case.page_size is None)
+    written = {name: backend.from_layout(buffers[name]) for name in (("dO",) if phase == BWD else INPUT_NAMES)}
+    group = case.heads // case.kv_heads
 
     def fresh(content: CallContent, base: Inputs) -> None:
         with torch.no_grad():
@@ -111,9 +111,9 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
                 for name, source in sources(content.inputs(base)).items():
                     buffers[name].copy_(source)
                 return
-            factors = content.factors(case.heads // case.kv_heads, base.q)
-            for name in ("dO",) if phase == BWD else INPUT_NAMES:
-                torch.mul(getattr(base, INPUT_NAMES[name]), factors[name], out=backend.from_layout(buffers[name]))
+            factors = content.factors(group)  # drawn as the inputs' dtype and device (RoundGuard)
+            for name, target in written.items():
+                torch.mul(getattr(base, INPUT_NAMES[name]), factors[name], out=target)
 
     def observe(value) -> dict[str, torch.Tensor]:
         answers = {}
@@ -148,15 +148,6 @@ def graph_phase(timed: Phase, device: torch.device) -> tuple[Phase, Captured]:
     content goes into the static inputs the replays read, and observe reads the static output and gradients."""
     captured = Captured(timed.fn, timed.setup, device, timed.build)
     return replace(timed, setup=None, fn=captured.replay, build=None), captured
-
-
-def allow_backward_replay() -> None:
-    """Let a compiled backward run again on one graph (retain_graph), before any backend runs: AOTAutograd's donated
-    buffers refuse it (flex's every bwd row on an H200, torch 2.11)."""
-    import torch._functorch.config as functorch_config
-
-    if hasattr(functorch_config, "donated_buffer"):  # torch >= 2.5
-        functorch_config.donated_buffer = False
 
 
 def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
@@ -220,13 +211,3 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
             result.failure = Failure(failure.status, f"during timing: {failure.reason}", failure.interrupted)
             free(device)
     return result
-
-
-def fidelity_of(backend: Backend, device: torch.device, case, seed: int):
-    """The forward of `backend` on `case` timed by the harness and an independent timer (measure.fidelity)."""
-    from harness.measure.fidelity import fidelity
-
-    call = BoundCall(backend, case, device)
-    q, k, v, _ = backend_inputs(backend, case, call_inputs(Call(case, seed), device), requires_grad=False)
-    with device_scope(device), torch.no_grad(), stage("fidelity"):
-        return fidelity(lambda: call(q, k, v), device)

@@ -45,7 +45,8 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
     from harness.backends.registry import all_backends, import_backend_module
     from harness.execution.cache import CallCaches
     from harness.execution.call import run_call
-    from harness.execution.timed import allow_backward_replay, run_timing
+    from harness.execution.caller import allow_backward_replay
+    from harness.execution.timed import run_timing
 
     try:
         device = indexed(torch.device(spec.device))

@@ -83,35 +83,19 @@ class TimingConfig:
 ADVISOR_TIMING = TimingConfig.for_budget(500.0, min_reps=15)
 
 
-def _reps(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
+def repetitions(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
     """(calls that fill the warm-up budget - each clock sets its own floor -, repetitions within the budget)."""
     estimate_ms = max(estimate_ms, 1e-3)
     return int(cfg.warmup_ms / estimate_ms), int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / estimate_ms)))
-
-
-def planned_calls(estimate_ms: float, cfg: TimingConfig, *, device_type: str, estimated: bool) -> int:
-    """How many calls `measure` makes of a call that takes `estimate_ms` (the cost model's count; execution/cost.py):
-    the first call and the estimate calls when no estimate is given (`estimated` False), the warm-up, the samples."""
-    warmup, reps = _reps(estimate_ms, cfg)
-    if device_type == "cuda":  # one untimed call and do_bench's 5 estimate calls; at least one warm-up call
-        return (0 if estimated else 6) + max(1, warmup) + reps
-    if estimated:
-        return max(warmup, 0 if estimate_ms >= SELF_WARMING_MS else 1) + reps
-    looks = 1 if estimate_ms >= cfg.budget_ms / cfg.min_reps else 2
-    warmup = max(warmup - looks, 0)
-    # with no warm-up (and more than one sample) the last look is the first sample
-    return 1 + looks + warmup + reps - (1 if not warmup and reps > 1 else 0)
 
 
 class Guard:
     """A round's integrity steps around the calls measure makes; here none (execution.integrity.RoundGuard: fresh
     content before every call, each sample's answer checked as it returns, the last one always)."""
 
-    def before_call(self) -> None:
-        pass
+    def before_call(self) -> None: ...
 
-    def after_call(self, value: object) -> None:
-        pass
+    def after_call(self, value: object) -> None: ...
 
     after_last_call = after_call
 
@@ -156,7 +140,7 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, warm: boo
         if looks[0] < cfg.budget_ms / cfg.min_reps:
             looks.append(call()[0])
         estimate = min(looks)
-    warmup, reps = _reps(estimate, cfg)
+    warmup, reps = repetitions(estimate, cfg)
     # the estimate calls are warm-up; a known estimate (caches cold since) gets one call unless it warms itself
     warmup = max(warmup - len(looks), 0 if looks or estimate >= SELF_WARMING_MS else 1)
     for _ in range(warmup):
@@ -202,7 +186,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
             clocks.record(est_end, stream)
             clocks.synchronize(device)
             estimate = clocks.elapsed_ms(est_start, est_end) / 5
-        warmup, reps = _reps(estimate, cfg)
+        warmup, reps = repetitions(estimate, cfg)
         for _ in range(max(1, warmup)):  # do_bench's floor: at least one call
             call()
         starts, ends = ([clocks.event(enable_timing=True) for _ in range(reps)] for _ in range(2))

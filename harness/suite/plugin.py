@@ -16,7 +16,7 @@ from harness.cli.backends import available_here
 from harness.cli.options import add_to_pytest
 from harness.execution.device import resolve_device
 from harness.execution.fuzz import plan
-from harness.execution.integrity import run_seed
+from harness.execution.session import run_seed
 from harness.execution.session import RunSession
 from harness.launch.sharding import parse_shard, select_shard
 from harness.measure import stages

@@ -7,7 +7,7 @@ import pytest
 
 from harness import AttentionCase
 from harness.backends.registry import get_backends
-from harness.execution.timed import fidelity_of
+from harness.probes.fidelity import fidelity_of
 from harness.measure.fidelity import FIDELITY_TAG
 from harness.spec.masks import Causal
 from harness.store.rows import make_row

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from harness.backends.base import Backend, Plan
-from harness.execution.call import Call, _grad_violation, contract_violation, run_call
+from harness.execution.call import Call, run_call
+from harness.execution.contract import contract_violation, grad_violation
 from harness.execution.wire import INLINE_BYTES, _Pickler
 from harness.spec.case import AttentionCase, make_inputs
 from harness.oracle.baseline import naive_attention
@@ -47,8 +48,8 @@ def test_every_outcome_is_a_result(backend, status, text):
 
 def test_a_gradient_of_another_kind_than_its_input_is_named():
     leaf = torch.randn(2, 3)
-    assert _grad_violation("dq", leaf.double(), leaf) == "dq is float64 (2, 3) on cpu, expected float32 (2, 3) on cpu"
-    assert _grad_violation("dk", leaf.clone(), leaf) is None
+    assert grad_violation("dq", leaf.double(), leaf) == "dq is float64 (2, 3) on cpu, expected float32 (2, 3) on cpu"
+    assert grad_violation("dk", leaf.clone(), leaf) is None
 
 
 def test_contract_accepts_a_right_answer():
@@ -72,9 +73,23 @@ def test_tensors_cross_the_pipe_intact(tensor):
     assert back.dtype == tensor.dtype and torch.equal(back, tensor)
 
 
-def test_large_tensors_go_through_shared_memory():
-    big = torch.zeros(INLINE_BYTES // 4 + 1)
-    assert len(_Pickler.dumps(big)) < 10_000  # a handle to shared memory, not the bytes
+def test_a_message_s_large_tensors_travel_together_in_one_shared_memory_slab():
+    """wire._dumps: tensors over INLINE_BYTES go in one slab a message (one segment, one trip to the sender's fd
+    sharer, however many tensors), each read back within it; both ends of the pipe read it."""
+    import multiprocessing
+
+    from harness.execution.wire import _dumps, recv, recv_answer, send
+
+    big = [torch.randn(INLINE_BYTES // 4 + 1), torch.randn(600, 200).t()[::2], torch.arange(100_000).to(torch.bfloat16)]
+    message = {"answers": big, "small": torch.ones(3)}
+    assert len(_dumps(message)) < 10_000  # handles to shared memory, not the bytes
+    sender, receiver = multiprocessing.Pipe()
+    for read in (recv, recv_answer):
+        send(sender, message)
+        back = read(receiver)
+        assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(big, back["answers"]))
+        assert len({t.untyped_storage().data_ptr() for t in back["answers"]}) == 1
+        assert torch.equal(back["small"], torch.ones(3))
 
 
 def test_a_sticky_cuda_error_ends_the_worker_after_its_reply(monkeypatch):

@@ -8,8 +8,8 @@ import torch
 from harness.backends.naive import Naive
 from harness.backends.registry import get_backends
 from harness.execution.cost import (H200, LIMIT_S, OVERRIDE_FLAG, CaseCost, Job, RunRates, check_cost, job_cost,
-                                    matrix_cost, reference_rate)
-from harness.measure.timing import TimingConfig, planned_calls
+                                    matrix_cost, planned_calls, reference_rate)
+from harness.measure.timing import TimingConfig
 from harness.oracle.reference import reference_flops
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal

@@ -1,4 +1,4 @@
-"""harness.execution.timed.allow_backward_replay: every process that runs backends lets a compiled backward run
+"""harness.execution.caller.allow_backward_replay: every process that runs backends lets a compiled backward run
 again on its graph (the bwd phase replays it with retain_graph=True).
 
 AOTAutograd's donated buffers (torch/_functorch/_aot_autograd/runtime_wrappers.py, torch 2.11-2.13) refuse that

@@ -122,3 +122,23 @@ def test_a_bad_declaration_is_refused_from_the_plugins_process_in_one_line(tmp_p
     with pytest.raises(ValueError, match=r"^backend 'bad-declared' \(Bad in .*bad_plugin.py:\d+\): dtypes='fp16'"):
         load_backend_module(str(path))
     assert "bad-declared" not in registry.all_backends()
+
+
+@pytest.mark.parametrize("layout", [((torch.float32, (1000,), 0),), ((torch.float32, (4,), -8),), (("x", (4,), 0),),
+                                    ((torch.float32, (4,), 0),) * 0])
+def test_a_message_s_tensor_outside_its_slab_is_refused(layout):
+    """wire.recv_answer: a backend's process names each large tensor by (dtype, shape, offset) in its message's slab
+    (wire._dumps); one that does not lie within it - too long, before it, no dtype, not listed - is refused."""
+    import io
+    import multiprocessing
+    from multiprocessing.reduction import ForkingPickler
+
+    from harness.execution.wire import _Pickler, recv_answer
+
+    buffer = io.BytesIO()
+    pickler = _Pickler(buffer, pickle.HIGHEST_PROTOCOL)
+    pickler.dump({"out": torch.zeros(64 * 1024)})  # large: named by its index in the slab
+    sender, receiver = multiprocessing.Pipe()
+    sender.send_bytes(bytes(ForkingPickler.dumps((buffer.getvalue(), torch.zeros(64, dtype=torch.uint8), layout))))
+    with pytest.raises(pickle.UnpicklingError, match="does not lie within its slab"):
+        recv_answer(receiver)

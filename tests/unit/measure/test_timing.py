@@ -181,3 +181,24 @@ def test_a_known_estimate_skips_the_first_call_and_the_estimate():
     calls.clear()
     # first, two estimates (with no warm-up after it, the second is the first sample), two more samples
     assert measure(lambda: calls.append(1), device=CPU, config=cfg).n == 3 and len(calls) == 1 + 2 + 2
+
+
+@pytest.mark.parametrize("estimated", [False, True])
+@pytest.mark.parametrize("call_ms", [0.05, 1.0, 7.0, 30.0, 150.0])
+def test_the_cost_model_counts_the_calls_measure_makes(monkeypatch, call_ms, estimated):
+    """execution.cost.planned_calls mirrors _measure_cpu: on a clock that advances by exactly call_ms a call (a fake
+    bound in place of CLOCKS: no real time), measure makes as many calls as the cost model prices."""
+    from harness.execution.cost import planned_calls
+    from harness.measure import timing
+
+    now = [0]
+    monkeypatch.setattr(timing, "CLOCKS", replace(timing.CLOCKS, now_ns=lambda: now[0]))
+    calls = []
+
+    def call():
+        calls.append(1)
+        now[0] += int(call_ms * 1e6)
+
+    cfg = TimingConfig().share(3, 1)
+    measure(call, device=CPU, config=cfg, estimate_ms=call_ms if estimated else None)
+    assert len(calls) == planned_calls(call_ms, cfg, device_type="cpu", estimated=estimated)

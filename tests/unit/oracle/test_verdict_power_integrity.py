@@ -6,7 +6,7 @@ import pytest
 
 from harness import AttentionCase
 from harness.execution.device import resolve_device
-from harness.execution.integrity import run_seed
+from harness.execution.session import run_seed
 from harness.execution.runner import execute, prepare_case
 from harness.spec.masks import Causal
 from tests.fixtures import gamed_kernels as gamed
