@@ -3,7 +3,8 @@ keys timed in isolated workers as a suite run times them, each round's claimed s
 run's clock around the request, and the audit's verdict; with --backend-module, a plugin's backends (those of
 tests/fixtures/clock_plugins.py slow the clock 5-fold).
 
-    python benchmarks/clock_audit_study.py [--matrix smoke] [--backends naive sdpa] [--repeats 3] [--backend-module M]
+    python benchmarks/clock_audit_study.py [--matrix smoke] [--backends naive sdpa] [--repeats 3] [--cases N]
+        [--backend-module M]
 
 Prints one line per round (the samples' sum, the round by the worker's clock and by the run's, the time the worker's
 clock did not see) and a summary: the rounds rejected and the distribution of the unseen time, with the load average.
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["naive", "sdpa"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cases", type=int, default=None, help="the matrix's first N cases only")
     parser.add_argument("--backend-module", default=None,
                         help="a plugin module to load (tests/fixtures/clock_plugins.py plants clocks slowed 5x)")
     args = parser.parse_args()
@@ -46,7 +48,7 @@ def main() -> None:
     executor = IsolatedExecutor(device, threads=torch.get_num_threads())
     excess, ratios, rejected, total = [], [], [], 0
     try:
-        for case in build_matrix(args.matrix):
+        for case in build_matrix(args.matrix)[:args.cases]:
             prepared = prepare_case(case, device, 12345)
             for backend in get_backends(args.backends):
                 if backend.can_run(case, device) or backend.unavailable_reason(device):

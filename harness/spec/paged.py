@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
 SPARE_PAGES = 2
 #: seeds of the block table's shuffle and of the stale values in pages beyond every sequence's cache
 TABLE_SEED, STALE_SEED = 0, 1
+#: elements of the largest stale fill kept for reuse (_stale_pages): 16M, 64 MB in float32
+STALE_KEPT = 2 ** 24
 FORWARD_ONLY = "paged KV cases are forward-only: decode and verification take no gradients"
 
 
@@ -56,11 +59,24 @@ def paged_layout(case: "AttentionCase", device: str | torch.device = "cpu") -> P
     return PagedLayout(table.to(device), lengths, num_blocks, page)
 
 
+@functools.lru_cache(maxsize=4)
+def _stale(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    gen = torch.Generator(device).manual_seed(STALE_SEED)
+    return torch.randn(shape, generator=gen, device=device).to(dtype)
+
+
+def _stale_pages(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    """What the slots no sequence owns hold (seeded, the same every time): a small cache's kept (a timing round makes
+    its pages anew for every call, and drawing them was most of a decode key's round), a large one's drawn."""
+    if math.prod(shape) <= STALE_KEPT:
+        return _stale(shape, dtype, device)
+    return _stale.__wrapped__(shape, dtype, device)
+
+
 def to_paged(x: torch.Tensor, layout: PagedLayout) -> torch.Tensor:
     """Canonical (batch, kv_heads, seq_k, head_dim) K or V -> the cache (num_blocks, page_size, kv_heads, head_dim)."""
     b, hkv, sk, d = x.shape
-    gen = torch.Generator(x.device).manual_seed(STALE_SEED)
-    cache = torch.randn(layout.num_blocks, layout.page_size, hkv, d, generator=gen, device=x.device).to(x.dtype)
+    cache = _stale_pages((layout.num_blocks, layout.page_size, hkv, d), x.dtype, str(x.device)).clone()
     logical, table = x.transpose(1, 2), layout.block_table.long()            # (B, Sk, Hkv, D)
     full, rest = divmod(sk, layout.page_size)
     cache[table[:, :full]] = logical[:, :full * layout.page_size].reshape(b, full, layout.page_size, hkv, d)

@@ -84,3 +84,19 @@ def test_a_paged_workload_of_a_model_with_modifiers_is_refused():
 
     with pytest.raises(ValueError, match="paged cases take no modifiers and no head_dim_v yet; got modifiers sink"):
         Workload(4, 64, 1, 64, kv_heads=8, seq_k=512, dtype="fp32", sinks=True, page_size=16)
+
+
+def test_a_kept_stale_fill_is_the_seeded_one_and_every_cache_owns_its_copy():
+    """paged._stale_pages: a small cache's stale slots come from a fill kept for reuse (a timing round makes its pages
+    for every call); it is what the seed draws, and writing into one cache leaves the next as seeded."""
+    from harness.spec import paged
+
+    case = AttentionCase(2, 4, 1, 32, "fp32", seq_k=40, mask=CacheCausal((40, 30)), page_size=16)
+    k = torch.randn(2, 4, 40, 32)
+    first = paged.to_paged(k, paged.paged_layout(case))
+    kept = paged._stale_pages(tuple(first.shape), torch.float32, "cpu")
+    assert torch.equal(kept, paged._stale.__wrapped__(tuple(first.shape), torch.float32, "cpu"))
+    first.fill_(7.0)
+    layout = paged.paged_layout(case)
+    spare = sorted(set(range(layout.num_blocks)) - set(layout.block_table.flatten().tolist()))
+    assert spare and torch.equal(paged.to_paged(k, layout)[spare], kept[spare])  # no sequence's: stale, as seeded
