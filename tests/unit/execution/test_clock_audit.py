@@ -122,3 +122,28 @@ def test_the_run_s_clock_stops_as_the_reply_arrives_not_after_reading_it(monkeyp
     finally:
         executor.close()
     assert answer.failure is None and answer.wall_ms < answer.accounted_ms + 250, (answer.wall_ms, answer.accounted_ms)
+
+
+@pytest.mark.parametrize("walls, kept, rejected", [
+    ([500.0, 500.0, 20.0], 3, False),  # held up twice by the scheduler, then agreeing: that round's figure is kept
+    ([500.0, 500.0, 500.0], 3, True),  # a slowed clock disagrees on every round: rejected after CLOCK_TRIES
+    ([20.0], 1, False),
+])
+def test_a_disagreeing_round_is_timed_again_and_only_an_agreeing_round_s_figure_is_kept(walls, kept, rejected):
+    """integrity.audited_time: up to CLOCK_TRIES rounds; the answer returned is the last one timed."""
+    from types import SimpleNamespace
+
+    from harness.execution.integrity import CLOCK_TRIES, audited_time
+
+    assert CLOCK_TRIES == 3
+    asked = []
+
+    class Executor:
+        def time(self, backend, timing, device):
+            asked.append(len(asked))
+            measurement = SimpleNamespace(samples_ms=(5.0,), event_vs_host=None)
+            return SimpleNamespace(failure=None, measurement=measurement, accounted_ms=10.0,
+                                   wall_ms=walls[len(asked) - 1], started_ns=1, asked_ns=0, index=len(asked))
+
+    answer, clock = audited_time(Executor(), None, None, CPU)
+    assert len(asked) == kept and answer.index == kept and bool(clock) == rejected
