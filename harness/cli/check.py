@@ -39,8 +39,7 @@ def _check(args: argparse.Namespace) -> int:
     from harness.execution.cost import Job, check_cost
     from harness.execution.device import resolve_device
     from harness.execution.fuzz import fuzz_in_session, plan, summary_lines
-    from harness.execution.session import run_seed
-    from harness.execution.session import RunSession
+    from harness.execution.session import RunSession, run_seed
     from harness.oracle.signatures import signature
     from harness.store.run_dir import results_root
     from harness.store.schema import NOT_RUN, worst_status

@@ -27,9 +27,9 @@ class Snapshot:
     def written(self, given: dict[str, torch.Tensor] | None = None) -> str:
         """'' when every tensor still holds what it held - those `given` names, its bits instead (what was written into
         them since) -; else which were written, and how many elements."""
-        changed = []
+        changed, given = [], given or {}
         for name, (t, before) in self._kept.items():
-            now, before = _bits(t), before if name not in (given or {}) else _bits(given[name])
+            now, before = _bits(t), _bits(given[name]) if name in given else before
             if now.shape != before.shape or not torch.equal(now, before):
                 n = (now != before).sum().item() if now.shape == before.shape else now.numel()
                 changed.append(f"{name} ({n} of {before.numel()} elements)")
@@ -68,7 +68,7 @@ def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor,
 
 
 def owned(path: str, out: object, q: torch.Tensor, v: torch.Tensor, given: dict[str, torch.Tensor],
-           snapshot: Snapshot, dtype: torch.dtype) -> Failure | None:
+          snapshot: Snapshot, dtype: torch.dtype) -> Failure | None:
     """contract_violation, then inputs left as given and the output owned; `path` prefixes the reason."""
     failure = contract_violation(out, q, v, dtype)
     if failure is None:

@@ -92,26 +92,28 @@ class CallContent:
     d_out: torch.Tensor
 
     @classmethod
-    def draw(cls, case, generator: torch.Generator, *, backward_alone: bool = False, uniform: bool = False,
-             count: int | None = None, like: torch.Tensor | None = None) -> "CallContent | list[CallContent]":
-        """Fresh factors for `case` from `generator`; backward_alone: q, k and v stay (the graph is built), dO alone
-        changes; uniform: one v and one dO factor for every slice (sinks or a bias take gradients). count: that many
-        contents, drawn in one draw (a call's own costs no more than picking it), as `like`'s dtype and device."""
+    def draw(cls, case, generator: torch.Generator, **how) -> "CallContent":
+        """One content (draws)."""
+        return cls.draws(case, generator, 1, **how)[0]
+
+    @classmethod
+    def draws(cls, case, generator: torch.Generator, many: int, *, backward_alone: bool = False, uniform: bool = False,
+              like: torch.Tensor | None = None) -> list["CallContent"]:
+        """`many` fresh contents for `case` from `generator`, in one draw (a call's own costs no more than picking it),
+        as `like`'s dtype and device; backward_alone: q, k and v stay (the graph is built), dO alone changes; uniform:
+        one v and one dO factor for every slice (sinks or a bias take gradients)."""
         b, hkv, d = case.batch, case.kv_heads, case.head_dim
         n, signs = (1 if uniform else b * hkv), (0 if backward_alone else b * hkv * d)
-        many = 1 if count is None else count
         drawn = _SLICE_SCALES[torch.randint(len(SLICE_SCALES), (many, signs + 2 * n), generator=generator)]
         drawn = drawn if like is None else drawn.to(like)
         shape = (many, 1, 1, 1, 1) if uniform else (many, b, hkv, 1, 1)
         d_out = drawn[:, signs + n:].reshape(shape).expand(many, b, hkv, 1, 1)
         if backward_alone:
-            contents = [cls(None, None, o) for o in d_out.unbind(0)]
-        else:
-            v = drawn[:, signs:signs + n].reshape(shape).expand(many, b, hkv, 1, 1)
-            v = v.sign() if case.fp8_kv is not None else v
-            qk = drawn[:, :signs].sign().reshape(many, b, hkv, 1, d)
-            contents = [cls(*factors) for factors in zip(qk.unbind(0), v.unbind(0), d_out.unbind(0))]
-        return contents[0] if count is None else contents
+            return [cls(None, None, o) for o in d_out.unbind(0)]
+        v = drawn[:, signs:signs + n].reshape(shape).expand(many, b, hkv, 1, 1)
+        v = v.sign() if case.fp8_kv is not None else v
+        qk = drawn[:, :signs].sign().reshape(many, b, hkv, 1, d)
+        return [cls(*factors) for factors in zip(qk.unbind(0), v.unbind(0), d_out.unbind(0))]
 
     def factors(self, group: int) -> dict[str, torch.Tensor]:
         """Each input's factor by its buffer's name (q, k, v, dO; dO alone for the backward alone), canonical layout,
@@ -151,11 +153,11 @@ class RoundGuard(Guard):
     def __init__(self, case, phase: str, verified: Inputs):
         # drawn where the calls run, from a seed no code saw: a kernel cannot know a call's content before it
         self.generator = torch.Generator().manual_seed(secrets.randbits(63))
-        self.draw = functools.partial(CallContent.draw, case, self.generator,
+        self.draws = functools.partial(CallContent.draws, case, self.generator,
                                       uniform=verified.sinks is not None or verified.bias is not None)
         self.group, self.backward_alone = case.heads // case.kv_heads, phase == BWD
         #: the round's own content, which the phase is built on (the backward alone's graph: q, k and v)
-        self.round = self.draw()
+        self.round = self.draws(1)[0]
         self.inputs = self.round.inputs(verified)
         #: the samples' answers drawn so far (after_call), with their content; the last call's after them
         self.drawn: list[tuple[dict[str, torch.Tensor], CallContent | None]] = []
@@ -171,7 +173,7 @@ class RoundGuard(Guard):
     def before_call(self) -> None:
         """Content no earlier call had, written into the buffers outside the timed region (CallContent)."""
         if not self.pending:  # the next calls' contents, drawn together (docs/integrity.md: what a kernel can read)
-            self.pending = self.draw(backward_alone=self.backward_alone, count=DRAWN_AT_ONCE, like=self.inputs.q)[::-1]
+            self.pending = self.draws(DRAWN_AT_ONCE, backward_alone=self.backward_alone, like=self.inputs.q)[::-1]
         self.content = self.pending.pop()
         self.timed.fresh(self.content, self.inputs)
 
@@ -194,7 +196,8 @@ class RoundGuard(Guard):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         # what the last call was given, made anew here: the buffers must still hold it
-        self._note(self.snapshot.written(self.content and self.timed.sources(self.content.inputs(self.inputs))))
+        given = None if self.content is None else self.timed.sources(self.content.inputs(self.inputs))
+        self._note(self.snapshot.written(given))
 
         def undone(name: str, t: torch.Tensor, content: CallContent | None) -> torch.Tensor:
             t = (backend.from_layout(t) if name in ("out", *GRADS) else t).cpu()  # sinks, bias: canonical always

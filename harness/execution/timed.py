@@ -102,7 +102,8 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
     # the buffers are the canonical inputs laid out (a transpose) unless FP8 or pages change them: a call's content is
     # multiplied straight into them, one op a buffer; else its inputs are made and copied in
     direct = phase == BWD or (case.fp8_kv is None and not case.fp8_q and case.page_size is None)
-    written = {name: backend.from_layout(buffers[name]) for name in (("dO",) if phase == BWD else INPUT_NAMES)}
+    written = {name: backend.from_layout(buffers[name]) for name in (("dO",) if phase == BWD else INPUT_NAMES)
+               if direct}
     group = case.heads // case.kv_heads
 
     def fresh(content: CallContent, base: Inputs) -> None:

@@ -66,9 +66,10 @@ def _stale(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Ten
 
 
 def _stale_pages(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
-    """What the slots no sequence owns hold (seeded, the same every time): a small cache's kept (a timing round makes
-    its pages anew for every call, and drawing them was most of a decode key's round), a large one's drawn."""
-    if math.prod(shape) <= STALE_KEPT:
+    """What the slots no sequence owns hold (seeded, the same every time): a small CPU cache's kept (a timing round
+    makes its pages anew for every call, and drawing them was most of a decode key's round); a large one's, or a GPU's
+    (fast to draw, and kept it would hold device memory), drawn."""
+    if device == "cpu" and math.prod(shape) <= STALE_KEPT:
         return _stale(shape, dtype, device)
     return _stale.__wrapped__(shape, dtype, device)
 
