@@ -100,7 +100,8 @@ def test_a_plugin_that_slows_the_harness_s_own_clock_gets_no_figure(module, kern
 def test_the_run_s_clock_stops_as_the_reply_arrives_not_after_reading_it(monkeypatch):
     """supervisor.Worker.ask: the round by the run's clock ends when the worker's reply is there to read. Reading it
     (a large answer's trips to the worker's fd sharer, the restricted unpickler) is this process's work, which a
-    loaded machine slows: a read taking 300 ms leaves the round's wall as the worker accounts for it."""
+    loaded machine slows: the round's wall ends before a read (here one taking 300 ms) starts - by the clocks'
+    readings alone, so no load on the machine moves the verdict."""
     import time
 
     from harness.backends.registry import get_backends
@@ -108,9 +109,10 @@ def test_the_run_s_clock_stops_as_the_reply_arrives_not_after_reading_it(monkeyp
     from harness.execution.call import Call
     from harness.execution.timed import TimingCall
 
-    real = supervisor.recv_answer
+    real, reads = supervisor.recv_answer, []
 
     def slow_read(conn):
+        reads.append(time.perf_counter_ns())  # the clock supervisor.CLOCKS binds
         answer = real(conn)
         time.sleep(0.3)
         return answer
@@ -121,7 +123,9 @@ def test_the_run_s_clock_stops_as_the_reply_arrives_not_after_reading_it(monkeyp
         answer = executor.time(get_backends(["naive"])[0], TimingCall(Call(CASE, 3), "fwd", FAST), CPU)
     finally:
         executor.close()
-    assert answer.failure is None and answer.wall_ms < answer.accounted_ms + 250, (answer.wall_ms, answer.accounted_ms)
+    assert answer.failure is None
+    read_ms = (reads[-1] - answer.asked_ns) / 1e6  # the read began this long after the request
+    assert answer.wall_ms <= read_ms + 1e-3, (answer.wall_ms, read_ms)
 
 
 @pytest.mark.parametrize("walls, kept, rejected", [
