@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 SPARE_PAGES = 2
 #: seeds of the block table's shuffle and of the stale values in pages beyond every sequence's cache
 TABLE_SEED, STALE_SEED = 0, 1
-#: elements of the largest stale fill kept for reuse (_stale_pages): 16M, 64 MB in float32
-STALE_KEPT = 2 ** 24
+#: elements of the largest stale fill kept for reuse (_stale_pages): 1M, 4 MB in float32 - at most four are kept, in
+#: any process that makes pages (a user's own check() too); the CPU's paged cases are 80-300K
+STALE_KEPT = 2 ** 20
 FORWARD_ONLY = "paged KV cases are forward-only: decode and verification take no gradients"
 
 
