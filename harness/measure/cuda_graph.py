@@ -9,7 +9,7 @@ import torch
 
 class Captured:
     """fn captured in a CUDA graph on `device`, as do_bench_cudagraph does; replay() returns its static output.
-    `build` (a backward's forward) is captured first on the same pool."""
+    `build` (a backward's forward) is captured first on the same pool, and replayed once before any replay of fn."""
 
     def __init__(self, fn: Callable[[], object], setup: Callable[[], None] | None, device: torch.device,
                  build: Callable[[], None] | None = None):
@@ -35,6 +35,11 @@ class Captured:
             setup()
             with torch.cuda.graph(self._graph, pool=pool, stream=stream):
                 self.value = fn()
+            if self._build_graph is not None:
+                # a capture records kernels without running them: until the forward's graph runs once, the tensors
+                # its backward reads (the output, the log-sum-exp) hold whatever the pool held (seen on an H200:
+                # every replayed sdpa backward wrong)
+                self._build_graph.replay()
 
     def replay(self) -> object:
         """One replay of the call; its static output (None when the call returns nothing, e.g. a backward)."""

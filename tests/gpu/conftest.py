@@ -1,5 +1,7 @@
 """Real-CUDA tests: marked `cuda`, skipped with the reason on a machine without a CUDA device."""
 
+import sys
+
 import pytest
 import torch
 
@@ -12,3 +14,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(why)
+
+
+def pytest_runtest_logreport(report):
+    """A failure's traceback written as it happens: a GPU step killed at its timeout (the selftest's) still shows
+    why each test before it failed (an H200 run of 2026-12-04 showed only 'F's)."""
+    if report.failed:
+        sys.stderr.write(f"\nFAILED {report.nodeid} ({report.when}):\n{report.longreprtext}\n")
+        sys.stderr.flush()

@@ -170,6 +170,24 @@ def test_a_graphed_backward_builds_its_forward_on_the_capture_stream(fake):
     assert fake.log[-1] == ("replay",)
 
 
+def test_a_graphed_backward_reads_what_its_forward_s_graph_computed(fake):
+    """A capture records kernels without running them: the backward's replays must read the tensors the captured
+    forward computes, so that graph runs once before them (seen on an H200, 2026-12-04: without it every sdpa
+    backward replayed on --cuda-graph was judged wrong - it read the pool's leftovers)."""
+    memory, read, tokens = {}, [], iter(range(10))
+
+    def build():  # the host part runs at every call, capture included; the kernel only when launched or replayed
+        token = next(tokens)
+        fake.launch(lambda: memory.__setitem__("saved", token))
+
+    captured = cuda_graph.Captured(lambda: fake.launch(lambda: read.append(memory.get("saved"))), lambda: None,
+                                   torch.device("cuda", 0), build)
+    assert read == [0, 0, 0]  # the warm-up calls, on the eager forward's (token 0)
+    captured.replay()
+    captured.replay()
+    assert read[3:] == [1, 1]  # the captured forward's (token 1), not the eager one's left in memory
+
+
 def test_timing_with_a_graph_replays_and_never_times_the_build(fake):
     order = []
     config = TimingConfig(warmup_ms=0, budget_ms=2, min_reps=2, max_reps=2, cuda_graph=True)
