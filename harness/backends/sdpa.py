@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from harness.backends.fp8_dequant import dequant_note, dequantized_inputs
 from harness.backends.paged_gather import gather_paged
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
-from harness.spec.masks import Causal, CausalBottomRight, MaskSpec
+from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, MaskSpec
 from harness.spec.modifiers import additive_term, alibi_slopes
 
 #: SDPA refusing a pinned kernel, and cuDNN failing to build a plan at run time: "this kernel cannot run this case"
@@ -27,6 +28,13 @@ _CUDNN_PLAN_ERRORS = ("cuDNN Frontend error", "No execution plans support the gr
 #: SDPBackend value -> the short name recorded as the kernel that ran ('sdpa:cudnn', ...)
 _KERNEL_NAMES = {SDPBackend.MATH: "math", SDPBackend.FLASH_ATTENTION: "flash",
                  SDPBackend.EFFICIENT_ATTENTION: "efficient", SDPBackend.CUDNN_ATTENTION: "cudnn"}
+
+
+@dataclass
+class SdpaPlan(CallPlan):
+    """The call's keywords, and a mixed step's padding rows (batch, 1, seq_q, 1) bool, cleared after the call."""
+
+    padding: torch.Tensor | None = None
 
 
 def sdpa_mask_args(mask: MaskSpec | None, seq_q: int, seq_k: int, batch: int, device) -> dict:
@@ -70,7 +78,10 @@ class _Sdpa(Backend):
     #: the math kernel takes any value head dim; a fused kernel that does not refuses with torch's reasons
     supports_head_dim_v = True
     paged_kv = True  # by gathering the pages through the block table, inside the timed call
-    mixed_batch = True  # the dense attn_mask: padding rows see no key and come out 0 (torch >= 2.5)
+    #: the dense attn_mask; padding rows see no key and are cleared after the call: the math kernel gives them 0
+    #: (torch >= 2.5), but on an H200 (torch 2.11, cuDNN 9.19) sdpa's own choice, cuDNN, failed the mixed step that
+    #: naive and flex passed with the same mask (tests/gpu/test_paged_cuda.py, 2026-12-04)
+    mixed_batch = True
     fp8_kv = True  # by dequantizing K and V inside the timed call
     fp8_q = True  # and q
     kernel: SDPBackend | None = None
@@ -100,7 +111,11 @@ class _Sdpa(Backend):
             if device.type == "cuda":  # torch's checks are compiled out on CPU: there the call says why it refuses
                 _refused_why(self.kernel, *_shaped(case, device), kwargs, gqa)
             kernel = _KERNEL_NAMES[self.kernel]
-        return CallPlan(op=f"sdpa:{kernel}{dequant_note(case, gathers=True)}", kwargs=kwargs)
+        padding = case.mask.padding_rows(case.seq_q, device) if isinstance(case.mask, CacheCausal) and \
+            case.mask.mixed else None
+        return SdpaPlan(op=f"sdpa:{kernel}{dequant_note(case, gathers=True)}"
+                           f"{' (padding rows cleared)' if padding is not None else ''}", kwargs=kwargs,
+                        padding=None if padding is None else padding[:, None, :, None])
 
     def forward(self, q, k, v, *, mask, scale, prepared: CallPlan | None = None, sinks=None, alibi_slopes=None,
                 bias=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None, q_scale=None):
@@ -111,9 +126,12 @@ class _Sdpa(Backend):
         prepared = self.plan_for(prepared, q, k, v, mask=mask, scale=scale, sinks=sinks, alibi_slopes=alibi_slopes,
                                  bias=bias)
         if sinks is None and bias is None:
-            return self._call(q, k, v, scale=scale, **prepared.kwargs)
-        k, v, attn_mask = sdpa_modifier_inputs(q, k, v, prepared.kwargs["attn_mask"], bias, sinks)
-        return self._call(q, k, v, scale=scale, attn_mask=attn_mask)
+            out = self._call(q, k, v, scale=scale, **prepared.kwargs)
+        else:
+            k, v, attn_mask = sdpa_modifier_inputs(q, k, v, prepared.kwargs["attn_mask"], bias, sinks)
+            out = self._call(q, k, v, scale=scale, attn_mask=attn_mask)
+        # a fused kernel's answer on a row that sees no key (NaN, or the mean of V) is not the spec's 0
+        return out if prepared.padding is None else out.masked_fill(prepared.padding, 0)
 
     def modifier_path(self, case):
         parts = [m for m in ("alibi", "bias") if m in case.modifiers]

@@ -92,10 +92,10 @@ def run_step(step: Step, log, work: Path, timeout_s: float) -> dict:
     detail = step.summarize(output) if step.summarize else (tail[-1][:120] if tail else "")
     status = (f"TIMEOUT ({timeout_s:.0f} s)" if code is None
               else "ok" if code in step.ok_codes else f"FAILED (exit {code})")
-    if step.results is not None and code is not None:
+    if step.results is not None:  # a step stopped at its timeout leaves the rows it finished: those are its result
         rows, errors = _rows_summary(step.results)
-        detail = rows + (f"; {errors} error row(s) of built-in backends" if errors else "")
-        if errors:
+        detail = rows + (f"; {errors} error row(s) of built-in backends" if errors and rows != "no results" else "")
+        if errors and code is not None:
             status = "FAILED (error rows)"
     log(f"[{step.name}] {status} in {seconds:.0f} s: {detail}")
     if status != "ok":

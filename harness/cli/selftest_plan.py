@@ -9,11 +9,13 @@ from typing import Callable
 
 from harness.store.schema import BASELINE
 
-#: seconds a step is expected to take: (fixed, per backend it runs) on a GPU, then on the CPU stand-in: GPU ones
-#: scaled from the H200 runs of 2026-11-30, CPU ones dry-run times on the 2-core VM (docs/design/cli.md); backends +5
-#: s since issue 47 (asked in a worker: 21 s against 15 s in-process at load average 11-14, 2026-12-03)
-ESTIMATES = {"backends": ((25, 0), (15, 0)), "tests-gpu": ((60, 0), (5, 0)), "correctness": ((20, 12), (10, 6)),
-             "benchmark": ((15, 12), (10, 6)), "fidelity": ((30, 0), (15, 0)), "cuda-graph": ((20, 10), (0, 0)),
+#: seconds a step is expected to take: (fixed, per backend it runs) on a GPU, then on the CPU stand-in: GPU ones as
+#: measured on an H200 on 2026-12-04 (9 backends: backends 11 s; tests/gpu ~210 s, a first paged FlashInfer case's JIT
+#: 66 s of it; gpu-smoke's 24 cases ~2.2 s a (case, backend) to judge after ~70 s of compiles, ~3 s a timed
+#: (case, phase, backend); fidelity 29 s), the last three still scaled from 2026-11-30; CPU ones dry-run times on the
+#: 2-core VM (docs/design/cli.md)
+ESTIMATES = {"backends": ((15, 0), (15, 0)), "tests-gpu": ((210, 0), (5, 0)), "correctness": ((70, 55), (10, 6)),
+             "benchmark": ((30, 215), (10, 6)), "fidelity": ((30, 0), (15, 0)), "cuda-graph": ((20, 10), (0, 0)),
              "cuda1": ((30, 15), (0, 0)), "launch": ((40, 10), (20, 8))}
 #: the steps' keys for --steps, in the order they run: most informative first
 STEP_KEYS = tuple(ESTIMATES)
@@ -43,6 +45,9 @@ class Step:
     #: the table's detail from the step's stdout (default: its last line)
     summarize: Callable[[str], str] | None = None
     outcome: dict = field(default_factory=dict)
+    #: a step that writes rows as it goes may run on less than its estimate, down to this (one backend's share):
+    #: stopped at its timeout, the rows it finished are its result (0: all or nothing)
+    least_s: float = 0.0
 
 
 def _backends_summary(stdout: str) -> str:
@@ -70,7 +75,7 @@ def steps(dry_run: bool, work: Path, gpus: int, backends: list[str]) -> list[Ste
         fixed, each = ESTIMATES[key][1 if dry_run else 0]
         if rows:
             args = [*args, "--results-dir", str(work / rows)]
-            kwargs.update(ok_codes=PYTEST_RESULTS, results=work / rows)
+            kwargs.update(ok_codes=PYTEST_RESULTS, results=work / rows, least_s=fixed + each * min(n, 1))
         return Step(key, name, [sys.executable, *args], fixed + each * n, **kwargs)
 
     return [
@@ -97,12 +102,18 @@ def steps(dry_run: bool, work: Path, gpus: int, backends: list[str]) -> list[Ste
 
 
 def fit(planned: list[Step], budget_s: float) -> None:
-    """Mark not run every step whose estimate no longer fits in PLAN_SHARE of `budget_s` after the steps before it."""
+    """Mark not run every step whose estimate no longer fits in PLAN_SHARE of `budget_s` after the steps before it
+    (a step that writes rows as it goes planned on its least share instead, where that fits)."""
     left = PLAN_SHARE * budget_s
     for step in planned:
         if step.skip:
             continue
-        if step.estimate_s > left:  # a later, cheaper step may still fit
+        if step.estimate_s > left and 0 < step.least_s <= left:
+            # the rows of part of the cases are worth more than none: planned on one backend's share, it runs on
+            # (timeout_for) while later steps' estimates still fit
+            step.estimate_s = step.least_s
+            left -= step.estimate_s
+        elif step.estimate_s > left:  # a later, cheaper step may still fit
             step.skip = (f"not run: over budget (~{step.estimate_s:.0f} s needed, {left:.0f} s of the plan's "
                          f"{PLAN_SHARE * budget_s:.0f} left; --budget-s {budget_s:.0f})")
         else:

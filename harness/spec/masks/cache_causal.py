@@ -81,9 +81,14 @@ class CacheCausal(PerSequenceLengths):
         q_lens = torch.tensor(self.q_lens, device=device, dtype=torch.int64)
         return lambda b, q_idx, k_idx, seq_q, seq_k: (k_idx <= lengths[b] - q_lens[b] + q_idx) & (q_idx < q_lens[b])
 
+    def padding_rows(self, seq_q: int, device: str | torch.device = "cpu") -> torch.Tensor:
+        """(batch, seq_q) bool: True on a mixed step's padding rows (i >= q_lens[b]), which see no key; all False
+        when every sequence has seq_q queries."""
+        return torch.arange(seq_q, device=device).view(1, -1) >= self.q_lens_tensor(seq_q, device).view(-1, 1)
+
     def key_ranges(self, seq_q, seq_k, batch=None):
         q_lens = self.q_lens_tensor(seq_q).view(-1, 1)
         rows = torch.arange(seq_q).view(1, -1)
         hi = self.lengths_tensor().view(-1, 1) - q_lens + rows + 1
-        hi = hi.masked_fill(rows >= q_lens, 0)                               # padding rows: no key
+        hi = hi.masked_fill(self.padding_rows(seq_q), 0)                     # padding rows: no key
         return torch.zeros_like(hi), hi.clamp(0, seq_k)

@@ -76,3 +76,28 @@ def test_refusal_reasons_torch_writes_to_stderr_are_kept(monkeypatch, capfd):
         sdpa_module._refused_why(SDPBackend.FLASH_ATTENTION, q, q, q, {}, False)
     assert str(refused.value) == "FLASH_ATTENTION refused: Flash Attention does not support non-null attn_mask."
     assert "unrelated output" in capfd.readouterr().err  # what is not a warning goes back to stderr
+
+
+def test_a_mixed_step_s_padding_rows_are_zero_whatever_the_kernel_leaves_there(monkeypatch):
+    """A mixed serving step's padding rows see no key: the spec's answer is 0, which the math kernel gives (torch >=
+    2.5) but a fused one need not (NaN, or the mean of V). On an H200 (torch 2.11, cuDNN 9.19, 2026-12-04) sdpa's own
+    choice failed the mixed step that naive and flex passed with the same mask; the translation clears the rows."""
+    from harness.execution.bound import backend_inputs
+    from harness.spec.case import make_inputs
+    from harness.spec.serving_step import CPU_MIX, serving_step
+
+    case = serving_step(4, 32, "fp32", kv_heads=2, cache=20, page_size=None, mix=CPU_MIX)
+    backend = get_backends(["sdpa"])[0]
+    plan = backend.prepare(case, CPU)
+    padding = case.mask.padding_rows(case.seq_q)
+    assert plan.op.endswith("(padding rows cleared)") and padding.any() and not padding.all()
+    q, k, v, _ = backend_inputs(backend, case, make_inputs(case, "cpu", 3), requires_grad=False)
+    honest = backend.forward(q, k, v, mask=case.mask, scale=case.scale, prepared=plan)
+    real_call = sdpa_module._Sdpa._call
+
+    def fused(self, q, k, v, **kwargs):  # what a kernel may leave on a row that sees no key
+        return real_call(self, q, k, v, **kwargs).masked_fill(padding[:, None, :, None], float("nan"))
+    monkeypatch.setattr(sdpa_module._Sdpa, "_call", fused)
+    out = backend.forward(q, k, v, mask=case.mask, scale=case.scale, prepared=plan)
+    rows = padding[:, None, :, None].expand_as(out)
+    assert torch.equal(out[rows], torch.zeros_like(out[rows])) and torch.equal(out[~rows], honest[~rows])
