@@ -1,6 +1,7 @@
 """The paged-KV path on a real CUDA device: every installed paged backend's verdict on decode and verification over
 pages of 16 and 256, and the copy bandwidth the memory roofline is measured against (the CPU counterparts:
-tests/unit/backends/test_paged_translations.py, tests/unit/measure/test_bandwidth.py). Not yet run on a GPU."""
+tests/unit/backends/test_paged_translations.py, tests/unit/measure/test_bandwidth.py). On an H200 (2026-12-04,
+no FlashAttention installed) every paged case and the bandwidth check passed; the mixed step: below."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def test_copy_bandwidth_is_plausible_for_the_device():
 def test_mixed_serving_step_passes_or_says_why(page):
     """The issue-36 step (one 512-token prefill chunk, 31 decodes, 4 verifications of 4) over ~4k-key paged caches:
     naive, sdpa and flex must pass; the others pass or refuse with a reason (the CPU counterpart:
-    tests/unit/oracle/test_verdict_power_mixed.py, tests/e2e/test_serving_step.py). Not yet run on a GPU."""
+    tests/unit/oracle/test_verdict_power_mixed.py, tests/e2e/test_serving_step.py). On an H200 (2026-12-04) sdpa
+    failed it (cuDNN, its own choice; padding rows cleared since, not rerun there); naive, flex, FlashInfer passed."""
     from harness.spec.serving_step import serving_step
 
     case = serving_step(32, 128, torch.bfloat16, kv_heads=8, cache=4096, page_size=page)
