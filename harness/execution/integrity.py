@@ -129,15 +129,21 @@ class CallContent:
         return inputs._replace(**{name: getattr(inputs, name) * factors[key].to(inputs.q)
                                   for key, name in INPUT_NAMES.items() if key in factors})
 
-    def undo(self, quantity: str, answer: torch.Tensor, group: int) -> torch.Tensor:
-        """`answer` (canonical) divided by its factor: the round's answer, bit for bit when the call's was exact."""
+    def factor(self, quantity: str, group: int) -> torch.Tensor:
+        """What this content multiplies `quantity`'s answer by (canonical layout, broadcast): signs and powers of two."""
         qk = 1.0 if self.qk is None else self.qk
         v = torch.ones_like(self.d_out) if self.v is None else self.v
         v_d_out = v * self.d_out
         factor = {"out": self._q_heads(v, group), "dv": self.d_out,
                   "dq": self._q_heads(qk * v_d_out, group), "dk": qk * v_d_out}.get(quantity)
-        if factor is None:  # dsinks, dbias: uniform factors (draw(uniform=True))
-            factor = v_d_out.flatten()[0]
+        return v_d_out.flatten()[0] if factor is None else factor  # dsinks, dbias: uniform (draws(uniform=True))
+
+    def undo(self, quantity: str, answer: torch.Tensor, group: int, *under: "CallContent") -> torch.Tensor:
+        """`answer` (canonical) divided by its factor (and by those of the contents it lies on, `under`, in one
+        division: a product of powers of two is one): the round's answer, bit for bit when the call's was exact."""
+        factor = self.factor(quantity, group)
+        for content in under:
+            factor = factor * content.factor(quantity, group)
         return answer / factor.to(answer)
 
     @staticmethod
@@ -201,9 +207,7 @@ class RoundGuard(Guard):
 
         def undone(name: str, t: torch.Tensor, content: CallContent | None) -> torch.Tensor:
             t = (backend.from_layout(t) if name in ("out", *GRADS) else t).cpu()  # sinks, bias: canonical always
-            for c in (content, self.round):
-                t = t if c is None else c.undo(name, t, self.group)
-            return t
+            return self.round.undo(name, t, self.group, *([] if content is None else [content]))
 
         return ([{name: undone(name, t, content) for name, t in answers.items()} for answers, content in self.drawn],
                 "; ".join(self.problems))

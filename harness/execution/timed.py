@@ -67,7 +67,8 @@ class TimingResult:
 class Phase:
     """What timing a phase runs: `setup` before every repetition (untimed), `fn` the timed call, `build` what fn
     reads made anew; buffers: the call's inputs by name; fresh(content, base) writes a call's content on `base` into
-    them (all four; the backward alone: dO, on the graph it has); sources(inputs): what they hold for `inputs`;
+    those it reads (all four; the backward alone: dO, on the graph it has; the forward alone: q, k, v);
+    sources(inputs): what those hold for `inputs`;
     observe copies what a call returned, by quantity (out, dq, ...)."""
 
     setup: Callable[[], None] | None
@@ -93,28 +94,34 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         for t in (q, k, v, *leaves.values()):
             t.grad = None
 
+    # the buffers a call's content goes into: the backward alone reads a new dO on the graph it has (its q, k, v
+    # stay), the forward alone reads no dO
+    renewed = ("dO",) if phase == BWD else ("q", "k", "v") if phase == FWD else tuple(INPUT_NAMES)
+
     def sources(new: Inputs) -> dict[str, torch.Tensor]:
-        # what the buffers hold for inputs `new` (the backward alone: dO alone - its graph keeps its q, k, v)
+        # what the renewed buffers hold for inputs `new`
         if phase == BWD:
             return {"dO": backend.to_layout(new.d_out)}
-        return dict(zip(("q", "k", "v", "dO"), backend_inputs(backend, case, new, False, copy=False)))
+        made = dict(zip(("q", "k", "v", "dO"), backend_inputs(backend, case, new, False, copy=False)))
+        return {name: made[name] for name in renewed}
 
     # the buffers are the canonical inputs laid out (a transpose) unless FP8 or pages change them: a call's content is
     # multiplied straight into them, one op a buffer; else its inputs are made and copied in
     direct = phase == BWD or (case.fp8_kv is None and not case.fp8_q and case.page_size is None)
-    written = {name: backend.from_layout(buffers[name]) for name in (("dO",) if phase == BWD else INPUT_NAMES)
-               if direct}
+    # detached views: written outside autograd without switching grad mode on every call (a leaf's new content is
+    # its data, not an operation on it; each call's graph is built after the write)
+    written = {name: backend.from_layout(buffers[name]).detach() for name in renewed if direct}
     group = case.heads // case.kv_heads
 
     def fresh(content: CallContent, base: Inputs) -> None:
-        with torch.no_grad():
-            if not direct:
+        if not direct:
+            with torch.no_grad():
                 for name, source in sources(content.inputs(base)).items():
                     buffers[name].copy_(source)
-                return
-            factors = content.factors(group)  # drawn as the inputs' dtype and device (RoundGuard)
-            for name, target in written.items():
-                torch.mul(getattr(base, INPUT_NAMES[name]), factors[name], out=target)
+            return
+        factors = content.factors(group)  # drawn as the inputs' dtype and device (RoundGuard)
+        for name, target in written.items():
+            torch.mul(getattr(base, INPUT_NAMES[name]), factors[name], out=target)
 
     def observe(value) -> dict[str, torch.Tensor]:
         answers = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,6 +28,15 @@ class PreparedCase:
     baseline: str = ""
     #: an FP8 KV case's quantization error of the output against the unquantized reference (spec.fp8), else None
     quant_err: float | None = None
+    #: max |reference| by quantity, read once: a timed key's answers are all judged against the same reference
+    _largest: dict[str, float] = field(default_factory=dict, repr=False)
+
+    def largest(self, quantity: str) -> float:
+        """max |reference of `quantity`| (0 when it has no entries)."""
+        if quantity not in self._largest:
+            ref = self.reference.get(quantity)
+            self._largest[quantity] = float(ref.abs().max()) if ref.numel() else 0.0
+        return self._largest[quantity]
 
     def naive_error(self, quantity: str, backend_name: str) -> float | None:
         """The baseline error a backend's tolerance is built from: None for naive itself, the naive bound at this
@@ -36,14 +45,14 @@ class PreparedCase:
             return None
         if self.naive_errors is not None and quantity in self.naive_errors:
             return self.naive_errors[quantity]
-        return NAIVE_BOUND[self.case.dtype] * max(1.0, float(self.reference.get(quantity).abs().max()),
-                                                  self.reference.terms_of(quantity))
+        return NAIVE_BOUND[self.case.dtype] * max(1.0, self.largest(quantity), self.reference.terms_of(quantity))
 
     def judged(self, quantity: str, actual: torch.Tensor, backend_name: str) -> Check:
         """`actual` (canonical layout, the whole quantity) of `backend_name` against this case's reference under the
         rule: its naive error, and for dq and dk the size of the terms they cancel (Reference.terms_of)."""
         return judge(quantity, actual, self.reference.get(quantity), self.case.dtype,
-                     self.naive_error(quantity, backend_name), terms=self.reference.terms_of(quantity))
+                     self.naive_error(quantity, backend_name), terms=self.reference.terms_of(quantity),
+                     ref_largest=self.largest(quantity))
 
     def note_for(self, backend_name: str) -> str:
         """What every verdict of `backend_name` on this case must mention about its baseline ('' when usable)."""

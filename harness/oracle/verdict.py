@@ -59,11 +59,13 @@ class Check:
 CHUNK = 1 << 18
 
 
-def compare(actual: torch.Tensor, ref: torch.Tensor, factor: float = 1.0) -> tuple[float, bool, float]:
+def compare(actual: torch.Tensor, ref: torch.Tensor, factor: float = 1.0,
+            ref_largest: float | None = None) -> tuple[float, bool, float]:
     """(max |actual - factor * ref| over finite entries, whether actual has NaN/inf where ref is finite,
     max |factor * ref|), in one chunked pass. factor: a signed power of two, so factor * ref is exact and
-    never made. Only a chunk whose difference is not
-    finite pays for finiteness masks (bad entries zeroed, NaN propagated, as the whole-tensor formula)."""
+    never made. ref_largest: max |ref| when known (a reference judged against many answers), not read again. Only a
+    chunk whose difference is not finite pays for finiteness masks (bad entries zeroed, NaN propagated, as the
+    whole-tensor formula)."""
     if math.frexp(factor)[0] not in (0.5, -0.5):
         raise ValueError(f"compare factor {factor!r} is not a signed power of two (exact scaling is)")
     actual = actual.detach()
@@ -89,16 +91,18 @@ def compare(actual: torch.Tensor, ref: torch.Tensor, factor: float = 1.0) -> tup
             nonfinite = nonfinite or bool(bad.any())
             chunk_max = diff.masked_fill_(bad, 0.0).max()
         worst.append(chunk_max)
-        low, high = torch.aminmax(r)
-        largest.append(torch.maximum(-low, high))
-    return float(torch.stack(worst).max()), nonfinite, abs(factor) * float(torch.stack(largest).max())
+        if ref_largest is None:
+            low, high = torch.aminmax(r)
+            largest.append(torch.maximum(-low, high))
+    ref_largest = float(torch.stack(largest).max()) if ref_largest is None else ref_largest
+    return float(torch.stack(worst).max()), nonfinite, abs(factor) * ref_largest
 
 
 def judge(quantity: str, actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
-          naive_err: float | None, factor: float = 1.0, terms: float = 0.0) -> Check:
+          naive_err: float | None, factor: float = 1.0, terms: float = 0.0, ref_largest: float | None = None) -> Check:
     """Compare one quantity with `factor * ref`; naive_err=None: this *is* the naive baseline (fixed bound); terms:
-    Reference.terms_of(quantity) (scaled by |factor| here, as ref is)."""
-    err, nonfinite, largest = compare(actual, ref, factor)
+    Reference.terms_of(quantity) (scaled by |factor| here, as ref is); ref_largest: max |ref|, when known."""
+    err, nonfinite, largest = compare(actual, ref, factor, ref_largest)
     return ruled(quantity, err, nonfinite, largest if ref.numel() else 0.0, dtype, naive_err, abs(factor) * terms)
 
 

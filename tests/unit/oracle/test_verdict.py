@@ -87,3 +87,14 @@ def test_a_factor_compares_with_the_scaled_reference_exactly(factor, plant):
 def test_a_factor_that_is_not_a_power_of_two_is_refused():
     with pytest.raises(ValueError, match=r"compare factor 3.0 is not a signed power of two"):
         verdict.compare(torch.zeros(2), torch.zeros(2, dtype=torch.float64), 3.0)
+
+
+def test_a_known_largest_reference_entry_gives_the_same_comparison_without_reading_it_again():
+    """A timed key's answers are all judged against one reference (PreparedCase.largest reads max |ref| once)."""
+    from harness.oracle.verdict import CHUNK, compare
+
+    gen = torch.Generator().manual_seed(0)
+    for n in (1000, 3 * CHUNK + 5):  # one chunk, and chunks
+        ref = torch.randn(n, generator=gen, dtype=torch.float64)
+        actual = (ref * -2 + 1e-3 * torch.randn(n, generator=gen, dtype=torch.float64)).float()
+        assert compare(actual, ref, -2.0, float(ref.abs().max())) == compare(actual, ref, -2.0)
