@@ -153,8 +153,9 @@ class CallContent:
 
 class RoundGuard(Guard):
     """A timed round's integrity where its calls run: the one entry every clock path (timing.measure: CPU clock, CUDA
-    events, CUDA graph replays) calls, in named steps - before_call before every call (estimate, warm-up, sample),
-    after_call after each sample but the last, after_last_call after the last - then finish."""
+    events, CUDA graph replays) calls, in named steps - before_call before every estimate call and sample (warm-up calls
+    repeat the content before them: timing.WARMUP_RENEWS), after_call after each sample but the last,
+    after_last_call after the last - then finish."""
 
     def __init__(self, case, phase: str, verified: Inputs):
         # drawn where the calls run, from a seed no code saw: a kernel cannot know a call's content before it

@@ -89,9 +89,16 @@ def repetitions(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
     return int(cfg.warmup_ms / estimate_ms), int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / estimate_ms)))
 
 
+#: warm-up calls get no content of their own: they repeat the content of the call before them, untimed and unjudged.
+#: A fast key's warm-up is most of its calls (its warm-up budget is not capped as its repetitions are: ~830 calls of
+#: 10 us before 167 samples), and a content costs a call ~10-20 us; a memo that learns the repeated content gains
+#: nothing, since every estimate call and every sample still runs on content no earlier call saw
+WARMUP_RENEWS = False
+
+
 class Guard:
     """A round's integrity steps around the calls measure makes; here none (execution.integrity.RoundGuard: fresh
-    content before every call, each sample's answer checked as it returns, the last one always)."""
+    content before every estimate call and sample, each sample's answer checked as it returns, the last one always)."""
 
     def before_call(self) -> None: ...
 
@@ -124,8 +131,9 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, warm: boo
     # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
     now_ns = CLOCKS.now_ns
 
-    def call() -> tuple[float, object]:
-        guard.before_call()
+    def call(renew: bool = True) -> tuple[float, object]:
+        if renew:
+            guard.before_call()
         setup()
         start = now_ns()
         value = fn()
@@ -143,8 +151,8 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, warm: boo
     warmup, reps = repetitions(estimate, cfg)
     # the estimate calls are warm-up; a known estimate (caches cold since) gets one call unless it warms itself
     warmup = max(warmup - len(looks), 0 if looks or estimate >= SELF_WARMING_MS else 1)
-    for _ in range(warmup):
-        call()
+    for _ in range(warmup):  # untimed and unjudged: on the content before them (WARMUP_RENEWS)
+        call(renew=WARMUP_RENEWS)
     # with no warm-up call after it, the last estimate call ran as the next will: it is the first sample (never the
     # last: the guard sees the last sample's answer)
     samples = looks[-1:] if looks and not warmup and reps > 1 else []
@@ -167,9 +175,10 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
         elif build is not None:
             build()
 
-        def call() -> object:
-            guard.before_call()  # the call's own content, written before the events
-            setup()              # host work (gradient reset) and the flush stay outside the events
+        def call(renew: bool = True) -> object:
+            if renew:
+                guard.before_call()  # the call's own content, written before the events
+            setup()                  # host work (gradient reset) and the flush stay outside the events
             return target()
 
         clocks.synchronize(device)
@@ -187,8 +196,8 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
             clocks.synchronize(device)
             estimate = clocks.elapsed_ms(est_start, est_end) / 5
         warmup, reps = repetitions(estimate, cfg)
-        for _ in range(max(1, warmup)):  # do_bench's floor: at least one call
-            call()
+        for _ in range(max(1, warmup)):  # do_bench's floor: at least one call; on the content before (WARMUP_RENEWS)
+            call(renew=WARMUP_RENEWS)
         starts, ends = ([clocks.event(enable_timing=True) for _ in range(reps)] for _ in range(2))
         clocks.synchronize(device)
         host_start = clocks.now_ns()  # the host clock around the repetitions: the events' span must agree with it
