@@ -138,12 +138,11 @@ class CallContent:
                   "dq": self._q_heads(qk * v_d_out, group), "dk": qk * v_d_out}.get(quantity)
         return v_d_out.flatten()[0] if factor is None else factor  # dsinks, dbias: uniform (draws(uniform=True))
 
-    def undo(self, quantity: str, answer: torch.Tensor, group: int, *under: "CallContent") -> torch.Tensor:
-        """`answer` (canonical) divided by its factor (and by those of the contents it lies on, `under`, in one
-        division: a product of powers of two is one): the round's answer, bit for bit when the call's was exact."""
+    def undo(self, quantity: str, answer: torch.Tensor, group: int, under: "CallContent | None" = None) -> torch.Tensor:
+        """`answer` (canonical) divided by its factor (and by that of the content it lies on, `under`, in one division:
+        a product of powers of two is one): the round's answer, bit for bit when the call's was exact."""
         factor = self.factor(quantity, group)
-        for content in under:
-            factor = factor * content.factor(quantity, group)
+        factor = factor if under is None else factor * under.factor(quantity, group)
         return answer / factor.to(answer)
 
     @staticmethod
@@ -208,7 +207,7 @@ class RoundGuard(Guard):
 
         def undone(name: str, t: torch.Tensor, content: CallContent | None) -> torch.Tensor:
             t = (backend.from_layout(t) if name in ("out", *GRADS) else t).cpu()  # sinks, bias: canonical always
-            return self.round.undo(name, t, self.group, *([] if content is None else [content]))
+            return self.round.undo(name, t, self.group, content)
 
         return ([{name: undone(name, t, content) for name, t in answers.items()} for answers, content in self.drawn],
                 "; ".join(self.problems))

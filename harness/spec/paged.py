@@ -109,7 +109,7 @@ def reference_inputs(case: "AttentionCase", inputs: "Inputs") -> "Inputs":
 
 def query_rows(case: "AttentionCase") -> torch.Tensor:
     """The rows of a mixed step's padded q (batch * seq_q) that carry a query, in request order (int64)."""
-    return torch.cat([b * case.seq_q + torch.arange(n) for b, n in enumerate(case.mask.q_lens)])
+    return (~case.mask.padding_rows(case.seq_q)).flatten().nonzero().flatten()
 
 
 def mixed_step_queries(case: "AttentionCase", device) -> dict:
