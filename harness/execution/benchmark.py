@@ -106,7 +106,8 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
 def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: list[dict[str, torch.Tensor]]) -> str:
     """'' when every timed call's answer that came back (its content divided out where it ran: the verified inputs'
     answer) is within the tolerance of the float64 reference (never bitwise); else the first failure, naming the
-    call and the quantity."""
+    call and the quantity. An answer bit for bit the last one judged of its backend and quantity has that one's
+    verdict (PreparedCase.judged_timed: the memo is here, where no backend's code ever ran)."""
     if not observed:
         return "nothing the timed calls returned came back to be judged"
     case = prepared.case
@@ -116,7 +117,7 @@ def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: 
             which = f"[{phase}, {which} timed call, on content no earlier call saw]"
             if o.get(quantity) is None:
                 return f"{which} returned no {quantity}"
-            check = prepared.judged(quantity, o[quantity], backend.name)
+            check = prepared.judged_timed(quantity, o[quantity], backend.name)
             if not check.passed:
                 return f"{which} {check.describe()}"
     return ""

@@ -35,8 +35,11 @@ EVENT_SLACK_MS = 5.0
 #: on m of a round's n other samples escapes with odds C(n - m, k) / C(n, k) <= (1 - m/n)^k - wrong on half, 1/16 a
 #: round, 1/4096 over a key's three rounds; a fixed k keeps a fast key's round of ~170 samples at five answers
 JUDGED_DRAWS = 4
-#: calls' contents drawn in one draw: a fast key's round makes ~200 calls, and a content drawn alone cost a call ~25 us
+#: calls' contents drawn in one draw, at most: a fast key's round makes ~200 calls, and a draw costs ~60 us and ~4.5
+#: us a content; a round's first draw is of FIRST_DRAWN, each next of twice the last, since a mid-size key's round
+#: makes ~15 calls (draws of 64 threw away three contents in four)
 DRAWN_AT_ONCE = 64
+FIRST_DRAWN = 16
 
 
 def clock_disagreement(claimed_ms: float, accounted_ms: float, wall_ms: float,
@@ -130,20 +133,25 @@ class CallContent:
                                   for key, name in INPUT_NAMES.items() if key in factors})
 
     def factor(self, quantity: str, group: int) -> torch.Tensor:
-        """What this content multiplies `quantity`'s answer by (canonical layout, broadcast): signs and powers of two."""
-        qk = 1.0 if self.qk is None else self.qk
-        v = torch.ones_like(self.d_out) if self.v is None else self.v
-        v_d_out = v * self.d_out
-        factor = {"out": self._q_heads(v, group), "dv": self.d_out,
-                  "dq": self._q_heads(qk * v_d_out, group), "dk": qk * v_d_out}.get(quantity)
-        return v_d_out.flatten()[0] if factor is None else factor  # dsinks, dbias: uniform (draws(uniform=True))
+        """What this content multiplies `quantity`'s answer by (canonical layout, broadcast): signs, powers of two."""
+        if quantity == "dv":
+            return self.d_out
+        if quantity == "out":  # the backward alone's content leaves v (and q, k) as they are
+            return self._q_heads(torch.ones_like(self.d_out) if self.v is None else self.v, group)
+        v_d_out = self.d_out if self.v is None else self.v * self.d_out
+        if quantity not in ("dq", "dk"):
+            return v_d_out.flatten()[0]  # dsinks, dbias: uniform (draws(uniform=True))
+        factor = v_d_out if self.qk is None else self.qk * v_d_out
+        return self._q_heads(factor, group) if quantity == "dq" else factor
 
     def undo(self, quantity: str, answer: torch.Tensor, group: int, under: "CallContent | None" = None) -> torch.Tensor:
-        """`answer` (canonical) divided by its factor (and by that of the content it lies on, `under`, in one division:
-        a product of powers of two is one): the round's answer, bit for bit when the call's was exact."""
+        """`answer` (canonical) divided in place by its factor (and by that of the content it lies on, `under`, in one
+        division: a product of powers of two is one): the round's answer, bit for bit when the call's was exact."""
         factor = self.factor(quantity, group)
         factor = factor if under is None else factor * under.factor(quantity, group)
-        return answer / factor.to(answer)
+        # + 0 makes every zero +0: a zero's sign follows the signs of the terms summed to it, which the content flips,
+        # and the judge's memo (benchmark.judge_timed) reads bits
+        return answer.div_(factor.to(answer)).add_(0.0)
 
     @staticmethod
     def _q_heads(factor: torch.Tensor, group: int) -> torch.Tensor:
@@ -171,6 +179,7 @@ class RoundGuard(Guard):
         self.problems: list[str] = []
         self.content: CallContent | None = None
         self.pending: list[CallContent] = []
+        self.drawing = FIRST_DRAWN // 2  # how many contents the last draw made
 
     def watch(self, timed: Phase) -> None:
         """The phase built on `inputs`: what its calls must leave as given is taken now."""
@@ -179,7 +188,8 @@ class RoundGuard(Guard):
     def before_call(self) -> None:
         """Content no earlier call had, written into the buffers outside the timed region (CallContent)."""
         if not self.pending:  # the next calls' contents, drawn together (docs/integrity.md: what a kernel can read)
-            self.pending = self.draws(DRAWN_AT_ONCE, backward_alone=self.backward_alone, like=self.inputs.q)[::-1]
+            self.drawing = min(2 * self.drawing, DRAWN_AT_ONCE)
+            self.pending = self.draws(self.drawing, backward_alone=self.backward_alone, like=self.inputs.q)[::-1]
         self.content = self.pending.pop()
         self.timed.fresh(self.content, self.inputs)
 
@@ -206,6 +216,7 @@ class RoundGuard(Guard):
         self._note(self.snapshot.written(given))
 
         def undone(name: str, t: torch.Tensor, content: CallContent | None) -> torch.Tensor:
+            # observe's own copy (a view of it in the canonical layout), divided in place
             t = (backend.from_layout(t) if name in ("out", *GRADS) else t).cpu()  # sinks, bias: canonical always
             return self.round.undo(name, t, self.group, content)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from harness.store.schema import JUDGED_QUANTITIES
@@ -52,6 +53,20 @@ class Check:
         # err and tol defined where they are read: err's formula, tol's figures
         rule = f" = {self.rule}" if self.rule else ""
         return f"{self.quantity} err max|{self.quantity} - ref| = {self.err:.3g} > tol {self.tol:.3g}{rule}"
+
+
+#: an element's bits as the integer type of its size, for `identical`
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether CPU tensors `a` and `b` hold the same bits, element for element (same shape and dtype; strided views
+    read as they lie): then every comparison gives both the same figures. One pass of numpy's, ~10x cheaper than
+    `compare` (an fp32 gradient of 104K entries, one thread: ~20 us against ~160 us); torch.equal took ~80 us."""
+    if a.shape != b.shape or a.dtype != b.dtype or a.device.type != "cpu" or b.device.type != "cpu":
+        return False
+    bits = _BITS[a.element_size()]
+    return bool(np.array_equal(a.detach().view(bits).numpy(), b.detach().view(bits).numpy()))
 
 
 #: elements compared at a time: one chunk's float64 temporaries (2 MiB each) stay in cache, so a comparison reads

@@ -278,3 +278,83 @@ def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout
         for name, t in timed.buffers.items():
             want = expected.get(name, kept[name])
             assert t.dtype == want.dtype and torch.equal(t.detach().view(torch.uint8), want.view(torch.uint8)), name
+
+
+def test_judge_timed_reuses_a_verdict_only_for_an_answer_bit_for_bit_the_last_one_judged(monkeypatch):
+    """PreparedCase.judged_timed, judge_timed's memo: five answers alike are compared with the reference once a
+    quantity, and a later round's alike ones not at all; an answer one ulp off (a bitwise-jittery kernel) is compared
+    on its own and passes; one wrong answer among alike ones fails, named - the memo never lends a verdict to other
+    bits, nor one backend's to another's."""
+    import torch
+
+    from harness.backends.naive import Naive
+    from harness.backends.sdpa import Sdpa
+    from harness.execution.benchmark import judge_timed
+    from harness.oracle.prepared import PreparedCase
+
+    prepared = prepare_case(CASE, CPU, 3)
+    ref = prepared.reference
+    right = {q: ref.get(q).to(torch.float32) for q in ("out", *CASE.grads)}
+    compared = []
+    judged = PreparedCase.judged
+    monkeypatch.setattr(PreparedCase, "judged", lambda self, q, a, b: compared.append(q) or judged(self, q, a, b))
+
+    def answers(changed: dict[int, dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        return [{q: changed.get(i, {}).get(q, t.clone()) for q, t in right.items()} for i in range(5)]
+
+    assert judge_timed(Naive(), prepared, "fwd+bwd", answers({})) == ""
+    assert sorted(compared) == sorted(["out", *CASE.grads])
+    compared.clear()
+    assert judge_timed(Naive(), prepared, "fwd+bwd", answers({})) == "" and compared == []  # the key's next round
+    assert judge_timed(Sdpa(), prepared, "fwd", answers({})) == "" and compared == ["out"]  # another backend's own
+    compared.clear()
+    jitter = {2: {"dq": torch.nextafter(right["dq"], torch.full_like(right["dq"], torch.inf))}}
+    assert judge_timed(Naive(), prepared, "fwd+bwd", answers(jitter)) == ""
+    assert compared == ["dq", "dq"]  # the jittered answer, then the first bits again after it
+    wrong = {3: {"dk": right["dk"] + 1.0}}
+    problem = judge_timed(Naive(), prepared, "bwd", answers(wrong))
+    assert problem.startswith("[bwd, a timed call, on content no earlier call saw] dk err"), problem
+    assert prepared.memo_bytes() == sum(t.numel() * 4 for t in right.values()) + right["out"].numel() * 4
+
+
+def test_judge_timed_s_memo_keeps_its_own_copy_of_what_it_judged(monkeypatch):
+    """An answer's memory is shared with the backend's process (wire._Slab), which can write into it once it is
+    judged: an answer rewritten after its verdict, to the bits of a wrong answer that follows, does not lend it that
+    verdict - the memo compares with its own copy, made before judging."""
+    import torch
+
+    from harness.backends.naive import Naive
+    from harness.execution.benchmark import judge_timed
+    from harness.oracle.prepared import PreparedCase
+
+    prepared = prepare_case(CASE, CPU, 3)
+    shared = prepared.reference.get("out").to(torch.float32)
+    wrong = shared + 1.0
+    judged = PreparedCase.judged
+
+    def then_rewritten(self, quantity, answer, name):
+        check = judged(self, quantity, answer, name)
+        shared.copy_(wrong)  # the backend's process writes into the reply's memory once it is judged
+        return check
+
+    monkeypatch.setattr(PreparedCase, "judged", then_rewritten)
+    problem = judge_timed(Naive(), prepared, "fwd", [{"out": shared}, {"out": wrong.clone()}])
+    assert problem.startswith("[fwd, the last timed call, on content no earlier call saw] out err"), problem
+
+
+def test_judge_timed_s_memo_is_bounded_and_counted_against_the_run_s_cache(monkeypatch):
+    """PreparedCase.judged_timed keeps no answer over TIMED_MEMO_BYTES, and what it keeps is weighed with the
+    reference by the run's cache of prepared cases (cache.answer_bytes)."""
+    import torch
+
+    import harness.oracle.prepared as prepared_module
+    from harness.execution.cache import answer_bytes
+
+    prepared = prepare_case(CASE, CPU, 3)
+    out = prepared.reference.get("out").to(torch.float32)
+    before = answer_bytes(prepared)
+    monkeypatch.setattr(prepared_module, "TIMED_MEMO_BYTES", out.numel() * 4 - 1)
+    assert prepared.judged_timed("out", out, "naive").passed and prepared.memo_bytes() == 0
+    monkeypatch.setattr(prepared_module, "TIMED_MEMO_BYTES", out.numel() * 4)
+    assert prepared.judged_timed("out", out, "naive").passed
+    assert prepared.memo_bytes() == out.numel() * 4 and answer_bytes(prepared) == before + out.numel() * 4
