@@ -112,9 +112,8 @@ def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: 
         return "nothing the timed calls returned came back to be judged"
     case = prepared.case
     for quantity in (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else []):
-        for i, o in enumerate(observed):
-            which = "the last" if i == len(observed) - 1 else "a"
-            which = f"[{phase}, {which} timed call, on content no earlier call saw]"
+        for i, o in enumerate(observed, 1):
+            which = f"[{phase}, {'the last' if i == len(observed) else 'a'} timed call, on content no earlier call saw]"
             if o.get(quantity) is None:
                 return f"{which} returned no {quantity}"
             check = prepared.judged_timed(quantity, o[quantity], backend.name)

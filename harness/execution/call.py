@@ -165,8 +165,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCac
             result.backward_failure = Failure.of(exc)
             return result
         result.backward_op = backward_op
-        written = snapshot.written()
-        if written:
+        if written := snapshot.written():
             result.backward_failure = Failure(FAIL, f"[bwd] {written}")
             return result
         problems = []

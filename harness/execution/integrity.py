@@ -95,11 +95,6 @@ class CallContent:
     d_out: torch.Tensor
 
     @classmethod
-    def draw(cls, case, generator: torch.Generator, **how) -> "CallContent":
-        """One content (draws)."""
-        return cls.draws(case, generator, 1, **how)[0]
-
-    @classmethod
     def draws(cls, case, generator: torch.Generator, many: int, *, backward_alone: bool = False, uniform: bool = False,
               like: torch.Tensor | None = None) -> list["CallContent"]:
         """`many` fresh contents for `case` from `generator`, in one draw (a call's own costs no more than picking it),
@@ -215,8 +210,7 @@ class RoundGuard(Guard):
         given = None if self.content is None else self.timed.sources(self.content.inputs(self.inputs))
         self._note(self.snapshot.written(given))
 
-        def undone(name: str, t: torch.Tensor, content: CallContent | None) -> torch.Tensor:
-            # observe's own copy (a view of it in the canonical layout), divided in place
+        def undone(name: str, t: torch.Tensor, content: CallContent | None) -> torch.Tensor:  # observe's, in place
             t = (backend.from_layout(t) if name in ("out", *GRADS) else t).cpu()  # sinks, bias: canonical always
             return self.round.undo(name, t, self.group, content)
 

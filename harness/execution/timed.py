@@ -67,9 +67,8 @@ class TimingResult:
 class Phase:
     """What timing a phase runs: `setup` before every repetition (untimed), `fn` the timed call, `build` what fn
     reads made anew; buffers: the call's inputs by name; fresh(content, base) writes a call's content on `base` into
-    those it reads (all four; the backward alone: dO, on the graph it has; the forward alone: q, k, v);
-    sources(inputs): what those hold for `inputs`;
-    observe copies what a call returned, by quantity (out, dq, ...)."""
+    those it reads (all four; the backward alone: dO, on the graph it has; the forward alone: q, k, v); sources(inputs):
+    what those hold for `inputs`; observe copies what a call returned, by quantity (out, dq, ...)."""
 
     setup: Callable[[], None] | None
     fn: Callable[[], object]

@@ -101,9 +101,7 @@ class Guard:
     content before every estimate call and sample, each sample's answer checked as it returns, the last one always)."""
 
     def before_call(self) -> None: ...
-
     def after_call(self, value: object) -> None: ...
-
     after_last_call = after_call
 
 

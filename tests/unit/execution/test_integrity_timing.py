@@ -135,7 +135,7 @@ def test_an_fp8_case_s_call_content_is_exact_after_quantization(case):
     assert backend_inputs(Naive(), case, inputs, requires_grad=False)[2].dtype == torch.float8_e4m3fn
     generator = torch.Generator().manual_seed(2)
     for _ in range(4):
-        content = CallContent.draw(case, generator)
+        content = CallContent.draws(case, generator, 1)[0]
         assert set(content.v.flatten().tolist()) <= {-1.0, 1.0}
         got = backend_inputs(Naive(), case, content.inputs(inputs), requires_grad=False)[:3]
         expected = content.inputs(inputs._replace(q=base[0] if case.fp8_q else inputs.q.float(), k=base[1],
@@ -175,7 +175,7 @@ def test_a_call_s_content_gives_exactly_the_round_s_answer_once_undone(case, pha
     ref = reference_attention(case, inputs)
     generator = torch.Generator().manual_seed(1)
     uniform = inputs.sinks is not None
-    contents = [CallContent.draw(case, generator, backward_alone=phase == BWD, uniform=uniform) for _ in range(3)]
+    contents = CallContent.draws(case, generator, 3, backward_alone=phase == BWD, uniform=uniform)
     assert len({tuple(torch.cat([t.flatten() for t in (c.qk, c.v, c.d_out) if t is not None]).tolist())
                 for c in contents}) == 3
     for content in contents:
@@ -271,7 +271,7 @@ def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout
     kept = {name: t.detach().clone() for name, t in timed.buffers.items()}
     generator = torch.Generator().manual_seed(3)
     for _ in range(3):
-        content = CallContent.draw(case, generator, backward_alone=phase == "bwd")
+        content = CallContent.draws(case, generator, 1, backward_alone=phase == "bwd")[0]
         timed.fresh(content, base)
         expected = timed.sources(content.inputs(base))
         assert set(expected) == {"bwd": {"dO"}, "fwd": {"q", "k", "v"}, "fwd+bwd": {"q", "k", "v", "dO"}}[phase]
