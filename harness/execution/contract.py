@@ -6,16 +6,8 @@ from __future__ import annotations
 import torch
 
 from harness.execution.outcome import Failure
+from harness.oracle.verdict import bits as _bits  # inputs compared bit for bit: NaN in padding equals itself
 from harness.store.schema import ERROR, FAIL
-
-
-#: same-size integer views: inputs are compared bit for bit (NaN in padding compares equal to itself)
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    return t.view(_BITS[t.element_size()]) if t.element_size() in _BITS and t.is_floating_point() else t
 
 
 class Snapshot:

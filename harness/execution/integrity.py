@@ -174,7 +174,7 @@ class RoundGuard(Guard):
         self.problems: list[str] = []
         self.content: CallContent | None = None
         self.pending: list[CallContent] = []
-        self.drawing = FIRST_DRAWN // 2  # how many contents the last draw made
+        self.drawing = FIRST_DRAWN  # how many contents the next draw makes
 
     def watch(self, timed: Phase) -> None:
         """The phase built on `inputs`: what its calls must leave as given is taken now."""
@@ -183,8 +183,8 @@ class RoundGuard(Guard):
     def before_call(self) -> None:
         """Content no earlier call had, written into the buffers outside the timed region (CallContent)."""
         if not self.pending:  # the next calls' contents, drawn together (docs/integrity.md: what a kernel can read)
-            self.drawing = min(2 * self.drawing, DRAWN_AT_ONCE)
             self.pending = self.draws(self.drawing, backward_alone=self.backward_alone, like=self.inputs.q)[::-1]
+            self.drawing = min(2 * self.drawing, DRAWN_AT_ONCE)
         self.content = self.pending.pop()
         self.timed.fresh(self.content, self.inputs)
 

@@ -55,8 +55,14 @@ class Check:
         return f"{self.quantity} err max|{self.quantity} - ref| = {self.err:.3g} > tol {self.tol:.3g}{rule}"
 
 
-#: an element's bits as the integer type of its size, for `identical`
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: a floating element's bits as the integer type of its size
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s elements as same-size integers (a floating tensor; any other as it is), a view: compared bit for bit."""
+    t = t.detach()
+    return t.view(_BITS[t.element_size()]) if t.element_size() in _BITS and t.is_floating_point() else t
 
 
 def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -65,8 +71,7 @@ def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
     `compare` (an fp32 gradient of 104K entries, one thread: ~20 us against ~160 us); torch.equal took ~80 us."""
     if a.shape != b.shape or a.dtype != b.dtype or a.device.type != "cpu" or b.device.type != "cpu":
         return False
-    bits = _BITS[a.element_size()]
-    return bool(np.array_equal(a.detach().view(bits).numpy(), b.detach().view(bits).numpy()))
+    return bool(np.array_equal(bits(a).numpy(), bits(b).numpy()))
 
 
 #: elements compared at a time: one chunk's float64 temporaries (2 MiB each) stay in cache, so a comparison reads
