@@ -358,3 +358,21 @@ def test_judge_timed_s_memo_is_bounded_and_counted_against_the_run_s_cache(monke
     monkeypatch.setattr(prepared_module, "TIMED_MEMO_BYTES", out.numel() * 4)
     assert prepared.judged_timed("out", out, "naive").passed
     assert prepared.memo_bytes() == out.numel() * 4 and answer_bytes(prepared) == before + out.numel() * 4
+
+
+def test_undo_makes_every_zero_plus_zero_so_alike_answers_are_bit_for_bit_alike():
+    """CallContent.undo: a zero's sign follows the signs of the terms summed to it, which a content flips; undone,
+    every zero is +0, so two calls' answers that agree as values agree as bits (the judge's memo reads bits)."""
+    import torch
+
+    from harness.execution.integrity import CallContent
+    from harness.oracle.verdict import identical
+
+    case = AttentionCase(2, 2, 4, 8, "fp32")
+    first, second = CallContent.draws(case, torch.Generator().manual_seed(2), 2)
+    answer = torch.randn(2, 2, 4, 8)
+    answer[:, :, 1] = 0.0
+    theirs = [answer * content.factor("dk", 1) for content in (first, second)]
+    theirs[1][:, :, 1] = -0.0  # the same values, another zero sign
+    undone = [content.undo("dk", t, 1) for content, t in zip((first, second), theirs)]
+    assert not torch.signbit(undone[1][:, :, 1]).any() and identical(*undone)
