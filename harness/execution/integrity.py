@@ -12,6 +12,7 @@ import torch
 
 from harness.execution.contract import Snapshot, aliased
 from harness.measure.timing import Guard
+from harness.oracle.verdict import bits
 from harness.spec.case import Inputs
 from harness.store.schema import BWD, GRADS
 
@@ -31,9 +32,11 @@ CLOCK_TRIES = 3
 #: synchronisation: only the first launch and the last synchronisation are the host's alone
 EVENT_SLACK_MS = 5.0
 #: besides its last call, a round judges JUDGED_DRAWS of its other samples, a uniform draw made as each returns
-#: (reservoir sampling: the i-th is kept with odds k/i, in place of one kept before; k = JUDGED_DRAWS): a kernel wrong
-#: on m of a round's n other samples escapes with odds C(n - m, k) / C(n, k) <= (1 - m/n)^k - wrong on half, 1/16 a
-#: round, 1/4096 over a key's three rounds; a fixed k keeps a fast key's round of ~170 samples at five answers
+#: (selection sampling, Knuth's algorithm S: a sample with r others still to come, itself included, is kept with odds
+#: (k - kept) / r; k = JUDGED_DRAWS): every k of them equally likely, and only those k copied. A kernel wrong on m of a
+#: round's n other samples escapes with odds C(n - m, k) / C(n, k) <= (1 - m/n)^k - wrong on half, 1/16 a round, 1/4096
+#: over a key's three rounds. (A plugin that reads the worker's memory sees when k are kept, as it sees which were:
+#: docs/integrity.md, out of reach.)
 JUDGED_DRAWS = 4
 #: calls' contents drawn in one draw, at most: a fast key's round makes ~200 calls, and a draw costs ~60 us and ~4.5
 #: us a content; a round's first draw is of FIRST_DRAWN, each next of twice the last, since a mid-size key's round
@@ -93,6 +96,9 @@ class CallContent:
     qk: torch.Tensor | None
     v: torch.Tensor | None
     d_out: torch.Tensor
+    #: qk as the sign bits it flips, in the integer type of `like`'s size (draws): fresh xors them into q and k, 2-4x
+    #: cheaper than a multiply in half precision and bit for bit the same
+    flips: torch.Tensor | None = None
 
     @classmethod
     def draws(cls, case, generator: torch.Generator, many: int, *, backward_alone: bool = False, uniform: bool = False,
@@ -111,14 +117,16 @@ class CallContent:
         v = drawn[:, signs:signs + n].reshape(shape).expand(many, b, hkv, 1, 1)
         v = v.sign() if case.fp8_kv is not None else v
         qk = drawn[:, :signs].sign().reshape(many, b, hkv, 1, d)
-        return [cls(*factors) for factors in zip(qk.unbind(0), v.unbind(0), d_out.unbind(0))]
+        flips = (qk < 0).to(bits(drawn).dtype) * torch.iinfo(bits(drawn).dtype).min
+        return [cls(*factors) for factors in zip(qk.unbind(0), v.unbind(0), d_out.unbind(0), flips.unbind(0))]
 
-    def factors(self, group: int) -> dict[str, torch.Tensor]:
+    def factors(self, group: int, flips: bool = False) -> dict[str, torch.Tensor]:
         """Each input's factor by its buffer's name (q, k, v, dO; dO alone for the backward alone), canonical layout,
-        as drawn (draw's `like`)."""
+        as drawn (draw's `like`); flips: q's and k's as the sign bits to flip (`flips`)."""
         factors = {"dO": self._q_heads(self.d_out, group)}
         if self.qk is not None:
-            factors.update(q=self._q_heads(self.qk, group), k=self.qk, v=self.v)
+            qk = self.flips if flips else self.qk
+            factors.update(q=self._q_heads(qk, group), k=qk, v=self.v)
         return factors
 
     def inputs(self, inputs: Inputs) -> Inputs:
@@ -170,7 +178,6 @@ class RoundGuard(Guard):
         self.inputs = self.round.inputs(verified)
         #: the samples' answers drawn so far (after_call), with their content; the last call's after them
         self.drawn: list[tuple[dict[str, torch.Tensor], CallContent | None]] = []
-        self.samples = 0
         self.problems: list[str] = []
         self.content: CallContent | None = None
         self.pending: list[CallContent] = []
@@ -188,12 +195,11 @@ class RoundGuard(Guard):
         self.content = self.pending.pop()
         self.timed.fresh(self.content, self.inputs)
 
-    def after_call(self, value: object) -> None:
-        """Kept to be judged or not, drawn only now (JUDGED_DRAWS): no kernel knows before it returns."""
-        self.samples += 1
-        slot = self.samples - 1 if self.samples <= JUDGED_DRAWS else secrets.randbelow(self.samples)
-        if slot < JUDGED_DRAWS:
-            self.drawn[slot:slot + 1] = [(self.timed.observe(value), self.content)]
+    def after_call(self, value: object, left: int) -> None:
+        """Kept to be judged or not, drawn only now (JUDGED_DRAWS): no kernel knows before it returns; `left`: the
+        samples after it, the last included."""
+        if secrets.randbelow(left) < JUDGED_DRAWS - len(self.drawn):
+            self.drawn.append((self.timed.observe(value), self.content))
 
     def after_last_call(self, value: object) -> None:
         """The last call is always judged, and its output must be its own."""

@@ -101,8 +101,8 @@ class Guard:
     content before every estimate call and sample, each sample's answer checked as it returns, the last one always)."""
 
     def before_call(self) -> None: ...
-    def after_call(self, value: object) -> None: ...
-    after_last_call = after_call
+    def after_call(self, value: object, left: int) -> None: ...
+    def after_last_call(self, value: object) -> None: ...
 
 
 def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[], None] | None = None,
@@ -157,7 +157,7 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, warm: boo
     for i in range(len(samples), reps):
         elapsed, value = call()
         # checked before anything else runs: a thread still filling the answer is caught
-        (guard.after_last_call if i == reps - 1 else guard.after_call)(value)
+        guard.after_call(value, reps - 1 - i) if i < reps - 1 else guard.after_last_call(value)
         samples.append(elapsed)
     return Measurement(tuple(samples), "cpu-clock", torch.get_num_threads())
 
@@ -207,7 +207,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
             value = target()
             clocks.record(ends[i], stream)
             # a copy enqueued behind the call, after its end event
-            (guard.after_last_call if i == reps - 1 else guard.after_call)(value)
+            guard.after_call(value, reps - 1 - i) if i < reps - 1 else guard.after_last_call(value)
         clocks.synchronize(device)
         host_ms = (clocks.now_ns() - host_start) / 1e6
     samples = tuple(clocks.elapsed_ms(s, e) for s, e in zip(starts, ends))

@@ -212,9 +212,10 @@ def test_every_timed_call_runs_on_content_no_earlier_call_saw():
 
 def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples(monkeypatch):
     """integrity.RoundGuard.after_call keeps JUDGED_DRAWS of a round's samples but the last, drawn as each returns
-    (reservoir sampling: every sample kept with odds k/n), and after_last_call the last: over 3,000 seeded rounds of
-    12 samples each sample is kept ~k/12 of the time, and a kernel wrong on 6 of them escapes with the odds
-    C(6, k) / C(12, k) the docs state (k = 4: 3.0 %). A real round sends k + 1 answers however many samples it had."""
+    (selection sampling: every sample kept with odds k/n, exactly k copied), and after_last_call the last: over 3,000
+    seeded rounds of 12 samples each sample is kept ~k/12 of the time, and a kernel wrong on 6 of them escapes with
+    the odds C(6, k) / C(12, k) the docs state (k = 4: 3.0 %). A real round sends k + 1 answers however many samples
+    it had."""
     import math
     import random
     from types import SimpleNamespace
@@ -231,11 +232,12 @@ def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples
     kept, escaped = [0] * n, 0
     for _ in range(rounds):
         guard = integrity.RoundGuard(CASE, "fwd", make_inputs(CASE, "cpu", 3))
-        guard.timed = SimpleNamespace(observe=lambda value: {"out": value})
+        copied = []
+        guard.timed = SimpleNamespace(observe=lambda value: copied.append(value) or {"out": value})
         for i in range(n):
-            guard.after_call(torch.tensor(i))
+            guard.after_call(torch.tensor(i), n - i)
         drawn = [int(answers["out"]) for answers, _ in guard.drawn]
-        assert len(drawn) == len(set(drawn)) == k
+        assert len(drawn) == len(set(drawn)) == len(copied) == k
         for i in drawn:
             kept[i] += 1
         escaped += not set(drawn) & set(range(6))
@@ -271,7 +273,7 @@ def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout
     kept = {name: t.detach().clone() for name, t in timed.buffers.items()}
     generator = torch.Generator().manual_seed(3)
     for _ in range(3):
-        content = CallContent.draws(case, generator, 1, backward_alone=phase == "bwd")[0]
+        content = CallContent.draws(case, generator, 1, backward_alone=phase == "bwd", like=base.q)[0]
         timed.fresh(content, base)
         expected = timed.sources(content.inputs(base))
         assert set(expected) == {"bwd": {"dO"}, "fwd": {"q", "k", "v"}, "fwd+bwd": {"q", "k", "v", "dO"}}[phase]

@@ -220,12 +220,12 @@ def test_a_graph_s_every_replay_reads_fresh_content_and_its_static_output_is_jud
             fake.log.append(("content",))
             x.add_(1.0)
 
-        def after_call(self, value, last=False):
-            fake.log.append(("judged", last))
+        def after_call(self, value, left):
+            fake.log.append(("judged", left == 0))
             seen.append((value, value.clone()))
 
         def after_last_call(self, value):
-            self.after_call(value, True)
+            self.after_call(value, 0)
 
     config = TimingConfig(warmup_ms=0, budget_ms=3, min_reps=3, max_reps=3, cuda_graph=True)
     graph = cuda_graph.Captured(fn, None, torch.device("cuda", 0))
