@@ -14,7 +14,7 @@ from harness.execution.contract import Snapshot, aliased
 from harness.measure.timing import Guard
 from harness.oracle.verdict import bits
 from harness.spec.case import Inputs
-from harness.store.schema import BWD, GRADS
+from harness.store.schema import BWD
 
 if TYPE_CHECKING:
     from harness.execution.timed import Phase  # the phase a RoundGuard watches
@@ -107,17 +107,18 @@ class CallContent:
         as `like`'s dtype and device; backward_alone: q, k and v stay (the graph is built), dO alone changes; uniform:
         one v and one dO factor for every slice (sinks or a bias take gradients)."""
         b, hkv, d = case.batch, case.kv_heads, case.head_dim
-        n, signs = (1 if uniform else b * hkv), (0 if backward_alone else b * hkv * d)
-        drawn = _SLICE_SCALES[torch.randint(len(SLICE_SCALES), (many, signs + 2 * n), generator=generator)]
-        drawn = drawn if like is None else drawn.to(like)
+        n, like = (1 if uniform else b * hkv), (torch.empty(0) if like is None else like)
+        scales = _SLICE_SCALES[torch.randint(len(SLICE_SCALES), (many, 2, n), generator=generator)].to(like)
         shape = (many, 1, 1, 1, 1) if uniform else (many, b, hkv, 1, 1)
-        d_out = drawn[:, signs + n:].reshape(shape).expand(many, b, hkv, 1, 1)
+        d_out = scales[:, 1].reshape(shape).expand(many, b, hkv, 1, 1)
         if backward_alone:
             return [cls(None, None, o) for o in d_out.unbind(0)]
-        v = drawn[:, signs:signs + n].reshape(shape).expand(many, b, hkv, 1, 1)
+        v = scales[:, 0].reshape(shape).expand(many, b, hkv, 1, 1)
         v = v.sign() if case.fp8_kv is not None else v
-        qk = drawn[:, :signs].sign().reshape(many, b, hkv, 1, d)
-        flips = (qk < 0).to(bits(drawn).dtype) * torch.iinfo(bits(drawn).dtype).min
+        negative = torch.randint(2, (many, b, hkv, 1, d), generator=generator, dtype=torch.uint8).to(like.device)
+        flipped = bits(like).dtype  # the sign bit of like's dtype, as an integer of its size
+        flips = negative.to(flipped) * torch.iinfo(flipped).min
+        qk = 1 - 2 * negative.to(like)
         return [cls(*factors) for factors in zip(qk.unbind(0), v.unbind(0), d_out.unbind(0), flips.unbind(0))]
 
     def factors(self, group: int, flips: bool = False) -> dict[str, torch.Tensor]:
@@ -148,13 +149,13 @@ class CallContent:
         return self._q_heads(factor, group) if quantity == "dq" else factor
 
     def undo(self, quantity: str, answer: torch.Tensor, group: int, under: "CallContent | None" = None) -> torch.Tensor:
-        """`answer` (canonical) divided in place by its factor (and by that of the content it lies on, `under`, in one
+        """A copy of `answer` (canonical) divided by its factor (and by that of the content it lies on, `under`, in one
         division: a product of powers of two is one): the round's answer, bit for bit when the call's was exact."""
         factor = self.factor(quantity, group)
         factor = factor if under is None else factor * under.factor(quantity, group)
         # + 0 makes every zero +0: a zero's sign follows the signs of the terms summed to it, which the content flips,
         # and the judge's memo (benchmark.judge_timed) reads bits
-        return answer.div_(factor.to(answer)).add_(0.0)
+        return torch.div(answer, factor.to(answer)).add_(0.0)
 
     @staticmethod
     def _q_heads(factor: torch.Tensor, group: int) -> torch.Tensor:
@@ -176,9 +177,9 @@ class RoundGuard(Guard):
         #: the round's own content, which the phase is built on (the backward alone's graph: q, k and v)
         self.round = self.draws(1)[0]
         self.inputs = self.round.inputs(verified)
-        #: the samples' answers drawn so far (after_call), with their content; the last call's after them
-        self.drawn: list[tuple[dict[str, torch.Tensor], CallContent | None]] = []
-        self.problems: list[str] = []
+        #: the samples' answers drawn so far (after_call), undone; the last call's after them
+        self.drawn: list[dict[str, torch.Tensor]] = []
+        self.aliased = ""  # after_last_call: '' unless the last call's output is not its own
         self.content: CallContent | None = None
         self.pending: list[CallContent] = []
         self.drawing = FIRST_DRAWN  # how many contents the next draw makes
@@ -199,14 +200,18 @@ class RoundGuard(Guard):
         """Kept to be judged or not, drawn only now (JUDGED_DRAWS): no kernel knows before it returns; `left`: the
         samples after it, the last included."""
         if secrets.randbelow(left) < JUDGED_DRAWS - len(self.drawn):
-            self.drawn.append((self.timed.observe(value), self.content))
+            self.drawn.append(self.timed.observe(value, self._undone))
 
     def after_last_call(self, value: object) -> None:
         """The last call is always judged, and its output must be its own."""
-        self._note(aliased(value, self.timed.buffers))
-        self.drawn.append((self.timed.observe(value), self.content))
+        self.aliased = aliased(value, self.timed.buffers)
+        self.drawn.append(self.timed.observe(value, self._undone))
 
-    def finish(self, backend, device: torch.device) -> tuple[list[dict[str, torch.Tensor]], str]:
+    def _undone(self, quantity: str, answer: torch.Tensor) -> torch.Tensor:
+        # copied as the call returned and undone in one pass: its call's and the round's content divided out
+        return self.round.undo(quantity, answer, self.group, self.content)
+
+    def finish(self, device: torch.device) -> tuple[list[dict[str, torch.Tensor]], str]:
         """(the observed calls' answers by quantity, CPU, canonical layout, each call's and the round's content
         divided out: the answers the verified inputs have, judged by benchmark.judge_timed; the integrity problems,
         '' when none)."""
@@ -214,18 +219,9 @@ class RoundGuard(Guard):
             torch.cuda.synchronize(device)
         # what the last call was given, made anew here: the buffers must still hold it
         given = None if self.content is None else self.timed.sources(self.content.inputs(self.inputs))
-        self._note(self.snapshot.written(given))
-
-        def undone(name: str, t: torch.Tensor, content: CallContent | None) -> torch.Tensor:  # observe's, in place
-            t = (backend.from_layout(t) if name in ("out", *GRADS) else t).cpu()  # sinks, bias: canonical always
-            return self.round.undo(name, t, self.group, content)
-
-        return ([{name: undone(name, t, content) for name, t in answers.items()} for answers, content in self.drawn],
-                "; ".join(self.problems))
-
-    def _note(self, problem: str) -> None:
-        if problem and problem not in self.problems:
-            self.problems.append(problem)
+        problems = (self.aliased, self.snapshot.written(given))
+        return ([{name: t.cpu() for name, t in answers.items()} for answers in self.drawn],
+                "; ".join(filter(None, problems)))
 
 
 def audited_time(executor, backend, timing, device: torch.device):

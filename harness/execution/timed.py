@@ -22,7 +22,7 @@ from harness.measure import timing as clocks  # clocks.CLOCKS, read where used: 
 from harness.measure.timing import TimingConfig, measure
 from harness.oracle.verdict import bits
 from harness.spec.case import Inputs
-from harness.store.schema import BWD, FWD, FWD_BWD, OOM
+from harness.store.schema import BWD, FWD, FWD_BWD, GRADS, OOM
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Phase:
     """What timing a phase runs: `setup` before every repetition (untimed), `fn` the timed call, `build` what fn
     reads made anew; buffers: the call's inputs by name; fresh(content, base) writes a call's content on `base` into
     those it reads (all four; the backward alone: dO, on the graph it has; the forward alone: q, k, v); sources(inputs):
-    what those hold for `inputs`; observe copies what a call returned, by quantity (out, dq, ...)."""
+    what those hold for `inputs`; observe(value, take) has `take` copy what a call returned, by quantity (out, dq, ...)."""
 
     setup: Callable[[], None] | None
     fn: Callable[[], object]
@@ -77,7 +77,7 @@ class Phase:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     fresh: Callable[[CallContent, Inputs], None] | None = None
     sources: Callable[[Inputs], dict[str, torch.Tensor]] | None = None
-    observe: Callable[[object], dict[str, torch.Tensor]] | None = None
+    observe: Callable[[object, Callable], dict[str, torch.Tensor]] | None = None
 
 
 def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
@@ -127,13 +127,14 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
             else:
                 torch.mul(source, factors[name], out=target)
 
-    def observe(value) -> dict[str, torch.Tensor]:
-        answers = {}
+    def observe(value, take: Callable[[str, torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+        answers = {}  # take(quantity, answer in the canonical layout) copies it
         if isinstance(value, torch.Tensor):
-            answers["out"] = value.detach().clone()
+            answers["out"] = take("out", backend.from_layout(value.detach()))
             poison(value)
-        if phase != FWD:
-            answers.update((name, g.clone()) for name, (g, _) in leaf_grads(q, k, v, leaves).items())
+        if phase != FWD:  # sinks and bias: canonical in every layout
+            answers.update((name, take(name, backend.from_layout(g) if name in GRADS else g))
+                           for name, (g, _) in leaf_grads(q, k, v, leaves).items())
         return answers
 
     def inference():  # as the correctness call runs it: a compiled backend guarded on grad mode compiles once
@@ -213,7 +214,7 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
             result.compile_ms = backend.compile_time_ms()
             if guard is not None:
                 with stage("integrity"):
-                    result.observed, result.integrity = guard.finish(backend, device)
+                    result.observed, result.integrity = guard.finish(device)
             # what the round accounts for: a clock that read any part short shows as time nobody accounted for
             m = result.measurement
             outside_ms = (clocks.CLOCKS.now_ns() - start - measure_ns) / 1e6

@@ -233,10 +233,10 @@ def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples
     for _ in range(rounds):
         guard = integrity.RoundGuard(CASE, "fwd", make_inputs(CASE, "cpu", 3))
         copied = []
-        guard.timed = SimpleNamespace(observe=lambda value: copied.append(value) or {"out": value})
+        guard.timed = SimpleNamespace(observe=lambda value, take: copied.append(value) or {"out": value})
         for i in range(n):
             guard.after_call(torch.tensor(i), n - i)
-        drawn = [int(answers["out"]) for answers, _ in guard.drawn]
+        drawn = [int(answers["out"]) for answers in guard.drawn]
         assert len(drawn) == len(set(drawn)) == len(copied) == k
         for i in drawn:
             kept[i] += 1
