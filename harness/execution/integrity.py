@@ -12,7 +12,6 @@ import torch
 
 from harness.execution.contract import Snapshot, aliased
 from harness.measure.timing import Guard
-from harness.oracle.verdict import bits
 from harness.spec.case import Inputs
 from harness.store.schema import BWD
 
@@ -96,9 +95,6 @@ class CallContent:
     qk: torch.Tensor | None
     v: torch.Tensor | None
     d_out: torch.Tensor
-    #: qk as the sign bits it flips, in the integer type of `like`'s size (draws): fresh xors them into q and k, 2-4x
-    #: cheaper than a multiply in half precision and bit for bit the same
-    flips: torch.Tensor | None = None
 
     @classmethod
     def draws(cls, case, generator: torch.Generator, many: int, *, backward_alone: bool = False, uniform: bool = False,
@@ -115,19 +111,15 @@ class CallContent:
             return [cls(None, None, o) for o in d_out.unbind(0)]
         v = scales[:, 0].reshape(shape).expand(many, b, hkv, 1, 1)
         v = v.sign() if case.fp8_kv is not None else v
-        negative = torch.randint(2, (many, b, hkv, 1, d), generator=generator, dtype=torch.uint8).to(like.device)
-        flipped = bits(like).dtype  # the sign bit of like's dtype, as an integer of its size
-        flips = negative.to(flipped) * torch.iinfo(flipped).min
-        qk = 1 - 2 * negative.to(like)
-        return [cls(*factors) for factors in zip(qk.unbind(0), v.unbind(0), d_out.unbind(0), flips.unbind(0))]
+        qk = 1 - 2 * torch.randint(2, (many, b, hkv, 1, d), generator=generator, dtype=torch.uint8).to(like)
+        return [cls(*factors) for factors in zip(qk.unbind(0), v.unbind(0), d_out.unbind(0))]
 
-    def factors(self, group: int, flips: bool = False) -> dict[str, torch.Tensor]:
+    def factors(self, group: int) -> dict[str, torch.Tensor]:
         """Each input's factor by its buffer's name (q, k, v, dO; dO alone for the backward alone), canonical layout,
-        as drawn (draw's `like`); flips: q's and k's as the sign bits to flip (`flips`)."""
+        as drawn (draw's `like`)."""
         factors = {"dO": self._q_heads(self.d_out, group)}
         if self.qk is not None:
-            qk = self.flips if flips else self.qk
-            factors.update(q=self._q_heads(qk, group), k=qk, v=self.v)
+            factors.update(q=self._q_heads(self.qk, group), k=self.qk, v=self.v)
         return factors
 
     def inputs(self, inputs: Inputs) -> Inputs:

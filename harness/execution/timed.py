@@ -20,7 +20,6 @@ from harness.measure.memory import peak_memory
 from harness.measure.stages import stage
 from harness.measure import timing as clocks  # clocks.CLOCKS, read where used: one binding for every reading
 from harness.measure.timing import TimingConfig, measure
-from harness.oracle.verdict import bits
 from harness.spec.case import Inputs
 from harness.store.schema import BWD, FWD, FWD_BWD, GRADS, OOM
 
@@ -106,7 +105,7 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         return {name: made[name] for name in renewed}
 
     # the buffers are the canonical inputs laid out (a transpose) unless FP8 or pages change them: a call's content is
-    # written straight into them, one op a buffer (q, k: signs, an xor); else its inputs are made and copied in
+    # multiplied straight into them, one op a buffer; else its inputs are made and copied in
     direct = phase == BWD or (case.fp8_kv is None and not case.fp8_q and case.page_size is None)
     # detached views: written outside autograd without switching grad mode on every call (a leaf's new content is
     # its data, not an operation on it; each call's graph is built after the write)
@@ -119,13 +118,9 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
                 for name, source in sources(content.inputs(base)).items():
                     buffers[name].copy_(source)
             return
-        factors = content.factors(group, flips=True)  # drawn as the inputs' dtype and device (RoundGuard)
+        factors = content.factors(group)  # drawn as the inputs' dtype and device (RoundGuard)
         for name, target in written.items():
-            source = getattr(base, INPUT_NAMES[name])
-            if name in ("q", "k"):  # a sign: its bit flipped
-                torch.bitwise_xor(bits(source), factors[name], out=bits(target))
-            else:
-                torch.mul(source, factors[name], out=target)
+            torch.mul(getattr(base, INPUT_NAMES[name]), factors[name], out=target)
 
     def observe(value, take: Callable[[str, torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
         answers = {}  # take(quantity, answer in the canonical layout) copies it
