@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,16 +31,15 @@ CLOCK_TRIES = 3
 #: the same on CUDA between the events' span over the repetitions and the host clock around them, in one process after
 #: synchronisation: only the first launch and the last synchronisation are the host's alone
 EVENT_SLACK_MS = 5.0
-#: besides its last call, a round judges JUDGED_DRAWS of its other samples, a uniform draw made as each returns
-#: (selection sampling, Knuth's algorithm S: a sample with r others still to come, itself included, is kept with odds
-#: (k - kept) / r; k = JUDGED_DRAWS): every k of them equally likely, and only those k copied. A kernel wrong on m of a
-#: round's n other samples escapes with odds C(n - m, k) / C(n, k) <= (1 - m/n)^k - wrong on half, 1/16 a round, 1/4096
-#: over a key's three rounds. (A plugin that reads the worker's memory sees when k are kept, as it sees which were:
-#: docs/integrity.md, out of reach.)
+#: besides its last call, a round judges JUDGED_DRAWS (k) of its other samples, drawn as each returns (selection
+#: sampling, Knuth's algorithm S: a sample with r others to come, itself included, is kept with odds (k - kept) / r):
+#: every k of them equally likely, only those k copied. A kernel wrong on m of n escapes with odds C(n - m, k) / C(n, k)
+#: <= (1 - m/n)^k: wrong on half, 1/16 a round, 1/4096 a key (three rounds). A plugin reading the worker's memory sees
+#: when k are kept as it sees which were (docs/integrity.md: out of reach)
 JUDGED_DRAWS = 4
-#: calls' contents drawn in one draw, at most: a fast key's round makes ~200 calls, and a draw costs ~60 us and ~4.5
-#: us a content; a round's first draw is of FIRST_DRAWN, each next of twice the last, since a mid-size key's round
-#: makes ~15 calls (draws of 64 threw away three contents in four)
+#: calls' contents drawn in one draw, at most: a fast key's round makes ~200 calls, and a draw costs ~35 us and ~3.7 us
+#: a content (2 x 4 slices of 64 columns); a round's first draw is of FIRST_DRAWN, each next of twice the last, since a
+#: mid-size key's round makes ~15 calls (draws of 64 threw away three contents in four)
 DRAWN_AT_ONCE = 64
 FIRST_DRAWN = 16
 
@@ -162,10 +162,9 @@ class RoundGuard(Guard):
 
     def __init__(self, case, phase: str, verified: Inputs):
         # drawn where the calls run, from a seed no code saw: a kernel cannot know a call's content before it
-        self.generator = torch.Generator().manual_seed(secrets.randbits(63))
-        self.draws = functools.partial(CallContent.draws, case, self.generator,
-                                      uniform=verified.sinks is not None or verified.bias is not None)
-        self.group, self.backward_alone = case.heads // case.kv_heads, phase == BWD
+        self.draws = functools.partial(CallContent.draws, case, torch.Generator().manual_seed(secrets.randbits(63)),
+                                       uniform=verified.sinks is not None or verified.bias is not None)
+        self.group = case.heads // case.kv_heads
         #: the round's own content, which the phase is built on (the backward alone's graph: q, k and v)
         self.round = self.draws(1)[0]
         self.inputs = self.round.inputs(verified)
@@ -173,8 +172,11 @@ class RoundGuard(Guard):
         self.drawn: list[dict[str, torch.Tensor]] = []
         self.aliased = ""  # after_last_call: '' unless the last call's output is not its own
         self.content: CallContent | None = None
-        self.pending: list[CallContent] = []
-        self.drawing = FIRST_DRAWN  # how many contents the next draw makes
+        # the calls' contents, drawn together as needed (docs/integrity.md: what a kernel can read): FIRST_DRAWN, then
+        # twice as many a draw, up to DRAWN_AT_ONCE
+        self.contents = itertools.chain.from_iterable(
+            self.draws(min(FIRST_DRAWN << i, DRAWN_AT_ONCE), backward_alone=phase == BWD, like=self.inputs.q)
+            for i in itertools.count())
 
     def watch(self, timed: Phase) -> None:
         """The phase built on `inputs`: what its calls must leave as given is taken now."""
@@ -182,15 +184,11 @@ class RoundGuard(Guard):
 
     def before_call(self) -> None:
         """Content no earlier call had, written into the buffers outside the timed region (CallContent)."""
-        if not self.pending:  # the next calls' contents, drawn together (docs/integrity.md: what a kernel can read)
-            self.pending = self.draws(self.drawing, backward_alone=self.backward_alone, like=self.inputs.q)[::-1]
-            self.drawing = min(2 * self.drawing, DRAWN_AT_ONCE)
-        self.content = self.pending.pop()
+        self.content = next(self.contents)
         self.timed.fresh(self.content, self.inputs)
 
     def after_call(self, value: object, left: int) -> None:
-        """Kept to be judged or not, drawn only now (JUDGED_DRAWS): no kernel knows before it returns; `left`: the
-        samples after it, the last included."""
+        """Kept to be judged or not, drawn only now (JUDGED_DRAWS; `left`: the samples after it): no kernel knows."""
         if secrets.randbelow(left) < JUDGED_DRAWS - len(self.drawn):
             self.drawn.append(self.timed.observe(value, self._undone))
 
@@ -204,16 +202,14 @@ class RoundGuard(Guard):
         return self.round.undo(quantity, answer, self.group, self.content)
 
     def finish(self, device: torch.device) -> tuple[list[dict[str, torch.Tensor]], str]:
-        """(the observed calls' answers by quantity, CPU, canonical layout, each call's and the round's content
-        divided out: the answers the verified inputs have, judged by benchmark.judge_timed; the integrity problems,
-        '' when none)."""
+        """(the observed calls' answers by quantity on the CPU, undone: the verified inputs' answers, which
+        benchmark.judge_timed judges; the integrity problems, '' when none)."""
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         # what the last call was given, made anew here: the buffers must still hold it
         given = None if self.content is None else self.timed.sources(self.content.inputs(self.inputs))
-        problems = (self.aliased, self.snapshot.written(given))
-        return ([{name: t.cpu() for name, t in answers.items()} for answers in self.drawn],
-                "; ".join(filter(None, problems)))
+        problems = filter(None, (self.aliased, self.snapshot.written(given)))
+        return [{name: t.cpu() for name, t in answers.items()} for answers in self.drawn], "; ".join(problems)
 
 
 def audited_time(executor, backend, timing, device: torch.device):

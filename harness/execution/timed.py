@@ -68,7 +68,8 @@ class Phase:
     """What timing a phase runs: `setup` before every repetition (untimed), `fn` the timed call, `build` what fn
     reads made anew; buffers: the call's inputs by name; fresh(content, base) writes a call's content on `base` into
     those it reads (all four; the backward alone: dO, on the graph it has; the forward alone: q, k, v); sources(inputs):
-    what those hold for `inputs`; observe(value, take) has `take` copy what a call returned, by quantity (out, dq, ...)."""
+    what those hold for `inputs`; observe(value, take): what a call returned, by quantity (out, dq, ...), each copied
+    by `take`."""
 
     setup: Callable[[], None] | None
     fn: Callable[[], object]
