@@ -14,7 +14,7 @@ import torch
 
 from harness.backends import registry
 from harness.backends.base import Backend, DescriptionHooks, ProbeHooks
-from harness.execution.wire import recv, recv_answer, send
+from harness.execution.wire import Channel
 
 #: seconds the module's process may take to start and import the module (as a worker's start)
 START_TIMEOUT_S = 180.0
@@ -54,17 +54,19 @@ def host_main(conn, spec: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle
     from harness.backends import registry
 
+    channel = Channel(conn, from_backend=False)
+
     try:
         registry.all_backends()  # the built-ins first, so a name taken by one is refused here as it would be there
         registry.import_backend_module(spec)
         backends = {name: b for name, b in registry.all_backends().items() if registry.modules_for(name) == (spec,)}
-        send(conn, ("ready", [declaration(b, registry.replaces(name)) for name, b in backends.items()]))
+        channel.send(("ready", [declaration(b, registry.replaces(name)) for name, b in backends.items()]))
     except BaseException as exc:  # noqa: B036 - a ValueError names the module and the problem in one line
-        send(conn, ("failed", str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"))
+        channel.send(("failed", str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"))
         return
     while True:
         try:
-            kind, payload = recv(conn)
+            kind, payload = channel.recv()
         except (EOFError, OSError):  # the run is gone
             return
         if kind == "stop":
@@ -74,7 +76,7 @@ def host_main(conn, spec: str) -> None:
             reply = ("ok", getattr(backends[name], method)(*args, **kwargs))
         except Exception as exc:
             reply = ("failed", f"{type(exc).__name__}: {exc}")
-        send(conn, reply)
+        channel.send(reply)
 
 
 class PluginHost:
@@ -87,6 +89,7 @@ class PluginHost:
         self._lock = threading.Lock()  # the prefetcher's thread may ask beside the run
         ctx = worker_context()
         self._conn, child = ctx.Pipe(duplex=True)
+        self._channel = Channel(self._conn, from_backend=True)
         self._process = ctx.Process(target=host_main, args=(child, spec), name="harness-plugin-host", daemon=True)
         self._process.start()
         child.close()
@@ -102,7 +105,7 @@ class PluginHost:
         ready = mp.connection.wait([self._conn, self._process.sentinel], timeout)
         if self._conn in ready:
             try:
-                return recv_answer(self._conn)
+                return self._channel.recv()
             except (EOFError, OSError):
                 pass
             except pickle.UnpicklingError as exc:
@@ -118,7 +121,7 @@ class PluginHost:
             if not self._process.is_alive():
                 raise RuntimeError(f"--backend-module {self.spec!r}: its process has ended; {name}.{method} cannot "
                                    "be answered")
-            send(self._conn, ("ask", (name, method, args, kwargs)))
+            self._channel.send(("ask", (name, method, args, kwargs)))
             status, answer = self._receive(ASK_TIMEOUT_S, f"answering {name}.{method}")
         if status != "ok":
             raise RuntimeError(f"{name}.{method} failed in its module's process: {answer}")
@@ -127,7 +130,7 @@ class PluginHost:
     def close(self) -> None:
         if self._process.is_alive():
             try:
-                send(self._conn, ("stop", None))
+                self._channel.send(("stop", None))
                 self._process.join(timeout=5)
             except (OSError, ValueError):
                 pass

@@ -20,7 +20,7 @@ from harness.execution.call import Call, CallResult
 from harness.execution.device import indexed
 from harness.execution.outcome import CallFailed, Failure, InterruptNoted
 from harness.execution.timed import TimingCall, TimingResult
-from harness.execution.wire import WorkerSpec, recv_answer, send
+from harness.execution.wire import Channel, WorkerSpec
 from harness.execution.worker import worker_main
 from harness.measure.stages import CLOCK, stage
 from harness.measure.timing import CLOCKS
@@ -72,6 +72,7 @@ class Worker:
             spec = replace(spec, modules=modules_for(name))
         self.name, self.spec = name, spec
         self.conn, child = ctx.Pipe(duplex=True)
+        self.channel = Channel(self.conn, from_backend=True)
         self.process = ctx.Process(target=worker_main, args=(child, spec, name), name=f"harness-worker-{name}",
                                    daemon=True)
         self.process.start()
@@ -93,7 +94,7 @@ class Worker:
 
     def stop(self) -> None:
         try:
-            send(self.conn, ("stop", None))
+            self.channel.send(("stop", None))
             self.process.join(timeout=5)
         except (OSError, ValueError):
             pass
@@ -104,7 +105,7 @@ class Worker:
         self.replied_ns = CLOCKS.now_ns()
         if self.conn in ready:
             try:
-                return recv_answer(self.conn)
+                return self.channel.recv()
             except (EOFError, OSError):
                 pass
             except pickle.UnpicklingError as exc:  # what no honest worker sends: the worker is not trusted again
@@ -130,7 +131,7 @@ class Worker:
     def _exchange(self, kind: str, payload: Any, timeout: float, doing: str, beside: bool) -> tuple[str, Any]:
         with stage("worker pipe") if not beside else nullcontext():
             try:
-                send(self.conn, (kind, payload))
+                self.channel.send((kind, payload))
             except (OSError, ValueError):  # died before this request
                 self.process.join(timeout=5)
                 return "failed", Failure(ERROR, f"{_death(self.process)} before {doing}")

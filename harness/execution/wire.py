@@ -1,5 +1,5 @@
-"""The wire format to the workers: torch's pickler, small CPU tensors inline, a message's large ones together in
-one shared-memory slab."""
+"""The wire format to the workers: torch's pickler, small CPU tensors inline, the large ones in a shared-memory arena
+each end keeps (Channel)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401 - registers tensor reductions: large CPU tensors travel in shared memory
 
-#: tensors up to this size travel inline: cheaper than a shared-memory segment below it (benchmarks/worker_transfer.py,
-#: four tensors a call: 64 KiB each 1.2 ms inline against 3.8 ms; 256 KiB 7.3 against 5.6; 1 MiB 32 against 8.5)
-INLINE_BYTES = 128 * 2 ** 10
+#: tensors up to this size travel inline, the larger ones in the sender's arena (Channel): a round's five answers of
+#: 4 x 4 KiB crossed in 0.55 ms inline against 0.48 ms, 32 KiB 2.6 against 0.60, 256 KiB 22 against 1.8
+#: (benchmarks/worker_transfer.py, 2026-12-05: inline, a message over the pipe's 64 KiB buffer crosses in turns)
+INLINE_BYTES = 4 * 2 ** 10
 
 
 def _tensor_from_bytes(dtype: torch.dtype, shape: tuple[int, ...], data: bytes) -> torch.Tensor:
@@ -35,7 +36,7 @@ def _plain_cpu(obj: object) -> bool:
 
 class _Pickler(ForkingPickler):
     """torch's multiprocessing pickler, with small CPU tensors copied into the message and the large ones set aside
-    (`large`), to travel in one shared-memory slab a message (_dumps)."""
+    (`large`), to travel in the sending end's arena (Channel)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -54,52 +55,23 @@ class _Pickler(ForkingPickler):
         return NotImplemented
 
 
-def _dumps(obj: Any) -> bytes:
-    """The message: (obj pickled, the slab of its large tensors or None, each one's (dtype, shape, offset)). One
-    segment a message, not one a tensor: a round's judged answers are up to 20 tensors of 0.1-2 MB, and each segment
-    costs a trip to the sender's fd sharer."""
-    buffer = io.BytesIO()
-    pickler = _Pickler(buffer, pickle.HIGHEST_PROTOCOL)
-    pickler.dump(obj)
-    layout, end = [], 0
-    for t in pickler.large:
-        start = -(-end // 16) * 16  # aligned for every dtype
-        layout.append((t.dtype, tuple(t.shape), start))
-        end = start + t.nbytes
-    slab = torch.empty(end, dtype=torch.uint8) if layout else None
-    for t, (_, _, start) in zip(pickler.large, layout):
-        slab[start:start + t.nbytes].copy_(t.detach().contiguous().view(-1).view(torch.uint8))
-    return bytes(ForkingPickler.dumps((buffer.getvalue(), slab, tuple(layout))))
+class _Arena:
+    """Resolves a message's large tensors in the arena they came in (Channel), each checked to lie within it, and
+    copied out: the other end may write its arena again once this one is read."""
 
-
-class _Slab:
-    """Resolves a message's large tensors in its slab (_dumps), each checked to lie within it."""
-
-    def __init__(self, slab: torch.Tensor | None, layout: tuple):
-        self.slab, self.layout = slab, layout
+    def __init__(self, arena: torch.Tensor | None, layout: tuple):
+        self.arena, self.layout = arena, layout
 
     def persistent_load(self, pid: Any) -> torch.Tensor:
         try:
             dtype, shape, start = self.layout[pid]
             size = torch.Size(shape).numel() * dtype.itemsize
             if not (isinstance(dtype, torch.dtype) and isinstance(start, int) and 0 <= start
-                    and start + size <= self.slab.numel() and self.slab.dtype == torch.uint8):
+                    and start + size <= self.arena.numel() and self.arena.dtype == torch.uint8):
                 raise ValueError
-            return self.slab[start:start + size].view(dtype).view(shape)
+            return self.arena[start:start + size].view(dtype).view(shape).clone()
         except Exception as exc:  # noqa: BLE001 - whatever the sender wrote, it is refused in one line
-            raise pickle.UnpicklingError(f"the message's tensor {pid!r} does not lie within its slab") from exc
-
-
-def send(conn, obj: Any) -> None:
-    conn.send_bytes(_dumps(obj))
-
-
-def recv(conn) -> Any:
-    """A message from the run's process (trusted: the worker's side of the pipe)."""
-    data, slab, layout = pickle.loads(conn.recv_bytes())
-    loader = pickle.Unpickler(io.BytesIO(data))
-    loader.persistent_load = _Slab(slab, layout).persistent_load
-    return loader.load()
+            raise pickle.UnpicklingError(f"the message's tensor {pid!r} does not lie within its arena") from exc
 
 
 #: what a backend's process may make this one build, besides harness's data classes and torch's tensors: values
@@ -146,16 +118,59 @@ class _Answers(pickle.Unpickler):
         return obj
 
 
-def recv_answer(conn) -> Any:
-    """A message from a backend's process (a worker, a plugin's host): data only (`_Answers`), its large tensors
-    looked up in its slab."""
-    message = _Answers(io.BytesIO(conn.recv_bytes())).load()
-    if not (isinstance(message, tuple) and len(message) == 3 and isinstance(message[0], bytes)
-            and (message[1] is None or isinstance(message[1], torch.Tensor)) and isinstance(message[2], tuple)):
-        raise pickle.UnpicklingError("the backend's process sent a message that is not (data, slab, layout)")
-    loader = _Answers(io.BytesIO(message[0]))
-    loader.persistent_load = _Slab(message[1], message[2]).persistent_load
-    return loader.load()
+#: an end's arena is kept for its next messages up to this size (bytes); a larger message's is made for it alone
+ARENA_KEPT_BYTES = 256 * 2 ** 20
+#: the smallest arena made; a kept one grows to the next power of two a message needs
+ARENA_LEAST_BYTES = 2 ** 20
+
+
+class Channel:
+    """One end of a pipe between the run's process and a backend's: a message's small tensors inline, its large ones in
+    this end's arena - one shared-memory segment kept across messages, sent to the other end once, as it is made (a
+    segment a message cost a trip to the sender's fd sharer and fresh pages on both ends:
+    benchmarks/worker_transfer.py). The reader copies each tensor out as it reads (_Arena), so nothing it keeps can be
+    written by the other end later; an end writes its arena only to send, and each sends only after reading the other's
+    last message (a request, then its reply), so no message is overwritten unread. from_backend: what arrives is a
+    backend process's (_Answers)."""
+
+    def __init__(self, conn, *, from_backend: bool):
+        self.conn, self.from_backend = conn, from_backend
+        self._arena: torch.Tensor | None = None  # this end's, written to send
+        self._peer: torch.Tensor | None = None  # the other end's, read
+
+    def send(self, obj: Any) -> None:
+        """`obj` pickled, its large tensors copied into this end's arena (made anew, larger, when they do not fit)."""
+        buffer = io.BytesIO()
+        pickler = _Pickler(buffer, pickle.HIGHEST_PROTOCOL)
+        pickler.dump(obj)
+        layout, end = [], 0
+        for t in pickler.large:
+            start = -(-end // 16) * 16  # aligned for every dtype
+            layout.append((t.dtype, tuple(t.shape), start))
+            end = start + t.nbytes
+        arena, made = self._arena, None
+        if layout and (arena is None or arena.numel() < end):
+            size = end if end > ARENA_KEPT_BYTES else max(ARENA_LEAST_BYTES, 1 << (end - 1).bit_length())
+            arena = made = torch.empty(size, dtype=torch.uint8).share_memory_()
+            if size <= ARENA_KEPT_BYTES:
+                self._arena = made
+        for t, (_, _, start) in zip(pickler.large, layout):
+            arena[start:start + t.nbytes].copy_(t.detach().contiguous().view(-1).view(torch.uint8))
+        self.conn.send_bytes(bytes(ForkingPickler.dumps((buffer.getvalue(), made, tuple(layout)))))
+
+    def recv(self) -> Any:
+        """The other end's next message, its large tensors copied out of the arena they came in."""
+        raw = self.conn.recv_bytes()
+        message = _Answers(io.BytesIO(raw)).load() if self.from_backend else pickle.loads(raw)
+        if not (isinstance(message, tuple) and len(message) == 3 and isinstance(message[0], bytes)
+                and (message[1] is None or isinstance(message[1], torch.Tensor)) and isinstance(message[2], tuple)):
+            raise pickle.UnpicklingError("the backend's process sent a message that is not (data, arena, layout)")
+        data, made, layout = message
+        if made is not None and made.numel() <= ARENA_KEPT_BYTES:
+            self._peer = made
+        loader = _Answers(io.BytesIO(data)) if self.from_backend else pickle.Unpickler(io.BytesIO(data))
+        loader.persistent_load = _Arena(self._peer if made is None else made, layout).persistent_load
+        return loader.load()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.device import indexed
 from harness.execution.outcome import Failure
-from harness.execution.wire import WorkerSpec, recv, send
+from harness.execution.wire import Channel, WorkerSpec
 from harness.measure.stages import CLOCK, stage
 
 
@@ -41,6 +41,7 @@ def _cuda_broken(device: torch.device) -> bool:
 
 def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle; a worker finishes its call
+    channel = Channel(conn, from_backend=False)
     _redirect_output(spec.log_dir, backend_name)
     from harness.backends.registry import all_backends, import_backend_module
     from harness.execution.cache import CallCaches
@@ -61,9 +62,9 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
             raise ValueError(f"backend {backend_name!r} is not registered in the worker (is its module importable?)")
         backend: Backend = registry[backend_name]
     except BaseException as exc:  # noqa: B036
-        send(conn, ("failed", Failure.of(exc)))
+        channel.send(("failed", Failure.of(exc)))
         return
-    send(conn, ("ready", None))
+    channel.send(("ready", None))
     caches = CallCaches()  # the worker's own: a call and the timing rounds of its case share the seeded inputs,
                            # and timing finds the correctness call's answers there
     serve = {"available": lambda _: backend.unavailable_reason(device),
@@ -72,7 +73,7 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
              "run": lambda task: task[0](backend, device, *task[1])}
     while True:
         try:
-            kind, payload = recv(conn)
+            kind, payload = channel.recv()
         except (EOFError, OSError):  # the supervisor is gone
             return
         if kind == "stop":
@@ -84,7 +85,7 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
         except BaseException as exc:  # noqa: B036
             reply = ("failed", Failure.of(exc))
         broken = _cuda_broken(device)
-        send(conn, (*reply, CLOCK.since(before)))  # the time the request took here, for the run's stage clock
+        channel.send((*reply, CLOCK.since(before)))  # the time the request took here, for the run's stage clock
         del reply
         if broken:
             os._exit(3)  # the supervisor sees the exit and starts a fresh worker for the next call

@@ -65,9 +65,10 @@ class PreparedCase:
     def judged_timed(self, quantity: str, actual: torch.Tensor, backend_name: str) -> Check:
         """`judged`, with a memo: an answer bit for bit the last one of `backend_name` and `quantity` judged has its
         verdict (a deterministic kernel's timed answers, their contents divided out, are one across a key's calls and
-        rounds). The memo keeps its own copy, made before judging: a reply's memory is shared with the backend's
-        process (execution/wire.py `_Slab`), which could write into it afterwards. Answers over TIMED_MEMO_BYTES are
-        not kept: a case's memo counts against the run's cache of prepared cases (execution/cache.py)."""
+        rounds). The memo keeps its own copy, made before judging, whoever holds the answer it was handed (a reply's
+        tensors are copied out of the backend's arena as they are read, execution/wire.py `Channel`). Answers over
+        TIMED_MEMO_BYTES are not kept: a case's memo counts against the run's cache of prepared cases
+        (execution/cache.py)."""
         known = self._timed.get((backend_name, quantity))
         if known is not None and identical(known[0], actual):
             return known[1]

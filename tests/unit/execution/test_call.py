@@ -73,23 +73,33 @@ def test_tensors_cross_the_pipe_intact(tensor):
     assert back.dtype == tensor.dtype and torch.equal(back, tensor)
 
 
-def test_a_message_s_large_tensors_travel_together_in_one_shared_memory_slab():
-    """wire._dumps: tensors over INLINE_BYTES go in one slab a message (one segment, one trip to the sender's fd
-    sharer, however many tensors), each read back within it; both ends of the pipe read it."""
+@pytest.mark.parametrize("from_backend", [False, True], ids=["request", "reply"])
+def test_large_tensors_cross_in_the_sender_s_arena_made_once_and_are_copied_out(from_backend):
+    """wire.Channel: tensors over INLINE_BYTES go into the sending end's arena, one shared-memory segment sent once
+    and kept while messages fit (then made anew, larger); the reader copies each out, so what it keeps is its own
+    memory, which the other end's next message - written into the same arena - leaves as it was."""
     import multiprocessing
 
-    from harness.execution.wire import _dumps, recv, recv_answer, send
+    from harness.execution.wire import ARENA_LEAST_BYTES, Channel
 
     big = [torch.randn(INLINE_BYTES // 4 + 1), torch.randn(600, 200).t()[::2], torch.arange(100_000).to(torch.bfloat16)]
     message = {"answers": big, "small": torch.ones(3)}
-    assert len(_dumps(message)) < 10_000  # handles to shared memory, not the bytes
-    sender, receiver = multiprocessing.Pipe()
-    for read in (recv, recv_answer):
-        send(sender, message)
-        back = read(receiver)
-        assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(big, back["answers"]))
-        assert len({t.untyped_storage().data_ptr() for t in back["answers"]}) == 1
-        assert torch.equal(back["small"], torch.ones(3))
+    a, b = multiprocessing.Pipe()
+    sender, receiver = Channel(a, from_backend=False), Channel(b, from_backend=from_backend)
+    sender.send(message)
+    arena = sender._arena
+    assert arena is not None and arena.is_shared() and arena.numel() >= ARENA_LEAST_BYTES
+    back = receiver.recv()
+    assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(big, back["answers"]))
+    assert torch.equal(back["small"], torch.ones(3))
+    assert all(t.untyped_storage().data_ptr() != arena.data_ptr() for t in back["answers"])
+    sender.send({"answers": [-t for t in big]})  # the same arena, written again: the first message's copies stand
+    assert sender._arena is arena and receiver._peer is not None
+    again = receiver.recv()
+    assert all(torch.equal(x, y) and torch.equal(-x, z) for x, y, z in zip(big, back["answers"], again["answers"]))
+    larger = torch.randn(3 * ARENA_LEAST_BYTES // 4)  # 3 MiB: made anew, at the next power of two
+    sender.send(larger)
+    assert torch.equal(receiver.recv(), larger) and sender._arena.numel() == 4 * ARENA_LEAST_BYTES
 
 
 def test_a_sticky_cuda_error_ends_the_worker_after_its_reply(monkeypatch):

@@ -109,15 +109,15 @@ def test_the_run_s_clock_stops_as_the_reply_arrives_not_after_reading_it(monkeyp
     from harness.execution.call import Call
     from harness.execution.timed import TimingCall
 
-    real, reads = supervisor.recv_answer, []
+    real, reads = supervisor.Channel.recv, []
 
-    def slow_read(conn):
+    def slow_read(channel):
         reads.append(time.perf_counter_ns())  # the clock supervisor.CLOCKS binds
-        answer = real(conn)
+        answer = real(channel)
         time.sleep(0.3)
         return answer
 
-    monkeypatch.setattr(supervisor, "recv_answer", slow_read)
+    monkeypatch.setattr(supervisor.Channel, "recv", slow_read)
     executor = IsolatedExecutor(CPU)
     try:
         answer = executor.time(get_backends(["naive"])[0], TimingCall(Call(CASE, 3), "fwd", FAST), CPU)

@@ -320,9 +320,10 @@ def test_judge_timed_reuses_a_verdict_only_for_an_answer_bit_for_bit_the_last_on
 
 
 def test_judge_timed_s_memo_keeps_its_own_copy_of_what_it_judged(monkeypatch):
-    """An answer's memory is shared with the backend's process (wire._Slab), which can write into it once it is
-    judged: an answer rewritten after its verdict, to the bits of a wrong answer that follows, does not lend it that
-    verdict - the memo compares with its own copy, made before judging."""
+    """Whoever handed the judge an answer may write into it once it is judged (a reply's tensors are copied out of the
+    backend's arena, wire.Channel, but the memo does not lean on that): an answer rewritten after its verdict, to the
+    bits of a wrong answer that follows, does not lend it that verdict - the memo compares with its own copy, made
+    before judging."""
     import torch
 
     from harness.backends.naive import Naive

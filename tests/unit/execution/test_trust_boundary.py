@@ -1,7 +1,7 @@
 """The trust boundary (issue 47, items 1 and 6a): a plugin module is imported only in its own processes (the process
 that declares it and its backend's workers), never in the run's process nor in another backend's worker; a plugin
 that disarms torch's comparisons at import and answers empty tensors once judged gets no timed figure, while naive
-and sdpa in the same run keep theirs (harness.execution.plugin_host, supervisor, wire.recv_answer)."""
+and sdpa in the same run keep theirs (harness.execution.plugin_host, supervisor, wire.Channel)."""
 
 import os
 import pickle
@@ -126,19 +126,19 @@ def test_a_bad_declaration_is_refused_from_the_plugins_process_in_one_line(tmp_p
 
 @pytest.mark.parametrize("layout", [((torch.float32, (1000,), 0),), ((torch.float32, (4,), -8),), (("x", (4,), 0),),
                                     ((torch.float32, (4,), 0),) * 0])
-def test_a_message_s_tensor_outside_its_slab_is_refused(layout):
-    """wire.recv_answer: a backend's process names each large tensor by (dtype, shape, offset) in its message's slab
-    (wire._dumps); one that does not lie within it - too long, before it, no dtype, not listed - is refused."""
+def test_a_message_s_tensor_outside_its_arena_is_refused(layout):
+    """wire.Channel.recv: a backend's process names each large tensor by (dtype, shape, offset) in its arena; one that
+    does not lie within it - too long, before it, no dtype, not listed - is refused."""
     import io
     import multiprocessing
     from multiprocessing.reduction import ForkingPickler
 
-    from harness.execution.wire import _Pickler, recv_answer
+    from harness.execution.wire import Channel, _Pickler
 
     buffer = io.BytesIO()
     pickler = _Pickler(buffer, pickle.HIGHEST_PROTOCOL)
-    pickler.dump({"out": torch.zeros(64 * 1024)})  # large: named by its index in the slab
+    pickler.dump({"out": torch.zeros(64 * 1024)})  # large: named by its index in the arena
     sender, receiver = multiprocessing.Pipe()
     sender.send_bytes(bytes(ForkingPickler.dumps((buffer.getvalue(), torch.zeros(64, dtype=torch.uint8), layout))))
-    with pytest.raises(pickle.UnpicklingError, match="does not lie within its slab"):
-        recv_answer(receiver)
+    with pytest.raises(pickle.UnpicklingError, match="does not lie within its arena"):
+        Channel(receiver, from_backend=True).recv()
