@@ -120,20 +120,21 @@ class _Answers(pickle.Unpickler):
         return obj
 
 
-#: an end's arena is kept for its next messages up to this size (bytes); a larger message's is made for it alone
-ARENA_KEPT_BYTES = 256 * 2 ** 20
-#: the smallest arena made; a kept one grows to the next power of two a message needs
-ARENA_LEAST_BYTES = 2 ** 20
+#: an end's arena is kept for its next messages up to this size (bytes), a larger message's made for it alone: a kept
+#: arena stays in shared memory (/dev/shm) as long as its worker, and the CPU main job's largest round needs ~40 MiB
+ARENA_KEPT_BYTES = 64 * 2 ** 20
+#: an arena is a whole number of these (bytes): the fewest that hold the message that makes it
+ARENA_STEP_BYTES = 2 ** 20
 
 
 class Channel:
     """One end of a pipe between the run's process and a backend's: a message's small tensors inline, its large ones in
-    this end's arena - one shared-memory segment kept across messages, sent to the other end once, as it is made (a
-    segment a message cost a trip to the sender's fd sharer and fresh pages on both ends:
-    benchmarks/worker_transfer.py). The reader copies each tensor out as it reads (_Arena), so nothing it keeps can be
-    written by the other end later; an end writes its arena only to send, and each sends only after reading the other's
-    last message (a request, then its reply), so no message is overwritten unread. from_backend: what arrives is a
-    backend process's (_Answers)."""
+    this end's arena - one shared-memory segment kept across messages (made anew, larger, when one does not fit), sent
+    to the other end once, as it is made (a segment a message cost a trip to the sender's fd sharer and fresh pages on
+    both ends: benchmarks/worker_transfer.py). The reader copies each tensor out as it reads (_Arena), so nothing it
+    keeps can be written by the other end later; an end writes its arena only to send, and each sends only after reading
+    the other's last message (a request, then its reply), so no message is overwritten unread. from_backend: what
+    arrives is a backend process's (_Answers)."""
 
     def __init__(self, conn, *, from_backend: bool):
         self.conn, self.from_backend = conn, from_backend
@@ -152,7 +153,7 @@ class Channel:
             end = start + t.nbytes
         arena, made = self._arena, None
         if layout and (arena is None or arena.numel() < end):
-            size = end if end > ARENA_KEPT_BYTES else max(ARENA_LEAST_BYTES, 1 << (end - 1).bit_length())
+            size = -(-end // ARENA_STEP_BYTES) * ARENA_STEP_BYTES
             arena = made = torch.empty(size, dtype=torch.uint8).share_memory_()
             if size <= ARENA_KEPT_BYTES:
                 self._arena = made

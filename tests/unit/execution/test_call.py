@@ -74,13 +74,15 @@ def test_tensors_cross_the_pipe_intact(tensor):
 
 
 @pytest.mark.parametrize("from_backend", [False, True], ids=["request", "reply"])
-def test_large_tensors_cross_in_the_sender_s_arena_made_once_and_are_copied_out(from_backend):
+def test_large_tensors_cross_in_the_sender_s_arena_made_once_and_are_copied_out(from_backend, monkeypatch):
     """wire.Channel: tensors over INLINE_BYTES go into the sending end's arena, one shared-memory segment sent once
-    and kept while messages fit (then made anew, larger); the reader copies each out, so what it keeps is its own
-    memory, which the other end's next message - written into the same arena - leaves as it was."""
+    and kept while messages fit (then made anew, larger, up to ARENA_KEPT_BYTES; a message larger still gets one of
+    its own, and the kept one stays for the next); the reader copies each out, so what it keeps is its own memory,
+    which the other end's next message - written into the same arena - leaves as it was."""
     import multiprocessing
 
-    from harness.execution.wire import ARENA_LEAST_BYTES, Channel
+    from harness.execution import wire
+    from harness.execution.wire import ARENA_STEP_BYTES, Channel
 
     big = [torch.randn(INLINE_BYTES // 4 + 1), torch.randn(600, 200).t()[::2], torch.arange(100_000).to(torch.bfloat16)]
     message = {"answers": big, "small": torch.ones(3)}
@@ -88,7 +90,7 @@ def test_large_tensors_cross_in_the_sender_s_arena_made_once_and_are_copied_out(
     sender, receiver = Channel(a, from_backend=False), Channel(b, from_backend=from_backend)
     sender.send(message)
     arena = sender._arena
-    assert arena is not None and arena.is_shared() and arena.numel() >= ARENA_LEAST_BYTES
+    assert arena is not None and arena.is_shared() and arena.numel() == ARENA_STEP_BYTES
     back = receiver.recv()
     assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(big, back["answers"]))
     assert torch.equal(back["small"], torch.ones(3))
@@ -97,9 +99,16 @@ def test_large_tensors_cross_in_the_sender_s_arena_made_once_and_are_copied_out(
     assert sender._arena is arena and receiver._peer is not None
     again = receiver.recv()
     assert all(torch.equal(x, y) and torch.equal(-x, z) for x, y, z in zip(big, back["answers"], again["answers"]))
-    larger = torch.randn(3 * ARENA_LEAST_BYTES // 4)  # 3 MiB: made anew, at the next power of two
+    larger = torch.randn(ARENA_STEP_BYTES // 2 + 1)  # 2 MiB and 4 bytes: made anew, 3 MiB
     sender.send(larger)
-    assert torch.equal(receiver.recv(), larger) and sender._arena.numel() == 4 * ARENA_LEAST_BYTES
+    assert torch.equal(receiver.recv(), larger) and sender._arena.numel() == 3 * ARENA_STEP_BYTES
+    kept = sender._arena
+    monkeypatch.setattr(wire, "ARENA_KEPT_BYTES", 3 * ARENA_STEP_BYTES)
+    largest = torch.randn(ARENA_STEP_BYTES)  # 4 MiB: a segment of its own, not kept
+    sender.send(largest)
+    assert torch.equal(receiver.recv(), largest) and sender._arena is kept
+    sender.send(larger + 1)  # read from the kept arena again, at both ends
+    assert torch.equal(receiver.recv(), larger + 1)
 
 
 def test_a_sticky_cuda_error_ends_the_worker_after_its_reply(monkeypatch):
