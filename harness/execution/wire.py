@@ -18,8 +18,9 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers tensor reductions: large CPU tensors travel in shared memory
 
 #: tensors up to this size travel inline, the larger ones in the sender's arena (Channel): a round's five answers of
-#: 4 x 4 KiB crossed in 0.55 ms inline against 0.48 ms, 32 KiB 2.6 against 0.60, 256 KiB 22 against 1.8
-#: (benchmarks/worker_transfer.py, 2026-12-05: inline, a message over the pipe's 64 KiB buffer crosses in turns)
+#: 4 x 4 KiB crossed in 0.43 ms inline against 0.46 ms, 16 KiB 0.59 against 0.48, 32 KiB 2.5 against 0.59, 256 KiB 21
+#: against 4.4 (benchmarks/worker_transfer.py, docs/measurements.md: inline, a message over the pipe's 64 KiB buffer
+#: crosses in turns of the two processes)
 INLINE_BYTES = 4 * 2 ** 10
 
 
