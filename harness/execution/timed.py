@@ -21,6 +21,7 @@ from harness.measure.stages import stage
 from harness.measure import timing as clocks  # clocks.CLOCKS, read where used: one binding for every reading
 from harness.measure.timing import TimingConfig, measure
 from harness.spec.case import Inputs
+from harness.spec.paged import paged_layout, to_paged
 from harness.store.schema import BWD, FWD, FWD_BWD, GRADS, OOM
 
 
@@ -105,12 +106,18 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         made = dict(zip(("q", "k", "v", "dO"), backend_inputs(backend, case, new, False, copy=False)))
         return {name: made[name] for name in renewed}
 
-    # the buffers are the canonical inputs laid out (a transpose) unless FP8 or pages change them: a call's content is
-    # multiplied straight into them, one op a buffer; else its inputs are made and copied in
-    direct = phase == BWD or (case.fp8_kv is None and not case.fp8_q and case.page_size is None)
+    # the buffers are the canonical inputs laid out (a transpose) unless FP8 changes them: a call's content is
+    # multiplied straight into them, one op a buffer, and a paged cache's K or V times its factors is scattered into
+    # its pages in place (spec.paged.to_paged(into=): the slots no sequence owns keep what they were made with, which
+    # the snapshot holds them to; making the cache anew and copying it in was ~60 % of a decode key's round); FP8's
+    # inputs are made and copied in
+    direct = phase == BWD or (case.fp8_kv is None and not case.fp8_q)
+    pages = paged_layout(case, device) if direct and case.page_size is not None else None
+    paged = tuple(name for name in ("k", "v") if pages is not None and name in renewed)
     # detached views: written outside autograd without switching grad mode on every call (a leaf's new content is
     # its data, not an operation on it; each call's graph is built after the write)
-    written = {name: backend.from_layout(buffers[name]).detach() for name in renewed if direct}
+    written = {name: (buffers[name] if name in paged else backend.from_layout(buffers[name])).detach()
+               for name in renewed if direct}
     group = case.heads // case.kv_heads
 
     def fresh(content: CallContent, base: Inputs) -> None:
@@ -121,7 +128,10 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
             return
         factors = content.factors(group)  # drawn as the inputs' dtype and device (RoundGuard)
         for name, target in written.items():
-            torch.mul(getattr(base, INPUT_NAMES[name]), factors[name], out=target)
+            if name in paged:
+                to_paged(getattr(base, name) * factors[name], pages, into=target)
+            else:
+                torch.mul(getattr(base, INPUT_NAMES[name]), factors[name], out=target)
 
     def observe(value, take: Callable[[str, torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
         answers = {}  # take(quantity, answer in the canonical layout) copies it

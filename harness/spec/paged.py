@@ -75,10 +75,12 @@ def _stale_pages(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> tor
     return _stale.__wrapped__(shape, dtype, device)
 
 
-def to_paged(x: torch.Tensor, layout: PagedLayout) -> torch.Tensor:
-    """Canonical (batch, kv_heads, seq_k, head_dim) K or V -> the cache (num_blocks, page_size, kv_heads, head_dim)."""
+def to_paged(x: torch.Tensor, layout: PagedLayout, into: torch.Tensor | None = None) -> torch.Tensor:
+    """Canonical (batch, kv_heads, seq_k, head_dim) K or V -> the cache (num_blocks, page_size, kv_heads, head_dim);
+    into: such a cache, whose sequences' slots are written in place (the others keep what they hold)."""
     b, hkv, sk, d = x.shape
-    cache = _stale_pages((layout.num_blocks, layout.page_size, hkv, d), x.dtype, str(x.device)).clone()
+    cache = into if into is not None else _stale_pages((layout.num_blocks, layout.page_size, hkv, d), x.dtype,
+                                                      str(x.device)).clone()
     logical, table = x.transpose(1, 2), layout.block_table.long()            # (B, Sk, Hkv, D)
     full, rest = divmod(sk, layout.page_size)
     cache[table[:, :full]] = logical[:, :full * layout.page_size].reshape(b, full, layout.page_size, hkv, d)

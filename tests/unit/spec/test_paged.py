@@ -100,3 +100,17 @@ def test_a_kept_stale_fill_is_the_seeded_one_and_every_cache_owns_its_copy():
     layout = paged.paged_layout(case)
     spare = sorted(set(range(layout.num_blocks)) - set(layout.block_table.flatten().tolist()))
     assert spare and torch.equal(paged.to_paged(k, layout)[spare], kept[spare])  # no sequence's: stale, as seeded
+
+
+def test_pages_written_in_place_are_the_cache_made_anew():
+    """paged.to_paged(into=): a cache made once, then written in place with another K (a timing round's call content),
+    holds bit for bit the cache made anew from that K - its sequences' slots the new values, the slots no sequence
+    owns (spare pages, a last page's tail) as they were made."""
+    from harness.spec import paged
+
+    case = AttentionCase(2, 4, 1, 32, "fp32", seq_k=40, mask=CacheCausal((40, 30)), page_size=16)
+    layout = paged.paged_layout(case)
+    cache = paged.to_paged(torch.randn(2, 4, 40, 32), layout)
+    k = torch.randn(2, 4, 40, 32)
+    assert paged.to_paged(k, layout, into=cache) is cache
+    assert torch.equal(cache, paged.to_paged(k, layout))
