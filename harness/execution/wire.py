@@ -169,7 +169,8 @@ class Channel:
         message = _Answers(io.BytesIO(raw)).load() if self.from_backend else pickle.loads(raw)
         if not (isinstance(message, tuple) and len(message) == 3 and isinstance(message[0], bytes)
                 and (message[1] is None or isinstance(message[1], torch.Tensor)) and isinstance(message[2], tuple)):
-            raise pickle.UnpicklingError("the backend's process sent a message that is not (data, arena, layout)")
+            sender = "the backend's process" if self.from_backend else "the run's process"
+            raise pickle.UnpicklingError(f"{sender} sent a message that is not (data, arena, layout)")
         data, made, layout = message
         if made is not None and made.numel() <= ARENA_KEPT_BYTES:
             self._peer = made
