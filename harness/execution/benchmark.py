@@ -96,8 +96,10 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     # a figure beyond the physical limit is never a number: rejected, its figures kept for the reason's audit
     beyond = beyond_physical_limit(dtype, roof["tflops"], roof["gbps"], roof["bytes_moved"], peaks, bw_peak,
                                    device.type)
+    shares = [x for x in (timing_round.contention, answer.others_share) if x is not None]
     result = row(REJECTED if beyond else TIMED, beyond or why,
                  **{**pooled.latency_columns(), "timing_mode": m.mode, "threads": m.threads},
+                 contention=round(max(shares), 3) if shares else None,
                  peak_mem_bytes=mem_bytes, mem_method=mem_method, flops=flops,
                  compile_ms=answer.compile_ms, **roof)
     return PerfResult(result, m, pooled)

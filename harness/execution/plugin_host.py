@@ -14,7 +14,8 @@ import torch
 
 from harness.backends import registry
 from harness.backends.base import Backend, DescriptionHooks, ProbeHooks
-from harness.execution.wire import Channel
+from harness.execution.neighbours import own_group
+from harness.execution.wire import Channel, worker_context  # the workers' forkserver: torch imported once
 
 #: seconds the module's process may take to start and import the module (as a worker's start)
 START_TIMEOUT_S = 180.0
@@ -52,6 +53,7 @@ def _text(value: Any) -> str | None:
 def host_main(conn, spec: str) -> None:
     """The module's process: import `spec`, send its backends' declarations, then answer questions until stopped."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle
+    own_group()  # before the plugin's code runs: what it starts is stopped with it (execution/neighbours.py)
     from harness.backends import registry
 
     channel = Channel(conn, from_backend=False)
@@ -83,8 +85,6 @@ class PluginHost:
     """The process that imported plugin module `spec` (an absolute path or a dotted name) and its declarations."""
 
     def __init__(self, spec: str):
-        from harness.execution.supervisor import worker_context  # the workers' forkserver: torch imported once
-
         self.spec = spec
         self._lock = threading.Lock()  # the prefetcher's thread may ask beside the run
         ctx = worker_context()
@@ -126,6 +126,10 @@ class PluginHost:
         if status != "ok":
             raise RuntimeError(f"{name}.{method} failed in its module's process: {answer}")
         return answer
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process.is_alive() else None
 
     def close(self) -> None:
         if self._process.is_alive():
@@ -196,6 +200,11 @@ def declare_module(spec: str) -> PluginHost:
         raise
     _HOSTS[spec] = host
     return host
+
+
+def host_pids() -> list[int]:
+    """The live plugin modules' processes (the plugin's code runs there too: stopped while a backend is timed)."""
+    return [host.pid for host in _HOSTS.values() if host.pid is not None]
 
 
 def close_hosts() -> None:

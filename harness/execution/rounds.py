@@ -18,6 +18,8 @@ class Round:
     pooled: Measurement | None = None
     suspicious_reason: str = ""
     memory: tuple[int, str] | None = None
+    #: the key's contention so far (schema.Row.contention)
+    contention: float | None = None
 
     def __post_init__(self):
         if not 0 <= self.index < self.count:
@@ -53,7 +55,8 @@ class RoundSchedule:
         if before is not None and before.timing_status != TIMED:
             return None
         suspicious = before.timing_reason if before is not None and before.suspicious else ""
-        return Round(index, self.count, self._pooled.get(key), suspicious or "", self._memory.get(key))
+        return Round(index, self.count, self._pooled.get(key), suspicious or "", self._memory.get(key),
+                     None if before is None else before.contention)
 
     def record(self, row: Row, pooled: Measurement | None) -> None:
         """Remember a round's final row and, when timed, the pooled measurement and its memory."""

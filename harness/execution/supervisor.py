@@ -18,9 +18,11 @@ from harness.backends.base import Backend
 from harness.backends.registry import modules_for
 from harness.execution.call import Call, CallResult
 from harness.execution.device import indexed
+from harness.execution.neighbours import EqualMachine, Placement
 from harness.execution.outcome import CallFailed, Failure, InterruptNoted
+from harness.execution.plugin_host import host_pids
 from harness.execution.timed import TimingCall, TimingResult
-from harness.execution.wire import Channel, WorkerSpec
+from harness.execution.wire import Channel, WorkerSpec, worker_context
 from harness.execution.worker import worker_main
 from harness.measure.stages import CLOCK, stage
 from harness.measure.timing import CLOCKS
@@ -32,17 +34,6 @@ DEFAULT_TIMEOUT_S = 300.0
 START_TIMEOUT_S = 180.0
 #: what env.json and the summary say of a run whose backends each ran in workers of their own
 ISOLATED = "isolated: each backend's code only in its own worker processes"
-#: what the forkserver imports once, so that every worker forked from it starts with it
-FORKSERVER_PRELOAD = ("harness.execution.worker",)
-
-
-def worker_context():
-    """The multiprocessing context every worker starts from: forkserver, with FORKSERVER_PRELOAD imported once."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-    return ctx
-
-
 def timeouts(values: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:
     """(default seconds, (pattern, seconds) overrides) from the --call-timeout-s values, the last one winning."""
     default = next((s for p, s in reversed(values) if p == "*"), DEFAULT_TIMEOUT_S)
@@ -160,6 +151,8 @@ class IsolatedExecutor(InterruptNoted):
         self._available: dict[str, str | None] = {}
         self._ctx = worker_context()
         self._spec = WorkerSpec(str(self.device), self.modules, threads or torch.get_num_threads(), log_dir)
+        #: where every timed worker's threads run: the run's own CPUs, nice value and policy (neighbours.py)
+        self._placement = Placement.of_run()
         # closed with the run, or at exit: a finalizer that goes with the executor (no atexit entry per call)
         weakref.finalize(self, _stop_all, self.workers)
 
@@ -167,7 +160,9 @@ class IsolatedExecutor(InterruptNoted):
         return next((s for pattern, s in self.timeouts if fnmatch.fnmatchcase(case_id, pattern)), self.timeout_s)
 
     def _ask(self, backend: Backend, device: torch.device, kind: str, payload: Any, timeout: float,
-             doing: str) -> tuple[str, Any]:
+             doing: str, machine: list | None = None) -> tuple[str, Any]:
+        """The worker's (status, answer); machine: a list that gets the request's EqualMachine - every other
+        backend's process stopped while this one works, its placement set and checked (a timed round)."""
         self._check(device)
         worker = self.workers.get(backend.name)
         if worker is not None and worker.start_failure is None and not worker.process.is_alive():
@@ -180,7 +175,12 @@ class IsolatedExecutor(InterruptNoted):
         if worker.start_failure is not None:  # it could not start: every call says why
             return "failed", Failure(worker.start_failure.status,
                                      f"the worker of {backend.name} could not start: {worker.start_failure.reason}")
-        return worker.ask(kind, payload, timeout, doing)
+        if machine is None:
+            return worker.ask(kind, payload, timeout, doing)
+        others = [w.process.pid for w in self.workers.values() if w is not worker and w.process.is_alive()]
+        with EqualMachine(worker.process.pid, others + host_pids(), self._placement, self._spec.threads) as equal:
+            machine.append(equal)
+            return worker.ask(kind, payload, timeout, doing)
 
     def unavailable_reason(self, backend: Backend, device: torch.device) -> str | None:
         self._check(device)
@@ -204,13 +204,17 @@ class IsolatedExecutor(InterruptNoted):
 
     def time(self, backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
         # every timed answer comes back and is judged here (benchmark.judge_timed): nothing is compared where it ran
-        timing = replace(timing, call=timing.call.to_cpu())
+        timing, machine = replace(timing, call=timing.call.to_cpu()), []
         status, answer = self._ask(backend, device, "time", timing, self.timeout_for(timing.call.case.id),
-                                   f"timing {backend.name} {timing.phase} on {timing.call.case.id}")
+                                   f"timing {backend.name} {timing.phase} on {timing.call.case.id}", machine)
         if status != "ok":
             return TimingResult(failure=Failure(answer.status, f"during timing: {answer.reason}", answer.interrupted))
         worker = self.workers[backend.name]  # the run's clock around the request, not the worker's
         answer.asked_ns, answer.wall_ms = worker.asked_ns, worker.asked_ms
+        if machine:  # what the run's process saw of the machine while the worker was timed
+            equal = machine[0]
+            answer.others_share = equal.others_share
+            answer.integrity = "; ".join(filter(None, (answer.integrity, equal.problem)))
         return self._noted(answer, backend)
 
     def run(self, backend: Backend, fn: Callable[..., Any], device: torch.device, *args: Any) -> Any:

@@ -58,6 +58,9 @@ class TimingResult:
     #: monotonic clock): a round cannot start before it was asked for, so a clock left behind shows here
     started_ns: int | None = None
     asked_ns: int | None = None
+    #: the share of the machine's CPU time that processes other than the worker and the run took during the round
+    #: (0-1, read by the run's process: neighbours.EqualMachine; None: not read)
+    others_share: float | None = None
 
     @property
     def interrupted(self) -> bool:

@@ -7,6 +7,7 @@ import collections
 import dataclasses
 import enum
 import io
+import multiprocessing
 import pathlib
 import pickle
 import sys
@@ -177,6 +178,18 @@ class Channel:
         loader = _Answers(io.BytesIO(data)) if self.from_backend else pickle.Unpickler(io.BytesIO(data))
         loader.persistent_load = _Arena(self._peer if made is None else made, layout).persistent_load
         return loader.load()
+
+
+#: what the forkserver imports once, so that every worker forked from it starts with it
+FORKSERVER_PRELOAD = ("harness.execution.worker",)
+
+
+def worker_context():
+    """The multiprocessing context every worker and plugin process starts from: forkserver, with FORKSERVER_PRELOAD
+    imported once."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return ctx
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.device import indexed
+from harness.execution.neighbours import own_group
 from harness.execution.outcome import Failure
 from harness.execution.wire import Channel, WorkerSpec
 from harness.measure.stages import CLOCK, stage
@@ -41,6 +42,7 @@ def _cuda_broken(device: torch.device) -> bool:
 
 def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle; a worker finishes its call
+    own_group()  # before any backend code runs: what it starts is stopped with it (execution/neighbours.py)
     channel = Channel(conn, from_backend=False)
     _redirect_output(spec.log_dir, backend_name)
     from harness.backends.registry import all_backends, import_backend_module

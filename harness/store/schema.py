@@ -8,8 +8,9 @@ from typing import Iterable, NamedTuple
 #: 2: timing_status and timing_reason added (a timing failure no longer overwrites the correctness status);
 #: baseline (how the naive baseline was computed). 3: attention modifiers - head_dim_v, modifiers, modifier_path and
 #: the dsinks/dbias error, tolerance and naive columns (older files load with them empty). 4: fp8_kv and quant_err
-#: (FP8 KV caches). 5: fp8_q (FP8 queries too; older files load with it empty). 6: repro (a failing row's command)
-SCHEMA_VERSION = 6
+#: (FP8 KV caches). 5: fp8_q (FP8 queries too; older files load with it empty). 6: repro (a failing row's command).
+#: 7: contention (the CPU other processes took while the key was timed)
+SCHEMA_VERSION = 7
 
 #: a result is one (case, backend, phase)
 KEY = ("case_id", "backend", "phase")
@@ -55,6 +56,13 @@ def figures_usable(timing_status: object) -> bool:
     earlier round's. Every reader of results and samples goes through store.load (usable_figures), so no speedup,
     summary, figure, gate or recommendation sees them."""
     return timing_status != REJECTED
+
+
+def figures_comparable(timing_status: object, suspicious: object) -> bool:
+    """Whether a row's figures may enter a comparison between backends - a speedup, a winner, a ranking, a
+    recommendation: usable, and not beyond the measured peak (`suspicious`, measure/bandwidth.py). A figure the
+    machine cannot reach is no speedup: it is shown, flagged, and compared once a quiet re-measurement clears it."""
+    return figures_usable(timing_status) and suspicious is not True and suspicious != "True"
 
 
 #: what limits a timed row (its `bound` column): the matmul peak or the memory bandwidth
@@ -188,6 +196,9 @@ class Row(_RowJudged):
     round_spread: float | None = None
     timing_mode: str | None = None
     threads: int | None = None
+    #: the most, over the key's rounds, of the machine's CPU time that processes other than the timed worker and the
+    #: run took while it was timed, as a share of all CPUs (0-1; execution/neighbours.py): the load it ran beside
+    contention: float | None = None
     noisy: bool | None = None
     peak_mem_bytes: int | None = None
     mem_method: str | None = None
