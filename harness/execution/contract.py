@@ -45,7 +45,7 @@ def contract_violation(out: object, q: torch.Tensor, v: torch.Tensor,
     if not isinstance(out, torch.Tensor):
         return Failure(ERROR, f"forward returned {type(out).__name__}, not a tensor")
     expected = (*q.shape[:-1], v.shape[-1])
-    problems = []
+    problems = [] if type(out) is torch.Tensor else [not_plain(out)]
     if out.dtype != dtype:
         problems.append(f"output dtype {str(out.dtype).removeprefix('torch.')}, expected "
                         f"{str(dtype).removeprefix('torch.')} "
@@ -69,7 +69,16 @@ def owned(path: str, out: object, q: torch.Tensor, v: torch.Tensor, given: dict[
     return None if failure is None else Failure(failure.status, path + failure.reason)
 
 
+def not_plain(value: torch.Tensor) -> str:
+    """Why an answer of a torch.Tensor subclass is refused: its own code runs whenever the harness reads it - after
+    the clock stopped, where deferred work would go unseen (docs/integrity.md)."""
+    return (f"returned a {type(value).__qualname__}, a subclass of torch.Tensor: an answer must be exactly "
+            "torch.Tensor (a subclass runs code of its own when read, after the clock stopped)")
+
+
 def grad_violation(name: str, grad: torch.Tensor, leaf: torch.Tensor) -> str | None:
+    if type(grad) is not torch.Tensor:
+        return f"{name} {not_plain(grad)}"
     if grad.dtype != leaf.dtype or tuple(grad.shape) != tuple(leaf.shape) or grad.device != leaf.device:
         return (f"{name} is {str(grad.dtype).removeprefix('torch.')} {tuple(grad.shape)} on {grad.device}, expected "
                 f"{str(leaf.dtype).removeprefix('torch.')} {tuple(leaf.shape)} on {leaf.device}")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from harness.execution.contract import Snapshot, aliased
+from harness.execution.contract import Snapshot, aliased, not_plain
 from harness.measure.timing import Guard
 from harness.spec.case import Inputs
 from harness.store.schema import BWD
@@ -171,6 +171,7 @@ class RoundGuard(Guard):
         #: the samples' answers drawn so far (after_call), undone; the last call's after them
         self.drawn: list[dict[str, torch.Tensor]] = []
         self.aliased = ""  # after_last_call: '' unless the last call's output is not its own
+        self.not_plain = ""  # '' unless a call's output or a drawn answer was a torch.Tensor subclass
         self.content: CallContent | None = None
         # the calls' contents, drawn together as needed (docs/integrity.md: what a kernel can read): FIRST_DRAWN, then
         # twice as many a draw, up to DRAWN_AT_ONCE
@@ -188,17 +189,24 @@ class RoundGuard(Guard):
         self.timed.fresh(self.content, self.inputs)
 
     def after_call(self, value: object, left: int) -> None:
-        """Kept to be judged or not, drawn only now (JUDGED_DRAWS; `left`: the samples after it): no kernel knows."""
+        """Kept to be judged or not, drawn only now (JUDGED_DRAWS; `left`: the samples after it): no kernel knows.
+        Every call's output must be exactly torch.Tensor (contract.not_plain)."""
+        if value is not None and type(value) is not torch.Tensor and not self.not_plain:
+            self.not_plain = f"a timed call {not_plain(value)}"
         if secrets.randbelow(left) < JUDGED_DRAWS - len(self.drawn):
             self.drawn.append(self.timed.observe(value, self._undone))
 
     def after_last_call(self, value: object) -> None:
         """The last call is always judged, and its output must be its own."""
         self.aliased = aliased(value, self.timed.buffers)
+        if value is not None and type(value) is not torch.Tensor and not self.not_plain:
+            self.not_plain = f"the last timed call {not_plain(value)}"
         self.drawn.append(self.timed.observe(value, self._undone))
 
     def _undone(self, quantity: str, answer: torch.Tensor) -> torch.Tensor:
         # copied as the call returned and undone in one pass: its call's and the round's content divided out
+        if type(answer) is not torch.Tensor and not self.not_plain:
+            self.not_plain = f"a timed call's {quantity} {not_plain(answer)}"
         return self.round.undo(quantity, answer, self.group, self.content)
 
     def finish(self, device: torch.device) -> tuple[list[dict[str, torch.Tensor]], str]:
@@ -208,7 +216,7 @@ class RoundGuard(Guard):
             torch.cuda.synchronize(device)
         # what the last call was given, made anew here: the buffers must still hold it
         given = None if self.content is None else self.timed.sources(self.content.inputs(self.inputs))
-        problems = filter(None, (self.aliased, self.snapshot.written(given)))
+        problems = filter(None, (self.not_plain, self.aliased, self.snapshot.written(given)))
         return [{name: t.cpu() for name, t in answers.items()} for answers in self.drawn], "; ".join(problems)
 
 

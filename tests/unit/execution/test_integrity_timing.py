@@ -63,6 +63,19 @@ def test_a_cache_right_on_every_input_never_hits_a_timed_call(kernel, phase):
     assert row.timing_status == TIMED and row.latency_ms >= 1000 * gamed.WORK_S, (row.timing_reason, row.latency_ms)
 
 
+def test_an_answer_that_is_a_tensor_subclass_is_refused_when_judged_and_when_timed():
+    """issue 62 item 2: an answer must be exactly torch.Tensor - a subclass runs its own code when the harness reads
+    it, after the clock stopped. Refused by the contract at correctness; a kernel that returns one only on timed
+    calls (its data computed when first read) loses its figure."""
+    prepared = prepare_case(CASE, CPU, 3)
+    verdict = execute(gamed.AlwaysSubclass(), prepared, executor=InProcessExecutor())
+    assert verdict.status == "fail" and "a subclass of torch.Tensor" in verdict.row("fwd").reason
+    row = _timed(gamed.DeferredSubclass(), "fwd").row
+    assert row.timing_status == REJECTED and "_Deferred, a subclass of torch.Tensor" in row.timing_reason, (
+        row.timing_reason)
+    assert row.latency_ms is None
+
+
 def test_a_background_thread_filling_the_output_late_is_rejected():
     kernel = gamed.BackgroundFill()
     kernel.honest = 2  # the two correctness calls
