@@ -22,7 +22,7 @@ from harness.measure.timing import TimingConfig
 from harness.spec.case import AttentionCase
 from harness.store.host import testbed_id
 from harness.store.load import load_results, load_samples
-from harness.store.schema import FWD, FWD_BWD, PASS, UNAVAILABLE, VERDICT_PHASES, Row, figures_usable
+from harness.store.schema import FWD, FWD_BWD, PASS, UNAVAILABLE, VERDICT_PHASES, Row, figures_comparable, figures_usable
 
 @dataclass
 class Evidence:
@@ -114,8 +114,10 @@ def evidence_from_run(run_dir: str | Path, case: AttentionCase, phase: str, back
     for backend in backends:
         match = rows[rows.backend == backend.name]
         r = None if match.empty else match.iloc[0]
-        if r is not None and not figures_usable(r.get("timing_status")):  # its timing was rejected: an exclusion
-            out[backend.name] = Evidence(backend.name, str(r.timing_status), str(r.get("timing_reason") or ""),
+        if r is not None and not figures_comparable(r.get("timing_status"), r.get("suspicious")):
+            # rejected, or beyond the measured peak: an exclusion with its reason
+            status = str(r.timing_status) if not figures_usable(r.get("timing_status")) else "suspicious"
+            out[backend.name] = Evidence(backend.name, status, str(r.get("timing_reason") or ""),
                                          package=backend.package, source=f"run {run_dir.name}")
         elif r is not None and (r.status != PASS or by_backend.get(backend.name)):
             out[backend.name] = Evidence(backend.name, str(r.status), "" if pd.isna(r.reason) else str(r.reason),

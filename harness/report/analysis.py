@@ -119,6 +119,7 @@ def timed_correct(run: Run) -> pd.DataFrame:
 def winners(run: Run) -> pd.DataFrame:
     """Fastest correct backend per shape group (dtype, head_dim, mask, batch, heads, seq_q, seq_k, phase)."""
     rows = timed_correct(run)
+    rows = rows[~rows.suspicious]  # a figure beyond the measured peak wins nothing (schema.figures_comparable)
     if rows.empty:
         return pd.DataFrame()
     keys = ["dtype", "head_dim", "mask", "modifier_kind", "batch", "heads", "kv_heads", "seq_q", "seq_k", "phase"]
@@ -128,7 +129,7 @@ def winners(run: Run) -> pd.DataFrame:
         best = g.iloc[0]
         second = g.iloc[1] if len(g) > 1 else None
         out.append({**dict(zip(keys, key)), "winner": best.backend, "latency_ms": best.latency_ms,
-                    "suspicious": bool(best.suspicious), "noisy": bool(best.noisy),
+                    "noisy": bool(best.noisy),
                     "runner_up": "" if second is None else second.backend,
                     "margin": np.nan if second is None else second.latency_ms / best.latency_ms,
                     "speedup": best.speedup, "candidates": len(g)})

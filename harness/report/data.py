@@ -202,10 +202,15 @@ def _quartiles(run_dir: Path) -> tuple[pd.DataFrame, int]:
 def _derive_perf(run: Run) -> None:
     """Speedup and memory relative to the baseline (same case and phase); TFLOP/s and % of peak when absent."""
     df = run.df
-    base = df[(df.backend == run.baseline) & ~df.is_semantics][["case_id", "phase", "latency_ms", "peak_mem_bytes"]]
-    base = base.rename(columns={"latency_ms": "base_latency_ms", "peak_mem_bytes": "base_peak_mem_bytes"})
+    base = df[(df.backend == run.baseline) & ~df.is_semantics][["case_id", "phase", "latency_ms", "peak_mem_bytes",
+                                                                "suspicious"]]
+    base = base.rename(columns={"latency_ms": "base_latency_ms", "peak_mem_bytes": "base_peak_mem_bytes",
+                                "suspicious": "base_suspicious"})
     df = df.merge(base, on=["case_id", "phase"], how="left")
-    df["speedup"] = df.base_latency_ms / df.latency_ms
+    # a figure beyond the measured peak, on either side, is no speedup (schema.figures_comparable)
+    comparable = ~df.suspicious & ~df.base_suspicious.astype("boolean").fillna(False).astype(bool)
+    df["speedup"] = (df.base_latency_ms / df.latency_ms).where(comparable)
+    df = df.drop(columns="base_suspicious")
     df["mem_vs_base"] = df.peak_mem_bytes / df.base_peak_mem_bytes
     df["peak_mem_mib"] = df.peak_mem_bytes / 2**20
     # the benchmark stage fills tflops/pct_of_peak; derive them only from stored figures when it did not

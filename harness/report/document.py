@@ -334,7 +334,7 @@ def _winners_section(run: Run) -> list:
     table = winners(run)
     if not table.empty:
         def cell(r) -> str:
-            flags = "".join(f" ({flag})" for flag in ("suspicious", "noisy") if getattr(r, flag))
+            flags = " (noisy)" if r.noisy else ""  # a suspicious figure wins nothing (analysis.winners)
             text = f"{r.winner}{flags} {_fmt(r.latency_ms)} ms"
             return text + (f" (next: {r.runner_up} ×{r.margin:.2f})" if r.runner_up else " (only one)")
         shape = ["dtype", "head_dim", "mask", "modifier_kind", "batch", "heads", "kv_heads", "seq_q", "seq_k"]

@@ -27,7 +27,7 @@ from harness.spec.presets import model_shape, quick_cases
 from harness.suite.probes import tier
 from harness.oracle.signatures import signature
 from harness.store.run_dir import results_root
-from harness.store.schema import BASELINE, FAILING, OBSERVED, PHASES, REJECTED, STATUSES, figures_usable
+from harness.store.schema import BASELINE, FAILING, OBSERVED, PHASES, REJECTED, STATUSES, figures_comparable
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
 _PROGRESS_KEY = pytest.StashKey[Progress]()
@@ -317,7 +317,8 @@ SPEEDUP = "speedup vs naive"
 LEGEND = ("cases by verdict: the matrix's cases, each under its worst phase (pass: out, dq, dk, dv within tolerance "
           "of the float64 reference), as the report's headline counts them; the probes' cases (edge:, ...) are "
           "counted apart there")
-SPEEDUP_LEGEND = "; speedup vs naive: naive's median latency / the backend's, median over cases (2.00 = twice as fast)"
+SPEEDUP_LEGEND = ("; speedup vs naive: naive's median latency / the backend's, median over cases (2.00 = twice as fast; "
+                  "a figure beyond the measured peak, suspicious, counts in none)")
 REJECTED_LEGEND = ("; rejected: timed keys (case, phase) whose calls failed an integrity check: no figure is kept "
                    "(docs/integrity.md)")
 
@@ -334,7 +335,8 @@ def summary_lines(session: RunSession) -> list[str]:
         if row.timing_status == REJECTED:
             rejected[backend].append(row)
         naive = session.perf_rows.get((case_id, BASELINE, phase))
-        usable = figures_usable(row.timing_status) and naive is not None and figures_usable(naive.timing_status)
+        usable = (naive is not None and figures_comparable(row.timing_status, row.suspicious)
+                  and figures_comparable(naive.timing_status, naive.suspicious))
         if usable and row.latency_ms and naive.latency_ms:
             speedups[backend][phase].append(naive.latency_ms / row.latency_ms)
     statuses = [s for s in STATUSES if s != OBSERVED]  # observed: a probe's finding, not a verdict

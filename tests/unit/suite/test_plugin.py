@@ -10,7 +10,7 @@ import torch
 from harness.spec.case import AttentionCase
 from harness.spec.matrices import build_matrix
 from harness.spec.presets import quick_cases
-from harness.store.schema import BWD, FAIL, FWD, FWD_BWD, PASS, PHASES, REJECTED, UNAVAILABLE, Row
+from harness.store.schema import BWD, FAIL, FWD, FWD_BWD, PASS, PHASES, REJECTED, UNAVAILABLE, Row, figures_comparable
 from harness.suite import plugin
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -139,6 +139,19 @@ def test_the_summary_counts_cases_by_status_and_gives_the_median_speedup_over_na
     assert header.endswith(f"speedup vs naive {FWD_BWD}") and "speedup vs naive:" in legend
     untimed = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows={}))
     assert "speedup" not in untimed[0] and len(untimed[1].split()) == 7
+
+
+def test_a_figure_beyond_the_measured_peak_counts_in_no_speedup():
+    """issue 62 item 4: a suspicious row (beyond the measured peak) is shown, never compared: neither as the backend's
+    figure nor as naive's (schema.figures_comparable)."""
+    verdicts = {(c, b): SimpleNamespace(status=PASS) for c in ("c1", "c2", "c3") for b in ("naive", "sdpa")}
+    perf = {r.key: r for r in [_perf("c1", "naive", FWD, 4.0), _perf("c1", "sdpa", FWD, 1.0, suspicious=True),
+                               _perf("c2", "naive", FWD, 6.0, suspicious=True), _perf("c2", "sdpa", FWD, 1.0),
+                               _perf("c3", "naive", FWD, 3.0), _perf("c3", "sdpa", FWD, 1.5)]}
+    sdpa = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows=perf))[2]
+    assert sdpa.split()[-3:] == ["2.00", "-", "-"]  # c3 alone
+    assert figures_comparable("timed", False) and not figures_comparable("timed", True)
+    assert not figures_comparable(REJECTED, False) and figures_comparable("timed", None)
 
 
 def test_the_progress_weights_are_the_estimates_steps_per_test():
