@@ -65,9 +65,12 @@ def _phase_status(rows: list[Row], training: bool) -> tuple[str, str, float]:
 
 def measure_now(case: AttentionCase, backends: list[Backend], device: torch.device, *, training: bool,
                 seed: int, timing: TimingConfig, executor: Executor,
-                progress: Callable[[str], object]) -> dict[str, Evidence]:
+                progress: Callable[[str], object], record: Callable[[list[Row], tuple], object] | None = None
+                ) -> dict[str, Evidence]:
     """Correctness first (against the float64 reference), then timing and memory of the verified only; `progress` is
-    told each step as it ends."""
+    told each step as it ends; `record(rows, samples_ms)` is given each verdict's and timing's rows as made (the
+    run folder `recommend` leaves)."""
+    record = record or (lambda rows, samples: None)
     prepared = prepare_case(case, device, seed)
     progress(f"{case.id}: float64 reference and naive baseline")
     phase = FWD_BWD if training else FWD
@@ -76,6 +79,7 @@ def measure_now(case: AttentionCase, backends: list[Backend], device: torch.devi
     out = {}
     for backend in backends:
         verdict = execute(backend, prepared, executor=executor)
+        record(list(verdict.rows), ())
         status, reason, err = _phase_status(verdict.rows, training)
         if status == UNAVAILABLE:  # say too what the backend could not do on this workload where it is available
             more = backend.can_run(case, device)
@@ -84,6 +88,7 @@ def measure_now(case: AttentionCase, backends: list[Backend], device: torch.devi
         if status == PASS:
             perf = measure_phase(backend, prepared, phase, verdict, config=timing, peaks={}, executor=executor,
                                  bw_peak=bw_peak)
+            record([perf.row], () if perf.measurement is None else perf.measurement.samples_ms)
             if perf.measurement is None:  # oom, an error, or rejected (an integrity check failed) while timing
                 e.status, e.reason = perf.row.timing_status, perf.row.timing_reason or ""
             else:

@@ -52,6 +52,8 @@ class Recommendation:
     check_case: str | None = None
     #: the p-value below which the ranking counted a difference (TieConfig.alpha), printed beside each p
     alpha: float = TieConfig.alpha
+    #: each ranked backend's timing samples (ms): what the traffic mix (advisor/mix.py) resamples
+    samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,7 +106,8 @@ def rank_backends(evidence: Iterable[Evidence], cfg: TieConfig = TieConfig()) ->
             rows.append(_row(e, status=e.status if e.status != PASS else NOT_TIMED, reason=reason))
     df = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     winner, explanation = explain(groups, fastest, [e for e in evidence if not e.eligible], cfg)
-    return Recommendation(df, winner, explanation, alpha=cfg.alpha)
+    return Recommendation(df, winner, explanation, alpha=cfg.alpha,
+                          samples={e.backend: tuple(e.samples_ms) for e in evidence if e.eligible})
 
 
 def _row(e: Evidence, **values) -> dict:

@@ -31,9 +31,11 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
                        results: str | Path | None = None, seed: int = 0, timing: TimingConfig = ADVISOR_TIMING,
                        checks: bool = True, compile_backend: str = "inductor",
                        cfg: TieConfig = TieConfig(), executor: Executor | None = None,
-                       require: tuple[str, ...] = (), progress: Progress | None = None) -> Recommendation:
+                       require: tuple[str, ...] = (), progress: Progress | None = None,
+                       record=None) -> Recommendation:
     """The ranked backends of one workload (rank_backends), with the workload, device and notes. Backend calls run
-    through `executor` (default: this process). `require` (REQUIREMENTS): what a backend must show, or be excluded."""
+    through `executor` (default: this process). `require` (REQUIREMENTS): what a backend must show, or be excluded.
+    `record(rows, samples_ms)`: told each row measured now (evidence.measure_now)."""
     unknown = sorted(set(require) - set(REQUIREMENTS))
     if unknown:
         raise ValueError(f"require={unknown}; allowed: {', '.join(REQUIREMENTS)}")
@@ -43,14 +45,14 @@ def recommend_workload(workload: Workload, *, backends: str | list[str] | None =
         with left_as_found():  # the caller's process: torch's settings and the stage clock put back
             return _recommend_workload(workload, backends=backends, device=device, results=results, seed=seed,
                                        timing=timing, checks=checks, compile_backend=compile_backend, cfg=cfg,
-                                       executor=executor, require=require, progress=progress)
+                                       executor=executor, require=require, progress=progress, record=record)
     finally:
         if own:
             executor.close()
 
 
 def _recommend_workload(workload: Workload, *, backends, device, results, seed, timing, checks, compile_backend, cfg,
-                        executor, require, progress) -> Recommendation:
+                        executor, require, progress, record) -> Recommendation:
     step = progress.step if progress is not None else (lambda what: None)
     dev = resolve_device(device)
     chosen = get_backends(backends)
@@ -62,7 +64,7 @@ def _recommend_workload(workload: Workload, *, backends, device, results, seed, 
     missing = [b for b in chosen if b.name not in evidence]
     if missing:
         evidence.update(measure_now(case, missing, dev, training=workload.training, seed=seed, timing=timing,
-                                    executor=executor, progress=step))
+                                    executor=executor, progress=step, record=record))
     for _ in range(len(chosen) - len(missing) + (0 if missing else 1)):  # what the stored run gave: no work left
         step(f"{case.id}: from {results}")
     for backend in chosen:

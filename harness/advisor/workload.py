@@ -12,6 +12,9 @@ from harness.spec.presets import ModelShape, get_preset
 from harness.spec.serving_step import StepMix, parse_mix, serving_step
 from harness.store.schema import FWD, FWD_BWD
 
+#: the parts of serving a workload may be (Workload.part): picked separately where a framework allows it
+ROLES = ("prefill", "decode", "mixed", "training")
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -36,11 +39,46 @@ class Workload:
     page_size: int | None = None
     #: a mixed serving step's mix id (e.g. 'p1x512-d31-v4x4'): batch and seq_q are then the mix's
     serving_step: str | None = None
+    #: the traffic mix (advisor/mix.py): this shape's share of the calls (any positive number, relative to the
+    #: others'), or the tokens per second it serves (its calls per second: tokens / (batch x seq_q)); one of the two
+    weight: float | None = None
+    tokens_per_s: float | None = None
+    #: which part of serving it is (ROLES; None: read off the shape - see `role`)
+    part: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.training, bool):
             raise ValueError(f"training={self.training!r}: must be true or false")
+        for key in ("weight", "tokens_per_s"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value < float("inf")):
+                raise ValueError(f"{key}={value!r}: must be a positive number")
+        if self.weight is not None and self.tokens_per_s is not None:
+            raise ValueError(f"weight={self.weight!r} and tokens_per_s={self.tokens_per_s!r}: give one of the two")
+        if self.part is not None and self.part not in ROLES:
+            raise ValueError(f"part={self.part!r}; allowed: {', '.join(ROLES)}")
         self.case()  # every other check (ints, dtype, mask, heads % kv_heads) is the case spec's own
+
+    @property
+    def role(self) -> str:
+        """prefill, decode (a step over a longer cache: decode or a verification), mixed (a serving step of both) or
+        training; `part` when given."""
+        if self.part is not None:
+            return self.part
+        if self.training:
+            return "training"
+        if self.serving_step is not None:
+            return "mixed"
+        case = self.case()
+        return "decode" if case.seq_q < case.seq_k else "prefill"
+
+    @property
+    def calls_weight(self) -> float:
+        """Its calls per unit of traffic: `weight`, or tokens_per_s / tokens a call (batch x seq_q); 1 unweighted."""
+        if self.tokens_per_s is not None:
+            return self.tokens_per_s / (self.batch * self.seq_q)
+        return 1.0 if self.weight is None else float(self.weight)
 
     def case(self) -> AttentionCase:
         modifiers = dict(softcap=self.softcap, sinks=self.sinks, alibi=self.alibi, bias=self.bias,
@@ -100,7 +138,10 @@ def model_workloads(model: ModelShape, batch: int, seq: int, *, seq_k: int | Non
 
 
 WORKLOAD_KEYS = ("name", "preset", "batch", "heads", "kv_heads", "seq", "seq_q", "seq_k", "head_dim", "dtype", "mask",
-                 "training", "softcap", "sinks", "alibi", "bias", "head_dim_v", "page_size", "serving_step")
+                 "training", "softcap", "sinks", "alibi", "bias", "head_dim_v", "page_size", "serving_step", "weight",
+                 "tokens_per_s", "part")
+#: the traffic mix's keys: a shape's own, passed on to each workload it makes
+MIX_KEYS = ("weight", "tokens_per_s", "part")
 #: what a serving step's mix sets, so its shape may not give them (a [defaults] value does not apply to it)
 STEP_SETS = ("batch", "seq_q", "mask")
 #: what a `preset` (spec/presets.py) sets, so a shape that names one may not give them too
@@ -148,11 +189,17 @@ def workloads_from_mapping(data: object, where: str = "workload", *, training: b
         spot = f"{where} shape {i}"
         own = _shape_keys(entry, spot)
         keys = {**defaults, **own}
+        mix = {k: keys[k] for k in MIX_KEYS if k in keys}
         if keys.get("serving_step") not in (None, False):  # the keys the shape wrote (`seq` not yet read as seq_q)
-            workloads += _step_workloads(keys, {str(k).replace("-", "_") for k in entry}, spot)
+            made = _step_workloads(keys, {str(k).replace("-", "_") for k in entry}, spot)
         elif "preset" in keys:
-            workloads += _preset_workloads(keys, own, spot)
+            made = _preset_workloads(keys, own, spot)
         else:
+            made = None
+        if made is not None:
+            with _at(spot):
+                workloads += [replace(w, **mix) for w in made]
+        if made is None:
             missing = [k for k in ("batch", "heads", "seq_q", "head_dim") if k not in keys]
             if missing:
                 raise ValueError(f"{spot}: missing {', '.join(missing)} (seq may stand for seq_q and seq_k)")
@@ -220,7 +267,8 @@ def _step_workloads(keys: dict, own: set[str], spot: str) -> list[Workload]:
     if missing:
         raise ValueError(f"{spot}: serving step {mix.id} needs heads, head_dim and seq (the longest cache; or "
                          f"seq_k); missing {', '.join(missing).replace('seq_k', 'seq')}")
-    given = {k: keys[k] for k in keys if k not in (*STEP_SETS, "name", "preset", "serving_step", "training", "seq_q")}
+    given = {k: keys[k] for k in keys
+             if k not in (*STEP_SETS, *MIX_KEYS, "name", "preset", "serving_step", "training", "seq_q")}
     with _at(spot):
         return [Workload(mix.batch, seq_q=max(mix.q_lens), serving_step=mix.id,
                          name=name or f"step {mix.id} s{cache}", **given)]

@@ -16,6 +16,7 @@ from harness.spec.modifiers import MODIFIERS
 
 if TYPE_CHECKING:
     from harness.backends.install import Install
+    from harness.backends.serving import ServingKnob
 
 LAYOUTS = ("bhsd", "bshd")
 #: the library calls a backend may offer beyond `forward`, for probes of the library's own conventions
@@ -110,6 +111,8 @@ class DescriptionHooks:
     library: ClassVar[str] = ""
     #: how that library installs (harness.backends.install; None = torch alone: nothing to install)
     install: ClassVar["Install | None"] = None
+    #: which setting of vLLM, SGLang or transformers runs its kernels (harness.backends.serving; () = none known)
+    serving: ClassVar[tuple["ServingKnob", ...]] = ()
 
     def installed_version(self) -> str | None:
         """The package's version here (torch's when `package` is None), or None where it is not installed."""

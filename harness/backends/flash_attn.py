@@ -11,6 +11,7 @@ from harness.backends.paged_gather import run_packed
 from harness.backends.registry import register
 from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
 from harness.spec.paged import cu_seqlens, mixed_step_queries
+from harness.backends.serving import ServingKnob
 
 
 def fa2_args(mask: MaskSpec | None, seq_q: int, seq_k: int, name: str = "FA2") -> dict:
@@ -48,6 +49,12 @@ class FlashAttn2(FlashFamily):
     name = "flash-attn"
     colour, marker = "#e377c2", "*"
     library = "FlashAttention-2"
+    #: vLLM FLASH_ATTN with FlashAttention version 2 (vLLM's own build of the kernels, vllm_flash_attn; the version
+    #: flag is --attention-config.flash_attn_version from 0.13.0, VLLM_FLASH_ATTN_VERSION before);
+    #: transformers flash_attention_2 (4.36.0 on); SGLang has no FlashAttention-2 setting
+    serving = (ServingKnob("vllm", "FLASH_ATTN", "0.10.2", also=("--attention-config.flash_attn_version=2",),
+                           note="vLLM's own build of the FlashAttention-2 kernels"),
+               ServingKnob("transformers", "flash_attention_2", "4.36.0"))
     install = Install("flash-attn==2.8.3", because="flash_attn_interface.py of 2.8.3 is what its calls were read against "
                       "(page sizes, softcap, alibi_slopes, varlen)",
                       builds_from_source="no wheel on PyPI: its sdist imports torch to build (so pip needs "

@@ -11,6 +11,7 @@ from harness.backends.install import Install
 from harness.backends.paged_gather import paged_call_args, run_packed
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
+from harness.backends.serving import ServingKnob
 
 FP8_REFUSAL = ("FlashAttention-3's FP8 path takes Q, K and V all in FP8 (the kernel's dtype is q's, with "
                "q/k/v_descale); an FP8 KV cache with bf16/fp16 queries has no form")
@@ -37,6 +38,12 @@ class FlashAttn3(FlashFamily):
     name = "flash-attn-3"
     colour, marker = "#393b79", "d"
     library = "FlashAttention-3"
+    #: vLLM FLASH_ATTN, version 3 by default on sm90 (fa_utils.get_flash_attn_version); SGLang fa3 (sgl-kernel's
+    #: build, 0.4.6.post4 on); transformers flash_attention_3 (4.53.0 on)
+    serving = (ServingKnob("vllm", "FLASH_ATTN", "0.10.2", also=("--attention-config.flash_attn_version=3",),
+                           note="vLLM's own build of the FlashAttention-3 kernels"),
+               ServingKnob("sglang", "fa3", "0.4.6.post4", note="sgl-kernel's build of the FlashAttention-3 kernels"),
+               ServingKnob("transformers", "flash_attention_3", "4.53.0"))
     install = Install("flash-attn-3", because="no release on any package index: any build of flash-attention's hopper/ "
                       "(its interface was read at commit 01afd16)",
                       builds_from_source="on no package index: build flash-attention's hopper/ with nvcc on an sm90 "

@@ -14,6 +14,7 @@ from harness.backends.paged_gather import paged_call_args, run_packed
 from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, SlidingWindow
+from harness.backends.serving import ServingKnob
 
 
 def _sm100_fits(d: int, dv: int) -> bool:
@@ -155,6 +156,11 @@ class FlashAttn4(FlashFamily):
     name = "flash-attn-4"
     colour, marker = "#637939", "<"
     library = "FlashAttention-4"
+    #: vLLM FLASH_ATTN with version 4 (0.17.0 on; the default on sm100 where FA4 is there); SGLang fa4 (0.5.3 on,
+    #: decode from 0.5.8); transformers flash_attention_4 (5.4.0 on)
+    serving = (ServingKnob("vllm", "FLASH_ATTN", "0.17.0", also=("--attention-config.flash_attn_version=4",)),
+               ServingKnob("sglang", "fa4", "0.5.3", decode_since="0.5.8"),
+               ServingKnob("transformers", "flash_attention_4", "5.4.0"))
     #: with its dependencies (the CUTLASS DSL and its compiler for the torch's CUDA); offline: what pip resolves for
     #: flash-attn-4[cuN] (one compiler flavour: the DSL loads the newest installed one, cutlass/_mlir/_mlir_libs)
     install = Install("flash-attn-4==4.0.0b36", because="flash_attn.cute.interface of 4.0.0b36 is what its calls were "

@@ -17,6 +17,7 @@ from harness.spec.case import AttentionCase
 from harness.spec.fp8 import kv_scales
 from harness.spec.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
 from harness.spec.paged import cu_seqlens, paged_layout, query_rows
+from harness.backends.serving import ServingKnob
 
 #: bytes of the float workspace every wrapper takes (FlashInfer's examples and tests use 128 MiB)
 WORKSPACE_BYTES = 128 * 2 ** 20
@@ -128,6 +129,10 @@ class FlashInfer(FlashFamily):
     name = "flashinfer"
     colour, marker = "#bcbd22", "h"
     library = "FlashInfer"
+    #: vLLM FLASHINFER (0.10.2 on; the default on sm100), SGLang flashinfer (0.4.6.post4 on; its trtllm_mha runs
+    #: FlashInfer's TensorRT-LLM kernels instead); transformers has no FlashInfer setting
+    serving = (ServingKnob("vllm", "FLASHINFER", "0.10.2"),
+               ServingKnob("sglang", "flashinfer", "0.4.6.post4"))
     #: without its dependencies, which pull in the CUTLASS DSL (hundreds of MiB) that only its JIT on a GPU uses: on a
     #: CPU its wrappers import and their translation is tested; with what its import needs
     install = Install("flashinfer-python==0.6.1", because="its wrappers' plan()/run() were read at 0.6.1; 7.6 MB where "

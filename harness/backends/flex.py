@@ -14,6 +14,7 @@ from harness.backends.registry import register
 from harness.spec.masks import MaskSpec
 from harness.spec.modifiers import alibi_term, softcap_scores
 from harness.spec.paged import paged_layout
+from harness.backends.serving import ServingKnob
 
 
 def flex_mask_mod(mask: MaskSpec, seq_q: int, seq_k: int, device="cpu"):
@@ -122,6 +123,11 @@ class Flex(Backend):
     name = "flex"
     colour, marker = "#ff7f0e", "X"
     library = "FlexAttention"
+    #: vLLM FLEX_ATTENTION (the enum of 0.10.2 on; vllm/v1/attention/backends/flex_attention.py), SGLang
+    #: flex_attention (choices of 0.5.3 on), transformers flex_attention (4.47.0 on)
+    serving = (ServingKnob("vllm", "FLEX_ATTENTION", "0.10.2"),
+               ServingKnob("sglang", "flex_attention", "0.5.3", note="no CUDA graphs, no speculative decoding"),
+               ServingKnob("transformers", "flex_attention", "4.47.0"))
     known_failures = (
         KnownFailure("empty", "seq_q0", "compiled flex_attention kills the process with SIGFPE on CPU for seq_q=0 (seen "
                                         "with torch 2.13; eager flex returns the empty output)", device="cpu"),

@@ -14,6 +14,7 @@ from harness.oracle.baseline import naive_attention, naive_rows
 from harness.spec.masks import MaskSpec
 from harness.spec.modifiers import MODIFIERS, alibi_bias, alibi_slopes
 from harness.store.schema import BASELINE
+from harness.backends.serving import ServingKnob
 
 
 @dataclass
@@ -29,6 +30,8 @@ class Naive(Backend):
     name = BASELINE
     colour, marker = "#7f7f7f", "o"
     library = "naive attention"
+    #: transformers' own matmul + softmax (eager_attention_forward): modeling_utils.py of 4.36.0 to 5.25.0
+    serving = (ServingKnob("transformers", "eager", "4.36.0", note="the model's own matmul and softmax"),)
     #: by design (the same-precision baseline): its fp16 scores and dO @ V^T stay in the input dtype
     known_failures = (
         KnownFailure("edge", "fp16-qk-overflow",

@@ -20,6 +20,7 @@ from harness.backends.registry import register
 from harness.spec.case import AttentionCase
 from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, MaskSpec
 from harness.spec.modifiers import additive_term, alibi_slopes
+from harness.backends.serving import ServingKnob
 
 #: SDPA refusing a pinned kernel, and cuDNN failing to build a plan at run time: "this kernel cannot run this case"
 _REFUSALS = ("No viable backend", "No available kernel")
@@ -238,6 +239,11 @@ def _cudnn_refusals(call):
 @register
 class Sdpa(_Sdpa):
     name = "sdpa"
+    #: transformers' default (modeling_utils.py `_check_and_adjust_attn_implementation` of 4.54.0-5.25.0, before it
+    #: `_autoset_attn_implementation`); SGLang's torch_native (server_args.py choices since 0.4.6.post4); vLLM runs
+    #: SDPA only in its CPU and vision-encoder paths, never as a decoder setting
+    serving = (ServingKnob("transformers", "sdpa", "4.36.0", note="SDPA picks its kernel itself"),
+               ServingKnob("sglang", "torch_native", "0.4.6.post4", note="no CUDA graphs"))
     colour, marker = "#1f77b4", "s"
     #: on the 2-core VM its CPU flash kernel ran at 0.11-0.51 of the GEMM rate (docs/measurements.md)
     relative_speed = {"cpu": 0.22}

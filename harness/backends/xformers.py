@@ -16,6 +16,7 @@ from harness.spec.case import AttentionCase
 from harness.spec.masks import Causal, CausalBottomRight, Documents, MaskSpec, SlidingWindow, split_padding
 from harness.spec.modifiers import additive_term, alibi_slopes
 from harness.spec.paged import paged_layout, query_rows
+from harness.backends.serving import ServingKnob
 
 
 def _padded_zeros(shape: tuple[int, ...], dtype, device) -> torch.Tensor:
@@ -236,6 +237,8 @@ class Xformers(Backend):
     name = "xformers"
     colour, marker = "#8c564b", "p"
     #: without its dependencies, so it never replaces a torch; beside a CUDA 13 torch the CUDA 12 runtime its _C.so links
+    #: vLLM XFORMERS: selectable by VLLM_ATTENTION_BACKEND up to 0.11.1 (removed in 0.12.0), never a CUDA default
+    serving = (ServingKnob("vllm", "XFORMERS", "0.10.2", until="0.11.1"),)
     install = Install("xformers==0.0.35", because="its ops/fmha dispatcher and attn_bias masks are what the translation "
                       "here was read against; the wheel is built on torch's stable ABI, so any torch >= 2.10 loads it",
                       no_deps_with=(), cuda_companions={13: (CUDA12_RUNTIME_PACKAGE,)})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pandas as pd
 
 from harness.cli.options import add_to_argparse, positive_int
 from harness.measure.timing import ADVISOR_TIMING, TimingConfig
+from harness.backends.serving import FRAMEWORKS
 from harness.spec.masks import MASK_NAMES
 
 SHAPE_FLAGS = ("batch", "heads", "kv_heads", "seq", "seq_k", "head_dim")
@@ -81,30 +83,135 @@ def _recommend(args: argparse.Namespace) -> int:
     job = Job(tuple(available_here(backends, device)), {w.case().id: (w.phase,) for w in workloads}, timing=timing,
               advisor=True, checks=args.checks)  # availability asked in workers: no backend library loads here
     cost = check_cost([w.case() for w in workloads], device, job, allow=args.allow_expensive)
-    print(cost.summary())
+    import sys
+    print(cost.summary(), file=sys.stderr if args.format == "json" else sys.stdout)
     executor = None
     if args.isolate:  # every backend call in a supervised worker: a crash or hang is a row, not the end
         default, overrides = timeouts(args.call_timeout_s)
         executor = make_executor(resolve_device(args.device), isolate=True, timeout_s=default, timeouts=overrides,
                                  log_dir=str(Path(tempfile.gettempdir()) / "harness-recommend-workers"))
+    seed = run_seed(args.seed)
+    recorder = _run_folder(args, device, workloads, seed, timing, executor)
     try:
         picks, total = recommend_many(workloads, backends=args.backends, device=args.device, results=args.results,
-                                      seed=run_seed(args.seed), timing=timing, checks=args.checks,
+                                      seed=seed, timing=timing, checks=args.checks,
                                       compile_backend=args.compile_backend, executor=executor,
                                       require=tuple(args.require), progress=True,
-                                      weights=step_weights(cost, workloads, backends))
+                                      weights=step_weights(cost, workloads, backends), record=recorder.record)
+    except BaseException:
+        recorder.finish(complete=False)
+        raise
     finally:
         if executor is not None:
             executor.close()
-    print("\n\n".join(format_table(r) for r in picks.values()))
-    if len(picks) > 1:
-        print("\n" + format_overall(total))
+    from harness.advisor.advice import all_advice, format_advice
+    from harness.advisor.frameworks import Target
+    from harness.advisor.mix import traffic_mix, weighted
+    from harness.store.host import device_name
+    mix = traffic_mix(workloads, picks, seed=seed)
+    target = Target.parse(args.target) if args.target else Target.of(device)
+    advice = all_advice(target, workloads, picks, mix, seed=seed)
+    by_mix = weighted(workloads)
+    winner = mix.overall.winner if by_mix else total.winner if len(picks) > 1 else next(iter(picks.values())).winner
+    measured_on = f"{device} ({device_name(device)})"
+    data = advice_json(workloads, picks, total, mix, advice, target, measured_on, winner, by_mix)
+    text = ["\n\n".join(format_table(r) for r in picks.values())]
+    if len(picks) > 1 and not by_mix:
+        text.append("\n" + format_overall(total))
+    if len(picks) > 1 or by_mix:
+        text.append("\n" + "\n".join(mix.describe()))
+    text.append("\n" + format_advice(advice, target, measured_on, tuple(args.for_) or FRAMEWORKS))
+    if args.target and target != Target.of(device):
+        text.append(f"note: the rules are applied for {target.describe()}, but every figure above was measured on "
+                    f"{measured_on}: a ranking measured here says nothing of that device's; measure there")
+    elif device.type == "cpu":
+        text.append("note: measured on a CPU: a CPU's ranking says nothing of a GPU deployment's (--target sm90 "
+                    "applies the frameworks' rules for one; measure on it)")
+    recorder.finish_advice("\n".join(text), json.dumps(data, indent=1, default=_plain))
+    if args.format == "json":
+        print(json.dumps(data, indent=1, default=_plain))
+    else:
+        print("\n".join(text))
+        print(f"run folder: {recorder.run_dir} (advice.txt, advice.json, results.csv; python -m harness report "
+              f"{recorder.run_dir})")
     if args.csv:
         frames = [r.table.assign(workload=label) for label, r in picks.items()]
         pd.concat(frames, ignore_index=True).to_csv(args.csv, index=False)
-        print(f"table: {args.csv}")
-    winner = total.winner if len(picks) > 1 else next(iter(picks.values())).winner
+        print(f"table: {args.csv}", file=sys.stderr if args.format == "json" else sys.stdout)
     return 0 if winner else 1
+
+
+class _AdviceRun:
+    """recommend's run folder: the rows it measured (results.csv, samples.csv), env.json, and its advice."""
+
+    def __init__(self, recorder, run_id: str):
+        self.recorder, self.run_id, self.run_dir = recorder, run_id, recorder.run_dir
+
+    def record(self, rows: list, samples_ms: tuple) -> None:
+        self.recorder.write(rows)
+        if samples_ms:
+            self.recorder.write_samples(rows[0].key, samples_ms, 0)
+
+    def finish_advice(self, text: str, data: str) -> None:
+        from harness.store.run_dir import ADVICE_JSON, ADVICE_TEXT
+        (self.run_dir / ADVICE_TEXT).write_text(text + "\n")
+        (self.run_dir / ADVICE_JSON).write_text(data + "\n")
+        self.recorder.finish(complete=True)
+
+    def finish(self, complete: bool) -> None:
+        self.recorder.finish(complete=complete)
+
+
+def _run_folder(args, device, workloads, seed: int, timing, executor) -> _AdviceRun:
+    """A run folder under --results-dir, as `check` leaves: `report`, `history` and `compare` read it."""
+    from harness.execution.recorder import RunRecorder
+    from harness.execution.supervisor import ISOLATED
+    from harness.execution.in_process import UNGUARDED
+    from harness.store.environment import environment, new_run_id
+    from harness.store.run_dir import results_root
+    run_id = new_run_id()
+    env = environment(device, timing_mode="cuda-events" if device.type == "cuda" else "cpu-clock")
+    env.update(run_id=run_id, rounds=1, device=str(device), seed=seed, command="recommend", benchmark=True,
+               integrity=ISOLATED if executor is not None else UNGUARDED, round_timing=vars(timing),
+               cases={"case_ids": [w.case().spelled_id for w in workloads]},
+               workloads=[{"label": w.label, "case_id": w.case().id, "part": w.role, "calls_weight": w.calls_weight}
+                          for w in workloads], backend_modules=list(args.backend_module))
+    return _AdviceRun(RunRecorder(run_id, results_root(args.results_dir) / run_id, env), run_id)
+
+
+def _plain(value):
+    """json.dumps' fallback: numpy numbers and NaN-able floats as plain numbers (NaN as null)."""
+    import math
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return None if math.isnan(number) else number
+
+
+def advice_json(workloads, picks, total, mix, advice, target, measured_on, winner, by_mix) -> dict:
+    """`recommend --format json`: every workload's ranking, the overall and mix picks, each framework's advice."""
+    import math
+
+    def clean(records: list[dict]) -> list[dict]:
+        return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in records]
+
+    def mix_pick(p) -> dict:
+        return {"part": p.part, "shapes": list(p.shapes), "times_ms": p.times, "winner": p.winner,
+                "runner_up": p.runner_up, "ratio": p.ratio, "interval": [p.ratio_low, p.ratio_high],
+                "runner_up_ahead": p.runner_up_ahead, "excluded": p.excluded}
+
+    return {"measured_on": measured_on, "rules_for": target.describe(), "winner": winner,
+            "overall_by": "weighted time" if by_mix else "rank",
+            "workloads": [{"label": w.label, "case_id": w.case().id, "phase": w.phase, "part": w.role,
+                           "calls_weight": w.calls_weight, "winner": picks[w.label].winner,
+                           "explanation": picks[w.label].explanation,
+                           "table": clean(picks[w.label].table.to_dict("records"))} for w in workloads],
+            "overall": {"winner": total.winner, "explanation": total.explanation,
+                        "table": clean(total.table.to_dict("records"))},
+            "mix": {"overall": mix_pick(mix.overall), "parts": {k: mix_pick(v) for k, v in mix.parts.items()},
+                    "split": mix.split},
+            "frameworks": [a.as_dict() for a in advice]}
 
 
 def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
@@ -148,6 +255,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     # the advisor times each backend once, with a larger budget than a suite's key (measure/timing.ADVISOR_TIMING)
     add_to_argparse(shape, "preset", "hf_config")
     add_to_argparse(p, "backends", "backend_module", "device", "seed", "threads", "timing_budget_ms", "no_isolate",
+                    "results_dir",
                     "call_timeout_s", "allow_expensive", defaults={"timing_budget_ms": ADVISOR_TIMING.budget_ms})
     p.add_argument("--checks", action=argparse.BooleanOptionalAction, default=True,
                    help="run the deployment checks (--no-checks: correctness and timing only)")
@@ -156,4 +264,13 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
                    help="exclude backends that do not show this on the workload: batch-invariant = sequence 0's "
                         "output bitwise the same alone and in the workload's batch (repeatable)")
     p.add_argument("--csv", type=Path, default=None, help="also write the table(s) to this CSV")
+    p.add_argument("--for", dest="for_", action="append", default=[], choices=FRAMEWORKS,
+                   help="end with the setting to paste for this serving framework only (default: all three): the fastest measured backend it "
+                        "can run (per prefill/decode for SGLang where they differ), with the releases it works in "
+                        "(repeatable)")
+    p.add_argument("--target", default=None, metavar="DEVICE",
+                   help="apply the frameworks' own rules for this device: cpu, smXY (sm80, sm90, sm100) or X.Y "
+                        "(default: the device measured on); the figures stay this machine's")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="json: one JSON document on stdout (rankings, mix, each framework's advice) for automation")
     p.set_defaults(func=_recommend)

@@ -20,7 +20,7 @@ from harness.report.plots import plot_run
 from harness.report.analysis import (answered, failures, headline, modifier_support, not_run, semantics_table,
                                      short_cell, support_counts, unavailable_everywhere, winners)
 from harness.report.data import Run, load_run, peak_tflops
-from harness.store.run_dir import is_run_dir
+from harness.store.run_dir import ADVICE_JSON, ADVICE_TEXT, is_run_dir
 from harness.store.run_state import benchmark_planned, incomplete, run_notes
 from harness.store.schema import BASELINE, KEY, PHASES
 
@@ -74,6 +74,11 @@ class Table:
 
 
 @dataclass
+class Pre:
+    text: str  # preformatted, as a terminal showed it
+
+
+@dataclass
 class Image:
     path: Path
     caption: str  # alt text; what the figure shows goes in a Para before it
@@ -112,6 +117,9 @@ def to_markdown(blocks: list, base: Path) -> str:
             out.append(f"{'#' * block.level} {md_text(block.text)}{anchor}\n")
         elif isinstance(block, Para):
             out.append(md_text(block.text) + "\n")
+        elif isinstance(block, Pre):  # a fence the text cannot close: one backtick longer than any run in it
+            fence = "`" * max(3, 1 + max((len(r) for r in re.findall("`+", block.text)), default=0))
+            out.append(f"{fence}text\n{block.text}\n{fence}\n")
         elif isinstance(block, Image):
             out.append(f"![{md_text(block.caption)}]({block.path.relative_to(base).as_posix()})\n")
         elif isinstance(block, Table):
@@ -148,6 +156,8 @@ def to_html(blocks: list, title: str) -> str:
             out.append(f"<h{block.level}{anchor}>{html.escape(block.text)}</h{block.level}>")
         elif isinstance(block, Para):
             out.append(f"<p>{_html_text(block.text)}</p>")
+        elif isinstance(block, Pre):
+            out.append(f"<pre>{html.escape(block.text, quote=False)}</pre>")
         elif isinstance(block, Image):
             data = base64.b64encode(block.path.read_bytes()).decode()
             out.append(f"<figure><img alt='{html.escape(block.caption)}' src='data:image/png;base64,{data}'>"
@@ -215,6 +225,10 @@ def report_blocks(run: Run, figures: dict[str, list[Path]], history: list | None
         sections.insert(2, ("Modifiers", [Table(modifiers)]))
     if run.env.get("fuzz"):
         sections.insert(1, ("Fuzz", _fuzz_section(run.env["fuzz"])))
+    advice = run.run_dir / ADVICE_TEXT
+    if advice.is_file():  # a `recommend` run: what it advised, as it printed it (advice.json has it as data)
+        sections.insert(1, ("Advisor", [Para(f"What `recommend` advised from this run's measurements "
+                                             f"({ADVICE_JSON} holds the same as data):"), Pre(advice.read_text())]))
     skipped = not_run(run)
     if not skipped.empty:
         sections.append(("Not run, and why", [Table(skipped)]))

@@ -1,4 +1,4 @@
-"""A run directory's layout (results.csv, samples.csv, env.json) and its environment file, read and written."""
+"""A run directory's layout (results.csv, samples.csv, env.json, a recommendation's advice) and its environment file, read and written."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from pathlib import Path
 RESULTS = "results.csv"
 SAMPLES = "samples.csv"
 ENV = "env.json"
+#: what `recommend` printed, and the same as data (`recommend --format json`), in its run folder
+ADVICE_TEXT = "advice.txt"
+ADVICE_JSON = "advice.json"
 
 
 def results_root(path: str | Path) -> Path:

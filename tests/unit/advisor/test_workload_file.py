@@ -25,6 +25,10 @@ def test_the_documented_workload_example_loads(tmp_path):
     assert prefill.label == "prefill" and prefill.case().id == "bf16-b1-h32kv8-s4096-d128-causal"
     assert decode.label == "decode" and decode.case().id == "bf16-b32-h32kv8-s1x4096-d128-none"
     assert not prefill.training and not decode.training
+    # the traffic mix (issue 66): a share of the calls, or tokens a second at 32 tokens a call
+    assert (prefill.calls_weight, prefill.role) == (1.0, "prefill") and (decode.calls_weight, decode.role) == (100.0,
+                                                                                                              "decode")
+    assert step.role == "mixed"
     # llama-3-8b: 32 heads, 8 kv heads, head dim 128; the mix's 36 sequences over caches of up to 4096 keys
     assert step.label == "serving step" and step.serving_step == "p1x512-d31-v4x4" and not step.training
     assert step.case() == serving_step(32, 128, "bf16", kv_heads=8, cache=4096, page_size=16,
