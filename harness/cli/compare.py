@@ -35,18 +35,21 @@ def _compare(args: argparse.Namespace) -> int:
     print(terminal_table(comparison))
     undecided = comparison.undecided
     if len(undecided) and not comparison.regression:
-        print(undecided_advice(undecided, args))
+        print(undecided_advice(undecided, args, comparison.remeasure_next))
     print("wrote " + ", ".join(str(p) for p in files.values()))
     return comparison.exit_code(args.fail_on_undecided)
 
 
-def undecided_advice(undecided, args: argparse.Namespace) -> str:
-    """What the undecided keys need, in words: --remeasure for keys only the runs judged; for re-measured ones
-    each key's own reason (a loaded machine, too few pairs, the budget), never the same command again."""
+def undecided_advice(undecided, args: argparse.Namespace, remeasure_next: str = "") -> str:
+    """What the undecided keys need, in words: --remeasure for keys only the runs judged; after a re-measurement
+    the next step it has not taken (remeasure.next_step: the budget, a quieter machine, fewer keys) and each key's
+    own reason - never the command just run."""
     again = "" if args.fail_on_undecided else " (not failing the gate: --no-fail-on-undecided)"
     fresh = undecided[~undecided.remeasured.astype(bool)]
     lines = []
-    if len(fresh):
+    if args.remeasure:
+        lines.append(f"next: {remeasure_next or 'each row of compare.csv says what its key would need'}" + again)
+    elif len(fresh):
         keys = ", ".join(f"{r.backend} {r.case_id} [{r.phase}]" for r in fresh.head(5).itertuples())
         more = f" and {len(fresh) - 5} more" if len(fresh) > 5 else ""
         lines.append(f"undecided: {keys}{more}. Re-measure them here: compare {args.base} {args.new} --remeasure "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -173,7 +174,7 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
     max_rounds = max(config.max_rounds, pairs_needed(alpha) + 4)
     fresh = {i: {side: [] for side in sides} for i in pending}  # per side: one list of samples per round
     order = random.Random(config.seed)
-    start, rounds_done, loads = clock(), 0, []
+    start, rounds_done, loads, pairs_timed = clock(), 0, [], 0
     while pending and rounds_done < max_rounds and clock() - start < config.budget_s:
         for t in sides.values():
             t.start_round()
@@ -187,6 +188,7 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
                 # ABBA: neither side is always the first of its pair
                 names = list(sides)[::-1] if (rounds_done + position) % 2 else list(sides)
                 got = {side: sides[side].time(case, backend, phase, estimate) for side in names}
+                pairs_timed += 1
                 rejected = [f"{side} code: {g.reason}" for side, g in got.items() if isinstance(g, Rejected)]
                 failed = [f"{side}: {samples}" for side, samples in got.items() if isinstance(samples, str)]
                 if rejected:  # no figure of this key is a re-measurement's: the gate says why, and fails
@@ -220,9 +222,37 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
             rows.loc[i, "note"] = (f"re-measure budget ended after {len(fresh[i]['new'])} round(s) of this key, "
                                    f"{config.min_rounds} needed: raise --remeasure-budget-s; "
                                    f"{rows.loc[i, 'note']}")
+    if pending:
+        comparison.remeasure_next = next_step(config, clock() - start, pairs_timed, rounds_done,
+                                              {i: len(fresh[i]["new"]) for i in pending}, during,
+                                              max_rounds if rounds_done >= max_rounds else None)
     log(f"re-measured in {clock() - start:.0f} s, {rounds_done} round(s)"
         + (f", load average {during[0]:.1f} on {during[1]} CPUs" if during else "") + "; "
         + (f"{len(pending)} key(s) still undecided" if pending else "every key decided"))
+
+
+def next_step(config: RemeasureConfig, spent_s: float, pairs_timed: int, rounds_done: int, rounds_of: dict,
+              load: tuple[float, int] | None, max_rounds: int | None = None) -> str:
+    """What the undecided keys still need, never the command just run: more pairs when the pair limit stopped it
+    (`max_rounds`), else the budget a decision would take at the pace measured (each undecided key's missing rounds
+    x the seconds a key's pair took); then a quieter machine when it was loaded, then fewer keys."""
+    per_pair = spent_s / pairs_timed if pairs_timed else math.nan
+    missing = sum(max(config.min_rounds - n, 1) for n in rounds_of.values())
+    need = missing * per_pair
+    if max_rounds is not None:
+        budget = (f"it stopped at --remeasure-max-pairs {max_rounds}: raise it (about {need:.0f} s more a round of "
+                  "pairs at this pace)" if math.isfinite(need) else f"it stopped at --remeasure-max-pairs {max_rounds}")
+    elif math.isfinite(need):
+        budget = (f"a decision needs about {need:.0f} s more at the {per_pair:.2g} s a key's pair took here: "
+                  f"--remeasure-budget-s {math.ceil(config.budget_s + need)}")
+    else:
+        budget = f"no key's pair was timed within --remeasure-budget-s {config.budget_s:g}: raise it"
+    steps = [f"{len(rounds_of)} key(s) undecided after {rounds_done} round(s) in {spent_s:.0f} s of the "
+             f"{config.budget_s:g} s budget; {budget}"]
+    if load is not None and load[0] > BUSY_LOAD_PER_CPU * load[1]:
+        steps.append(f"or a quieter machine (load average {load[0]:.1f} on {load[1]} CPUs while re-measuring)")
+    steps.append("or fewer keys (--backends, or the keys' own run)")
+    return ", ".join(steps)
 
 
 def _decide(comparison: Comparison, index: int, fresh: dict, alpha: float, stored_base: dict, base_note: str,

@@ -66,7 +66,8 @@ def summary(cmp: Comparison) -> str:
                "them)" if unconfirmed else "") if df.regression.any() else
             "cross-device report: no gate" if cmp.mode != "gate" else
             f"no regression, but {undecided} undecided key(s): "
-            + (f"re-measure them (python -m harness compare {cmp.base.run_dir} {cmp.new.run_dir} --remeasure) or run "
+            + (cmp.remeasure_next if cmp.remeasure_next else
+               f"re-measure them (python -m harness compare {cmp.base.run_dir} {cmp.new.run_dir} --remeasure) or run "
                "more --rounds" if pending else
                "the re-measurement could not settle them (each row's note says what would)")
             if undecided else "no regression")

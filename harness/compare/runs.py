@@ -54,6 +54,9 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     #: each key's interval confidence: config.confidence raised to the family-wise level over the keys timed in both
     key_confidence: float = 0.0
+    #: after `compare --remeasure` left keys undecided: the next step it has not taken (the budget a decision would
+    #: need, a quieter machine, fewer keys), in words; '' when it did not run or decided every key
+    remeasure_next: str = ""
 
     @property
     def regression(self) -> bool:

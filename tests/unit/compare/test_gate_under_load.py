@@ -87,11 +87,13 @@ def test_what_the_advice_says_after_remeasure(tmp_path):
               base_timer=FakeTimer({}, QUIET, 2, machine), cases=synthetic_cases(), log=lambda *_: None,
               load=lambda: (4.7, 2))
     assert len(cmp.undecided), "the loaded machine left no key undecided: pick a burstier seed"
-    args = Namespace(base="A", new="B", fail_on_undecided=True)
-    advice = undecided_advice(cmp.undecided, args)
+    args = Namespace(base="A", new="B", fail_on_undecided=True, remeasure=True)
+    advice = undecided_advice(cmp.undecided, args, cmp.remeasure_next)
     assert "undecided after re-measurement" in advice and "quieter machine" in advice
     assert "--remeasure-max-pairs" in advice and "Re-measure them here" not in advice
-    assert "the re-measurement could not settle them" in summary(cmp)
+    # issue 67 item 4: the summary names the next step not taken (here the pair limit, the load), not --remeasure
+    assert cmp.remeasure_next in summary(cmp) and "--remeasure)" not in summary(cmp)
+    assert "--remeasure-max-pairs" in cmp.remeasure_next and "quieter machine" in cmp.remeasure_next
 
 
 def test_compare_png_tick_labels_do_not_collide(tmp_path):

@@ -93,6 +93,12 @@ def test_the_budget_leaves_keys_undecided_and_the_gate_says_so(tmp_path):
     rows = cmp.rows[cmp.rows.first_verdict.isin(["slower", "undecided"])]
     assert new_timer.calls == 15 and set(rows.verdict) == {"undecided"}  # 2 pairs each at most, 4 needed
     assert cmp.exit_code() == EXIT_UNDECIDED
+    # issue 67 item 4: the next step it has not taken, with the budget a decision needs at the pace measured (4 s a
+    # pair; each key is missing its rounds up to min_rounds) - never `--remeasure` again
+    from harness.compare.report import summary
+    assert "--remeasure-budget-s" in cmp.remeasure_next and "4 s a key's pair took here" in cmp.remeasure_next
+    assert "fewer keys" in cmp.remeasure_next
+    assert "--remeasure)" not in summary(cmp) and cmp.remeasure_next in summary(cmp)
 
 
 def test_each_key_is_tested_at_the_family_level(tmp_path):
