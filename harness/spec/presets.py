@@ -14,7 +14,10 @@ from harness.spec.matrices import decode_batch
 from harness.spec.serving_step import serving_step
 
 #: `check --preset`'s size: the float64 reference and the baseline do it in about a second on 2 CPU cores
-QUICK_BATCH, QUICK_SEQ = 2, 128
+#: check's default cases of a model: its fp32 prefill (one sequence) and decode step over QUICK_TAIL_SEQ keys - past
+#: 128 and no multiple of any tile (16 to 128), so a kernel that drops its last partial block of keys fails there -,
+#: its bf16 prefill over QUICK_SEQ, whole tiles (issue 67: 128 alone passed a kernel that lost its tail)
+QUICK_BATCH, QUICK_SEQ, QUICK_TAIL_SEQ = 2, 128, 201
 
 
 def check_window(mask: MaskSpec | None, seq: int) -> MaskSpec | None:
@@ -68,12 +71,16 @@ class ModelShape:
                              seq_k=seq, mask=mask, softcap=self.softcap, sinks=self.sinks, head_dim_v=self.head_dim_v)
 
     def quick_cases(self, batch: int | None = None, seq: int | None = None) -> list[AttentionCase]:
-        """Small cases of every layer kind: prefill in fp32 and bf16, and a decoder's decode step."""
+        """Small cases of every layer kind: prefill in fp32 and bf16, and a decoder's decode step; by default over
+        QUICK_TAIL_SEQ and QUICK_SEQ keys (a tail and whole tiles), else all at `seq`."""
+        tail = seq or QUICK_TAIL_SEQ
+        one = batch or 1  # the fp32 prefill over the tail: one sequence, so the three cost what 2 x 128 did
         batch, seq = batch or QUICK_BATCH, seq or QUICK_SEQ
-        kinds = [("fp32", None), ("bf16", None)] + ([] if self.encoder else [("bf16", 1)])   # (dtype, seq_q)
-        cases = [self.case(batch, seq, dtype, seq_q=q, layer_mask=layer) for layer in self.layer_masks
-                 for dtype, q in kinds]
-        return [replace(c, mask=check_window(c.mask, seq)) for c in cases]
+        kinds = [("fp32", None, one, tail), ("bf16", None, batch, seq)] + \
+            ([] if self.encoder else [("bf16", 1, batch, tail)])   # (dtype, seq_q, batch, keys)
+        cases = [self.case(b, n, dtype, seq_q=q, layer_mask=layer) for layer in self.layer_masks
+                 for dtype, q, b, n in kinds]
+        return [replace(c, mask=check_window(c.mask, c.seq_k)) for c in cases]
 
     def cases(self, dtype: str = "bf16", tokens: int = 16384) -> list[AttentionCase]:
         """A suite's cases for every layer kind: prefill at `tokens` tokens a batch, decode and paged serving."""

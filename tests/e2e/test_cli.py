@@ -129,3 +129,18 @@ def test_recommend_refuses_huge_shapes_with_figures_not_a_traceback():
         res = harness("recommend", "--batch", "1", "--heads", "8", "--dtype", "fp32", "--device", "cpu", *shape)
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert needle in res.stderr and "--allow-expensive" in res.stderr
+
+
+def test_check_of_a_model_preset_bites_off_the_tile(tmp_path):
+    """issue 67 item 1: a tiled kernel that drops its last partial block of keys past 128 (tests/fixtures/
+    dropped_tail.py) passed `check --preset` when every case was 128 tokens; the default cases now include a
+    prefill and a decode over 201 keys (no multiple of any tile, past 128), which it fails, while its 128-token case
+    (whole tiles) still passes."""
+    res = harness("check", "--preset", "llama-3-8b", "--backend-module", str(ROOT / "tests" / "fixtures" /
+                                                                              "dropped_tail.py"),
+                  "--backends", "dropped-tail", "--device", "cpu", "--results-dir", str(tmp_path))
+    assert res.returncode == 1, res.stdout + res.stderr
+    df = pd.read_csv(next(tmp_path.glob("*/results.csv")))
+    worst = df.groupby("case_id").status.agg(lambda s: "fail" if (s == "fail").any() else "pass").to_dict()
+    assert worst == {"fp32-b1-h32kv8-s201-d128-causal": "fail", "bf16-b2-h32kv8-s128-d128-causal": "pass",
+                     "bf16-b2-h32kv8-s1x201-d128-causal-br": "fail"}, worst

@@ -124,12 +124,17 @@ def test_hf_config_names_the_attention_fields_it_does_not_model(tmp_path):
 
 
 def test_quick_cases_are_small_cases_of_the_models_attention_shape():
-    from harness.spec.presets import QUICK_BATCH, QUICK_SEQ, quick_cases
+    from harness.spec.presets import QUICK_BATCH, QUICK_SEQ, QUICK_TAIL_SEQ, quick_cases
 
     llama = quick_cases("llama-3-8b", None)
     assert {(c.heads, c.kv_heads, c.head_dim) for c in llama} == {(32, 8, 128)}
-    assert [(c.batch, c.seq_q, c.seq_k) for c in llama] == [(QUICK_BATCH, QUICK_SEQ, QUICK_SEQ)] * 2 + [
-        (QUICK_BATCH, 1, QUICK_SEQ)]  # prefill fp32 and bf16, one decode step
+    # prefill fp32 over a tail (one sequence) and bf16 over whole tiles, one decode step over the tail (issue 67)
+    assert [(c.batch, c.seq_q, c.seq_k) for c in llama] == [(1, QUICK_TAIL_SEQ, QUICK_TAIL_SEQ),
+                                                            (QUICK_BATCH, QUICK_SEQ, QUICK_SEQ),
+                                                            (QUICK_BATCH, 1, QUICK_TAIL_SEQ)]
+    assert QUICK_TAIL_SEQ > 128 and all(QUICK_TAIL_SEQ % tile for tile in (16, 32, 64, 128))
+    sized = quick_cases("llama-3-8b", None, batch=3, seq=64)  # --batch and --seq size all three
+    assert [(c.batch, c.seq_q, c.seq_k) for c in sized] == [(3, 64, 64)] * 2 + [(3, 1, 64)]
     assert [c.mask.kind for c in llama] == ["causal", "causal", "causal-br"]
     vit = quick_cases("vit-l", None, batch=1, seq=197)
     assert [(c.batch, c.seq_q, c.heads) for c in vit] == [(1, 197, 16)] * 2  # an encoder has no decode step
@@ -156,15 +161,16 @@ def test_check_scales_a_window_that_would_not_bite_and_says_so_in_the_case_id():
     assert check_window(SlidingWindow(64, 0), 128) == SlidingWindow(64, 0)
     assert check_window(SlidingWindow(4096, 0), 8192) == SlidingWindow(4096, 0)
     mistral = quick_cases("mistral-7b", None)
-    assert [c.mask.id for c in mistral] == ["window32-0-scaled-from4096"] * 3
-    assert all(c.id.endswith("-window32-0-scaled-from4096") for c in mistral)
-    # the window bites: the last query of each case sees 33 of its 128 keys
-    assert all(int(c.mask.materialize(c.seq_q, c.seq_k)[0, 0, -1].sum()) == 33 for c in mistral)
+    scaled = ["window50-0-scaled-from4096", "window32-0-scaled-from4096", "window50-0-scaled-from4096"]
+    assert [c.mask.id for c in mistral] == scaled  # each case's own length: 201 keys (the tail cases), 128
+    assert all(c.id.endswith(w) for c, w in zip(mistral, scaled))
+    # the window bites: the last query of each case sees 51 of its 201 keys, or 33 of its 128
+    assert [int(c.mask.materialize(c.seq_q, c.seq_k)[0, 0, -1].sum()) for c in mistral] == [51, 33, 51]
     # a model with local and global layers is checked on both kinds, its local window scaled the same way
     gemma = quick_cases("gemma-2-9b", None)
-    assert [c.mask_id for c in gemma] == ["window32-0-scaled-from4096"] * 3 + ["causal", "causal", "causal-br"]
+    assert [c.mask_id for c in gemma] == scaled + ["causal", "causal", "causal-br"]
     assert {c.softcap for c in gemma} == {50.0}
-    assert [c.mask_id for c in quick_cases("gpt-oss-20b", None)][:3] == ["window32-0-scaled-from128"] * 3
+    assert [c.mask_id for c in quick_cases("gpt-oss-20b", None)][:3] == [w.replace("4096", "128") for w in scaled]
 
 
 def test_a_scaled_window_only_labels_the_mask():
