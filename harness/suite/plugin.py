@@ -357,7 +357,24 @@ def summary_lines(session: RunSession) -> list[str]:
         first = rows[0]
         lines.append(f"{REJECTED} {backend}: {len(rows)} timed key(s) refused by the integrity checks, e.g. "
                      f"{first.case_id} [{first.phase}]: {first.timing_reason}")
-    return lines + cheat_lines(session)
+    return lines + loaded_lines(session.perf_rows.values()) + cheat_lines(session)
+
+
+#: a timed key is loaded when other processes took more than this share of the machine's CPUs while it was timed
+#: (Row.contention, read by the run from /proc: execution/neighbours.py)
+LOADED_SHARE = 0.5
+
+
+def loaded_lines(rows) -> list[str]:
+    """A line when keys were timed beside other load (their `contention` over LOADED_SHARE): how many, and the
+    remedy; none on a quiet run."""
+    shares = [r.contention for r in rows if r.contention is not None]
+    loaded = [s for s in shares if s > LOADED_SHARE]
+    if not loaded:
+        return []
+    return [f"loaded: {len(loaded)} of {len(shares)} timed key(s) ran while other processes took over "
+            f"{LOADED_SHARE:.0%} of the CPUs (at most {max(loaded):.0%}; results.csv's contention column has each "
+            "key's): their figures carry that load - time them again on a quiet machine before trusting a speedup"]
 
 
 def cheat_lines(session: RunSession) -> list[str]:

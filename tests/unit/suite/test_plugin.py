@@ -154,6 +154,16 @@ def test_a_figure_beyond_the_measured_peak_counts_in_no_speedup():
     assert not figures_comparable(REJECTED, False) and figures_comparable("timed", None)
 
 
+def test_the_summary_says_when_keys_were_timed_beside_other_load():
+    rows = [_perf("c1", "naive", FWD, 1.0, contention=0.1), _perf("c2", "naive", FWD, 1.0, contention=0.7),
+            _perf("c3", "naive", FWD, 1.0)]
+    assert plugin.loaded_lines(rows) == [
+        "loaded: 1 of 2 timed key(s) ran while other processes took over 50% of the CPUs (at most 70%; results.csv's "
+        "contention column has each key's): their figures carry that load - time them again on a quiet machine "
+        "before trusting a speedup"]
+    assert plugin.loaded_lines(rows[:1]) == []
+
+
 def test_the_progress_weights_are_the_estimates_steps_per_test():
     """issue 48: each test weighs what the cost model estimated for it, so the time left the progress lines project
     is the estimate's: a correctness test its backend's calls (the case's first also its reference), a timing round
