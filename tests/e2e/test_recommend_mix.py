@@ -16,6 +16,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _recommend(tmp_path, prefill_weight: int, decode_weight: int) -> dict:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / f"mix-{prefill_weight}-{decode_weight}.toml"
     path.write_text(f'[defaults]\nheads = 2\nhead_dim = 16\ndtype = "fp32"\n\n'
                     f'[[shape]]\nname = "prefill"\nbatch = 1\nseq = 64\nweight = {prefill_weight}\n\n'
@@ -31,7 +32,10 @@ def _recommend(tmp_path, prefill_weight: int, decode_weight: int) -> dict:
 
 
 def test_the_weights_of_a_traffic_mix_change_the_overall_pick(tmp_path):
-    prefill_heavy, decode_heavy = _recommend(tmp_path, 100, 1), _recommend(tmp_path, 1, 100)
+    """Two runs of the same file but its weights; the second's run folder is read back (issue 66 item 4, issue 67
+    item 7): what was measured (results.csv, samples.csv), the advice as data (advice.json: what --format json
+    printed) and as printed (advice.txt), which `report` shows in an Advisor section."""
+    prefill_heavy, decode_heavy = _recommend(tmp_path / "p", 100, 1), _recommend(tmp_path / "d", 1, 100)
     assert prefill_heavy["overall_by"] == "weighted time"
     assert prefill_heavy["winner"] == "quick-prefill" and decode_heavy["winner"] == "quick-decode"
     for result in (prefill_heavy, decode_heavy):
@@ -45,14 +49,8 @@ def test_the_weights_of_a_traffic_mix_change_the_overall_pick(tmp_path):
         assert advice["vllm"]["pick"] == "quick-decode" and advice["vllm"]["setting"] == "CUSTOM"
         assert advice["vllm"]["settings"][0].startswith("vllm serve MODEL --attention-backend CUSTOM")
         assert advice["sglang"]["settings"] == [] and advice["transformers"]["settings"] == []
-
-
-def test_recommend_leaves_a_run_folder_whose_report_shows_the_advice(tmp_path):
-    """issue 66 item 4 (and issue 67 item 7): the folder holds what was measured (results.csv, samples.csv), the
-    advice as data (advice.json: what --format json printed) and as printed (advice.txt); `report` shows it."""
-    printed = _recommend(tmp_path, 1, 100)
-    run = next((tmp_path / "results").iterdir())
-    assert json.loads((run / "advice.json").read_text()) == printed
+    run = next((tmp_path / "d" / "results").iterdir())
+    assert json.loads((run / "advice.json").read_text()) == decode_heavy
     text = (run / "advice.txt").read_text()
     assert "traffic mix" in text and "vllm would choose CPU_ATTN" in text and "for transformers: nothing to set" in text
     results = (run / "results.csv").read_text()
