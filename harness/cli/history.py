@@ -33,15 +33,18 @@ def _history(args: argparse.Namespace) -> int:
         elif not args.noise:
             print(f"no noise model of testbed {testbed} yet: `history --noise` builds it from the runs above")
     if args.changes:
-        from harness.compare.changes import changes_text, detect_changes, timed_runs, write_trends
+        from harness.compare.changes import changes_text, detect_changes, runs_needed, timed_runs, write_trends
         from harness.compare.trends_page import write_trends_page
-        history = timed_runs(index.rows(CHANGE_COLUMNS, testbed=args.testbed, timed=True))  # grouped once
+        history = timed_runs(index.rows(CHANGE_COLUMNS, testbed=args.testbed, timed=True),  # grouped once
+                             include_loaded=args.include_loaded)
         changes = detect_changes(history, penalty=args.penalty, min_effect=args.min_effect)
-        print(changes_text(changes, len(history.keys)))
+        needed = runs_needed(history)
+        print(changes_text(changes, len(history.keys), needed))
         out = Path(args.results_dir) / "history"
         out.mkdir(parents=True, exist_ok=True)
         changes.to_csv(out / "changes.csv", index=False)
-        page = write_trends_page(history, changes, out / "changes.html", args.results_dir, penalty=args.penalty)
+        page = write_trends_page(history, changes, out / "changes.html", args.results_dir, penalty=args.penalty,
+                                 needed=needed)
         wrote = [out / "changes.csv", page]
         if args.trend_figures or args.all_trends:  # PNGs on request: ~0.2 s each, and the page draws every trend
             wrote.append(write_trends(history, changes, out / "trends", every_key=args.all_trends,
@@ -69,6 +72,9 @@ def add_subcommand(subparsers) -> None:
                         "RESULTS_DIR/history/trends/")
     p.add_argument("--all-trends", action="store_true",
                    help="with --changes: a PNG trend figure for every key (--trend-figures for all)")
+    p.add_argument("--include-loaded", action="store_true",
+                   help="with --changes: keep the key-runs timed beside other load (their contention, the share of "
+                        "the CPUs other processes took, over half), which are left out by default")
     p.add_argument("--penalty", type=positive_float, default=stats.PENALTY,
                    help="PELT penalty on the standardized series (default: %(default)s; lower finds smaller steps)")
     p.add_argument("--min-effect", type=nonnegative_float, default=stats.MIN_RUN_CHANGE,

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from harness.backends.appearance import backend_color  # the backend's colour in every other figure
-from harness.measure.stats import MIN_RUN_CHANGE, PENALTY, change_points, counts_as_change
-from harness.store.schema import KEY
+from harness.measure.stats import MIN_RUN_CHANGE, MIN_SEGMENT, PENALTY, change_points, counts_as_change
+from harness.store.schema import KEY, LOADED_SHARE
 
 SIDES = ("started", "run_id", "git_sha", "torch", "backend_version")
 CHANGE_COLUMNS = ("testbed_id", *KEY, "runs", "at_run", "before_ms", "after_ms", "ratio",
@@ -25,6 +25,8 @@ class TimedRuns:
     frame: pd.DataFrame
     keys: list[tuple]
     bounds: np.ndarray
+    #: key-runs left out as loaded (schema.loaded: timed beside other load), unless asked for
+    loaded_left_out: int = 0
 
     def items(self, only=None):
         """(key, its runs as a frame) of every key, or of the keys in `only`."""
@@ -33,13 +35,20 @@ class TimedRuns:
                 yield key, self.frame.iloc[self.bounds[i]:self.bounds[i + 1]].reset_index(drop=True)
 
 
-def timed_runs(history: pd.DataFrame | TimedRuns) -> TimedRuns:
-    """The timed runs of `history`, grouped by key at once (one sort, not a frame per key)."""
+def timed_runs(history: pd.DataFrame | TimedRuns, include_loaded: bool = False) -> TimedRuns:
+    """The timed runs of `history`, grouped by key at once (one sort, not a frame per key); a key's run timed beside
+    other load (schema.loaded) is left out unless `include_loaded` - a 0.3 ms key read 38-77 ms under load, and
+    change points then reported the load, not the code (issue 67)."""
     if isinstance(history, TimedRuns):
         return history
     timed = history[pd.to_numeric(history.get("latency_ms"), errors="coerce") > 0].copy()
+    busy = (pd.to_numeric(timed["contention"], errors="coerce") > LOADED_SHARE) if "contention" in timed else \
+        pd.Series(False, index=timed.index)
+    left_out = 0 if include_loaded else int(busy.sum())
+    if left_out:
+        timed = timed[~busy]
     if timed.empty:
-        return TimedRuns(timed, [], np.zeros(1, dtype=np.int64))
+        return TimedRuns(timed, [], np.zeros(1, dtype=np.int64), left_out)
     timed["latency_ms"] = timed.latency_ms.astype(float)
     # a key's last row of each run id, oldest run first (dropped across keys at once: one pass, not one per key)
     timed = timed.sort_values(["started", "run_id"], na_position="first").drop_duplicates(
@@ -51,7 +60,7 @@ def timed_runs(history: pd.DataFrame | TimedRuns) -> TimedRuns:
     timed, codes = timed.iloc[order].reset_index(drop=True), codes[order]
     starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]) if len(codes) else np.zeros(0, dtype=np.int64)
     keys = list(timed.iloc[starts][["testbed_id", *KEY]].itertuples(index=False, name=None))
-    return TimedRuns(timed, keys, np.r_[starts, len(timed)].astype(np.int64))
+    return TimedRuns(timed, keys, np.r_[starts, len(timed)].astype(np.int64), left_out)
 
 
 def key_series(history: pd.DataFrame | TimedRuns) -> dict[tuple, pd.DataFrame]:
@@ -83,10 +92,27 @@ def detect_changes(history: pd.DataFrame | TimedRuns, *, testbed: str | None = N
     return pd.DataFrame(rows, columns=list(CHANGE_COLUMNS))
 
 
-def changes_text(changes: pd.DataFrame, keys: int) -> str:
+def runs_needed(history: TimedRuns) -> str:
+    """How many runs a key needs to be searched for change points, and how many the keys have (issue 67)."""
+    counts = np.diff(history.bounds) if history.keys else np.zeros(0, dtype=np.int64)
+    need = 2 * MIN_SEGMENT
+    loaded = (f"; {history.loaded_left_out} key-run(s) timed beside other load (contention over "
+              f"{LOADED_SHARE:.0%}) left out: --include-loaded keeps them") if history.loaded_left_out else ""
+    if not len(counts):
+        return f"a key is searched from {need} timed runs on; there are none{loaded}"
+    short = int((counts < need).sum())
+    return (f"a key is searched from {need} timed runs on; the keys have {int(counts.min())}-{int(counts.max())}"
+            + (f" ({short} key(s) too few yet)" if short else "") + loaded)
+
+
+def changes_text(changes: pd.DataFrame, keys: int, needed: str = "") -> str:
+    """The change points in words, each with the runs (and kernel versions: backend_version) on either side;
+    `needed`: runs_needed's line."""
+    note = f" ({needed})" if needed else ""
     if changes.empty:
-        return f"no change points in {keys} key(s)"
-    lines = [f"{len(changes)} change point(s) in {changes[list(KEY)].drop_duplicates().shape[0]} of {keys} key(s):"]
+        return f"no change points in {keys} key(s){note}"
+    lines = [f"{len(changes)} change point(s) in {changes[list(KEY)].drop_duplicates().shape[0]} of {keys} "
+             f"key(s){note}:"]
     for c in changes.itertuples():
         sha = lambda v: str(v)[:8] if isinstance(v, str) else "?"  # noqa: E731
         lines.append(f"  {c.backend} {c.case_id} [{c.phase}] on {c.testbed_id}: {c.before_ms:.4g} -> "

@@ -11,7 +11,7 @@ from harness.backends.registry import versioned_backends
 from harness.store.load import load_results, refused_rows
 from harness.store.run_dir import RESULTS, is_run_dir, read_env
 from harness.store.run_state import incomplete
-from harness.store.schema import BAD, FAIL, PASS, TIMED
+from harness.store.schema import BAD, FAIL, PASS, TIMED, loaded
 
 #: env.json fields added to every row (a row's own non-empty value wins), with every backend's version (env_fields)
 _ENV_FIELDS = ("testbed_id", "host", "device_type", "device_name", "cpu_model", "torch", "torch_git", "cuda",
@@ -39,12 +39,19 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     for name in env_fields():
         df[name] = df[name].where(df[name].notna(), env.get(name)) if name in df.columns else env.get(name)
     why = incomplete(env) or ""
-    df = df.assign(run_dir=str(run_dir), incomplete=why, refused_rows=refused)
+    df = df.assign(run_dir=str(run_dir), incomplete=why, refused_rows=refused, kernels=kernels_of(env))
     if df.empty and (refused or why):  # a run with no row left must still be listed, with its notes
         df = pd.DataFrame([{"run_id": env.get("run_id", run_dir.name), "run_dir": str(run_dir),
                             "incomplete": why, "refused_rows": refused,
                             **{name: env.get(name) for name in env_fields()}}])
     return df
+
+
+def kernels_of(env: dict) -> str:
+    """The plugin kernels a run timed, each as its module's name and its source's sha256 (env.json's
+    backend_sources): what tells two versions of a kernel apart when the harness's git sha is the same."""
+    return ", ".join(f"{Path(str(r.get('module'))).name}:{(r.get('sha256') or 'no source')[:8]}"
+                     for r in env.get("backend_sources") or [])
 
 
 def load_history(results_dir: str | Path = "results") -> pd.DataFrame:
@@ -62,18 +69,24 @@ def load_history(results_dir: str | Path = "results") -> pd.DataFrame:
 
 
 def summarize(history: pd.DataFrame) -> pd.DataFrame:
-    """One line per run: when, where, what, how many rows and verdicts, and how many rows carry timings."""
+    """One line per run: when, where, what (its plugin kernels too), how many rows and verdicts, how many rows carry
+    timings and how many of those were timed beside other load (schema.loaded)."""
     if history.empty:
         return pd.DataFrame(columns=["run_id", "started", "host", "testbed_id", "device_name", "torch", "git_sha",
-                                     "rows", "cases", "backends", PASS, FAIL, TIMED, "refused", "complete"])
+                                     "kernels", "rows", "cases", "backends", PASS, FAIL, TIMED, "loaded", "refused",
+                                     "complete"])
     timed = history["latency_ms"].notna() if "latency_ms" in history else pd.Series(False, index=history.index)
-    g = history.assign(_pass=history.status.eq(PASS), _fail=history.status.isin(BAD), _timed=timed,
+    busy = (timed & history["contention"].map(loaded)) if "contention" in history else timed & False
+    g = history.assign(_pass=history.status.eq(PASS), _fail=history.status.isin(BAD), _timed=timed, _loaded=busy,
                        _row=history.case_id.notna()).groupby("run_dir", sort=False)
     out = pd.DataFrame({
         "run_id": g.run_id.first(), "started": g.started.first(), "host": g.host.first(),
         "testbed_id": g.testbed_id.first(), "device_name": g.device_name.first(), "torch": g.torch.first(),
-        "git_sha": g.git_sha.first().astype(str).str[:8], "rows": g._row.sum(), "cases": g.case_id.nunique(),
+        "git_sha": g.git_sha.first().astype(str).str[:8],
+        "kernels": g.kernels.first().fillna("") if "kernels" in history else "",
+        "rows": g._row.sum(), "cases": g.case_id.nunique(),
         "backends": g.backend.nunique(), PASS: g._pass.sum(), FAIL: g._fail.sum(), TIMED: g._timed.sum(),
+        "loaded": g._loaded.sum(),
         "refused": g.refused_rows.first().fillna(0).astype(int),
         "complete": g.incomplete.first().fillna("").map(lambda why: "no" if why else "yes"),
     }).reset_index(drop=True)

@@ -18,11 +18,12 @@ from harness.store.run_dir import ENV, RESULTS, SAMPLES
 from harness.store.schema import KEY
 
 #: bumped when what a run's entry holds changes: every run is then read again
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: rows carry contention (schema 7) and each run its plugin kernels
 #: the index's folder under a results directory (created on first use)
 INDEX_DIR = "index"
 #: the columns `history --changes` and the report's history section read (change points and their two sides)
-CHANGE_COLUMNS = ("testbed_id", *KEY, "started", "run_id", "git_sha", "torch", "backend_version", "latency_ms")
+CHANGE_COLUMNS = ("testbed_id", *KEY, "started", "run_id", "git_sha", "torch", "backend_version", "latency_ms",
+                  "contention")
 #: the columns the noise model groups runs by: the same code is the same sha, dirty flag, torch and backend version
 CODE_COLUMNS = ("git_sha", "git_dirty", "torch", "backend_version")
 #: runs read at once to build a noise model: its peak memory follows this, not the number of runs

@@ -12,13 +12,16 @@ from harness.store.schema import KEY
 
 #: the columns of each row the database keeps (history's table comes from the manifests)
 PG_COLUMNS = ("run_id", "testbed_id", *KEY, "status", "started", "git_sha", "git_dirty", "torch", "backend_version",
-              "latency_ms")
-_TYPES = {"git_dirty": "boolean", "latency_ms": "double precision", "round": "double precision"}
+              "latency_ms", "contention")
+_TYPES = {"git_dirty": "boolean", "latency_ms": "double precision", "round": "double precision",
+          "contention": "double precision"}
 _SCHEMA = [
     "CREATE TABLE IF NOT EXISTS harness_runs (name text PRIMARY KEY, manifest jsonb NOT NULL)",
     "CREATE TABLE IF NOT EXISTS harness_rows (run_name text NOT NULL, ord integer NOT NULL, "
     + ", ".join(f"{c} {_TYPES.get(c, 'text')}" for c in PG_COLUMNS) + ")",
     "CREATE INDEX IF NOT EXISTS harness_rows_run ON harness_rows (run_name)",
+    # a database made before the column (index version 1): every run is read again (INDEX_VERSION), so it fills
+    "ALTER TABLE harness_rows ADD COLUMN IF NOT EXISTS contention double precision",
     "CREATE TABLE IF NOT EXISTS harness_rounds (run_name text NOT NULL, ord integer NOT NULL, "
     + ", ".join(f"{c} {_TYPES.get(c, 'text')}" for c in ROUND_COLUMNS) + ")",
     "CREATE INDEX IF NOT EXISTS harness_rounds_run ON harness_rounds (run_name)",

@@ -87,8 +87,9 @@ def _sigma(runs: pd.DataFrame, key: tuple, models: dict) -> tuple[float, str]:
 
 
 def write_trends_page(history: pd.DataFrame | TimedRuns, changes: pd.DataFrame, path: str | Path, results_dir: str | Path,
-                      penalty: float = PENALTY) -> Path:
-    """The page of every changed key (changes' rows) with its trend, filterable; written to `path`."""
+                      penalty: float = PENALTY, needed: str = "") -> Path:
+    """The page of every changed key (changes' rows) with its trend, filterable; written to `path`. `needed`: how
+    many runs a key needs and has (changes.runs_needed), said on the page so an empty one says why."""
     path = Path(path)
     models = {tb: NoiseModel.load(noise_path(results_dir, tb)) for tb in set(changes.get("testbed_id", []))
               if noise_path(results_dir, tb).exists()}
@@ -115,7 +116,8 @@ def write_trends_page(history: pd.DataFrame | TimedRuns, changes: pd.DataFrame, 
         sections.append(f'<section data-key="1" {data}><h3>{html.escape(key[2])} {html.escape(key[1])} '
                         f'[{html.escape(key[3])}] on {html.escape(key[0])}</h3>{_svg(runs, at, sigma)}<p>{len(runs)} '
                         f'runs; band: ±{BAND_Z:g} A/A sigmas ({source}, {sigma:.1%} a run)</p></section>')
-    body = (f"<h1>Change points per key</h1><p>{len(changes)} change point(s) in {len(sections)} key(s); "
+    body = (f"<h1>Change points per key</h1><p>{len(changes)} change point(s) in {len(sections)} key(s)"
+            + (f" ({html.escape(needed)})" if needed else "") + "; "
             f"<span id=shown>{len(sections)}</span> shown. Each trend: the key's median latency per run (oldest "
             "left, log scale), its segments' medians (gray) with the noise band, change points dashed red.</p>"
             f"<p>{filters}</p><table><tr><th>testbed</th><th>backend</th><th>case</th><th>phase</th><th>before ms</th>"

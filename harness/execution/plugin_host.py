@@ -15,6 +15,7 @@ import torch
 from harness.backends import registry
 from harness.backends.base import Backend, DescriptionHooks, ProbeHooks
 from harness.execution.neighbours import own_group
+from harness.store.kernels import source_version
 from harness.execution.wire import Channel, worker_context  # the workers' forkserver: torch imported once
 
 #: seconds the module's process may take to start and import the module (as a worker's start)
@@ -35,13 +36,16 @@ ONCE = ("version", "installed_version", "kernels")
 _HOSTS: dict[str, "PluginHost"] = {}
 
 
-def declaration(backend: Backend, replace: bool) -> dict:
+def declaration(backend: Backend, replace: bool, spec: str | None = None) -> dict:
     """What the run's process learns of a registered backend: its data, its once-answers, which methods it asks, and
-    whether it was registered with replace=True."""
+    whether it was registered with replace=True. A backend with no package of its own is versioned by its module's
+    source (store.kernels.source_version: its rows' backend_version, so history tells two versions apart)."""
     cls = type(backend)
+    once = {name: _text(getattr(backend, name)()) for name in ONCE} | {"version_key": _text(cls.version_key())}
+    if cls.package is None and spec is not None and cls.version is Backend.version:
+        once["version"] = source_version(spec) or once["version"]
     return {"module": cls.__module__, "qualname": cls.__qualname__, "replace": replace,
-            "data": {name: getattr(cls, name) for name in DATA},
-            "once": {name: _text(getattr(backend, name)()) for name in ONCE} | {"version_key": _text(cls.version_key())},
+            "data": {name: getattr(cls, name) for name in DATA}, "once": once,
             "asked": [name for name in ASKED if getattr(cls, name) is not getattr(Backend, name)]}
 
 
@@ -62,7 +66,7 @@ def host_main(conn, spec: str) -> None:
         registry.all_backends()  # the built-ins first, so a name taken by one is refused here as it would be there
         registry.import_backend_module(spec)
         backends = {name: b for name, b in registry.all_backends().items() if registry.modules_for(name) == (spec,)}
-        channel.send(("ready", [declaration(b, registry.replaces(name)) for name, b in backends.items()]))
+        channel.send(("ready", [declaration(b, registry.replaces(name), spec) for name, b in backends.items()]))
     except BaseException as exc:  # noqa: B036 - a ValueError names the module and the problem in one line
         channel.send(("failed", str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"))
         return

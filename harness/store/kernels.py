@@ -26,6 +26,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def source_version(spec: str) -> str | None:
+    """A plugin module's version as its source's: 'sha256:' and the first 12 hex digits of the file's (a local
+    package's .py files'), so history tells two versions of a kernel apart; None for an installed package (its
+    package metadata says) or a module found nowhere."""
+    source = Path(spec).resolve() if is_file_module(spec) else _local_package(spec)
+    if source is None or not source.exists():
+        return None
+    return "sha256:" + _sha256(source)[:12]
+
+
 def _local_package(name: str) -> Path | None:
     """The local folder (or file) of a module given by name, where it is not an installed package; found without
     importing it (a plugin's code never runs in the run's process): the top-level package is what is kept."""

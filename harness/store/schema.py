@@ -58,6 +58,19 @@ def figures_usable(timing_status: object) -> bool:
     return timing_status != REJECTED
 
 
+#: a key's figure is loaded when other processes took more than this share of the machine's CPUs while it was timed
+#: (Row.contention): the run's summary counts them, history marks them and change points leave them out by default
+LOADED_SHARE = 0.5
+
+
+def loaded(contention: object) -> bool:
+    """Whether a row's figures were taken beside other load (its contention over LOADED_SHARE; unknown: no)."""
+    try:
+        return float(contention) > LOADED_SHARE
+    except (TypeError, ValueError):
+        return False
+
+
 def figures_comparable(timing_status: object, suspicious: object) -> bool:
     """Whether a row's figures may enter a comparison between backends - a speedup, a winner, a ranking, a
     recommendation: usable, and not beyond the measured peak (`suspicious`, measure/bandwidth.py). A figure the

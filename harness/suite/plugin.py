@@ -27,7 +27,8 @@ from harness.spec.presets import model_shape, quick_cases
 from harness.suite.probes import tier
 from harness.oracle.signatures import signature
 from harness.store.run_dir import results_root
-from harness.store.schema import BASELINE, FAILING, OBSERVED, PHASES, REJECTED, STATUSES, figures_comparable
+from harness.store.schema import (BASELINE, FAILING, LOADED_SHARE, OBSERVED, PHASES, REJECTED, STATUSES,
+                                  figures_comparable, loaded)
 
 _SESSION_KEY = pytest.StashKey[RunSession]()
 _PROGRESS_KEY = pytest.StashKey[Progress]()
@@ -360,20 +361,15 @@ def summary_lines(session: RunSession) -> list[str]:
     return lines + loaded_lines(session.perf_rows.values()) + cheat_lines(session)
 
 
-#: a timed key is loaded when other processes took more than this share of the machine's CPUs while it was timed
-#: (Row.contention, read by the run from /proc: execution/neighbours.py)
-LOADED_SHARE = 0.5
-
-
 def loaded_lines(rows) -> list[str]:
-    """A line when keys were timed beside other load (their `contention` over LOADED_SHARE): how many, and the
-    remedy; none on a quiet run."""
+    """A line when keys were timed beside other load (schema.loaded: their `contention` over LOADED_SHARE): how many,
+    and the remedy; none on a quiet run."""
     shares = [r.contention for r in rows if r.contention is not None]
-    loaded = [s for s in shares if s > LOADED_SHARE]
-    if not loaded:
+    busy = [s for s in shares if loaded(s)]
+    if not busy:
         return []
-    return [f"loaded: {len(loaded)} of {len(shares)} timed key(s) ran while other processes took over "
-            f"{LOADED_SHARE:.0%} of the CPUs (at most {max(loaded):.0%}; results.csv's contention column has each "
+    return [f"loaded: {len(busy)} of {len(shares)} timed key(s) ran while other processes took over "
+            f"{LOADED_SHARE:.0%} of the CPUs (at most {max(busy):.0%}; results.csv's contention column has each "
             "key's): their figures carry that load - time them again on a quiet machine before trusting a speedup"]
 
 

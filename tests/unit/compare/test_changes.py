@@ -122,3 +122,35 @@ def test_run_report_shows_this_runs_change_points_and_trends(tmp_path):
     assert "5 stored run(s) of testbed tb-cpu-a up to this one; change points need at least 6" in early
     calm = build_report(tmp_path / "run12").with_suffix(".md").read_text()
     assert "13 stored run(s)" in calm and "no key of this run changed level" in calm
+
+
+def test_the_changes_say_how_many_runs_a_key_needs_and_has(tmp_path, capsys):
+    """issue 67 item 2: three runs gave "no change points in 135 key(s)" and an empty page, without saying a key is
+    searched only from 6 runs on."""
+    history(tmp_path, [1.0] * 3)
+    assert main(["history", str(tmp_path), "--changes"]) == 0
+    out = capsys.readouterr().out
+    assert "no change points in 3 key(s) (a key is searched from 6 timed runs on; the keys have 3-3 (3 key(s) " \
+           "too few yet))" in out
+    assert "a key is searched from 6 timed runs on" in (tmp_path / "history" / "changes.html").read_text()
+
+
+def test_key_runs_timed_beside_other_load_are_left_out_of_change_points_and_counted(tmp_path, capsys):
+    """issue 67 item 3: a key read 38-77 ms under load in three runs and change points reported the load. A row
+    timed while other processes took over half the CPUs (its contention) is left out by default, said so, counted in
+    history's summary; --include-loaded keeps it. Here runs 10-14 are loaded and 3x slow: no change point unless
+    they are kept."""
+    rng = np.random.default_rng(3)
+    for i in range(30):
+        busy = 10 <= i < 15
+        samples = {k: [rng.lognormal(0, 0.01, 20) * (3.0 if busy else 1.0) * (j + 1)] for j, k in enumerate(KEYS)}
+        write_run(tmp_path / f"run{i:02d}", {k: {"contention": 0.8 if busy else 0.05} for k in KEYS}, samples,
+                  started=f"2026-03-{i + 1:02d}T00:00:00", git_sha=f"{i:02d}" + "f" * 38)
+    assert main(["history", str(tmp_path), "--changes"]) == 0
+    out = capsys.readouterr().out
+    assert "no change points in 3 key(s)" in out and "15 key-run(s) timed beside other load" in out
+    from harness.compare.history import summarize
+    loaded = summarize(load_history(tmp_path)).set_index("run_id").loaded
+    assert loaded["run12"] == 3 and loaded["run02"] == 0
+    assert main(["history", str(tmp_path), "--changes", "--include-loaded"]) == 0
+    assert "change point(s) in 3 of 3 key(s)" in capsys.readouterr().out

@@ -84,3 +84,29 @@ def test_remeasure_times_the_base_runs_kernel_against_the_new_runs(tmp_path, mon
     assert row.verdict == "slower" and row.ratio > 2, row.note
     assert "paired rounds" in row.note and "kernel sources: base kernels/00/my_attn.py" in row.note
     assert cmp.exit_code() == EXIT_REGRESSION
+
+
+def test_a_plugin_is_versioned_by_its_source_and_history_names_each_run_s_kernels(tmp_path):
+    """issue 67 item 2: two versions of a plugin in one harness checkout (the same git sha) were one to history. A
+    plugin with no package of its own is versioned by its source (its rows' backend_version: 'sha256:' and 12 hex
+    digits, what change points print on either side), and history's summary names each run's kernels."""
+    import hashlib
+
+    from harness.backends import registry
+    from harness.compare.history import kernels_of
+    from harness.execution import plugin_host
+
+    plugin = tmp_path / "my_attn.py"
+    plugin.write_text(PLUGIN.format(repeat=1))
+    host = registry.load_backend_module(str(plugin))
+    try:
+        version = registry.get_backends(["kept-kernel"])[0].version()
+    finally:
+        host.close()
+        plugin_host._HOSTS.pop(host.spec, None)
+        registry._REGISTRY.pop("kept-kernel", None)
+        registry._ORIGIN.pop("kept-kernel", None)
+        registry._LOADED.remove(host.spec)
+    assert version == "sha256:" + hashlib.sha256(plugin.read_bytes()).hexdigest()[:12]
+    env = {"backend_sources": keep_sources(tmp_path / "run", [str(plugin)])}
+    assert kernels_of(env) == f"my_attn.py:{env['backend_sources'][0]['sha256'][:8]}" and kernels_of({}) == ""
