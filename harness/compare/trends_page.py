@@ -107,7 +107,9 @@ def write_trends_page(history: pd.DataFrame | TimedRuns, changes: pd.DataFrame, 
         rows.append(f'<tr data-key="1" {data}><td>{html.escape(r.testbed_id)}</td><td>{html.escape(r.backend)}</td>'
                     f'<td>{html.escape(r.case_id)}</td><td>{html.escape(r.phase)}</td><td>{r.before_ms:.4g}</td>'
                     f'<td>{r.after_ms:.4g}</td><td class="{word}">{r.ratio:.2f}x</td>'
-                    f'<td>{html.escape(str(r.run_id_before))} → {html.escape(str(r.run_id_after))}</td></tr>')
+                    f'<td>{html.escape(str(r.run_id_before))} → {html.escape(str(r.run_id_after))}</td>'
+                    f'<td>{html.escape(str(r.backend_version_before))} → {html.escape(str(r.backend_version_after))}'
+                    '</td></tr>')
     for key in dict.fromkeys(map(tuple, changes[["testbed_id", *KEY]].to_numpy())):
         runs = series[key]
         at = change_points(runs.latency_ms.to_numpy(), penalty)
@@ -121,7 +123,7 @@ def write_trends_page(history: pd.DataFrame | TimedRuns, changes: pd.DataFrame, 
             f"<span id=shown>{len(sections)}</span> shown. Each trend: the key's median latency per run (oldest "
             "left, log scale), its segments' medians (gray) with the noise band, change points dashed red.</p>"
             f"<p>{filters}</p><table><tr><th>testbed</th><th>backend</th><th>case</th><th>phase</th><th>before ms</th>"
-            f"<th>after ms</th><th>ratio</th><th>between runs</th></tr>{''.join(rows)}</table>{''.join(sections)}")
+            f"<th>after ms</th><th>ratio</th><th>between runs</th><th>kernel versions</th></tr>{''.join(rows)}</table>{''.join(sections)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f'<!doctype html><html><head><meta charset="utf-8"><title>Change points</title>'
                     f"<style>{_STYLE}</style></head><body>{body}<script>{_SCRIPT}</script></body></html>\n")

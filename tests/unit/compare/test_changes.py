@@ -57,6 +57,7 @@ def test_cli_changes_and_trend_figures(tmp_path, capsys):
     changes = pd.read_csv(tmp_path / "history" / "changes.csv")
     assert len(changes) == 3
     assert (tmp_path / "history" / "changes.html").exists() and not (tmp_path / "history" / "trends").exists()
+    assert "<th>kernel versions</th>" in (tmp_path / "history" / "changes.html").read_text()
     assert main(["history", str(tmp_path), "--changes", "--trend-figures"]) == 0  # the PNGs: on request
     pngs = sorted((tmp_path / "history" / "trends").glob("*.png"))
     assert len(pngs) == 3 and pngs[0].read_bytes()[:4] == b"\x89PNG"
