@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 
 from harness.backends.base import Backend
+from harness.backends.registry import built_in_names
 from harness.execution.runner import backward_reason, baseline_budget
 from harness.measure.timing import SELF_WARMING_MS, TimingConfig, repetitions
 from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
@@ -346,6 +347,8 @@ class JobCost:
     matrix: MatrixCost
     rates: RunRates
     steps: tuple[Step, ...]
+    #: the backends whose speed the estimate guesses: plugins declaring no relative_speed for this device
+    guessed: tuple[str, ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -369,9 +372,12 @@ class JobCost:
         """One line: the whole job's estimate by stage, then the matrix's figures and what the estimate assumes."""
         load = self.rates.load_per_cpu
         at = "" if load is None else f", fixed costs at a load average of {load:.2g} per CPU"
+        guess = (f" A guess for {', '.join(self.guessed)}: a plugin that declares no relative_speed for "
+                 f"{self.matrix.device.type} is assumed at the baseline's rate (one 4x slower makes this 4x short; "
+                 "declare relative_speed on its class to price it)" if self.guessed else "")
         return (f"estimated ~{_duration(self.seconds)} ({self.seconds:.0f} s) in all ({self.breakdown()}{at}); "
                 f"{self.matrix.summary()}. "
-                f"{ASSUMED}")
+                f"{ASSUMED}.{guess}")
 
     def refusal(self) -> str | None:
         """Why this job should not run here (over LIMIT_S in all, or a case does not fit), or None."""
@@ -475,7 +481,9 @@ def job_cost(matrix: MatrixCost, job: Job, rates: RunRates | None = None) -> Job
         if job.probes and any(job.phases_of(c.case) for c in matrix.costs):
             steps.append(Step("timing", "timing fidelity and the reference's long-sequence memory",
                               rates.fidelity_s, ("fidelity",)))
-    return JobCost(matrix, rates, tuple(steps))
+    guessed = tuple(b.name for b in backends if b.name not in built_in_names()
+                    and device.type not in b.relative_speed)
+    return JobCost(matrix, rates, tuple(steps), guessed)
 
 
 #: the backends of the H200 run the GPU estimate assumes, and --rounds' default

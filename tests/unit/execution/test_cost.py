@@ -171,6 +171,22 @@ def test_a_backends_declared_relative_speed_scales_its_calls_and_a_refused_case_
     assert job_cost(matrix, Job((Bf16Only(),), (FWD,)), UNITS).seconds_of(case.id, Bf16Only.name) == 0
 
 
+def test_the_estimate_says_when_it_guesses_a_plugin_s_speed():
+    """issue 67 item 5: a plugin's base run estimated at 131 s took 481 s - its speed was assumed, silently. A plugin
+    declaring no relative_speed for the device is named as a guess; one that declares it, and the built-ins, are not."""
+    class Mine(Naive):
+        name, relative_speed = "my-attn", {}
+
+    class Declared(Naive):
+        name, relative_speed = "my-declared", {"cpu": 0.5}
+
+    matrix = matrix_cost([AttentionCase(1, 2, 64, 32, "fp32")], CPU, **RATES)
+    guessed = job_cost(matrix, Job((Naive(), Mine(), Declared()), (FWD,)), UNITS)
+    assert guessed.guessed == ("my-attn",) and "A guess for my-attn: a plugin that declares no relative_speed for " \
+        "cpu is assumed at the baseline's rate" in guessed.summary()
+    assert "A guess" not in job_cost(matrix, Job((Naive(), Declared()), (FWD,)), UNITS).summary()
+
+
 def test_the_refusal_takes_the_whole_job_not_only_the_reference():
     """issue 48: `recommend --preset llama-3-8b --seq 8192 --batch 4 --training` was estimated by its reference and
     baseline (~3 min), then ran well over an hour: the backends' calls and timing rounds decide it now."""
