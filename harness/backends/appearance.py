@@ -8,9 +8,17 @@ from typing import Iterable
 from harness.backends.registry import all_backends
 
 #: a backend that declares no colour gets one of these: none is a built-in's (tests/unit/report/test_plots.py checks),
-#: so a plugin never looks like sdpa or naive
-PLUGIN_COLOURS = ("#f032e6", "#469990", "#800000", "#000075", "#808000", "#e6beff", "#000000", "#ffd700",
-                  "#aaffc3", "#911eb4", "#fabebe", "#00ff7f")
+#: so a plugin never looks like sdpa or naive; each stands out on the figures' white at 3:1 or more (WCAG's contrast for
+#: graphics: the pale mint, lavender, pink, gold and spring green a plugin could draw were 1.2-1.6:1, issue 67)
+PLUGIN_COLOURS = ("#f032e6", "#469990", "#800000", "#000075", "#808000", "#c71585", "#000000", "#d2691e",
+                  "#006400", "#911eb4", "#4b0082", "#2f4f4f")
+
+
+def contrast_on_white(colour: str) -> float:
+    """WCAG 2.1's contrast ratio of `colour` against white (1 to 21)."""
+    from matplotlib.colors import to_rgb
+    r, g, b = (x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in to_rgb(colour))
+    return 1.05 / (0.2126 * r + 0.7152 * g + 0.0722 * b + 0.05)
 #: ... and, unless it declares one, one of these markers, which no built-in uses either
 PLUGIN_MARKERS = (">", "H", "8")
 

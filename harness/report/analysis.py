@@ -199,11 +199,19 @@ def modifier_support(run: Run) -> pd.DataFrame:
     ('pass 2, unsupported 2') and modifier_path; empty when the run has no such case."""
     rows = run.verdicts[run.verdicts.modifier_kind != "none"]
     out = []
-    for (backend, kind), g in rows.groupby(["backend", "modifier_kind"], sort=True):
+    # a backend unavailable here is one line, not a row per modifier family (~60 rows of "unavailable", issue 67)
+    absent = {b for b, g in rows.groupby("backend") if set(g.status) == {UNAVAILABLE}}
+    for backend in sorted(absent):
+        g = rows[rows.backend == backend]
+        out.append({"backend": backend, "modifiers": f"all {g.modifier_kind.nunique()} families",
+                    "statuses": f"unavailable {len(g)}", "path": "",
+                    "reason": "; ".join(sorted(set(g.reason.dropna().astype(str)) - {""}))[:200]})
+    for (backend, kind), g in rows[~rows.backend.isin(absent)].groupby(["backend", "modifier_kind"], sort=True):
         counts = g.status.value_counts()
         paths = sorted(set(g.modifier_path.dropna().astype(str)) - {""})
         out.append({"backend": backend, "modifiers": kind,
                     "statuses": ", ".join(f"{s} {n}" for s, n in counts.items()),
                     "path": "; ".join(paths), "reason": "; ".join(sorted(set(g.reason[g.status != PASS]
                                                                               .dropna().astype(str)) - {""}))[:200]})
-    return pd.DataFrame(out)
+    return pd.DataFrame(out).sort_values("backend", kind="stable").reset_index(drop=True) if out else \
+        pd.DataFrame(out)

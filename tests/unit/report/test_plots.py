@@ -9,7 +9,7 @@ from matplotlib.image import imread
 
 from harness.report.plots import FIGURE_BUILDERS, METRICS, backend_color, backend_style, plot_run, save
 from harness.report.plots import metric_rows
-from harness.backends.appearance import PLUGIN_COLOURS, PLUGIN_MARKERS
+from harness.backends.appearance import PLUGIN_COLOURS, PLUGIN_MARKERS, contrast_on_white
 from harness.backends.registry import BUILT_IN, all_backends
 from harness.report.analysis import group_label, split_series, support_counts
 from harness.report.data import load_run
@@ -105,6 +105,8 @@ def test_plugins_never_wear_a_built_in_colour_or_marker():
     styles = {p: backend_style(p, plugins) for p in plugins}
     assert len({colour for colour, _ in styles.values()}) == len(plugins)  # one run's plugins: a colour each
     assert styles == {p: backend_style(p, reversed(plugins)) for p in plugins}  # the same set: the same colours
+    # issue 67: a plugin's default colour stands out on white (the pale mint one a user got was 1.18:1)
+    assert min(map(contrast_on_white, PLUGIN_COLOURS)) >= 3.0 and contrast_on_white("#aaffc3") < 1.5
 
 
 def test_a_plugin_beside_sdpa_and_naive_has_its_own_colour_in_the_report(tmp_path):

@@ -148,10 +148,14 @@ def test_report_splits_by_modifier(tmp_path):
 
     cases = [AttentionCase(1, 2, 16, 8, "fp32", mask=Causal(), softcap=5.0),
              AttentionCase(1, 2, 16, 8, "fp32", sinks=True, alibi=True), AttentionCase(1, 2, 16, 8, "fp32")]
-    harness.check(["naive", "sdpa-math"], cases, "cpu").to_csv(tmp_path / "results.csv", index=False)
+    harness.check(["naive", "sdpa-math", "sdpa-cudnn"], cases, "cpu").to_csv(tmp_path / "results.csv", index=False)
     run = load_run(tmp_path)
     table = modifier_support(run).set_index(["backend", "modifiers"])
-    assert set(table.index) == {(b, m) for b in ("naive", "sdpa-math") for m in ("cap", "sink-alibi")}
+    # a backend unavailable here (sdpa-cudnn: CUDA only) is one line, not a row per family (issue 67)
+    assert set(table.index) == {(b, m) for b in ("naive", "sdpa-math") for m in ("cap", "sink-alibi")} | {
+        ("sdpa-cudnn", "all 2 families")}
+    assert table.loc[("sdpa-cudnn", "all 2 families"), "statuses"] == "unavailable 4"
+    assert "CUDA-only" in table.loc[("sdpa-cudnn", "all 2 families"), "reason"]
     assert table.loc[("sdpa-math", "cap"), "statuses"] == "unsupported 2"
     assert "SDPA has no softcap" in table.loc[("sdpa-math", "cap"), "reason"]
     assert table.loc[("sdpa-math", "sink-alibi"), "path"] == \
