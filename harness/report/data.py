@@ -123,9 +123,28 @@ def load_run(run_dir: str | Path, *, baseline: str = BASELINE, backends: list[st
     run = Run(run_dir, df.reset_index(drop=True), read_env(run_dir), baseline, filters)
     _derive_perf(run)
     quartiles, refused_samples = _quartiles(run_dir)
-    run.df = run.df.merge(quartiles, on=list(KEY), how="left")
+    run.df = unsettled(run.df.merge(quartiles, on=list(KEY), how="left"))
     run.refused = {name: n for name, n in ((RESULTS, refused), (SAMPLES, refused_samples)) if n}
     return run
+
+
+def unsettled(df: pd.DataFrame) -> pd.DataFrame:
+    """`noisy_matters`: a noisy row (IQR or round spread over 10 % of the median) whose samples' quartiles overlap
+    another backend's on the same case and phase - the order there is not settled by the samples. The figures ring
+    only these: a noisy point far from every other changes no conclusion (issue 67: rings on almost every point said
+    nothing)."""
+    df = df.copy()
+    df["noisy_matters"] = False
+    if "latency_q1_ms" not in df or not df.noisy.any():
+        return df
+    low, high = df.latency_q1_ms.fillna(df.latency_ms), df.latency_q3_ms.fillna(df.latency_ms)
+    for _, g in df[df.latency_ms.notna()].groupby(["case_id", "phase"], sort=False):
+        if len(g) < 2:
+            continue
+        for i in g.index[g.noisy.to_numpy(bool)]:
+            others = g.index[g.backend != df.at[i, "backend"]]
+            df.at[i, "noisy_matters"] = bool(((low[others] <= high[i]) & (high[others] >= low[i])).any())
+    return df
 
 
 def _read(run_dir: Path) -> tuple[pd.DataFrame, int]:

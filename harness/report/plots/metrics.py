@@ -102,7 +102,7 @@ def _overlays(ax: Axes, g: pd.DataFrame, x: np.ndarray, y: np.ndarray, metric: M
         low = np.nan_to_num(y - g.latency_q1_ms.to_numpy(float))
         high = np.nan_to_num(g.latency_q3_ms.to_numpy(float) - y)
         ax.errorbar(x, y, yerr=[low.clip(0), high.clip(0)], fmt="none", ecolor=colour, alpha=0.6, label="_iqr")
-    noisy = g.noisy.to_numpy(bool) & metric.timing_flags
+    noisy = g.noisy_matters.to_numpy(bool) & metric.timing_flags  # data.unsettled: noisy where it matters
     suspicious = g.suspicious.to_numpy(bool) & metric.timing_flags
     if noisy.any():
         ax.scatter(x[noisy], y[noisy], s=130, facecolors="none", edgecolors="black", lw=1, label="_noisy", zorder=3)
@@ -230,8 +230,9 @@ def _legend(fig: Figure, rows: pd.DataFrame, metric: Metric, among: list[str]) -
     handles = [Line2D([], [], color=(style := backend_style(b, among))[0], marker=style[1], label=backend_label(b))
                for b in dict.fromkeys(rows.backend)]
     values = rows[metric.column].to_numpy(float)
-    marks = [(metric.timing_flags and rows.noisy.any(),
-              dict(marker="o", ms=11, mfc="none", mec="black", label="noisy (IQR/median or rounds)")),
+    marks = [(metric.timing_flags and rows.noisy_matters.any(),
+              dict(marker="o", ms=11, mfc="none", mec="black",
+                   label="noisy (IQR or rounds > 10% of median),\nquartiles overlap another's")),
              (np.isinf(values).any(), dict(marker="$\\infty$", ms=11, color="red", label="infinite (top edge)")),
              ((values == 0).any(),
               dict(marker="$0$", ms=8, color="black", label="0 on a log axis (bottom edge)")),

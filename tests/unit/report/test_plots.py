@@ -241,3 +241,17 @@ def test_every_speedup_tick_label_reads_as_a_multiple(figures):
     labels = [t.get_text() for t in ax.yaxis.get_ticklabels(which="both") if t.get_text()]
     plt.close(fig)
     assert "2×" in labels and all(re.fullmatch(r"[0-9.]+×", t) for t in labels), labels
+
+
+def test_the_noisy_ring_marks_only_an_order_the_samples_do_not_settle():
+    """issue 67 item 8: a ring on almost every point said nothing. A noisy row is ringed only where its samples'
+    quartiles overlap another backend's on the same case and phase (data.unsettled)."""
+    import pandas as pd
+
+    from harness.report.data import unsettled
+    df = pd.DataFrame({"case_id": ["c1", "c1", "c2", "c2", "c3"], "phase": "fwd",
+                       "backend": ["a", "b", "a", "b", "a"], "noisy": [True, False, True, True, True],
+                       "latency_ms": [1.0, 1.1, 1.0, 5.0, 1.0], "latency_q1_ms": [0.8, 1.05, 0.9, 4.5, 0.5],
+                       "latency_q3_ms": [1.2, 1.15, 1.1, 5.5, 2.0]})
+    # c1: a's quartiles reach b's; c2: both noisy but far apart; c3: a alone
+    assert unsettled(df).noisy_matters.tolist() == [True, False, False, False, False]
