@@ -156,6 +156,8 @@ def load_backend_module(spec: str, *, here: bool = False) -> Any:
     `here=True` imports it in this process (--no-isolate, in-process and unguarded). Returns the module (here) or
     its host process."""
     if not here:
+        if not _DECLARER:  # the execution layer fills the hook when imported; `import harness` no longer imports it
+            importlib.import_module("harness.execution.plugin_host")
         host = _DECLARER[0](spec)  # the host process is the execution layer's (a worker of the plugin's own)
         if host.spec not in _LOADED:
             _LOADED.append(host.spec)

@@ -58,6 +58,18 @@ def test_unknown_names_are_one_line_errors():
         assert len(errors) == 1 and needle in errors[0], res.stderr
 
 
+def test_a_missing_file_is_refused_before_the_heavy_imports():
+    """issue 67 item 6: a bad path took 12-22 s to refuse under load (torch and the backends imported first); now
+    no torch is imported before the refusal - checked by what the process imported, not by a clock."""
+    probe = ("import sys; from harness.cli.main import main; code = main({argv}); "
+             "print('TORCH' if 'torch' in sys.modules else 'LIGHT', code)")
+    for argv in (["check", "--backend-module", "missing/file.py", "--backends", "x"],
+                 ["recommend", "--workload", "missing.toml"], ["check", "--hf-config=missing/config.json"]):
+        res = subprocess.run([sys.executable, "-c", probe.format(argv=argv)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+        assert res.stdout.split() == ["LIGHT", "2"] and "no such file" in res.stderr, (argv, res.stdout, res.stderr)
+
+
 def test_plugin_that_raises_becomes_an_error_row(tmp_path):
     plugin = tmp_path / "raising.py"
     plugin.write_text(
