@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -160,6 +162,13 @@ class Flex(Backend):
             import torch.nn.attention.flex_attention  # noqa: F401
         except ImportError as exc:
             return f"flex_attention not in this torch ({torch.__version__}): {exc}"
+        # inductor compiles flex on a CPU only through its AVX2 path: torch 2.13's _inductor/kernel/flex/flex_cpu.py
+        # check_cpu_supported (AVX2 and ATEN_CPU_CAPABILITY != "default"), else every call raises "torch.compile on
+        # current platform is not supported for CPU"; the capability in use is public (it follows that variable)
+        capability = torch.backends.cpu.get_cpu_capability()
+        if torch.device(device).type == "cpu" and not capability.startswith("AVX"):
+            return (f"flex on a CPU needs inductor's AVX2 code path; this process dispatches {capability} "
+                    f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')}; torch {torch.__version__})")
         return None
 
     def native_mask(self, q, k, v, *, mask, scale):

@@ -84,11 +84,16 @@ def test_correct_builtins_pass_default_matrix():
     # `pytest suites` checks it on all of them.
     df = pd.concat([harness.check(CPU_BACKENDS[:-1], cases, "cpu"),
                     harness.check(["flex"], one_of_each_kind(cases), "cpu")], ignore_index=True)
-    bad = df[~df.status.isin(["pass", "unsupported"])]
+    # flex compiles on a CPU only through inductor's AVX2 path (ATEN_CPU_CAPABILITY=default, or a CPU without AVX2:
+    # unavailable, with the reason - issue 67 item 9 runs the suite that way)
+    no_flex = harness.get_backends(["flex"])[0].unavailable_reason(torch.device("cpu"))
+    flex = df.backend == "flex"
+    assert not no_flex or (set(df[flex].status) == {"unavailable"} and df[flex].reason.str.contains("AVX2").all())
+    bad = df[~df.status.isin(["pass", "unsupported"]) & ~(flex & bool(no_flex))]
     assert bad.empty, bad[["backend", "case_id", "phase", "status", "reason"]].to_string()
     # every backend really ran: each has passes in both phases except flex, which has no CPU backward
     passed = df[df.status == "pass"].groupby("backend").phase.unique()
-    for name in CPU_BACKENDS:
+    for name in [b for b in CPU_BACKENDS if not (b == "flex" and no_flex)]:
         assert "fwd" in passed[name]
         assert ("bwd" in passed[name]) == (name != "flex")
     assert (df[df.status == "pass"].err_ratio <= 1).all()
