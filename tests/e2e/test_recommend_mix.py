@@ -37,10 +37,14 @@ def test_the_weights_of_a_traffic_mix_change_the_overall_pick(tmp_path):
     printed) and as printed (advice.txt), which `report` shows in an Advisor section."""
     prefill_heavy, decode_heavy = _recommend(tmp_path / "p", 100, 1), _recommend(tmp_path / "d", 1, 100)
     assert prefill_heavy["overall_by"] == "weighted time"
-    assert prefill_heavy["winner"] == "quick-prefill" and decode_heavy["winner"] == "quick-decode"
+    assert prefill_heavy["winner"] == "quick-prefill", prefill_heavy["mix"]
+    assert decode_heavy["winner"] == "quick-decode", (decode_heavy["mix"], [
+        (w["label"], [(r["backend"], r["status"], r["reason"]) for r in w["table"]]) for w in decode_heavy["workloads"]])
     for result in (prefill_heavy, decode_heavy):
         parts = result["mix"]["parts"]
-        assert parts["prefill"]["winner"] == "quick-prefill" and parts["decode"]["winner"] == "quick-decode"
+        assert parts["prefill"]["winner"] == "quick-prefill" and parts["decode"]["winner"] == "quick-decode", [
+            (w["label"], [(r["backend"], r["status"], r["reason"], r["latency_ms"]) for r in w["table"]])
+            for w in result["workloads"]]
         assert result["mix"]["split"] is True
         assert {f["framework"] for f in result["frameworks"]} == {"vllm", "sglang", "transformers"}
         advice = {f["framework"]: f for f in result["frameworks"]}
