@@ -37,10 +37,9 @@ class FrameworkAdvice:
 
 
 def _knob(backend: str, framework: str) -> ServingKnob | None:
-    # the newest-declared setting of the backend for the framework (a backend declares one per framework)
-    knobs = [k for k in all_backends()[backend].serving if k.framework == framework] if backend in all_backends() \
-        else []
-    return knobs[-1] if knobs else None
+    """The setting backend `backend` declares for `framework` (one a framework), None when it declares none."""
+    declared = all_backends().get(backend)
+    return next((k for k in declared.serving if k.framework == framework), None) if declared else None
 
 
 def framework_advice(framework: str, target: Target, workloads: list[Workload],

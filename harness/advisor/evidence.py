@@ -22,7 +22,8 @@ from harness.measure.timing import TimingConfig
 from harness.spec.case import AttentionCase
 from harness.store.host import testbed_id
 from harness.store.load import load_results, load_samples
-from harness.store.schema import FWD, FWD_BWD, PASS, UNAVAILABLE, VERDICT_PHASES, Row, figures_comparable, figures_usable
+from harness.store.schema import (FWD, FWD_BWD, PASS, UNAVAILABLE, VERDICT_PHASES, Row, figures_comparable,
+                                  figures_usable)
 
 @dataclass
 class Evidence:

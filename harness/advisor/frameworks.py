@@ -14,7 +14,8 @@ from harness.spec.case import AttentionCase, dtype_name
 
 #: the releases whose rules are modelled (docs/frameworks.md: what each was read from)
 VLLM_CPU_RULES = "vLLM 0.11.1-0.18.0 (vllm/platforms/cpu.py get_attn_backend_cls)"
-VLLM_RULES = "vLLM 0.13.0-0.18.0 (vllm/platforms/cuda.py _get_backend_priorities, each backend's validate_configuration)"
+VLLM_RULES = ("vLLM 0.13.0-0.18.0 (vllm/platforms/cuda.py _get_backend_priorities, each backend's "
+              "validate_configuration)")
 SGLANG_RULES = "SGLang 0.5.11-0.5.23 (arg_groups/model_override_base.py get_default_attn_backend, non-MLA models)"
 TRANSFORMERS_RULES = "transformers 4.54.0-5.25.0 (modeling_utils.py _check_and_adjust_attn_implementation)"
 

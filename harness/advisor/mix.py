@@ -124,8 +124,9 @@ class TrafficMix:
         return len(self.parts.keys() & set(SPLIT)) == 2 and len(winners) == 2 and None not in winners
 
     def describe(self) -> list[str]:
+        overall = self.overall.describe().replace("overall: ", "overall (one backend for all): ", 1)
         lines = ["traffic mix (weighted attention time; a shape's weight is its share of calls, or its tokens per "
-                 "second / tokens a call):", "  " + self.overall.describe().replace("overall: ", "overall (one backend for all): ", 1)]
+                 "second / tokens a call):", f"  {overall}"]
         lines += [f"  {p.describe()}" for name, p in self.parts.items()]
         if self.split:
             lines.append(f"  prefill and decode are best served apart: {self.parts['prefill'].winner} and "

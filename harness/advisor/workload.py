@@ -199,7 +199,7 @@ def workloads_from_mapping(data: object, where: str = "workload", *, training: b
         if made is not None:
             with _at(spot):
                 workloads += [replace(w, **mix) for w in made]
-        if made is None:
+        else:
             missing = [k for k in ("batch", "heads", "seq_q", "head_dim") if k not in keys]
             if missing:
                 raise ValueError(f"{spot}: missing {', '.join(missing)} (seq may stand for seq_q and seq_k)")

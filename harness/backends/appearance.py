@@ -12,6 +12,8 @@ from harness.backends.registry import all_backends
 #: graphics: the pale mint, lavender, pink, gold and spring green a plugin could draw were 1.2-1.6:1, issue 67)
 PLUGIN_COLOURS = ("#f032e6", "#469990", "#800000", "#000075", "#808000", "#c71585", "#000000", "#d2691e",
                   "#006400", "#911eb4", "#4b0082", "#2f4f4f")
+#: ... and, unless it declares one, one of these markers, which no built-in uses either
+PLUGIN_MARKERS = (">", "H", "8")
 
 
 def contrast_on_white(colour: str) -> float:
@@ -19,8 +21,6 @@ def contrast_on_white(colour: str) -> float:
     from matplotlib.colors import to_rgb
     r, g, b = (x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in to_rgb(colour))
     return 1.05 / (0.2126 * r + 0.7152 * g + 0.0722 * b + 0.05)
-#: ... and, unless it declares one, one of these markers, which no built-in uses either
-PLUGIN_MARKERS = (">", "H", "8")
 
 
 def backend_style(name: str, among: Iterable[str] = ()) -> tuple[str, str]:

@@ -167,8 +167,9 @@ class Flex(Backend):
         # current platform is not supported for CPU"; the capability in use is public (it follows that variable)
         capability = torch.backends.cpu.get_cpu_capability()
         if torch.device(device).type == "cpu" and not capability.startswith("AVX"):
+            chosen = os.environ.get("ATEN_CPU_CAPABILITY", "unset")
             return (f"flex on a CPU needs inductor's AVX2 code path; this process dispatches {capability} "
-                    f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')}; torch {torch.__version__})")
+                    f"(ATEN_CPU_CAPABILITY={chosen}; torch {torch.__version__})")
         return None
 
     def native_mask(self, q, k, v, *, mask, scale):

@@ -82,9 +82,3 @@ class ServingKnob:
         return [f'AutoModelForCausalLM.from_pretrained(MODEL, attn_implementation="{self.value}")   '
                 f"# transformers {self.versions}"]
 
-
-def knobs_for(backend_class, framework: str) -> list[ServingKnob]:
-    """The settings a backend declares for `framework` (its class's `serving`)."""
-    if framework not in FRAMEWORKS:
-        raise ValueError(f"framework {framework!r}; allowed: {', '.join(FRAMEWORKS)}")
-    return [k for k in getattr(backend_class, "serving", ()) if k.framework == framework]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 import tempfile
 from pathlib import Path
 
@@ -83,7 +85,6 @@ def _recommend(args: argparse.Namespace) -> int:
     job = Job(tuple(available_here(backends, device)), {w.case().id: (w.phase,) for w in workloads}, timing=timing,
               advisor=True, checks=args.checks)  # availability asked in workers: no backend library loads here
     cost = check_cost([w.case() for w in workloads], device, job, allow=args.allow_expensive)
-    import sys
     print(cost.summary(), file=sys.stderr if args.format == "json" else sys.stdout)
     executor = None
     if args.isolate:  # every backend call in a supervised worker: a crash or hang is a row, not the end
@@ -144,8 +145,8 @@ def _recommend(args: argparse.Namespace) -> int:
 class _AdviceRun:
     """recommend's run folder: the rows it measured (results.csv, samples.csv), env.json, and its advice."""
 
-    def __init__(self, recorder, run_id: str):
-        self.recorder, self.run_id, self.run_dir = recorder, run_id, recorder.run_dir
+    def __init__(self, recorder):
+        self.recorder, self.run_dir = recorder, recorder.run_dir
 
     def record(self, rows: list, samples_ms: tuple) -> None:
         self.recorder.write(rows)
@@ -176,12 +177,11 @@ def _run_folder(args, device, workloads, seed: int, timing, executor) -> _Advice
                cases={"case_ids": [w.case().spelled_id for w in workloads]},
                workloads=[{"label": w.label, "case_id": w.case().id, "part": w.role, "calls_weight": w.calls_weight}
                           for w in workloads], backend_modules=list(args.backend_module))
-    return _AdviceRun(RunRecorder(run_id, results_root(args.results_dir) / run_id, env), run_id)
+    return _AdviceRun(RunRecorder(run_id, results_root(args.results_dir) / run_id, env))
 
 
 def _plain(value):
     """json.dumps' fallback: numpy numbers and NaN-able floats as plain numbers (NaN as null)."""
-    import math
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -191,7 +191,6 @@ def _plain(value):
 
 def advice_json(workloads, picks, total, mix, advice, target, measured_on, winner, by_mix) -> dict:
     """`recommend --format json`: every workload's ranking, the overall and mix picks, each framework's advice."""
-    import math
 
     def clean(records: list[dict]) -> list[dict]:
         return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in records]
@@ -265,9 +264,9 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
                         "output bitwise the same alone and in the workload's batch (repeatable)")
     p.add_argument("--csv", type=Path, default=None, help="also write the table(s) to this CSV")
     p.add_argument("--for", dest="for_", action="append", default=[], choices=FRAMEWORKS,
-                   help="end with the setting to paste for this serving framework only (default: all three): the fastest measured backend it "
-                        "can run (per prefill/decode for SGLang where they differ), with the releases it works in "
-                        "(repeatable)")
+                   help="end with the setting to paste for this serving framework only (default: all three): the "
+                        "fastest measured backend it can run (per prefill/decode for SGLang where they differ), with "
+                        "the releases it works in (repeatable)")
     p.add_argument("--target", default=None, metavar="DEVICE",
                    help="apply the frameworks' own rules for this device: cpu, smXY (sm80, sm90, sm100) or X.Y "
                         "(default: the device measured on); the figures stay this machine's")

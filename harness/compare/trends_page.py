@@ -123,7 +123,8 @@ def write_trends_page(history: pd.DataFrame | TimedRuns, changes: pd.DataFrame, 
             f"<span id=shown>{len(sections)}</span> shown. Each trend: the key's median latency per run (oldest "
             "left, log scale), its segments' medians (gray) with the noise band, change points dashed red.</p>"
             f"<p>{filters}</p><table><tr><th>testbed</th><th>backend</th><th>case</th><th>phase</th><th>before ms</th>"
-            f"<th>after ms</th><th>ratio</th><th>between runs</th><th>kernel versions</th></tr>{''.join(rows)}</table>{''.join(sections)}")
+            f"<th>after ms</th><th>ratio</th><th>between runs</th><th>kernel versions</th></tr>{''.join(rows)}"
+            f"</table>{''.join(sections)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f'<!doctype html><html><head><meta charset="utf-8"><title>Change points</title>'
                     f"<style>{_STYLE}</style></head><body>{body}<script>{_SCRIPT}</script></body></html>\n")

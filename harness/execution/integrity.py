@@ -191,22 +191,24 @@ class RoundGuard(Guard):
     def after_call(self, value: object, left: int) -> None:
         """Kept to be judged or not, drawn only now (JUDGED_DRAWS; `left`: the samples after it): no kernel knows.
         Every call's output must be exactly torch.Tensor (contract.not_plain)."""
-        if value is not None and type(value) is not torch.Tensor and not self.not_plain:
-            self.not_plain = f"a timed call {not_plain(value)}"
+        self._plain(value, "a timed call")
         if secrets.randbelow(left) < JUDGED_DRAWS - len(self.drawn):
             self.drawn.append(self.timed.observe(value, self._undone))
 
     def after_last_call(self, value: object) -> None:
         """The last call is always judged, and its output must be its own."""
         self.aliased = aliased(value, self.timed.buffers)
-        if value is not None and type(value) is not torch.Tensor and not self.not_plain:
-            self.not_plain = f"the last timed call {not_plain(value)}"
+        self._plain(value, "the last timed call")
         self.drawn.append(self.timed.observe(value, self._undone))
+
+    def _plain(self, value: object, what: str) -> None:
+        # the first answer that is not exactly torch.Tensor (contract.not_plain) is the round's problem
+        if value is not None and type(value) is not torch.Tensor and not self.not_plain:
+            self.not_plain = f"{what} {not_plain(value)}"
 
     def _undone(self, quantity: str, answer: torch.Tensor) -> torch.Tensor:
         # copied as the call returned and undone in one pass: its call's and the round's content divided out
-        if type(answer) is not torch.Tensor and not self.not_plain:
-            self.not_plain = f"a timed call's {quantity} {not_plain(answer)}"
+        self._plain(answer, f"a timed call's {quantity}")
         return self.round.undo(quantity, answer, self.group, self.content)
 
     def finish(self, device: torch.device) -> tuple[list[dict[str, torch.Tensor]], str]:

@@ -68,7 +68,8 @@ def misplaced(pid: int, placement: Placement) -> str:
         except OSError:  # ended since it was listed
             continue
         if cpus != placement.cpus:
-            return f"thread {tid} of the worker was moved to CPU(s) {_cpus(cpus)} (the run placed it on {_cpus(placement.cpus)})"
+            return (f"thread {tid} of the worker was moved to CPU(s) {_cpus(cpus)} (the run placed it on "
+                    f"{_cpus(placement.cpus)})")
         if nice != placement.nice:
             return f"thread {tid} of the worker runs at nice {nice} (the run's: {placement.nice})"
         if policy != placement.policy:

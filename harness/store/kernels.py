@@ -30,10 +30,15 @@ def source_version(spec: str) -> str | None:
     """A plugin module's version as its source's: 'sha256:' and the first 12 hex digits of the file's (a local
     package's .py files'), so history tells two versions of a kernel apart; None for an installed package (its
     package metadata says) or a module found nowhere."""
-    source = Path(spec).resolve() if is_file_module(spec) else _local_package(spec)
+    source = _source(spec)
     if source is None or not source.exists():
         return None
     return "sha256:" + _sha256(source)[:12]
+
+
+def _source(spec: str) -> Path | None:
+    """Where a --backend-module spec's source lies: the file, or a local package's folder (None: installed)."""
+    return Path(spec).resolve() if is_file_module(spec) else _local_package(spec)
 
 
 def _local_package(name: str) -> Path | None:
@@ -59,7 +64,7 @@ def keep_sources(run_dir: Path, specs: list[str]) -> list[dict]:
     (an installed package) is recorded with no copy."""
     records = []
     for i, spec in enumerate(specs):
-        source = Path(spec).resolve() if is_file_module(spec) else _local_package(spec)
+        source = _source(spec)
         record = {"module": str(source) if is_file_module(spec) else spec, "source": str(source) if source else None,
                   "copy": None, "sha256": None}
         if source is not None and source.exists():

@@ -1,4 +1,5 @@
-"""A run directory's layout (results.csv, samples.csv, env.json, a recommendation's advice) and its environment file, read and written."""
+"""A run directory's layout (results.csv, samples.csv, env.json, a recommendation's advice) and its environment file,
+read and written."""
 
 from __future__ import annotations
 

@@ -318,8 +318,8 @@ SPEEDUP = "speedup vs naive"
 LEGEND = ("cases by verdict: the matrix's cases, each under its worst phase (pass: out, dq, dk, dv within tolerance "
           "of the float64 reference), as the report's headline counts them; the probes' cases (edge:, ...) are "
           "counted apart there")
-SPEEDUP_LEGEND = ("; speedup vs naive: naive's median latency / the backend's, median over cases (2.00 = twice as fast; "
-                  "a figure beyond the measured peak, suspicious, counts in none)")
+SPEEDUP_LEGEND = ("; speedup vs naive: naive's median latency / the backend's, median over cases (2.00 = twice as "
+                  "fast; a figure beyond the measured peak, suspicious, counts in none)")
 REJECTED_LEGEND = ("; rejected: timed keys (case, phase) whose calls failed an integrity check: no figure is kept "
                    "(docs/integrity.md)")
 
