@@ -28,7 +28,8 @@ def _compare(args: argparse.Namespace) -> int:
                               allow_missing=args.allow_missing, use_noise_model=args.noise_model)
     if args.remeasure:
         remeasure(comparison, RemeasureConfig(budget_s=args.remeasure_budget_s, fresh_workers=args.fresh_workers,
-                                              max_rounds=args.remeasure_max_pairs),
+                                              max_rounds=args.remeasure_max_pairs,
+                                              settle_by_backend=args.settle_by_backend),
                   base_checkout=args.base_checkout, base_python=args.base_python)
     out = Path(args.out) if args.out else new / f"compare-vs-{base.name}"
     files = write_report(comparison, out)
@@ -74,7 +75,11 @@ def add_subcommand(subparsers) -> None:
                    help="re-time the slower and undecided keys with the base and the new code in pairs (the new "
                         "code is this checkout: the new run's), until each is decided or the budget ends")
     p.add_argument("--remeasure-budget-s", type=positive_float, default=RemeasureConfig.budget_s,
-                   help="time budget of --remeasure in seconds (default: %(default)s)")
+                   help="time budget of --remeasure in seconds (default: sized from the base run's own round times "
+                        "and the load now, at most its benchmark stage; 120 s for a run that does not record it)")
+    p.add_argument("--no-settle-by-backend", dest="settle_by_backend", action="store_false",
+                   help="with --remeasure: time every suspect key until its own pairs decide it, even once its "
+                        "backend's keys pooled have decided the backend (the backends still fail the gate)")
     p.add_argument("--remeasure-max-pairs", type=int, default=RemeasureConfig.max_rounds,
                    help="with --remeasure: at most this many pairs per key (default: %(default)s; raised to what the "
                         "family level needs when many keys are re-measured)")

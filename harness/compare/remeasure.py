@@ -6,15 +6,17 @@ import os
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from harness.compare.groups import ALL_PHASES, Groups
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
 from harness.compare.timers import (CheckoutTimer, ExecutorTimer, KeyTimer, Rejected, code_mismatch, current_code,
                                     run_cases)
 from harness.measure.paired import BUSY_LOAD_PER_CPU, pairs_needed, paired_verdict
+from harness.measure.pooled import GroupVerdict, key_log_ratio, pair_excluded
 from harness.measure.stats import FAMILY_ALPHA, gate_verdict
 from harness.store.environment import REPO_ROOT
 from harness.store.kernels import describe
@@ -32,7 +34,8 @@ DECIDED = (SLOWER, FASTER, UNCHANGED)
 class RemeasureConfig:
     """How long and how hard to re-measure (docs/regressions.md)."""
 
-    budget_s: float = 120.0
+    #: None: sized from the base run's own round times and the load now (sized_budget)
+    budget_s: float | None = None
     #: pairs before a key may pass as unchanged (one can fall inside a burst); slower needs pairs_needed(level)
     min_rounds: int = 4
     #: at most this many pairs, raised to pairs_needed + 4: a burst costs the bound a rank, more pairs buy it back
@@ -42,9 +45,12 @@ class RemeasureConfig:
     family_alpha: float = FAMILY_ALPHA
     #: new worker processes every round; off: persistent ones showed no offset (gate_study.py part `process`)
     fresh_workers: bool = False
+    #: stop re-measuring a key once its backend's verdict settles it (compare/groups.py); off: every key is timed
+    #: until its own pairs decide it (the backends are still judged, and still fail the gate)
+    settle_by_backend: bool = True
 
     def __post_init__(self):
-        if not (self.budget_s > 0 and 2 <= self.min_rounds <= self.max_rounds and 0 < self.family_alpha < 0.5):
+        if not ((self.budget_s is None or self.budget_s > 0) and 2 <= self.min_rounds <= self.max_rounds and 0 < self.family_alpha < 0.5):
             raise ValueError(f"remeasure config {self}: needs budget_s > 0, 2 <= min_rounds <= max_rounds and "
                              "0 < family_alpha < 0.5")
 
@@ -145,7 +151,11 @@ def remeasure(comparison: Comparison, config: RemeasureConfig = RemeasureConfig(
         timer = timer if timer is not None else ExecutorTimer(env, out_dir / "workers", config.fresh_workers,
                                                               run_dir=new_dir)
         timers.append(timer)
-        log(f"re-measuring {len(pending)} key(s) of {new_dir} (budget {config.budget_s:.0f} s); "
+        sized = ""
+        if config.budget_s is None:
+            budget, sized = sized_budget(comparison, len(pending), config.min_rounds, load() if load else None)
+            config = replace(config, budget_s=budget)
+        log(f"re-measuring {len(pending)} key(s) of {new_dir} (budget {sized or f'{config.budget_s:.0f} s'}); "
             + "; ".join(filter(None, [where, *notes])))
         timed = list(pending)  # _rounds empties pending as keys are decided
         _rounds(comparison, config, pending, timer, base_timer, out_dir, log, clock, base_note=where, load=load)
@@ -160,9 +170,40 @@ def remeasure(comparison: Comparison, config: RemeasureConfig = RemeasureConfig(
     return comparison
 
 
+@dataclass
+class _Key:
+    """One key being re-measured: what it is, and per side one tuple of samples per counted pair."""
+
+    case: object
+    backend: str
+    phase: str
+    estimate_ms: float
+    fresh: dict
+    #: pairs timed but not counted, each with why (pooled.pair_excluded)
+    excluded: list = field(default_factory=list)
+    #: the round of each counted pair
+    rounds: list = field(default_factory=list)
+
+    @property
+    def pairs(self) -> int:
+        return len(self.fresh["new"])
+
+    def log_ratio(self, rounds: range | None = None) -> float:
+        """Its counted pairs' median log ratio (of the pairs of `rounds` only, when given; nan without a base side or
+        such a pair)."""
+        if "base" not in self.fresh:
+            return math.nan
+        kept = [j for j, r in enumerate(self.rounds) if rounds is None or r in rounds]
+        if not kept:
+            return math.nan
+        return key_log_ratio([np.median(self.fresh["base"][j]) for j in kept],
+                             [np.median(self.fresh["new"][j]) for j in kept])
+
+
 def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, timer, base_timer, out_dir: Path,
             log, clock, base_note: str, load=None) -> None:
-    """The re-measurement loop: rounds of every pending key on both sides (or the new one), until decided."""
+    """The re-measurement loop: rounds of the pending keys on both sides (or the new one), ordered where a decision is
+    closest, until each key or its backend is decided, the pairs run out or the budget does."""
     rows = comparison.rows
     run_ids = {side: read_env(run.run_dir).get("run_id", run.run_dir.name)
                for side, run in (("new", comparison.new), ("base", comparison.base))}
@@ -172,25 +213,29 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
     stored_base = samples_by_key(comparison.base.run_dir) if base_timer is None else {}
     alpha = config.family_alpha / len(pending)
     max_rounds = max(config.max_rounds, pairs_needed(alpha) + 4)
-    fresh = {i: {side: [] for side in sides} for i in pending}  # per side: one list of samples per round
-    order = random.Random(config.seed)
+    keys = {i: _Key(*pending[i], fresh={side: [] for side in sides}) for i in pending}
+    margin = 1 + comparison.config.min_effect
+    # pooling a backend's keys needs pairs: runs minutes apart share no moment of the machine, and a drift between
+    # them moves every key of every backend alike
+    groups = Groups(keys, margin, config.family_alpha) if base_timer is not None else None
+    shuffle = random.Random(config.seed)
     start, rounds_done, loads, pairs_timed = clock(), 0, [], 0
+    during = None
     while pending and rounds_done < max_rounds and clock() - start < config.budget_s:
         for t in sides.values():
             t.start_round()
         try:
-            keys = list(pending)
-            order.shuffle(keys)  # a new order every round: a burst hits different keys' rounds
-            for position, i in enumerate(keys):
+            for position, i in enumerate(order(keys, list(pending), alpha, config.min_rounds, margin, groups,
+                                               shuffle)):
                 if clock() - start >= config.budget_s:
                     break
-                case, backend, phase, estimate = pending[i]
+                k = keys[i]
                 # ABBA: neither side is always the first of its pair
                 names = list(sides)[::-1] if (rounds_done + position) % 2 else list(sides)
-                got = {side: sides[side].time(case, backend, phase, estimate) for side in names}
+                got = {side: sides[side].time(k.case, k.backend, k.phase, k.estimate_ms) for side in names}
                 pairs_timed += 1
                 rejected = [f"{side} code: {g.reason}" for side, g in got.items() if isinstance(g, Rejected)]
-                failed = [f"{side}: {samples}" for side, samples in got.items() if isinstance(samples, str)]
+                failed = [f"{side}: {g}" for side, g in got.items() if isinstance(g, str)]
                 if rejected:  # no figure of this key is a re-measurement's: the gate says why, and fails
                     rows.loc[i, "verdict"], rows.loc[i, "remeasured"] = REJECTED, True
                     rows.loc[i, "note"] = (f"re-measure rejected (first verdict {rows.loc[i, 'first_verdict']}): "
@@ -198,11 +243,17 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
                 elif failed:
                     rows.loc[i, "note"] = "re-measure failed: " + "; ".join(failed)
                 if rejected or failed:
-                    del pending[i]
+                    del pending[i], keys[i]
                     continue
-                for side, samples in got.items():
-                    fresh[i][side].append(samples)
-                    writers[side].write(run_ids[side], case.id, backend, phase, samples, rounds_done)
+                for side, timed in got.items():
+                    writers[side].write(run_ids[side], k.case.id, k.backend, k.phase, timed.samples, rounds_done)
+                why = pair_excluded(*(got[side].contention if side in got else None for side in ("base", "new")))
+                if why and "base" in got:
+                    k.excluded.append(why)
+                    continue
+                for side, timed in got.items():
+                    k.fresh[side].append(timed.samples)
+                k.rounds.append(rounds_done)
         finally:
             for t in sides.values():
                 t.end_round()
@@ -211,34 +262,81 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
             loads.append(load())
         during = (float(np.mean([a for a, _ in loads])), loads[-1][1]) if loads else None
         for i in list(pending):
-            if len(fresh[i]["new"]) >= config.min_rounds and \
-                    _decide(comparison, i, fresh[i], alpha, stored_base, base_note, during) in DECIDED:
+            if keys[i].pairs >= config.min_rounds and \
+                    _decide(comparison, i, keys[i], alpha, stored_base, base_note, during) in DECIDED:
                 del pending[i]
+        if groups is not None:
+            groups.look(rounds_done)
+            for i in list(pending) if config.settle_by_backend else ():
+                if (group := groups.settles(keys[i])) is not None:
+                    _decide(comparison, i, keys[i], alpha, stored_base, base_note, during, group=group,
+                            min_rounds=config.min_rounds)
+                    del pending[i]
     for i in pending:  # the budget ended: what the rounds say, but never a pass on fewer than min_rounds
-        if fresh[i]["new"]:
-            _decide(comparison, i, fresh[i], alpha, stored_base, base_note, during)
-        if len(fresh[i]["new"]) < config.min_rounds:
+        k = keys[i]
+        if k.pairs:
+            _decide(comparison, i, k, alpha, stored_base, base_note, during)
+        if k.pairs < config.min_rounds:
             rows.loc[i, "verdict"] = UNDECIDED
-            rows.loc[i, "note"] = (f"re-measure budget ended after {len(fresh[i]['new'])} round(s) of this key, "
-                                   f"{config.min_rounds} needed: raise --remeasure-budget-s; "
-                                   f"{rows.loc[i, 'note']}")
+            rows.loc[i, "note"] = (f"re-measure ended after {k.pairs} counted pair(s) of this key, "
+                                   f"{config.min_rounds} needed on its own; {rows.loc[i, 'note']}")
+    if groups is not None:
+        comparison.groups = groups.frame()
+    spent = clock() - start
     if pending:
-        comparison.remeasure_next = next_step(config, clock() - start, pairs_timed, rounds_done,
-                                              {i: len(fresh[i]["new"]) for i in pending}, during,
-                                              max_rounds if rounds_done >= max_rounds else None)
-    log(f"re-measured in {clock() - start:.0f} s, {rounds_done} round(s)"
+        comparison.remeasure_next = next_step(config, spent, pairs_timed, rounds_done,
+                                              {i: keys[i].pairs for i in pending}, during,
+                                              max_rounds if rounds_done >= max_rounds else None,
+                                              groups.undecided() if groups is not None else ())
+    excluded = sum(len(k.excluded) for k in keys.values())
+    log(f"re-measured in {spent:.0f} s, {rounds_done} round(s), {pairs_timed} pair(s)"
+        + (f" ({excluded} not counted: {_why_excluded(keys)})" if excluded else "")
         + (f", load average {during[0]:.1f} on {during[1]} CPUs" if during else "") + "; "
-        + (f"{len(pending)} key(s) still undecided" if pending else "every key decided"))
+        + (f"{len(pending)} key(s) still undecided" if pending else "every key decided")
+        + (f"; backends: {groups.summary()}" if groups is not None and groups.verdicts else ""))
+
+
+def _why_excluded(keys: dict) -> str:
+    reasons = [why.split(":")[0] for k in keys.values() for why in k.excluded]
+    return ", ".join(f"{n} {r}" for r, n in sorted(((r, reasons.count(r)) for r in set(reasons))))
+
+
+def order(keys: dict, pending: list, alpha: float, min_rounds: int, margin: float, groups: Groups | None,
+          shuffle: random.Random) -> list:
+    """This round's keys: those of backends still undecided first, each backend's keys closest to their own decision
+    first (fewest pairs still needed), the backends interleaved so that a budget ending mid-round leaves each with
+    evidence; ties in a new random order every round (a burst hits different keys' rounds)."""
+    shuffle.shuffle(pending)
+
+    def still_needed(i) -> int:
+        k, n = keys[i], keys[i].pairs
+        beyond = math.isfinite(k.log_ratio()) and abs(k.log_ratio()) > math.log(margin)
+        return max((pairs_needed(alpha) if beyond else min_rounds) - n, 1)
+
+    lanes: dict = {}
+    for i in sorted(pending, key=lambda i: (groups is not None and groups.settled(keys[i]), still_needed(i))):
+        lanes.setdefault((groups is not None and groups.settled(keys[i]), keys[i].backend), []).append(i)
+    ordered = []
+    for settled in (False, True):
+        queues = [q for (s, _), q in lanes.items() if s == settled]
+        while any(queues):
+            for q in queues:
+                if q:
+                    ordered.append(q.pop(0))
+    return ordered
 
 
 def next_step(config: RemeasureConfig, spent_s: float, pairs_timed: int, rounds_done: int, rounds_of: dict,
-              load: tuple[float, int] | None, max_rounds: int | None = None) -> str:
+              load: tuple[float, int] | None, max_rounds: int | None = None,
+              groups: list[GroupVerdict] | tuple = ()) -> str:
     """What the undecided keys still need, never the command just run: more pairs when the pair limit stopped it
     (`max_rounds`), else the budget a decision would take at the pace measured (each undecided key's missing rounds
-    x the seconds a key's pair took); then a quieter machine when it was loaded, then fewer keys."""
+    x the seconds a key's pair took, or fewer where an undecided backend's keys would decide it together); then a
+    quieter machine when it was loaded, then fewer keys."""
     per_pair = spent_s / pairs_timed if pairs_timed else math.nan
     missing = sum(max(config.min_rounds - n, 1) for n in rounds_of.values())
-    need = missing * per_pair
+    by_group = sum(v.more_pairs for v in groups)
+    need = min(missing, by_group) * per_pair if groups and math.isfinite(by_group) else missing * per_pair
     if max_rounds is not None:
         budget = (f"it stopped at --remeasure-max-pairs {max_rounds}: raise it (about {need:.0f} s more a round of "
                   "pairs at this pace)" if math.isfinite(need) else f"it stopped at --remeasure-max-pairs {max_rounds}")
@@ -249,27 +347,68 @@ def next_step(config: RemeasureConfig, spent_s: float, pairs_timed: int, rounds_
         budget = f"no key's pair was timed within --remeasure-budget-s {config.budget_s:g}: raise it"
     steps = [f"{len(rounds_of)} key(s) undecided after {rounds_done} round(s) in {spent_s:.0f} s of the "
              f"{config.budget_s:g} s budget; {budget}"]
+    steps += [f"{v.backend}{'' if v.phase == ALL_PHASES else ' ' + v.phase} undecided as a whole ({v.note})"
+              + (f", about {v.more_pairs:.0f} more key-pair(s) would decide it" if math.isfinite(v.more_pairs) else "")
+              for v in groups]
     if load is not None and load[0] > BUSY_LOAD_PER_CPU * load[1]:
         steps.append(f"or a quieter machine (load average {load[0]:.1f} on {load[1]} CPUs while re-measuring)")
     steps.append("or fewer keys (--backends, or the keys' own run)")
     return ", ".join(steps)
 
 
-def _decide(comparison: Comparison, index: int, fresh: dict, alpha: float, stored_base: dict, base_note: str,
-            load: tuple[float, int] | None = None) -> str:
-    """Re-decide one row on its fresh rounds (paired with fresh base rounds, else against the stored ones)."""
+#: the budget when a run does not say how long its benchmark took (an older run, a synthetic one)
+FALLBACK_BUDGET_S = 120.0
+#: fewest seconds a sized budget gets (a base run of a few keys still leaves pairs time to settle), unless the base
+#: run's benchmark stage itself was shorter
+MIN_BUDGET_S = 30.0
+
+
+def sized_budget(comparison: Comparison, suspects: int, min_rounds: int,
+                 load: tuple[float, int] | None) -> tuple[float, str]:
+    """(seconds, how) for --remeasure without --remeasure-budget-s: `min_rounds` pairs of each suspect key at what a
+    key's round cost in the base run (its benchmark stage over its keys' rounds), scaled by how much busier the
+    machine is now than when that run started; at most the base run's benchmark stage (~1x), at least
+    MIN_BUDGET_S."""
+    env = read_env(comparison.base.run_dir)
+    bench = ((env.get("time_spent") or {}).get("tests_s") or {}).get("benchmark")
+    rows = comparison.rows
+    key_rounds = float(rows.rounds_base.fillna(0).sum()) if "rounds_base" in rows else 0.0
+    if not bench or key_rounds <= 0:
+        return FALLBACK_BUDGET_S, f"{FALLBACK_BUDGET_S:.0f} s: the base run does not record its benchmark stage"
+    per_round = bench / key_rounds
+    then = ((env.get("clocks_start") or {}).get("loadavg") or [0])[0] / (env.get("cpu_count") or 1)
+    now = load[0] / load[1] if load is not None else then
+    busier = max(1.0, now) / max(1.0, then)
+    need = 2 * per_round * busier * suspects * min_rounds
+    budget = min(bench, max(need, MIN_BUDGET_S))
+    return budget, (f"{budget:.0f} s: {min_rounds} pairs of {suspects} key(s) at {per_round:.2g} s a key's round in "
+                    f"the base run" + (f", x{busier:.1f} for the load now" if busier > 1 else "")
+                    + (f" = {need:.0f} s, capped at its benchmark stage ({bench:.0f} s)" if need > bench else ""))
+
+
+def _decide(comparison: Comparison, index: int, key: _Key, alpha: float, stored_base: dict, base_note: str,
+            load: tuple[float, int] | None = None, group: GroupVerdict | None = None, min_rounds: int = 0) -> str:
+    """Re-decide one row on its fresh rounds (paired with fresh base rounds, else against the stored ones); `group`:
+    the backend-level verdict that ended its re-measurement (a key within the margin of a backend unchanged as a
+    whole is unchanged; one of a backend slower as a whole keeps its own verdict - but no pass on fewer than
+    `min_rounds` pairs - and the gate fails on the group)."""
     rows = comparison.rows
     row = rows.loc[index]
-    new_rounds = fresh["new"]
-    if "base" in fresh:
-        verdict = paired_verdict([np.median(s) for s in fresh["base"]], [np.median(s) for s in new_rounds],
-                                 comparison.config, alpha=alpha, n_base=sum(map(len, fresh["base"])),
+    new_rounds = key.fresh["new"]
+    excluded = (f"; {len(key.excluded)} pair(s) not counted ({'; '.join(sorted(set(key.excluded)))})"
+                if key.excluded else "")
+    if not new_rounds:
+        verdict = None
+        how = "no counted pair"
+    elif "base" in key.fresh:
+        verdict = paired_verdict([np.median(s) for s in key.fresh["base"]], [np.median(s) for s in new_rounds],
+                                 comparison.config, alpha=alpha, n_base=sum(map(len, key.fresh["base"])),
                                  n_new=sum(map(len, new_rounds)), load=load)
         how = f"{len(new_rounds)} paired rounds, base and new code interleaved"
     else:
-        key = (row.case_id, row.backend, row.phase)
-        b_ms, b_rounds = stored_base.get(key, ([], []))
-        noise = None if comparison.noise is None else comparison.noise.key(key)
+        k = (row.case_id, row.backend, row.phase)
+        b_ms, b_rounds = stored_base.get(k, ([], []))
+        noise = None if comparison.noise is None else comparison.noise.key(k)
         n_ms = [x for s in new_rounds for x in s]
         n_rounds = [r for r, s in enumerate(new_rounds) for _ in s]
         busy = load is not None and load[0] > BUSY_LOAD_PER_CPU * load[1]
@@ -277,11 +416,23 @@ def _decide(comparison: Comparison, index: int, fresh: dict, alpha: float, store
                                loaded=f"load average {load[0]:.1f} on {load[1]} CPUs during re-measurement" if busy
                                else "")
         how = f"{len(new_rounds)} fresh rounds of the new code against the base run's ({base_note})"
-    for column, value in verdict.columns().items():
-        rows.loc[index, column] = value
-    rows.loc[index, "verdict"] = verdict.verdict
+    outcome, note = (verdict.verdict, verdict.note) if verdict is not None else (UNDECIDED, "")
+    if verdict is not None:
+        for column, value in verdict.columns().items():
+            rows.loc[index, column] = value
+        if math.isnan(verdict.ratio) and math.isfinite(key.log_ratio()):  # one pair: no interval, still a figure
+            rows.loc[index, "ratio"] = math.exp(key.log_ratio())
+            rows.loc[index, ["base_ms", "new_ms"]] = [float(np.median([np.median(s) for s in key.fresh[side]]))
+                                                      for side in ("base", "new")]
+    if group is not None:
+        scope = f"{group.backend}" + ("" if group.phase == ALL_PHASES else f" {group.phase}")
+        if group.verdict != SLOWER and outcome == UNDECIDED:
+            outcome = UNCHANGED  # within the margin on its own pairs, and its backend's keys unchanged as a whole
+        elif group.verdict == SLOWER and outcome in (UNCHANGED, FASTER) and len(new_rounds) < min_rounds:
+            outcome = UNDECIDED
+        note = f"{note}; not re-measured further: {scope} is {group.verdict} as a whole ({group.note})".lstrip("; ")
+    rows.loc[index, "verdict"] = outcome
     rows.loc[index, "remeasured"] = True
-    rows.loc[index, "note"] = (f"re-measured: {how} (first verdict {row.first_verdict})"
-                               + (f"; {verdict.note}" if verdict.note else ""))
-    return verdict.verdict
-
+    rows.loc[index, "note"] = (f"re-measured: {how} (first verdict {row.first_verdict}){excluded}"
+                               + (f"; {note}" if note else ""))
+    return outcome

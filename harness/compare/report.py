@@ -61,9 +61,12 @@ def summary(cmp: Comparison) -> str:
     undecided = len(cmp.undecided)
     unconfirmed = int(((df.verdict == SLOWER) & ~df.remeasured.astype(bool) & df.regression).sum())
     pending = int((~cmp.undecided.remeasured.astype(bool)).sum())
+    slower = cmp.slower_groups
+    groups = "; ".join(f"{g.backend}{'' if g.phase == 'all' else ' ' + g.phase} slower as a whole ({g.note})"
+                       for g in slower.itertuples())
     gate = (f"REGRESSION: {int(df.regression.sum())} row(s)"
             + (f" ({unconfirmed} slower from the runs' own rounds only: compare --remeasure confirms or refutes "
-               "them)" if unconfirmed else "") if df.regression.any() else
+               "them)" if unconfirmed else "") + (f"; {groups}" if groups else "") if cmp.regression else
             "cross-device report: no gate" if cmp.mode != "gate" else
             f"no regression, but {undecided} undecided key(s): "
             + (cmp.remeasure_next if cmp.remeasure_next else
@@ -86,9 +89,21 @@ def _fmt(df: pd.DataFrame) -> pd.DataFrame:
     return out.fillna("")
 
 
+def group_table(cmp: Comparison) -> str:
+    """The backend-level verdicts of a paired re-measurement, one line each ('' when none was made)."""
+    if cmp.groups is None or cmp.groups.empty:
+        return ""
+    lines = ["backends as a whole (keys' paired log ratios pooled: a sign-test interval of the keys' median; the groups' own "
+             "5 % family level, split over the groups and halved at each look):"]
+    for g in cmp.groups.itertuples():
+        scope = g.backend + ("" if g.phase == "all" else f" [{g.phase}]")
+        lines.append(f"  {scope}: {g.verdict} - {g.note}")
+    return "\n".join(lines)
+
+
 def terminal_table(cmp: Comparison, limit: int = 60) -> str:
     rows = notable(cmp.rows)
-    lines = [header(cmp), ""]
+    lines = [header(cmp), ""] + ([group_table(cmp), ""] if group_table(cmp) else [])
     if rows.empty:
         lines.append("every row unchanged")
     else:
@@ -107,6 +122,8 @@ def markdown(cmp: Comparison) -> str:
              for r in rows.itertuples(index=False))
     body = "".join(f"| {line} |\n" for line in cells)
     text = "# " + html.escape(header(cmp), quote=False).replace("\n", "\n\n") + "\n\n" + summary(cmp) + "\n\n"
+    if group_table(cmp):
+        text += "```\n" + group_table(cmp) + "\n```\n\n"
     return text + (head + body if len(rows) else "Every row unchanged.\n")
 
 
@@ -172,6 +189,9 @@ def write_report(cmp: Comparison, out_dir: str | Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"csv": out_dir / "compare.csv", "md": out_dir / "compare.md"}
     cmp.rows.to_csv(files["csv"], index=False)
+    if cmp.groups is not None:
+        files["backends"] = out_dir / "compare-backends.csv"
+        cmp.groups.to_csv(files["backends"], index=False)
     files["md"].write_text(markdown(cmp))
     fig = ratio_figure(cmp)
     if fig is not None:

@@ -57,11 +57,22 @@ class Comparison:
     #: after `compare --remeasure` left keys undecided: the next step it has not taken (the budget a decision would
     #: need, a quieter machine, fewer keys), in words; '' when it did not run or decided every key
     remeasure_next: str = ""
+    #: after a paired `compare --remeasure`: one row per backend (and per backend and phase) with its verdict over
+    #: its keys (compare/groups.py); None when none was made
+    groups: pd.DataFrame | None = None
+
+    @property
+    def slower_groups(self) -> pd.DataFrame:
+        """The backends (or their phases) slower as a whole: each fails the gate like a slower key."""
+        if self.groups is None or self.mode != "gate":
+            return pd.DataFrame()
+        return self.groups[self.groups.verdict == SLOWER]
 
     @property
     def regression(self) -> bool:
-        """True when any key regressed, or (unless allow_missing) the new run lost keys; never cross-device."""
-        return bool(self.rows["regression"].any())
+        """True when any key regressed, a backend got slower as a whole, or (unless allow_missing) the new run lost
+        keys; never cross-device."""
+        return bool(self.rows["regression"].any()) or not self.slower_groups.empty
 
     @property
     def undecided(self) -> pd.DataFrame:
@@ -165,10 +176,15 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, config: GateConfig =
 
 
 def mark_regressions(comparison: Comparison) -> None:
-    """Set the rows' `regression` (gate only): slower, rejected, correctness worse or lost, missing (unless allowed)."""
+    """Set the rows' `regression` (gate only): slower, rejected, correctness worse or lost, missing (unless allowed),
+    and a key of a backend (or phase) slower as a whole whose own ratio lies beyond its margin."""
     df = comparison.rows
     missing = (df.verdict == MISSING) & (not comparison.allow_missing)
-    df["regression"] = (comparison.mode == "gate") & (df.verdict.isin([SLOWER, REJECTED])
+    in_slower = pd.Series(False, index=df.index)
+    for g in comparison.slower_groups.itertuples():
+        in_slower |= (df.backend == g.backend) & ((g.phase == "all") | (df.phase == g.phase)) & \
+            (df.remeasured.astype(bool)) & (df.ratio.astype(float) > df.margin.astype(float))
+    df["regression"] = (comparison.mode == "gate") & (df.verdict.isin([SLOWER, REJECTED]) | in_slower
                                                       | df.correctness.isin([WORSE, LOST]) | missing)
 
 

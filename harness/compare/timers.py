@@ -15,6 +15,15 @@ from harness.store.schema import REJECTED
 
 
 @dataclass(frozen=True)
+class Timed:
+    """One key's round: its samples (ms) and the share of the CPUs other processes took meanwhile (Row.contention,
+    read by the run's process; None where it was not: no /proc, or a base checkout's server that does not send it)."""
+
+    samples: tuple[float, ...]
+    contention: float | None = None
+
+
+@dataclass(frozen=True)
 class Rejected:
     """A re-measured round that failed an integrity check (docs/integrity.md): `reason` names the check and call."""
 
@@ -26,7 +35,7 @@ class KeyTimer(Protocol):
 
     def start_round(self) -> None: ...
 
-    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | Rejected | str: ...
+    def time(self, case, backend: str, phase: str, estimate_ms: float) -> Timed | Rejected | str: ...
 
     def end_round(self) -> None: ...
 
@@ -92,7 +101,7 @@ class ExecutorTimer:
         if self.executor is None:
             self.executor = make_executor(self.device, isolate=True, threads=self.threads, log_dir=self.log_dir)
 
-    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | Rejected | str:
+    def time(self, case, backend: str, phase: str, estimate_ms: float) -> Timed | Rejected | str:
         """One round of one key: its samples (ms), Rejected (a check failed: no figure), or why timing failed."""
         from harness.backends.registry import get_backends
         from harness.execution.benchmark import judge_timed
@@ -116,7 +125,7 @@ class ExecutorTimer:
         problem = clock or judge_timed(impl, self.prepared[case.id], phase, answer.observed) or answer.integrity
         if problem:
             return Rejected(f"timed at median {answer.measurement.median:.4g} ms, but {problem}")
-        return answer.measurement.samples_ms
+        return Timed(tuple(answer.measurement.samples_ms), answer.others_share)
 
     def end_round(self) -> None:
         if self.fresh:
@@ -178,11 +187,12 @@ class CheckoutTimer:
     def start_round(self) -> None:
         self._ask({"op": "start_round"})
 
-    def time(self, case, backend: str, phase: str, estimate_ms: float) -> tuple[float, ...] | Rejected | str:
+    def time(self, case, backend: str, phase: str, estimate_ms: float) -> Timed | Rejected | str:
         answer = self._ask({"op": "time", "case": case.id, "backend": backend, "phase": phase,
                             "estimate_ms": estimate_ms})
-        return (tuple(answer["samples"]) if "samples" in answer else Rejected(answer[REJECTED])
-                if REJECTED in answer else str(answer.get("failure")))
+        # an older checkout's server sends no contention: its pairs are counted as before
+        return (Timed(tuple(answer["samples"]), answer.get("contention")) if "samples" in answer else
+                Rejected(answer[REJECTED]) if REJECTED in answer else str(answer.get("failure")))
 
     def end_round(self) -> None:
         self._ask({"op": "end_round"})

@@ -11,7 +11,7 @@ from pathlib import Path
 
 def serve(run_dir: Path, log_dir: Path, fresh_workers: bool, requests, answer) -> None:
     """Answer {"ready": true, "note"} or {"refused": why}, then per request line: {"op": "start_round"},
-    {"op": "time", "case", "backend", "phase", "estimate_ms"} -> {"samples": [...]}, {"rejected": why} or
+    {"op": "time", "case", "backend", "phase", "estimate_ms"} -> {"samples": [...], "contention"}, {"rejected": why} or
     {"failure": why}, {"op": "end_round"}, {"op": "close"}."""
     from harness.compare.timers import ExecutorTimer, Rejected, code_mismatch, current_code, run_cases
     from harness.store.schema import REJECTED
@@ -46,7 +46,7 @@ def serve(run_dir: Path, log_dir: Path, fresh_workers: bool, requests, answer) -
                 got = (f"case {request['case']!r} is not in {run_dir}'s matrix" if case is None else
                        timer.time(case, request["backend"], request["phase"], float(request["estimate_ms"])))
                 answer({"failure": got} if isinstance(got, str) else {REJECTED: got.reason}
-                       if isinstance(got, Rejected) else {"samples": list(got)})
+                       if isinstance(got, Rejected) else {"samples": list(got.samples), "contention": got.contention})
             else:
                 answer({"failure": f"unknown op {op!r}: expected start_round, time, end_round or close"})
     finally:
