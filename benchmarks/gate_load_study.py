@@ -84,7 +84,7 @@ def compare(base: Path, new: Path) -> dict:
     wall = time.monotonic() - start
     out = proc.stdout + proc.stderr
     groups = {m.group(1): m.group(2) for m in re.finditer(r"^  (\S+): (\w+) - ", out, re.M)}
-    budget = re.search(r"\(budget ([^;)]*)", out)
+    budget = re.search(r"\(budget (.*?)\); ", out)
     counted = re.search(r"re-measured in (\d+) s, (\d+) round\(s\), (\d+) pair\(s\)(?: \((\d+) not counted)?", out)
     return {"exit": proc.returncode, "wall_s": round(wall, 1), "load_start": round(load_before, 1),
             "load_end": round(os.getloadavg()[0], 1), "budget": budget.group(1) if budget else "",

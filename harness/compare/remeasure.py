@@ -183,6 +183,9 @@ class _Key:
     excluded: list = field(default_factory=list)
     #: the round of each counted pair
     rounds: list = field(default_factory=list)
+    #: which side goes first in this key's first pair (then it alternates): drawn per key, so that within a round
+    #: half of each backend's keys have either order - its keys are pooled, and an order effect must not be a side's
+    base_first: bool = True
 
     @property
     def pairs(self) -> int:
@@ -213,25 +216,26 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
     stored_base = samples_by_key(comparison.base.run_dir) if base_timer is None else {}
     alpha = config.family_alpha / len(pending)
     max_rounds = max(config.max_rounds, pairs_needed(alpha) + 4)
-    keys = {i: _Key(*pending[i], fresh={side: [] for side in sides}) for i in pending}
+    shuffle = random.Random(config.seed)
+    keys = {i: _Key(*pending[i], fresh={side: [] for side in sides}, base_first=shuffle.random() < 0.5)
+            for i in pending}
     margin = 1 + comparison.config.min_effect
     # pooling a backend's keys needs pairs: runs minutes apart share no moment of the machine, and a drift between
     # them moves every key of every backend alike
     groups = Groups(keys, margin, config.family_alpha) if base_timer is not None else None
-    shuffle = random.Random(config.seed)
     start, rounds_done, loads, pairs_timed = clock(), 0, [], 0
     during = None
     while pending and rounds_done < max_rounds and clock() - start < config.budget_s:
         for t in sides.values():
             t.start_round()
         try:
-            for position, i in enumerate(order(keys, list(pending), alpha, config.min_rounds, margin, groups,
-                                               shuffle)):
+            for i in order(keys, list(pending), alpha, config.min_rounds, margin, groups, shuffle):
                 if clock() - start >= config.budget_s:
                     break
                 k = keys[i]
-                # ABBA: neither side is always the first of its pair
-                names = list(sides)[::-1] if (rounds_done + position) % 2 else list(sides)
+                # ABBA: neither side is always the first of a key's pairs, nor of a round's
+                flip = (k.pairs + len(k.excluded)) % 2 == k.base_first
+                names = list(sides)[::-1] if flip else list(sides)
                 got = {side: sides[side].time(k.case, k.backend, k.phase, k.estimate_ms) for side in names}
                 pairs_timed += 1
                 rejected = [f"{side} code: {g.reason}" for side, g in got.items() if isinstance(g, Rejected)]
