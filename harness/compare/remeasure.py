@@ -22,9 +22,11 @@ from harness.store.environment import REPO_ROOT
 from harness.store.kernels import describe
 from harness.store.run_dir import read_env
 from harness.store.schema import FASTER, REJECTED, SLOWER, UNCHANGED, UNDECIDED
-from harness.store.writer import SamplesWriter
+from harness.store.writer import PairsWriter, SamplesWriter
 
 REMEASURE_DIR = "remeasure"
+#: under REMEASURE_DIR: one line per pair (store.writer.PAIR_COLUMNS), counted or not and why
+PAIRS_CSV = "pairs.csv"
 SUSPECT = (SLOWER, UNDECIDED)
 #: verdicts that end a key's re-measurement (undecided and not-timed go on)
 DECIDED = (SLOWER, FASTER, UNCHANGED)
@@ -213,6 +215,7 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
     sides = {"base": base_timer, "new": timer} if base_timer is not None else {"new": timer}
     files = {"base": "base-samples.csv", "new": "samples.csv"}
     writers = {side: SamplesWriter(out_dir / files[side]) for side in sides}
+    pairs_csv = PairsWriter(out_dir / PAIRS_CSV) if base_timer is not None else None
     stored_base = samples_by_key(comparison.base.run_dir) if base_timer is None else {}
     alpha = config.family_alpha / len(pending)
     max_rounds = max(config.max_rounds, pairs_needed(alpha) + 4)
@@ -252,6 +255,12 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
                 for side, timed in got.items():
                     writers[side].write(run_ids[side], k.case.id, k.backend, k.phase, timed.samples, rounds_done)
                 why = pair_excluded(*(got[side].contention if side in got else None for side in ("base", "new")))
+                if pairs_csv is not None:  # what the run saw of the machine around each side: the rule's inputs
+                    pairs_csv.write(case_id=k.case.id, backend=k.backend, phase=k.phase, round=rounds_done,
+                                    first=names[0], counted=not why, why_not=why,
+                                    load_average=round(load()[0], 2) if load is not None else None,
+                                    **{f"{side}_median_ms": float(np.median(got[side].samples)) for side in got},
+                                    **{f"{side}_contention": got[side].contention for side in got})
                 if why and "base" in got:
                     k.excluded.append(why)
                     continue

@@ -11,7 +11,7 @@ from harness.backends.base import Backend
 from harness.execution.call import Call
 from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
-from harness.execution.integrity import audited_time
+from harness.execution.integrity import audited_time, received
 from harness.execution.rounds import Round
 from harness.execution.timed import TimingCall
 from harness.measure.bandwidth import roofline_columns
@@ -105,14 +105,18 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     return PerfResult(result, m, pooled)
 
 
-def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: list[dict[str, torch.Tensor]]) -> str:
-    """'' when every timed call's answer that came back (its content divided out where it ran: the verified inputs'
-    answer) is within the tolerance of the float64 reference (never bitwise); else the first failure, naming the
-    call and the quantity. An answer bit for bit the last one judged of its backend and quantity has that one's
-    verdict (PreparedCase.judged_timed: the memo is here, where no backend's code ever ran)."""
+def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: list) -> str:
+    """'' when every timed call's answer that came back (integrity.Observed) was what its timed region read (its
+    checksum), and, its content divided out here (the verified inputs' answer), is within the tolerance of the float64
+    reference (never bitwise); else the first failure, naming the call and the quantity. An answer bit for bit the
+    last one judged of its backend and quantity has that one's verdict (PreparedCase.judged_timed: the memo is here,
+    where no backend's code ever ran)."""
     if not observed:
         return "nothing the timed calls returned came back to be judged"
     case = prepared.case
+    observed, problem = received(observed, case.heads // case.kv_heads)
+    if problem:
+        return problem
     for quantity in (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else []):
         for i, o in enumerate(observed, 1):
             which = f"[{phase}, {'the last' if i == len(observed) else 'a'} timed call, on content no earlier call saw]"

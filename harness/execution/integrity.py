@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from harness.execution.call import poison
 from harness.execution.contract import Snapshot, aliased, not_plain
 from harness.measure.timing import Guard
 from harness.spec.case import Inputs
@@ -154,11 +155,53 @@ class CallContent:
         return factor.repeat_interleave(group, dim=1) if group > 1 else factor
 
 
+#: an answer's bits read as integers of its element's size: the checksum every timed call's answer gets in its region
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def checksum(answer: torch.Tensor) -> torch.Tensor:
+    """The sum (int64, wrapping) of an answer's bits read as integers: every element read, in any order and layout
+    alike, so the run can recompute it on the bytes it receives. A 0-d tensor where the answer lives (on CUDA it is
+    enqueued, not waited for)."""
+    return torch.sum(answer.detach().view(_BITS[answer.element_size()]), dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One judged call's answers as they returned (canonical layout, copied as the call returned), the checksums
+    taken of them inside the call's own timed region, and the contents it ran on (its own on its round's): what the
+    run's process needs to check that it judges what was read then, and to divide the contents out (`received`)."""
+
+    answers: dict
+    sums: dict
+    content: CallContent | None
+    round: CallContent
+
+
+def received(observed: list, group: int) -> tuple[list[dict[str, torch.Tensor]], str]:
+    """In the run's process: (each judged call's answers with their contents divided out - the verified inputs'
+    answers - , '' or why they cannot be judged). Each answer's checksum is recomputed on the bytes that came back and
+    must be the one taken inside its timed region: an answer that changed after its clock stopped (filled late, by a
+    thread or a hook on the harness's own reading) is no figure."""
+    undone = []
+    for i, o in enumerate(observed):
+        if not isinstance(o, Observed):
+            return [], f"a timed call's answers came back as {type(o).__name__}, not as observed answers"
+        for quantity, answer in o.answers.items():
+            got, read = int(checksum(answer)), o.sums.get(quantity)
+            if read is None or got != int(read):
+                which = "the last timed call" if i == len(observed) - 1 else "a timed call"
+                return [], (f"[{which}] its {quantity} changed after the call's clock stopped (checksum {read} read "
+                            f"inside the timed call, {got} received): work left for after the clock")
+        undone.append({q: o.round.undo(q, a, group, o.content) for q, a in o.answers.items()})
+    return undone, ""
+
+
 class RoundGuard(Guard):
     """A timed round's integrity where its calls run: the one entry every clock path (timing.measure: CPU clock, CUDA
     events, CUDA graph replays) calls, in named steps - before_call before every estimate call and sample (warm-up calls
-    repeat the content before them: timing.WARMUP_RENEWS), after_call after each sample but the last,
-    after_last_call after the last - then finish."""
+    repeat the content before them: timing.WARMUP_RENEWS), in_call inside every call's timed region, after_call after
+    each sample but the last, after_last_call after the last - then finish."""
 
     def __init__(self, case, phase: str, verified: Inputs):
         # drawn where the calls run, from a seed no code saw: a kernel cannot know a call's content before it
@@ -168,8 +211,9 @@ class RoundGuard(Guard):
         #: the round's own content, which the phase is built on (the backward alone's graph: q, k and v)
         self.round = self.draws(1)[0]
         self.inputs = self.round.inputs(verified)
-        #: the samples' answers drawn so far (after_call), undone; the last call's after them
-        self.drawn: list[dict[str, torch.Tensor]] = []
+        #: the samples' answers drawn so far (after_call), as they returned; the last call's after them
+        self.drawn: list[Observed] = []
+        self.sums: dict[str, torch.Tensor] = {}  # in_call: the last call's answers' checksums
         self.aliased = ""  # after_last_call: '' unless the last call's output is not its own
         self.not_plain = ""  # '' unless a call's output or a drawn answer was a torch.Tensor subclass
         self.content: CallContent | None = None
@@ -188,38 +232,57 @@ class RoundGuard(Guard):
         self.content = next(self.contents)
         self.timed.fresh(self.content, self.inputs)
 
+    def in_call(self, value: object) -> None:
+        """Inside the call's timed region, on every call: each answer read in full (its checksum), so deferred work,
+        a lazy fill or a hook that fills memory when it is read costs its time inside the sample; a judged answer's
+        copy must still have this checksum when the run receives it (`received`)."""
+        self.sums = {quantity: checksum(answer) for quantity, answer in self.timed.answers(value).items()}
+
     def after_call(self, value: object, left: int) -> None:
         """Kept to be judged or not, drawn only now (JUDGED_DRAWS; `left`: the samples after it): no kernel knows.
         Every call's output must be exactly torch.Tensor (contract.not_plain)."""
         self._plain(value, "a timed call")
         if secrets.randbelow(left) < JUDGED_DRAWS - len(self.drawn):
-            self.drawn.append(self.timed.observe(value, self._undone))
+            self.drawn.append(self._observed(value))
 
     def after_last_call(self, value: object) -> None:
         """The last call is always judged, and its output must be its own."""
         self.aliased = aliased(value, self.timed.buffers)
         self._plain(value, "the last timed call")
-        self.drawn.append(self.timed.observe(value, self._undone))
+        self.drawn.append(self._observed(value))
 
     def _plain(self, value: object, what: str) -> None:
         # the first answer that is not exactly torch.Tensor (contract.not_plain) is the round's problem
         if value is not None and type(value) is not torch.Tensor and not self.not_plain:
             self.not_plain = f"{what} {not_plain(value)}"
 
-    def _undone(self, quantity: str, answer: torch.Tensor) -> torch.Tensor:
-        # copied as the call returned and undone in one pass: its call's and the round's content divided out
-        self._plain(answer, f"a timed call's {quantity}")
-        return self.round.undo(quantity, answer, self.group, self.content)
+    def _observed(self, value: object) -> Observed:
+        # copied as the call returned (the run divides the contents out), then the output poisoned: an `empty` of the
+        # next call cannot find it
+        answers = self.timed.answers(value)
+        for quantity, answer in answers.items():
+            self._plain(answer, f"a timed call's {quantity}")
+        copies = {q: torch.empty_like(a, memory_format=torch.contiguous_format).copy_(a) for q, a in answers.items()}
+        if isinstance(value, torch.Tensor):
+            poison(value)
+        return Observed(copies, dict(self.sums), self.content, self.round)
 
-    def finish(self, device: torch.device) -> tuple[list[dict[str, torch.Tensor]], str]:
-        """(the observed calls' answers by quantity on the CPU, undone: the verified inputs' answers, which
-        benchmark.judge_timed judges; the integrity problems, '' when none)."""
+    def finish(self, device: torch.device) -> tuple[list[Observed], str]:
+        """(the observed calls' answers as they returned, on the CPU, with their in-region checksums and contents:
+        benchmark.judge_timed checks and judges them in the run's process; the integrity problems, '' when none)."""
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         # what the last call was given, made anew here: the buffers must still hold it
         given = None if self.content is None else self.timed.sources(self.content.inputs(self.inputs))
         problems = filter(None, (self.not_plain, self.aliased, self.snapshot.written(given)))
-        return [{name: t.cpu() for name, t in answers.items()} for answers in self.drawn], "; ".join(problems)
+        observed = [Observed({q: a.cpu() for q, a in o.answers.items()}, {q: int(s) for q, s in o.sums.items()},
+                             o.content if o.content is None else _on_cpu(o.content), _on_cpu(o.round))
+                    for o in self.drawn]
+        return observed, "; ".join(problems)
+
+
+def _on_cpu(content: CallContent) -> CallContent:
+    return CallContent(*(None if t is None else t.cpu() for t in (content.qk, content.v, content.d_out)))
 
 
 def audited_time(executor, backend, timing, device: torch.device):

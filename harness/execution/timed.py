@@ -11,7 +11,7 @@ import torch
 from harness.backends.base import Backend
 from harness.execution.cache import CallCaches
 from harness.execution.bound import BoundCall, backend_inputs, modifier_leaves
-from harness.execution.call import Call, call_inputs, device_scope, leaf_grads, poison
+from harness.execution.call import Call, call_inputs, device_scope, leaf_grads
 from harness.execution.integrity import INPUT_NAMES, CallContent, RoundGuard
 from harness.execution.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
@@ -46,8 +46,9 @@ class TimingResult:
     mem_method: str | None = None
     failure: Failure | None = None
     compile_ms: float | None = None
-    #: the judged calls' answers by quantity, the last call's last (integrity.RoundGuard); [] unchecked
-    observed: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    #: the judged calls' answers as they returned, with what was read of them inside their timed region and their
+    #: content (integrity.Observed), the last call's last; [] unchecked
+    observed: list = field(default_factory=list)
     #: the integrity rules the timed calls broke where they ran; '' when none
     integrity: str = ""
     #: the round (ms) as the timing process's clocks account for it (its work around `measure`, measure's own, the
@@ -72,8 +73,8 @@ class Phase:
     """What timing a phase runs: `setup` before every repetition (untimed), `fn` the timed call, `build` what fn
     reads made anew; buffers: the call's inputs by name; fresh(content, base) writes a call's content on `base` into
     those it reads (all four; the backward alone: dO, on the graph it has; the forward alone: q, k, v); sources(inputs):
-    what those hold for `inputs`; observe(value, take): what a call returned, by quantity (out, dq, ...), each copied
-    by `take`."""
+    what those hold for `inputs`; answers(value): what a call returned, by quantity (out, dq, ...), in the canonical
+    layout, not copied."""
 
     setup: Callable[[], None] | None
     fn: Callable[[], object]
@@ -81,7 +82,7 @@ class Phase:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     fresh: Callable[[CallContent, Inputs], None] | None = None
     sources: Callable[[Inputs], dict[str, torch.Tensor]] | None = None
-    observe: Callable[[object, Callable], dict[str, torch.Tensor]] | None = None
+    answers: Callable[[object], dict[str, torch.Tensor]] | None = None
 
 
 def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
@@ -136,15 +137,12 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
             else:
                 torch.mul(getattr(base, INPUT_NAMES[name]), factors[name], out=target)
 
-    def observe(value, take: Callable[[str, torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
-        answers = {}  # take(quantity, answer in the canonical layout) copies it
-        if isinstance(value, torch.Tensor):
-            answers["out"] = take("out", backend.from_layout(value.detach()))
-            poison(value)
+    def answers(value) -> dict[str, torch.Tensor]:
+        found = {"out": backend.from_layout(value.detach())} if isinstance(value, torch.Tensor) else {}
         if phase != FWD:  # sinks and bias: canonical in every layout
-            answers.update((name, take(name, backend.from_layout(g) if name in GRADS else g))
-                           for name, (g, _) in leaf_grads(q, k, v, leaves).items())
-        return answers
+            found.update((name, backend.from_layout(g) if name in GRADS else g)
+                         for name, (g, _) in leaf_grads(q, k, v, leaves).items())
+        return found
 
     def inference():  # as the correctness call runs it: a compiled backend guarded on grad mode compiles once
         with torch.no_grad():
@@ -159,15 +157,15 @@ def phase_callables(backend: Backend, case, inputs, device: torch.device, phase:
         built[:] = [forward()]
 
     if phase == FWD:
-        return Phase(None, inference, None, buffers, fresh, sources, observe)
+        return Phase(None, inference, None, buffers, fresh, sources, answers)
     if phase == FWD_BWD:
-        return Phase(reset, step, None, buffers, fresh, sources, observe)
-    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build, buffers, fresh, sources, observe)
+        return Phase(reset, step, None, buffers, fresh, sources, answers)
+    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build, buffers, fresh, sources, answers)
 
 
 def graph_phase(timed: Phase, device: torch.device) -> tuple[Phase, Captured]:
     """`timed` captured in a CUDA graph (its build in one of its own), as a Phase whose call is a replay: a call's
-    content goes into the static inputs the replays read, and observe reads the static output and gradients."""
+    content goes into the static inputs the replays read, and answers reads the static output and gradients."""
     captured = Captured(timed.fn, timed.setup, device, timed.build)
     return replace(timed, setup=None, fn=captured.replay, build=None), captured
 

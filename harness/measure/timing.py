@@ -98,9 +98,11 @@ WARMUP_RENEWS = False
 
 class Guard:
     """A round's integrity steps around the calls measure makes; here none (execution.integrity.RoundGuard: fresh
-    content before every estimate call and sample, each sample's answer checked as it returns, the last one always)."""
+    content before every estimate call and sample, every answer read in full inside the call's own timed region,
+    each sample's answer checked as it returns, the last one always)."""
 
     def before_call(self) -> None: ...
+    def in_call(self, value: object) -> None: ...
     def after_call(self, value: object, left: int) -> None: ...
     def after_last_call(self, value: object) -> None: ...
 
@@ -135,6 +137,7 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, warm: boo
         setup()
         start = now_ns()
         value = fn()
+        guard.in_call(value)  # the answer read in full before the clock stops: work left for later is timed
         return (now_ns() - start) / 1e6, value
 
     looks = []
@@ -177,7 +180,9 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
             if renew:
                 guard.before_call()  # the call's own content, written before the events
             setup()                  # host work (gradient reset) and the flush stay outside the events
-            return target()
+            value = target()
+            guard.in_call(value)
+            return value
 
         clocks.synchronize(device)
         flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
@@ -205,6 +210,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
             flush.zero_()      # clear L2 so every repetition reads its inputs from HBM, like a real model step
             clocks.record(starts[i], stream)  # events bracket the call's kernels on this device's current stream
             value = target()
+            guard.in_call(value)  # the answer read in full on this stream, inside the events
             clocks.record(ends[i], stream)
             # a copy enqueued behind the call, after its end event
             guard.after_call(value, reps - 1 - i) if i < reps - 1 else guard.after_last_call(value)

@@ -51,3 +51,21 @@ class SamplesWriter:
               round_index: int = 0) -> None:
         _append(self.path, ((run_id, case_id, backend, phase, round_index, i, repr(float(value)))
                             for i, value in enumerate(samples_ms)))
+
+
+#: remeasure/pairs.csv: one line per paired round of `compare --remeasure`, what the run saw of the machine meanwhile
+PAIR_COLUMNS = ("case_id", "backend", "phase", "round", "first", "base_median_ms", "new_median_ms", "base_contention",
+                "new_contention", "load_average", "counted", "why_not")
+
+
+class PairsWriter:
+    """Appends one line per re-measured pair (PAIR_COLUMNS), flushed as it is timed."""
+
+    def __init__(self, path: str | Path):
+        self.path = _start(path, PAIR_COLUMNS)
+
+    def write(self, **values) -> None:
+        unknown = set(values) - set(PAIR_COLUMNS)
+        if unknown:
+            raise TypeError(f"PairsWriter.write: unknown column(s) {sorted(unknown)}; columns: {PAIR_COLUMNS}")
+        _append(self.path, [["" if (v := values.get(c)) is None else v for c in PAIR_COLUMNS]])

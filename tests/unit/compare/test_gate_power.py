@@ -65,6 +65,12 @@ def test_under_load_a_2x_backend_fails_and_unchanged_code_never_does(tmp_path):
         assert "slower" not in set(cmp.groups[cmp.groups.backend == "naive"].verdict)
     # the pairs a burst unbalanced were not counted, and the log says how many and why
     assert any("not counted:" in line and "saturated" in line for _, lines, _ in slowed for line in lines)
+    # every pair is on record with what the run saw of the machine, counted or not and why
+    import pandas as pd
+    pairs = pd.read_csv(slowed[0][0].new.run_dir / "remeasure" / "pairs.csv")
+    assert len(pairs) > 100 and set(pairs.first) == {"base", "new"} and (pairs.load_average == 6.0).all()
+    assert pairs.base_contention.between(0.75, 1.0).all() and not pairs.counted.all()
+    assert pairs[~pairs.counted].why_not.str.match("saturated|unequal load").all()
 
 
 @pytest.mark.parametrize("seed", range(3))

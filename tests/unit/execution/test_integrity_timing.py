@@ -121,7 +121,8 @@ def test_every_timed_answer_comes_back_to_be_judged_in_process_and_from_a_worker
         for phase, quantities in (("fwd", {"out"}), ("bwd", {"dq", "dk", "dv"}),
                                   ("fwd+bwd", {"out", "dq", "dk", "dv"})):
             observed = executor.time(Naive(), TimingCall(Call(CASE, 3), phase, FAST), CPU).observed
-            assert observed and all(set(o) >= quantities for o in observed), phase
+            assert observed and all(set(o.answers) >= quantities and set(o.sums) == set(o.answers)
+                                    for o in observed), phase
             assert _timed(Naive(), phase, executor=executor).row.timing_status == TIMED
     finally:
         executor.close()
@@ -246,10 +247,10 @@ def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples
     for _ in range(rounds):
         guard = integrity.RoundGuard(CASE, "fwd", make_inputs(CASE, "cpu", 3))
         copied = []
-        guard.timed = SimpleNamespace(observe=lambda value, take: copied.append(value) or {"out": value})
+        guard.timed = SimpleNamespace(answers=lambda value: copied.append(value) or {"out": value})
         for i in range(n):
             guard.after_call(torch.tensor(i), n - i)
-        drawn = [int(answers["out"]) for answers in guard.drawn]
+        drawn = [int(o.answers["out"]) for o in guard.drawn]
         assert len(drawn) == len(set(drawn)) == len(copied) == k
         for i in drawn:
             kept[i] += 1
@@ -297,6 +298,17 @@ def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout
             assert t.dtype == want.dtype and torch.equal(t.detach().view(torch.uint8), want.view(torch.uint8)), name
 
 
+def as_returned(answers: list[dict]) -> list:
+    """Answers as a round sends them (integrity.Observed): with their checksums, on contents that change nothing."""
+    import torch
+
+    from harness.execution.integrity import CallContent, Observed, checksum
+
+    b, h, d = CASE.batch, CASE.kv_heads, CASE.head_dim
+    same = CallContent(torch.ones(b, h, 1, d), torch.ones(b, h, 1, 1), torch.ones(b, h, 1, 1))
+    return [Observed(a, {q: int(checksum(t)) for q, t in a.items()}, same, same) for a in answers]
+
+
 def test_judge_timed_reuses_a_verdict_only_for_an_answer_bit_for_bit_the_last_one_judged(monkeypatch):
     """PreparedCase.judged_timed, judge_timed's memo: five answers alike are compared with the reference once a
     quantity, and a later round's alike ones not at all; an answer one ulp off (a bitwise-jittery kernel) is compared
@@ -317,7 +329,7 @@ def test_judge_timed_reuses_a_verdict_only_for_an_answer_bit_for_bit_the_last_on
     monkeypatch.setattr(PreparedCase, "judged", lambda self, q, a, b: compared.append(q) or judged(self, q, a, b))
 
     def answers(changed: dict[int, dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-        return [{q: changed.get(i, {}).get(q, t.clone()) for q, t in right.items()} for i in range(5)]
+        return as_returned([{q: changed.get(i, {}).get(q, t.clone()) for q, t in right.items()} for i in range(5)])
 
     assert judge_timed(Naive(), prepared, "fwd+bwd", answers({})) == ""
     assert sorted(compared) == sorted(["out", *CASE.grads])
@@ -356,7 +368,7 @@ def test_judge_timed_s_memo_keeps_its_own_copy_of_what_it_judged(monkeypatch):
         return check
 
     monkeypatch.setattr(PreparedCase, "judged", then_rewritten)
-    problem = judge_timed(Naive(), prepared, "fwd", [{"out": shared}, {"out": wrong.clone()}])
+    problem = judge_timed(Naive(), prepared, "fwd", as_returned([{"out": shared}, {"out": wrong.clone()}]))
     assert problem.startswith("[fwd, the last timed call, on content no earlier call saw] out err"), problem
 
 
@@ -394,3 +406,16 @@ def test_undo_makes_every_zero_plus_zero_so_alike_answers_are_bit_for_bit_alike(
     theirs[1][:, :, 1] = -0.0  # the same values, another zero sign
     undone = [content.undo("dk", t, 1) for content, t in zip((first, second), theirs)]
     assert not torch.signbit(undone[1][:, :, 1]).any() and identical(*undone)
+
+
+def test_an_answer_filled_when_the_harness_reads_it_costs_its_time_or_its_figure():
+    """Issue 62 item 2: every timed call's answer is read in full inside its own timed region (its checksum,
+    integrity.RoundGuard.in_call), and the run judges only bytes with that checksum (integrity.received). A kernel
+    returning uninitialised memory that a profile hook fills when the harness's answer-reading frame starts - after
+    the clock, as on 770af44 - is rejected; one that fills when the timed read starts has its work timed."""
+    row = _timed(gamed.FilledOnRead(), "fwd").row
+    assert row.timing_status == REJECTED and "changed after the call's clock stopped" in row.timing_reason, (
+        row.timing_reason)
+    timed = _timed(gamed.FilledOnTimedRead(), "fwd").row
+    assert timed.timing_status == TIMED and timed.latency_ms >= 1000 * gamed.WORK_S, (timed.timing_reason,
+                                                                                     timed.latency_ms)

@@ -88,7 +88,9 @@ def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tm
 
     session = RunSession(CPU, tmp_path / "run", timing=FAST, executor=make_executor(CPU, isolate=True))
     executor = session.executor
-    forged = TimingResult(observed=[{}])  # no answer: "elided"
+    from harness.execution.integrity import CallContent, Observed
+    nothing = CallContent(None, None, torch.ones(1))
+    forged = TimingResult(observed=[Observed({}, {}, nothing, nothing)])  # no answer: "elided"
     try:
         naive = get_backends(["naive"])[0]
         executor._ask = lambda *args, **kwargs: ("ok", forged)  # what a rewritten worker could send

@@ -243,7 +243,7 @@ def test_a_graph_s_every_replay_reads_fresh_content_and_its_static_output_is_jud
 
 def test_a_captured_backward_keeps_the_gradients_it_writes(fake):
     """setup (a gradient reset) runs before the warm-up calls and the capture, never between replays: the
-    gradients a captured backward writes stay the leaves' .grad, where observe reads them."""
+    gradients a captured backward writes stay the leaves' .grad, where answers reads them."""
     setups = []
     config = TimingConfig(warmup_ms=0, budget_ms=3, min_reps=3, max_reps=3, cuda_graph=True)
     fn, setup = (lambda: fake.launch(lambda: None)), (lambda: setups.append(sum(e[0] in ("capture", "replay")
@@ -278,7 +278,7 @@ def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_on_fresh_d_out(fake):
     assert set(timed.sources(inputs)) == {"dO"} and torch.equal(eager.buffers["dO"], inputs.d_out * 2)
     assert torch.equal(eager.buffers["q"], inputs.q) and fake.log == [] and builds == [False, True]
     assert timed.fn() is None and fake.log[-1] == ("replay",)
-    assert set(timed.observe(None, lambda name, t: t.clone())) == {"dq", "dk", "dv"}  # no output: the gradients alone
+    assert set(timed.answers(None)) == {"dq", "dk", "dv"}  # no output: the gradients alone
 
 
 def test_an_event_api_rewritten_after_binding_changes_no_sample_and_slowed_events_disagree_with_the_host(fake):
