@@ -1,11 +1,13 @@
 """Does the gate have power on a busy runner? Issue 65's study: real runs of a user's own kernel beside a second job.
 
-    python benchmarks/gate_load_study.py [--ab 10] [--aa 20] [--busy 6] [--matrix smoke] [--out DIR] [--fresh-runs]
+    python benchmarks/gate_load_study.py [--ab 10] [--aa 20] [--busy 6] [--matrix smoke] [--backends my-attn,naive]
+        [--out DIR] [--fresh-runs]
 
 Run it from a clean checkout (a clone): `compare --remeasure` times the checkout's code. What it does, as
 docs/regressions.md's recipe for "your own kernel, harness unchanged":
 
-1. writes a kernel outside the repository (`my_attn.py`: the README's plugin, its attention computed REPEAT times);
+1. writes a kernel outside the repository (`my_attn.py`: the README's plugin, its attention computed REPEAT times,
+   forward and backward);
 2. starts the second job: `--busy` CPU-bound processes (default 3 per CPU), for the whole study;
 3. a base run of the kernel and naive (`pytest suites --backend-module ... --benchmark`), then the kernel edited to
    do its work twice (same answers) and a run of it (A/B), and the kernel restored and a run of it (A/A);
@@ -33,7 +35,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 
-KERNEL = '''"""The study's kernel: the README's plugin, its attention done REPEAT times (same answer each time)."""
+KERNEL = '''"""The study's kernel: the README's plugin, its attention done REPEAT times, forward and backward (the mean of
+REPEAT equal answers: bit for bit the answer for REPEAT 1 or 2)."""
 import torch.nn.functional as F
 
 from harness import Backend, register
@@ -48,10 +51,9 @@ class MyAttention(Backend):
 
     def forward(self, q, k, v, *, mask, scale):
         dense = None if mask is None else mask.materialize(q.shape[2], k.shape[2], q.device, batch=q.shape[0])
-        for _ in range(REPEAT):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scale,
-                                                 enable_gqa=k.shape[1] != q.shape[1])
-        return out
+        outs = [F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scale,
+                                               enable_gqa=k.shape[1] != q.shape[1]) for _ in range(REPEAT)]
+        return outs[0] if REPEAT == 1 else sum(outs[1:], outs[0]) / REPEAT
 '''
 
 SPIN = "import time\nwhile True:\n    sum(range(10000))\n"
@@ -61,12 +63,12 @@ def write_kernel(path: Path, repeat: int) -> None:
     path.write_text(KERNEL.format(repeat=repeat))
 
 
-def run_suite(results: Path, kernel: Path, matrix: str) -> tuple[Path, float]:
-    """One `pytest suites --benchmark` run of the kernel and naive; its run dir and wall seconds."""
+def run_suite(results: Path, kernel: Path, matrix: str, backends: str) -> tuple[Path, float]:
+    """One `pytest suites --benchmark` run of the kernel (and naive, by default); its run dir and wall seconds."""
     before = set(results.glob("*")) if results.exists() else set()
     start = time.monotonic()
     cmd = [sys.executable, "-m", "pytest", "suites", "-q", "-p", "no:cacheprovider", "--benchmark",
-           "--backend-module", str(kernel), "--backends", "my-attn,naive", "--matrix", matrix,
+           "--backend-module", str(kernel), "--backends", backends, "--matrix", matrix,
            "--results-dir", str(results)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     (new,) = [p for p in set(results.glob("*")) - before if p.is_dir() and p.name != "index"] or [None]
@@ -100,6 +102,7 @@ def main() -> None:
     parser.add_argument("--aa", type=int, default=20, help="trials of unchanged code")
     parser.add_argument("--busy", type=int, default=3 * (os.cpu_count() or 1), help="CPU-bound processes beside it")
     parser.add_argument("--matrix", default="smoke")
+    parser.add_argument("--backends", default="my-attn,naive", help="the kernel's and the controls' (naive)")
     parser.add_argument("--fresh-runs", action="store_true", help="new base and new runs for every trial")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -116,9 +119,9 @@ def main() -> None:
 
         def pair(kind: str) -> tuple[Path, Path]:
             write_kernel(kernel, 1)
-            base, base_s = run_suite(results, kernel, args.matrix)
+            base, base_s = run_suite(results, kernel, args.matrix, args.backends)
             write_kernel(kernel, 2 if kind == "ab" else 1)
-            new, new_s = run_suite(results, kernel, args.matrix)
+            new, new_s = run_suite(results, kernel, args.matrix, args.backends)
             print(f"{kind} runs: base {base.name} ({base_s:.0f} s), new {new.name} ({new_s:.0f} s), "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
             return base, new

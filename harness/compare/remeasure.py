@@ -16,7 +16,7 @@ from harness.compare.runs import Comparison, mark_regressions, samples_by_key
 from harness.compare.timers import (CheckoutTimer, ExecutorTimer, KeyTimer, Rejected, code_mismatch, current_code,
                                     run_cases)
 from harness.measure.paired import BUSY_LOAD_PER_CPU, pairs_needed, paired_verdict
-from harness.measure.pooled import GroupVerdict, key_log_ratio, pair_excluded
+from harness.measure.pooled import GroupVerdict, pair_excluded, pair_log_ratios
 from harness.measure.stats import FAMILY_ALPHA, gate_verdict
 from harness.store.environment import REPO_ROOT
 from harness.store.kernels import describe
@@ -194,15 +194,14 @@ class _Key:
         return len(self.fresh["new"])
 
     def log_ratio(self, rounds: range | None = None) -> float:
-        """Its counted pairs' median log ratio (of the pairs of `rounds` only, when given; nan without a base side or
-        such a pair)."""
+        """Its counted pairs' median log ratio (pooled.pair_log_ratios: fastest samples, bursts left out; of the
+        pairs of `rounds` only, when given); nan without a base side or such a pair. What its backend's verdict
+        pools."""
         if "base" not in self.fresh:
             return math.nan
-        kept = [j for j, r in enumerate(self.rounds) if rounds is None or r in rounds]
-        if not kept:
-            return math.nan
-        return key_log_ratio([np.median(self.fresh["base"][j]) for j in kept],
-                             [np.median(self.fresh["new"][j]) for j in kept])
+        ratios = [lr for lr, r in zip(pair_log_ratios(self.fresh["base"], self.fresh["new"]), self.rounds)
+                  if lr is not None and (rounds is None or r in rounds)]
+        return float(np.median(ratios)) if ratios else math.nan
 
 
 def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, timer, base_timer, out_dir: Path,
@@ -433,8 +432,8 @@ def _decide(comparison: Comparison, index: int, key: _Key, alpha: float, stored_
     if verdict is not None:
         for column, value in verdict.columns().items():
             rows.loc[index, column] = value
-        if math.isnan(verdict.ratio) and math.isfinite(key.log_ratio()):  # one pair: no interval, still a figure
-            rows.loc[index, "ratio"] = math.exp(key.log_ratio())
+        if math.isnan(verdict.ratio) and new_rounds:  # one pair: no interval, still a figure
+            rows.loc[index, "ratio"] = float(np.median(new_rounds[0]) / np.median(key.fresh["base"][0]))
             rows.loc[index, ["base_ms", "new_ms"]] = [float(np.median([np.median(s) for s in key.fresh[side]]))
                                                       for side in ("base", "new")]
     if group is not None:

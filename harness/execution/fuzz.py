@@ -140,6 +140,8 @@ class FuzzRun:
     shrink_s: float = 0.0
     #: failing drawn cases the shrinking's bound left unshrunk (their rows carry their own repro command)
     unshrunk: int = 0
+    #: (drawn case, backend) pairs that failed a check: results.csv's failing drawn rows, counted once a case
+    failing: int = 0
     failures: list[Failure] = field(default_factory=list)
 
     def record(self) -> dict:
@@ -147,7 +149,7 @@ class FuzzRun:
         return {"seed": self.seed, "budget_s": self.budget_s, "drawn": self.drawn, "estimated_s": self.estimated_s,
                 "run": self.run, "reference_s": round(self.reference_s, 2), "calls": self.calls,
                 "compiles": self.compiles, "check_s": round(self.check_s, 1), "shrink_s": round(self.shrink_s, 1),
-                "shrink_bound_s": BOUND_S, "shrink_trials": TRIALS, "unshrunk": self.unshrunk,
+                "shrink_bound_s": BOUND_S, "shrink_trials": TRIALS, "unshrunk": self.unshrunk, "failing": self.failing,
                 "failures": [f.record() for f in self.failures]}
 
 
@@ -176,6 +178,7 @@ def fuzz_in_session(session: RunSession, backends: list[Backend], planned: list[
                 if session.executor.interrupted:
                     raise KeyboardInterrupt(f"{session.executor.interrupted}; the rows so far are written")
         run.check_s = time.monotonic() - start
+        run.failing = len(failing)
         run.failures, run.unshrunk = _shrink_all(session, failing, time.monotonic() + BOUND_S)
         run.shrink_s = time.monotonic() - start - run.check_s
         complete = True
@@ -231,7 +234,8 @@ def _shrink_all(session: RunSession, failing: list, deadline: float) -> tuple[li
             if key not in found:
                 found[key] = Failure(backend.name, checks[0], shrunk, session.repro_command(shrunk.case, backend.name),
                                      needs_one(shrunk.knobs, checks[0], runner))
-            found[key].drawn.append(item.case.spelled_id)
+            if item.case.spelled_id not in found[key].drawn:  # re-shrunk outside a trigger onto the same one: once
+                found[key].drawn.append(item.case.spelled_id)
             pins = found[key].pins
             # it shrank onto a trigger its start lacks (a batch of one from a batch of two): the start fails
             # for another reason too, so it is shrunk again outside that trigger
@@ -281,7 +285,8 @@ def summary_lines(run: FuzzRun) -> list[str]:
     for f in run.failures:
         stopped = f" (stopped by the {f.shrunk.stopped})" if f.shrunk.stopped else ""
         lines.append(f"FUZZ {f.check.status.upper()} {f.backend} {f.shrunk.case.spelled_id} [{f.check.phase}] "
-                     f"{f.check.what}: {len(f.drawn)} drawn case{'s' * (len(f.drawn) != 1)} fell to it; shrunk in "
+                     f"{f.check.what}: {len(f.drawn)} of the {run.failing} failing drawn case"
+                     f"{'s' * (run.failing != 1)} shrank to it; shrunk in "
                      f"{len(f.shrunk.steps)} steps, {f.shrunk.trials} trials{stopped}")
         lines.append(f"  {f.repro}")
     if run.unshrunk:

@@ -37,7 +37,7 @@ def pair_excluded(base_share: float | None, new_share: float | None) -> str:
 @dataclass(frozen=True)
 class GroupVerdict:
     """One backend's (or backend and phase's) verdict over its keys; `ratio` is exp(the median of the keys' log
-    ratios), each key's log ratio the median of its counted pairs'."""
+    ratios), each key's log ratio the median of its counted pairs' (pair_log_ratios)."""
 
     backend: str
     phase: str  # "all" for the backend over every phase
@@ -56,9 +56,22 @@ class GroupVerdict:
         return self.verdict in (SLOWER, FASTER, UNCHANGED)
 
 
-def key_log_ratio(base_medians, new_medians) -> float:
-    """One key's log ratio from its counted pairs: the median of log(new / base) per pair."""
-    return float(np.median(np.log(np.asarray(new_medians, float)) - np.log(np.asarray(base_medians, float))))
+#: a side's round whose fastest sample is over this many times that side's fastest round of the key was slowed
+#: throughout by the machine, not by the code (a code change moves every round of its side alike): on this VM at load
+#: 4 per CPU, 0.05 ms keys read 15-40 ms for whole rounds (OpenMP threads waiting on a descheduled sibling)
+BURST_FACTOR = 4.0
+
+
+def pair_log_ratios(base_rounds, new_rounds) -> list[float | None]:
+    """Per pair of a key's rounds (each a sequence of samples, ms): log(fastest new / fastest base) - the fastest
+    sample: timing noise only adds, and under load most samples of a round carry some - or None where either side's
+    round is a burst (BURST_FACTOR over the same side's fastest round: judged against the key's other rounds, so a
+    first round alone is never one)."""
+    b, n = (np.array([min(r) for r in rounds], float) for rounds in (base_rounds, new_rounds))
+    if not len(b):
+        return []
+    keep = (b <= BURST_FACTOR * b.min()) & (n <= BURST_FACTOR * n.min())
+    return [float(np.log(x / y)) if k else None for x, y, k in zip(n, b, keep)]
 
 
 def sign_interval(d, alpha: float) -> tuple[float, float, float, bool]:

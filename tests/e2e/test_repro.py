@@ -58,3 +58,9 @@ def test_fuzz_prints_each_failure_once_with_a_command_that_reproduces_it(capsys,
     assert code == 1 and f"FAIL planted-geometry {case} {phase}" in again
     env = pd.read_json(next((tmp_path / "a").glob("*/env.json")), typ="series")
     assert env["fuzz"]["seed"] == 6 and env["fuzz"]["drawn"] >= env["fuzz"]["run"] >= 1 and env["fuzz"]["failures"]
+    # issue 67 item 5: the summary's counts are results.csv's - its failing drawn cases, each under one failure
+    rows = pd.read_csv(next((tmp_path / "a").glob("*/results.csv")))
+    failing = rows[rows.status.isin(["fail", "error", "oom"])].drop_duplicates(["case_id", "backend"])
+    assert env["fuzz"]["failing"] == len(failing), failing[["case_id", "backend", "phase", "status"]]
+    assert all(f"of the {env['fuzz']['failing']} failing drawn case" in line for line in failures)
+    assert all(f["drawn_cases"] <= env["fuzz"]["failing"] for f in env["fuzz"]["failures"])

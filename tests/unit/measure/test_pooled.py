@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from harness.compare.groups import rounds_agree
-from harness.measure.pooled import (PAIR_SHARE_GAP, SATURATED_SHARE, group_verdict, key_log_ratio, keys_needed,
-                                    pair_excluded)
+from harness.measure.pooled import (BURST_FACTOR, PAIR_SHARE_GAP, SATURATED_SHARE, group_verdict, keys_needed,
+                                    pair_excluded, pair_log_ratios)
 
 MARGIN = 1.1
 
@@ -69,7 +69,18 @@ def test_which_pairs_count():
     assert pair_excluded(0.8, 0.75) == "" and pair_excluded(None, None) == "" and pair_excluded(0.2, None) == ""
     assert pair_excluded(0.1, 0.1 + PAIR_SHARE_GAP + 0.01).startswith("unequal load: others took 10% of the CPUs")
     assert pair_excluded(SATURATED_SHARE, 0.9).startswith("saturated: others took 95%")
-    assert key_log_ratio([1.0, 2.0, 1.0], [2.0, 4.0, 8.0]) == pytest.approx(math.log(2))
+
+
+
+def test_a_pair_s_ratio_is_of_its_fastest_samples_and_a_burst_round_is_left_out():
+    """What a backend's verdict pools per pair (issue 65 study: under load a 0.05 ms key's whole round read 15-40 ms):
+    the fastest sample a side - timing noise only adds - and a round over BURST_FACTOR times its side's fastest round
+    of the key left out, on either side; a code change, moving every round of its side, is kept."""
+    base = [(1.0, 1.2), (1.1, 1.0), (40.0, 39.0)]  # the third base round: a burst throughout
+    new = [(2.0, 2.5), (2.1, 2.0), (2.2, 2.0)]
+    assert pair_log_ratios(base, new) == [pytest.approx(math.log(2)), pytest.approx(math.log(2)), None]
+    assert pair_log_ratios([(1.0,)], [(9.0,)]) == [pytest.approx(math.log(9))]  # one round: nothing to judge it by
+    assert pair_log_ratios([(1.0,), (1.0,)], [(1.0,), (BURST_FACTOR + 0.1,)])[1] is None
 
 
 def test_two_rounds_must_agree():
