@@ -361,16 +361,27 @@ def summary_lines(session: RunSession) -> list[str]:
     return lines + loaded_lines(session.perf_rows.values()) + cheat_lines(session)
 
 
+#: what --threads 1 did for a run beside other load (issue 67 item 3; docs/timing.md "Beside other load"): the smoke
+#: matrix's naive keys on this 2-core VM at load average 8.5, 2 threads then 1, back to back on 2026-12-07
+THREADS_REMEDY = ("with more than one thread a call waits for any of its threads the machine deschedules: beside six "
+                  "busy processes on 2 CPUs, --threads 1 took the smoke matrix's keys from rounds 4.6x apart (the "
+                  "median key; 23 % of rounds over 4x the key's best) to 1.12x apart (none), and the run from 218 s "
+                  "to 115 s")
+
+
 def loaded_lines(rows) -> list[str]:
     """A line when keys were timed beside other load (schema.loaded: their `contention` over LOADED_SHARE): how many,
-    and the remedy; none on a quiet run."""
+    and the remedies - a quieter machine, and --threads 1 where the keys ran on several threads (THREADS_REMEDY,
+    measured); none on a quiet run."""
     shares = [r.contention for r in rows if r.contention is not None]
     busy = [s for s in shares if loaded(s)]
     if not busy:
         return []
+    threads = max((r.threads or 1 for r in rows if r.contention is not None and loaded(r.contention)), default=1)
     return [f"loaded: {len(busy)} of {len(shares)} timed key(s) ran while other processes took over "
             f"{LOADED_SHARE:.0%} of the CPUs (at most {max(busy):.0%}; results.csv's contention column has each "
-            "key's): their figures carry that load - time them again on a quiet machine before trusting a speedup"]
+            "key's): their figures carry that load - time them again on a quiet machine before trusting a speedup"
+            + (f"; or run with --threads 1 ({THREADS_REMEDY})" if threads > 1 else "")]
 
 
 def cheat_lines(session: RunSession) -> list[str]:

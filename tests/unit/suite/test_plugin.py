@@ -162,6 +162,9 @@ def test_the_summary_says_when_keys_were_timed_beside_other_load():
         "contention column has each key's): their figures carry that load - time them again on a quiet machine "
         "before trusting a speedup"]
     assert plugin.loaded_lines(rows[:1]) == []
+    # keys timed on several threads: the remedy measured for them too (issue 67 item 3)
+    threaded = [_perf("c2", "naive", FWD, 1.0, contention=0.7, threads=2)]
+    assert plugin.loaded_lines(threaded)[0].endswith(f"; or run with --threads 1 ({plugin.THREADS_REMEDY})")
 
 
 def test_the_progress_weights_are_the_estimates_steps_per_test():
