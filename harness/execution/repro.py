@@ -31,3 +31,10 @@ def repro_command(case: AttentionCase, backend: str, seed: int, flags: RerunFlag
     spelled out (harness.spec.case_id reads it back, a long cache mask's too)."""
     return " ".join(["python -m harness check", *flags.modules, f"--backends {shlex.quote(backend)}",
                      f"--case '{case.spelled_id}'", f"--seed {seed}", *flags.verdict])
+
+
+def probe_repro_command(test_id: str, backend: str, seed: int, matrix: str, flags: RerunFlags) -> str:
+    """`python -m pytest 'suites/probes/test_X.py::test_y[ID]' --backends NAME --matrix M --seed S --device D`: reruns
+    one probe test (its parametrization needs the backend and the matrix's tier), with this run's inputs."""
+    return " ".join([f"python -m pytest {shlex.quote(test_id)}", *flags.modules, f"--backends {shlex.quote(backend)}",
+                     f"--matrix {shlex.quote(matrix)}", f"--seed {seed}", *flags.verdict])

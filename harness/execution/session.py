@@ -19,7 +19,7 @@ from harness.execution.executor import Executor, make_executor
 from harness.execution.outcome import BackendResult
 from harness.execution.prefetch import Prefetcher
 from harness.execution.recorder import RunRecorder
-from harness.execution.repro import RerunFlags, repro_command
+from harness.execution.repro import RerunFlags, probe_repro_command, repro_command
 from harness.execution.rounds import RoundSchedule
 from harness.execution.runner import correctness_call, execute, prepare_case
 from harness.execution.supervisor import timeouts
@@ -203,6 +203,17 @@ class RunSession:
         flags = RerunFlags.of(modules_for(backend), self.device, isolate=self.executor.isolated,
                               call_timeouts=self.call_timeouts)
         return repro_command(case, backend, self.seed, flags)
+
+    def write_probe(self, rows: list[Row], test_id: str, matrix: str) -> list[Row]:
+        """A probe test's rows written, each failing one with the command that reruns that test alone (its pytest
+        id) on this run's inputs; the rows as written."""
+        def command(backend: str) -> str:
+            flags = RerunFlags.of(modules_for(backend), self.device, isolate=self.executor.isolated,
+                                  call_timeouts=self.call_timeouts)
+            return probe_repro_command(test_id, backend, self.seed, matrix, flags)
+        rows = [replace(r, repro=command(r.backend)) if r.status in FAILING else r for r in rows]
+        self.writer.write(rows)
+        return rows
 
     def verdict(self, case: AttentionCase, backend: Backend) -> BackendResult:
         """The correctness result of this session, computed (and recorded) now if the suite did not run it."""

@@ -276,6 +276,13 @@ def pytest_runtest_teardown(item, nextitem):
         item.session.shouldstop = session.executor.interrupted
 
 
+@pytest.fixture
+def write_probe(request, run_session):
+    """Writes a probe test's rows, each failing one with the command that reruns this test alone
+    (RunSession.write_probe); returns the rows as written."""
+    return lambda rows: run_session.write_probe(list(rows), request.node.nodeid, request.config._harness_matrix)
+
+
 @pytest.fixture(scope="session")
 def run_session(request) -> RunSession:
     session = request.config.stash.get(_SESSION_KEY, None)

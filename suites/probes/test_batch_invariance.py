@@ -18,8 +18,8 @@ def pytest_generate_tests(metafunc):
         parametrize(metafunc, ("backend", "kind"), pairs, [f"{b.name}-{k}" for b, k in pairs])
 
 
-def test_batch_invariance(backend, kind, run_session):
+def test_batch_invariance(backend, kind, run_session, write_probe):
     row = check_batch_invariance(backend, kind, run_session.device, seed=run_session.seed,
                                  run_id=run_session.run_id, executor=run_session.executor)
-    run_session.writer.write([row])
+    write_probe([row])
     conclude([row])

@@ -31,15 +31,15 @@ def pytest_generate_tests(metafunc):
                     [f"{b.name}-{c.id}-{n}chunks" for c, n, b in pairs])
 
 
-def test_decode_step(kv_case, chunks, backend, run_session):
+def test_decode_step(kv_case, chunks, backend, run_session, write_probe):
     rows = decode_rows(backend, kv_case, run_session.device, seed=run_session.seed, run_id=run_session.run_id,
                        executor=run_session.executor)
-    run_session.writer.write(rows)
+    write_probe(rows)
     conclude(rows)
 
 
-def test_chunked_prefill(kv_case, chunks, backend, run_session):
+def test_chunked_prefill(kv_case, chunks, backend, run_session, write_probe):
     rows = prefill_rows(backend, kv_case, chunks, run_session.device, seed=run_session.seed,
                         run_id=run_session.run_id, executor=run_session.executor)
-    run_session.writer.write(rows)
+    write_probe(rows)
     conclude(rows)

@@ -34,8 +34,8 @@ def pytest_generate_tests(metafunc):
         parametrize(metafunc, ("doc_case", "backend"), pairs, [f"{b.name}-{c.id}" for c, b in pairs])
 
 
-def test_documents(doc_case, backend, run_session):
+def test_documents(doc_case, backend, run_session, write_probe):
     rows = execute(backend, run_session.prepared(doc_case), run_session.run_id, executor=run_session.executor,
                    tag="docs").rows
-    run_session.writer.write(rows)
+    write_probe(rows)
     conclude(rows)

@@ -14,15 +14,15 @@ def pytest_generate_tests(metafunc):
         parametrize(metafunc, ("backend",), [(b,) for b in backends], [b.name for b in backends])
 
 
-def test_dropout(backend, run_session):
+def test_dropout(backend, run_session, write_probe):
     rows = check_dropout(backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id,
                          executor=run_session.executor)
-    run_session.writer.write(rows)
+    write_probe(rows)
     conclude(rows)
 
 
-def test_determinism(backend, run_session):
+def test_determinism(backend, run_session, write_probe):
     row = check_determinism(backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id,
                             executor=run_session.executor)
-    run_session.writer.write([row])
+    write_probe([row])
     conclude([row])

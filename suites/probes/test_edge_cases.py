@@ -25,10 +25,10 @@ def pytest_generate_tests(metafunc):
         parametrize(metafunc, ("empty_shape", "backend"), pairs, [f"{b.name}-{s}" for s, b in pairs])
 
 
-def test_edge_case(edge, backend, run_session):
+def test_edge_case(edge, backend, run_session, write_probe):
     rows = run_edge(edge, backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id,
                     executor=run_session.executor, cache=run_session.cache.prepared)
-    run_session.writer.write(rows)
+    write_probe(rows)
     conclude(rows, backend.known_failure(edge_probe.PROBE, edge.name, run_session.device.type))
 
 
@@ -39,8 +39,8 @@ def empty_outcomes(request, run_session):
     return probe_all(request.config._harness_backends, run_session.device, run_session.crash_safe_executor())
 
 
-def test_empty_tensors(empty_shape, backend, run_session, empty_outcomes):
+def test_empty_tensors(empty_shape, backend, run_session, empty_outcomes, write_probe):
     device = run_session.device
     row = empty_row(backend, empty_shape, empty_outcomes[(backend.name, empty_shape)], device, run_session.run_id)
-    run_session.writer.write([row])
+    write_probe([row])
     conclude([row], backend.known_failure(empty.PROBE, empty_shape, device.type))

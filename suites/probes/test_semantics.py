@@ -15,9 +15,9 @@ def pytest_generate_tests(metafunc):
         parametrize(metafunc, ("backend", "question"), pairs, [f"{b.name}-{q}" for b, q in pairs])
 
 
-def test_semantics(backend, question, run_session):
+def test_semantics(backend, question, run_session, write_probe):
     row = ask(question, backend, run_session.device, seed=run_session.seed, run_id=run_session.run_id,
               executor=run_session.executor, cache=run_session.cache.probe_runs)
-    run_session.writer.write([row])
+    write_probe([row])
     print(describe(row))
     conclude([row])

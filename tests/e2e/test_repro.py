@@ -64,3 +64,29 @@ def test_fuzz_prints_each_failure_once_with_a_command_that_reproduces_it(capsys,
     assert env["fuzz"]["failing"] == len(failing), failing[["case_id", "backend", "phase", "status"]]
     assert all(f"of the {env['fuzz']['failing']} failing drawn case" in line for line in failures)
     assert all(f["drawn_cases"] <= env["fuzz"]["failing"] for f in env["fuzz"]["failures"])
+
+
+@pytest.mark.e2e
+def test_a_probe_s_failure_carries_the_command_that_reruns_it(tmp_path):
+    """Issue 67 item 8: a failing probe row (here the edge-case probe's non-contiguous q, a planted bug) has in its
+    repro column the pytest command that reruns that probe test alone on the run's inputs; run, it fails again."""
+    import subprocess
+    import sys
+
+    module = str(ROOT / "tests" / "fixtures" / "noncontig_bug.py")
+    first = subprocess.run([sys.executable, "-m", "pytest", "suites/probes/test_edge_cases.py", "-q", "-p",
+                            "no:cacheprovider", "--backend-module", module, "--backends", "noncontig-bug",
+                            "--matrix", "default", "-k", "noncontig and test_edge_case", "--device", "cpu",
+                            "--results-dir", str(tmp_path / "a")], cwd=ROOT, capture_output=True, text=True)
+    assert first.returncode == 1, first.stdout[-2000:]
+    rows = pd.read_csv(next((tmp_path / "a").glob("*/results.csv")))
+    failed = rows[rows.status == "fail"]
+    assert len(failed) >= 1 and failed.repro.notna().all(), rows[["case_id", "status", "repro"]]
+    command = failed.repro.iloc[0]
+    assert command.startswith("python -m pytest 'suites/probes/test_edge_cases.py::test_edge_case[noncontig-bug-")
+    assert f"--backend-module {module} --backends noncontig-bug --matrix default --seed " in command
+    assert rows[rows.status == "pass"].repro.isna().all()
+    again = subprocess.run(shlex.split(command.replace("python", sys.executable, 1))
+                           + ["-p", "no:cacheprovider", "--results-dir", str(tmp_path / "b")],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 1 and "1 failed" in again.stdout, again.stdout[-2000:]
