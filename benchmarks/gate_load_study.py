@@ -126,21 +126,23 @@ def main() -> None:
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
             return base, new
 
-        for kind, trials in (("ab", args.ab), ("aa", args.aa)):
-            for t in range(trials):
-                if args.fresh_runs or kind not in runs:
-                    runs[kind] = pair(kind)
-                base, new = runs[kind]
-                copy = new.with_name(f"{new.name}-{kind}{t}")
-                if copy != new:
-                    shutil.copytree(new, copy, ignore=shutil.ignore_patterns("remeasure", "compare-vs-*"))
-                row = {"kind": kind, "trial": t, **compare(base, copy)}
-                rows.append(row)
-                print(f"{kind} {t}: exit {row['exit']} in {row['wall_s']:.0f} s (load {row['load_start']}-"
-                      f"{row['load_end']}), budget {row['budget']}, {row['rounds']} round(s), {row['pairs']} pair(s), "
-                      f"{row['not_counted']} not counted; my-attn {row['my_attn'] or '-'}, naive {row['naive'] or '-'}",
-                      flush=True)
-                pd.DataFrame(rows).to_csv(out / "study.csv", index=False)
+        # the kinds interleaved (ab 0, aa 0, ab 1, ...), then the rest of the longer: both see the machine alike
+        order = sorted([("ab", t) for t in range(args.ab)] + [("aa", t) for t in range(args.aa)],
+                       key=lambda kt: (kt[1], kt[0]))
+        for kind, t in order:
+            if args.fresh_runs or kind not in runs:
+                runs[kind] = pair(kind)
+            base, new = runs[kind]
+            copy = new.with_name(f"{new.name}-{kind}{t}")
+            if copy != new:
+                shutil.copytree(new, copy, ignore=shutil.ignore_patterns("remeasure", "compare-vs-*"))
+            row = {"kind": kind, "trial": t, **compare(base, copy)}
+            rows.append(row)
+            print(f"{kind} {t}: exit {row['exit']} in {row['wall_s']:.0f} s (load {row['load_start']}-"
+                  f"{row['load_end']}), budget {row['budget']}, {row['rounds']} round(s), {row['pairs']} pair(s), "
+                  f"{row['not_counted']} not counted; my-attn {row['my_attn'] or '-'}, naive {row['naive'] or '-'}",
+                  flush=True)
+            pd.DataFrame(rows).to_csv(out / "study.csv", index=False)
     finally:
         for p in busy:
             p.kill()

@@ -375,12 +375,18 @@ FALLBACK_BUDGET_S = 120.0
 MIN_BUDGET_S = 30.0
 
 
+#: the most a sized budget may exceed the base run's benchmark stage to give every suspect key two paired rounds: a
+#: backend is decided on two rounds that agree (groups.rounds_agree), and two paired rounds of every key are four
+#: rounds of it where the base run timed three
+TWO_ROUNDS_SHARE = 1.5
+
+
 def sized_budget(comparison: Comparison, suspects: int, min_rounds: int,
                  load: tuple[float, int] | None) -> tuple[float, str]:
     """(seconds, how) for --remeasure without --remeasure-budget-s: `min_rounds` pairs of each suspect key at what a
     key's round cost in the base run (its benchmark stage over its keys' rounds), scaled by how much busier the
-    machine is now than when that run started; at most the base run's benchmark stage (~1x), at least
-    MIN_BUDGET_S."""
+    machine is now than when that run started; at most the base run's benchmark stage (~1x) - or what two paired
+    rounds of every suspect take, up to TWO_ROUNDS_SHARE of it - and at least MIN_BUDGET_S."""
     env = read_env(comparison.base.run_dir)
     bench = ((env.get("time_spent") or {}).get("tests_s") or {}).get("benchmark")
     rows = comparison.rows
@@ -391,11 +397,15 @@ def sized_budget(comparison: Comparison, suspects: int, min_rounds: int,
     then = ((env.get("clocks_start") or {}).get("loadavg") or [0])[0] / (env.get("cpu_count") or 1)
     now = load[0] / load[1] if load is not None else then
     busier = max(1.0, now) / max(1.0, then)
-    need = 2 * per_round * busier * suspects * min_rounds
-    budget = min(bench, max(need, MIN_BUDGET_S))
+    per_pair = 2 * per_round * busier
+    need, two = per_pair * suspects * min_rounds, per_pair * suspects * 2
+    cap = max(bench, min(two, TWO_ROUNDS_SHARE * bench))
+    budget = min(cap, max(need, MIN_BUDGET_S))
     return budget, (f"{budget:.0f} s: {min_rounds} pairs of {suspects} key(s) at {per_round:.2g} s a key's round in "
                     f"the base run" + (f", x{busier:.1f} for the load now" if busier > 1 else "")
-                    + (f" = {need:.0f} s, capped at its benchmark stage ({bench:.0f} s)" if need > bench else ""))
+                    + (f" = {need:.0f} s, capped at " + (f"its benchmark stage ({bench:.0f} s)" if cap == bench else
+                                                         f"two paired rounds of each ({cap / bench:.2f}x its "
+                                                         f"benchmark stage of {bench:.0f} s)") if need > cap else ""))
 
 
 def _decide(comparison: Comparison, index: int, key: _Key, alpha: float, stored_base: dict, base_note: str,

@@ -56,11 +56,11 @@ def test_under_load_a_2x_backend_fails_and_unchanged_code_never_does(tmp_path):
     assert exits.count(EXIT_REGRESSION) >= 9, [c.remeasure_next for c, *_ in slowed]
     assert EXIT_REGRESSION not in [c.exit_code() for c, *_ in same], [group_table(c) for c, *_ in same]
     for cmp, lines, spent in slowed:
-        assert spent <= BENCHMARK_S + 2  # within the base run's benchmark stage (one pair may end past it)
+        assert spent <= 1.5 * BENCHMARK_S + 2  # within 1.5x the base run's benchmark stage (a pair may end past it)
         tiled = cmp.groups[(cmp.groups.backend == "tiled") & (cmp.groups.phase == "all")].iloc[0]
         assert tiled.verdict == "slower" and 1.7 < tiled.ratio < 2.35, tiled.note
         assert "tiled slower as a whole" in summary(cmp)
-        assert "budget 360 s: 4 pairs of" in lines[0] and "capped at its benchmark stage" in lines[0]
+        assert "4 pairs of" in lines[0] and "capped at " in lines[0], lines[0]
         # naive's keys were timed too, and naive is never called slower
         assert "slower" not in set(cmp.groups[cmp.groups.backend == "naive"].verdict)
     # the pairs a burst unbalanced were not counted, and the log says how many and why
@@ -100,7 +100,9 @@ def test_the_default_budget_is_sized_from_the_base_run(tmp_path):
     # twice as busy now as then: twice the time, within the benchmark stage
     budget, how = sized_budget(cmp, 20, 4, (4.0, 2))  # 4 pairs of 20 keys at 0.25 s, x2
     assert budget == 80.0 and "x2.0 for the load now" in how
-    budget, how = sized_budget(cmp, 120, 4, None)
-    assert budget == 90.0 and "capped at its benchmark stage (90 s)" in how
+    budget, how = sized_budget(cmp, 120, 4, None)  # two paired rounds of 120 keys: 120 s, within 1.5x of 90 s
+    assert budget == 120.0 and "capped at two paired rounds of each (1.33x its benchmark stage of 90 s)" in how
+    budget, how = sized_budget(cmp, 100, 4, (6.0, 2))  # x3 busier: two rounds 300 s, past 1.5x: 135 s
+    assert budget == 135.0 and "(1.50x its benchmark stage of 90 s)" in how
     older = backends_run(tmp_path / "older", 0, QUIET)  # no time_spent: the former fixed budget, said so
     assert sized_budget(compare_runs(older, new), 5, 4, None)[0] == 120.0
