@@ -299,12 +299,17 @@ def _tflops_decoration(ax: Axes, rows: pd.DataFrame, run: Run) -> None:
 
 
 def _tflops_case_decoration(ax: Axes, rows: pd.DataFrame, run: Run) -> None:
-    """Cases of several dtypes share the panel: each dtype's measured peak spans its own cases."""
+    """Cases of several dtypes share the panel: each dtype's measured peak spans its own cases, and one line of text
+    names them all (a label per line overlapped where two dtypes' peaks and cases lie close: issue 67 item 8)."""
+    named = []
     for dtype, g in rows.groupby("dtype"):
         peak = peak_tflops(run.env, str(dtype))
         if peak:
             ax.hlines(peak, g.xpos.min() - 0.45, g.xpos.max() + 0.45, color="black", ls="--", lw=1, label="_peak")
-            ax.annotate(f"{dtype} peak {peak:.3g}", (g.xpos.min() - 0.45, peak), fontsize=7, va="bottom")
+            named.append(f"{dtype} {peak:.3g}")
+    if named:
+        ax.text(0.99, 0.98, "dashed, each over its dtype's cases: measured matmul peak (TFLOP/s) " + ", ".join(named),
+                transform=ax.transAxes, ha="right", va="top", fontsize=8)
     top = max([peak_tflops(run.env, str(d)) or 0 for d in set(rows.dtype)]
               + [float(rows.tflops[np.isfinite(rows.tflops)].max())])
     ax.set_ylim(top=top * (3 if ax.get_yscale() == "log" else 1.15))

@@ -72,8 +72,16 @@ def support_figure(run: Run) -> list[tuple[str, Figure]]:
     return [("support", fig)]
 
 
+#: backends a semantics figure shows side by side: wider, the page scales it down and its text becomes unreadable
+#: (12 backends made a 24-inch figure shown ~1,300 px wide: 7.5-pt text at ~3 pt; issue 67 item 8)
+SEMANTICS_COLUMNS = 5
+#: the semantics figure's cell text (points), shown at its own size
+SEMANTICS_FONT = 9.0
+
+
 def semantics_figure(run: Run) -> list[tuple[str, Figure]]:
-    """The observed behaviour per question x backend; a cell differing from its row's majority is highlighted."""
+    """The observed behaviour per question x backend, SEMANTICS_COLUMNS backends a figure; a cell differing from its
+    row's majority (over every backend) is highlighted."""
     table = semantics_table(run)
     if table.empty:
         return []
@@ -82,25 +90,33 @@ def semantics_figure(run: Run) -> list[tuple[str, Figure]]:
     table = table[table.apply(lambda row: any(answered(v) for v in row), axis=1)]
     if table.empty:
         return []
-    cells = [[textwrap.fill(short_cell(v), 22) or "—" for v in row] for row in table.to_numpy()]
-    questions = [textwrap.fill(q, 34) for q in table.index]
-    lines = [max(c.count("\n") for c in row + [q]) + 1 for row, q in zip(cells, questions)]
-    fig = new_figure(2.9 + 1.75 * table.shape[1], 0.9 + 0.2 * sum(lines) + 0.12 * len(lines))
-    ax = fig.add_subplot()
-    ax.set_axis_off()
-    tab = ax.table(cellText=cells, rowLabels=questions, colLabels=list(table.columns), loc="upper center",
-                   cellColours=[_row_colours(list(row)) for row in table.to_numpy()], cellLoc="center")
-    tab.auto_set_font_size(False)
-    tab.set_fontsize(7.5)
-    total = sum(lines) + 1.5
-    for (r, c), cell in tab.get_celld().items():
-        cell.set_height((lines[r - 1] if r > 0 else 1.5) / total)
-        if r == 0 and c >= 0:
-            cell.get_text().set_color(backend_color(str(table.columns[c]), run.backends))
-            cell.get_text().set_fontweight("bold")
-    ax.set_title("Semantics: what each backend does (orange: differs from most backends; grey: did not run)",
-                 fontsize=11)
-    return [("semantics", fig)]
+    colours = [_row_colours(list(row)) for row in table.to_numpy()]  # the majority over every backend
+    pages = range(0, table.shape[1], SEMANTICS_COLUMNS)
+    out = []
+    for page, start in enumerate(pages, 1):
+        columns = slice(start, start + SEMANTICS_COLUMNS)
+        part = table.iloc[:, columns]
+        cells = [[textwrap.fill(short_cell(v), 18) or "—" for v in row] for row in part.to_numpy()]
+        questions = [textwrap.fill(q, 30) for q in table.index]
+        lines = [max(c.count("\n") for c in row + [q]) + 1 for row, q in zip(cells, questions)]
+        fig = new_figure(3.0 + 1.7 * part.shape[1], 1.0 + 0.24 * sum(lines) + 0.14 * len(lines))
+        ax = fig.add_subplot()
+        ax.set_axis_off()
+        tab = ax.table(cellText=cells, rowLabels=questions, colLabels=list(part.columns), loc="upper center",
+                       cellColours=[row[columns] for row in colours], cellLoc="center")
+        tab.auto_set_font_size(False)
+        tab.set_fontsize(SEMANTICS_FONT)
+        total = sum(lines) + 1.5
+        for (r, c), cell in tab.get_celld().items():
+            cell.set_height((lines[r - 1] if r > 0 else 1.5) / total)
+            if r == 0 and c >= 0:
+                cell.get_text().set_color(backend_color(str(part.columns[c]), run.backends))
+                cell.get_text().set_fontweight("bold")
+        more = f" ({page} of {len(pages)})" if len(pages) > 1 else ""
+        ax.set_title("Semantics: what each backend does (orange: differs from most backends; grey: did not run)"
+                     + more, fontsize=11)
+        out.append(("semantics" if page == 1 else f"semantics-{page}", fig))
+    return out
 
 
 def _row_colours(values: list[str]) -> list[str]:

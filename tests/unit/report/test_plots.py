@@ -157,6 +157,42 @@ def test_semantics_table_figure(figures):
     assert len({c.get_facecolor() for c in cells.values()}) > 1  # naive's differing answer is highlighted
 
 
+def test_the_semantics_figure_is_readable_at_the_size_the_page_shows_it(tmp_path):
+    """Issue 67 item 8: twelve backends made one 24-inch figure the page scaled to a third, its 7.5-pt text to ~3 pt.
+    At most SEMANTICS_COLUMNS backends a figure, each no wider than the page shows at its own size (1,400 px at the
+    figures' 110 dpi), its cells at SEMANTICS_FONT points; the highlighting still compares every backend."""
+    from harness.report.plots.tables import SEMANTICS_COLUMNS, SEMANTICS_FONT
+
+    names = ("naive", "sdpa-flash", "flex", "xformers", "b5", "b6", "b7")
+    run = load_run(write_run(tmp_path, backends=names, seqs=(128,), dtypes=("fp32",), masks=("none",)))
+    figs = FIGURE_BUILDERS["semantics"](run)
+    assert [name for name, _ in figs] == ["semantics", "semantics-2"]
+    for _, fig in figs:
+        width, _ = fig.get_size_inches()
+        assert width * fig.dpi <= 1400, width
+        table = fig.axes[0].tables[0]
+        assert len({c for (_, c) in table.get_celld() if c >= 0}) <= SEMANTICS_COLUMNS
+        assert all(cell.get_text().get_fontsize() >= SEMANTICS_FONT for cell in table.get_celld().values())
+    assert "(2 of 2)" in figs[1][1].axes[0].get_title()
+
+
+def test_no_two_labels_of_a_throughput_figure_overlap(figures):
+    """Issue 67 item 8: the per-case throughput figure named each dtype's peak at its line, where two dtypes' labels
+    overlapped; its labels now never do - every text of every throughput axes, drawn, has its own box."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    for name, fig in figures["tflops"]:
+        FigureCanvasAgg(fig).draw()
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes:
+            boxes = [t.get_window_extent(renderer) for t in ax.texts if t.get_text() and t.get_visible()]
+            for i, a in enumerate(boxes):
+                for b in boxes[i + 1:]:
+                    assert not a.overlaps(b), (name, [t.get_text() for t in ax.texts])
+    assert any("measured matmul peak (TFLOP/s) " in t.get_text()
+               for _, fig in figures["tflops"] for ax in fig.axes for t in ax.texts)
+
+
 def test_correctness_only_run_skips_perf_figures(tmp_path):
     run = load_run(write_run(tmp_path, perf=False, seqs=(128, 256), dtypes=("fp32",), masks=("causal",)))
     written = plot_run(run)
