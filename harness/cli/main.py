@@ -6,7 +6,8 @@ import argparse
 import importlib
 import sys
 import warnings
-from pathlib import Path
+
+from harness.cli.early import refusal
 
 #: each defines `add_subcommand(subparsers)`: adds its parser, sets `func` (parsed args -> exit code)
 COMMAND_MODULES: list[str] = ["harness.cli.check", "harness.cli.backends", "harness.cli.history",
@@ -39,30 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: flags whose value is a file the command reads: refused before the parser (and torch) is imported when it names
-#: a file that is not there (a --backend-module given as a dotted module name is not a file)
-FILE_FLAGS = ("--backend-module", "--workload", "--hf-config")
-
-
-def missing_file(argv: list[str]) -> str:
-    """'' unless a FILE_FLAGS value names a file that does not exist: then the one line the command would give.
-    Under two seconds on any machine (issue 67: 12-22 s, the imports first, under load)."""
-    for i, arg in enumerate(argv):
-        flag, _, value = arg.partition("=")
-        if flag not in FILE_FLAGS:
-            continue
-        value = value or (argv[i + 1] if i + 1 < len(argv) else "")
-        looks_like_file = value.endswith((".py", ".toml", ".yaml", ".yml", ".json")) or "/" in value
-        if value and looks_like_file and not Path(value).is_file():
-            return f"{flag} {value!r}: no such file"
-    return ""
-
-
 def main(argv: list[str] | None = None) -> int:
     # a warning as the commands print it: one line, the message alone (it names the file and line it is about)
     default_format, warnings.formatwarning = warnings.formatwarning, lambda message, *_, **__: f"warning: {message}\n"
     try:  # restored after: main() may be called in a process that goes on (tests, a notebook)
-        if why := missing_file(sys.argv[1:] if argv is None else argv):
+        if why := refusal(sys.argv[1:] if argv is None else argv):
             print(f"error: {why}", file=sys.stderr)
             return 2
         try:

@@ -63,11 +63,41 @@ def test_a_missing_file_is_refused_before_the_heavy_imports():
     no torch is imported before the refusal - checked by what the process imported, not by a clock."""
     probe = ("import sys; from harness.cli.main import main; code = main({argv}); "
              "print('TORCH' if 'torch' in sys.modules else 'LIGHT', code)")
-    for argv in (["check", "--backend-module", "missing/file.py", "--backends", "x"],
-                 ["recommend", "--workload", "missing.toml"], ["check", "--hf-config=missing/config.json"]):
+    for argv, words in ((["check", "--backend-module", "missing/file.py", "--backends", "x"], "no such file"),
+                        (["recommend", "--workload", "missing.toml"], "no such file"),
+                        (["check", "--hf-config=missing/config.json"], "no such file"),
+                        # and names (cli/early.py reads them from the defining modules' source)
+                        (["check", "--preset", "llama-3-9b"], "unknown preset 'llama-3-9b'; allowed: llama-3-8b, "),
+                        (["check", "--matrix=smok"], "unknown matrix 'smok'; allowed: auto, smoke, "),
+                        (["check", "--backends", "naive,sdpa-fast"], "unknown backend 'sdpa-fast'; allowed: naive, ")):
         res = subprocess.run([sys.executable, "-c", probe.format(argv=argv)], cwd=ROOT, capture_output=True,
                              text=True, timeout=120)
-        assert res.stdout.split() == ["LIGHT", "2"] and "no such file" in res.stderr, (argv, res.stdout, res.stderr)
+        assert res.stdout.split() == ["LIGHT", "2"] and words in res.stderr, (argv, res.stdout, res.stderr)
+
+
+def test_the_early_refusal_knows_exactly_the_names_the_commands_do():
+    """cli/early.py reads the presets, matrices and built-in backends from their modules' source; they must be the
+    names the imported definitions give, and its messages the ones the commands give."""
+    from harness.backends.registry import built_in_names
+    from harness.cli import early
+    from harness.spec.matrices import AUTO, FUZZ, MATRICES
+    from harness.spec.presets import PRESETS
+
+    assert early.preset_names() == tuple(PRESETS)
+    assert early.matrix_names() == (AUTO, *MATRICES, FUZZ)
+    assert early.builtin_backend_names() == built_in_names()
+    # the commands' own messages, from a process with no plugin registered
+    slow = ("from harness.spec.presets import get_preset; from harness.spec.matrices import resolve_matrix\n"
+            "from harness.backends.registry import get_backends\n"
+            "for f in (lambda: get_preset('nope'), lambda: resolve_matrix('nope', 'cpu'), lambda: get_backends('nope')):\n"
+            "    try:\n        f()\n    except ValueError as e:\n        print(e)\n")
+    messages = subprocess.run([sys.executable, "-c", slow], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300).stdout.splitlines()
+    early_ones = [early.refusal(["check", flag, "nope"]) for flag in ("--preset", "--matrix", "--backends")]
+    assert early_ones == messages
+    # a plugin may register any name; a command without the flag gets argparse's own error
+    assert early.refusal(["check", "--backends", "mine", "--backend-module", __file__]) == ""
+    assert early.refusal(["history", "--matrix", "nope"]) == ""
 
 
 def test_plugin_that_raises_becomes_an_error_row(tmp_path):
