@@ -70,7 +70,7 @@ def test_under_load_a_2x_backend_fails_and_unchanged_code_never_does(tmp_path):
     pairs = pd.read_csv(slowed[0][0].new.run_dir / "remeasure" / "pairs.csv")
     assert len(pairs) > 100 and set(pairs.first) == {"base", "new"} and (pairs.load_average == 6.0).all()
     assert pairs.base_contention.between(0.75, 1.0).all() and not pairs.counted.all()
-    assert pairs[~pairs.counted].why_not.str.match("saturated|unequal load").all()
+    assert pairs[~pairs.counted].why_not.str.startswith("saturated").all()
 
 
 @pytest.mark.parametrize("seed", range(3))
