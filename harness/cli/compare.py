@@ -43,7 +43,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def undecided_advice(undecided, args: argparse.Namespace, remeasure_next: str = "") -> str:
     """What the undecided keys need, in words: --remeasure for keys only the runs judged; after a re-measurement
-    the next step it has not taken (remeasure.next_step: the budget, a quieter machine, fewer keys) and each key's
+    the next step it has not taken (budget.next_step: the budget, a quieter machine, fewer keys) and each key's
     own reason - never the command just run."""
     again = "" if args.fail_on_undecided else " (not failing the gate: --no-fail-on-undecided)"
     fresh = undecided[~undecided.remeasured.astype(bool)]

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-import torch
-
 from harness.backends.base import Backend
 from harness.execution.call import Call
 from harness.execution.executor import Executor, make_executor

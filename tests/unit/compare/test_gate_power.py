@@ -8,7 +8,8 @@ in at least 9 of 10 seeds, unchanged code exits 1 in none of 20 (0 or 3); on a q
 
 import pytest
 
-from harness.compare.remeasure import RemeasureConfig, remeasure, sized_budget
+from harness.compare.budget import sized_budget
+from harness.compare.remeasure import RemeasureConfig, remeasure
 from harness.compare.report import group_table, summary
 from harness.compare.runs import EXIT_REGRESSION, compare_runs
 from tests.fixtures.noise_models import LoadedMachine, Machine, Noise, FakeTimer, backends_run, synthetic_cases
