@@ -76,7 +76,8 @@ def add_subcommand(subparsers) -> None:
                         "code is this checkout: the new run's), until each is decided or the budget ends")
     p.add_argument("--remeasure-budget-s", type=positive_float, default=RemeasureConfig.budget_s,
                    help="time budget of --remeasure in seconds (default: sized from the base run's own round times "
-                        "and the load now, at most its benchmark stage; 120 s for a run that does not record it)")
+                        "and the load now, at most its benchmark stage - or two paired rounds of every suspect, up to "
+                        "1.5x it; 120 s for a run that does not record it)")
     p.add_argument("--no-settle-by-backend", dest="settle_by_backend", action="store_false",
                    help="with --remeasure: time every suspect key until its own pairs decide it, even once its "
                         "backend's keys pooled have decided the backend (the backends still fail the gate)")
