@@ -43,9 +43,10 @@ def next_step(budget_s: float, min_rounds: int, spent_s: float, pairs_timed: int
 
 #: the budget when a run does not say how long its benchmark took (an older run, a synthetic one)
 FALLBACK_BUDGET_S = 120.0
-#: fewest seconds a sized budget gets (a base run of a few keys still leaves pairs time to settle), unless the base
-#: run's benchmark stage itself was shorter
-MIN_BUDGET_S = 30.0
+#: fewest seconds a sized budget gets, however short the base run's benchmark stage: a gate of a few keys pays worker
+#: and server starts its base run did not, and a key decided on its own needs 6-9 pairs (CI's recipe of 3 keys, whose
+#: benchmark stage took ~3 s, was left undecided by a budget of that size)
+MIN_BUDGET_S = 60.0
 
 
 #: the most a sized budget may exceed the base run's benchmark stage to give every suspect key two paired rounds: a
@@ -59,7 +60,7 @@ def sized_budget(comparison: Comparison, suspects: int, min_rounds: int,
     """(seconds, how) for --remeasure without --remeasure-budget-s: `min_rounds` pairs of each suspect key at what a
     key's round cost in the base run (its benchmark stage over its keys' rounds), scaled by how much busier the
     machine is now than when that run started; at most the base run's benchmark stage (~1x) - or what two paired
-    rounds of every suspect take, up to TWO_ROUNDS_SHARE of it - and at least MIN_BUDGET_S."""
+    rounds of every suspect take, up to TWO_ROUNDS_SHARE of it - and never under MIN_BUDGET_S."""
     env = read_env(comparison.base.run_dir)
     bench = ((env.get("time_spent") or {}).get("tests_s") or {}).get("benchmark")
     rows = comparison.rows
@@ -73,9 +74,10 @@ def sized_budget(comparison: Comparison, suspects: int, min_rounds: int,
     per_pair = 2 * per_round * busier
     need, two = per_pair * suspects * min_rounds, per_pair * suspects * 2
     cap = max(bench, min(two, TWO_ROUNDS_SHARE * bench))
-    budget = min(cap, max(need, MIN_BUDGET_S))
+    budget = max(min(cap, need), MIN_BUDGET_S)
+    capped = ("" if need <= cap else f" = {need:.0f} s, capped at " + (
+        f"its benchmark stage ({bench:.0f} s)" if cap == bench else
+        f"two paired rounds of each ({cap / bench:.2f}x its benchmark stage of {bench:.0f} s)"))
+    floor = f"; at least {MIN_BUDGET_S:.0f} s" if min(cap, need) < MIN_BUDGET_S else ""
     return budget, (f"{budget:.0f} s: {min_rounds} pairs of {suspects} key(s) at {per_round:.2g} s a key's round in "
-                    f"the base run" + (f", x{busier:.1f} for the load now" if busier > 1 else "")
-                    + (f" = {need:.0f} s, capped at " + (f"its benchmark stage ({bench:.0f} s)" if cap == bench else
-                                                         f"two paired rounds of each ({cap / bench:.2f}x its "
-                                                         f"benchmark stage of {bench:.0f} s)") if need > cap else ""))
+                    f"the base run" + (f", x{busier:.1f} for the load now" if busier > 1 else "") + capped + floor)
