@@ -35,8 +35,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 
-KERNEL = '''"""The study's kernel: the README's plugin, its attention done REPEAT times, forward and backward (the mean of
-REPEAT equal answers: bit for bit the answer for REPEAT 1 or 2)."""
+KERNEL = '''"""The study's kernel: the README's plugin, its attention done REPEAT times, forward and backward
+(the mean of REPEAT equal answers: bit for bit the answer for REPEAT 1 or 2)."""
 import torch.nn.functional as F
 
 from harness import Backend, register
@@ -134,8 +134,7 @@ def main() -> None:
                 runs[kind] = pair(kind)
             base, new = runs[kind]
             copy = new.with_name(f"{new.name}-{kind}{t}")
-            if copy != new:
-                shutil.copytree(new, copy, ignore=shutil.ignore_patterns("remeasure", "compare-vs-*"))
+            shutil.copytree(new, copy, ignore=shutil.ignore_patterns("remeasure", "compare-vs-*"))
             row = {"kind": kind, "trial": t, **compare(base, copy)}
             rows.append(row)
             print(f"{kind} {t}: exit {row['exit']} in {row['wall_s']:.0f} s (load {row['load_start']}-"

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 
-from harness.compare.groups import ALL_PHASES
 from harness.compare.runs import Comparison
 from harness.measure.paired import BUSY_LOAD_PER_CPU
-from harness.measure.pooled import GroupVerdict
+from harness.measure.pooled import GroupVerdict, scope
 from harness.store.run_dir import read_env
 
 
@@ -32,7 +31,7 @@ def next_step(budget_s: float, min_rounds: int, spent_s: float, pairs_timed: int
         budget = f"no key's pair was timed within --remeasure-budget-s {budget_s:g}: raise it"
     steps = [f"{len(rounds_of)} key(s) undecided after {rounds_done} round(s) in {spent_s:.0f} s of the "
              f"{budget_s:g} s budget; {budget}"]
-    steps += [f"{v.backend}{'' if v.phase == ALL_PHASES else ' ' + v.phase} undecided as a whole ({v.note})"
+    steps += [f"{scope(v.backend, v.phase)} undecided as a whole ({v.note})"
               + (f", about {v.more_pairs:.0f} more key-pair(s) would decide it" if math.isfinite(v.more_pairs) else "")
               for v in groups]
     if load is not None and load[0] > BUSY_LOAD_PER_CPU * load[1]:

@@ -8,13 +8,9 @@ from dataclasses import asdict, replace
 import numpy as np
 import pandas as pd
 
-from harness.measure.pooled import GroupVerdict, group_verdict
+from harness.measure.pooled import ALL_PHASES, GroupVerdict, group_verdict, scope
 from harness.store.schema import FASTER, SLOWER, UNCHANGED, UNDECIDED
 
-#: the groups' own family level, besides the keys' (FAMILY_ALPHA): split over the groups, then spent over the looks
-#: (a look after every round from the second: the r-th gets half of what the (r-1)-th got, so all of them together
-#: never pass it)
-ALL_PHASES = "all"
 GROUP_COLUMNS = tuple(GroupVerdict.__dataclass_fields__)
 
 
@@ -101,6 +97,6 @@ class Groups:
         return pd.DataFrame([asdict(v) for v in self.verdicts.values()], columns=list(GROUP_COLUMNS))
 
     def summary(self) -> str:
-        return ", ".join(f"{v.backend}{'' if v.phase == ALL_PHASES else ' ' + v.phase} {v.verdict}"
+        return ", ".join(f"{scope(v.backend, v.phase)} {v.verdict}"
                          + (f" ({v.ratio:.3g}x over {v.keys} keys)" if math.isfinite(v.ratio) else "")
                          for v in self.verdicts.values())

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from harness.compare.budget import next_step, sized_budget
-from harness.compare.groups import ALL_PHASES, Groups
+from harness.compare.groups import Groups
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
 from harness.compare.timers import (CheckoutTimer, ExecutorTimer, KeyTimer, Rejected, code_mismatch, current_code,
                                     run_cases)
 from harness.measure.paired import BUSY_LOAD_PER_CPU, pairs_needed, paired_verdict
-from harness.measure.pooled import GroupVerdict, pair_excluded, pair_log_ratios
+from harness.measure.pooled import GroupVerdict, pair_excluded, pair_log_ratios, scope
 from harness.measure.stats import FAMILY_ALPHA, gate_verdict
 from harness.store.environment import REPO_ROOT
 from harness.store.kernels import describe
@@ -53,7 +53,8 @@ class RemeasureConfig:
     settle_by_backend: bool = True
 
     def __post_init__(self):
-        if not ((self.budget_s is None or self.budget_s > 0) and 2 <= self.min_rounds <= self.max_rounds and 0 < self.family_alpha < 0.5):
+        budget_ok = self.budget_s is None or self.budget_s > 0
+        if not (budget_ok and 2 <= self.min_rounds <= self.max_rounds and 0 < self.family_alpha < 0.5):
             raise ValueError(f"remeasure config {self}: needs budget_s > 0, 2 <= min_rounds <= max_rounds and "
                              "0 < family_alpha < 0.5")
 
@@ -322,16 +323,17 @@ def order(keys: dict, pending: list, alpha: float, min_rounds: int, margin: floa
     shuffle.shuffle(pending)
 
     def still_needed(i) -> int:
-        k, n = keys[i], keys[i].pairs
-        beyond = math.isfinite(k.log_ratio()) and abs(k.log_ratio()) > math.log(margin)
-        return max((pairs_needed(alpha) if beyond else min_rounds) - n, 1)
+        ratio = keys[i].log_ratio()
+        beyond = math.isfinite(ratio) and abs(ratio) > math.log(margin)
+        return max((pairs_needed(alpha) if beyond else min_rounds) - keys[i].pairs, 1)
 
+    settled = {i: groups is not None and groups.settled(keys[i]) for i in pending}
     lanes: dict = {}
-    for i in sorted(pending, key=lambda i: (groups is not None and groups.settled(keys[i]), still_needed(i))):
-        lanes.setdefault((groups is not None and groups.settled(keys[i]), keys[i].backend), []).append(i)
+    for i in sorted(pending, key=lambda i: (settled[i], still_needed(i))):
+        lanes.setdefault((settled[i], keys[i].backend), []).append(i)
     ordered = []
-    for settled in (False, True):
-        queues = [q for (s, _), q in lanes.items() if s == settled]
+    for done in (False, True):
+        queues = [q for (s, _), q in lanes.items() if s == done]
         while any(queues):
             for q in queues:
                 if q:
@@ -378,12 +380,12 @@ def _decide(comparison: Comparison, index: int, key: _Key, alpha: float, stored_
             rows.loc[index, ["base_ms", "new_ms"]] = [float(np.median([np.median(s) for s in key.fresh[side]]))
                                                       for side in ("base", "new")]
     if group is not None:
-        scope = f"{group.backend}" + ("" if group.phase == ALL_PHASES else f" {group.phase}")
         if group.verdict != SLOWER and outcome == UNDECIDED:
             outcome = UNCHANGED  # within the margin on its own pairs, and its backend's keys unchanged as a whole
         elif group.verdict == SLOWER and outcome in (UNCHANGED, FASTER) and len(new_rounds) < min_rounds:
             outcome = UNDECIDED
-        note = f"{note}; not re-measured further: {scope} is {group.verdict} as a whole ({group.note})".lstrip("; ")
+        note = (f"{note}; not re-measured further: {scope(group.backend, group.phase)} is {group.verdict} as a whole "
+                f"({group.note})").lstrip("; ")
     rows.loc[index, "verdict"] = outcome
     rows.loc[index, "remeasured"] = True
     rows.loc[index, "note"] = (f"re-measured: {how} (first verdict {row.first_verdict}){excluded}"

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from harness.compare.runs import Comparison, ratio_spread
+from harness.measure.pooled import scope
 from harness.store.schema import (BETTER, FASTER, LOST, MISSING, NEW_ONLY, NOT_TIMED, REJECTED, SAME, SLOWER,
                                   UNCHANGED, UNDECIDED, WORSE)
 
@@ -62,7 +63,7 @@ def summary(cmp: Comparison) -> str:
     unconfirmed = int(((df.verdict == SLOWER) & ~df.remeasured.astype(bool) & df.regression).sum())
     pending = int((~cmp.undecided.remeasured.astype(bool)).sum())
     slower = cmp.slower_groups
-    groups = "; ".join(f"{g.backend}{'' if g.phase == 'all' else ' ' + g.phase} slower as a whole ({g.note})"
+    groups = "; ".join(f"{scope(g.backend, g.phase)} slower as a whole ({g.note})"
                        for g in slower.itertuples())
     gate = (f"REGRESSION: {int(df.regression.sum())} row(s)"
             + (f" ({unconfirmed} slower from the runs' own rounds only: compare --remeasure confirms or refutes "
@@ -93,11 +94,10 @@ def group_table(cmp: Comparison) -> str:
     """The backend-level verdicts of a paired re-measurement, one line each ('' when none was made)."""
     if cmp.groups is None or cmp.groups.empty:
         return ""
-    lines = ["backends as a whole (keys' paired log ratios pooled: a sign-test interval of the keys' median; the groups' own "
-             "5 % family level, split over the groups and halved at each look):"]
+    lines = ["backends as a whole (keys' paired log ratios pooled: a sign-test interval of the keys' median; the "
+             "groups' own 5 % family level, split over the groups and halved at each look):"]
     for g in cmp.groups.itertuples():
-        scope = g.backend + ("" if g.phase == "all" else f" [{g.phase}]")
-        lines.append(f"  {scope}: {g.verdict} - {g.note}")
+        lines.append(f"  {scope(g.backend, g.phase)}: {g.verdict} - {g.note}")
     return "\n".join(lines)
 
 

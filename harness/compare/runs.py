@@ -11,6 +11,7 @@ import pandas as pd
 from harness.compare.decision import correctness_change
 from harness.compare.noise import NoiseModel
 from harness.measure.paired import BUSY_LOAD_PER_CPU
+from harness.measure.pooled import ALL_PHASES
 from harness.measure.stats import GateConfig, family_confidence, gate_verdict
 from harness.store.load import load_results, load_samples, refused_rows
 from harness.store.run_dir import RESULTS, read_env
@@ -182,7 +183,7 @@ def mark_regressions(comparison: Comparison) -> None:
     missing = (df.verdict == MISSING) & (not comparison.allow_missing)
     in_slower = pd.Series(False, index=df.index)
     for g in comparison.slower_groups.itertuples():
-        in_slower |= (df.backend == g.backend) & ((g.phase == "all") | (df.phase == g.phase)) & \
+        in_slower |= (df.backend == g.backend) & ((g.phase == ALL_PHASES) | (df.phase == g.phase)) & \
             (df.remeasured.astype(bool)) & (df.ratio.astype(float) > df.margin.astype(float))
     df["regression"] = (comparison.mode == "gate") & (df.verdict.isin([SLOWER, REJECTED]) | in_slower
                                                       | df.correctness.isin([WORSE, LOST]) | missing)

@@ -1,4 +1,4 @@
-"""The one-line command that reruns one (case, backend) exactly: the case's spelled-out id, the input seed, the device."""
+"""The one-line commands that rerun a failing row exactly: a (case, backend)'s check or a probe test, seed, device."""
 
 from __future__ import annotations
 

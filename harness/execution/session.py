@@ -197,20 +197,20 @@ class RunSession:
         self.verdicts[(case.id, backend.name)] = result.released()
         return result
 
+    def _rerun_flags(self, backend: str) -> RerunFlags:
+        # the module that registered this backend alone: a process may have loaded others (its own, a test's)
+        return RerunFlags.of(modules_for(backend), self.device, isolate=self.executor.isolated,
+                             call_timeouts=self.call_timeouts)
+
     def repro_command(self, case: AttentionCase, backend: str) -> str:
         """`python -m harness check ... --case 'ID' --seed S`: reruns `case` on `backend` with this run's inputs."""
-        # the module that registered this backend alone: a process may have loaded others (its own, a test's)
-        flags = RerunFlags.of(modules_for(backend), self.device, isolate=self.executor.isolated,
-                              call_timeouts=self.call_timeouts)
-        return repro_command(case, backend, self.seed, flags)
+        return repro_command(case, backend, self.seed, self._rerun_flags(backend))
 
     def write_probe(self, rows: list[Row], test_id: str, matrix: str) -> list[Row]:
         """A probe test's rows written, each failing one with the command that reruns that test alone (its pytest
         id) on this run's inputs; the rows as written."""
         def command(backend: str) -> str:
-            flags = RerunFlags.of(modules_for(backend), self.device, isolate=self.executor.isolated,
-                                  call_timeouts=self.call_timeouts)
-            return probe_repro_command(test_id, backend, self.seed, matrix, flags)
+            return probe_repro_command(test_id, backend, self.seed, matrix, self._rerun_flags(backend))
         rows = [replace(r, repro=command(r.backend)) if r.status in FAILING else r for r in rows]
         self.writer.write(rows)
         return rows

@@ -1,4 +1,4 @@
-"""The gate's backend-level verdict: did a backend (or one of its phases) get slower, pooling its keys' paired rounds."""
+"""The gate's backend-level verdict: did a backend (or a phase of it) get slower, pooling its keys' paired rounds."""
 
 from __future__ import annotations
 
@@ -30,13 +30,22 @@ def pair_excluded(base_share: float | None, new_share: float | None) -> str:
     return ""
 
 
+#: a GroupVerdict's phase when it pools every phase of its backend
+ALL_PHASES = "all"
+
+
+def scope(backend: str, phase: str) -> str:
+    """A group in words: 'tiled' for a backend over every phase, 'tiled bwd' for one of its phases."""
+    return backend if phase == ALL_PHASES else f"{backend} {phase}"
+
+
 @dataclass(frozen=True)
 class GroupVerdict:
     """One backend's (or backend and phase's) verdict over its keys; `ratio` is exp(the median of the keys' log
     ratios), each key's log ratio the median of its counted pairs' (pair_log_ratios)."""
 
     backend: str
-    phase: str  # "all" for the backend over every phase
+    phase: str  # ALL_PHASES for the backend over every phase
     verdict: str
     keys: int
     ratio: float = math.nan

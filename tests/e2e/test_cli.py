@@ -89,7 +89,8 @@ def test_the_early_refusal_knows_exactly_the_names_the_commands_do():
     # the commands' own messages, from a process with no plugin registered
     slow = ("from harness.spec.presets import get_preset; from harness.spec.matrices import resolve_matrix\n"
             "from harness.backends.registry import get_backends\n"
-            "for f in (lambda: get_preset('nope'), lambda: resolve_matrix('nope', 'cpu'), lambda: get_backends('nope')):\n"
+            "for f in (lambda: get_preset('nope'), lambda: resolve_matrix('nope', 'cpu'),\n"
+            "          lambda: get_backends('nope')):\n"
             "    try:\n        f()\n    except ValueError as e:\n        print(e)\n")
     messages = subprocess.run([sys.executable, "-c", slow], cwd=ROOT, capture_output=True, text=True,
                               timeout=300).stdout.splitlines()

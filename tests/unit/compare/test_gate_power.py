@@ -11,6 +11,7 @@ import pytest
 from harness.compare.budget import sized_budget
 from harness.compare.remeasure import RemeasureConfig, remeasure
 from harness.compare.report import group_table, summary
+from harness.measure.pooled import ALL_PHASES
 from harness.compare.runs import EXIT_REGRESSION, compare_runs
 from tests.fixtures.noise_models import LoadedMachine, Machine, Noise, FakeTimer, backends_run, synthetic_cases
 
@@ -58,7 +59,7 @@ def test_under_load_a_2x_backend_fails_and_unchanged_code_never_does(tmp_path):
     assert EXIT_REGRESSION not in [c.exit_code() for c, *_ in same], [group_table(c) for c, *_ in same]
     for cmp, lines, spent in slowed:
         assert spent <= 1.5 * BENCHMARK_S + 2  # within 1.5x the base run's benchmark stage (a pair may end past it)
-        tiled = cmp.groups[(cmp.groups.backend == "tiled") & (cmp.groups.phase == "all")].iloc[0]
+        tiled = cmp.groups[(cmp.groups.backend == "tiled") & (cmp.groups.phase == ALL_PHASES)].iloc[0]
         assert tiled.verdict == "slower" and 1.7 < tiled.ratio < 2.35, tiled.note
         assert "tiled slower as a whole" in summary(cmp)
         assert "4 pairs of" in lines[0] and "capped at " in lines[0], lines[0]
