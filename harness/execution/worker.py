@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -30,6 +31,18 @@ def _redirect_output(log_dir: str | None, name: str) -> None:
     os.close(fd)
 
 
+def _progress_lock_of_its_own() -> None:
+    """tqdm's default lock holds a process-shared semaphore, registered with the run's resource tracker; a worker
+    that dies by a signal (compiled flex on an empty sequence: SIGFPE) cannot unregister it, and the run then ends
+    with "resource_tracker: ... leaked semaphore objects". A worker's progress bars (inductor draws them while it
+    compiles, even disabled) are never shared with another process: a thread lock is all they need."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def _cuda_broken(device: torch.device) -> bool:
     """True when the CUDA context is unusable (a device-side assert, an illegal address: sticky errors)."""
     try:
@@ -45,6 +58,7 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
     own_group()  # before any backend code runs: what it starts is stopped with it (execution/neighbours.py)
     channel = Channel(conn, from_backend=False)
     _redirect_output(spec.log_dir, backend_name)
+    _progress_lock_of_its_own()
     from harness.backends.registry import all_backends, import_backend_module
     from harness.execution.cache import CallCaches
     from harness.execution.call import run_call

@@ -1,5 +1,7 @@
 """Edge cases: arrangements reach the backend, planted bugs fail, limitations hold, empty probes isolate crashes."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,25 @@ def test_crash_in_a_worker_is_an_error_and_the_other_probes_still_run(tmp_path):
     row = empty_row(Naive(), "seq_k0", out[("naive", "seq_k0")], CPU)
     assert (row.batch, row.seq_q, row.seq_k) == (2, 5, 0) and row.case_id.startswith("edge:empty-seq_k0:")
     ResultsWriter(tmp_path / "r.csv").write([row])                      # the schema accepts it
+
+
+def test_a_worker_dying_by_a_signal_leaves_no_semaphore_to_the_runs_resource_tracker(tmp_path):
+    """tqdm's default lock is a process-shared semaphore; a worker killed after inductor drew a progress bar used
+    to leave it registered, and every run with a crashing flex case ended with "leaked semaphore objects"."""
+    pytest.importorskip("tqdm", reason="tqdm (torch's optional progress bars) is what planted the semaphore")
+    script = (f"import torch\n"
+              f"from harness.backends.naive import Naive\n"
+              f"from harness.execution.supervisor import IsolatedExecutor\n"
+              f"from harness.probes.empty import probe_all\n"
+              f"from harness.backends.base import Backend\n"
+              f"if __name__ == '__main__':\n"
+              f"    cpu = torch.device('cpu')\n"
+              f"    executor = IsolatedExecutor(cpu, modules=({CRASH_MODULE!r},), log_dir={str(tmp_path)!r})\n"
+              f"    stand_in = type('CrashStandIn', (Backend,), {{'name': 'crash-on-empty-seq'}})()\n"
+              f"    out = probe_all([stand_in], cpu, executor)\n"
+              f"    executor.close()\n"
+              f"    assert out[('crash-on-empty-seq', 'seq_q0')]['status'] == 'error', out\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parents[3])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "leaked semaphore" not in done.stderr
