@@ -110,7 +110,16 @@ def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
     raise_recompile_limits()
-    return torch.compile(flex_attention, dynamic=DYNAMIC)
+    return torch.compile(flex_attention, dynamic=DYNAMIC, options=_vector_width())
+
+
+def _vector_width() -> dict:
+    """Inductor's CPU vector width, stated as the one this process dispatches (torch.backends.cpu): inductor picks
+    it from ATEN_CPU_CAPABILITY, but its FX graph cache key (torch 2.13, _inductor/codecache.py) holds only its
+    config, so a graph compiled for AVX-512 was served to a process run with ATEN_CPU_CAPABILITY=avx2 - wrong
+    answers and segfaults. Stated as `cpp.simdlen`, the width is in the key."""
+    bits = {"AVX2": 256, "AVX512": 512}.get(torch.backends.cpu.get_cpu_capability())
+    return {"cpp.simdlen": bits} if bits else {}
 
 
 @dataclass
