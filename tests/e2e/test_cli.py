@@ -187,3 +187,15 @@ def test_check_of_a_model_preset_bites_off_the_tile(tmp_path):
     worst = df.groupby("case_id").status.agg(lambda s: "fail" if (s == "fail").any() else "pass").to_dict()
     assert worst == {"fp32-b1-h32kv8-s201-d128-causal": "fail", "bf16-b2-h32kv8-s128-d128-causal": "pass",
                      "bf16-b2-h32kv8-s1x201-d128-causal-br": "fail"}, worst
+
+
+def test_check_of_the_smoke_matrix_bites_off_the_tile(tmp_path):
+    """issue 67 item 1: plain `check` (the smoke matrix) fails the same kernel on its 161-token cases, prefill and
+    decode, and passes it on the short ones."""
+    res = harness("check", "--backend-module", str(ROOT / "tests" / "fixtures" / "dropped_tail.py"),
+                  "--backends", "dropped-tail", "--device", "cpu", "--results-dir", str(tmp_path))
+    assert res.returncode == 1, res.stdout + res.stderr
+    df = pd.read_csv(next(tmp_path.glob("*/results.csv")))
+    failing = set(df[df.status == "fail"].case_id)
+    assert "bf16-b2-h4kv2-s1x161-d32-causal-br" in failing and "fp32-b2-h4-s161-d32-none" in failing, failing
+    assert not any("s17x33" in c for c in failing), failing
