@@ -55,7 +55,9 @@ else
   if ! python -c "import torch" 2>/dev/null; then
     python -m pip install -q "torch==2.13.0"
   fi
-  python -m pip install -q -e ".[slurm]"   # submitit: the Slurm launcher, tested with its local executor
+  # the README's two commands: the main job (its report's history: [history]) and the tests ([test]: hypothesis,
+  # and every extra they exercise - history, postgres, slurm's submitit with its local executor)
+  python -m pip install -q -e ".[test]"
   # each backend's library as the registry declares it for this machine; with dependencies, the torch held where it
   # is by a constraint (--no-deps ones ignore it); one that fails to install reports itself unavailable below
   HOLD=$(mktemp); python -c "import torch; print(f'torch=={torch.__version__}')" >"$HOLD"

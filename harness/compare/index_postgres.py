@@ -8,6 +8,7 @@ import json
 import pandas as pd
 
 from harness.compare.index_store import ROUND_COLUMNS, categorical
+from harness.extras import missing
 from harness.store.schema import KEY
 
 #: the columns of each row the database keeps (history's table comes from the manifests)
@@ -35,8 +36,7 @@ class PostgresStore:
         try:
             import psycopg
         except ImportError:
-            raise ValueError(f"--store {url!r}: a PostgreSQL store needs psycopg (pip install 'psycopg[binary]')") \
-                from None
+            raise missing("psycopg", f"--store {url!r} (a PostgreSQL store)") from None
         try:
             self.conn = psycopg.connect(url, autocommit=True)
         except psycopg.OperationalError as exc:

@@ -9,10 +9,15 @@ import uuid
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
+try:
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+except ImportError:  # the `history` extra: a store says so when it is opened, not every import of the gate
+    pa = ds = pq = None
+
+from harness.extras import missing
 from harness.store.load import COLUMN_KINDS, DURATION
 from harness.store.schema import KEY
 
@@ -61,6 +66,8 @@ class ParquetStore:
     """runs/<run>.json (its manifest, written last), rows/<run>.parquet and rounds/<run>.parquet under `path`."""
 
     def __init__(self, path: Path):
+        if pa is None:
+            raise missing("pyarrow", "the history index")
         self.path = path
         try:
             for sub in (MANIFESTS, ROWS, ROUNDS):

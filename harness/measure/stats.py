@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from harness.extras import missing
 from harness.store.schema import FASTER, NOT_TIMED, SLOWER, UNCHANGED, UNDECIDED
 
 #: smallest ratio of medians that counts as a change of a key between runs: asv's 10 %; runs here drift by ~5 %
@@ -359,7 +360,10 @@ def standardized(y: np.ndarray) -> np.ndarray:
 
 def ruptures_change_points(y: np.ndarray, penalty: float = PENALTY, min_size: int = MIN_SEGMENT) -> list[int]:
     """change_points of a log series through ruptures' own Pelt (Python: seconds a key of hundreds of runs)."""
-    import ruptures as rpt
+    try:
+        import ruptures as rpt
+    except ImportError:
+        raise missing("ruptures", "change points") from None
 
     z = standardized(y).reshape(-1, 1)
     return [e for e in rpt.Pelt(model="l1", min_size=min_size, jump=1).fit(z).predict(pen=penalty) if e < len(y)]

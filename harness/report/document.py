@@ -15,6 +15,7 @@ import pandas as pd
 from harness.backends.registry import versioned_backends
 from harness.compare.changes import detect_changes, key_series, plot_trend, trend_file
 from harness.compare.index import CHANGE_COLUMNS, open_index
+from harness.extras import MissingExtra
 from harness.measure.stats import MIN_SEGMENT, change_points
 from harness.report.plots import plot_run
 from harness.report.analysis import (answered, failures, headline, modifier_support, not_run, semantics_table,
@@ -249,7 +250,10 @@ def history_section(run_dir: Path, env: dict, out_dir: Path) -> list | None:
     testbed, root = env.get("testbed_id"), run_dir.parent
     if not testbed or not root.is_dir() or is_run_dir(root):
         return None
-    history = open_index(root).rows(CHANGE_COLUMNS, testbed=str(testbed))
+    try:
+        history = open_index(root).rows(CHANGE_COLUMNS, testbed=str(testbed))
+    except MissingExtra as exc:  # the run's report stands without it
+        return [Para(f"No history section: {exc}.")]
     if history.empty:
         return None
     started = env.get("started")

@@ -2,7 +2,8 @@
 
 Order (lowest first): spec, oracle, backends, measure, store, execution, probes, compare, launch, advisor, report,
 cli, suite (the two front ends: options are defined once in cli and fed to the pytest plugin too). The results
-schema (harness.store.schema) is the shared vocabulary, importable from anywhere; top-level modules (the public
+schema (harness.store.schema) is the shared vocabulary and harness.extras the optional dependencies' one-line
+errors, importable from anywhere; top-level modules (the public
 API `harness.api`, `__main__`, and the public faces `harness`, `harness.masks`, `harness.recommend`, which only
 re-export) may import anything. No layer imports a face: user code has one path per thing (the face), the package's
 own code imports the module that defines it.
@@ -18,7 +19,7 @@ from harness.store import schema
 PACKAGE = Path(__file__).resolve().parents[2] / "harness"
 LAYERS = ("spec", "oracle", "backends", "measure", "store", "execution", "probes", "compare", "launch", "advisor",
           "report", "cli", "suite")
-ANYWHERE = ("harness.store.schema",)
+ANYWHERE = ("harness.store.schema", "harness.extras")
 #: top-level modules that only re-export what the layers define, for users
 FACES = ("harness", "harness.masks", "harness.recommend")
 
@@ -47,7 +48,8 @@ def _layer(module: str) -> str | None:
 
 def test_every_module_sits_in_a_layer_folder_or_is_top_level_api():
     top = {m for m, p in _modules() if _layer(m) is None}
-    assert top == {"harness", "harness.__main__", "harness.api", "harness.masks", "harness.recommend"}, top
+    assert top == {"harness", "harness.__main__", "harness.api", "harness.extras", "harness.masks",
+                   "harness.recommend"}, top
     assert {_layer(m) for m, _ in _modules()} - {None} == set(LAYERS)
 
 

@@ -12,11 +12,12 @@ from harness.backends.declaration import declaration_problems
 from harness.backends.install import Install
 from harness.backends.registry import all_backends, built_in_names
 from harness.cli.setup_steps import steps
+from harness.extras import EXTRAS
 from harness.probes import edge_cases, empty
 
 ROOT = Path(__file__).resolve().parents[3]
-#: pyproject.toml's extras that install no backend's library
-OTHER_EXTRAS = {"slurm"}
+#: pyproject.toml's extras that install no backend's library: the optional dependencies' and the tests'
+OTHER_EXTRAS = set(EXTRAS) | {"test"}
 
 
 def _pyproject() -> dict:
