@@ -288,9 +288,9 @@ def part_process(rounds: int, log) -> list[dict]:
 
     cases = {c.id: c for c in build_matrix("smoke")}
     config = TimingConfig(8.3, 33.3, 4, 167)  # a smoke run's per-round share (3 rounds)
-    keys = [("sdpa-math", "fp32-b2-h4-s17x33-d32-none", "fwd"), ("naive", "bf16-b2-h4-s64-d32-none", "fwd+bwd"),
-            ("sdpa", "fp32-b2-h4-s17x33-d32-causal", "bwd"), ("flex", "bf16-b2-h4-s64-d32-causal", "fwd"),
-            ("sdpa-flash", "fp32-b2-h4-s64-d32-none", "fwd+bwd"), ("naive", "fp32-b2-h4-s17x33-d32-causal", "fwd")]
+    keys = [("sdpa-math", "fp32-b2-h4-s17x33-d32-none", "fwd"), ("naive", "bf16-b2-h4-s161-d32-none", "fwd+bwd"),
+            ("sdpa", "fp32-b2-h4-s17x33-d32-causal", "bwd"), ("flex", "bf16-b2-h4-s161-d32-causal", "fwd"),
+            ("sdpa-flash", "fp32-b2-h4-s161-d32-none", "fwd+bwd"), ("naive", "fp32-b2-h4-s17x33-d32-causal", "fwd")]
     device = torch.device("cpu")
     first, second = make_executor(device, isolate=True), make_executor(device, isolate=True)
     medians: dict = {k: ([], []) for k in keys}

@@ -9,7 +9,7 @@ import importlib
 _PUBLIC = {"check": "harness.api", "Backend": "harness.backends.base", "BackwardUnsupported": "harness.backends.base",
            "Plan": "harness.backends.base", "Unsupported": "harness.backends.base",
            "all_backends": "harness.backends.registry", "get_backends": "harness.backends.registry",
-           "load_backend_module": "harness.backends.registry", "register": "harness.backends.registry",
+           "load_backend_module": "harness.execution.plugin_host", "register": "harness.backends.registry",
            "reference_attention": "harness.oracle.reference", "AttentionCase": "harness.spec.case",
            "Inputs": "harness.spec.case", "make_inputs": "harness.spec.case", "Causal": "harness.masks",
            "CausalBottomRight": "harness.masks", "KeyPadding": "harness.masks", "SlidingWindow": "harness.masks",

@@ -1,4 +1,4 @@
-"""The registry every built-in and user backend goes through: register, look up by name, load a plugin module."""
+"""The registry every built-in and user backend goes through: register, look up by name, import a plugin module."""
 
 from __future__ import annotations
 
@@ -25,9 +25,6 @@ _ORIGIN: dict[str, str] = {}
 _REPLACED: set[str] = set()
 #: the plugin module being imported in this process (its @register calls note it as their origin)
 _IMPORTING: list[str] = []
-#: what loads a plugin module in a process of its own and registers its backends' stand-ins: execution/plugin_host.py
-#: puts its `declare_module` here when imported (this layer names no process); harness/__init__.py imports it
-_DECLARER: list = []
 
 
 def register(cls: type[Backend] | None = None, *, replace: bool = False):
@@ -135,9 +132,10 @@ def _is_file(spec: str) -> bool:
     return spec.endswith(".py") or "/" in spec or Path(spec).exists()
 
 
-def loaded_modules() -> tuple[str, ...]:
-    """The plugin modules loaded so far (imported here or declared from their own process), in order."""
-    return tuple(_LOADED)
+def note_loaded(spec: str) -> None:
+    """Plugin module `spec` was loaded: imported here, or declared from a process of its own (execution/plugin_host)."""
+    if spec not in _LOADED:
+        _LOADED.append(spec)
 
 
 def replaces(name: str) -> bool:
@@ -148,21 +146,6 @@ def replaces(name: str) -> bool:
 def modules_for(name: str) -> tuple[str, ...]:
     """The plugin module a worker of backend `name` imports: the one that registered it (none for a built-in)."""
     return (_ORIGIN[name],) if name in _ORIGIN else ()
-
-
-def load_backend_module(spec: str, *, here: bool = False) -> Any:
-    """Load a user module (a dotted name or a .py path) of backends: by default in a process of its own, which
-    hands this one each backend's declaration as data (execution/plugin_host.py: no plugin code ever runs here);
-    `here=True` imports it in this process (--no-isolate, in-process and unguarded). Returns the module (here) or
-    its host process."""
-    if not here:
-        if not _DECLARER:  # the execution layer fills the hook when imported; `import harness` no longer imports it
-            importlib.import_module("harness.execution.plugin_host")
-        host = _DECLARER[0](spec)  # the host process is the execution layer's (a worker of the plugin's own)
-        if host.spec not in _LOADED:
-            _LOADED.append(host.spec)
-        return host
-    return import_backend_module(spec)
 
 
 def import_backend_module(spec: str) -> Any:
@@ -191,8 +174,7 @@ def import_backend_module(spec: str) -> Any:
         raise ValueError(f"--backend-module {spec!r} failed to import: {type(exc).__name__}: {exc}") from exc
     finally:
         _IMPORTING.pop()
-    if loaded not in _LOADED:
-        _LOADED.append(loaded)
+    note_loaded(loaded)
     return module
 
 

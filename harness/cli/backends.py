@@ -9,7 +9,8 @@ from harness.cli.options import add_to_argparse
 
 
 def _backends(args: argparse.Namespace) -> int:
-    from harness.backends.registry import get_backends, load_backend_module
+    from harness.backends.registry import get_backends
+    from harness.execution.plugin_host import load_backend_module
     from harness.execution.device import resolve_device
     for module in args.backend_module:
         load_backend_module(module)

@@ -34,7 +34,8 @@ def _cases(args: argparse.Namespace, device):
 
 def _check(args: argparse.Namespace) -> int:
     from harness.api import check_in_session
-    from harness.backends.registry import get_backends, load_backend_module
+    from harness.backends.registry import get_backends
+    from harness.execution.plugin_host import load_backend_module
     from harness.cli.backends import available_here
     from harness.execution.cost import Job, check_cost
     from harness.execution.device import resolve_device

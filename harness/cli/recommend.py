@@ -24,7 +24,8 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.advisor.recommend import recommend_many, step_weights
     from harness.advisor.table import format_overall, format_table
     from harness.advisor.workload import Workload, load_workloads, model_workloads
-    from harness.backends.registry import get_backends, load_backend_module
+    from harness.backends.registry import get_backends
+    from harness.execution.plugin_host import load_backend_module
     from harness.cli.backends import available_here
     from harness.execution.device import resolve_device
     from harness.execution.executor import make_executor

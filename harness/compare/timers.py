@@ -79,7 +79,7 @@ class ExecutorTimer:
     """Times keys of a run with this process's code in workers, each round judged as a suite run's is."""
 
     def __init__(self, env: dict, log_dir: Path, fresh_workers: bool = False, run_dir: Path | None = None):
-        from harness.backends.registry import load_backend_module
+        from harness.execution.plugin_host import load_backend_module
         from harness.execution.device import resolve_device
         from harness.measure.timing import TimingConfig
 

@@ -3,10 +3,6 @@ answers the questions about a case that need the plugin's code; the run's proces
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import multiprocessing.connection
-import pickle
-import signal
 import threading
 from typing import Any, ClassVar
 
@@ -14,12 +10,12 @@ import torch
 
 from harness.backends import registry
 from harness.backends.base import Backend, DescriptionHooks, ProbeHooks
-from harness.execution.neighbours import own_group
+# a declaration's data may hold serving knobs (a plugin subclassing a built-in inherits its `serving`): the run's
+# unpickler takes only classes of modules imported here, and `harness.load_backend_module` may be the first call
+from harness.backends.serving import ServingKnob  # noqa: F401
+from harness.execution.child import REFUSED, START_TIMEOUT_S, TIMED_OUT, Child, Gone, child_channel, serve
 from harness.store.kernels import source_version
-from harness.execution.wire import Channel, worker_context  # the workers' forkserver: torch imported once
 
-#: seconds the module's process may take to start and import the module (as a worker's start)
-START_TIMEOUT_S = 180.0
 #: seconds one question (e.g. not_supported_reasons(case)) may take in the module's process
 ASK_TIMEOUT_S = 120.0
 #: the class data a backend declares (Backend's non-callable class attributes): copied to the run's process as is
@@ -56,12 +52,7 @@ def _text(value: Any) -> str | None:
 
 def host_main(conn, spec: str) -> None:
     """The module's process: import `spec`, send its backends' declarations, then answer questions until stopped."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle
-    own_group()  # before the plugin's code runs: what it starts is stopped with it (execution/neighbours.py)
-    from harness.backends import registry
-
-    channel = Channel(conn, from_backend=False)
-
+    channel = child_channel(conn)
     try:
         registry.all_backends()  # the built-ins first, so a name taken by one is refused here as it would be there
         registry.import_backend_module(spec)
@@ -70,19 +61,15 @@ def host_main(conn, spec: str) -> None:
     except BaseException as exc:  # noqa: B036 - a ValueError names the module and the problem in one line
         channel.send(("failed", str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"))
         return
-    while True:
-        try:
-            kind, payload = channel.recv()
-        except (EOFError, OSError):  # the run is gone
-            return
-        if kind == "stop":
-            return
+
+    def answer(kind: str, payload) -> tuple[str, Any]:
         name, method, args, kwargs = payload
         try:
-            reply = ("ok", getattr(backends[name], method)(*args, **kwargs))
+            return "ok", getattr(backends[name], method)(*args, **kwargs)
         except Exception as exc:
-            reply = ("failed", f"{type(exc).__name__}: {exc}")
-        channel.send(reply)
+            return "failed", f"{type(exc).__name__}: {exc}"
+
+    serve(channel, answer)
 
 
 class PluginHost:
@@ -91,12 +78,7 @@ class PluginHost:
     def __init__(self, spec: str):
         self.spec = spec
         self._lock = threading.Lock()  # the prefetcher's thread may ask beside the run
-        ctx = worker_context()
-        self._conn, child = ctx.Pipe(duplex=True)
-        self._channel = Channel(self._conn, from_backend=True)
-        self._process = ctx.Process(target=host_main, args=(child, spec), name="harness-plugin-host", daemon=True)
-        self._process.start()
-        child.close()
+        self._child = Child(host_main, (spec,), "harness-plugin-host")
         status, answer = self._receive(START_TIMEOUT_S, "importing it")
         if status != "ready":
             self.close()
@@ -106,26 +88,22 @@ class PluginHost:
         self.stand_ins: list[Backend] = []
 
     def _receive(self, timeout: float, doing: str) -> tuple[str, Any]:
-        ready = mp.connection.wait([self._conn, self._process.sentinel], timeout)
-        if self._conn in ready:
-            try:
-                return self._channel.recv()
-            except (EOFError, OSError):
-                pass
-            except pickle.UnpicklingError as exc:
-                self.close()
-                return "failed", f"--backend-module {self.spec!r}: {exc}"
-        self.close()
-        what = f"took over {timeout:g} s" if not ready else f"ended (exit status {self._process.exitcode})"
-        return "failed", f"--backend-module {self.spec!r}: its process {what} while {doing}"
+        try:
+            return self._child.receive(timeout)
+        except Gone as gone:
+            if gone.why == REFUSED:
+                return "failed", f"--backend-module {self.spec!r}: {gone.text}"
+            self._child.kill()
+            what = f"took over {timeout:g} s" if gone.why == TIMED_OUT else f"ended (exit status {gone.exitcode})"
+            return "failed", f"--backend-module {self.spec!r}: its process {what} while {doing}"
 
     def ask(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """backend `name`'s method(*args, **kwargs), computed by the plugin's code in its process."""
         with self._lock:
-            if not self._process.is_alive():
+            if self.pid is None:
                 raise RuntimeError(f"--backend-module {self.spec!r}: its process has ended; {name}.{method} cannot "
                                    "be answered")
-            self._channel.send(("ask", (name, method, args, kwargs)))
+            self._child.send(("ask", (name, method, args, kwargs)))
             status, answer = self._receive(ASK_TIMEOUT_S, f"answering {name}.{method}")
         if status != "ok":
             raise RuntimeError(f"{name}.{method} failed in its module's process: {answer}")
@@ -133,19 +111,10 @@ class PluginHost:
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process.is_alive() else None
+        return self._child.pid
 
     def close(self) -> None:
-        if self._process.is_alive():
-            try:
-                self._channel.send(("stop", None))
-                self._process.join(timeout=5)
-            except (OSError, ValueError):
-                pass
-        if self._process.is_alive():
-            self._process.kill()
-        self._process.join(timeout=5)
-        self._conn.close()
+        self._child.stop()
 
 
 class Declared(Backend):
@@ -211,11 +180,14 @@ def host_pids() -> list[int]:
     return [host.pid for host in _HOSTS.values() if host.pid is not None]
 
 
-def close_hosts() -> None:
-    """Stop every plugin module's process (they are daemons: they also end with this process)."""
-    for host in _HOSTS.values():
-        host.close()
-    _HOSTS.clear()
 
 
-registry._DECLARER[:] = [declare_module]  # load_backend_module's way to a process of the module's own
+def load_backend_module(spec: str, *, here: bool = False) -> Any:
+    """Load a user module (a dotted name or a .py path) of backends: by default in a process of its own, which hands
+    this one each backend's declaration as data (no plugin code ever runs here); `here=True` imports it in this
+    process (--no-isolate, in-process and unguarded). Returns the module (here) or its host process."""
+    if here:
+        return registry.import_backend_module(spec)
+    host = declare_module(spec)
+    registry.note_loaded(host.spec)
+    return host

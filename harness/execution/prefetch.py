@@ -10,7 +10,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.call import Call
-from harness.execution.supervisor import DEFAULT_TIMEOUT_S, Worker, worker_context
+from harness.execution.supervisor import DEFAULT_TIMEOUT_S, Worker
 from harness.execution.wire import WorkerSpec
 from harness.spec.case import AttentionCase
 
@@ -49,12 +49,12 @@ class Prefetcher:
         return None
 
     def _run(self) -> None:
-        start, workers, ctx = time.monotonic(), {}, worker_context()
+        start, workers = time.monotonic(), {}
         try:
             while (item := self._next()) is not None:
                 backend, call = item
                 if (worker := workers.get(backend.name)) is None:
-                    worker = workers[backend.name] = Worker(backend.name, self._spec, ctx)
+                    worker = workers[backend.name] = Worker(backend.name, self._spec)
                 if worker.start_failure is not None:
                     self.ended = f"the worker of {backend.name} could not start: {worker.start_failure.reason}"
                     return

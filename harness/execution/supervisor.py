@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import multiprocessing as mp
-import multiprocessing.connection
-import pickle
 import signal
 import weakref
 from contextlib import nullcontext
@@ -17,12 +14,13 @@ import torch
 from harness.backends.base import Backend
 from harness.backends.registry import modules_for
 from harness.execution.call import Call, CallResult
+from harness.execution.child import REFUSED, START_TIMEOUT_S, TIMED_OUT, Child, Gone
 from harness.execution.device import indexed
 from harness.execution.neighbours import EqualMachine, Placement
 from harness.execution.outcome import CallFailed, Failure, InterruptNoted
 from harness.execution.plugin_host import host_pids
 from harness.execution.timed import TimingCall, TimingResult
-from harness.execution.wire import Channel, WorkerSpec, worker_context
+from harness.execution.wire import WorkerSpec
 from harness.execution.worker import worker_main
 from harness.measure.stages import CLOCK, stage
 from harness.measure.timing import CLOCKS
@@ -30,8 +28,6 @@ from harness.store.schema import ERROR, UNAVAILABLE
 
 #: seconds a call may run before its worker is killed (--call-timeout-s): generous, a first compile can take minutes
 DEFAULT_TIMEOUT_S = 300.0
-#: seconds a worker may take to start (import torch, the backend and plugin modules)
-START_TIMEOUT_S = 180.0
 #: what env.json and the summary say of a run whose backends each ran in workers of their own
 ISOLATED = "isolated: each backend's code only in its own worker processes"
 def timeouts(values: list[tuple[str, float]]) -> tuple[float, tuple[tuple[str, float], ...]]:
@@ -57,17 +53,13 @@ def _death(process) -> str:
 class Worker:
     """One backend's process and the pipe to it."""
 
-    def __init__(self, name: str, spec: WorkerSpec, ctx):
+    def __init__(self, name: str, spec: WorkerSpec):
         """Start backend `name`'s worker: `spec.modules` None = the one plugin module that registered it."""
         if spec.modules is None:
             spec = replace(spec, modules=modules_for(name))
         self.name, self.spec = name, spec
-        self.conn, child = ctx.Pipe(duplex=True)
-        self.channel = Channel(self.conn, from_backend=True)
-        self.process = ctx.Process(target=worker_main, args=(child, spec, name), name=f"harness-worker-{name}",
-                                   daemon=True)
-        self.process.start()
-        child.close()
+        self.child = Child(worker_main, (spec, name), f"harness-worker-{name}")
+        self.process = self.child.process
         self.start_failure: Failure | None = None
         self.asked_ns: int | None = None
         self.asked_ms: float | None = None
@@ -78,36 +70,23 @@ class Worker:
             self.kill()
 
     def kill(self) -> None:
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(timeout=10)
-        self.conn.close()
+        self.child.kill()
 
     def stop(self) -> None:
-        try:
-            self.channel.send(("stop", None))
-            self.process.join(timeout=5)
-        except (OSError, ValueError):
-            pass
-        self.kill()
+        self.child.stop()
 
     def _receive(self, timeout: float, doing: str) -> tuple[str, Any]:
-        ready = mp.connection.wait([self.conn, self.process.sentinel], timeout)
-        self.replied_ns = CLOCKS.now_ns()
-        if self.conn in ready:
-            try:
-                return self.channel.recv()
-            except (EOFError, OSError):
-                pass
-            except pickle.UnpicklingError as exc:  # what no honest worker sends: the worker is not trusted again
-                self.kill()
-                return "failed", Failure(ERROR, f"{exc}; the worker was killed and is restarted for the next call")
-        elif not ready:
-            self.kill()
-            return "failed", Failure(ERROR, f"timed out after {timeout:g} s while {doing} (--call-timeout-s); "
-                                              "the worker was killed and is restarted for the next call")
-        self.process.join(timeout=5)
-        return "failed", Failure(ERROR, f"{_death(self.process)} while {doing}; restarted for the next call")
+        try:
+            return self.child.receive(timeout)
+        except Gone as gone:
+            if gone.why == REFUSED:
+                return "failed", Failure(ERROR, f"{gone.text}; the worker was killed and is restarted for the next call")
+            if gone.why == TIMED_OUT:
+                return "failed", Failure(ERROR, f"timed out after {timeout:g} s while {doing} (--call-timeout-s); "
+                                                "the worker was killed and is restarted for the next call")
+            return "failed", Failure(ERROR, f"{_death(self.process)} while {doing}; restarted for the next call")
+        finally:
+            self.replied_ns = self.child.arrived_ns
 
     def ask(self, kind: str, payload: Any, timeout: float, doing: str, beside: bool = False) -> tuple[str, Any]:
         """Send a request and wait for (status, answer); beside=True: a worker beside the run (its times not merged).
@@ -122,7 +101,7 @@ class Worker:
     def _exchange(self, kind: str, payload: Any, timeout: float, doing: str, beside: bool) -> tuple[str, Any]:
         with stage("worker pipe") if not beside else nullcontext():
             try:
-                self.channel.send((kind, payload))
+                self.child.send((kind, payload))
             except (OSError, ValueError):  # died before this request
                 self.process.join(timeout=5)
                 return "failed", Failure(ERROR, f"{_death(self.process)} before {doing}")
@@ -149,7 +128,6 @@ class IsolatedExecutor(InterruptNoted):
         self.workers: dict[str, Worker] = {}
         self.restarts: dict[str, int] = {}
         self._available: dict[str, str | None] = {}
-        self._ctx = worker_context()
         self._spec = WorkerSpec(str(self.device), self.modules, threads or torch.get_num_threads(), log_dir)
         #: where every timed worker's threads run: the run's own CPUs, nice value and policy (neighbours.py)
         self._placement = Placement.of_run()
@@ -171,7 +149,7 @@ class IsolatedExecutor(InterruptNoted):
             worker = None
         if worker is None:
             with stage("worker start"):
-                worker = self.workers[backend.name] = Worker(backend.name, self._spec, self._ctx)
+                worker = self.workers[backend.name] = Worker(backend.name, self._spec)
         if worker.start_failure is not None:  # it could not start: every call says why
             return "failed", Failure(worker.start_failure.status,
                                      f"the worker of {backend.name} could not start: {worker.start_failure.reason}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -12,9 +11,9 @@ import torch
 
 from harness.backends.base import Backend
 from harness.execution.device import indexed
-from harness.execution.neighbours import own_group
+from harness.execution.child import child_channel, serve
 from harness.execution.outcome import Failure
-from harness.execution.wire import Channel, WorkerSpec
+from harness.execution.wire import WorkerSpec
 from harness.measure.stages import CLOCK, stage
 
 
@@ -54,9 +53,7 @@ def _cuda_broken(device: torch.device) -> bool:
 
 
 def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle; a worker finishes its call
-    own_group()  # before any backend code runs: what it starts is stopped with it (execution/neighbours.py)
-    channel = Channel(conn, from_backend=False)
+    channel = child_channel(conn)
     _redirect_output(spec.log_dir, backend_name)
     _progress_lock_of_its_own()
     from harness.backends.registry import all_backends, import_backend_module
@@ -83,25 +80,24 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
     channel.send(("ready", None))
     caches = CallCaches()  # the worker's own: a call and the timing rounds of its case share the seeded inputs,
                            # and timing finds the correctness call's answers there
-    serve = {"available": lambda _: backend.unavailable_reason(device),
-             "call": lambda call: run_call(backend, call, device, caches),
-             "time": lambda timing: run_timing(backend, timing, device, caches),
-             "run": lambda task: task[0](backend, device, *task[1])}
-    while True:
-        try:
-            kind, payload = channel.recv()
-        except (EOFError, OSError):  # the supervisor is gone
-            return
-        if kind == "stop":
-            return
+    serving = {"available": lambda _: backend.unavailable_reason(device),
+               "call": lambda call: run_call(backend, call, device, caches),
+               "time": lambda timing: run_timing(backend, timing, device, caches),
+               "run": lambda task: task[0](backend, device, *task[1])}
+    broken = []
+
+    def answer(kind: str, payload):
         before = CLOCK.snapshot()
         try:
             with stage(f"worker: {kind}"):  # what the request's nested stages do not cover
-                reply = ("ok", serve[kind](payload))
+                reply = ("ok", serving[kind](payload))
         except BaseException as exc:  # noqa: B036
             reply = ("failed", Failure.of(exc))
-        broken = _cuda_broken(device)
-        channel.send((*reply, CLOCK.since(before)))  # the time the request took here, for the run's stage clock
-        del reply
-        if broken:
+        broken[:] = [_cuda_broken(device)]
+        return (*reply, CLOCK.since(before))  # the time the request took here, for the run's stage clock
+
+    def after() -> None:
+        if broken[0]:
             os._exit(3)  # the supervisor sees the exit and starts a fresh worker for the next call
+
+    serve(channel, answer, after)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from harness.advisor.progress import Progress
-from harness.backends.registry import get_backends, load_backend_module
+from harness.backends.registry import get_backends
+from harness.execution.plugin_host import load_backend_module
 from harness.cli.backends import available_here
 from harness.cli.options import add_to_pytest
 from harness.execution.device import resolve_device

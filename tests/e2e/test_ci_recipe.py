@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 #: appended to each `python -m pytest suites` line of the recipe: one case of the tunable backend, two rounds
 SMALLER = ("--backend-module tests/fixtures/slow_backends.py --backends sdpa-math-tunable --matrix smoke "
-           "-k 'fp32-b2-h4-s64-d32-none and not fidelity' --rounds 2 --timing-budget-ms 40 --no-report "
+           "-k 'fp32-b2-h4-s161-d32-none and not fidelity' --rounds 2 --timing-budget-ms 40 --no-report "
            "-p no:cacheprovider -q")
 
 

@@ -52,9 +52,9 @@ def test_every_fault_is_a_row_and_the_sweep_goes_on(tmp_path):
     assert every(None, "output dtype float64, expected float32 (the input dtype)", dtype[dtype.dtype == "fp32"])
     assert every(None, "output dtype float16, expected bfloat16 (the input dtype)", dtype[dtype.dtype == "bf16"])
     assert set(rows("fault-shape").status) == {"fail"} and every("fault-shape", "output shape (2, 4, ")
-    hung = by.loc[("fault-hang", "fp32-b2-h4-s64-d32-causal", "fwd")]
+    hung = by.loc[("fault-hang", "fp32-b2-h4-s161-d32-causal", "fwd")]
     assert hung.status == "error" and "timed out after 10 s" in hung.reason
-    others = rows("fault-hang")[rows("fault-hang").case_id != "fp32-b2-h4-s64-d32-causal"]
+    others = rows("fault-hang")[rows("fault-hang").case_id != "fp32-b2-h4-s161-d32-causal"]
     assert set(others.status) == {"pass"}  # the restarted worker answered the cases after the hang
 
 

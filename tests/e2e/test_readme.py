@@ -25,7 +25,7 @@ README = (ROOT / "README.md").read_text()
 TWO_COMMANDS = ["bash setup.sh && .venv/bin/pytest suites --benchmark", "bash setup.sh && .venv/bin/pytest tests"]
 #: (a command's start, what is appended to it here, why)
 SMALLER = [
-    ("pytest suites --backend-module", ["-k", "fp32-b2-h4-s64-d32-none", "-p", "no:cacheprovider", "--rounds", "1"],
+    ("pytest suites --backend-module", ["-k", "fp32-b2-h4-s161-d32-none", "-p", "no:cacheprovider", "--rounds", "1"],
      "one smoke case, one timing round"),
     ("python -m harness recommend", ["--no-checks", "--timing-budget-ms", "20"], "no compile checks, 20 ms budget"),
     ("python -m harness check --backend-module my_attn.py --backends my-attn --fuzz", ["--fuzz-budget-s", "3",

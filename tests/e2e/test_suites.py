@@ -23,7 +23,7 @@ def run_suites(tmp_path, *args):
 def test_smoke_run_writes_csv_and_skips_with_reasons(tmp_path):
     res = run_suites(tmp_path, "--matrix", "smoke", "--backends", "naive,sdpa-flash,xformers,flash-attn", "-v")
     assert res.returncode == 0, res.stdout[-3000:]
-    assert "test_correctness[sdpa-flash-bf16-b2-h4-s64-d32-causal] PASSED" in res.stdout
+    assert "test_correctness[sdpa-flash-bf16-b2-h4-s161-d32-causal] PASSED" in res.stdout
     assert "xformers kernels need CUDA" in res.stdout and "flash_attn is not installed" in res.stdout
     run_dir = the_run(tmp_path)
     df = pd.read_csv(run_dir / "results.csv")
@@ -39,7 +39,7 @@ def test_plugin_checked_like_builtins(tmp_path):
     res = run_suites(tmp_path, "--matrix", "smoke", "--backend-module", "tests/fixtures/broken_backends.py",
                      "--backends", "broken-scale")
     assert res.returncode == 1
-    assert "FAILED suites/correctness/test_correctness.py::test_correctness[broken-scale-fp32-b2-h4-s64-d32-none]" in res.stdout
+    assert "FAILED suites/correctness/test_correctness.py::test_correctness[broken-scale-fp32-b2-h4-s161-d32-none]" in res.stdout
 
 
 def test_bad_option_is_a_usage_error(tmp_path):
@@ -68,7 +68,7 @@ def test_bad_rounds_is_a_usage_error(tmp_path):
 def test_the_harness_summary_is_the_last_thing_printed_and_explains_its_columns(tmp_path):
     # one smoke case (-k) with two backends keeps this to seconds; the fidelity item is deselected by the same -k
     one = ["--matrix", "smoke", "--backends", "naive,sdpa-math", "--benchmark", "--rounds", "1",
-           "--timing-budget-ms", "5", "--no-report", "-k", "fp32-b2-h4-s64-d32-none"]
+           "--timing-budget-ms", "5", "--no-report", "-k", "fp32-b2-h4-s161-d32-none"]
     res = run_suites(tmp_path, *one)
     assert res.returncode == 0, res.stdout[-3000:]
     lines = res.stdout.splitlines()

@@ -8,7 +8,7 @@ import pytest
 
 import harness
 from harness import AttentionCase
-from harness.backends.registry import load_backend_module
+from harness.execution.plugin_host import load_backend_module
 from harness.spec.masks import CacheCausal
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "serving.md"

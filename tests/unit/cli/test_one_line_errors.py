@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends.registry import get_backends, load_backend_module
+from harness.backends.registry import get_backends
+
+from harness.execution.plugin_host import load_backend_module
 from harness.cli.main import main
 from harness.spec.presets import from_hf_config
 

@@ -12,6 +12,7 @@ from harness.compare.remeasure import RemeasureConfig, kernels_differ, remeasure
 from harness.compare.runs import EXIT_REGRESSION, compare_runs
 from harness.compare.timers import current_code
 from harness.spec.case import AttentionCase
+from harness.spec.matrices import SMOKE_SEQ
 from harness.store.kernels import keep_sources, timed_module
 from tests.fixtures.regress_fixtures import lognormal, write_run
 
@@ -69,7 +70,7 @@ def test_remeasure_times_the_base_runs_kernel_against_the_new_runs(tmp_path, mon
     slowdown that large is decided on any machine load this project's VMs show."""
     import harness.compare.remeasure as remeasure_module
 
-    case = AttentionCase(2, 4, 64, 32, "fp32")
+    case = AttentionCase(2, 4, SMOKE_SEQ, 32, "fp32")  # a smoke case, which the base run timed
     key = (case.id, "kept-kernel", "fwd")
     plugin = tmp_path / "my_attn.py"
     plugin.write_text(PLUGIN.format(repeat=1))
@@ -98,7 +99,7 @@ def test_a_plugin_is_versioned_by_its_source_and_history_names_each_run_s_kernel
 
     plugin = tmp_path / "my_attn.py"
     plugin.write_text(PLUGIN.format(repeat=1))
-    host = registry.load_backend_module(str(plugin))
+    host = plugin_host.load_backend_module(str(plugin))
     try:
         version = registry.get_backends(["kept-kernel"])[0].version()
     finally:

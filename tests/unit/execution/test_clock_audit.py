@@ -98,26 +98,26 @@ def test_a_plugin_that_slows_the_harness_s_own_clock_gets_no_figure(module, kern
 
 
 def test_the_run_s_clock_stops_as_the_reply_arrives_not_after_reading_it(monkeypatch):
-    """supervisor.Worker.ask: the round by the run's clock ends when the worker's reply is there to read. Reading it
+    """supervisor.Worker.ask (child.Child.receive): the round by the run's clock ends when the reply is there to read. Reading it
     (a large answer's trips to the worker's fd sharer, the restricted unpickler) is this process's work, which a
     loaded machine slows: the round's wall ends before a read (here one taking 300 ms) starts - by the clocks'
     readings alone, so no load on the machine moves the verdict."""
     import time
 
     from harness.backends.registry import get_backends
-    from harness.execution import supervisor
+    from harness.execution import child
     from harness.execution.call import Call
     from harness.execution.timed import TimingCall
 
-    real, reads = supervisor.Channel.recv, []
+    real, reads = child.Channel.recv, []
 
     def slow_read(channel):
-        reads.append(time.perf_counter_ns())  # the clock supervisor.CLOCKS binds
+        reads.append(time.perf_counter_ns())  # the clock child.CLOCKS binds
         answer = real(channel)
         time.sleep(0.3)
         return answer
 
-    monkeypatch.setattr(supervisor.Channel, "recv", slow_read)
+    monkeypatch.setattr(child.Channel, "recv", slow_read)
     executor = IsolatedExecutor(CPU)
     try:
         answer = executor.time(get_backends(["naive"])[0], TimingCall(Call(CASE, 3), "fwd", FAST), CPU)

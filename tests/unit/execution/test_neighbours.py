@@ -140,7 +140,7 @@ def neighbours(tmp_path):
         shutil.copy(FIXTURE, path)
         if repinning:
             path.with_suffix(".log").write_text("")
-        loaded.append(registry.load_backend_module(str(path)))
+        loaded.append(plugin_host.load_backend_module(str(path)))
         return path.with_suffix(".log")
 
     yield load

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from harness.backends import registry
-from harness.backends.registry import get_backends, load_backend_module
+from harness.backends.registry import get_backends
+from harness.execution.plugin_host import load_backend_module
 from harness.execution import plugin_host
 from harness.execution.executor import make_executor
 from harness.execution.session import RunSession
@@ -74,7 +75,7 @@ def test_a_disarming_plugin_runs_only_in_its_own_processes_and_gets_no_timed_fig
     for name in ("naive", "sdpa"):
         assert all(rows[(name, p)].timing_status == TIMED and rows[(name, p)].latency_ms > 0 for p in ("fwd", "bwd"))
     imported = {int(line) for line in pids.read_text().split()}
-    assert imported == {host._process.pid, workers[NAME]}  # its declaring process and its own worker, nothing else
+    assert imported == {host.pid, workers[NAME]}  # its declaring process and its own worker, nothing else
     assert os.getpid() not in imported and workers["naive"] not in imported and workers["sdpa"] not in imported
     assert not [m for m in sys.modules if "disarming" in m]  # never imported in the run's process
 
@@ -107,7 +108,7 @@ def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tm
 @pytest.mark.parametrize("payload, words", [
     (pickle.dumps(eval), "builtins.eval"),
     (pickle.dumps(os.system), "posix.system"),
-    (pickle.dumps(load_backend_module), "harness.backends.registry.load_backend_module"),
+    (pickle.dumps(load_backend_module), "harness.execution.plugin_host.load_backend_module"),
 ])
 def test_the_run_unpickles_only_data_from_a_backend_process(payload, words):
     import io
