@@ -19,14 +19,14 @@ import statistics
 import torch
 
 from harness.backends.registry import get_backends
-from harness.execution.benchmark import phase_verdict
-from harness.execution.call import Call
-from harness.execution.integrity import clock_audit
-from harness.execution.runner import execute, prepare_case
-from harness.execution.supervisor import IsolatedExecutor
-from harness.execution.timed import TimingCall
+from harness.run.benchmark import phase_verdict
+from harness.calls.call import Call
+from harness.calls.integrity import clock_audit
+from harness.run.runner import execute, prepare_case
+from harness.isolation.supervisor import IsolatedExecutor
+from harness.calls.timed import TimingCall
 from harness.measure.timing import TimingConfig
-from harness.spec.matrices import build_matrix
+from harness.cases.matrices import build_matrix
 from harness.store.schema import PASS, PHASES
 
 

@@ -19,9 +19,9 @@ ONE = """
 import json, torch
 from harness import AttentionCase
 from harness.backends.registry import get_backends
-from harness.execution.device import resolve_device
+from harness.calls.device import resolve_device
 from harness.probes.fidelity import fidelity_of
-from harness.spec.masks import Causal
+from harness.cases.masks import Causal
 device = resolve_device({device!r})
 case = (AttentionCase(2, 8, 4096, 128, "bf16", mask=Causal()) if device.type == "cuda"
         else AttentionCase(1, 8, 512, 64, "fp32", mask=Causal()))

@@ -28,9 +28,9 @@ def flex_forwards(matrix: str):
     import torch
 
     from harness.backends import flex
-    from harness.execution.bound import backend_inputs, case_kwargs, modifier_leaves
-    from harness.spec.case import make_inputs
-    from harness.spec.matrices import build_matrix
+    from harness.calls.bound import backend_inputs, case_kwargs, modifier_leaves
+    from harness.cases.case import make_inputs
+    from harness.cases.matrices import build_matrix
 
     backend, device = flex.Flex(), torch.device("cpu")
     for case in build_matrix(matrix):

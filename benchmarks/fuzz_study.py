@@ -35,7 +35,7 @@ def check(*args: str, results: Path) -> tuple[int, str, float]:
 
 def bug_of(case_id: str) -> str:
     """Which planted bug a shrunk case triggers (tests/fixtures/planted_geometry.py), by its geometry."""
-    from harness.spec.case import AttentionCase
+    from harness.cases.case import AttentionCase
     c = AttentionCase.from_id(case_id)
     found = [name for name, hit in (("gqa-group-3", c.heads // c.kv_heads == 3 and c.kv_heads >= 2),
                                     ("head-dim-80", c.head_dim == 80), ("batch-1", c.batch == 1 and c.seq_k >= 2))
@@ -45,7 +45,7 @@ def bug_of(case_id: str) -> str:
 
 def beyond_trigger(case_id: str) -> dict:
     """How far each dimension of a shrunk case is past the least value its bug needs."""
-    from harness.spec.case import AttentionCase
+    from harness.cases.case import AttentionCase
     c = AttentionCase.from_id(case_id)
     # a dropped key and a head dim cut to 64 change nothing when there is one key to attend to: both need two
     least = {"batch": 1, "seq_q": 1, "seq_k": 2 if {"batch-1", "head-dim-80"} & set(bug_of(case_id).split("+")) else 1,
@@ -88,8 +88,8 @@ def honest(seed: int, budget: float, work: Path, backends: str = HONEST) -> dict
 
 def fit(seed: int, budget: float, work: Path, backends: str = "naive") -> dict:
     """One fuzz run's seconds beyond the cost model's reference and baseline, per backend call (and, for a backend
-    that compiles per shape, per compile at the CALL_S in use): execution/fuzz.py's CALL_S and COMPILE_S."""
-    from harness.execution.fuzz import CALL_S
+    that compiles per shape, per compile at the CALL_S in use): fuzzing/fuzz.py's CALL_S and COMPILE_S."""
+    from harness.fuzzing.fuzz import CALL_S
     code, out, seconds = check("--backends", backends, "--fuzz", "--seed", str(seed), "--fuzz-budget-s", str(budget),
                                results=work / f"f{seed}")
     fuzz = latest_env(work / f"f{seed}")["fuzz"]

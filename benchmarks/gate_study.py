@@ -280,11 +280,11 @@ def part_process(rounds: int, log) -> list[dict]:
     import torch
 
     from harness.backends.registry import get_backends
-    from harness.execution.call import Call
-    from harness.execution.executor import make_executor
-    from harness.execution.timed import TimingCall
+    from harness.calls.call import Call
+    from harness.isolation.executor import make_executor
+    from harness.calls.timed import TimingCall
     from harness.measure.timing import TimingConfig
-    from harness.spec.matrices import build_matrix
+    from harness.cases.matrices import build_matrix
 
     cases = {c.id: c for c in build_matrix("smoke")}
     config = TimingConfig(8.3, 33.3, 4, 167)  # a smoke run's per-round share (3 rounds)

@@ -22,13 +22,13 @@ import time
 import torch
 
 from harness.backends.registry import get_backends
-from harness.execution.benchmark import judge_timed, phase_verdict
-from harness.execution.call import Call
-from harness.execution.runner import execute, prepare_case
-from harness.execution.in_process import InProcessExecutor
-from harness.execution.timed import TimingCall
+from harness.run.benchmark import judge_timed, phase_verdict
+from harness.calls.call import Call
+from harness.run.runner import execute, prepare_case
+from harness.isolation.in_process import InProcessExecutor
+from harness.calls.timed import TimingCall
 from harness.measure.timing import TimingConfig
-from harness.spec.matrices import build_matrix
+from harness.cases.matrices import build_matrix
 from harness.store.schema import PASS, PHASES
 
 

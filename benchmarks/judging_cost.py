@@ -16,7 +16,7 @@ import time
 import torch
 
 from harness.oracle.verdict import compare
-from harness.spec.matrices import MATRICES, build_matrix
+from harness.cases.matrices import MATRICES, build_matrix
 
 
 def whole_tensor(actual: torch.Tensor, ref: torch.Tensor) -> tuple[float, bool, float]:

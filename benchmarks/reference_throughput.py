@@ -15,8 +15,8 @@ import time
 import torch
 
 from harness.oracle.reference import reference_attention, reference_flops
-from harness.spec.case import AttentionCase, make_inputs
-from harness.spec.masks import Causal
+from harness.cases.case import AttentionCase, make_inputs
+from harness.cases.masks import Causal
 
 
 def gemm_seconds(a: torch.Tensor, b: torch.Tensor) -> float:

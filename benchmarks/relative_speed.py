@@ -1,5 +1,5 @@
 """Each backend's call rate as a multiple of the same-dtype GEMM rate the cost model measures: what a backend's
-`relative_speed` declares (harness/execution/cost.py; docs/measurements.md, "The whole job's estimate").
+`relative_speed` declares (harness/planning/cost.py; docs/measurements.md, "The whole job's estimate").
 
     python benchmarks/relative_speed.py [--backends naive,sdpa,sdpa-math,sdpa-flash,flex] [--device cpu]
 
@@ -15,11 +15,11 @@ import time
 import torch
 
 from harness.backends.registry import get_backends
-from harness.execution.bound import BoundCall, backend_inputs
-from harness.execution.cost import baseline_rate
+from harness.calls.bound import BoundCall, backend_inputs
+from harness.planning.cost import baseline_rate
 from harness.oracle.reference import reference_flops
-from harness.spec.case import AttentionCase, make_inputs
-from harness.spec.masks import Causal
+from harness.cases.case import AttentionCase, make_inputs
+from harness.cases.masks import Causal
 
 
 def best_seconds(backend, case, inputs, device: torch.device, grads: bool, calls: int = 4) -> float:

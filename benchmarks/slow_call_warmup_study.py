@@ -23,10 +23,10 @@ import time
 import torch
 
 from harness.backends.registry import get_backends
-from harness.execution.call import Call, call_inputs
-from harness.execution.timed import phase_callables
+from harness.calls.call import Call, call_inputs
+from harness.calls.timed import phase_callables
 from harness.measure.memory import cpu_peak
-from harness.spec.case import AttentionCase
+from harness.cases.case import AttentionCase
 
 CPU = torch.device("cpu")
 

@@ -1,5 +1,5 @@
 """What does moving a timing round's answers from a worker process to the run cost, inline in the message or
-through the reply end's shared-memory arena (harness.execution.wire.Channel), by tensor size?
+through the reply end's shared-memory arena (harness.isolation.wire.Channel), by tensor size?
 
     python benchmarks/worker_transfer.py [--sizes-kib 4,8,16,32,64,256,1024,8192] [--answers 5] [--repeats 15]
 
@@ -15,9 +15,9 @@ import statistics
 
 import torch
 
-import harness.execution.wire as wire
+import harness.isolation.wire as wire
 from harness.backends.registry import get_backends
-from harness.execution.executor import make_executor
+from harness.isolation.executor import make_executor
 from harness.measure import stages
 
 

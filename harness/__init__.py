@@ -9,9 +9,9 @@ import importlib
 _PUBLIC = {"check": "harness.api", "Backend": "harness.backends.base", "BackwardUnsupported": "harness.backends.base",
            "Plan": "harness.backends.base", "Unsupported": "harness.backends.base",
            "all_backends": "harness.backends.registry", "get_backends": "harness.backends.registry",
-           "load_backend_module": "harness.execution.plugin_host", "register": "harness.backends.registry",
-           "reference_attention": "harness.oracle.reference", "AttentionCase": "harness.spec.case",
-           "Inputs": "harness.spec.case", "make_inputs": "harness.spec.case", "Causal": "harness.masks",
+           "load_backend_module": "harness.isolation.plugin_host", "register": "harness.backends.registry",
+           "reference_attention": "harness.oracle.reference", "AttentionCase": "harness.cases.case",
+           "Inputs": "harness.cases.case", "make_inputs": "harness.cases.case", "Causal": "harness.masks",
            "CausalBottomRight": "harness.masks", "KeyPadding": "harness.masks", "SlidingWindow": "harness.masks",
            "load_results": "harness.store.load"}
 _SUBMODULES = ("masks", "recommend")

@@ -9,13 +9,13 @@ import pandas as pd
 
 from harness.backends.base import Backend
 from harness.backends.registry import get_backends
-from harness.execution.caller import left_as_found
-from harness.execution.device import resolve_device
-from harness.execution.executor import make_executor
-from harness.execution.session import RunSession
-from harness.spec.case import AttentionCase
-from harness.spec.matrices import build_matrix, resolve_matrix
-from harness.spec.presets import quick_cases
+from harness.calls.caller import left_as_found
+from harness.calls.device import resolve_device
+from harness.isolation.executor import make_executor
+from harness.run.session import RunSession
+from harness.cases.case import AttentionCase
+from harness.cases.matrices import build_matrix, resolve_matrix
+from harness.cases.presets import quick_cases
 from harness.store.schema import COLUMNS, Row
 
 
@@ -26,7 +26,7 @@ def check(backends: Iterable[str | Backend] | str | None = None, cases: Iterable
     """Check each backend on each case against the float64 reference; one row per (case, backend, phase).
 
     `cases` is a list of AttentionCase or a matrix name; `backends` names, Backend objects or None for all. With
-    `preset` (a name of spec/presets.PRESETS) or `hf_config` (a local config.json), the cases are instead small
+    `preset` (a name of cases/presets.PRESETS) or `hf_config` (a local config.json), the cases are instead small
     ones of that model's attention shape (ModelShape.quick_cases, sized by `batch` and `seq` when given).
     With `results_path`, rows are also appended to that CSV as each case finishes. With `isolate`, every backend
     runs in a supervised worker process (a crash or a call over `call_timeout_s` becomes an error row); its

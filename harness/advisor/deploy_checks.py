@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 
 from harness.backends.base import Backend, MaskForm, Unsupported
-from harness.execution.bound import BoundCall, backend_inputs
-from harness.execution.timed import graph_phase, phase_callables
-from harness.execution.outcome import exception_text
-from harness.spec.case import AttentionCase, Inputs, make_inputs
-from harness.spec.masks import MASK_NAMES, parse_mask
+from harness.calls.bound import BoundCall, backend_inputs
+from harness.calls.timed import graph_phase, phase_callables
+from harness.calls.outcome import exception_text
+from harness.cases.case import AttentionCase, Inputs, make_inputs
+from harness.cases.masks import MASK_NAMES, parse_mask
 from harness.store.environment import REPO_ROOT
 from harness.store.schema import FWD, FWD_BWD, GRADS
 

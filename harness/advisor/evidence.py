@@ -13,13 +13,13 @@ import torch
 
 from harness.backends.base import Backend
 from harness.compare.runs import run_testbed
-from harness.execution.benchmark import measure_phase
-from harness.execution.executor import Executor
-from harness.execution.runner import execute, prepare_case
+from harness.run.benchmark import measure_phase
+from harness.isolation.executor import Executor
+from harness.run.runner import execute, prepare_case
 from harness.measure.bandwidth import copy_bandwidth_samples
 from harness.measure.roofline import PEAK_SAMPLES
 from harness.measure.timing import TimingConfig
-from harness.spec.case import AttentionCase
+from harness.cases.case import AttentionCase
 from harness.store.host import testbed_id
 from harness.store.load import load_results, load_samples
 from harness.store.schema import (FWD, FWD_BWD, PASS, UNAVAILABLE, VERDICT_PHASES, Row, figures_comparable,

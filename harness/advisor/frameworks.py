@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.backends.registry import all_backends
-from harness.spec.case import AttentionCase, dtype_name
+from harness.cases.case import AttentionCase, dtype_name
 
 #: the releases whose rules are modelled (docs/frameworks.md: what each was read from)
 VLLM_CPU_RULES = "vLLM 0.11.1-0.18.0 (vllm/platforms/cpu.py get_attn_backend_cls)"

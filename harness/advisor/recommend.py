@@ -14,11 +14,11 @@ from harness.advisor.ranking import Overall, Recommendation, overall, rank_backe
 from harness.advisor.workload import Workload
 from harness.backends.base import Backend
 from harness.backends.registry import get_backends
-from harness.execution.cost import JobCost
+from harness.planning.cost import JobCost
 from harness.probes.batch_invariance import batch_invariance_check
-from harness.execution.caller import left_as_found
-from harness.execution.executor import CallFailed, Executor, make_executor
-from harness.execution.device import resolve_device
+from harness.calls.caller import left_as_found
+from harness.isolation.executor import CallFailed, Executor, make_executor
+from harness.calls.device import resolve_device
 from harness.measure.stats import TieConfig
 from harness.measure.timing import ADVISOR_TIMING, TimingConfig
 from harness.store.host import device_name

@@ -6,10 +6,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.spec.case import AttentionCase, paged_case
-from harness.spec.masks import MASK_NAMES, parse_mask
-from harness.spec.presets import ModelShape, get_preset
-from harness.spec.serving_step import StepMix, parse_mix, serving_step
+from harness.cases.case import AttentionCase, paged_case
+from harness.cases.masks import MASK_NAMES, parse_mask
+from harness.cases.presets import ModelShape, get_preset
+from harness.cases.serving_step import StepMix, parse_mix, serving_step
 from harness.store.schema import FWD, FWD_BWD
 
 #: the parts of serving a workload may be (Workload.part): picked separately where a framework allows it
@@ -144,7 +144,7 @@ WORKLOAD_KEYS = ("name", "preset", "batch", "heads", "kv_heads", "seq", "seq_q",
 MIX_KEYS = ("weight", "tokens_per_s", "part")
 #: what a serving step's mix sets, so its shape may not give them (a [defaults] value does not apply to it)
 STEP_SETS = ("batch", "seq_q", "mask")
-#: what a `preset` (spec/presets.py) sets, so a shape that names one may not give them too
+#: what a `preset` (cases/presets.py) sets, so a shape that names one may not give them too
 PRESET_SETS = ("heads", "kv_heads", "head_dim", "mask", "softcap", "sinks", "alibi", "bias", "head_dim_v")
 FILE_KEYS = ("defaults", "shape")
 

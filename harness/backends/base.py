@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
-from harness.spec.case import AttentionCase, dtype_name
-from harness.spec.masks import CacheCausal, MaskSpec
-from harness.spec.modifiers import MODIFIERS
+from harness.cases.case import AttentionCase, dtype_name
+from harness.cases.masks import CacheCausal, MaskSpec
+from harness.cases.modifiers import MODIFIERS
 
 if TYPE_CHECKING:
     from harness.backends.install import Install
@@ -175,21 +175,21 @@ class Backend(ProbeHooks, DescriptionHooks):
     #: compiles every new shape (seconds each): the probe suites give it fewer cases in their default tier
     compiles_per_shape: ClassVar[bool] = False
     #: the FLOP rate of its calls as a multiple of a dense GEMM's in the case's dtype, per device type (the cost
-    #: model's, harness/execution/cost.py: a job's estimate before it runs); a device type not named: 1.0
+    #: model's, harness/planning/cost.py: a job's estimate before it runs); a device type not named: 1.0
     relative_speed: ClassVar[dict[str, float]] = {}
-    #: the modifiers forward implements (a subset of harness.spec.modifiers.MODIFIERS)
+    #: the modifiers forward implements (a subset of harness.cases.modifiers.MODIFIERS)
     modifiers: ClassVar[frozenset[str]] = frozenset()
     #: why the library cannot do an undeclared modifier, where the backend knows (shown in the unsupported row)
     modifier_refusals: ClassVar[dict[str, str]] = {}
     #: v may have a head dim other than q/k's (case.head_dim_v)
     supports_head_dim_v: ClassVar[bool] = False
-    #: takes paged KV cases: forward(q, k_cache, v_cache, ..., block_table, cache_seqlens) (harness.spec.paged)
+    #: takes paged KV cases: forward(q, k_cache, v_cache, ..., block_table, cache_seqlens) (harness.cases.paged)
     paged_kv: ClassVar[bool] = False
     #: the page sizes its paged kernel takes are multiples of this (FA2: 256)
     page_size_multiple: ClassVar[int] = 1
     #: takes a mixed serving step (CacheCausal with q_lens, q padded): rows past q_lens[b] must come out 0
     mixed_batch: ClassVar[bool] = False
-    #: takes an FP8 KV case (harness.spec.fp8): k, v float8 e4m3fn, k_scale= / v_scale= float32 (1,) or (kv_heads,)
+    #: takes an FP8 KV case (harness.cases.fp8): k, v float8 e4m3fn, k_scale= / v_scale= float32 (1,) or (kv_heads,)
     fp8_kv: ClassVar[bool] = False
     #: takes FP8 q too (case.fp8_q): q_scale= float32 (1,) or (kv_heads,) per kv-head group; the output bfloat16
     fp8_q: ClassVar[bool] = False

@@ -9,8 +9,8 @@ from harness.backends.flash_attn_package import fa2_problem
 from harness.backends.install import Install
 from harness.backends.paged_gather import run_packed
 from harness.backends.registry import register
-from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
-from harness.spec.paged import cu_seqlens, mixed_step_queries
+from harness.cases.masks import CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
+from harness.cases.paged import cu_seqlens, mixed_step_queries
 from harness.backends.serving import ServingKnob
 
 

@@ -10,7 +10,7 @@ from harness.backends.flash_attn import fa2_args
 from harness.backends.install import Install
 from harness.backends.paged_gather import paged_call_args, run_packed
 from harness.backends.registry import register
-from harness.spec.case import AttentionCase
+from harness.cases.case import AttentionCase
 from harness.backends.serving import ServingKnob
 
 FP8_REFUSAL = ("FlashAttention-3's FP8 path takes Q, K and V all in FP8 (the kernel's dtype is q's, with "

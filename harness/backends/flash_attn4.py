@@ -12,8 +12,8 @@ from harness.backends.base import (BackwardUnsupported, CallPlan, FlashFamily, M
 from harness.backends.install import Install
 from harness.backends.paged_gather import paged_call_args, run_packed
 from harness.backends.registry import register
-from harness.spec.case import AttentionCase
-from harness.spec.masks import Causal, CausalBottomRight, SlidingWindow
+from harness.cases.case import AttentionCase
+from harness.cases.masks import Causal, CausalBottomRight, SlidingWindow
 from harness.backends.serving import ServingKnob
 
 
@@ -40,7 +40,7 @@ BIAS_BACKWARD_REFUSAL = ("flash-attn-4 4.0.0b36 gives aux_tensors no gradient (F
 # softcap= (FA4 asserts not both), so the cap is folded in (docs/design/backends.md, flash_attn4.py).
 def modified_scores(score, batch_idx, head_idx, q_idx, kv_idx, offset, aux_tensors, *, ops, softcap: float | None,
                     alibi: bool, bias: str | None):
-    """The spec's modifiers (harness.spec.modifiers) on the scaled score s, with the DSL's operations `ops`:
+    """The spec's modifiers (harness.cases.modifiers) on the scaled score s, with the DSL's operations `ops`:
     s <- c * tanh(s / c); s <- s - slope_h * |i + offset - j| (offset = seq_k - seq_q: bottom-right, as
     modifiers.alibi_term); s <- s + bias[b or 0, h, i, j]. aux_tensors: the slopes (heads,) float32 when `alibi`,
     then the bias (batch or 1, heads, seq_q, seq_k) when `bias` ("full" indexed by b, "head" by 0)."""

@@ -13,10 +13,10 @@ from harness.backends.flash_attn import fa2_plan
 from harness.backends.install import Install
 from harness.backends.paged_gather import run_packed
 from harness.backends.registry import register
-from harness.spec.case import AttentionCase
-from harness.spec.fp8 import kv_scales
-from harness.spec.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
-from harness.spec.paged import cu_seqlens, paged_layout, query_rows
+from harness.cases.case import AttentionCase
+from harness.cases.fp8 import kv_scales
+from harness.cases.masks import Causal, CausalBottomRight, Documents, KeyPadding, MaskSpec, SlidingWindow
+from harness.cases.paged import cu_seqlens, paged_layout, query_rows
 from harness.backends.serving import ServingKnob
 
 #: bytes of the float workspace every wrapper takes (FlashInfer's examples and tests use 128 MiB)

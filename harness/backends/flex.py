@@ -13,9 +13,9 @@ import torch
 from harness.backends.base import Backend, KnownFailure, MaskForm, Plan, Unsupported
 from harness.backends.fp8_dequant import dequant_note, dequantized_inputs
 from harness.backends.registry import register
-from harness.spec.masks import MaskSpec
-from harness.spec.modifiers import alibi_term, softcap_scores
-from harness.spec.paged import paged_layout
+from harness.cases.masks import MaskSpec
+from harness.cases.modifiers import alibi_term, softcap_scores
+from harness.cases.paged import paged_layout
 from harness.backends.serving import ServingKnob
 
 
@@ -88,7 +88,7 @@ RECOMPILE_LIMIT = 100_000
 DYNAMIC = False
 
 
-#: dynamo's settings flex's calls need (process-wide: a user's process gets them back, execution/caller.py). Past
+#: dynamo's settings flex's calls need (process-wide: a user's process gets them back, calls/caller.py). Past
 #: either limit (torch 2.13: 8 per code object, 256 over all its graphs) dynamo silently runs the function eagerly,
 #: unfused and materializing scores: raise both, and make hitting one anyway an error.
 DYNAMO_SETTINGS = {**dict.fromkeys(("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",

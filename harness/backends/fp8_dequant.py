@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from harness.backends.paged_gather import GATHER_NOTE
-from harness.spec.fp8 import FP8_DTYPE, FP8_Q_DTYPE, dequantize, per_query_head
+from harness.cases.fp8 import FP8_DTYPE, FP8_Q_DTYPE, dequantize, per_query_head
 
 
 #: the heads' axis of q, K and V as a backend receives them: bhsd, bshd, a paged cache (num_blocks, page_size, Hkv, D)

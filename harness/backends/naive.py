@@ -11,8 +11,8 @@ from harness.backends.fp8_dequant import dequant_note, dequantized_inputs
 from harness.backends.paged_gather import gather_paged
 from harness.backends.registry import register
 from harness.oracle.baseline import naive_attention, naive_rows
-from harness.spec.masks import MaskSpec
-from harness.spec.modifiers import MODIFIERS, alibi_bias, alibi_slopes
+from harness.cases.masks import MaskSpec
+from harness.cases.modifiers import MODIFIERS, alibi_bias, alibi_slopes
 from harness.store.schema import BASELINE
 from harness.backends.serving import ServingKnob
 

@@ -6,9 +6,9 @@ from typing import Callable
 
 import torch
 
-from harness.spec.case import AttentionCase
-from harness.spec.masks import CacheCausal, MaskSpec
-from harness.spec.paged import gather_kv, mixed_step_queries
+from harness.cases.case import AttentionCase
+from harness.cases.masks import CacheCausal, MaskSpec
+from harness.cases.paged import gather_kv, mixed_step_queries
 
 #: what the rows of a gathering backend say ran: the gather is part of every timed call
 GATHER_NOTE = "gather through the block table inside the timed call"

@@ -46,7 +46,7 @@ def register(cls: type[Backend] | None = None, *, replace: bool = False):
 
 
 def add(backend: Backend, *, replace: bool = False, origin: str | None = None) -> None:
-    """Put a validated backend (or a plugin's stand-in, execution/plugin_host.py) in the registry under its name;
+    """Put a validated backend (or a plugin's stand-in, isolation/plugin_host.py) in the registry under its name;
     `origin`: the plugin module it came from. A name taken by another class is a ValueError unless `replace`."""
     cls = type(backend)
     if cls.__module__ not in BUILT_IN:
@@ -133,7 +133,7 @@ def _is_file(spec: str) -> bool:
 
 
 def note_loaded(spec: str) -> None:
-    """Plugin module `spec` was loaded: imported here, or declared from a process of its own (execution/plugin_host)."""
+    """Plugin module `spec` was loaded: imported here, or declared from its own process (isolation/plugin_host.py)."""
     if spec not in _LOADED:
         _LOADED.append(spec)
 

@@ -17,9 +17,9 @@ from harness.backends.native_stderr import captured_stderr
 from harness.backends.fp8_dequant import dequant_note, dequantized_inputs
 from harness.backends.paged_gather import gather_paged
 from harness.backends.registry import register
-from harness.spec.case import AttentionCase
-from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, MaskSpec
-from harness.spec.modifiers import additive_term, alibi_slopes
+from harness.cases.case import AttentionCase
+from harness.cases.masks import CacheCausal, Causal, CausalBottomRight, MaskSpec
+from harness.cases.modifiers import additive_term, alibi_slopes
 from harness.backends.serving import ServingKnob
 
 #: SDPA refusing a pinned kernel, and cuDNN failing to build a plan at run time: "this kernel cannot run this case"

@@ -12,10 +12,10 @@ from harness.backends.install import Install
 from harness.backends.paged_gather import run_packed
 from harness.backends.registry import register
 from harness.backends.xformers_library import CUDA12_RUNTIME_PACKAGE, load_problem, xformers_kernels
-from harness.spec.case import AttentionCase
-from harness.spec.masks import Causal, CausalBottomRight, Documents, MaskSpec, SlidingWindow, split_padding
-from harness.spec.modifiers import additive_term, alibi_slopes
-from harness.spec.paged import paged_layout, query_rows
+from harness.cases.case import AttentionCase
+from harness.cases.masks import Causal, CausalBottomRight, Documents, MaskSpec, SlidingWindow, split_padding
+from harness.cases.modifiers import additive_term, alibi_slopes
+from harness.cases.paged import paged_layout, query_rows
 from harness.backends.serving import ServingKnob
 
 

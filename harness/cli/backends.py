@@ -10,8 +10,8 @@ from harness.cli.options import add_to_argparse
 
 def _backends(args: argparse.Namespace) -> int:
     from harness.backends.registry import get_backends
-    from harness.execution.plugin_host import load_backend_module
-    from harness.execution.device import resolve_device
+    from harness.isolation.plugin_host import load_backend_module
+    from harness.calls.device import resolve_device
     for module in args.backend_module:
         load_backend_module(module)
     device = resolve_device(args.device)
@@ -87,7 +87,7 @@ def describe(backends: list, device) -> dict[str, tuple[str, str | None, str]]:
     built-ins together in one worker (their libraries - xformers, flash-attn, flashinfer - never load in this
     process; a listing judges nothing), each plugin in its own worker."""
     from harness.backends.registry import BUILT_IN, get_backends, modules_for
-    from harness.execution.executor import CallFailed, make_executor
+    from harness.isolation.executor import CallFailed, make_executor
 
     executor = make_executor(device, isolate=True)
     built_in = [b.name for b in backends if not modules_for(b.name) and type(b).__module__ in BUILT_IN]
@@ -113,7 +113,7 @@ def describe(backends: list, device) -> dict[str, tuple[str, str | None, str]]:
 def _answers(_, device, names: list[str]) -> dict[str, tuple[None, str | None, str]]:
     """In a worker: each named backend's unavailable_reason and kernels (a broken check is a reason too)."""
     from harness.backends.registry import all_backends
-    from harness.execution.outcome import exception_text
+    from harness.calls.outcome import exception_text
 
     registry, out = all_backends(), {}
     for name in names:

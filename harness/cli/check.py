@@ -13,9 +13,9 @@ from harness.store.schema import FAILING
 
 def _cases(args: argparse.Namespace, device):
     """(cases, matrix label) from --case, --preset/--hf-config or --matrix (one of them); None cases with --fuzz."""
-    from harness.spec.case import AttentionCase
-    from harness.spec.matrices import FUZZ, build_matrix, resolve_matrix
-    from harness.spec.presets import quick_cases
+    from harness.cases.case import AttentionCase
+    from harness.cases.matrices import FUZZ, build_matrix, resolve_matrix
+    from harness.cases.presets import quick_cases
     cases = quick_cases(args.preset, args.hf_config, batch=args.batch, seq=args.seq)
     args.fuzz = args.fuzz or args.matrix == FUZZ
     chosen = [flag for flag, given in ((f"--matrix {args.matrix}", args.matrix not in ("smoke", FUZZ)),
@@ -35,12 +35,12 @@ def _cases(args: argparse.Namespace, device):
 def _check(args: argparse.Namespace) -> int:
     from harness.api import check_in_session
     from harness.backends.registry import get_backends
-    from harness.execution.plugin_host import load_backend_module
+    from harness.isolation.plugin_host import load_backend_module
     from harness.cli.backends import available_here
-    from harness.execution.cost import Job, check_cost
-    from harness.execution.device import resolve_device
-    from harness.execution.fuzz import fuzz_in_session, plan, summary_lines
-    from harness.execution.session import RunSession, run_seed
+    from harness.planning.cost import Job, check_cost
+    from harness.calls.device import resolve_device
+    from harness.fuzzing.fuzz import fuzz_in_session, plan, summary_lines
+    from harness.run.session import RunSession, run_seed
     from harness.oracle.signatures import signature
     from harness.store.run_dir import results_root
     from harness.store.schema import NOT_RUN, worst_status

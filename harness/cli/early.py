@@ -40,8 +40,8 @@ def missing_file(argv: list[str]) -> str:
 
 
 def unknown_name(argv: list[str]) -> str:
-    """The command's own error for a --preset, --matrix or --backends value no definition has (spec/presets.py,
-    spec/matrices.py, registry.get_backends); backends only when no --backend-module may register others."""
+    """The command's own error for a --preset, --matrix or --backends value no definition has (cases/presets.py,
+    cases/matrices.py, registry.get_backends); backends only when no --backend-module may register others."""
     flags = NAMED.get(argv[0] if argv else "", ())
     for value in _values(argv, "--preset") if "--preset" in flags else ():
         if value not in preset_names():
@@ -82,14 +82,14 @@ def _first_arguments(tree: ast.Module, callee: str) -> list[str]:
 
 @functools.cache
 def preset_names() -> tuple[str, ...]:
-    """spec/presets.py's PRESETS keys: each ModelShape's name."""
-    return tuple(_first_arguments(_tree("spec/presets.py"), "ModelShape"))
+    """cases/presets.py's PRESETS keys: each ModelShape's name."""
+    return tuple(_first_arguments(_tree("cases/presets.py"), "ModelShape"))
 
 
 @functools.cache
 def matrix_names() -> tuple[str, ...]:
-    """AUTO, spec/matrices.py's registered matrices (each Matrix's name), FUZZ: what resolve_matrix takes."""
-    tree = _tree("spec/matrices.py")
+    """AUTO, cases/matrices.py's registered matrices (each Matrix's name), FUZZ: what resolve_matrix takes."""
+    tree = _tree("cases/matrices.py")
     constants = _constants(tree)
     return (constants["AUTO"], *_first_arguments(tree, "Matrix"), constants["FUZZ"])
 

@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from harness.execution.supervisor import DEFAULT_TIMEOUT_S
+from harness.isolation.supervisor import DEFAULT_TIMEOUT_S
 from harness.measure import stats, timing
-from harness.spec.matrices import AUTO, FUZZ, MATRICES, resolve_matrix
-from harness.spec.presets import PRESETS
+from harness.cases.matrices import AUTO, FUZZ, MATRICES, resolve_matrix
+from harness.cases.presets import PRESETS
 
 
 def _validator(kind: type, ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:

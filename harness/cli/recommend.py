@@ -14,7 +14,7 @@ import pandas as pd
 from harness.cli.options import add_to_argparse, positive_int
 from harness.measure.timing import ADVISOR_TIMING, TimingConfig
 from harness.backends.serving import FRAMEWORKS
-from harness.spec.masks import MASK_NAMES
+from harness.cases.masks import MASK_NAMES
 
 SHAPE_FLAGS = ("batch", "heads", "kv_heads", "seq", "seq_k", "head_dim")
 
@@ -25,14 +25,14 @@ def _recommend(args: argparse.Namespace) -> int:
     from harness.advisor.table import format_overall, format_table
     from harness.advisor.workload import Workload, load_workloads, model_workloads
     from harness.backends.registry import get_backends
-    from harness.execution.plugin_host import load_backend_module
+    from harness.isolation.plugin_host import load_backend_module
     from harness.cli.backends import available_here
-    from harness.execution.device import resolve_device
-    from harness.execution.executor import make_executor
-    from harness.execution.session import run_seed
-    from harness.execution.supervisor import timeouts
-    from harness.execution.cost import Job, check_cost
-    from harness.spec.presets import model_shape
+    from harness.calls.device import resolve_device
+    from harness.isolation.executor import make_executor
+    from harness.run.session import run_seed
+    from harness.isolation.supervisor import timeouts
+    from harness.planning.cost import Job, check_cost
+    from harness.cases.presets import model_shape
     for module in args.backend_module:
         load_backend_module(module, here=not args.isolate)  # imported here only with --no-isolate
     if args.threads is not None:  # CPU latency depends on it; recorded in each table's header
@@ -70,7 +70,7 @@ def _recommend(args: argparse.Namespace) -> int:
         if need:
             raise ValueError(f"recommend needs --workload FILE, or the shape: missing {', '.join(need)}")
         if mixed:
-            from harness.spec.serving_step import parse_mix
+            from harness.cases.serving_step import parse_mix
             mix = parse_mix(mixed)
             workloads = [Workload(mix.batch, args.heads, max(mix.q_lens), args.head_dim, kv_heads=args.kv_heads,
                                   seq_k=args.seq_k or args.seq, dtype=args.dtype, page_size=args.page_size,
@@ -166,9 +166,9 @@ class _AdviceRun:
 
 def _run_folder(args, device, workloads, seed: int, timing, executor) -> _AdviceRun:
     """A run folder under --results-dir, as `check` leaves: `report`, `history` and `compare` read it."""
-    from harness.execution.recorder import RunRecorder
-    from harness.execution.supervisor import ISOLATED
-    from harness.execution.in_process import UNGUARDED
+    from harness.run.recorder import RunRecorder
+    from harness.isolation.supervisor import ISOLATED
+    from harness.isolation.in_process import UNGUARDED
     from harness.store.environment import environment, new_run_id
     from harness.store.run_dir import results_root
     run_id = new_run_id()

@@ -139,18 +139,18 @@ def _available(names: str, device: str) -> list[str]:
     """The built-in (or named) backends that can run on `device`, in registry order."""
     from harness.backends.registry import get_backends
     from harness.cli.backends import describe
-    from harness.execution.device import resolve_device
+    from harness.calls.device import resolve_device
     dev = resolve_device(device)
     return [name for name, (_, reason, _) in describe(get_backends(names), dev).items() if reason is None]
 
 
 def gpu_matrix_estimate() -> str:
     """One line: what the GPU main job (`gpu`) would take on an H200, by the cost model at its measured rates."""
-    from harness.execution.cost import H200_BACKENDS, H200_ROUNDS, run_estimate
-    from harness.spec.matrices import build_matrix
+    from harness.planning.cost import H200_BACKENDS, H200_ROUNDS, run_estimate
+    from harness.cases.matrices import build_matrix
     cases = build_matrix("gpu")
     return (f"the gpu matrix on an H200 (its measured rates, {len(H200_BACKENDS)} backends, {H200_ROUNDS} rounds): "
-            f"{len(cases)} cases, ~{run_estimate(cases) / 60:.1f} min (harness.execution.cost.run_estimate)")
+            f"{len(cases)} cases, ~{run_estimate(cases) / 60:.1f} min (harness.planning.cost.run_estimate)")
 
 
 def _selftest(args: argparse.Namespace) -> int:

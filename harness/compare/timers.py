@@ -44,9 +44,9 @@ class KeyTimer(Protocol):
 
 def run_cases(env: dict, run_dir: Path) -> dict:
     """A run's cases by id, rebuilt from what its env.json says they came from."""
-    from harness.spec.case import AttentionCase
-    from harness.spec.matrices import build_matrix
-    from harness.spec.presets import from_hf_config, get_preset
+    from harness.cases.case import AttentionCase
+    from harness.cases.matrices import build_matrix
+    from harness.cases.presets import from_hf_config, get_preset
 
     source = env.get("cases") or {}
     for field, make in (("preset", lambda v: get_preset(v).cases()), ("hf_config", lambda v: from_hf_config(v).cases()),
@@ -79,8 +79,8 @@ class ExecutorTimer:
     """Times keys of a run with this process's code in workers, each round judged as a suite run's is."""
 
     def __init__(self, env: dict, log_dir: Path, fresh_workers: bool = False, run_dir: Path | None = None):
-        from harness.execution.plugin_host import load_backend_module
-        from harness.execution.device import resolve_device
+        from harness.isolation.plugin_host import load_backend_module
+        from harness.calls.device import resolve_device
         from harness.measure.timing import TimingConfig
 
         kept = env.get("backend_sources") if run_dir is not None else None
@@ -96,7 +96,7 @@ class ExecutorTimer:
         self.prepared: dict[str, object] = {}
 
     def start_round(self) -> None:
-        from harness.execution.executor import make_executor
+        from harness.isolation.executor import make_executor
 
         if self.executor is None:
             self.executor = make_executor(self.device, isolate=True, threads=self.threads, log_dir=self.log_dir)
@@ -104,11 +104,11 @@ class ExecutorTimer:
     def time(self, case, backend: str, phase: str, estimate_ms: float) -> Timed | Rejected | str:
         """One round of one key: its samples (ms), Rejected (a check failed: no figure), or why timing failed."""
         from harness.backends.registry import get_backends
-        from harness.execution.benchmark import judge_timed
-        from harness.execution.call import Call
-        from harness.execution.integrity import audited_time
-        from harness.execution.runner import prepare_case
-        from harness.execution.timed import TimingCall
+        from harness.run.benchmark import judge_timed
+        from harness.calls.call import Call
+        from harness.calls.integrity import audited_time
+        from harness.run.runner import prepare_case
+        from harness.calls.timed import TimingCall
 
         try:
             (impl,) = get_backends([backend])

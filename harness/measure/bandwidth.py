@@ -6,8 +6,8 @@ import torch
 
 from harness.measure.roofline import one_thread
 from harness.measure.timing import TimingConfig, measure
-from harness.spec.case import AttentionCase, dtype_name
-from harness.spec.masks import MaskSpec
+from harness.cases.case import AttentionCase, dtype_name
+from harness.cases.masks import MaskSpec
 from harness.store.schema import BWD, FWD, FWD_BWD
 
 #: bytes of the copied buffer: far above any L2 (50 MB on H100/H200) and a CPU's last-level cache, so it streams

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.spec.case import AttentionCase
-from harness.spec.masks import count_attended_pairs
+from harness.cases.case import AttentionCase
+from harness.cases.masks import count_attended_pairs
 from harness.store.schema import BWD, FWD, FWD_BWD, PHASES
 
 #: backward does 2.5x the forward's matmul work (dS, dP, dQ, dK, dV against S and O in the forward)

@@ -10,7 +10,7 @@ from harness.measure.bandwidth import (copy_bandwidth_per_thread_samples, copy_b
                                        streams_from_memory)
 from harness.measure.roofline import PEAK_SAMPLES, PER_THREAD, best_peaks, peak_samples
 from harness.measure.stages import stage
-from harness.spec.case import dtype_name
+from harness.cases.case import dtype_name
 from harness.store.schema import REJECTED, Row
 
 #: a timed figure above this multiple of the physical peak is rejected: room for a start peak depressed ~3x by load

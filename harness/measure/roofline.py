@@ -9,7 +9,7 @@ import torch
 
 from harness.measure.measurement import Measurement
 from harness.measure.timing import TimingConfig, measure
-from harness.spec.case import dtype_name
+from harness.cases.case import dtype_name
 
 #: each peak sample's timing: short, the best sample is kept; 2 repetitions, not 10 (a loaded start took 47 s)
 SAMPLE_TIMING = TimingConfig(warmup_ms=50, budget_ms=150, min_reps=2)

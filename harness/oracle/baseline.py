@@ -8,9 +8,9 @@ import torch
 
 from harness.oracle.reference import Reference
 from harness.oracle.verdict import Check, judge
-from harness.spec.case import AttentionCase, Inputs
-from harness.spec.masks import MaskSpec
-from harness.spec.modifiers import alibi_bias, alibi_slopes, softcap_scores
+from harness.cases.case import AttentionCase, Inputs
+from harness.cases.masks import MaskSpec
+from harness.cases.modifiers import alibi_bias, alibi_slopes, softcap_scores
 from harness.store.schema import GRADIENT_OF
 
 #: score-sized tensors dense naive holds at once, forward and backward (scores, masked, probs, dP, dS, saved)
@@ -21,7 +21,7 @@ def naive_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch
                scale: float, *, softcap: float | None = None, alibi: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Eager attention of some query rows, every op in the inputs' dtype. q (B, H, n, D); k (B, Hkv, Sk, D);
-    v (B, Hkv, Sk, Dv); allowed (B|1, 1, n, Sk) bool or None; in harness.spec.modifiers' order softcap (float), alibi
+    v (B, Hkv, Sk, Dv); allowed (B|1, 1, n, Sk) bool or None; in harness.cases.modifiers' order softcap (float), alibi
     (H, n, Sk) these rows' ALiBi term, bias (B|1, H, n, Sk), sinks (H,) (a logit column with a zero value, as
     transformers' gpt-oss eager attention). A row that sees no key gives output 0 and gradient 0."""
     h, hkv = q.shape[1], k.shape[1]

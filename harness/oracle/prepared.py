@@ -8,7 +8,7 @@ import torch
 
 from harness.oracle.reference import Reference
 from harness.oracle.verdict import NAIVE_BOUND, Check, identical, judge
-from harness.spec.case import AttentionCase, Inputs
+from harness.cases.case import AttentionCase, Inputs
 from harness.store.schema import BASELINE
 
 
@@ -66,9 +66,9 @@ class PreparedCase:
         """`judged`, with a memo: an answer bit for bit the last one of `backend_name` and `quantity` judged has its
         verdict (a deterministic kernel's timed answers, their contents divided out, are one across a key's calls and
         rounds). The memo keeps its own copy, made before judging, whoever holds the answer it was handed (a reply's
-        tensors are copied out of the backend's arena as they are read, execution/wire.py `Channel`). Answers over
+        tensors are copied out of the backend's arena as they are read, isolation/wire.py `Channel`). Answers over
         TIMED_MEMO_BYTES are not kept: a case's memo counts against the run's cache of prepared cases
-        (execution/cache.py)."""
+        (calls/cache.py)."""
         known = self._timed.get((backend_name, quantity))
         if known is not None and identical(known[0], actual):
             return known[1]

@@ -6,8 +6,8 @@ from typing import NamedTuple
 
 import torch
 
-from harness.spec.case import AttentionCase, Inputs
-from harness.spec.modifiers import alibi_bias, alibi_slopes
+from harness.cases.case import AttentionCase, Inputs
+from harness.cases.modifiers import alibi_bias, alibi_slopes
 
 #: bytes of score-sized float64 buffers a block may hold (two: the probabilities and their gradient) on the CPU
 DEFAULT_BUDGET_BYTES = 256 * 2 ** 20

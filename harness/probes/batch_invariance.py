@@ -8,14 +8,14 @@ from functools import partial
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.bound import BoundCall, backend_inputs
-from harness.execution.call import Call
-from harness.execution.executor import Executor, make_executor
+from harness.calls.bound import BoundCall, backend_inputs
+from harness.calls.call import Call
+from harness.isolation.executor import Executor, make_executor
 from harness.probes.common import probe_dtype, probe_row, refused
-from harness.spec.case import AttentionCase, Inputs, make_inputs, paged_case
-from harness.spec.masks import And, Causal, KeyPadding, MaskSpec
-from harness.spec.masks.padding import PerSequenceLengths
-from harness.spec.paged import cache_lengths
+from harness.cases.case import AttentionCase, Inputs, make_inputs, paged_case
+from harness.cases.masks import And, Causal, KeyPadding, MaskSpec
+from harness.cases.masks.padding import PerSequenceLengths
+from harness.cases.masks.cache_causal import cache_lengths
 from harness.store.schema import ERROR, FWD, OBSERVED, Row
 
 KINDS = ("prefill", "decode", "paged-decode")

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cache import LRU, cached
-from harness.execution.call import Call
-from harness.execution.executor import Executor, make_executor
-from harness.execution.runner import prepare_case, refusal
+from harness.calls.cache import LRU, cached
+from harness.calls.call import Call
+from harness.isolation.executor import Executor, make_executor
+from harness.run.runner import prepare_case, refusal
 from harness.oracle.prepared import PreparedCase
 from harness.oracle.verdict import FLOORS, Check
-from harness.spec.case import AttentionCase, Inputs
+from harness.cases.case import AttentionCase, Inputs
 from harness.store.rows import make_row
 from harness.store.schema import JUDGED, OBSERVED, UNSUPPORTED, Row
 

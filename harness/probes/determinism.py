@@ -7,11 +7,11 @@ from functools import partial
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import Call
-from harness.execution.executor import Executor, make_executor
+from harness.calls.call import Call
+from harness.isolation.executor import Executor, make_executor
 from harness.probes.common import probe_dtype, probe_row, refused
-from harness.spec.case import AttentionCase
-from harness.spec.masks import Causal
+from harness.cases.case import AttentionCase
+from harness.cases.masks import Causal
 from harness.store.schema import BWD, ERROR, FAIL, GRADS, OBSERVED, PASS, Row
 
 REPEATS = 3

@@ -8,12 +8,12 @@ import math
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.call import Call
-from harness.execution.executor import Executor, make_executor
+from harness.calls.call import Call
+from harness.isolation.executor import Executor, make_executor
 from harness.oracle.reference import reference_attention
 from harness.oracle.verdict import FLOORS
 from harness.probes.common import probe_dtype, probe_row, refused
-from harness.spec.case import AttentionCase, Inputs, make_inputs
+from harness.cases.case import AttentionCase, Inputs, make_inputs
 from harness.store.schema import BWD, ERROR, FAIL, FWD, PASS, UNSUPPORTED, Row
 
 P = 0.25

@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from harness.backends.base import Backend
-from harness.execution.cache import LRU, cached
-from harness.execution.executor import Executor
-from harness.execution.runner import execute, prepare_case
-from harness.spec.case import AttentionCase, Inputs, make_inputs
-from harness.spec.masks import parse_mask
-from harness.spec.matrices import RUNTIME_CLASSES
+from harness.calls.cache import LRU, cached
+from harness.isolation.executor import Executor
+from harness.run.runner import execute, prepare_case
+from harness.cases.case import AttentionCase, Inputs, make_inputs
+from harness.cases.masks import parse_mask
+from harness.cases.matrices import RUNTIME_CLASSES
 from harness.store.schema import Row
 
 #: what a backend's KnownFailure names this probe (its cases: an EdgeCase's name; strict xfail: a fix shows as a pass)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.bound import BoundCall
-from harness.execution.executor import CallFailed, Executor
-from harness.execution.outcome import exception_text
+from harness.calls.bound import BoundCall
+from harness.isolation.executor import CallFailed, Executor
+from harness.calls.outcome import exception_text
 from harness.probes.common import probe_dtype, probe_row
-from harness.spec.case import AttentionCase, dtype_name
+from harness.cases.case import AttentionCase, dtype_name
 from harness.store.schema import ERROR, FAIL, FWD_BWD, PASS, UNSUPPORTED, Row
 
 #: name -> (batch, heads, seq_q, seq_k, head_dim)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.bound import BoundCall, backend_inputs
-from harness.execution.call import Call, call_inputs, device_scope
+from harness.calls.bound import BoundCall, backend_inputs
+from harness.calls.call import Call, call_inputs, device_scope
 from harness.measure.fidelity import Fidelity, fidelity
 from harness.measure.stages import stage
 

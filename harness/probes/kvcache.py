@@ -7,12 +7,12 @@ from dataclasses import replace
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.executor import Executor, make_executor
-from harness.execution.runner import execute, prepare_case
+from harness.isolation.executor import Executor, make_executor
+from harness.run.runner import execute, prepare_case
 from harness.oracle.prepared import PreparedCase
 from harness.probes.common import probe_row
-from harness.spec.case import AttentionCase, Inputs, make_inputs
-from harness.spec.masks import Causal, CausalBottomRight
+from harness.cases.case import AttentionCase, Inputs, make_inputs
+from harness.cases.masks import Causal, CausalBottomRight
 from harness.store.schema import BWD, FAIL, FWD, GRADS, PASS, Row
 
 

@@ -9,17 +9,17 @@ from typing import Callable
 import torch
 
 from harness.backends.base import Backend
-from harness.execution.cache import LRU, cached
-from harness.execution.executor import Executor, make_executor
-from harness.execution.outcome import BackendResult
-from harness.execution.runner import execute
+from harness.calls.cache import LRU, cached
+from harness.isolation.executor import Executor, make_executor
+from harness.calls.outcome import BackendResult
+from harness.run.runner import execute
 from harness.oracle.prepared import PreparedCase
 from harness.oracle.reference import reference_attention
 from harness.oracle.verdict import Check, judge
 from harness.probes.common import Answer, Probe, classify, empty_rows, matching, mean_v, probe_dtype, probe_row, skip
-from harness.spec.case import AttentionCase, Inputs
-from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, MaskSpec
-from harness.spec.modifiers import alibi_slopes, softcap_scores
+from harness.cases.case import AttentionCase, Inputs
+from harness.cases.masks import Causal, CausalBottomRight, KeyPadding, MaskSpec
+from harness.cases.modifiers import alibi_slopes, softcap_scores
 from harness.store.schema import BWD, ERROR, FWD, FWD_BWD, NOT_RUN, OBSERVED, UNSUPPORTED, Row
 
 #: batch element 0 sees no key at all (empty rows); element 1 sees keys 0-3 of 7 (partial rows)

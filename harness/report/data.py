@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from harness.measure.fidelity import FIDELITY_TAG
-from harness.spec.case import dtype_name, parse_dtype
+from harness.cases.case import dtype_name, parse_dtype
 from harness.store.load import load_results, load_samples, refused_rows
 from harness.store.run_dir import RESULTS, SAMPLES, read_env
 from harness.store.schema import BASELINE, COLUMNS, KEY, OBSERVED, VERDICT_PHASES

@@ -307,7 +307,7 @@ def _summary(run: Run) -> str:
 
 def _fuzz_section(fuzz: dict) -> list:
     """`check --fuzz`: the seed, budget and cases drawn, then each distinct failure at its smallest, with its command."""
-    from harness.execution.fuzz import run_line  # the terminal's words; torch loads only for a fuzz run's report
+    from harness.fuzzing.fuzz import run_line  # the terminal's words; torch loads only for a fuzz run's report
     text = (f"Seed {fuzz['seed']}: {run_line(fuzz)}. {len(fuzz['failures'])} distinct failures, each shrunk to the "
             "smallest case that fails the same check; drawn cases: how many of the drawn cases shrank onto it.")
     if fuzz.get("unshrunk"):

@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from harness.oracle.verdict import Check
-from harness.spec.case import AttentionCase, dtype_name
+from harness.cases.case import AttentionCase, dtype_name
 from harness.store.environment import git_state
 from harness.store.host import device_name, testbed_id
 from harness.store.schema import Row

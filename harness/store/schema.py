@@ -95,7 +95,7 @@ class Quantity(NamedTuple):
 
 
 #: every quantity judged, in the columns' order; dsinks and dbias only where the case has sinks or a bias (the
-#: modifiers' inputs, spec/modifiers.MODIFIER_GRADS): sums of dS like dk, so they get dk's factor
+#: modifiers' inputs, cases/modifiers.MODIFIER_GRADS): sums of dS like dk, so they get dk's factor
 JUDGED_QUANTITIES = (Quantity("out", None, 2.0), Quantity("dq", "q", 4.0), Quantity("dk", "k", 4.0),
                      Quantity("dv", "v", 4.0), Quantity("dsinks", "sinks", 4.0), Quantity("dbias", "bias", 4.0))
 QUANTITIES = tuple(q.name for q in JUDGED_QUANTITIES)
@@ -156,13 +156,13 @@ class _RowCase:
     head_dim_v: int | None = None
     dtype: str | None = None
     mask: str | None = None
-    #: the case's modifiers as case-id tokens ('cap30-sink', 'none'): harness.spec.modifiers
+    #: the case's modifiers as case-id tokens ('cap30-sink', 'none'): harness.cases.modifiers
     modifiers: str | None = None
     #: keys per page of a paged KV cache (empty: contiguous K/V)
     page_size: int | None = None
-    #: an FP8 KV cache's scale granularity, 'tensor' or 'head' (harness.spec.fp8; empty: K/V in the case's dtype)
+    #: an FP8 KV cache's scale granularity, 'tensor' or 'head' (harness.cases.fp8; empty: K/V in the case's dtype)
     fp8_kv: str | None = None
-    #: True: q float8 e4m3 too, scaled with fp8_kv's granularity (harness.spec.fp8; empty: q in the case's dtype)
+    #: True: q float8 e4m3 too, scaled with fp8_kv's granularity (harness.cases.fp8; empty: q in the case's dtype)
     fp8_q: bool | None = None
     scale: float | None = None
     device: str | None = None
@@ -196,7 +196,7 @@ class Row(_RowJudged):
     #: how the case's modifiers reached the kernel ('score_mod', 'attn_mask float', 'native softcap', ...)
     modifier_path: str | None = None
     observed: str | None = None
-    #: a failing (fail, error) row's one-line command that reruns its case with its inputs (harness.execution.repro)
+    #: a failing (fail, error) row's one-line command that reruns its case with its inputs (harness.run.repro)
     repro: str | None = None
     # performance (filled by the benchmark stage)
     timing_status: str | None = None
@@ -210,7 +210,7 @@ class Row(_RowJudged):
     timing_mode: str | None = None
     threads: int | None = None
     #: the most, over the key's rounds, of the machine's CPU time that processes other than the timed worker and the
-    #: run took while it was timed, as a share of all CPUs (0-1; execution/neighbours.py): the load it ran beside
+    #: run took while it was timed, as a share of all CPUs (0-1; isolation/neighbours.py): the load it ran beside
     contention: float | None = None
     noisy: bool | None = None
     peak_mem_bytes: int | None = None

@@ -12,19 +12,19 @@ import torch
 
 from harness.advisor.progress import Progress
 from harness.backends.registry import get_backends
-from harness.execution.plugin_host import load_backend_module
+from harness.isolation.plugin_host import load_backend_module
 from harness.cli.backends import available_here
 from harness.cli.options import add_to_pytest
-from harness.execution.device import resolve_device
-from harness.execution.fuzz import plan
-from harness.execution.session import run_seed
-from harness.execution.session import RunSession
+from harness.calls.device import resolve_device
+from harness.fuzzing.fuzz import plan
+from harness.run.session import run_seed
+from harness.run.session import RunSession
 from harness.launch.sharding import parse_shard, select_shard
 from harness.measure import stages
 from harness.measure.timing import TimingConfig
-from harness.execution.cost import Job, check_cost
-from harness.spec.matrices import AUTO, FUZZ, build_matrix, resolve_matrix
-from harness.spec.presets import model_shape, quick_cases
+from harness.planning.cost import Job, check_cost
+from harness.cases.matrices import AUTO, FUZZ, build_matrix, resolve_matrix
+from harness.cases.presets import model_shape, quick_cases
 from harness.suite.probes import tier
 from harness.oracle.signatures import signature
 from harness.store.run_dir import results_root
@@ -136,7 +136,7 @@ def suite_job(config, device) -> Job:
 
 
 def pytest_report_header(config):
-    """What the run will cost the harness itself, estimated before it starts (execution/cost.py)."""
+    """What the run will cost the harness itself, estimated before it starts (planning/cost.py)."""
     cost = getattr(config, "_harness_cost", None)
     return [f"attention harness: {config._harness_matrix} on {config._harness_device}",
             *([] if cost is None else ["attention harness: " + cost.summary()])]
@@ -246,7 +246,7 @@ def pytest_collection_finish(session):
     names = [_NAMES[i] for i in map(_stage, session.items)]
     session.config.stash[_STAGE_COUNTS_KEY] = {name: (0, names.count(name)) for name in dict.fromkeys(names)}
     session.config.stash[_PROGRESS_KEY] = progress
-    # flex's correctness graphs compile on the second core while this one runs the probes (execution/prefetch.py)
+    # flex's correctness graphs compile on the second core while this one runs the probes (run/prefetch.py)
     run.compile_ahead([(item.callspec.params["case"], item.callspec.params["backend"]) for item in session.items
                        if item.originalname == "test_correctness"])
 

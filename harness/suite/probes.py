@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.launch.sharding import parse_shard
-from harness.spec.matrices import FUZZ, REGISTRY
+from harness.cases.matrices import FUZZ, REGISTRY
 
 
 def tier(config) -> str | None:

@@ -9,7 +9,7 @@ from harness import AttentionCase
 from harness.backends.registry import get_backends
 from harness.probes.fidelity import fidelity_of
 from harness.measure.fidelity import FIDELITY_TAG
-from harness.spec.masks import Causal
+from harness.cases.masks import Causal
 from harness.store.rows import make_row
 from harness.suite.benchmark_fixture import record_samples
 from harness.store.schema import FWD, OBSERVED

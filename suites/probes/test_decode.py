@@ -3,9 +3,9 @@ chunked prefill (queries in pieces over the growing cache) equals one full pass,
 
 from __future__ import annotations
 
-from harness.spec.case import AttentionCase
+from harness.cases.case import AttentionCase
 from harness.probes.kvcache import decode_rows, prefill_rows
-from harness.spec.masks import Causal
+from harness.cases.masks import Causal
 from harness.suite.outcome import conclude
 from harness.suite.probes import parametrize, tier
 

@@ -3,9 +3,9 @@ through each backend's own translation (dense mask, FA2 varlen, xformers BlockDi
 
 from __future__ import annotations
 
-from harness.spec.case import AttentionCase
-from harness.spec.masks import Documents
-from harness.execution.runner import execute
+from harness.cases.case import AttentionCase
+from harness.cases.masks import Documents
+from harness.run.runner import execute
 from harness.suite.outcome import conclude
 from harness.suite.probes import parametrize, tier
 

@@ -80,14 +80,14 @@ def test_the_early_refusal_knows_exactly_the_names_the_commands_do():
     names the imported definitions give, and its messages the ones the commands give."""
     from harness.backends.registry import built_in_names
     from harness.cli import early
-    from harness.spec.matrices import AUTO, FUZZ, MATRICES
-    from harness.spec.presets import PRESETS
+    from harness.cases.matrices import AUTO, FUZZ, MATRICES
+    from harness.cases.presets import PRESETS
 
     assert early.preset_names() == tuple(PRESETS)
     assert early.matrix_names() == (AUTO, *MATRICES, FUZZ)
     assert early.builtin_backend_names() == built_in_names()
     # the commands' own messages, from a process with no plugin registered
-    slow = ("from harness.spec.presets import get_preset; from harness.spec.matrices import resolve_matrix\n"
+    slow = ("from harness.cases.presets import get_preset; from harness.cases.matrices import resolve_matrix\n"
             "from harness.backends.registry import get_backends\n"
             "for f in (lambda: get_preset('nope'), lambda: resolve_matrix('nope', 'cpu'),\n"
             "          lambda: get_backends('nope')):\n"
@@ -121,7 +121,7 @@ def test_recommend_a_model_preset_states_its_cost_or_runs(monkeypatch, capsys):
     # Llama-3-8B at 8k x 4 training, at injected rates (a CPU without bf16 units: ~1 GFLOP/s bf16 matmul, 40
     # GFLOP/s float64 reference): refused with the figures. The rates are injected so that the verdict does not
     # depend on this machine's speed (a CPU with AMX measures ~1 TFLOP/s bf16 and would run it)
-    import harness.execution.cost as cost
+    import harness.planning.cost as cost
     from harness.cli.main import main
 
     monkeypatch.setattr(cost, "reference_rate", lambda device: 40e9)

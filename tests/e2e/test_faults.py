@@ -9,7 +9,7 @@ import time
 import warnings
 from pathlib import Path
 
-from harness.spec.matrices import build_matrix
+from harness.cases.matrices import build_matrix
 from harness.store.load import load_results
 from harness.store.run_dir import read_env
 from harness.store.run_state import incomplete

@@ -10,7 +10,7 @@ import pytest
 from harness.cli.main import main
 from harness.launch.local import check_pytest_args, parse_gpus, shard_command
 from harness.launch.merge import ShardFailed, merge_shards, shard_root, write_exit_status
-from harness.spec.matrices import build_matrix
+from harness.cases.matrices import build_matrix
 from harness.store.load import load_results
 from tests.fixtures.regress_fixtures import key, write_run
 

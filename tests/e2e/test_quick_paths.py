@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import harness
-from harness.execution.plugin_host import load_backend_module
+from harness.isolation.plugin_host import load_backend_module
 from harness.cli.main import main
 
 #: loaded as the CLI loads it (one module identity for the registry, whichever test runs first)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from harness.launch.merge import merge_runs, shard_run_dir
-from harness.spec.matrices import build_matrix
+from harness.cases.matrices import build_matrix
 from harness.store.load import load_results
 
 SMOKE = len(build_matrix("smoke"))  # cases of the smoke matrix these runs use

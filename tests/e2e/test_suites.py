@@ -8,7 +8,7 @@ import pandas as pd
 
 from harness.store.load import load_results
 from harness.store.schema import COLUMNS
-from harness.spec.matrices import build_matrix
+from harness.cases.matrices import build_matrix
 from tests.e2e import the_run
 
 ROOT = Path(__file__).resolve().parents[2]

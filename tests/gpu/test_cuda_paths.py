@@ -12,12 +12,12 @@ import torch
 from harness import AttentionCase, check
 from harness.backends.base import Unsupported
 from harness.backends.registry import get_backends
-from harness.execution.bound import BoundCall, backend_inputs
-from harness.execution.timed import graph_phase, phase_callables
+from harness.calls.bound import BoundCall, backend_inputs
+from harness.calls.timed import graph_phase, phase_callables
 from harness.measure.memory import peak_memory
 from harness.measure.timing import TimingConfig, measure
-from harness.spec.case import make_inputs
-from harness.spec.masks import Causal, Documents, KeyPadding
+from harness.cases.case import make_inputs
+from harness.cases.masks import Causal, Documents, KeyPadding
 
 pytestmark = pytest.mark.cuda
 FAST = TimingConfig(warmup_ms=5, budget_ms=20, min_reps=5, max_reps=50)

@@ -10,7 +10,7 @@ import torch
 
 from harness import AttentionCase, check
 from harness.backends.flash_attn4 import BIAS_BACKWARD_REFUSAL, FlashAttn4
-from harness.spec.masks import CausalBottomRight
+from harness.cases.masks import CausalBottomRight
 from harness.store.schema import BWD, FWD, PASS, UNSUPPORTED
 
 pytestmark = pytest.mark.cuda

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from harness import AttentionCase, check
-from harness.spec.case import paged_case
-from harness.spec.masks import Causal, CausalBottomRight, SlidingWindow
+from harness.cases.case import paged_case
+from harness.cases.masks import Causal, CausalBottomRight, SlidingWindow
 
 pytestmark = pytest.mark.cuda
 FP8 = ["naive", "sdpa", "flex", "flash-attn-3", "flashinfer", "flash-attn-4", "xformers", "flash-attn"]

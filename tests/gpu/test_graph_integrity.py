@@ -12,11 +12,11 @@ import torch
 
 from harness import AttentionCase
 from harness.backends.registry import get_backends
-from harness.execution.benchmark import measure_phase
-from harness.execution.executor import make_executor
-from harness.execution.runner import execute, prepare_case
+from harness.run.benchmark import measure_phase
+from harness.isolation.executor import make_executor
+from harness.run.runner import execute, prepare_case
 from harness.measure.timing import TimingConfig
-from harness.spec.masks import Causal
+from harness.cases.masks import Causal
 from harness.store.schema import REJECTED, TIMED
 from tests.fixtures import gamed_kernels as gamed
 
@@ -55,7 +55,7 @@ def test_events_agree_with_the_host_clock_and_slowed_ones_do_not():
     on a round of 50 ms."""
     from dataclasses import replace
 
-    from harness.execution.integrity import EVENT_SLACK_MS, clock_disagreement
+    from harness.calls.integrity import EVENT_SLACK_MS, clock_disagreement
     from harness.measure import timing
 
     device = torch.device("cuda")

@@ -11,7 +11,7 @@ import torch
 from harness import check
 from harness.measure.bandwidth import copy_bandwidth_samples
 from harness.measure.roofline import PEAK_SAMPLES
-from harness.spec.case import paged_case
+from harness.cases.case import paged_case
 
 pytestmark = pytest.mark.cuda
 PAGED = ["naive", "sdpa", "flex", "flash-attn", "xformers", "flashinfer"]
@@ -40,7 +40,7 @@ def test_mixed_serving_step_passes_or_says_why(page):
     naive, sdpa and flex must pass; the others pass or refuse with a reason (the CPU counterpart:
     tests/unit/oracle/test_verdict_power_mixed.py, tests/e2e/test_serving_step.py). On an H200 (2026-12-04) sdpa
     failed it (cuDNN, its own choice; padding rows cleared since, not rerun there); naive, flex, FlashInfer passed."""
-    from harness.spec.serving_step import serving_step
+    from harness.cases.serving_step import serving_step
 
     case = serving_step(32, 128, torch.bfloat16, kv_heads=8, cache=4096, page_size=page)
     df = check(PAGED, [case], "cuda")

@@ -1,9 +1,10 @@
 """The package's folders are its layers: a module imports only from its own layer or the layers below it.
 
-Order (lowest first): spec, oracle, backends, measure, store, execution, probes, compare, launch, advisor, report,
-cli, suite (the two front ends: options are defined once in cli and fed to the pytest plugin too). The results
-schema (harness.store.schema) is the shared vocabulary and harness.extras the optional dependencies' one-line
-errors, importable from anywhere; top-level modules (the public
+Order (lowest first): cases, oracle, backends, measure, store; then where code runs: calls (a call and what runs
+beside the kernel in its worker), isolation (the processes), run (a session's stages), planning (the cost model),
+fuzzing; then probes, compare, launch, advisor, report, cli, suite (the two front ends: options are defined once in
+cli and fed to the pytest plugin too). The results schema (harness.store.schema) is the shared vocabulary and
+harness.extras the optional dependencies' one-line errors, importable from anywhere; top-level modules (the public
 API `harness.api`, `__main__`, and the public faces `harness`, `harness.masks`, `harness.recommend`, which only
 re-export) may import anything. No layer imports a face: user code has one path per thing (the face), the package's
 own code imports the module that defines it.
@@ -17,8 +18,8 @@ import pytest
 from harness.store import schema
 
 PACKAGE = Path(__file__).resolve().parents[2] / "harness"
-LAYERS = ("spec", "oracle", "backends", "measure", "store", "execution", "probes", "compare", "launch", "advisor",
-          "report", "cli", "suite")
+LAYERS = ("cases", "oracle", "backends", "measure", "store", "calls", "isolation", "run", "planning", "fuzzing",
+          "probes", "compare", "launch", "advisor", "report", "cli", "suite")
 ANYWHERE = ("harness.store.schema", "harness.extras")
 #: top-level modules that only re-export what the layers define, for users
 FACES = ("harness", "harness.masks", "harness.recommend")
@@ -124,12 +125,12 @@ def import_cycles(sources: dict[str, str]) -> list[set[str]]:
 
 
 def test_import_cycles_finds_a_planted_cycle_through_a_function_level_import():
-    sources = {"harness.spec.a": "from harness.spec import b\n",
-               "harness.spec.b": "def f():\n    from harness.spec.c import g\n",
-               "harness.spec.c": "import harness.spec.a\n",
-               "harness.spec.d": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from harness.spec.a import x\n",
-               "harness.oracle.e": "from harness.spec.a import x\n"}
-    assert import_cycles(sources) == [{"harness.spec.a", "harness.spec.b", "harness.spec.c"}]
+    sources = {"harness.cases.a": "from harness.cases import b\n",
+               "harness.cases.b": "def f():\n    from harness.cases.c import g\n",
+               "harness.cases.c": "import harness.cases.a\n",
+               "harness.cases.d": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from harness.cases.a import x\n",
+               "harness.oracle.e": "from harness.cases.a import x\n"}
+    assert import_cycles(sources) == [{"harness.cases.a", "harness.cases.b", "harness.cases.c"}]
     assert import_cycles({"harness.x": "import harness.y\n", "harness.y": "import harness.z\n",
                           "harness.z": ""}) == []
 
@@ -143,12 +144,12 @@ def test_no_import_cycle_in_the_package():
 
 
 def test_the_public_faces_export_every_mask_family_and_the_advisors_entry_points():
-    """harness.masks is where users take mask specs from (README, docs/serving.md): a new family in spec/masks
+    """harness.masks is where users take mask specs from (README, docs/serving.md): a new family in cases/masks
     must be exported there too; harness.recommend is the advisor from Python."""
     import harness
     from harness import masks, recommend
     from harness.advisor import recommend as advisor
-    from harness.spec import masks as spec_masks
+    from harness.cases import masks as spec_masks
 
     families = {name for name, obj in vars(spec_masks).items()
                 if isinstance(obj, type) and issubclass(obj, spec_masks.MaskSpec)}

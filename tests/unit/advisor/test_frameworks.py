@@ -9,7 +9,7 @@ from harness.advisor.frameworks import CHOOSERS, Target, backend_running, sglang
     vllm_choice
 from harness.backends.registry import all_backends
 from harness.backends.serving import FRAMEWORKS, ServingKnob
-from harness.spec.case import AttentionCase, paged_case
+from harness.cases.case import AttentionCase, paged_case
 
 BF16 = AttentionCase(1, 8, 64, 128, "bf16")
 

@@ -12,12 +12,12 @@ import torch
 
 from harness.backends import get_backends
 from harness.backends.base import Backend
-from harness.spec.case import AttentionCase
+from harness.cases.case import AttentionCase
 from harness.cli.main import main
-from harness.spec.case import make_inputs
+from harness.cases.case import make_inputs
 from harness.advisor.deploy_checks import check_case, compile_check, cuda_graph_check, determinism_check, mask_path
 from harness.store import environment as env
-from harness.spec.masks import parse_mask
+from harness.cases.masks import parse_mask
 from harness.advisor.evidence import Evidence, evidence_from_run
 from harness.advisor.ranking import overall, rank_backends, tie_groups
 from harness.advisor.workload import Workload, load_workloads
@@ -338,7 +338,7 @@ def test_end_to_end_tiny_cpu_workload():
 def test_gemma_preset_ranks_only_backends_passing_softcap_on_both_layer_kinds():
     from harness.advisor.recommend import recommend_many
     from harness.advisor.workload import model_workloads
-    from harness.spec.presets import get_preset
+    from harness.cases.presets import get_preset
 
     workloads = model_workloads(get_preset("gemma-2-9b"), 1, 32, dtype="fp32")
     assert [w.case().id for w in workloads] == ["fp32-b1-h16kv8-s32-d256-window4096-0-cap50",

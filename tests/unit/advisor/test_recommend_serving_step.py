@@ -7,8 +7,8 @@ from harness.advisor.recommend import recommend_workload
 from harness.advisor.workload import Workload, model_workloads
 from harness.cli.main import main
 from harness.measure.timing import TimingConfig
-from harness.spec.presets import get_preset
-from harness.spec.serving_step import StepMix, parse_mix
+from harness.cases.presets import get_preset
+from harness.cases.serving_step import StepMix, parse_mix
 
 
 def test_a_mix_id_reads_back_and_a_bad_one_says_the_form():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.advisor.workload import load_workloads
-from harness.spec.serving_step import StepMix, parse_mix, serving_step
+from harness.cases.serving_step import StepMix, parse_mix, serving_step
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "timing.md"
 

@@ -11,9 +11,9 @@ from harness.backends.flash_attn import fa2_args
 from tests.unit.backends.fa2_model import fa2_visible
 from harness.backends.flex import flex_mask_mod
 from harness.backends.sdpa import sdpa_mask_args
-from harness.spec.masks import Documents
+from harness.cases.masks import Documents
 from harness.oracle.reference import reference_attention
-from harness.execution.runner import execute, prepare_case
+from harness.run.runner import execute, prepare_case
 
 DOCS = [
     Documents((2, 0, 1, 3)),

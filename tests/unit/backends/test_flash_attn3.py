@@ -18,12 +18,12 @@ import torch
 
 from harness import AttentionCase
 from harness.backends.base import BackwardUnsupported
-from harness.execution.bound import backend_inputs, case_kwargs
+from harness.calls.bound import backend_inputs, case_kwargs
 from harness.oracle.baseline import naive_attention
-from harness.spec import fp8
-from harness.spec.case import make_inputs
-from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, KeyPadding, SlidingWindow
-from harness.spec.paged import paged_inputs
+from harness.cases import fp8
+from harness.cases.case import make_inputs
+from harness.cases.masks import CacheCausal, Causal, CausalBottomRight, KeyPadding, SlidingWindow
+from harness.cases.paged import paged_inputs
 
 CPU = torch.device("cpu")
 

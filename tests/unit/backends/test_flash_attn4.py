@@ -17,11 +17,11 @@ import torch
 
 from harness import AttentionCase
 from harness.oracle.baseline import naive_attention
-from harness.spec.case import make_inputs
+from harness.cases.case import make_inputs
 from harness.backends.base import BackwardUnsupported
-from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, KeyPadding
-from harness.spec.modifiers import alibi_bias, alibi_slopes, softcap_scores
-from harness.spec.paged import paged_inputs
+from harness.cases.masks import CacheCausal, Causal, CausalBottomRight, KeyPadding
+from harness.cases.modifiers import alibi_bias, alibi_slopes, softcap_scores
+from harness.cases.paged import paged_inputs
 
 
 def _flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,

@@ -15,9 +15,9 @@ import torch
 
 from harness import AttentionCase
 from harness.oracle.baseline import naive_attention
-from harness.spec.case import make_inputs
-from harness.spec.masks import CacheCausal
-from harness.spec.paged import paged_inputs
+from harness.cases.case import make_inputs
+from harness.cases.masks import CacheCausal
+from harness.cases.paged import paged_inputs
 
 #: the signature of flash_attn_varlen_func in that file, parameter for parameter
 def _real_signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,

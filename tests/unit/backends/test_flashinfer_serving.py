@@ -12,10 +12,10 @@ import torch
 
 from harness import AttentionCase
 from harness.oracle.baseline import naive_attention
-from harness.spec.case import make_inputs
-from harness.spec.fp8 import dequantized_kv, kv_scales, quantize
-from harness.spec.masks import CacheCausal
-from harness.spec.paged import paged_inputs
+from harness.cases.case import make_inputs
+from harness.cases.fp8 import dequantized_kv, kv_scales, quantize
+from harness.cases.masks import CacheCausal
+from harness.cases.paged import paged_inputs
 from tests.unit.backends.test_paged_translations import _documented_run
 
 MIXED = AttentionCase(4, 4, 12, 32, "bf16", kv_heads=2, seq_k=45, mask=CacheCausal((45, 20, 33, 27), (12, 1, 4, 1)),

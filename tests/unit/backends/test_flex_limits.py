@@ -19,7 +19,7 @@ from harness.backends import flex
 def test_flex_raises_both_limits_and_fails_loudly_if_hit_once_a_case():
     """In `prepare`, outside the timed calls: a check from Python puts them back when it returns, so every case's
     prepare sets them again (the compiled function is built once per process)."""
-    from harness.spec.case import AttentionCase
+    from harness.cases.case import AttentionCase
 
     flex.Flex().prepare(AttentionCase(1, 2, 8, 8, "fp32"), torch.device("cpu"))
     config = torch._dynamo.config
@@ -57,8 +57,8 @@ _ONE_CASE = """
 import torch
 from harness.backends.flex import Flex
 from harness.backends.naive import Naive
-from harness.spec.case import AttentionCase
-from harness.spec.masks import Causal
+from harness.cases.case import AttentionCase
+from harness.cases.masks import Causal
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, 2, 40, 64) for _ in range(3))
 flex, ref = Flex(), Naive()

@@ -6,7 +6,7 @@ import torch
 import harness
 from harness import AttentionCase, Backend
 from harness.backends.naive import Naive
-from harness.spec.masks import Causal
+from harness.cases.masks import Causal
 
 CALLS: list = []
 
@@ -94,8 +94,8 @@ def test_the_documented_plugin_example_runs_and_is_judged():
 
 
 def test_timed_training_step_computes_the_modifier_gradients_too(monkeypatch):
-    from harness.execution import timed
-    from harness.spec.case import make_inputs
+    from harness.calls import timed
+    from harness.cases.case import make_inputs
 
     made = []
     real = timed.modifier_leaves

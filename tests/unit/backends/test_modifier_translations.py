@@ -19,9 +19,9 @@ from harness.backends.flash_attn import FlashAttn2, fa2_modifier_args
 from tests.unit.backends.fa2_model import fa2_documented_scores
 from harness.backends.flex import flex_score_mod, sink_corrected
 from harness.backends.sdpa import Sdpa, sdpa_modifier_inputs
-from harness.spec import alibi_slopes
-from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
-from harness.spec.modifiers import additive_term, alibi_bias, softcap_scores
+from harness.cases import alibi_slopes
+from harness.cases.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
+from harness.cases.modifiers import additive_term, alibi_bias, softcap_scores
 
 #: eager flex on purpose (compiled CPU flex has no return_lse): its "unfused implementation" warning is expected
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

@@ -7,9 +7,9 @@ import torch
 
 import harness
 from harness import AttentionCase
-from harness.spec.case import make_inputs
-from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, SlidingWindow
-from harness.spec.paged import paged_inputs, paged_layout
+from harness.cases.case import make_inputs
+from harness.cases.masks import CacheCausal, Causal, CausalBottomRight, Documents, KeyPadding, SlidingWindow
+from harness.cases.paged import paged_inputs, paged_layout
 from harness.oracle.baseline import naive_attention
 
 #: a decode step and a 4-token verification over caches of 45, 20 and 33 keys in pages of 16 (none a multiple)

@@ -16,9 +16,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.backends.registry import get_backends
-from harness.execution.bound import backend_inputs
-from harness.spec.case import AttentionCase, make_inputs
-from harness.spec.masks import Causal, CausalBottomRight, Documents, KeyPadding, SlidingWindow
+from harness.calls.bound import backend_inputs
+from harness.cases.case import AttentionCase, make_inputs
+from harness.cases.masks import Causal, CausalBottomRight, Documents, KeyPadding, SlidingWindow
 
 CPU = torch.device("cpu")
 #: ops that make host work or a host-device round trip inside a timed call (arange: the index grids masks are

@@ -71,7 +71,7 @@ def _plugin(tmp_path, body: str) -> str:
     ("    layout = 'bsdh'\n", "layout='bsdh'; allowed: bhsd, bshd"),
 ])
 def test_a_bad_declaration_is_one_line_naming_plugin_file_and_problem_when_it_loads(tmp_path, body, needle):
-    from harness.execution.plugin_host import load_backend_module
+    from harness.isolation.plugin_host import load_backend_module
 
     path = _plugin(tmp_path, body)
     with pytest.raises(ValueError) as info:
@@ -84,7 +84,7 @@ def test_a_bad_declaration_is_one_line_naming_plugin_file_and_problem_when_it_lo
 
 def test_a_good_declaration_loads_and_the_builtins_pass_their_own_check(tmp_path):
     from harness.backends.declaration import declaration_problems
-    from harness.execution.plugin_host import load_backend_module
+    from harness.isolation.plugin_host import load_backend_module
 
     path = _plugin(tmp_path, "    dtypes = (torch.float32,)\n    devices = ('cpu',)\n"
                              "    def forward(self, q, k, v, *, mask, scale, **extra):\n        return q\n")
@@ -102,7 +102,7 @@ def test_an_unknown_name_is_told_what_the_loaded_modules_registered(tmp_path, mo
     """A user who passed --backend-module and misspelled the name is told what that module registered, not to pass
     --backend-module (issue 48)."""
     from harness.backends import registry
-    from harness.execution import plugin_host
+    from harness.isolation import plugin_host
 
     monkeypatch.setattr(registry, "_LOADED", [])
     with pytest.raises(ValueError, match="known once its module is loaded: --backend-module my_attn.py"):

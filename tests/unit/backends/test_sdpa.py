@@ -15,8 +15,8 @@ from torch.nn.attention import SDPBackend
 from harness.backends import sdpa as sdpa_module
 from harness.backends.base import Unsupported
 from harness.backends.registry import get_backends
-from harness.spec.case import AttentionCase
-from harness.spec.masks import Causal
+from harness.cases.case import AttentionCase
+from harness.cases.masks import Causal
 
 CPU = torch.device("cpu")
 CASE = AttentionCase(2, 4, 64, 32, "fp32", mask=Causal())
@@ -82,9 +82,9 @@ def test_a_mixed_step_s_padding_rows_are_zero_whatever_the_kernel_leaves_there(m
     """A mixed serving step's padding rows see no key: the spec's answer is 0, which the math kernel gives (torch >=
     2.5) but a fused one need not (NaN, or the mean of V). On an H200 (torch 2.11, cuDNN 9.19, 2026-12-04) sdpa's own
     choice failed the mixed step that naive and flex passed with the same mask; the translation clears the rows."""
-    from harness.execution.bound import backend_inputs
-    from harness.spec.case import make_inputs
-    from harness.spec.serving_step import CPU_MIX, serving_step
+    from harness.calls.bound import backend_inputs
+    from harness.cases.case import make_inputs
+    from harness.cases.serving_step import CPU_MIX, serving_step
 
     case = serving_step(4, 32, "fp32", kv_heads=2, cache=20, page_size=None, mix=CPU_MIX)
     backend = get_backends(["sdpa"])[0]

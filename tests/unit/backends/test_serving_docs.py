@@ -8,8 +8,8 @@ import pytest
 
 import harness
 from harness import AttentionCase
-from harness.execution.plugin_host import load_backend_module
-from harness.spec.masks import CacheCausal
+from harness.isolation.plugin_host import load_backend_module
+from harness.cases.masks import CacheCausal
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "serving.md"
 

@@ -10,7 +10,7 @@ from harness.backends.flash_attn import fa2_args
 from tests.unit.backends.fa2_model import fa2_visible
 from harness.backends.flex import flex_mask_mod
 from harness.backends.sdpa import sdpa_mask_args
-from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
+from harness.cases.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
 
 SHAPES = [(5, 5), (3, 8), (8, 3), (1, 6)]
 MASKS = [None, Causal(), CausalBottomRight(), SlidingWindow(2, 0), SlidingWindow(1, 2), SlidingWindow(-1, 1),

@@ -18,9 +18,9 @@ xformers_fmha = pytest.importorskip("xformers.ops.fmha")
 
 from harness.backends.xformers import xformers_plan  # noqa: E402
 from harness.probes.edge_cases import edge_cases  # noqa: E402
-from harness.spec.case import AttentionCase  # noqa: E402
-from harness.spec.masks import Causal, Documents, KeyPadding  # noqa: E402
-from harness.spec.matrices import build_matrix  # noqa: E402
+from harness.cases.case import AttentionCase  # noqa: E402
+from harness.cases.masks import Causal, Documents, KeyPadding  # noqa: E402
+from harness.cases.matrices import build_matrix  # noqa: E402
 
 CPU = torch.device("cpu")
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from harness import AttentionCase
-from harness.spec.masks import CacheCausal
-from harness.spec.paged import paged_layout
+from harness.cases.masks import CacheCausal
+from harness.cases.paged import paged_layout
 
 MIXED = AttentionCase(4, 8, 12, 128, "bf16", kv_heads=2, seq_k=45,
                       mask=CacheCausal((45, 20, 33, 27), (12, 1, 4, 1)), page_size=16)

@@ -12,9 +12,9 @@ import pytest
 
 from harness.backends.registry import get_backends
 
-from harness.execution.plugin_host import load_backend_module
+from harness.isolation.plugin_host import load_backend_module
 from harness.cli.main import main
-from harness.spec.presets import from_hf_config
+from harness.cases.presets import from_hf_config
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -6,7 +6,7 @@ import pytest
 
 from harness.cli.main import main
 from harness.cli.options import OPTIONS, add_to_argparse, call_timeout
-from harness.execution.supervisor import timeouts
+from harness.isolation.supervisor import timeouts
 
 
 @pytest.mark.parametrize("flag, value, message", [

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from harness.backends.registry import built_in_names
 from harness.cli.selftest_plan import steps
-from harness.spec.matrices import build_matrix
+from harness.cases.matrices import build_matrix
 
 
 def test_gpu_smoke_steps_hold_the_serving_step_and_fp8_caches(tmp_path: Path):

@@ -11,8 +11,8 @@ import pytest
 from harness.compare.remeasure import RemeasureConfig, kernels_differ, remeasure, sources_note
 from harness.compare.runs import EXIT_REGRESSION, compare_runs
 from harness.compare.timers import current_code
-from harness.spec.case import AttentionCase
-from harness.spec.matrices import SMOKE_SEQ
+from harness.cases.case import AttentionCase
+from harness.cases.matrices import SMOKE_SEQ
 from harness.store.kernels import keep_sources, timed_module
 from tests.fixtures.regress_fixtures import lognormal, write_run
 
@@ -95,7 +95,7 @@ def test_a_plugin_is_versioned_by_its_source_and_history_names_each_run_s_kernel
 
     from harness.backends import registry
     from harness.compare.history import kernels_of
-    from harness.execution import plugin_host
+    from harness.isolation import plugin_host
 
     plugin = tmp_path / "my_attn.py"
     plugin.write_text(PLUGIN.format(repeat=1))

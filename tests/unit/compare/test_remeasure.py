@@ -209,7 +209,7 @@ def _real_run(tmp_path: Path, **code) -> Path:
 
 def test_the_timing_server_times_a_key_with_the_code_it_runs_in(tmp_path, monkeypatch):
     from harness.compare.timers import CheckoutTimer
-    from harness.spec.matrices import build_matrix
+    from harness.cases.matrices import build_matrix
     from harness.store.environment import REPO_ROOT
 
     case = build_matrix("smoke")[0]
@@ -248,8 +248,8 @@ def test_a_remeasured_round_that_fails_a_check_is_no_figure_and_fails_the_gate(t
     (tests/fixtures/gamed_kernels.py CachedNoGrad) is `rejected`, with the check's reason, and fails the gate even
     with undecided keys allowed; the honest control (sdpa) on the same case still gets its figures."""
     from harness.compare.timers import ExecutorTimer
-    from harness.execution.executor import make_executor
-    from harness.spec.case import AttentionCase
+    from harness.isolation.executor import make_executor
+    from harness.cases.case import AttentionCase
     from harness.store.environment import REPO_ROOT
     from tests.fixtures.regress_fixtures import lognormal, write_run
 
@@ -303,7 +303,7 @@ def test_a_rejected_base_side_is_no_figure_either(tmp_path):
 def test_the_timing_server_answers_a_rejected_round(tmp_path, monkeypatch):
     """The base side's server passes a rejected round on as such (not as samples, not as a failure)."""
     from harness.compare import timers, timing_server
-    from harness.spec.matrices import build_matrix
+    from harness.cases.matrices import build_matrix
 
     class Cheats:
         def __init__(self, *args, **kwargs):

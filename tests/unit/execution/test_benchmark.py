@@ -12,14 +12,14 @@ import torch
 from harness import AttentionCase
 from harness.backends.base import Backend
 from harness.backends.registry import get_backends
-from harness.execution.benchmark import measure_phase
-from harness.execution.device import resolve_device
-from harness.execution.runner import execute, prepare_case
-from harness.execution.rounds import Round, RoundSchedule
-from harness.execution.session import RunSession
+from harness.run.benchmark import measure_phase
+from harness.calls.device import resolve_device
+from harness.run.runner import execute, prepare_case
+from harness.run.rounds import Round, RoundSchedule
+from harness.run.session import RunSession
 from harness.measure.measurement import Measurement
 from harness.measure.timing import TimingConfig
-from harness.spec.masks import Causal
+from harness.cases.masks import Causal
 from harness.store.load import load_results, load_samples
 
 CPU = resolve_device("cpu")
@@ -239,7 +239,7 @@ def test_the_first_timed_call_is_the_cpu_memory_probe(monkeypatch):
     """On the CPU round 1 measures peak memory on its first call (kept apart from the samples), not a call of its
     own: one Phase, measure told the first call was made (and not given the build again), and the row still has the
     profiler's peak."""
-    import harness.execution.timed as timed
+    import harness.calls.timed as timed
 
     phases, told = [], []
     monkeypatch.setattr(timed, "phase_callables", lambda *a, _real=timed.phase_callables: phases.append(1) or _real(*a))

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from harness.backends.base import Backend, Plan
-from harness.execution.call import Call, run_call
-from harness.execution.contract import contract_violation, grad_violation
-from harness.execution.wire import INLINE_BYTES, _Pickler
-from harness.spec.case import AttentionCase, make_inputs
+from harness.calls.call import Call, run_call
+from harness.calls.contract import contract_violation, grad_violation
+from harness.isolation.wire import INLINE_BYTES, _Pickler
+from harness.cases.case import AttentionCase, make_inputs
 from harness.oracle.baseline import naive_attention
-from harness.spec.masks import Causal
+from harness.cases.masks import Causal
 
 CPU = torch.device("cpu")
 CASE = AttentionCase(2, 4, 16, 8, "fp32", mask=Causal())
@@ -81,8 +81,8 @@ def test_large_tensors_cross_in_the_sender_s_arena_made_once_and_are_copied_out(
     which the other end's next message - written into the same arena - leaves as it was."""
     import multiprocessing
 
-    from harness.execution import wire
-    from harness.execution.wire import ARENA_STEP_BYTES, Channel
+    from harness.isolation import wire
+    from harness.isolation.wire import ARENA_STEP_BYTES, Channel
 
     big = [torch.randn(INLINE_BYTES // 4 + 1), torch.randn(600, 200).t()[::2], torch.arange(100_000).to(torch.bfloat16)]
     message = {"answers": big, "small": torch.ones(3)}
@@ -114,7 +114,7 @@ def test_large_tensors_cross_in_the_sender_s_arena_made_once_and_are_copied_out(
 def test_a_sticky_cuda_error_ends_the_worker_after_its_reply(monkeypatch):
     """A device-side assert or an illegal address poisons the CUDA context for every later call in the process:
     the worker checks after each task and exits (status 3), and the supervisor starts a fresh one."""
-    from harness.execution import supervisor, worker
+    from harness.isolation import supervisor, worker
 
     def broken(device=None):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")

@@ -1,6 +1,6 @@
 """A check and a recommendation from Python (issue 47, item 2) leave the caller's process as they found it: functorch's
 donated_buffer, dynamo's recompile limits and fail_on_recompile_limit_hit, the thread count, no atexit entry per
-call, no stage clock accumulating; an in-process run says it is unguarded (harness.execution.caller)."""
+call, no stage clock accumulating; an in-process run says it is unguarded (harness.calls.caller)."""
 
 import atexit
 
@@ -11,10 +11,10 @@ from torch._dynamo import config as dynamo_config
 import harness
 from harness.backends.flex import DYNAMO_SETTINGS, raise_recompile_limits
 from harness.backends.naive import Naive
-from harness.execution.in_process import UNGUARDED
+from harness.isolation.in_process import UNGUARDED
 from harness.measure.stages import CLOCK
 from harness.measure.timing import TimingConfig
-from harness.spec.case import AttentionCase
+from harness.cases.case import AttentionCase
 
 CASE = AttentionCase(1, 2, 16, 8, "fp32")
 

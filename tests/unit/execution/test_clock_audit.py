@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from harness import AttentionCase
-from harness.execution.benchmark import measure_phase
-from harness.execution.device import resolve_device
-from harness.execution.integrity import CLOCK_SHARE, CLOCK_SLACK_MS, clock_behind, clock_disagreement
-from harness.execution.rounds import Round
-from harness.execution.runner import execute, prepare_case
-from harness.execution.supervisor import IsolatedExecutor
+from harness.run.benchmark import measure_phase
+from harness.calls.device import resolve_device
+from harness.calls.integrity import CLOCK_SHARE, CLOCK_SLACK_MS, clock_behind, clock_disagreement
+from harness.run.rounds import Round
+from harness.run.runner import execute, prepare_case
+from harness.isolation.supervisor import IsolatedExecutor
 from harness.measure.timing import TimingConfig
 from harness.store.schema import PHASES, REJECTED, TIMED
 from tests.fixtures import gamed_kernels as gamed
@@ -105,9 +105,9 @@ def test_the_run_s_clock_stops_as_the_reply_arrives_not_after_reading_it(monkeyp
     import time
 
     from harness.backends.registry import get_backends
-    from harness.execution import child
-    from harness.execution.call import Call
-    from harness.execution.timed import TimingCall
+    from harness.isolation import child
+    from harness.calls.call import Call
+    from harness.calls.timed import TimingCall
 
     real, reads = child.Channel.recv, []
 
@@ -137,7 +137,7 @@ def test_a_disagreeing_round_is_timed_again_and_only_an_agreeing_round_s_figure_
     """integrity.audited_time: up to CLOCK_TRIES rounds; the answer returned is the last one timed."""
     from types import SimpleNamespace
 
-    from harness.execution.integrity import CLOCK_TRIES, audited_time
+    from harness.calls.integrity import CLOCK_TRIES, audited_time
 
     assert CLOCK_TRIES == 3
     asked = []

@@ -7,13 +7,13 @@ import torch
 
 from harness.backends.naive import Naive
 from harness.backends.registry import get_backends
-from harness.execution.cost import (H200, LIMIT_S, OVERRIDE_FLAG, CaseCost, Job, RunRates, check_cost, job_cost,
+from harness.planning.cost import (H200, LIMIT_S, OVERRIDE_FLAG, CaseCost, Job, RunRates, check_cost, job_cost,
                                     matrix_cost, planned_calls, reference_rate)
 from harness.measure.timing import TimingConfig
 from harness.oracle.reference import reference_flops
-from harness.spec.case import AttentionCase
-from harness.spec.masks import Causal
-from harness.spec.presets import get_preset
+from harness.cases.case import AttentionCase
+from harness.cases.masks import Causal
+from harness.cases.presets import get_preset
 from harness.store.schema import FWD, FWD_BWD
 
 CPU = torch.device("cpu")
@@ -54,7 +54,7 @@ def test_a_case_that_does_not_fit_is_refused():
 
 
 def test_check_cost_raises_unless_allowed(monkeypatch):
-    import harness.execution.cost as cost_module
+    import harness.planning.cost as cost_module
 
     monkeypatch.setattr(cost_module, "reference_rate", lambda device: 1e6)   # a very slow machine
     monkeypatch.setattr(cost_module, "baseline_rate", lambda device, dtype: 1e6)
@@ -72,7 +72,7 @@ def test_the_reference_rate_is_measured_here():
 def test_a_rate_skips_the_first_call_and_takes_the_best_of_samples_of_a_minimum_length():
     import time
 
-    from harness.execution.cost import ASSUMED, _best_seconds
+    from harness.planning.cost import ASSUMED, _best_seconds
 
     calls = []
 
@@ -90,7 +90,7 @@ def test_a_rate_skips_the_first_call_and_takes_the_best_of_samples_of_a_minimum_
 def test_a_cpu_rate_is_one_threads_times_the_threads_and_leaves_the_thread_count_alone(monkeypatch):
     """Under load a multi-threaded GEMM stalls at its barriers (2 threads read 1 GFLOP/s bf16 where 1 thread read
     40-60, issue 35): the rate is measured on one thread and scaled; the run's thread count is restored."""
-    import harness.execution.cost as cost
+    import harness.planning.cost as cost
 
     seen = []
     monkeypatch.setattr(cost, "_best_seconds", lambda call, device, repeats, min_sample_s=0.0:
@@ -105,8 +105,8 @@ def test_the_run_estimate_reproduces_the_h200_run_it_was_fitted_to():
     """The H200's gpu-smoke run (docs/measurements.md, 7 backends): correctness of its first 11 cases ended at
     ~247 s, and a benchmark round took ~120 s; the estimate of those cases with 3 rounds (~607 s seen) is within
     15 % above it (the slow dense backends' calls are counted by their declared relative speed)."""
-    from harness.execution.cost import run_estimate
-    from harness.spec.matrices import build_matrix
+    from harness.planning.cost import run_estimate
+    from harness.cases.matrices import build_matrix
 
     # gpu-smoke's cases then: those without paged KV or a model's modifiers, added since
     first = [c for c in build_matrix("gpu-smoke") if c.page_size is None and not c.modifiers
@@ -225,7 +225,7 @@ def test_recommends_progress_weights_are_the_estimates_steps_so_its_first_line_a
 
 
 def test_cpu_unit_costs_are_the_quiet_fit_when_quiet_the_loaded_fit_when_loaded_and_between_in_between():
-    from harness.execution import cost
+    from harness.planning import cost
 
     quiet, loaded = cost.cpu_rates(0.3), cost.cpu_rates(8.0)  # below the quiet fit's load, past the loaded one's
     assert quiet == replace(cost.CPU_QUIET, load_per_cpu=0.3) and loaded == replace(cost.CPU, load_per_cpu=8.0)
@@ -240,7 +240,7 @@ def test_cpu_unit_costs_are_the_quiet_fit_when_quiet_the_loaded_fit_when_loaded_
 
 
 def test_the_estimate_prices_its_fixed_costs_at_the_load_it_read_and_says_so(monkeypatch):
-    from harness.execution import cost
+    from harness.planning import cost
 
     monkeypatch.setattr(cost, "reference_rate", lambda device: 40e9)
     monkeypatch.setattr(cost, "baseline_rate", lambda device, dtype: 80e9)

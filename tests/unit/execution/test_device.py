@@ -1,11 +1,11 @@
-"""harness.execution.device: a CUDA device is always indexed (torch.cuda.set_device refuses a bare 'cuda':
+"""harness.calls.device: a CUDA device is always indexed (torch.cuda.set_device refuses a bare 'cuda':
 torch/cuda/_utils.py `_get_device_index(optional=False)`, torch 2.11-2.13), and an index beyond the devices is a
 one-line error. Two GPUs are faked on CPU."""
 
 import pytest
 import torch
 
-from harness.execution.device import indexed, resolve_device
+from harness.calls.device import indexed, resolve_device
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ import torch
 
 import harness
 from harness.backends.base import Backend
-from harness.execution.executor import Executor, make_executor
-from harness.execution.in_process import InProcessExecutor
-from harness.execution.supervisor import IsolatedExecutor
-from harness.execution.session import RunSession
-from harness.spec.case import AttentionCase
+from harness.isolation.executor import Executor, make_executor
+from harness.isolation.in_process import InProcessExecutor
+from harness.isolation.supervisor import IsolatedExecutor
+from harness.run.session import RunSession
+from harness.cases.case import AttentionCase
 
 CASES = [AttentionCase(1, 2, 8, 8, "fp32")]
 
@@ -45,7 +45,7 @@ def test_every_session_gets_its_own_in_process_executor(tmp_path):
 
 def test_an_unavailable_backend_is_refused_as_unavailable_with_its_reason():
     from harness.backends.naive import Naive
-    from harness.execution.runner import refusal
+    from harness.run.runner import refusal
 
     class Absent(Naive):
         name = "absent"

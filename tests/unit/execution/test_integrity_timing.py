@@ -1,19 +1,19 @@
 """Timed calls are judged: a planted kernel that passes correctness and cheats only when timed loses its figure
 (timing_status rejected, the reason says which check), and honest controls keep theirs on every phase
-(harness.execution.timed, benchmark.judge_timed, integrity; kernels: tests/fixtures/gamed_kernels.py)."""
+(harness.calls.timed, benchmark.judge_timed, integrity; kernels: tests/fixtures/gamed_kernels.py)."""
 
 import pytest
 
 from harness import AttentionCase
-from harness.execution.benchmark import measure_phase
-from harness.execution.device import resolve_device
-from harness.execution.in_process import InProcessExecutor
-from harness.execution.rounds import Round
-from harness.execution.runner import execute, prepare_case
+from harness.run.benchmark import measure_phase
+from harness.calls.device import resolve_device
+from harness.isolation.in_process import InProcessExecutor
+from harness.run.rounds import Round
+from harness.run.runner import execute, prepare_case
 from harness.measure.timing import TimingConfig
 from harness.oracle.reference import reference_attention
-from harness.spec.case import make_inputs
-from harness.spec.masks import CacheCausal, Causal
+from harness.cases.case import make_inputs
+from harness.cases.masks import CacheCausal, Causal
 from harness.store.schema import REJECTED, TIMED
 from tests.fixtures import gamed_kernels as gamed
 
@@ -112,9 +112,9 @@ def test_every_timed_answer_comes_back_to_be_judged_in_process_and_from_a_worker
     """Nothing is compared where the calls ran (issue 47): every observed answer of every phase comes back, from the
     run's own process and from a worker alike, and is judged in the run's process."""
     from harness.backends.naive import Naive
-    from harness.execution.call import Call
-    from harness.execution.executor import make_executor
-    from harness.execution.timed import TimingCall
+    from harness.calls.call import Call
+    from harness.isolation.executor import make_executor
+    from harness.calls.timed import TimingCall
 
     executor = make_executor(CPU, isolate=isolate)
     try:
@@ -133,15 +133,15 @@ def test_every_timed_answer_comes_back_to_be_judged_in_process_and_from_a_worker
     AttentionCase(1, 6, 9, 16, "bf16", kv_heads=3, seq_k=12, fp8_kv="head", fp8_q=True),
 ])
 def test_an_fp8_case_s_call_content_is_exact_after_quantization(case):
-    """An FP8 KV cache (and q) is quantized with scales fixed by the case (spec/fp8.py): v x 2 may saturate e4m3, so a
+    """An FP8 KV cache (and q) is quantized with scales fixed by the case (cases/fp8.py): v x 2 may saturate e4m3, so a
     call's content scales v by signs alone; q and k take signs per column. A sign commutes with e4m3 quantization
     bit for bit (its grid and saturation are symmetric): what the backend gets (backend_inputs, as timing gives it)
     is the quantized inputs times the content's factors, so the answer follows exactly."""
     import torch
 
     from harness.backends.naive import Naive
-    from harness.execution.bound import backend_inputs
-    from harness.execution.integrity import CallContent
+    from harness.calls.bound import backend_inputs
+    from harness.calls.integrity import CallContent
 
     inputs = make_inputs(case)
     inputs = inputs._replace(q=inputs.q * 40, v=inputs.v * 300)  # past e4m3's range: saturation must stay symmetric
@@ -162,7 +162,7 @@ def test_an_fp8_case_s_call_content_is_exact_after_quantization(case):
 def test_a_backward_alone_s_graph_is_built_on_the_round_s_own_content():
     """RoundGuard: the round draws content of its own, which the phase is built on (the backward alone's graph: q, k
     and v unlike the verified inputs'), and its calls' content on top; every answer is undone to the verified one."""
-    from harness.execution.integrity import RoundGuard
+    from harness.calls.integrity import RoundGuard
 
     inputs = make_inputs(CASE, "cpu", 3)
     guard = RoundGuard(CASE, "bwd", inputs)
@@ -182,7 +182,7 @@ def test_a_call_s_content_gives_exactly_the_round_s_answer_once_undone(case, pha
     1e-12: exact but for float64's own rounding); contents differ call to call; the backward alone keeps q, k, v."""
     import torch
 
-    from harness.execution.integrity import CallContent
+    from harness.calls.integrity import CallContent
     from harness.store.schema import BWD
 
     inputs = make_inputs(case, "cpu", 5)
@@ -237,9 +237,9 @@ def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples
     import torch
 
     from harness.backends.naive import Naive
-    from harness.execution import integrity
-    from harness.execution.call import Call
-    from harness.execution.timed import TimingCall
+    from harness.calls import integrity
+    from harness.calls.call import Call
+    from harness.calls.timed import TimingCall
 
     k, n, rounds = integrity.JUDGED_DRAWS, 12, 3000
     monkeypatch.setattr(integrity.secrets, "randbelow", random.Random(0).randrange)
@@ -280,8 +280,8 @@ def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout
     import torch
 
     from harness.backends.naive import Naive
-    from harness.execution.integrity import CallContent
-    from harness.execution.timed import phase_callables
+    from harness.calls.integrity import CallContent
+    from harness.calls.timed import phase_callables
 
     backend = type("Laid", (Naive,), {"layout": layout})()
     base = make_inputs(case, "cpu", 4)
@@ -302,7 +302,7 @@ def as_returned(answers: list[dict]) -> list:
     """Answers as a round sends them (integrity.Observed): with their checksums, on contents that change nothing."""
     import torch
 
-    from harness.execution.integrity import CallContent, Observed, checksum
+    from harness.calls.integrity import CallContent, Observed, checksum
 
     b, h, d = CASE.batch, CASE.kv_heads, CASE.head_dim
     same = CallContent(torch.ones(b, h, 1, d), torch.ones(b, h, 1, 1), torch.ones(b, h, 1, 1))
@@ -318,7 +318,7 @@ def test_judge_timed_reuses_a_verdict_only_for_an_answer_bit_for_bit_the_last_on
 
     from harness.backends.naive import Naive
     from harness.backends.sdpa import Sdpa
-    from harness.execution.benchmark import judge_timed
+    from harness.run.benchmark import judge_timed
     from harness.oracle.prepared import PreparedCase
 
     prepared = prepare_case(CASE, CPU, 3)
@@ -354,7 +354,7 @@ def test_judge_timed_s_memo_keeps_its_own_copy_of_what_it_judged(monkeypatch):
     import torch
 
     from harness.backends.naive import Naive
-    from harness.execution.benchmark import judge_timed
+    from harness.run.benchmark import judge_timed
     from harness.oracle.prepared import PreparedCase
 
     prepared = prepare_case(CASE, CPU, 3)
@@ -378,7 +378,7 @@ def test_judge_timed_s_memo_is_bounded_and_counted_against_the_run_s_cache(monke
     import torch
 
     import harness.oracle.prepared as prepared_module
-    from harness.execution.cache import answer_bytes
+    from harness.calls.cache import answer_bytes
 
     prepared = prepare_case(CASE, CPU, 3)
     out = prepared.reference.get("out").to(torch.float32)
@@ -395,7 +395,7 @@ def test_undo_makes_every_zero_plus_zero_so_alike_answers_are_bit_for_bit_alike(
     every zero is +0, so two calls' answers that agree as values agree as bits (the judge's memo reads bits)."""
     import torch
 
-    from harness.execution.integrity import CallContent
+    from harness.calls.integrity import CallContent
     from harness.oracle.verdict import identical
 
     case = AttentionCase(2, 2, 4, 8, "fp32")

@@ -1,4 +1,4 @@
-"""harness.execution.supervisor: a worker that cannot start is the harness's failure, not the backend's absence.
+"""harness.isolation.supervisor: a worker that cannot start is the harness's failure, not the backend's absence.
 
 Seen on the first GPU runs (one H200, torch 2.11.0+cu130, 2026-11-30): torch.cuda.set_device raised on a bare
 'cuda' (torch/cuda/_utils.py `_get_device_index(optional=False)`, torch 2.11-2.13), every worker of a
@@ -8,9 +8,9 @@ import torch
 
 from harness.backends.base import Backend
 from harness.backends.naive import Naive
-from harness.execution.supervisor import IsolatedExecutor
-from harness.execution.runner import refusal
-from harness.spec.case import AttentionCase
+from harness.isolation.supervisor import IsolatedExecutor
+from harness.run.runner import refusal
+from harness.cases.case import AttentionCase
 from harness.store.schema import ERROR
 
 CPU = torch.device("cpu")

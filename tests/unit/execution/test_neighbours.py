@@ -1,4 +1,4 @@
-"""An equal machine for every timed backend (execution/neighbours.py, docs/integrity.md): the others stopped while one
+"""An equal machine for every timed backend (isolation/neighbours.py, docs/integrity.md): the others stopped while one
 is timed, its placement set by the run and checked, its CPU time held to its threads; with the planted neighbours of
 tests/fixtures/neighbour_plugin.py."""
 
@@ -12,12 +12,12 @@ import pytest
 
 from harness import AttentionCase
 from harness.backends.registry import get_backends
-from harness.execution.call import Call
-from harness.execution.device import resolve_device
-from harness.execution.neighbours import (CPU_SHARE, CPU_SLACK_MS, EqualMachine, Placement, cpu_seconds, misplaced,
+from harness.calls.call import Call
+from harness.calls.device import resolve_device
+from harness.isolation.neighbours import (CPU_SHARE, CPU_SLACK_MS, EqualMachine, Placement, cpu_seconds, misplaced,
                                           over_threads, place, resume, stop)
-from harness.execution.supervisor import IsolatedExecutor
-from harness.execution.timed import TimingCall
+from harness.isolation.supervisor import IsolatedExecutor
+from harness.calls.timed import TimingCall
 from harness.measure.timing import TimingConfig
 
 CPU = resolve_device("cpu")
@@ -131,7 +131,7 @@ def neighbours(tmp_path):
     """The neighbour plugin copied into tmp_path, beside an empty log when `repinning` (its thread runs only then),
     declared from its own process; afterwards its process is stopped and its stand-ins unregistered."""
     from harness.backends import registry
-    from harness.execution import plugin_host
+    from harness.isolation import plugin_host
 
     loaded = []
 

@@ -1,9 +1,9 @@
-"""harness.execution.outcome: how an exception becomes a status and one line, and what a result keeps."""
+"""harness.calls.outcome: how an exception becomes a status and one line, and what a result keeps."""
 
 import torch
 
 from harness.backends.base import BackwardUnsupported, Unsupported
-from harness.execution.outcome import BackendResult, Failure
+from harness.calls.outcome import BackendResult, Failure
 from harness.store.schema import ERROR, OOM, UNSUPPORTED
 
 

@@ -1,4 +1,4 @@
-"""harness.execution.prefetch: the session's prefetcher runs the correctness calls of a backend that compiles per
+"""harness.run.prefetch: the session's prefetcher runs the correctness calls of a backend that compiles per
 shape from the last back, skips what the run claimed, meets the run, and stops (waiting for the call in hand)
 before the first timing round."""
 
@@ -8,11 +8,11 @@ import torch
 
 from harness.backends.base import Backend
 from harness.backends.naive import Naive
-from harness.execution.call import Call
-from harness.execution.executor import make_executor
-from harness.execution.prefetch import Prefetcher
-from harness.execution.session import RunSession
-from harness.spec.case import AttentionCase
+from harness.calls.call import Call
+from harness.isolation.executor import make_executor
+from harness.run.prefetch import Prefetcher
+from harness.run.session import RunSession
+from harness.cases.case import AttentionCase
 
 CPU = torch.device("cpu")
 NAME = "compiles-per-shape-probe"

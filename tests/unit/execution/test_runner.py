@@ -4,8 +4,8 @@ import torch
 
 from harness.backends.base import Backend
 from harness.backends.naive import Naive
-from harness.execution.runner import execute, prepare_case
-from harness.spec.case import AttentionCase
+from harness.run.runner import execute, prepare_case
+from harness.cases.case import AttentionCase
 
 CPU = torch.device("cpu")
 CASE = AttentionCase(1, 2, 8, 8, "fp32")

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from harness.backends.naive import Naive
-from harness.execution.cache import LRU, RunCaches, cached
-from harness.execution.in_process import InProcessExecutor
-from harness.execution.supervisor import IsolatedExecutor
-from harness.execution.outcome import BackendResult
-from harness.execution.recorder import RunRecorder
-from harness.execution.rounds import Round, RoundSchedule
-from harness.execution.session import RunSession
+from harness.calls.cache import LRU, RunCaches, cached
+from harness.isolation.in_process import InProcessExecutor
+from harness.isolation.supervisor import IsolatedExecutor
+from harness.calls.outcome import BackendResult
+from harness.run.recorder import RunRecorder
+from harness.run.rounds import Round, RoundSchedule
+from harness.run.session import RunSession
 from harness.measure.measurement import Measurement
 from harness.measure.timing import TimingConfig
-from harness.spec.case import AttentionCase
+from harness.cases.case import AttentionCase
 from harness.store.load import load_results
 from harness.store.schema import Row, TimingKey
 
@@ -166,7 +166,7 @@ def test_no_module_keeps_a_cache_of_its_own():
     #: and, as process-wide as the registry, the module each plugin backend came from and each plugin module's process
     allowed = {"backends/registry.py: _REGISTRY: dict[str, Backend] = {}",
                "backends/registry.py: _ORIGIN: dict[str, str] = {}",
-               "execution/plugin_host.py: _HOSTS: dict[str, 'PluginHost'] = {}"}
+               "isolation/plugin_host.py: _HOSTS: dict[str, 'PluginHost'] = {}"}
     offenders = []
     for path in HARNESS.rglob("*.py"):
         for node in ast.parse(path.read_text()).body:

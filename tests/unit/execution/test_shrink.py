@@ -5,9 +5,9 @@ from dataclasses import replace
 import torch
 
 from harness.backends.naive import Naive
-from harness.execution.shrink import Signature, Trials, failed_checks, shrink, signature
-from harness.execution.outcome import BackendResult
-from harness.spec.fuzz import Knobs, build
+from harness.fuzzing.shrink import Signature, Trials, failed_checks, shrink, signature
+from harness.calls.outcome import BackendResult
+from harness.fuzzing.space import Knobs, build
 from harness.store.schema import Row
 
 FWD_OUT = Signature("fwd", "fail", "out")
@@ -71,7 +71,7 @@ def test_the_checks_failed_name_the_phase_status_and_each_quantity_past_toleranc
 
 
 def test_a_drawn_case_moved_toward_a_known_failure_fails_there_only_when_it_is_the_same_bug():
-    from harness.spec.fuzz import toward
+    from harness.fuzzing.space import toward
     bugs = Predicate(lambda c: (c.batch == 1 and c.seq_k >= 2) or (c.heads // c.kv_heads == 3 and c.kv_heads >= 2))
     known = shrink(replace(BIG, batch=1, group=1), FWD_OUT, bugs, deadline=float("inf"))
     assert known.case.batch == 1 and known.case.heads == known.case.kv_heads
@@ -82,7 +82,7 @@ def test_a_drawn_case_moved_toward_a_known_failure_fails_there_only_when_it_is_t
 
 
 def test_two_bugs_in_one_case_are_two_failures_the_second_shrunk_outside_the_firsts_trigger():
-    from harness.execution.shrink import inside, needs_one
+    from harness.fuzzing.shrink import inside, needs_one
     bugs = Predicate(lambda c: (c.batch == 1 and c.seq_k >= 2) or (c.head_dim == 80 and c.seq_k >= 2))
     first = shrink(BIG, FWD_OUT, bugs, deadline=float("inf"))                   # batch 6, d80: slips to batch 1
     assert first.case == build(Knobs("fp32", 1, 1, 1, 1, 2, 1))
@@ -93,7 +93,7 @@ def test_two_bugs_in_one_case_are_two_failures_the_second_shrunk_outside_the_fir
 
 
 def test_a_drawn_case_moves_toward_a_known_failure_only_when_it_has_that_failures_sizes_above_2():
-    from harness.execution.fuzz import _shares_sizes
+    from harness.fuzzing.fuzz import _shares_sizes
     d80 = Knobs("fp32", 2, 1, 1, 1, 2, 80)                   # moving head dim 96 to 80 would plant that bug in it
     assert _shares_sizes(replace(BIG, head_dim=80), d80) and not _shares_sizes(replace(BIG, head_dim=96), d80)
 
@@ -102,8 +102,8 @@ def test_a_shrink_held_off_a_known_failures_case_by_another_trigger_is_that_fail
     """Fuzz seed 2 of the planted plugin listed its group-of-3 bug twice: smallest at batch 1 with one key (outside
     the batch-1 bug's trigger, which needs two keys) and, from a drawn case of batch 2 kept out of batch 1, at batch
     2. The second is the first held off by the batch-1 trigger: one failure. Two bugs stay two."""
-    from harness.execution.fuzz import Failure, held_off
-    from harness.execution.shrink import needs_one
+    from harness.fuzzing.fuzz import Failure, held_off
+    from harness.fuzzing.shrink import needs_one
     bugs = Predicate(lambda c: (c.batch == 1 and c.seq_k >= 2) or (c.heads // c.kv_heads == 3 and c.kv_heads >= 2))
     single = shrink(replace(BIG, group=1, head_dim=16), FWD_OUT, bugs, deadline=float("inf"))
     pins = needs_one(single.knobs, FWD_OUT, bugs)

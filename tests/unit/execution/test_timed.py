@@ -1,4 +1,4 @@
-"""harness.execution.caller.allow_backward_replay: every process that runs backends lets a compiled backward run
+"""harness.calls.caller.allow_backward_replay: every process that runs backends lets a compiled backward run
 again on its graph (the bwd phase replays it with retain_graph=True).
 
 AOTAutograd's donated buffers (torch/_functorch/_aot_autograd/runtime_wrappers.py, torch 2.11-2.13) refuse that
@@ -7,10 +7,10 @@ backward: on an H200 (torch 2.11.0+cu130, 2026-11-30) every flex bwd timing row 
 import torch
 
 from harness.backends.naive import Naive
-from harness.execution.supervisor import IsolatedExecutor
-from harness.execution.runner import refusal
-from harness.execution.session import RunSession
-from harness.spec.case import AttentionCase
+from harness.isolation.supervisor import IsolatedExecutor
+from harness.run.runner import refusal
+from harness.run.session import RunSession
+from harness.cases.case import AttentionCase
 
 CPU = torch.device("cpu")
 

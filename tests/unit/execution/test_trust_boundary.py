@@ -1,7 +1,7 @@
 """The trust boundary (issue 47, items 1 and 6a): a plugin module is imported only in its own processes (the process
 that declares it and its backend's workers), never in the run's process nor in another backend's worker; a plugin
 that disarms torch's comparisons at import and answers empty tensors once judged gets no timed figure, while naive
-and sdpa in the same run keep theirs (harness.execution.plugin_host, supervisor, wire.Channel)."""
+and sdpa in the same run keep theirs (harness.isolation.plugin_host, supervisor, wire.Channel)."""
 
 import os
 import pickle
@@ -15,13 +15,13 @@ import torch
 
 from harness.backends import registry
 from harness.backends.registry import get_backends
-from harness.execution.plugin_host import load_backend_module
-from harness.execution import plugin_host
-from harness.execution.executor import make_executor
-from harness.execution.session import RunSession
-from harness.execution.wire import _Answers
+from harness.isolation.plugin_host import load_backend_module
+from harness.isolation import plugin_host
+from harness.isolation.executor import make_executor
+from harness.run.session import RunSession
+from harness.isolation.wire import _Answers
 from harness.measure.timing import TimingConfig
-from harness.spec.case import AttentionCase
+from harness.cases.case import AttentionCase
 from harness.store.schema import REJECTED, TIMED
 
 CPU = torch.device("cpu")
@@ -83,21 +83,21 @@ def test_a_disarming_plugin_runs_only_in_its_own_processes_and_gets_no_timed_fig
 def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tmp_path):
     """A worker's reply missing its answers (as though told equal where it ran) is not believed: they must come back,
     and the run's judge calls a missing one a missing answer."""
-    from harness.execution.benchmark import judge_timed
-    from harness.execution.runner import prepare_case
-    from harness.execution.timed import TimingResult
+    from harness.run.benchmark import judge_timed
+    from harness.run.runner import prepare_case
+    from harness.calls.timed import TimingResult
 
     session = RunSession(CPU, tmp_path / "run", timing=FAST, executor=make_executor(CPU, isolate=True))
     executor = session.executor
-    from harness.execution.integrity import CallContent, Observed
+    from harness.calls.integrity import CallContent, Observed
     nothing = CallContent(None, None, torch.ones(1))
     forged = TimingResult(observed=[Observed({}, {}, nothing, nothing)])  # no answer: "elided"
     try:
         naive = get_backends(["naive"])[0]
         executor._ask = lambda *args, **kwargs: ("ok", forged)  # what a rewritten worker could send
         executor.workers["naive"] = SimpleNamespace(asked_ns=0, asked_ms=1.0)  # the run's clock around that ask
-        from harness.execution.timed import TimingCall
-        from harness.execution.call import Call
+        from harness.calls.timed import TimingCall
+        from harness.calls.call import Call
         answer = executor.time(naive, TimingCall(Call(CASE, 0), "fwd", FAST), CPU)
     finally:
         executor.workers.pop("naive", None)  # the stand-in above is no process to stop
@@ -108,7 +108,7 @@ def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tm
 @pytest.mark.parametrize("payload, words", [
     (pickle.dumps(eval), "builtins.eval"),
     (pickle.dumps(os.system), "posix.system"),
-    (pickle.dumps(load_backend_module), "harness.execution.plugin_host.load_backend_module"),
+    (pickle.dumps(load_backend_module), "harness.isolation.plugin_host.load_backend_module"),
 ])
 def test_the_run_unpickles_only_data_from_a_backend_process(payload, words):
     import io
@@ -136,7 +136,7 @@ def test_a_message_s_tensor_outside_its_arena_is_refused(layout):
     import multiprocessing
     from multiprocessing.reduction import ForkingPickler
 
-    from harness.execution.wire import Channel, _Pickler
+    from harness.isolation.wire import Channel, _Pickler
 
     buffer = io.BytesIO()
     pickler = _Pickler(buffer, pickle.HIGHEST_PROTOCOL)

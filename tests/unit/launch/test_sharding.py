@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.spec.matrices import MATRICES, build_matrix
+from harness.cases.matrices import MATRICES, build_matrix
 from harness.launch.merge import merge_runs
 from harness.store.load import load_samples
 from harness.launch.sharding import parse_shard, select_shard

@@ -9,7 +9,7 @@ from harness import AttentionCase
 from harness.measure.bandwidth import bound, bytes_moved, copy_bandwidth_samples, roofline_columns, visible_keys
 from harness.measure.flops import attention_flops
 from harness.measure.timing import TimingConfig
-from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, KeyPadding, SlidingWindow
+from harness.cases.masks import CacheCausal, Causal, CausalBottomRight, KeyPadding, SlidingWindow
 
 
 def test_decode_bytes_count_kv_once_per_kv_head():

@@ -263,9 +263,9 @@ def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_on_fresh_d_out(fake):
     (setup ran before the capture); the phase has no setup, its call is the call's replay, and a call's content
     goes into the static dO alone (the forward's graph keeps its q, k, v) - no eager forward."""
     from harness.backends.naive import Naive
-    from harness.execution.integrity import CallContent
-    from harness.execution.timed import graph_phase, phase_callables
-    from harness.spec.case import AttentionCase, make_inputs
+    from harness.calls.integrity import CallContent
+    from harness.calls.timed import graph_phase, phase_callables
+    from harness.cases.case import AttentionCase, make_inputs
 
     case = AttentionCase(1, 2, 8, 8, "fp32")
     inputs = make_inputs(case, "cpu", 1)
@@ -291,7 +291,7 @@ def test_an_event_api_rewritten_after_binding_changes_no_sample_and_slowed_event
     pass it."""
     from dataclasses import replace
 
-    from harness.execution.integrity import EVENT_SLACK_MS, clock_disagreement
+    from harness.calls.integrity import EVENT_SLACK_MS, clock_disagreement
 
     config = TimingConfig(warmup_ms=0, budget_ms=3, min_reps=3, max_reps=3)
     with mock.patch.object(torch.cuda, "Event", lambda enable_timing=False: pytest.fail("an unbound Event was used")):

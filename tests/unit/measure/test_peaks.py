@@ -12,10 +12,10 @@ import torch
 
 from harness import AttentionCase
 from harness.backends.registry import get_backends
-from harness.execution.benchmark import measure_phase
-from harness.execution.device import resolve_device
-from harness.execution.runner import execute, prepare_case
-from harness.execution.timed import TimingResult
+from harness.run.benchmark import measure_phase
+from harness.calls.device import resolve_device
+from harness.run.runner import execute, prepare_case
+from harness.calls.timed import TimingResult
 from harness.measure import peaks as peaks_module
 from harness.measure import roofline
 from harness.measure.bandwidth import COPY_BYTES, bytes_moved
@@ -24,8 +24,8 @@ from harness.measure.measurement import Measurement
 from harness.measure.peaks import BEYOND, PHYSICAL_MARGIN, RunPeaks, limit_tflops
 from harness.measure.peaks import beyond_physical_limit as _beyond
 from harness.measure.timing import TimingConfig
-from harness.spec.case import dtype_name
-from harness.spec.masks import Causal
+from harness.cases.case import dtype_name
+from harness.cases.masks import Causal
 from harness.store.schema import REJECTED, TIMED
 
 
@@ -124,7 +124,7 @@ class _Timed:
         self.samples_ms = tuple(samples_ms)
 
     def time(self, backend, timing, device):
-        from harness.execution.timed import run_timing
+        from harness.calls.timed import run_timing
 
         result = run_timing(backend, timing, device)
         result.measurement = Measurement(self.samples_ms, "cpu-clock", 1)

@@ -10,12 +10,12 @@ import torch
 
 from harness import AttentionCase
 from harness.backends.naive import Naive
-from harness.execution.supervisor import IsolatedExecutor
-from harness.execution.runner import execute, prepare_case
-from harness.execution.session import RunSession
+from harness.isolation.supervisor import IsolatedExecutor
+from harness.run.runner import execute, prepare_case
+from harness.run.session import RunSession
 from harness.measure import stages
 from harness.measure.stages import StageClock, time_lines
-from harness.spec.masks import Causal
+from harness.cases.masks import Causal
 
 CPU = torch.device("cpu")
 

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from harness import AttentionCase
-from harness.execution.device import resolve_device
+from harness.calls.device import resolve_device
 from harness.measure.flops import attention_flops
 from harness.measure.measurement import Measurement
 from harness.measure.memory import peak_memory
 from harness.measure.roofline import matmul_peak_tflops
 from harness.measure.timing import TimingConfig, measure
-from harness.spec.masks import Causal, CausalBottomRight, KeyPadding
+from harness.cases.masks import Causal, CausalBottomRight, KeyPadding
 
 CPU = resolve_device("cpu")
 FAST = TimingConfig(warmup_ms=5, budget_ms=20, min_reps=5)
@@ -188,7 +188,7 @@ def test_a_known_estimate_skips_the_first_call_and_the_estimate():
 def test_the_cost_model_counts_the_calls_measure_makes(monkeypatch, call_ms, estimated):
     """execution.cost.planned_calls mirrors _measure_cpu: on a clock that advances by exactly call_ms a call (a fake
     bound in place of CLOCKS: no real time), measure makes as many calls as the cost model prices."""
-    from harness.execution.cost import planned_calls
+    from harness.planning.cost import planned_calls
     from harness.measure import timing
 
     now = [0]

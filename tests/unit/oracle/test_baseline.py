@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from harness.execution.runner import prepare_case
+from harness.run.runner import prepare_case
 from harness.oracle.baseline import baseline, chunk_rows, dense_bytes
 from harness.oracle.reference import reference_attention
-from harness.spec.case import AttentionCase, make_inputs
-from harness.spec.masks import Causal, Documents, KeyPadding, SlidingWindow
+from harness.cases.case import AttentionCase, make_inputs
+from harness.cases.masks import Causal, Documents, KeyPadding, SlidingWindow
 
 MASKS = [None, Causal(), SlidingWindow(5), KeyPadding((37, 20)), Documents((10, 20, 7))]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from harness import AttentionCase, Inputs, make_inputs, reference_attention
-from harness.spec.masks import CacheCausal, Causal, CausalBottomRight, KeyPadding, SlidingWindow
+from harness.cases.masks import CacheCausal, Causal, CausalBottomRight, KeyPadding, SlidingWindow
 
 
 def test_three_tokens_by_hand():

@@ -8,8 +8,8 @@ import torch
 
 from harness import AttentionCase, Inputs, make_inputs, reference_attention
 from harness.oracle.baseline import modifier_rows, naive_rows
-from harness.spec import alibi_slopes
-from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
+from harness.cases import alibi_slopes
+from harness.cases.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
 
 #: (name, case): each modifier alone, then the combinations models use
 CASES = [

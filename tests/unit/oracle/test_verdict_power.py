@@ -6,8 +6,8 @@ import torch
 
 import harness
 from harness import AttentionCase
-from harness.spec.masks import Causal, KeyPadding
-from harness.spec.matrices import build_matrix
+from harness.cases.masks import Causal, KeyPadding
+from harness.cases.matrices import build_matrix
 from harness.oracle.verdict import judge
 
 # Cases where each planted bug is visible: causal, non-square, GQA, fp32 and bf16.
@@ -101,7 +101,7 @@ def test_correct_builtins_pass_default_matrix():
 
 def test_baseline_stand_in_scales_with_the_reference():
     """Without a usable naive baseline, the stand-in is NAIVE_BOUND at each quantity's magnitude; naive gets None."""
-    from harness.execution.runner import prepare_case
+    from harness.run.runner import prepare_case
     from harness.oracle.verdict import NAIVE_BOUND
     prepared = prepare_case(AttentionCase(1, 2, 32, 16, "bf16", mask=Causal()), torch.device("cpu"))
     assert prepared.naive_error("dq", "naive") is None
@@ -147,9 +147,9 @@ def test_a_gradient_that_cancels_is_held_to_the_rounding_of_its_terms():
     (fuzz seed 17's false failure, issue 49; how far past depends on the CPU's summation order, so the test plants
     the error instead of asserting sdpa's). An error between the two tolerances passes with the terms; sdpa's own
     dk passes; a dk that skips the cancellation (dS = P dP) still fails, by far."""
-    from harness.execution.runner import prepare_case
+    from harness.run.runner import prepare_case
     from harness.oracle.reference import reference_attention
-    from harness.spec.case import make_inputs
+    from harness.cases.case import make_inputs
     case = CANCELLING
     df = harness.check(["naive", "sdpa"], [case], "cpu", seed=2).set_index(["backend", "phase"])
     sdpa = df.loc[("sdpa", "bwd")]
@@ -170,7 +170,7 @@ def test_every_whole_answer_is_judged_with_its_cancelling_terms():
     """PreparedCase.judged is the one way a backend's whole answer meets the rule (the correctness calls, the timed
     answers, the KV-cache probe's stitched chunks): a dk carrying a cancellation's rounding (planted between the two
     tolerances) passes through it and fails without the terms; sdpa's own dk passes through it."""
-    from harness.execution.runner import prepare_case
+    from harness.run.runner import prepare_case
     prepared = prepare_case(CANCELLING, torch.device("cpu"), seed=2)
     assert prepared.reference.dk.abs().max() < 1e-12  # 0 but for float64 rounding
     planted = prepared.reference.dk.float() + _between_floor_and_terms(prepared)

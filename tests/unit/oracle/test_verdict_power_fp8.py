@@ -8,9 +8,9 @@ import torch
 
 import harness
 from harness import AttentionCase
-from harness.spec.fp8 import (FP8_DTYPE, dequantize, kv_scales, magnitudes, per_query_head, q_scales,
+from harness.cases.fp8 import (FP8_DTYPE, dequantize, kv_scales, magnitudes, per_query_head, q_scales,
                               query_magnitudes, quantize)
-from harness.spec.masks import CacheCausal, Causal
+from harness.cases.masks import CacheCausal, Causal
 
 #: per-tensor and per-head scales, causal with GQA (bf16) and over no mask (fp16, MHA)
 PER_TENSOR = AttentionCase(2, 4, 33, 32, "bf16", kv_heads=2, seq_k=65, mask=Causal(), fp8_kv="tensor")
@@ -55,9 +55,9 @@ def test_correct_fp8_plugin_passes_and_quant_err_is_reported_beside(fp8_plugins)
 def test_quant_err_covers_q_s_quantization():
     """quant_err of an FP8 Q/K/V case is the output's error against the unquantized reference with q, K and V all
     quantized (max|ref(dequantized q, K, V) - ref(q, K, V)|), not K/V's alone on the same inputs."""
-    from harness.execution.runner import prepare_case
+    from harness.run.runner import prepare_case
     from harness.oracle.reference import reference_attention
-    from harness.spec.fp8 import dequantized_kv, dequantized_q
+    from harness.cases.fp8 import dequantized_kv, dequantized_q
 
     prepared = prepare_case(Q_PER_TENSOR, torch.device("cpu"))
     inputs = prepared.inputs

@@ -1,14 +1,14 @@
 """Planted kernels that pass one call and cheat on another must fail correctness, which now judges the call
 inference makes (no autograd) and the training call, each with its inputs left as given and its output its own
-(harness.execution.call, runner; docs/integrity.md). The kernels are tests/fixtures/gamed_kernels.py."""
+(harness.calls.call, runner; docs/integrity.md). The kernels are tests/fixtures/gamed_kernels.py."""
 
 import pytest
 
 from harness import AttentionCase
-from harness.execution.device import resolve_device
-from harness.execution.session import run_seed
-from harness.execution.runner import execute, prepare_case
-from harness.spec.masks import Causal
+from harness.calls.device import resolve_device
+from harness.run.session import run_seed
+from harness.run.runner import execute, prepare_case
+from harness.cases.masks import Causal
 from tests.fixtures import gamed_kernels as gamed
 
 CPU = resolve_device("cpu")

@@ -5,7 +5,7 @@ import pytest
 
 import harness
 from harness import AttentionCase
-from harness.spec.masks import CacheCausal
+from harness.cases.masks import CacheCausal
 
 #: a 12-token prefill chunk, two decodes and a 4-token verification over caches of 45, 20, 33 and 27 keys in pages of
 #: 16 (no length a multiple of the page size; the first cache the longest, so one length for all reads stale keys),

@@ -4,7 +4,7 @@ import pytest
 
 import harness
 from harness import AttentionCase
-from harness.spec.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
+from harness.cases.masks import Causal, CausalBottomRight, KeyPadding, SlidingWindow
 from tests.fixtures.broken_modifier_backends import BUGS, ModifierBackend
 
 # the third has 8 rows that see no key: there a cap applied after the mask turns -inf into -c and the row is no

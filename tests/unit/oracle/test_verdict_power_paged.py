@@ -4,7 +4,7 @@ import pytest
 
 import harness
 from harness import AttentionCase
-from harness.spec.masks import CacheCausal
+from harness.cases.masks import CacheCausal
 
 #: decode (fp32, GQA) and 4-token verification (bf16) over caches of 45, 20 and 33 keys in pages of 16: no length
 #: a multiple of the page size, the second sequence much shorter than the longest

@@ -8,7 +8,7 @@ import harness
 from harness import Backend, register
 from harness.backends import registry
 from harness.probes.batch_invariance import alone, batch_invariance_check, check_batch_invariance, invariance_case
-from harness.spec.case import make_inputs
+from harness.cases.case import make_inputs
 
 CPU = torch.device("cpu")
 

@@ -12,9 +12,9 @@ from harness.backends import get_backends
 from harness.backends.base import Backend
 from harness.backends.naive import Naive
 from harness.probes.edge_cases import NAN_TAIL, EdgeCase, edge_cases, edge_inputs, run_edge
-from harness.execution.supervisor import IsolatedExecutor
+from harness.isolation.supervisor import IsolatedExecutor
 from harness.probes.empty import SHAPES, empty_row, probe, probe_all
-from harness.spec.masks import Causal, KeyPadding
+from harness.cases.masks import Causal, KeyPadding
 from harness.store.writer import ResultsWriter
 
 CPU = torch.device("cpu")
@@ -163,7 +163,7 @@ def test_a_worker_dying_by_a_signal_leaves_no_semaphore_to_the_runs_resource_tra
     pytest.importorskip("tqdm", reason="tqdm (torch's optional progress bars) is what planted the semaphore")
     script = (f"import torch\n"
               f"from harness.backends.naive import Naive\n"
-              f"from harness.execution.supervisor import IsolatedExecutor\n"
+              f"from harness.isolation.supervisor import IsolatedExecutor\n"
               f"from harness.probes.empty import probe_all\n"
               f"from harness.backends.base import Backend\n"
               f"if __name__ == '__main__':\n"

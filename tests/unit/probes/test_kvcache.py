@@ -6,9 +6,9 @@ import torch
 from harness import AttentionCase, make_inputs
 from harness.backends import get_backends
 from harness.backends.naive import Naive
-from harness.spec.case import Inputs
+from harness.cases.case import Inputs
 from harness.probes.kvcache import chunk_bounds, decode_rows, prefill_rows
-from harness.spec.masks import Causal, CausalBottomRight
+from harness.cases.masks import Causal, CausalBottomRight
 from harness.oracle.reference import reference_attention
 
 CPU = torch.device("cpu")
@@ -70,7 +70,7 @@ def test_rows_name_the_kernel_the_worker_ran_under_isolation(tmp_path):
     """The kernel a row records comes back with the call's result (the plan names it where the call ran): under
     isolation the assembled prefill rows said the supervisor's idle backend's default name ('sdpa-math'), now the
     kernel the worker's plan ran ('sdpa:math'), as in process."""
-    from harness.execution.supervisor import IsolatedExecutor
+    from harness.isolation.supervisor import IsolatedExecutor
 
     from harness.backends.sdpa import SdpaMath
 

@@ -144,7 +144,7 @@ def test_report_splits_by_modifier(tmp_path):
     import harness
     from harness import AttentionCase
     from harness.report.analysis import case_group, modifier_support
-    from harness.spec.masks import Causal
+    from harness.cases.masks import Causal
 
     cases = [AttentionCase(1, 2, 16, 8, "fp32", mask=Causal(), softcap=5.0),
              AttentionCase(1, 2, 16, 8, "fp32", sinks=True, alibi=True), AttentionCase(1, 2, 16, 8, "fp32")]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from harness.oracle.verdict import Check
-from harness.spec.case import AttentionCase
-from harness.spec.masks import Causal
+from harness.cases.case import AttentionCase
+from harness.cases.masks import Causal
 from harness.store import host
 from harness.store.rows import make_row
 from harness.store.schema import FAIL, FWD, PASS

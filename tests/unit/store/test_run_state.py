@@ -15,7 +15,7 @@ import pytest
 from harness.compare.history import history_text, load_history
 from harness.compare.report import header
 from harness.compare.runs import compare_runs
-from harness.execution.recorder import RunRecorder
+from harness.run.recorder import RunRecorder
 from harness.report.data import load_run
 from harness.report.document import report_blocks
 from harness.store.run_dir import read_env, write_env

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.spec.case import AttentionCase
-from harness.spec.matrices import build_matrix
-from harness.spec.presets import quick_cases
+from harness.cases.case import AttentionCase
+from harness.cases.matrices import build_matrix
+from harness.cases.presets import quick_cases
 from harness.store.schema import BWD, FAIL, FWD, FWD_BWD, PASS, PHASES, REJECTED, UNAVAILABLE, Row, figures_comparable
 from harness.suite import plugin
 
@@ -176,8 +176,8 @@ def test_the_progress_weights_are_the_estimates_steps_per_test():
     import torch
 
     from harness.backends.registry import get_backends
-    from harness.execution.cost import Job, job_cost, matrix_cost
-    from harness.spec.case import AttentionCase
+    from harness.planning.cost import Job, job_cost, matrix_cost
+    from harness.cases.case import AttentionCase
     from harness.store.schema import FWD, PHASES
     from harness.suite.plugin import _item_weights
     from tests.unit.execution.test_cost import UNITS

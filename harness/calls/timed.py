@@ -1,0 +1,233 @@
+"""One timing round of one phase as data, run next to the kernel (here or in its worker): memory, samples, compile."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+
+from harness.backends.base import Backend
+from harness.calls.cache import CallCaches
+from harness.calls.bound import BoundCall, backend_inputs, modifier_leaves
+from harness.calls.call import Call, call_inputs, device_scope, leaf_grads
+from harness.calls.integrity import INPUT_NAMES, CallContent, RoundGuard
+from harness.calls.outcome import Failure, free
+from harness.measure.cuda_graph import Captured
+from harness.measure.measurement import Measurement
+from harness.measure.memory import peak_memory
+from harness.measure.stages import stage
+from harness.measure import timing as clocks  # clocks.CLOCKS, read where used: one binding for every reading
+from harness.measure.timing import TimingConfig, measure
+from harness.cases.case import Inputs
+from harness.cases.paged import paged_layout, to_paged
+from harness.store.schema import BWD, FWD, FWD_BWD, GRADS, OOM
+
+
+@dataclass(frozen=True)
+class TimingCall:
+    """Time `phase` of the call's case; estimate_ms, known_memory (bytes, method) from earlier rounds (None: measure
+    now); checked: every call on fresh content, checked where it runs and its answers judged (integrity.RoundGuard)."""
+
+    call: Call
+    phase: str
+    config: TimingConfig
+    estimate_ms: float | None = None
+    known_memory: tuple[int, str] | None = None
+    cpu_mem_budget: int | None = None
+    checked: bool = True
+
+
+@dataclass
+class TimingResult:
+    measurement: Measurement | None = None
+    peak_mem_bytes: int | None = None
+    mem_method: str | None = None
+    failure: Failure | None = None
+    compile_ms: float | None = None
+    #: the judged calls' answers as they returned, with what was read of them inside their timed region and their
+    #: content (integrity.Observed), the last call's last; [] unchecked
+    observed: list = field(default_factory=list)
+    #: the integrity rules the timed calls broke where they ran; '' when none
+    integrity: str = ""
+    #: the round (ms) as the timing process's clocks account for it (its work around `measure`, measure's own, the
+    #: samples), and by the run's clock from its request to the reply (None: not timed): integrity.clock_audit
+    accounted_ms: float | None = None
+    wall_ms: float | None = None
+    #: the timing process's clock as the round started, and the run's as it sent the request (ns; one system-wide
+    #: monotonic clock): a round cannot start before it was asked for, so a clock left behind shows here
+    started_ns: int | None = None
+    asked_ns: int | None = None
+    #: the share of the machine's CPU time that processes other than the worker and the run took during the round
+    #: (0-1, read by the run's process: neighbours.EqualMachine; None: not read)
+    others_share: float | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        return self.failure is not None and self.failure.interrupted
+
+
+@dataclass
+class Phase:
+    """What timing a phase runs: `setup` before every repetition (untimed), `fn` the timed call, `build` what fn
+    reads made anew; buffers: the call's inputs by name; fresh(content, base) writes a call's content on `base` into
+    those it reads (all four; the backward alone: dO, on the graph it has; the forward alone: q, k, v); sources(inputs):
+    what those hold for `inputs`; answers(value): what a call returned, by quantity (out, dq, ...), in the canonical
+    layout, not copied."""
+
+    setup: Callable[[], None] | None
+    fn: Callable[[], object]
+    build: Callable[[], None] | None = None
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    fresh: Callable[[CallContent, Inputs], None] | None = None
+    sources: Callable[[Inputs], dict[str, torch.Tensor]] | None = None
+    answers: Callable[[object], dict[str, torch.Tensor]] | None = None
+
+
+def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
+    """The Phase of fwd (no autograd), bwd (the backward alone, on a retained graph) or fwd+bwd (a training step)."""
+    q, k, v, d_out = backend_inputs(backend, case, inputs, requires_grad=phase != FWD)
+    leaves = modifier_leaves(inputs, requires_grad=phase != FWD)  # sinks/bias: their gradients are work too
+    call = BoundCall(backend, case, device, leaves=leaves)
+    buffers = {"q": q, "k": k, "v": v, "dO": d_out, **leaves}
+    built: list = []
+
+    forward = functools.partial(call, q, k, v)
+
+    def reset():
+        for t in (q, k, v, *leaves.values()):
+            t.grad = None
+
+    # the buffers a call's content goes into: the backward alone reads a new dO on the graph it has (its q, k, v
+    # stay), the forward alone reads no dO
+    renewed = ("dO",) if phase == BWD else ("q", "k", "v") if phase == FWD else tuple(INPUT_NAMES)
+
+    def sources(new: Inputs) -> dict[str, torch.Tensor]:
+        # what the renewed buffers hold for inputs `new`
+        if phase == BWD:
+            return {"dO": backend.to_layout(new.d_out)}
+        made = dict(zip(("q", "k", "v", "dO"), backend_inputs(backend, case, new, False, copy=False)))
+        return {name: made[name] for name in renewed}
+
+    # the buffers are the canonical inputs laid out (a transpose) unless FP8 changes them: a call's content is
+    # multiplied straight into them, one op a buffer, and a paged cache's K or V times its factors is scattered into
+    # its pages in place (spec.paged.to_paged(into=): the slots no sequence owns keep what they were made with, which
+    # the snapshot holds them to; making the cache anew and copying it in was ~60 % of a decode key's round); FP8's
+    # inputs are made and copied in
+    direct = phase == BWD or (case.fp8_kv is None and not case.fp8_q)
+    pages = paged_layout(case, device) if direct and case.page_size is not None else None
+    paged = tuple(name for name in ("k", "v") if pages is not None and name in renewed)
+    # detached views: written outside autograd without switching grad mode on every call (a leaf's new content is
+    # its data, not an operation on it; each call's graph is built after the write)
+    written = {name: (buffers[name] if name in paged else backend.from_layout(buffers[name])).detach()
+               for name in renewed if direct}
+    group = case.heads // case.kv_heads
+
+    def fresh(content: CallContent, base: Inputs) -> None:
+        if not direct:
+            with torch.no_grad():
+                for name, source in sources(content.inputs(base)).items():
+                    buffers[name].copy_(source)
+            return
+        factors = content.factors(group)  # drawn as the inputs' dtype and device (RoundGuard)
+        for name, target in written.items():
+            if name in paged:
+                to_paged(getattr(base, name) * factors[name], pages, into=target)
+            else:
+                torch.mul(getattr(base, INPUT_NAMES[name]), factors[name], out=target)
+
+    def answers(value) -> dict[str, torch.Tensor]:
+        found = {"out": backend.from_layout(value.detach())} if isinstance(value, torch.Tensor) else {}
+        if phase != FWD:  # sinks and bias: canonical in every layout
+            found.update((name, backend.from_layout(g) if name in GRADS else g)
+                         for name, (g, _) in leaf_grads(q, k, v, leaves).items())
+        return found
+
+    def inference():  # as the correctness call runs it: a compiled backend guarded on grad mode compiles once
+        with torch.no_grad():
+            return forward()
+
+    def step():
+        out = forward()
+        out.backward(d_out)
+        return out
+
+    def build():  # the forward, made anew; retain_graph lets every repetition run the same backward alone
+        built[:] = [forward()]
+
+    if phase == FWD:
+        return Phase(None, inference, None, buffers, fresh, sources, answers)
+    if phase == FWD_BWD:
+        return Phase(reset, step, None, buffers, fresh, sources, answers)
+    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build, buffers, fresh, sources, answers)
+
+
+def graph_phase(timed: Phase, device: torch.device) -> tuple[Phase, Captured]:
+    """`timed` captured in a CUDA graph (its build in one of its own), as a Phase whose call is a replay: a call's
+    content goes into the static inputs the replays read, and answers reads the static output and gradients."""
+    captured = Captured(timed.fn, timed.setup, device, timed.build)
+    return replace(timed, setup=None, fn=captured.replay, build=None), captured
+
+
+def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
+               caches: CallCaches | None = None) -> TimingResult:
+    """Measure one round; every failure comes back as a Failure. Checked, every call runs on content no earlier call
+    saw and what the calls did is checked where they ran (integrity.RoundGuard); their answers come back (observed)."""
+    start = clocks.CLOCKS.now_ns()
+    result = TimingResult(started_ns=start)
+    case, phase = timing.call.case, timing.phase
+    with device_scope(device):
+        try:
+            with stage("inputs"):
+                inputs = call_inputs(timing.call, device, None if caches is None else caches.drawn)
+                guard = RoundGuard(case, phase, inputs) if timing.checked else None
+                inputs = inputs if guard is None else guard.inputs  # the round's own content
+
+            def built() -> Phase:
+                timed = phase_callables(backend, case, inputs, device, phase)
+                if guard is not None:
+                    guard.watch(timed)
+                return timed
+
+            # On the CPU a first round's memory probe is its first call: the phase built once, watched from before
+            # it, and measure told the call is warm; elsewhere the probe is a Phase of its own, freed before timing,
+            # so a backward alone's graph is never held twice
+            warm = device.type == "cpu" and timing.estimate_ms is None and timing.known_memory is None
+            timed = built() if warm else None
+            if timing.known_memory is not None:
+                result.peak_mem_bytes, result.mem_method = timing.known_memory
+            else:
+                with stage("peak memory"):
+                    probe = timed or phase_callables(backend, case, inputs, device, phase)
+                    if probe.build is not None:
+                        probe.build()
+                    result.peak_mem_bytes, result.mem_method = peak_memory(probe.fn, device=device, setup=probe.setup)
+                    del probe
+            budget = timing.cpu_mem_budget
+            if budget is not None and device.type == "cpu" and result.peak_mem_bytes > budget:
+                result.failure = Failure(OOM, f"needed {result.peak_mem_bytes} bytes above inputs > CPU budget "
+                                              f"{budget}")
+                return result
+            with stage("timing"):
+                timed, captured = timed or built(), None
+                if timing.config.cuda_graph and device.type == "cuda":
+                    timed, captured = graph_phase(timed, device)  # the samples are replays: the guard's too
+                measure_start = clocks.CLOCKS.now_ns()
+                result.measurement = measure(timed.fn, device=device, setup=timed.setup, config=timing.config,
+                                             estimate_ms=timing.estimate_ms, build=None if warm else timed.build,
+                                             warm=warm, guard=guard, graph=captured)
+                measure_ns = clocks.CLOCKS.now_ns() - measure_start
+            result.compile_ms = backend.compile_time_ms()
+            if guard is not None:
+                with stage("integrity"):
+                    result.observed, result.integrity = guard.finish(device)
+            # what the round accounts for: a clock that read any part short shows as time nobody accounted for
+            m = result.measurement
+            outside_ms = (clocks.CLOCKS.now_ns() - start - measure_ns) / 1e6
+            result.accounted_ms = outside_ms + m.untimed_ms + sum(m.samples_ms)
+        except BaseException as exc:  # noqa: B036 - a backend's SystemExit or KeyboardInterrupt is this round's row
+            failure = Failure.of(exc)
+            result.failure = Failure(failure.status, f"during timing: {failure.reason}", failure.interrupted)
+            free(device)
+    return result

@@ -1,0 +1,1 @@
+"""Fuzzing: the case space within a backend's declarations, drawing, shrinking a failure."""

@@ -1,0 +1,1 @@
+"""Planning a run: the whole job's cost model."""

@@ -1,0 +1,528 @@
+"""What a job will cost before it runs (FLOPs, memory, every step's time at rates measured here), or why not."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import time
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+from harness.backends.base import Backend
+from harness.backends.registry import built_in_names
+from harness.run.runner import backward_reason, baseline_budget
+from harness.measure.timing import SELF_WARMING_MS, TimingConfig, repetitions
+from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
+from harness.oracle.reference import block_rows, reference_attention, reference_flops, reference_budget
+from harness.cases.case import AttentionCase, make_inputs
+from harness.store.host import available_memory
+from harness.store.schema import FWD, PHASES
+
+#: a job whose whole estimate (JobCost: every step) is longer than this is refused unless the override flag is given
+LIMIT_S = 3600.0
+OVERRIDE_FLAG = "--allow-expensive"
+#: the calibration case: big enough that its GEMMs run at the rate a real case sees, small enough to cost
+#: ~0.1 s (CPU: 3 GFLOP) or ~10 ms (GPU: 0.4 TFLOP)
+CALIBRATION = {"cpu": AttentionCase(1, 8, 512, 128, "fp32"), "cuda": AttentionCase(1, 16, 4096, 128, "fp32")}
+
+
+def planned_calls(estimate_ms: float, cfg: TimingConfig, *, device_type: str, estimated: bool) -> int:
+    """How many calls measure.timing.measure makes of a call that takes `estimate_ms` (mirrors `_measure_cpu` and
+    `_measure_cuda`; tests/unit/measure/test_timing.py holds the CPU's to it): the first call and the estimate calls
+    when no estimate is given (`estimated` False), the warm-up, the samples."""
+    warmup, reps = repetitions(estimate_ms, cfg)
+    if device_type == "cuda":  # one untimed call and do_bench's 5 estimate calls; at least one warm-up call
+        return (0 if estimated else 6) + max(1, warmup) + reps
+    if estimated:
+        return max(warmup, 0 if estimate_ms >= SELF_WARMING_MS else 1) + reps
+    looks = 1 if estimate_ms >= cfg.budget_ms / cfg.min_reps else 2
+    warmup = max(warmup - looks, 0)
+    # with no warm-up (and more than one sample) the last look is the first sample
+    return 1 + looks + warmup + reps - (1 if not warmup and reps > 1 else 0)
+
+
+@dataclass(frozen=True)
+class CaseCost:
+    """One case's reference FLOPs and the peak bytes of inputs, reference, baseline."""
+
+    case: AttentionCase
+    reference_flops: int
+    input_bytes: int
+    reference_bytes: int
+    baseline_bytes: int
+
+    @classmethod
+    def of(cls, case: AttentionCase, reference_budget_bytes: int, baseline_budget_bytes: int) -> "CaseCost":
+        """The cost of `case` under the reference's and baseline's buffer budgets (beyond them they chunk)."""
+        q_elems = case.batch * case.heads * case.seq_q * case.head_dim
+        kv_elems = case.batch * case.kv_heads * case.seq_k * case.head_dim
+        # q, k, v, d_out and the gradients of the first three, in the case's dtype
+        inputs = (2 * q_elems + 2 * kv_elems) * 2 * case.dtype.itemsize
+        # float64: q, d_out, out, dq; k, v, their transposes, dk, dv; two score-sized block buffers
+        block = block_rows(case, reference_budget_bytes, "cuda")  # the budget alone, without the CPU's cap
+        reference = (4 * q_elems + 6 * kv_elems) * 8 + 2 * case.batch * case.heads * block * case.seq_k * 8
+        one_row = SCORE_TENSORS * case.batch * case.heads * case.seq_k * case.dtype.itemsize
+        baseline = min(dense_bytes(case), max(baseline_budget_bytes, one_row))
+        return cls(case, reference_flops(case), inputs, reference, baseline + inputs)
+
+    @property
+    def peak_bytes(self) -> int:
+        """Inputs plus the larger of reference and baseline (they run one after the other)."""
+        return self.input_bytes + max(self.reference_bytes, self.baseline_bytes)
+
+
+#: the baseline's calibration GEMM on each device: (batch, n, d) of a (b, n, d) @ (b, d, n) matmul
+BASELINE_GEMM = {"cpu": (4, 256, 128), "cuda": (16, 2048, 128)}
+#: a rate is the best of this many samples after an untimed warm-up (thread pool start, kernel selection, page
+#: faults). The best, not the median: load only slows a sample down, and the median of five moved 25x between three
+#: commands on a loaded 2-core VM (issues 23, 35; docs/design/execution.md)
+REPEATS = {"baseline": 7, "reference": 3}
+#: a baseline sample repeats the GEMM until it has run this long, so a fast machine's timer resolution and
+#: scheduling jitter do not decide its rate
+MIN_SAMPLE_S = 0.02
+
+
+def _best_seconds(call, device: torch.device, repeats: int, min_sample_s: float = 0.0) -> float:
+    """Fewest seconds per `call()` over `repeats` samples (each at least `min_sample_s`) after a warm-up call."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    call()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        calls, start, elapsed = 0, time.perf_counter(), -1.0
+        while elapsed < min_sample_s:
+            call()
+            calls += 1
+            sync()
+            elapsed = time.perf_counter() - start
+        samples.append(elapsed / calls)
+    return min(samples)
+
+
+@contextlib.contextmanager
+def _per_thread(device: torch.device):
+    """On a CPU, time on one thread and yield the thread count to scale by (1 on a GPU; docs/design/execution.md)."""
+    if device.type == "cuda":
+        yield 1
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(threads)
+
+
+@functools.lru_cache(maxsize=None)
+def baseline_rate(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of a batched GEMM in `dtype` on `device` (the baseline's operation; ~1 GFLOP/s without bf16 units)."""
+    b, n, d = BASELINE_GEMM["cuda" if device.type == "cuda" else "cpu"]
+    x = torch.randn(b, n, d, device=device).to(dtype)
+    y = torch.randn(b, d, n, device=device).to(dtype)
+    with _per_thread(device) as threads:
+        seconds = _best_seconds(lambda: torch.bmm(x, y), device, REPEATS["baseline"], MIN_SAMPLE_S)
+    return 2 * b * n * n * d / seconds * threads
+
+
+@functools.lru_cache(maxsize=None)
+def reference_rate(device: torch.device) -> float:
+    """The float64 reference's FLOP/s on `device`, on the calibration case (a call is long enough to need no loop)."""
+    case = CALIBRATION["cuda" if device.type == "cuda" else "cpu"]
+    inputs = make_inputs(case, device)
+    with _per_thread(device) as threads:
+        seconds = _best_seconds(lambda: reference_attention(case, inputs), device, REPEATS["reference"])
+    return reference_flops(case) / seconds * threads
+
+
+def _duration(seconds: float) -> str:
+    return (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200
+            else f"{seconds / 3600:.1f} h")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2 ** 30:.1f} GiB"
+
+
+#: what every estimate assumes, printed with it
+ASSUMED = ("Assumed: the reference runs at the rate of a calibration case timed here (best of "
+           f"{REPEATS['reference']}), the baseline at a batched matmul's rate in its dtype (best of "
+           f"{REPEATS['baseline']}), on a CPU one thread's rate times the threads; each backend's calls at the "
+           "baseline's rate times its declared relative_speed, the timing rounds' calls as measure() plans them, and "
+           "fixed costs per call, round, compile and probe fitted on one 2-core VM quiet and loaded, priced between "
+           "the two by the load average here (docs/measurements.md); a compile inductor has cached costs less")
+
+
+@dataclass(frozen=True)
+class MatrixCost:
+    """The cost of cases on one device, with the rates used (FLOP/s): the reference's, the baseline's per dtype."""
+
+    costs: tuple[CaseCost, ...]
+    device: torch.device
+    rate: float
+    baseline_rates: dict[torch.dtype, float]
+    memory: int
+
+    @property
+    def reference_seconds(self) -> float:
+        return sum(c.reference_flops for c in self.costs) / self.rate
+
+    @property
+    def baseline_seconds(self) -> float:
+        # the baseline does the reference's six dense GEMMs, in the case's dtype
+        return sum(c.reference_flops / self.baseline_rates[c.case.dtype] for c in self.costs)
+
+    @property
+    def seconds(self) -> float:
+        return self.reference_seconds + self.baseline_seconds
+
+    def case_seconds(self, cost: CaseCost) -> float:
+        return cost.reference_flops / self.rate + cost.reference_flops / self.baseline_rates[cost.case.dtype]
+
+    @property
+    def largest(self) -> CaseCost:
+        return max(self.costs, key=lambda c: c.peak_bytes)
+
+    def summary(self) -> str:
+        """One line: the cases, the reference's and baseline's expected time, the largest memory need."""
+        total = sum(c.reference_flops for c in self.costs)
+        rates = ", ".join(f"{str(t).replace('torch.', '')} {r / 1e9:.3g}" for t, r in self.baseline_rates.items())
+        return (f"{len(self.costs)} cases on {self.device}: float64 reference ~{_duration(self.reference_seconds)} "
+                f"({total / 1e12:.3g} TFLOP at a measured {self.rate / 1e9:.3g} GFLOP/s), same-dtype baseline "
+                f"~{_duration(self.baseline_seconds)} (measured GFLOP/s: {rates}); largest case needs "
+                f"~{_gib(self.largest.peak_bytes)} ({self.largest.case.id}) of {_gib(self.memory)}")
+
+    def memory_problem(self) -> str | None:
+        """Why the largest case does not fit this device's memory, or None."""
+        big = self.largest
+        if big.peak_bytes <= self.memory:
+            return None
+        return (f"{big.case.id} needs ~{_gib(big.peak_bytes)} (inputs {_gib(big.input_bytes)}, reference "
+                f"{_gib(big.reference_bytes)}, baseline {_gib(big.baseline_bytes)}) where {self.device} has "
+                f"{_gib(self.memory)}")
+
+
+@dataclass(frozen=True)
+class RunRates:
+    """A job's unit costs on one device type, beside the FLOP rates measured at run time (docs/measurements.md,
+    "The whole job's estimate"): what a step costs besides its arithmetic."""
+
+    device_type: str
+    #: the command's start before its first step: imports, the rates measured, the backends' availability asked
+    startup_s: float
+    #: a run session's start (the suites and `check`): its workers, the environment record, the peak probes
+    session_s: float
+    #: a case's own cost besides its reference's and baseline's arithmetic: its inputs, copies to the workers,
+    #: recommend's bandwidth ceiling
+    case_s: float
+    #: a correctness call's fixed cost: the worker round trip, the inputs made again there, the answers sent back
+    call_s: float
+    #: the least one call of a backend takes, whatever its arithmetic (dispatch, a kernel launch)
+    call_floor_s: float
+    #: elements of an answer (out, dq, dk, dv) judged against the float64 reference per second
+    judged_per_s: float
+    #: a timing round's fixed cost besides its calls' arithmetic: round trip, memory probe, new content, the row
+    key_round_s: float
+    #: what a `compiles_per_shape` backend's compile of one new graph (a shape, with or without gradients) costs
+    compile_s: float
+    #: the probes stage per backend (its fixed small cases), and the graphs a compiling backend compiles there
+    probes_s: float
+    probe_graphs: int
+    #: recommend's deployment checks per backend besides the determinism check's two calls (a small-shape compile)
+    checks_s: float
+    #: the benchmark stage's own tests: the timing fidelity and the reference's long-sequence memory
+    fidelity_s: float
+    #: the load average per CPU these costs are for (None: the device's own fit, load not read)
+    load_per_cpu: float | None = None
+
+
+#: this project's 2-core VM shared with other jobs (2026-12-03, torch 2.11, load average ~9-12), fitted to a
+#: `pytest suites --benchmark --matrix smoke --rounds 1` run's stage times, a probes-stage run of naive, sdpa and flex
+#: and a small `recommend`; key_round_s between that run's 1.7 s and a quiet main job's 0.15 s (docs/measurements.md,
+#: "The whole job's estimate"): a quiet machine, or warm compile caches, take less
+CPU = RunRates("cpu", startup_s=16.0, session_s=30.0, case_s=5.0, call_s=1.3, call_floor_s=1e-4, judged_per_s=2e7,
+               key_round_s=0.8, compile_s=12.0, probes_s=27.0, probe_graphs=8, checks_s=13.0, fidelity_s=48.0)
+#: the same VM quiet (2026-12-04, torch 2.13, load average 0.4-1.9 on 2 CPUs: the run's own), from the stage clocks of
+#: the default main job (its benchmark stage 96-99 s: 984 rounds, ~35 s of it each round's pipe, judging, memory
+#: probe and inputs; correctness 12-13 s for 30 cases; probes 24 s for 5 backends), `check` and `recommend` on
+#: llama-3-8b and a smoke suite run; compile_s is a cold flex compile (fuzz's fit): a warm inductor cache skips most
+#: of it, which the estimate does not know (docs/measurements.md, "The whole job's estimate")
+CPU_QUIET = RunRates("cpu", startup_s=6.0, session_s=12.0, case_s=0.2, call_s=0.05, call_floor_s=1e-4,
+                     judged_per_s=2e7, key_round_s=0.05, compile_s=3.2, probes_s=4.0, probe_graphs=8, checks_s=2.5,
+                     fidelity_s=5.0)
+#: the load average per CPU of each CPU fit: the quiet one's (a run's own threads keep one per CPU busy) and the
+#: loaded one's (9-12 on 2 CPUs); between them each unit cost is priced log-linearly in the load, beyond them the fit
+QUIET_LOAD, LOADED_LOAD = 1.0, 5.25
+#: one H200 (2026-11-30, torch 2.11), fitted to its gpu-smoke run with 7 backends (docs/design/execution.md): a
+#: key's round 0.52 s in all, less the 42 ms of its budget share the model counts as calls; the probes and the
+#: benchmark stage's own tests in session_s and key_round_s, flex's compiles in call_s (that run did not split them);
+#: checks_s is a guess (no recommend was timed there)
+H200 = RunRates("cuda", startup_s=0.0, session_s=60.0, case_s=0.0, call_s=0.5, call_floor_s=2e-5, judged_per_s=6.6e7,
+                key_round_s=0.48, compile_s=0.0, probes_s=0.0, probe_graphs=0, checks_s=10.0, fidelity_s=0.0)
+#: each device type's unit costs (a device type not named takes the GPU's)
+RATES = {"cpu": CPU, "cuda": H200}
+
+
+def load_per_cpu() -> float:
+    """This machine's load average over the last minute per CPU this process may use."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return os.getloadavg()[0] / cpus
+
+
+def cpu_rates(load: float) -> RunRates:
+    """The CPU unit costs at `load` (average per CPU): the quiet fit up to QUIET_LOAD, the loaded fit from
+    LOADED_LOAD, and between them each cost geometrically between the two (a shared machine's fixed costs - process
+    round trips, scheduling, compiles - grow with its contention; the FLOP rates are measured per run)."""
+    if not math.isfinite(load) or load < 0:
+        raise ValueError(f"load per CPU {load!r}: must be a finite number >= 0")
+    t = min(1.0, max(0.0, math.log(max(load, QUIET_LOAD) / QUIET_LOAD) / math.log(LOADED_LOAD / QUIET_LOAD)))
+    costs = {f.name: getattr(CPU_QUIET, f.name) ** (1 - t) * getattr(CPU, f.name) ** t for f in fields(RunRates)
+             if f.type == "float"}
+    return replace(CPU_QUIET, **costs, load_per_cpu=load)
+
+
+def rates_here(device: torch.device, load: float | None = None) -> RunRates:
+    """The unit costs of a job on `device` now: on a CPU priced at `load` (default: this machine's now)."""
+    if device.type != "cpu":
+        return RATES.get(device.type, H200)
+    return cpu_rates(load_per_cpu() if load is None else load)
+
+
+#: the H200's measured FLOP rates and memory, for estimates made without the GPU at hand (run_estimate)
+H200_REFERENCE_RATE, H200_MEMORY = 22.4e12, 141 * 10 ** 9
+H200_BASELINE_RATES = {torch.bfloat16: 693e12, torch.float16: 664e12, torch.float32: 50e12}
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a command runs besides each case's reference and baseline: the backends' correctness calls always;
+    timing of `phases` (all cases, or per case id) in `rounds` at `timing`; the probes stage; a run session's start
+    (`session`: the suites, `check`); `advisor`: recommend's order (each backend timed in one round right after its
+    verdict, no session), with its deployment checks when `checks`."""
+
+    backends: tuple[Backend, ...]
+    phases: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
+    rounds: int = 1
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    probes: bool = False
+    session: bool = True
+    advisor: bool = False
+    checks: bool = False
+
+    def phases_of(self, case: AttentionCase) -> tuple[str, ...]:
+        return self.phases.get(case.id, ()) if isinstance(self.phases, dict) else self.phases
+
+
+@dataclass(frozen=True)
+class Step:
+    """One estimated step of a job: its stage, what it is, its seconds, and what it is of (the progress lines' key:
+    (case id,) for the reference and baseline, (case id, backend), (case id, backend, phase, round), ...)."""
+
+    stage: str
+    what: str
+    seconds: float
+    key: tuple = ()
+
+
+#: the stages of a job's steps, in the order the summary names them
+JOB_STAGES = ("start", "probes", "reference", "correctness", "compile", "timing", "checks")
+#: how the estimate's line names a stage where its name is too short
+STAGE_WORDS = {"reference": "reference and baseline", "correctness": "correctness calls", "compile": "compiles",
+               "timing": "timing rounds", "checks": "deployment checks"}
+
+
+def _elements(case: AttentionCase, grads: bool) -> int:
+    """Elements of the answers judged: out (q's shape, v's head dim), with grads dq, dk, dv."""
+    q = case.batch * case.heads * case.seq_q
+    kv = case.batch * case.kv_heads * case.seq_k
+    return q * case.head_dim_v + (q * case.head_dim + kv * (case.head_dim + case.head_dim_v) if grads else 0)
+
+
+@dataclass(frozen=True)
+class JobCost:
+    """A whole job's estimate on one device: its steps at the matrix's measured rates and the device's unit costs."""
+
+    matrix: MatrixCost
+    rates: RunRates
+    steps: tuple[Step, ...]
+    #: the backends whose speed the estimate guesses: plugins declaring no relative_speed for this device
+    guessed: tuple[str, ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.steps)
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Seconds per stage of JOB_STAGES (those with steps), in that order."""
+        return {name: sum(s.seconds for s in self.steps if s.stage == name) for name in JOB_STAGES
+                if any(s.stage == name for s in self.steps)}
+
+    def seconds_of(self, *prefix, stages: tuple[str, ...] = JOB_STAGES) -> float:
+        """Seconds of the steps in `stages` whose key starts with `prefix`."""
+        return sum(s.seconds for s in self.steps if s.key[:len(prefix)] == prefix and s.stage in stages)
+
+    def breakdown(self) -> str:
+        """'start ~25 s, reference and baseline ~20 min, ...': each stage's seconds."""
+        return ", ".join(f"{STAGE_WORDS.get(name, name)} ~{_duration(sec)}"
+                         for name, sec in self.stage_seconds().items())
+
+    def summary(self) -> str:
+        """One line: the whole job's estimate by stage, then the matrix's figures and what the estimate assumes."""
+        load = self.rates.load_per_cpu
+        at = "" if load is None else f", fixed costs at a load average of {load:.2g} per CPU"
+        guess = (f" A guess for {', '.join(self.guessed)}: a plugin that declares no relative_speed for "
+                 f"{self.matrix.device.type} is assumed at the baseline's rate (one 4x slower makes this 4x short; "
+                 "declare relative_speed on its class to price it)" if self.guessed else "")
+        return (f"estimated ~{_duration(self.seconds)} ({self.seconds:.0f} s) in all ({self.breakdown()}{at}); "
+                f"{self.matrix.summary()}. "
+                f"{ASSUMED}.{guess}")
+
+    def refusal(self) -> str | None:
+        """Why this job should not run here (over LIMIT_S in all, or a case does not fit), or None."""
+        problems = []
+        if self.seconds > LIMIT_S:
+            slow = max(self.steps, key=lambda s: s.seconds)
+            problems.append(f"the whole job would take ~{_duration(self.seconds)} on {self.matrix.device} "
+                            f"({self.breakdown()}; limit {_duration(LIMIT_S)}; the longest step, {slow.what}, "
+                            f"~{_duration(slow.seconds)})")
+        if memory := self.matrix.memory_problem():
+            problems.append(memory)
+        if not problems:
+            return None
+        where = "a GPU" if self.matrix.device.type == "cpu" else "a larger GPU"
+        return (f"{'; and '.join(problems)}. Run it on {where}, choose smaller shapes (a smaller --matrix, or "
+                f"--seq and --batch with --preset/--hf-config), or pass {OVERRIDE_FLAG} to run it anyway")
+
+
+def _runs(backend: Backend, case: AttentionCase, device: torch.device) -> bool:
+    """Whether `backend`'s declarations let it run `case` on `device` (a library missing is not known here)."""
+    return (backend.devices is None or device.type in backend.devices) and not backend.can_run(case, device)
+
+
+def _call_seconds(matrix: MatrixCost, rates: RunRates, backend: Backend, case: AttentionCase, grads: bool) -> float:
+    """One call: its arithmetic at the same-dtype GEMM rate times the backend's declared relative speed here, at
+    least the device's floor."""
+    speed = backend.relative_speed.get(matrix.device.type, 1.0)
+    return max(rates.call_floor_s, reference_flops(case, grads=grads) / (matrix.baseline_rates[case.dtype] * speed))
+
+
+def correctness_steps(matrix: MatrixCost, rates: RunRates, backend: Backend, case: AttentionCase) -> list[Step]:
+    """A backend's correctness call on a case (no-grad, then forward and backward where it has one), judged, and
+    its compiles when it compiles per shape."""
+    grads = not backward_reason(backend, case, matrix.device)
+    seconds = (rates.call_s + _call_seconds(matrix, rates, backend, case, False)
+               + (_call_seconds(matrix, rates, backend, case, True) if grads else 0.0)
+               + (_elements(case, False) + _elements(case, grads)) / rates.judged_per_s)
+    key = (case.id, backend.name)
+    steps = [Step("correctness", f"{case.id}: {backend.name}'s correctness calls", seconds, key)]
+    if backend.compiles_per_shape:
+        steps.append(Step("compile", f"{case.id}: {backend.name}'s compiles", rates.compile_s * (1 + grads), key))
+    return steps
+
+
+def timing_step(matrix: MatrixCost, rates: RunRates, backend: Backend, case: AttentionCase, phase: str,
+                timing: TimingConfig, rounds: int, index: int) -> Step:
+    """Round `index` of `rounds` of one timed phase: the calls `measure` makes at this call's estimated latency (a
+    backward's each rebuild their forward), and the round's fixed cost."""
+    grads = phase != FWD
+    call = _call_seconds(matrix, rates, backend, case, grads)
+    calls = planned_calls(call * 1e3, timing.share(rounds, index), device_type=matrix.device.type,
+                          estimated=index > 0)
+    # the answers observed are checked where the calls ran (an honest one is the verified answer scaled): in key_round_s
+    return Step("timing", f"{case.id}: {backend.name} {phase} timing round {index + 1}",
+                rates.key_round_s + calls * call, (case.id, backend.name, phase, index))
+
+
+def checks_step(matrix: MatrixCost, rates: RunRates, backend: Backend, case: AttentionCase, phase: str) -> Step:
+    """recommend's deployment checks: a small-shape compile, and the timed phase twice at the workload's size."""
+    seconds = rates.checks_s + 2 * _call_seconds(matrix, rates, backend, case, phase != FWD)
+    return Step("checks", f"{case.id}: {backend.name}'s deployment checks", seconds, (case.id, backend.name, "checks"))
+
+
+def _timed(job: Job, backend: Backend, case: AttentionCase, device: torch.device) -> tuple[str, ...]:
+    """The phases of `case` the job times for `backend`: a phase with a backward only where it has one."""
+    return tuple(p for p in job.phases_of(case) if p == FWD or not backward_reason(backend, case, device))
+
+
+def job_cost(matrix: MatrixCost, job: Job, rates: RunRates | None = None) -> JobCost:
+    """Every step of `job` on `matrix`'s cases in the order the commands run them: the start, the probes, per case
+    its reference and baseline then each backend's correctness calls (and recommend's timing and checks), then the
+    suites' timing rounds, round-major; a backend whose declarations refuse a case costs nothing there."""
+    rates = rates if rates is not None else RATES.get(matrix.device.type, H200)
+    device = matrix.device
+    if rates.device_type != device.type:
+        raise ValueError(f"rates of a {rates.device_type} device for a job on {device}")
+    backends = [b for b in job.backends if b.devices is None or device.type in b.devices]
+    steps = [Step("start", "start-up", rates.startup_s)]
+    if job.session and not job.advisor:
+        steps.append(Step("start", "the run session's start", rates.session_s, ("session",)))
+    if job.probes:
+        steps += [Step("probes", f"{b.name}'s probes", rates.probes_s
+                       + (rates.compile_s * rates.probe_graphs if b.compiles_per_shape else 0.0), ("probes", b.name))
+                  for b in backends]
+    for cost in matrix.costs:
+        case = cost.case
+        steps.append(Step("reference", f"{case.id}: float64 reference and same-dtype baseline",
+                          rates.case_s + matrix.case_seconds(cost), (case.id,)))
+        for b in (b for b in backends if _runs(b, case, device)):
+            steps += correctness_steps(matrix, rates, b, case)
+            if job.advisor:  # recommend: each backend timed right after its verdict, in one round
+                steps += [timing_step(matrix, rates, b, case, p, job.timing, 1, 0)
+                          for p in _timed(job, b, case, device)]
+        if job.advisor and job.checks:  # those verified: the checks; the others' mask path costs next to nothing
+            steps += [checks_step(matrix, rates, b, case, p) for b in backends if _runs(b, case, device)
+                      for p in _timed(job, b, case, device)]
+    if not job.advisor:
+        steps += [timing_step(matrix, rates, b, c.case, p, job.timing, job.rounds, r) for r in range(job.rounds)
+                  for c in matrix.costs for b in backends if _runs(b, c.case, device)
+                  for p in _timed(job, b, c.case, device)]
+        if job.probes and any(job.phases_of(c.case) for c in matrix.costs):
+            steps.append(Step("timing", "timing fidelity and the reference's long-sequence memory",
+                              rates.fidelity_s, ("fidelity",)))
+    guessed = tuple(b.name for b in backends if b.name not in built_in_names()
+                    and device.type not in b.relative_speed)
+    return JobCost(matrix, rates, tuple(steps), guessed)
+
+
+#: the backends of the H200 run the GPU estimate assumes, and --rounds' default
+H200_BACKENDS = ("naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex")
+H200_ROUNDS = 3
+
+
+def run_estimate(cases: list[AttentionCase], backends: tuple[str, ...] = H200_BACKENDS,
+                 rounds: int = H200_ROUNDS) -> float:
+    """Seconds a whole `pytest suites --benchmark` run of `cases` takes on an H200, at its measured rates."""
+    from harness.backends.registry import get_backends
+    budget = 8 * 2 ** 30  # the reference's and baseline's buffers: what a 141 GB device gives them, at most
+    matrix = matrix_cost(cases, torch.device("cuda"), rate=H200_REFERENCE_RATE, baseline_rates=H200_BASELINE_RATES,
+                         memory=H200_MEMORY, reference_budget_bytes=budget, baseline_budget_bytes=budget)
+    job = Job(tuple(get_backends(list(backends))), PHASES, rounds, probes=True)
+    return job_cost(matrix, job, H200).seconds
+
+
+def matrix_cost(cases: list[AttentionCase], device: torch.device, *, rate: float | None = None,
+                baseline_rates: dict[torch.dtype, float] | None = None, memory: int | None = None,
+                reference_budget_bytes: int | None = None, baseline_budget_bytes: int | None = None) -> MatrixCost:
+    """The cost of `cases` on `device`; what is not given (rates, memory, budgets) is measured or queried there."""
+    if not cases:
+        raise ValueError("no cases to estimate")
+    ref_budget = reference_budget(device) if reference_budget_bytes is None else reference_budget_bytes
+    base_budget = baseline_budget(device) if baseline_budget_bytes is None else baseline_budget_bytes
+    dtypes = sorted({c.dtype for c in cases}, key=str)
+    rates = baseline_rates if baseline_rates is not None else {t: baseline_rate(device, t) for t in dtypes}
+    return MatrixCost(tuple(CaseCost.of(c, ref_budget, base_budget) for c in cases), device,
+                      reference_rate(device) if rate is None else rate, rates,
+                      memory if memory is not None else torch.cuda.get_device_properties(device).total_memory
+                      if device.type == "cuda" else available_memory())
+
+
+def check_cost(cases: list[AttentionCase], device: torch.device, job: Job, *, allow: bool,
+               load: float | None = None) -> JobCost:
+    """The whole job's cost here, its fixed costs at this machine's load (`load`: per CPU, default read now); a
+    ValueError with the figures and the override flag when refused and not `allow`."""
+    cost = job_cost(matrix_cost(cases, device), job, rates_here(device, load))
+    if not allow and (why := cost.refusal()):
+        raise ValueError(why)
+    return cost

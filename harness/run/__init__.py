@@ -1,0 +1,1 @@
+"""The run: a session's correctness and benchmark stages, timed judging, the recorder, repro commands."""
