@@ -42,9 +42,9 @@ def main() -> None:
             pipe: dict[str, list[float]] = {"inline": [], "arena": []}
             for _ in range(args.repeats):
                 for way, inline_bytes in (("inline", 2 ** 62), ("arena", 0)):
-                    stages.CLOCK.reset()
+                    stages.STAGE_CLOCK.reset()
                     executor.run(naive, results, cpu, kib * 2 ** 10 // 4, args.answers, inline_bytes)
-                    pipe[way].append(stages.CLOCK.snapshot()["worker pipe"][0])
+                    pipe[way].append(stages.STAGE_CLOCK.snapshot()["worker pipe"][0])
             print(f"{args.answers} x 4 x {kib} KiB: inline {statistics.median(pipe['inline']) * 1e3:.2f} ms, "
                   f"arena {statistics.median(pipe['arena']) * 1e3:.2f} ms", flush=True)
     finally:

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import torch
 
-from harness.measure.stages import CLOCK
+from harness.measure.stages import STAGE_CLOCK
 
 
 def allow_backward_replay() -> None:
@@ -37,7 +37,7 @@ def left_as_found() -> Iterator[None]:
     """Run the block, then put back what it changed of torch's process-wide settings and the stage clock."""
     settings = [(module, name, getattr(module, name)) for module, name in _configs()]
     threads = torch.get_num_threads()
-    clock = CLOCK.snapshot()
+    clock = STAGE_CLOCK.snapshot()
     try:
         yield
     finally:
@@ -46,5 +46,6 @@ def left_as_found() -> Iterator[None]:
                 setattr(module, name, value)
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-        CLOCK.spent.clear()  # a folder-less run's stages are not the caller's (a run with a folder resets it anyway)
-        CLOCK.spent.update(clock)
+        # a folder-less run's stages are not the caller's (a run with a folder resets it anyway)
+        STAGE_CLOCK.spent.clear()
+        STAGE_CLOCK.spent.update(clock)

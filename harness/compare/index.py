@@ -51,7 +51,7 @@ def fingerprint(run_dir: Path) -> dict:
     return out
 
 
-def round_medians(samples: pd.DataFrame) -> pd.DataFrame:
+def round_median_rows(samples: pd.DataFrame) -> pd.DataFrame:
     """Per (case, backend, phase, round): the median of its latencies > 0 (what the noise model reads of samples)."""
     samples = samples[samples.latency_ms > 0]
     return samples.groupby([*KEY, "round"], sort=False).latency_ms.median().reset_index()
@@ -117,7 +117,7 @@ def read_run(run_dir: Path) -> RunEntry:
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         try:
-            rounds = round_medians(load_samples(run_dir, rows))
+            rounds = round_median_rows(load_samples(run_dir, rows))
         except (OSError, ValueError, pd.errors.ParserError) as exc:
             rounds, manifest["samples_error"] = None, str(exc)
     manifest["samples_warnings"] = [str(w.message) for w in said]

@@ -31,8 +31,8 @@ def _key_text(key: tuple) -> str:
 
 def run_round_medians(run_dirs) -> pd.DataFrame:
     """Per-round medians (case, backend, phase, round, latency_ms, run_dir) of each run's samples.csv."""
-    from harness.compare.index import round_medians
-    frames = [round_medians(load_samples(run_dir)).assign(run_dir=run_dir) for run_dir in run_dirs]
+    from harness.compare.index import round_median_rows
+    frames = [round_median_rows(load_samples(run_dir)).assign(run_dir=run_dir) for run_dir in run_dirs]
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*KEY, "round", "latency_ms",
                                                                                       "run_dir"])

@@ -103,7 +103,7 @@ def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: flo
 
 
 @dataclass
-class Failure:
+class Finding:
     """One distinct failure: a backend, the check it fails, its smallest case and how many drawn cases fell to it."""
 
     backend: str
@@ -142,7 +142,7 @@ class FuzzRun:
     unshrunk: int = 0
     #: (drawn case, backend) pairs that failed a check: results.csv's failing drawn rows, counted once a case
     failing: int = 0
-    failures: list[Failure] = field(default_factory=list)
+    failures: list[Finding] = field(default_factory=list)
 
     def record(self) -> dict:
         """env.json's "fuzz" entry (the report's fuzz section reads it)."""
@@ -189,17 +189,17 @@ def fuzz_in_session(session: RunSession, backends: list[Backend], planned: list[
     return frame, run
 
 
-def _shrink_all(session: RunSession, failing: list, deadline: float) -> tuple[list[Failure], int]:
+def _shrink_all(session: RunSession, failing: list, deadline: float) -> tuple[list[Finding], int]:
     """Shrink the failures within `deadline`, each keeping its first failed check: first one drawn case per (backend,
     check), cheapest first, each with an equal share of the time left; then the other failing cases while time is
     left, each first moved to where a known failure shrank (`toward`: one trial) and shrunk from there when it still
     fails (trials are shared per backend, so it then costs little). A shrink keeps out of known failures' triggers
     (`needs_one`: a batch of one) its drawn case lacks, and a drawn case inside one is first tried outside it; one
     that shrank onto a trigger it lacks is shrunk again outside it: two bugs in one drawn case are two failures.
-    One Failure per backend and smallest case; the count of failing drawn cases the bound left unshrunk is returned
+    One Finding per backend and smallest case; the count of failing drawn cases the bound left unshrunk is returned
     beside them."""
     trials: dict[str, Trials] = {}
-    found: dict[tuple[str, str], Failure] = {}
+    found: dict[tuple[str, str], Finding] = {}
     ordered = sorted(failing, key=lambda f: f[0].seconds)
     firsts = sorted({(b.name, checks[0]): (item, b, checks) for item, b, checks in reversed(ordered)}.values(),
                     key=lambda f: f[0].seconds)
@@ -232,7 +232,7 @@ def _shrink_all(session: RunSession, failing: list, deadline: float) -> tuple[li
             held = held_off(shrunk.knobs, avoid, [f for f in found.values() if f.backend == backend.name], checks[0])
             key = (backend.name, held.shrunk.case.spelled_id if held else shrunk.case.spelled_id)
             if key not in found:
-                found[key] = Failure(backend.name, checks[0], shrunk, session.repro_command(shrunk.case, backend.name),
+                found[key] = Finding(backend.name, checks[0], shrunk, session.repro_command(shrunk.case, backend.name),
                                      needs_one(shrunk.knobs, checks[0], runner))
             if item.case.spelled_id not in found[key].drawn:  # re-shrunk outside a trigger onto the same one: once
                 found[key].drawn.append(item.case.spelled_id)
@@ -245,8 +245,8 @@ def _shrink_all(session: RunSession, failing: list, deadline: float) -> tuple[li
     return sorted(found.values(), key=lambda f: (f.backend, -len(f.drawn))), unshrunk
 
 
-def held_off(smallest: Knobs, avoid: tuple[dict[str, int], ...], known: list[Failure], check: Signature
-             ) -> Failure | None:
+def held_off(smallest: Knobs, avoid: tuple[dict[str, int], ...], known: list[Finding], check: Signature
+             ) -> Finding | None:
     """The known failure of `check` whose smallest case `smallest` is but for the triggers its shrink kept out of:
     the same failure, held off its smallest case by another's trigger (a group of 3 kept at batch 2 by a batch-1
     bug, where the group's own smallest case has batch 1 and one key, outside that bug's trigger)."""

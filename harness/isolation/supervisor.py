@@ -22,7 +22,7 @@ from harness.isolation.plugin_host import host_pids
 from harness.calls.timed import TimingCall, TimingResult
 from harness.isolation.wire import WorkerSpec
 from harness.isolation.worker import worker_main
-from harness.measure.stages import CLOCK, stage
+from harness.measure.stages import STAGE_CLOCK, stage
 from harness.measure.timing import CLOCKS
 from harness.store.schema import ERROR, UNAVAILABLE
 
@@ -108,7 +108,7 @@ class Worker:
                 return "failed", Failure(ERROR, f"{_death(self.process)} before {doing}")
             reply = self._receive(timeout, doing)
             if len(reply) == 3 and not beside:  # a worker's reply; one made up here has no times
-                CLOCK.merge(reply[2])
+                STAGE_CLOCK.merge(reply[2])
         return reply[0], reply[1]
 
 

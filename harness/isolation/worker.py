@@ -14,7 +14,7 @@ from harness.calls.device import indexed
 from harness.isolation.child import child_channel, serve
 from harness.calls.outcome import Failure
 from harness.isolation.wire import WorkerSpec
-from harness.measure.stages import CLOCK, stage
+from harness.measure.stages import STAGE_CLOCK, stage
 
 
 def _redirect_output(log_dir: str | None, name: str) -> None:
@@ -87,14 +87,14 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
     broken = []
 
     def answer(kind: str, payload):
-        before = CLOCK.snapshot()
+        before = STAGE_CLOCK.snapshot()
         try:
             with stage(f"worker: {kind}"):  # what the request's nested stages do not cover
                 reply = ("ok", serving[kind](payload))
         except BaseException as exc:  # noqa: B036
             reply = ("failed", Failure.of(exc))
         broken[:] = [_cuda_broken(device)]
-        return (*reply, CLOCK.since(before))  # the time the request took here, for the run's stage clock
+        return (*reply, STAGE_CLOCK.since(before))  # the time the request took here, for the run's stage clock
 
     def after() -> None:
         if broken[0]:

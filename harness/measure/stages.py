@@ -61,12 +61,12 @@ class StageClock:
 
 
 #: this process's clock: the harness's stages charge it; a run resets it when it starts
-CLOCK = StageClock()
+STAGE_CLOCK = StageClock()
 
 
 def stage(name: str):
     """`with stage("reference"): ...` - charge the block to `name` on this process's clock."""
-    return CLOCK.stage(name)
+    return STAGE_CLOCK.stage(name)
 
 
 def time_lines(spent: dict, top: int = 8) -> list[str]:

@@ -27,7 +27,7 @@ class RunRecorder:
         self.test_seconds: dict[str, float] = {}
         self.env: dict = dict(env or {})
         if self.run_dir is not None:
-            stages.CLOCK.reset()  # a run's time_spent starts with it; a folder-less check leaves the clock alone
+            stages.STAGE_CLOCK.reset()  # a run's time_spent starts with it; a folder-less check leaves the clock alone
             self.env.update(status=RUNNING, stage=START)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             results_path = self.run_dir / RESULTS
@@ -51,7 +51,7 @@ class RunRecorder:
         """Where the run's wall time went so far: per suite stage, and per harness stage (measure.stages)."""
         return {"wall_s": round(time.monotonic() - self._started, 3),
                 "tests_s": {k: round(v, 3) for k, v in self.test_seconds.items()},
-                "stages": {name: {"s": round(s, 3), "n": n} for name, (s, n) in stages.CLOCK.snapshot().items()}}
+                "stages": {name: {"s": round(s, 3), "n": n} for name, (s, n) in stages.STAGE_CLOCK.snapshot().items()}}
 
     def enter_stage(self, name: str) -> None:
         """Record in env.json that the run is now in stage `name`."""

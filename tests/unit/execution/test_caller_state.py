@@ -12,7 +12,7 @@ import harness
 from harness.backends.flex import DYNAMO_SETTINGS, raise_recompile_limits
 from harness.backends.naive import Naive
 from harness.isolation.in_process import UNGUARDED
-from harness.measure.stages import CLOCK
+from harness.measure.stages import STAGE_CLOCK
 from harness.measure.timing import TimingConfig
 from harness.cases.case import AttentionCase
 
@@ -32,7 +32,7 @@ class Meddling(Naive):
 
 def _state() -> dict:
     return {"donated_buffer": functorch_config.donated_buffer, "threads": torch.get_num_threads(),
-            "atexit": atexit._ncallbacks(), "clock": CLOCK.snapshot(),
+            "atexit": atexit._ncallbacks(), "clock": STAGE_CLOCK.snapshot(),
             **{name: getattr(dynamo_config, name) for name in DYNAMO_SETTINGS if hasattr(dynamo_config, name)}}
 
 

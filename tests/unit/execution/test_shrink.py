@@ -102,7 +102,7 @@ def test_a_shrink_held_off_a_known_failures_case_by_another_trigger_is_that_fail
     """Fuzz seed 2 of the planted plugin listed its group-of-3 bug twice: smallest at batch 1 with one key (outside
     the batch-1 bug's trigger, which needs two keys) and, from a drawn case of batch 2 kept out of batch 1, at batch
     2. The second is the first held off by the batch-1 trigger: one failure. Two bugs stay two."""
-    from harness.fuzzing.fuzz import Failure, held_off
+    from harness.fuzzing.fuzz import Finding, held_off
     from harness.fuzzing.shrink import needs_one
     bugs = Predicate(lambda c: (c.batch == 1 and c.seq_k >= 2) or (c.heads // c.kv_heads == 3 and c.kv_heads >= 2))
     single = shrink(replace(BIG, group=1, head_dim=16), FWD_OUT, bugs, deadline=float("inf"))
@@ -110,7 +110,7 @@ def test_a_shrink_held_off_a_known_failures_case_by_another_trigger_is_that_fail
     group = shrink(replace(BIG, batch=1, seq_k=1, seq_q=1, structure="none", padded=False, pad=(), window=None),
                    FWD_OUT, bugs, deadline=float("inf"))
     assert pins == {"batch": 1} and group.case.batch == 1 and group.case.seq_k == 1
-    known = [Failure("b", FWD_OUT, single, "", pins), Failure("b", FWD_OUT, group, "")]
+    known = [Finding("b", FWD_OUT, single, "", pins), Finding("b", FWD_OUT, group, "")]
     held = shrink(BIG, FWD_OUT, bugs, deadline=float("inf"), avoid=(pins,))
     assert held.case.batch == 2 and held.case.heads // held.case.kv_heads == 3
     assert held_off(held.knobs, (pins,), known, FWD_OUT) is known[1]

@@ -88,14 +88,14 @@ def test_time_lines_name_the_largest_stages_and_the_rest():
 
 
 def test_a_worker_call_brings_its_stages_back(tmp_path):
-    stages.CLOCK.reset()
+    stages.STAGE_CLOCK.reset()
     executor = IsolatedExecutor(CPU, modules=(), log_dir=str(tmp_path / "workers"))
     case = AttentionCase(1, 2, 16, 8, "fp32", mask=Causal())
     try:
         execute(Naive(), prepare_case(case, CPU), executor=executor)
     finally:
         executor.close()
-    spent = stages.CLOCK.snapshot()
+    spent = stages.STAGE_CLOCK.snapshot()
     # here: the reference, the worker's start and pipe, judging; there: the call's own stages
     for name in ("reference", "naive baseline", "worker start", "worker pipe", "judging", "inputs", "prepare",
                  "forward", "backward", "to host", "worker: call", "worker: available"):
