@@ -3,7 +3,7 @@ printed command reproduce it (and pass on the honest twin); do the honest built-
 
     .venv/bin/python benchmarks/fuzz_study.py planted --seeds 1-5
     .venv/bin/python benchmarks/fuzz_study.py honest --seeds 1-20 [--budget-s 60]
-    .venv/bin/python benchmarks/fuzz_study.py fit --seeds 1-3 --backends naive   # CALL_S (flex: COMPILE_S)
+    .venv/bin/python benchmarks/fuzz_study.py fit --seeds 1-3 --backends naive   # call_s (flex: compile_s)
 
 Prints one line per seed and a JSON summary (docs/measurements.md, "fuzzing", has the figures).
 """
@@ -88,8 +88,9 @@ def honest(seed: int, budget: float, work: Path, backends: str = HONEST) -> dict
 
 def fit(seed: int, budget: float, work: Path, backends: str = "naive") -> dict:
     """One fuzz run's seconds beyond the cost model's reference and baseline, per backend call (and, for a backend
-    that compiles per shape, per compile at the CALL_S in use): fuzzing/fuzz.py's CALL_S and COMPILE_S."""
-    from harness.fuzzing.fuzz import CALL_S
+    that compiles per shape, per compile at the call cost in use): planning/cost.py's fitted CPU call_s (with its
+    case_s) and compile_s, which fuzz's plan reads (cost.FITTED)."""
+    from harness.planning.cost import FITTED
     code, out, seconds = check("--backends", backends, "--fuzz", "--seed", str(seed), "--fuzz-budget-s", str(budget),
                                results=work / f"f{seed}")
     fuzz = latest_env(work / f"f{seed}")["fuzz"]
@@ -98,7 +99,7 @@ def fit(seed: int, budget: float, work: Path, backends: str = "naive") -> dict:
            "check_s": fuzz["check_s"], "reference_s": fuzz["reference_s"], "calls": fuzz["calls"],
            "compiles": fuzz["compiles"], "call_s": round(beyond / fuzz["calls"], 3)}
     if fuzz["compiles"]:
-        row["compile_s"] = round((beyond - fuzz["calls"] * CALL_S["cpu"]) / fuzz["compiles"], 2)
+        row["compile_s"] = round((beyond - fuzz["calls"] * FITTED["cpu"].call_s) / fuzz["compiles"], 2)
     return row
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from harness.backends.base import Backend
-from harness.planning.cost import H200, H200_BASELINE_RATES, H200_REFERENCE_RATE, baseline_rate, matrix_cost
+from harness.planning.cost import fitted_case_cost
 from harness.run.session import RunSession
 from harness.fuzzing.shrink import (BOUND_S, TRIALS, Shrunk, Signature, Trials, failed_checks, inside,
                                       needs_one, reproduces, shrink)
@@ -20,33 +20,11 @@ from harness.cases.case import AttentionCase
 from harness.fuzzing.space import SIZES, Knobs, Space, build, draw, size_of, toward, with_size
 from harness.store.schema import COLUMNS
 
-#: a backend call's cost on top of the reference and baseline, per device type: the worker round trip, the inputs
-#: drawn again there and the judging of a small case (CPU: fitted by `benchmarks/fuzz_study.py fit` on this
-#: project's 2-core VM when quiet, 90 naive calls at load ~1.5; 2.3-2.7 s a call at load ~10, where the wall stop
-#: holds the budget: docs/measurements.md "fuzzing"; GPU: the H200 fit)
-CALL_S = {"cpu": 0.17, "cuda": H200.call_s}
-#: what a backend that compiles per shape adds per drawn case: flex's compile of a new shape (the same fit, 12
-#: compiles at load ~1.5; 77-96 s a compile at load ~10)
-COMPILE_S = 3.2
 #: no drawn case's reference and baseline may take more than this share of the budget: it tries many small cases
 LARGEST_SHARE = 0.1
 #: draws before a draw the backend takes is given up (its declarations leave little of the space), and draws in a
 #: row too big for the budget before the plan ends
 TRIES = 200
-
-
-#: the FLOP rates the plan is sized by, fixed per device type so a seed plans the same cases on every machine (rates
-#: measured at the start differ run to run and moved which draws were too big and where the plan ended); the wall
-#: budget, not the plan, decides how many of them run. CPU: this project's 2-core VM at load 0.75 (float64 reference,
-#: then the baseline's batched GEMM per dtype); GPU: the H200's
-PLAN_RATES = {"cpu": (6.1e10, {torch.float32: 1.9e11, torch.bfloat16: 4.2e11, torch.float16: 6.7e9}),
-              "cuda": (H200_REFERENCE_RATE, H200_BASELINE_RATES)}
-
-
-def plan_rates(case: AttentionCase, device: torch.device) -> tuple[float, dict[torch.dtype, float]]:
-    """The reference rate and the baseline rates a drawn case is sized by (a dtype with no fixed rate: measured)."""
-    reference, baselines = PLAN_RATES.get(device.type, PLAN_RATES["cuda"])
-    return reference, {case.dtype: baselines.get(case.dtype) or baseline_rate(device, case.dtype)}
 
 
 @dataclass(frozen=True)
@@ -57,14 +35,8 @@ class Planned:
     case: AttentionCase
     backends: tuple[Backend, ...]
     seconds: float
-    #: the cost model's seconds for its float64 reference and baseline alone (what CALL_S is fitted beside)
+    #: the cost model's seconds for its float64 reference and baseline alone
     reference_s: float = 0.0
-
-
-def calls_seconds(backends: tuple[Backend, ...], device: torch.device) -> float:
-    """The cost model's seconds for the backend calls of one case, beside its reference and baseline."""
-    return sum(CALL_S.get(device.type, CALL_S["cuda"]) + (COMPILE_S if b.compiles_per_shape else 0.0)
-               for b in backends)
 
 
 def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: float) -> list[Planned]:
@@ -88,11 +60,8 @@ def plan(backends: list[Backend], device: torch.device, seed: int, budget_s: flo
             idle += 1
             continue
         runners = tuple(b for b in backends if not b.can_run(case, device))
-        reference, baselines = plan_rates(case, device)
-        cost = matrix_cost([case], device, rate=reference, baseline_rates=baselines)
-        sized = cost.case_seconds(cost.costs[0])                       # its float64 reference and baseline
-        seconds = sized + calls_seconds(runners, device)
-        if sized > LARGEST_SHARE * budget_s or cost.largest.peak_bytes > cost.memory:
+        sized, seconds, fits = fitted_case_cost(case, runners, device)  # the one cost model, its fitted unit costs
+        if sized > LARGEST_SHARE * budget_s or not fits:
             too_big += 1                               # too big for this budget or device: draw again
             continue
         if planned and spent + seconds > budget_s:
@@ -132,7 +101,7 @@ class FuzzRun:
     #: drawn cases checked before the budget's wall time was spent (a prefix of the draw: the order is the seed's)
     run: int = 0
     #: the cost model's reference-and-baseline seconds, backend calls and per-shape compiles of the cases run
-    #: (benchmarks/fuzz_study.py fit reads them to fit CALL_S and COMPILE_S)
+    #: (benchmarks/fuzz_study.py fit reads them to refit the CPU's call_s and compile_s: planning/cost.py)
     reference_s: float = 0.0
     calls: int = 0
     compiles: int = 0

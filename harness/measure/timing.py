@@ -89,6 +89,41 @@ def repetitions(estimate_ms: float, cfg: TimingConfig) -> tuple[int, int]:
     return int(cfg.warmup_ms / estimate_ms), int(min(cfg.max_reps, max(cfg.min_reps, cfg.budget_ms / estimate_ms)))
 
 
+@dataclass(frozen=True)
+class CallPlan:
+    """The calls measure() makes of one that takes `estimate_ms` (what the cost model counts, measure itself runs):
+    a first call kept apart (compilation, lazy init), the estimate's looks, the warm-up, and the timed samples - the
+    last look counted as the first sample where no warm-up ran after it."""
+
+    first: int
+    looks: int
+    warmup: int
+    reps: int
+    look_is_sample: bool
+
+    @property
+    def calls(self) -> int:
+        return self.first + self.looks + self.warmup + self.reps - self.look_is_sample
+
+
+def looks_for(estimate_ms: float, cfg: TimingConfig) -> int:
+    """The CPU's estimate calls: a second look only where the estimate sizes the repetitions (a slow call gets
+    min_reps whatever it says)."""
+    return 1 if estimate_ms >= cfg.budget_ms / cfg.min_reps else 2
+
+
+def call_plan(estimate_ms: float, cfg: TimingConfig, *, device_type: str, looks: int, warm: bool) -> CallPlan:
+    """measure()'s calls once its estimate is known: `looks` the estimate calls made (0: the estimate was given),
+    `warm`: no first call kept apart. A GPU estimates from do_bench's 5 calls and warms up with one call at least."""
+    warmup, reps = repetitions(estimate_ms, cfg)
+    first = 0 if warm or not looks else 1
+    if device_type == "cuda":
+        return CallPlan(first, 5 if looks else 0, max(1, warmup), reps, False)
+    # the estimate calls are warm-up; a known estimate (caches cold since) gets one call unless it warms itself
+    warmup = max(warmup - looks, 0 if looks or estimate_ms >= SELF_WARMING_MS else 1)
+    return CallPlan(first, looks, warmup, reps, looks > 0 and not warmup and reps > 1)
+
+
 #: warm-up calls get no content of their own: they repeat the content of the call before them, untimed and unjudged.
 #: A fast key's warm-up is most of its calls (its warm-up budget is not capped as its repetitions are: ~830 calls of
 #: 10 us before 167 samples), and a content costs a call ~10-20 us; a memo that learns the repeated content gains
@@ -145,18 +180,15 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, warm: boo
         if not warm:  # may include compilation or lazy init: kept apart from the samples
             call()
         looks.append(call()[0])
-        # a second look only where the estimate sizes the repetitions: a slow call gets min_reps whatever it says
-        if looks[0] < cfg.budget_ms / cfg.min_reps:
+        if looks_for(looks[0], cfg) > 1:
             looks.append(call()[0])
         estimate = min(looks)
-    warmup, reps = repetitions(estimate, cfg)
-    # the estimate calls are warm-up; a known estimate (caches cold since) gets one call unless it warms itself
-    warmup = max(warmup - len(looks), 0 if looks or estimate >= SELF_WARMING_MS else 1)
-    for _ in range(warmup):  # untimed and unjudged: on the content before them (WARMUP_RENEWS)
+    plan = call_plan(estimate, cfg, device_type="cpu", looks=len(looks), warm=warm)
+    for _ in range(plan.warmup):  # untimed and unjudged: on the content before them (WARMUP_RENEWS)
         call(renew=WARMUP_RENEWS)
     # with no warm-up call after it, the last estimate call ran as the next will: it is the first sample (never the
     # last: the guard sees the last sample's answer)
-    samples = looks[-1:] if looks and not warmup and reps > 1 else []
+    samples, reps = (looks[-1:] if plan.look_is_sample else []), plan.reps
     for i in range(len(samples), reps):
         elapsed, value = call()
         # checked before anything else runs: a thread still filling the answer is caught
@@ -186,6 +218,7 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
 
         clocks.synchronize(device)
         flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
+        looked = estimate is None
         if estimate is None:
             if not warm:
                 call()
@@ -198,8 +231,9 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
             clocks.record(est_end, stream)
             clocks.synchronize(device)
             estimate = clocks.elapsed_ms(est_start, est_end) / 5
-        warmup, reps = repetitions(estimate, cfg)
-        for _ in range(max(1, warmup)):  # do_bench's floor: at least one call; on the content before (WARMUP_RENEWS)
+        plan = call_plan(estimate, cfg, device_type="cuda", looks=1 if looked else 0, warm=warm)
+        reps = plan.reps
+        for _ in range(plan.warmup):  # do_bench's floor: at least one call; on the content before (WARMUP_RENEWS)
             call(renew=WARMUP_RENEWS)
         starts, ends = ([clocks.event(enable_timing=True) for _ in range(reps)] for _ in range(2))
         clocks.synchronize(device)

@@ -8,13 +8,14 @@ import math
 import os
 import time
 from dataclasses import dataclass, field, fields, replace
+from typing import NamedTuple
 
 import torch
 
 from harness.backends.base import Backend
 from harness.backends.registry import built_in_names
 from harness.run.runner import backward_reason, baseline_budget
-from harness.measure.timing import SELF_WARMING_MS, TimingConfig, repetitions
+from harness.measure.timing import TimingConfig, call_plan, looks_for
 from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
 from harness.oracle.reference import block_rows, reference_attention, reference_flops, reference_budget
 from harness.cases.case import AttentionCase, make_inputs
@@ -30,18 +31,10 @@ CALIBRATION = {"cpu": AttentionCase(1, 8, 512, 128, "fp32"), "cuda": AttentionCa
 
 
 def planned_calls(estimate_ms: float, cfg: TimingConfig, *, device_type: str, estimated: bool) -> int:
-    """How many calls measure.timing.measure makes of a call that takes `estimate_ms` (mirrors `_measure_cpu` and
-    `_measure_cuda`; tests/unit/measure/test_timing.py holds the CPU's to it): the first call and the estimate calls
-    when no estimate is given (`estimated` False), the warm-up, the samples."""
-    warmup, reps = repetitions(estimate_ms, cfg)
-    if device_type == "cuda":  # one untimed call and do_bench's 5 estimate calls; at least one warm-up call
-        return (0 if estimated else 6) + max(1, warmup) + reps
-    if estimated:
-        return max(warmup, 0 if estimate_ms >= SELF_WARMING_MS else 1) + reps
-    looks = 1 if estimate_ms >= cfg.budget_ms / cfg.min_reps else 2
-    warmup = max(warmup - looks, 0)
-    # with no warm-up (and more than one sample) the last look is the first sample
-    return 1 + looks + warmup + reps - (1 if not warmup and reps > 1 else 0)
+    """How many calls measure.timing.measure makes of a call that takes `estimate_ms`: its own plan (call_plan), with
+    its estimate calls where none is given (`estimated` False)."""
+    looks = 0 if estimated else (1 if device_type == "cuda" else looks_for(estimate_ms, cfg))
+    return call_plan(estimate_ms, cfg, device_type=device_type, looks=looks, warm=False).calls
 
 
 @dataclass(frozen=True)
@@ -263,6 +256,9 @@ H200 = RunRates("cuda", startup_s=0.0, session_s=60.0, case_s=0.0, call_s=0.5, c
                 key_round_s=0.48, compile_s=0.0, probes_s=0.0, probe_graphs=0, checks_s=10.0, fidelity_s=0.0)
 #: each device type's unit costs (a device type not named takes the GPU's)
 RATES = {"cpu": CPU, "cuda": H200}
+#: each device type's unit costs as fitted quiet, load not read: what a plan that must be the same on every machine
+#: prices by (fuzz: a seed plans the same cases anywhere; the wall budget, not the plan, decides how many run)
+FITTED = {"cpu": CPU_QUIET, "cuda": H200}
 
 
 def load_per_cpu() -> float:
@@ -293,6 +289,10 @@ def rates_here(device: torch.device, load: float | None = None) -> RunRates:
 #: the H200's measured FLOP rates and memory, for estimates made without the GPU at hand (run_estimate)
 H200_REFERENCE_RATE, H200_MEMORY = 22.4e12, 141 * 10 ** 9
 H200_BASELINE_RATES = {torch.bfloat16: 693e12, torch.float16: 664e12, torch.float32: 50e12}
+#: FLOP rates fixed per device type (float64 reference; the baseline's GEMM per dtype), for FITTED's plans: this
+#: project's 2-core VM at load 0.75, the H200's
+FITTED_FLOP_RATES = {"cpu": (6.1e10, {torch.float32: 1.9e11, torch.bfloat16: 4.2e11, torch.float16: 6.7e9}),
+                     "cuda": (H200_REFERENCE_RATE, H200_BASELINE_RATES)}
 
 
 @dataclass(frozen=True)
@@ -526,3 +526,23 @@ def check_cost(cases: list[AttentionCase], device: torch.device, job: Job, *, al
     if not allow and (why := cost.refusal()):
         raise ValueError(why)
     return cost
+
+
+class FittedCost(NamedTuple):
+    """A case's seconds at the FITTED unit costs: its float64 reference and baseline alone, and the whole case; and
+    whether its reference and baseline fit the device's memory."""
+
+    reference_s: float
+    seconds: float
+    fits: bool
+
+
+def fitted_case_cost(case: AttentionCase, backends: tuple[Backend, ...], device: torch.device) -> FittedCost:
+    """`case` with each backend's correctness calls and compiles, priced at the device type's FITTED unit costs and
+    FLOP rates (a dtype with no fixed rate: measured): a plan a seed makes the same on every machine (fuzz)."""
+    reference, baselines = FITTED_FLOP_RATES.get(device.type, FITTED_FLOP_RATES["cuda"])
+    baselines = {case.dtype: baselines.get(case.dtype) or baseline_rate(device, case.dtype)}
+    matrix = matrix_cost([case], device, rate=reference, baseline_rates=baselines)
+    job = job_cost(matrix, Job(backends, session=False), FITTED.get(device.type, H200))
+    return FittedCost(matrix.case_seconds(matrix.costs[0]), sum(s.seconds for s in job.steps if s.stage != "start"),
+                      matrix.largest.peak_bytes <= matrix.memory)

@@ -186,8 +186,9 @@ def test_a_known_estimate_skips_the_first_call_and_the_estimate():
 @pytest.mark.parametrize("estimated", [False, True])
 @pytest.mark.parametrize("call_ms", [0.05, 1.0, 7.0, 30.0, 150.0])
 def test_the_cost_model_counts_the_calls_measure_makes(monkeypatch, call_ms, estimated):
-    """execution.cost.planned_calls mirrors _measure_cpu: on a clock that advances by exactly call_ms a call (a fake
-    bound in place of CLOCKS: no real time), measure makes as many calls as the cost model prices."""
+    """planning.cost.planned_calls reads measure's own call plan (timing.call_plan): on a clock that advances by
+    exactly call_ms a call (a fake bound in place of CLOCKS: no real time), measure makes as many calls as the cost
+    model prices."""
     from harness.planning.cost import planned_calls
     from harness.measure import timing
 
