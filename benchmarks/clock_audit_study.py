@@ -21,7 +21,7 @@ import torch
 from harness.backends.registry import get_backends
 from harness.run.benchmark import phase_verdict
 from harness.calls.call import Call
-from harness.calls.integrity import clock_audit
+from harness.run.audit import clock_audit
 from harness.run.runner import execute, prepare_case
 from harness.isolation.supervisor import IsolatedExecutor
 from harness.calls.timed import TimingCall

@@ -31,8 +31,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from harness.compare.index import INDEX_DIR, fingerprint, read_run
-from harness.compare.index_store import ParquetStore
+from harness.history.index import INDEX_DIR, fingerprint, read_run
+from harness.history.index_store import ParquetStore
 from harness.store.load import load_results, load_samples
 from harness.store.schema import COLUMNS, KEY
 
@@ -127,7 +127,7 @@ def measure(script: str, *args: str) -> tuple[float, float, float, str]:
 INDEX_SCRIPT = """
 import resource, sys, time, warnings; warnings.simplefilter("ignore")
 from harness.cli.main import main
-import harness.compare.index, harness.compare.index_store, harness.compare.changes, harness.compare.noise
+import harness.history.index, harness.history.index_store, harness.history.changes, harness.history.noise
 import pyarrow.dataset, harness.measure.pelt_l1
 cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa: E731
 c, t = cpu(), time.perf_counter(); rc = main(["history", *sys.argv[1:]]); assert rc == 0
@@ -137,8 +137,8 @@ print("TIMED", time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
 INGEST_SCRIPT = """
 import resource, sys, time, warnings; warnings.simplefilter("ignore")
 from pathlib import Path
-from harness.compare.index import INDEX_DIR, read_run
-from harness.compare.index_store import ParquetStore
+from harness.history.index import INDEX_DIR, read_run
+from harness.history.index_store import ParquetStore
 cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa: E731
 run = Path(sys.argv[1]); store = ParquetStore(run.parent / INDEX_DIR)
 c, t = cpu(), time.perf_counter(); store.put(read_run(run)); print("ingested", run.name)
@@ -147,9 +147,9 @@ print("TIMED", time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
 #: today's path: every results.csv (and, for the noise model, samples.csv) read into one frame per call
 CSV_SCRIPT = """
 import resource, sys, time, warnings; warnings.simplefilter("ignore")
-from harness.compare.history import history_text, load_history
-from harness.compare.noise import key_spreads
-from harness.compare.changes import detect_changes
+from harness.history.stored import history_text, load_history
+from harness.history.noise import key_spreads
+from harness.history.changes import detect_changes
 import harness.measure.pelt_l1
 cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa: E731
 c, t = cpu(), time.perf_counter(); h = load_history(sys.argv[1]); what = sys.argv[2]

@@ -46,15 +46,15 @@ def make(out: Path, runs: int) -> None:
 
 
 def _noise(frame: pd.DataFrame, testbed: str, where: Path, rounds=None) -> dict:
-    from harness.compare.noise import build_noise_model
+    from harness.history.noise import build_noise_model
     path = build_noise_model(frame, testbed, where, rounds) if rounds is not None else \
         build_noise_model(frame, testbed, where)
     return {k: v for k, v in json.loads(path.read_text()).items() if k != "built"}
 
 
 def answers_from_csvs(root: Path, scratch: Path) -> dict:
-    from harness.compare.changes import detect_changes
-    from harness.compare.history import history_text, load_history
+    from harness.history.changes import detect_changes
+    from harness.history.stored import history_text, load_history
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         h = load_history(root)
@@ -65,9 +65,9 @@ def answers_from_csvs(root: Path, scratch: Path) -> dict:
 
 
 def answers_from_index(root: Path, scratch: Path) -> dict:
-    from harness.compare.changes import detect_changes
-    from harness.compare.history import summary_text
-    from harness.compare.index import CHANGE_COLUMNS, CODE_COLUMNS, open_index
+    from harness.history.changes import detect_changes
+    from harness.history.stored import summary_text
+    from harness.history.index import CHANGE_COLUMNS, CODE_COLUMNS, open_index
     from harness.store.schema import KEY
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")

@@ -24,7 +24,7 @@ import torch
 
 from harness.backends.registry import get_backends
 from harness.calls.call import Call, call_inputs
-from harness.calls.timed import phase_callables
+from harness.calls.timed import Phase
 from harness.measure.memory import cpu_peak
 from harness.cases.case import AttentionCase
 
@@ -35,7 +35,7 @@ def timed_key(backend: str, case: AttentionCase, phase: str, seed: int = 0):
     """One call of the key, timed as the harness times it (setup outside the clock), in ms; once(profiled=True)
     runs it under the memory profiler, as a CPU round's first call is."""
     (impl,) = get_backends([backend])
-    phase_fn = phase_callables(impl, case, call_inputs(Call(case, seed), CPU, None), CPU, phase)
+    phase_fn = Phase(impl, case, call_inputs(Call(case, seed), CPU, None), CPU, phase)
     if phase_fn.build is not None:
         phase_fn.build()
 

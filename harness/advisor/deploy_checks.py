@@ -13,7 +13,7 @@ import torch
 
 from harness.backends.base import Backend, MaskForm, Unsupported
 from harness.calls.bound import BoundCall, backend_inputs
-from harness.calls.timed import graph_phase, phase_callables
+from harness.calls.timed import Phase, graph_phase
 from harness.calls.outcome import exception_text
 from harness.cases.case import AttentionCase, Inputs, make_inputs
 from harness.cases.masks import MASK_NAMES, parse_mask
@@ -108,7 +108,7 @@ def cuda_graph_check(backend: Backend, case: AttentionCase, device: torch.device
     if device.type != "cuda":
         return f"n/a ({device.type})"
     # the harness's own --cuda-graph capture, so "capturable" means that works
-    phase = phase_callables(backend, case, inputs, device, FWD_BWD if training else FWD)
+    phase = Phase(backend, case, inputs, device, FWD_BWD if training else FWD)
     try:
         graph_phase(phase, device)[0].fn()
         torch.cuda.synchronize(device)

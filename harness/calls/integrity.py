@@ -1,5 +1,5 @@
-"""A timed round's integrity (docs/integrity.md): fresh content on every call, the checks of what the calls did
-(RoundGuard, where they run), and the clock audit of the round (clock_audit, in the run's process)."""
+"""A timed round's integrity where its calls run (docs/integrity.md): fresh content on every call, each answer read
+inside its timed region, the checks of what the calls did (RoundGuard); the run's side is run/audit.py."""
 
 from __future__ import annotations
 
@@ -28,18 +28,6 @@ class Watched(Protocol):
     sources: Callable[[Inputs], dict[str, torch.Tensor]] | None
     answers: Callable[[object], dict[str, torch.Tensor]] | None
 
-#: the clock audit (clock_disagreement): a round is rejected when the run's own clock saw it last longer than the timing
-#: process's clocks account for by over CLOCK_SHARE of the round plus CLOCK_SLACK_MS - what a request's trip through the
-#: pipe and the scheduler adds: median 12 ms, 99th percentile 54-61 ms, at most 110 ms in 864 honest rounds at a load
-#: average of 8-18 on 2 cores (benchmarks/clock_audit_study.py, 2026-12-03); a disagreeing round is timed again, up to
-#: CLOCK_TRIES rounds in all: at a load of 9-12 from busy processes 1 round in 144 disagreed (2026-12-04), and a
-#: round and its one retry both did once in the README's main job run beside CI
-CLOCK_SHARE = 0.5
-CLOCK_SLACK_MS = 100.0
-CLOCK_TRIES = 3
-#: the same on CUDA between the events' span over the repetitions and the host clock around them, in one process after
-#: synchronisation: only the first launch and the last synchronisation are the host's alone
-EVENT_SLACK_MS = 5.0
 #: besides its last call, a round judges JUDGED_DRAWS (k) of its other samples, drawn as each returns (selection
 #: sampling, Knuth's algorithm S: a sample with r others to come, itself included, is kept with odds (k - kept) / r):
 #: every k of them equally likely, only those k copied. A kernel wrong on m of n escapes with odds C(n - m, k) / C(n, k)
@@ -51,36 +39,6 @@ JUDGED_DRAWS = 4
 #: mid-size key's round makes ~15 calls (draws of 64 threw away three contents in four)
 DRAWN_AT_ONCE = 64
 FIRST_DRAWN = 16
-
-
-def clock_disagreement(claimed_ms: float, accounted_ms: float, wall_ms: float,
-                       clocks: str = "the backend process's clock disagrees with the run's",
-                       slack_ms: float = CLOCK_SLACK_MS) -> str:
-    """'' unless the run's clock saw the round (wall_ms, around its request) last longer than the timing process
-    accounts for (accounted_ms: its work outside `measure`, measure's besides the samples, and the samples, each by
-    its own clock) by over CLOCK_SHARE x accounted_ms + CLOCK_SLACK_MS; claimed_ms: the samples' sum. A clock slowed
-    s-fold claims 1/s of every part it reads, so the run sees up to (s - 1) x accounted_ms more: rejected once
-    (s - 1 - CLOCK_SHARE) x accounted_ms passes CLOCK_SLACK_MS - a 5x clock of every part on any round of over 143 ms
-    of real work (a shorter one's lag is caught by clock_behind as the next request starts). On CUDA the same rule,
-    with EVENT_SLACK_MS, holds the events' span over the repetitions to the host clock around them (any round of over
-    7 ms with events slowed 5x)."""
-    unseen = wall_ms - accounted_ms
-    if unseen <= CLOCK_SHARE * accounted_ms + slack_ms:
-        return ""
-    return (f"{clocks}: {claimed_ms:.3g} ms claimed in {claimed_ms + unseen:.3g} ms of calls (the round: "
-            f"{accounted_ms:.4g} ms by the first, {wall_ms:.4g} ms by the second; limit {CLOCK_SHARE:g} x the round + "
-            f"{slack_ms:g} ms)")
-
-
-def clock_behind(started_ns: int, asked_ns: int) -> str:
-    """'' unless the timing process's clock read `started_ns` as the round started, before the run's read `asked_ns`
-    as it sent the request (one system-wide monotonic clock: never, honestly). A clock slowed at any point since the
-    process started - at import, in a call - lags real time by what it slowed, and nothing of the kernel runs between
-    a reply and the next request to catch up: any lag over the request's trip shows at the next round."""
-    if started_ns >= asked_ns:
-        return ""
-    return (f"the backend process's clock is behind the run's: the round started {(asked_ns - started_ns) / 1e6:.4g} "
-            f"ms before the run asked for it")
 
 
 #: the signed powers of two a call's v and dO slices are scaled by: exact in every float format (none overflows at 2)
@@ -186,25 +144,6 @@ class Observed:
     round: CallContent
 
 
-def received(observed: list, group: int) -> tuple[list[dict[str, torch.Tensor]], str]:
-    """In the run's process: (each judged call's answers with their contents divided out - the verified inputs'
-    answers - , '' or why they cannot be judged). Each answer's checksum is recomputed on the bytes that came back and
-    must be the one taken inside its timed region: an answer that changed after its clock stopped (filled late, by a
-    thread or a hook on the harness's own reading) is no figure."""
-    undone = []
-    for i, o in enumerate(observed):
-        if not isinstance(o, Observed):
-            return [], f"a timed call's answers came back as {type(o).__name__}, not as observed answers"
-        for quantity, answer in o.answers.items():
-            got, read = int(checksum(answer)), o.sums.get(quantity)
-            if read is None or got != int(read):
-                which = "the last timed call" if i == len(observed) - 1 else "a timed call"
-                return [], (f"[{which}] its {quantity} changed after the call's clock stopped (checksum {read} read "
-                            f"inside the timed call, {got} received): work left for after the clock")
-        undone.append({q: o.round.undo(q, a, group, o.content) for q, a in o.answers.items()})
-    return undone, ""
-
-
 class RoundGuard(Guard):
     """A timed round's integrity where its calls run: the one entry every clock path (timing.measure: CPU clock, CUDA
     events, CUDA graph replays) calls, in named steps - before_call before every estimate call and sample (warm-up calls
@@ -291,28 +230,3 @@ class RoundGuard(Guard):
 
 def _on_cpu(content: CallContent) -> CallContent:
     return CallContent(*(None if t is None else t.cpu() for t in (content.qk, content.v, content.d_out)))
-
-
-def audited_time(executor, backend, timing, device: torch.device):
-    """(a round timed where the backend runs, its clock audit: '' when the clocks agree, or the round failed)."""
-    answer = executor.time(backend, timing, device)
-    for _ in range(CLOCK_TRIES - 1):
-        if answer.failure is not None or not clock_audit(answer):
-            break
-        # a reply held up by a loaded scheduler is not a slowed clock, which disagrees on every round; the figure kept
-        # is always an agreeing round's, so a clock slowed on some rounds only gains nothing
-        answer = executor.time(backend, timing, device)
-    return answer, "" if answer.failure is not None else clock_audit(answer)
-
-
-def clock_audit(answer) -> str:
-    """A timed round's (timed.TimingResult) clock audit in the run's process: the worker's clock against the run's
-    around the round (clock_behind, clock_disagreement), and on CUDA the events against the host clock around the
-    repetitions; '' when they agree."""
-    claimed = sum(answer.measurement.samples_ms)
-    events = answer.measurement.event_vs_host
-    return ((answer.asked_ns is not None and clock_behind(answer.started_ns, answer.asked_ns))
-            or (answer.wall_ms is not None and clock_disagreement(claimed, answer.accounted_ms, answer.wall_ms))
-            or (events is not None and clock_disagreement(
-                claimed, *events, "the device's events disagree with the host clock after synchronisation",
-                EVENT_SLACK_MS)) or "")

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, replace
-from typing import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -52,7 +51,7 @@ class TimingResult:
     #: the integrity rules the timed calls broke where they ran; '' when none
     integrity: str = ""
     #: the round (ms) as the timing process's clocks account for it (its work around `measure`, measure's own, the
-    #: samples), and by the run's clock from its request to the reply (None: not timed): integrity.clock_audit
+    #: samples), and by the run's clock from its request to the reply (None: not timed): audit.clock_audit
     accounted_ms: float | None = None
     wall_ms: float | None = None
     #: the timing process's clock as the round started, and the run's as it sent the request (ns; one system-wide
@@ -68,106 +67,103 @@ class TimingResult:
         return self.failure is not None and self.failure.interrupted
 
 
-@dataclass
 class Phase:
-    """What timing a phase runs: `setup` before every repetition (untimed), `fn` the timed call, `build` what fn
-    reads made anew; buffers: the call's inputs by name; fresh(content, base) writes a call's content on `base` into
-    those it reads (all four; the backward alone: dO, on the graph it has; the forward alone: q, k, v); sources(inputs):
-    what those hold for `inputs`; answers(value): what a call returned, by quantity (out, dq, ...), in the canonical
-    layout, not copied."""
+    """One phase's timed call and what a round needs of it, in the order a round uses them: `build` makes what the
+    call reads anew (the backward alone's forward, retained), `setup` runs before every call (untimed: the gradients
+    reset), `fn` is the timed call - fwd without autograd, bwd the backward alone on the retained graph, fwd+bwd a
+    training step; `fresh` writes a call's content into the buffers it reads (all four; the backward alone: dO, on
+    the graph it has; the forward alone: q, k, v), `sources` says what those hold for given inputs, and `answers`
+    reads what a call returned, by quantity (out, dq, ...), in the canonical layout, not copied."""
 
-    setup: Callable[[], None] | None
-    fn: Callable[[], object]
-    build: Callable[[], None] | None = None
-    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
-    fresh: Callable[[CallContent, Inputs], None] | None = None
-    sources: Callable[[Inputs], dict[str, torch.Tensor]] | None = None
-    answers: Callable[[object], dict[str, torch.Tensor]] | None = None
+    def __init__(self, backend: Backend, case, inputs: Inputs, device: torch.device, phase: str):
+        self.backend, self.case, self.phase = backend, case, phase
+        self.q, self.k, self.v, self.d_out = backend_inputs(backend, case, inputs, requires_grad=phase != FWD)
+        self.leaves = modifier_leaves(inputs, requires_grad=phase != FWD)  # sinks/bias: their gradients are work too
+        self.buffers = {"q": self.q, "k": self.k, "v": self.v, "dO": self.d_out, **self.leaves}
+        self._forward = functools.partial(BoundCall(backend, case, device, leaves=self.leaves), self.q, self.k, self.v)
+        self._built = None
+        # the buffers a call's content goes into: the backward alone reads a new dO on the graph it has (its q, k, v
+        # stay), the forward alone reads no dO
+        self.renewed = ("dO",) if phase == BWD else ("q", "k", "v") if phase == FWD else tuple(INPUT_NAMES)
+        # the buffers are the canonical inputs laid out (a transpose) unless FP8 changes them: a call's content is
+        # multiplied straight into them, one op a buffer, and a paged cache's K or V times its factors is scattered
+        # into its pages in place (cases.paged.to_paged(into=): the slots no sequence owns keep what they were made
+        # with, which the snapshot holds them to; making the cache anew and copying it in was ~60 % of a decode key's
+        # round); FP8's inputs are made and copied in
+        self.direct = phase == BWD or (case.fp8_kv is None and not case.fp8_q)
+        self.pages = paged_layout(case, device) if self.direct and case.page_size is not None else None
+        self.paged = tuple(name for name in ("k", "v") if self.pages is not None and name in self.renewed)
+        # detached views: written outside autograd without switching grad mode on every call (a leaf's new content is
+        # its data, not an operation on it; each call's graph is built after the write)
+        self.written = {name: (self.buffers[name] if name in self.paged
+                               else backend.from_layout(self.buffers[name])).detach()
+                        for name in self.renewed if self.direct}
 
+    def build(self) -> None:
+        """The backward alone's forward, made anew: retain_graph lets every repetition run the same backward."""
+        if self.phase == BWD:
+            self._built = self._forward()
 
-def phase_callables(backend: Backend, case, inputs, device: torch.device, phase: str) -> Phase:
-    """The Phase of fwd (no autograd), bwd (the backward alone, on a retained graph) or fwd+bwd (a training step)."""
-    q, k, v, d_out = backend_inputs(backend, case, inputs, requires_grad=phase != FWD)
-    leaves = modifier_leaves(inputs, requires_grad=phase != FWD)  # sinks/bias: their gradients are work too
-    call = BoundCall(backend, case, device, leaves=leaves)
-    buffers = {"q": q, "k": k, "v": v, "dO": d_out, **leaves}
-    built: list = []
+    def setup(self) -> None:
+        if self.phase != FWD:  # the forward alone takes no gradients
+            for t in (self.q, self.k, self.v, *self.leaves.values()):
+                t.grad = None
 
-    forward = functools.partial(call, q, k, v)
-
-    def reset():
-        for t in (q, k, v, *leaves.values()):
-            t.grad = None
-
-    # the buffers a call's content goes into: the backward alone reads a new dO on the graph it has (its q, k, v
-    # stay), the forward alone reads no dO
-    renewed = ("dO",) if phase == BWD else ("q", "k", "v") if phase == FWD else tuple(INPUT_NAMES)
-
-    def sources(new: Inputs) -> dict[str, torch.Tensor]:
-        # what the renewed buffers hold for inputs `new`
-        if phase == BWD:
-            return {"dO": backend.to_layout(new.d_out)}
-        made = dict(zip(("q", "k", "v", "dO"), backend_inputs(backend, case, new, False, copy=False)))
-        return {name: made[name] for name in renewed}
-
-    # the buffers are the canonical inputs laid out (a transpose) unless FP8 changes them: a call's content is
-    # multiplied straight into them, one op a buffer, and a paged cache's K or V times its factors is scattered into
-    # its pages in place (spec.paged.to_paged(into=): the slots no sequence owns keep what they were made with, which
-    # the snapshot holds them to; making the cache anew and copying it in was ~60 % of a decode key's round); FP8's
-    # inputs are made and copied in
-    direct = phase == BWD or (case.fp8_kv is None and not case.fp8_q)
-    pages = paged_layout(case, device) if direct and case.page_size is not None else None
-    paged = tuple(name for name in ("k", "v") if pages is not None and name in renewed)
-    # detached views: written outside autograd without switching grad mode on every call (a leaf's new content is
-    # its data, not an operation on it; each call's graph is built after the write)
-    written = {name: (buffers[name] if name in paged else backend.from_layout(buffers[name])).detach()
-               for name in renewed if direct}
-    group = case.heads // case.kv_heads
-
-    def fresh(content: CallContent, base: Inputs) -> None:
-        if not direct:
+    def fn(self) -> object:
+        if self.phase == FWD:  # as the correctness call runs it: a backend compiled on grad mode compiles once
             with torch.no_grad():
-                for name, source in sources(content.inputs(base)).items():
-                    buffers[name].copy_(source)
+                return self._forward()
+        if self.phase == FWD_BWD:
+            out = self._forward()
+            out.backward(self.d_out)
+            return out
+        return self._built.backward(self.d_out, retain_graph=True)
+
+    def fresh(self, content: CallContent, base: Inputs) -> None:
+        if not self.direct:
+            with torch.no_grad():
+                for name, source in self.sources(content.inputs(base)).items():
+                    self.buffers[name].copy_(source)
             return
-        factors = content.factors(group)  # drawn as the inputs' dtype and device (RoundGuard)
-        for name, target in written.items():
-            if name in paged:
-                to_paged(getattr(base, name) * factors[name], pages, into=target)
+        factors = content.factors(self.case.heads // self.case.kv_heads)  # as the inputs' dtype and device
+        for name, target in self.written.items():
+            if name in self.paged:
+                to_paged(getattr(base, name) * factors[name], self.pages, into=target)
             else:
                 torch.mul(getattr(base, INPUT_NAMES[name]), factors[name], out=target)
 
-    def answers(value) -> dict[str, torch.Tensor]:
-        found = {"out": backend.from_layout(value.detach())} if isinstance(value, torch.Tensor) else {}
-        if phase != FWD:  # sinks and bias: canonical in every layout
-            found.update((name, backend.from_layout(g) if name in GRADS else g)
-                         for name, (g, _) in leaf_grads(q, k, v, leaves).items())
+    def sources(self, new: Inputs) -> dict[str, torch.Tensor]:
+        if self.phase == BWD:
+            return {"dO": self.backend.to_layout(new.d_out)}
+        made = dict(zip(("q", "k", "v", "dO"), backend_inputs(self.backend, self.case, new, False, copy=False)))
+        return {name: made[name] for name in self.renewed}
+
+    def answers(self, value) -> dict[str, torch.Tensor]:
+        found = {"out": self.backend.from_layout(value.detach())} if isinstance(value, torch.Tensor) else {}
+        if self.phase != FWD:  # sinks and bias: canonical in every layout
+            found.update((name, self.backend.from_layout(g) if name in GRADS else g)
+                         for name, (g, _) in leaf_grads(self.q, self.k, self.v, self.leaves).items())
         return found
 
-    def inference():  # as the correctness call runs it: a compiled backend guarded on grad mode compiles once
-        with torch.no_grad():
-            return forward()
 
-    def step():
-        out = forward()
-        out.backward(d_out)
-        return out
+class Replayed:
+    """A Phase captured in a CUDA graph (its build in one of its own): its call is a replay, nothing runs before
+    one (a reset of .grad would drop the graph's gradients), and a call's content goes into the static inputs the
+    replays read; answers read the static output and gradients."""
 
-    def build():  # the forward, made anew; retain_graph lets every repetition run the same backward alone
-        built[:] = [forward()]
+    def __init__(self, eager: Phase, device: torch.device):
+        self.captured = Captured(eager.fn, eager.setup, device, eager.build if eager.phase == BWD else None)
+        self.buffers, self.fresh, self.sources, self.answers = eager.buffers, eager.fresh, eager.sources, eager.answers
+        self.fn = self.captured.replay
 
-    if phase == FWD:
-        return Phase(None, inference, None, buffers, fresh, sources, answers)
-    if phase == FWD_BWD:
-        return Phase(reset, step, None, buffers, fresh, sources, answers)
-    return Phase(reset, lambda: built[0].backward(d_out, retain_graph=True), build, buffers, fresh, sources, answers)
+    #: nothing is built or set up between replays (measure takes None as nothing to run)
+    build = setup = None
 
 
-def graph_phase(timed: Phase, device: torch.device) -> tuple[Phase, Captured]:
-    """`timed` captured in a CUDA graph (its build in one of its own), as a Phase whose call is a replay: a call's
-    content goes into the static inputs the replays read, and answers reads the static output and gradients."""
-    captured = Captured(timed.fn, timed.setup, device, timed.build)
-    return replace(timed, setup=None, fn=captured.replay, build=None), captured
+def graph_phase(timed: Phase, device: torch.device) -> tuple[Replayed, Captured]:
+    """`timed` captured in a CUDA graph (Replayed), and its capture."""
+    replayed = Replayed(timed, device)
+    return replayed, replayed.captured
 
 
 def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
@@ -185,7 +181,7 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                 inputs = inputs if guard is None else guard.inputs  # the round's own content
 
             def built() -> Phase:
-                timed = phase_callables(backend, case, inputs, device, phase)
+                timed = Phase(backend, case, inputs, device, phase)
                 if guard is not None:
                     guard.watch(timed)
                 return timed
@@ -199,9 +195,8 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                 result.peak_mem_bytes, result.mem_method = timing.known_memory
             else:
                 with stage("peak memory"):
-                    probe = timed or phase_callables(backend, case, inputs, device, phase)
-                    if probe.build is not None:
-                        probe.build()
+                    probe = timed or Phase(backend, case, inputs, device, phase)
+                    probe.build()
                     result.peak_mem_bytes, result.mem_method = peak_memory(probe.fn, device=device, setup=probe.setup)
                     del probe
             budget = timing.cpu_mem_budget

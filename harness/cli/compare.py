@@ -14,7 +14,7 @@ from harness.compare.remeasure import RemeasureConfig
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from harness.compare.noise import NoiseModel
+    from harness.history.noise import NoiseModel
     from harness.compare.remeasure import remeasure
     from harness.compare.report import terminal_table, write_report
     from harness.compare.runs import compare_runs

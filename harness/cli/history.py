@@ -1,5 +1,5 @@
 """`python -m harness history`: every run in one table; --noise: noise models; --changes: change points, trends
-(all read from the history index, compare/index.py)."""
+(all read from the history index, history/index.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from harness.store.schema import KEY
 
 
 def _history(args: argparse.Namespace) -> int:
-    from harness.compare.history import summary_text
-    from harness.compare.index import CHANGE_COLUMNS, CODE_COLUMNS, open_index
-    from harness.compare.noise import NoiseModel, build_noise_model, noise_path
+    from harness.history.stored import summary_text
+    from harness.history.index import CHANGE_COLUMNS, CODE_COLUMNS, open_index
+    from harness.history.noise import NoiseModel, build_noise_model, noise_path
     index = open_index(args.results_dir, args.store)
     testbeds = index.testbeds()
     if args.testbed is not None:
@@ -33,8 +33,8 @@ def _history(args: argparse.Namespace) -> int:
         elif not args.noise:
             print(f"no noise model of testbed {testbed} yet: `history --noise` builds it from the runs above")
     if args.changes:
-        from harness.compare.changes import changes_text, detect_changes, runs_needed, timed_runs, write_trends
-        from harness.compare.trends_page import write_trends_page
+        from harness.history.changes import changes_text, detect_changes, runs_needed, timed_runs, write_trends
+        from harness.history.trends_page import write_trends_page
         history = timed_runs(index.rows(CHANGE_COLUMNS, testbed=args.testbed, timed=True),  # grouped once
                              include_loaded=args.include_loaded)
         changes = detect_changes(history, penalty=args.penalty, min_effect=args.min_effect)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from harness.compare.decision import correctness_change
-from harness.compare.noise import NoiseModel
+from harness.history.noise import NoiseModel
 from harness.measure.paired import BUSY_LOAD_PER_CPU
 from harness.measure.pooled import ALL_PHASES
 from harness.measure.stats import GateConfig, family_confidence, gate_verdict

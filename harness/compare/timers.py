@@ -106,7 +106,7 @@ class ExecutorTimer:
         from harness.backends.registry import get_backends
         from harness.run.benchmark import judge_timed
         from harness.calls.call import Call
-        from harness.calls.integrity import audited_time
+        from harness.run.audit import audited_time
         from harness.run.runner import prepare_case
         from harness.calls.timed import TimingCall
 

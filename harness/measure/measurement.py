@@ -23,7 +23,7 @@ class Measurement:
     #: the round of each sample (empty: all one round)
     round_of: tuple[int, ...] = ()
     #: CUDA: (the events' span over the repetitions, the host clock's around them after synchronisation), ms, for the
-    #: clock audit (integrity.clock_disagreement); None on the CPU clock
+    #: clock audit (audit.clock_disagreement); None on the CPU clock
     event_vs_host: tuple[float, float] | None = None
     #: the time `measure` spent besides the samples (estimate and warm-up calls, setup, new inputs, observing), ms, by
     #: the clock of the samples: the clock audit adds it to what the round accounts for

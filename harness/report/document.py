@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from harness.backends.registry import versioned_backends
-from harness.compare.changes import detect_changes, key_series, plot_trend, trend_file
-from harness.compare.index import CHANGE_COLUMNS, open_index
+from harness.history.changes import detect_changes, key_series, plot_trend, trend_file
+from harness.history.index import CHANGE_COLUMNS, open_index
 from harness.extras import MissingExtra
 from harness.measure.stats import MIN_SEGMENT, change_points
 from harness.report.plots import plot_run

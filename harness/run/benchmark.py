@@ -9,7 +9,7 @@ from harness.backends.base import Backend
 from harness.calls.call import Call
 from harness.isolation.executor import Executor, make_executor
 from harness.calls.outcome import BackendResult
-from harness.calls.integrity import audited_time, received
+from harness.run.audit import audited_time, received
 from harness.run.rounds import Round
 from harness.calls.timed import TimingCall
 from harness.measure.bandwidth import roofline_columns

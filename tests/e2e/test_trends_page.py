@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from harness.cli.main import main
-from tests.unit.compare.test_index import KEYS, write_history
+from tests.unit.history.test_index import KEYS, write_history
 
 pytestmark = pytest.mark.e2e
 

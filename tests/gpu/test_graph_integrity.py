@@ -55,7 +55,7 @@ def test_events_agree_with_the_host_clock_and_slowed_ones_do_not():
     on a round of 50 ms."""
     from dataclasses import replace
 
-    from harness.calls.integrity import EVENT_SLACK_MS, clock_disagreement
+    from harness.run.audit import EVENT_SLACK_MS, clock_disagreement
     from harness.measure import timing
 
     device = torch.device("cuda")

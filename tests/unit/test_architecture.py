@@ -2,12 +2,12 @@
 
 Order (lowest first): cases, oracle, backends, measure, store; then where code runs: calls (a call and what runs
 beside the kernel in its worker), isolation (the processes), run (a session's stages), planning (the cost model),
-fuzzing; then probes, compare, launch, advisor, report, cli, suite (the two front ends: options are defined once in
-cli and fed to the pytest plugin too). The results schema (harness.store.schema) is the shared vocabulary and
-harness.extras the optional dependencies' one-line errors, importable from anywhere; top-level modules (the public
-API `harness.api`, `__main__`, and the public faces `harness`, `harness.masks`, `harness.recommend`, which only
-re-export) may import anything. No layer imports a face: user code has one path per thing (the face), the package's
-own code imports the module that defines it.
+fuzzing; then probes, history (the index of stored runs, noise, change points), compare, launch, advisor, report,
+cli, suite (the two front ends: options are defined once in cli and fed to the pytest plugin too). The results
+schema (harness.store.schema) is the shared vocabulary and harness.extras the optional dependencies' one-line
+errors, importable from anywhere; top-level modules (the public API `harness.api`, `__main__`, and the public faces
+`harness`, `harness.masks`, `harness.recommend`, which only re-export) may import anything. No layer imports a face:
+user code has one path per thing (the face), the package's own code imports the module that defines it.
 """
 
 import ast
@@ -19,7 +19,7 @@ from harness.store import schema
 
 PACKAGE = Path(__file__).resolve().parents[2] / "harness"
 LAYERS = ("cases", "oracle", "backends", "measure", "store", "calls", "isolation", "run", "planning", "fuzzing",
-          "probes", "compare", "launch", "advisor", "report", "cli", "suite")
+          "probes", "history", "compare", "launch", "advisor", "report", "cli", "suite")
 ANYWHERE = ("harness.store.schema", "harness.extras")
 #: top-level modules that only re-export what the layers define, for users
 FACES = ("harness", "harness.masks", "harness.recommend")

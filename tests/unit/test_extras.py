@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from harness.compare import index_store
-from harness.compare.index import open_index
+from harness.history import index_store
+from harness.history.index import open_index
 from harness.extras import EXTRAS, MissingExtra
 from harness.report.document import history_section
 from tests.fixtures.regress_fixtures import write_run

@@ -12,7 +12,7 @@ import torch
 
 from harness.backends import registry
 from harness.cli.selftest import _rows_summary
-from harness.compare.history import load_run as history_run
+from harness.history.stored import load_run as history_run
 from harness.report.data import load_run
 from harness.report.document import environment_table
 from harness.report.plots import FIGURE_BUILDERS, backend_style

@@ -101,7 +101,7 @@ def test_timed_training_step_computes_the_modifier_gradients_too(monkeypatch):
     real = timed.modifier_leaves
     monkeypatch.setattr(timed, "modifier_leaves", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     case = AttentionCase(1, 2, 16, 8, "fp32", sinks=True, bias="full")
-    phase = timed.phase_callables(Naive(), case, make_inputs(case), torch.device("cpu"), "fwd+bwd")
+    phase = timed.Phase(Naive(), case, make_inputs(case), torch.device("cpu"), "fwd+bwd")
     phase.setup()
     phase.fn()
     assert set(made[0]) == {"sinks", "bias"}

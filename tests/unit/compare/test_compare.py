@@ -261,7 +261,7 @@ def test_one_change_rule_and_one_word_for_the_gate_the_history_and_the_advisor()
     """measure/stats.py decides every timing verdict: one rule for 'beyond the margin', one vocabulary, and each
     minimum effect defined once - MIN_RUN_CHANGE between runs, MIN_BACKEND_DIFFERENCE between backends of a run."""
     from harness.advisor.ranking import ADVISOR_WORDS, TIE_VERDICTS
-    from harness.compare.changes import detect_changes
+    from harness.history.changes import detect_changes
 
     assert stats.counts_as_change(1.0, 1.11, 1.11, 1.1) and stats.counts_as_change(1.11, 1.0, 1 / 1.11, 1.1)
     assert not stats.counts_as_change(1.0, 1.09, 1.09, 1.1)

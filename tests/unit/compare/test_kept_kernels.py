@@ -94,7 +94,7 @@ def test_a_plugin_is_versioned_by_its_source_and_history_names_each_run_s_kernel
     import hashlib
 
     from harness.backends import registry
-    from harness.compare.history import kernels_of
+    from harness.history.stored import kernels_of
     from harness.isolation import plugin_host
 
     plugin = tmp_path / "my_attn.py"

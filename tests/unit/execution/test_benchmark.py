@@ -242,7 +242,7 @@ def test_the_first_timed_call_is_the_cpu_memory_probe(monkeypatch):
     import harness.calls.timed as timed
 
     phases, told = [], []
-    monkeypatch.setattr(timed, "phase_callables", lambda *a, _real=timed.phase_callables: phases.append(1) or _real(*a))
+    monkeypatch.setattr(timed, "Phase", lambda *a, _real=timed.Phase: phases.append(1) or _real(*a))
     monkeypatch.setattr(timed, "measure", lambda *a, _real=timed.measure, **kw: told.append(kw) or _real(*a, **kw))
     res = _perf("naive", AttentionCase(1, 2, 256, 32, "bf16"), "bwd")
     assert res.row.mem_method == "cpu-profiler-peak" and res.row.peak_mem_bytes >= 2 * 256 * 256 * 2  # the scores

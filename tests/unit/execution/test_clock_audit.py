@@ -1,5 +1,5 @@
 """The clock a kernel cannot rewrite unseen (docs/integrity.md): timing reads clocks bound before any backend code ran,
-and the run's own clock around each round audits the worker's (integrity.clock_disagreement); planted plugins of
+and the run's own clock around each round audits the worker's (audit.clock_disagreement); planted plugins of
 tests/fixtures/clock_plugin.py and harness_clock_plugin.py."""
 
 import random
@@ -10,7 +10,7 @@ import pytest
 from harness import AttentionCase
 from harness.run.benchmark import measure_phase
 from harness.calls.device import resolve_device
-from harness.calls.integrity import CLOCK_SHARE, CLOCK_SLACK_MS, clock_behind, clock_disagreement
+from harness.run.audit import CLOCK_SHARE, CLOCK_SLACK_MS, clock_behind, clock_disagreement
 from harness.run.rounds import Round
 from harness.run.runner import execute, prepare_case
 from harness.isolation.supervisor import IsolatedExecutor
@@ -134,10 +134,10 @@ def test_the_run_s_clock_stops_as_the_reply_arrives_not_after_reading_it(monkeyp
     ([20.0], 1, False),
 ])
 def test_a_disagreeing_round_is_timed_again_and_only_an_agreeing_round_s_figure_is_kept(walls, kept, rejected):
-    """integrity.audited_time: up to CLOCK_TRIES rounds; the answer returned is the last one timed."""
+    """audit.audited_time: up to CLOCK_TRIES rounds; the answer returned is the last one timed."""
     from types import SimpleNamespace
 
-    from harness.calls.integrity import CLOCK_TRIES, audited_time
+    from harness.run.audit import CLOCK_TRIES, audited_time
 
     assert CLOCK_TRIES == 3
     asked = []

@@ -274,18 +274,18 @@ def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples
 ])
 @pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
 def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout, case, phase):
-    """timed.phase_callables' fresh(content, base): what the buffers hold afterwards is bit for bit what `sources`
+    """timed.Phase.fresh(content, base): what the buffers hold afterwards is bit for bit what `sources`
     makes of the content's inputs - the one op a buffer multiplied into a transposed view included; the backward
     alone's q, k and v keep the round's, the forward alone's dO (it reads none) too."""
     import torch
 
     from harness.backends.naive import Naive
     from harness.calls.integrity import CallContent
-    from harness.calls.timed import phase_callables
+    from harness.calls.timed import Phase
 
     backend = type("Laid", (Naive,), {"layout": layout})()
     base = make_inputs(case, "cpu", 4)
-    timed = phase_callables(backend, case, base, CPU, phase)
+    timed = Phase(backend, case, base, CPU, phase)
     kept = {name: t.detach().clone() for name, t in timed.buffers.items()}
     generator = torch.Generator().manual_seed(3)
     for _ in range(3):

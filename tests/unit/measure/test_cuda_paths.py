@@ -258,18 +258,18 @@ def test_a_captured_backward_keeps_the_gradients_it_writes(fake):
 
 
 def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_on_fresh_d_out(fake):
-    """execution.timed.graph_phase on a real (CPU) backward with the fake graph: the forward is made for the warm-up
+    """calls.timed.graph_phase on a real (CPU) backward with the fake graph: the forward is made for the warm-up
     and made again inside a graph of its own; the gradients the captured backward wrote are the leaves' .grad
     (setup ran before the capture); the phase has no setup, its call is the call's replay, and a call's content
     goes into the static dO alone (the forward's graph keeps its q, k, v) - no eager forward."""
     from harness.backends.naive import Naive
     from harness.calls.integrity import CallContent
-    from harness.calls.timed import graph_phase, phase_callables
+    from harness.calls.timed import Phase, graph_phase
     from harness.cases.case import AttentionCase, make_inputs
 
     case = AttentionCase(1, 2, 8, 8, "fp32")
     inputs = make_inputs(case, "cpu", 1)
-    eager = phase_callables(Naive(), case, inputs, torch.device("cpu"), "bwd")
+    eager = Phase(Naive(), case, inputs, torch.device("cpu"), "bwd")
     builds = []
     build = eager.build
     eager.build = lambda: (builds.append(fake.capturing is not None), build())
@@ -291,7 +291,7 @@ def test_an_event_api_rewritten_after_binding_changes_no_sample_and_slowed_event
     pass it."""
     from dataclasses import replace
 
-    from harness.calls.integrity import EVENT_SLACK_MS, clock_disagreement
+    from harness.run.audit import EVENT_SLACK_MS, clock_disagreement
 
     config = TimingConfig(warmup_ms=0, budget_ms=3, min_reps=3, max_reps=3)
     with mock.patch.object(torch.cuda, "Event", lambda enable_timing=False: pytest.fail("an unbound Event was used")):

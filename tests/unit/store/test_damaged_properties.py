@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.compare.history import history_text, load_history
+from harness.history.stored import history_text, load_history
 from harness.compare.report import summary, terminal_table
 from harness.compare.runs import compare_runs
 from harness.report.data import load_run

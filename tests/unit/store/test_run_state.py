@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.compare.history import history_text, load_history
+from harness.history.stored import history_text, load_history
 from harness.compare.report import header
 from harness.compare.runs import compare_runs
 from harness.run.recorder import RunRecorder

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from harness.compare.history import history_text, load_history
+from harness.history.stored import history_text, load_history
 from harness.compare.report import header
 from harness.compare.runs import compare_runs
 from harness.report.data import load_run

@@ -7,7 +7,7 @@ import json
 
 import pandas as pd
 
-from harness.compare.index_store import ROUND_COLUMNS, categorical
+from harness.history.index_store import ROUND_COLUMNS, categorical
 from harness.extras import missing
 from harness.store.schema import KEY
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.compare.history import load_run, run_dirs, run_notes_lines, summarize
-from harness.compare.index_store import ParquetStore, column_kind
+from harness.history.stored import load_run, run_dirs, run_notes_lines, summarize
+from harness.history.index_store import ParquetStore, column_kind
 from harness.store.load import DURATION, load_samples
 from harness.store.run_dir import ENV, RESULTS, SAMPLES
 from harness.store.schema import KEY
@@ -32,7 +32,7 @@ def open_store(where: str | Path):
     """A PostgreSQL URL (postgresql://...) or a folder (created on first use)."""
     text = str(where)
     if text.startswith(("postgresql://", "postgres://")):
-        from harness.compare.index_postgres import PostgresStore  # psycopg, imported only for a PostgreSQL store
+        from harness.history.index_postgres import PostgresStore  # psycopg, imported only for a PostgreSQL store
         return PostgresStore(text)
     if "://" in text:
         raise ValueError(f"--store {text!r}: not a folder nor a postgresql:// URL (allowed: a path, postgresql://...)")
@@ -174,7 +174,7 @@ class HistoryIndex:
         return ok
 
     def summary(self, testbed: str | None = None) -> pd.DataFrame:
-        """One line per run, as compare.history.summarize gives from the CSVs (oldest first)."""
+        """One line per run, as history.stored.summarize gives from the CSVs (oldest first)."""
         rows = [m["summary"] for m in self._given() if m.get("summary")]
         if testbed is not None:
             rows = [r for r in rows if str(r.get("testbed_id")) == testbed]

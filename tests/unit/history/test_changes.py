@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from harness.cli.main import main
-from harness.compare.changes import detect_changes
-from harness.compare.history import load_history
-from harness.compare.noise import NoiseModel, build_noise_model, noise_path
+from harness.history.changes import detect_changes
+from harness.history.stored import load_history
+from harness.history.noise import NoiseModel, build_noise_model, noise_path
 from harness.measure.stats import change_points
 from tests.fixtures.regress_fixtures import key, write_run
 
@@ -150,7 +150,7 @@ def test_key_runs_timed_beside_other_load_are_left_out_of_change_points_and_coun
     assert main(["history", str(tmp_path), "--changes"]) == 0
     out = capsys.readouterr().out
     assert "no change points in 3 key(s)" in out and "15 key-run(s) timed beside other load" in out
-    from harness.compare.history import summarize
+    from harness.history.stored import summarize
     loaded = summarize(load_history(tmp_path)).set_index("run_id").loaded
     assert loaded["run12"] == 3 and loaded["run02"] == 0
     assert main(["history", str(tmp_path), "--changes", "--include-loaded"]) == 0

@@ -161,7 +161,7 @@ def write_trends(history: pd.DataFrame | TimedRuns, changes: pd.DataFrame, out_d
     """A trend figure per changed key (every key with `every_key`) under out_dir, and trends.md, returned."""
     out_dir = Path(out_dir)
     changed = set(map(tuple, changes[["testbed_id", *KEY]].to_numpy())) if len(changes) else set()
-    lines = ["# Latency over runs, per key", "", "Dashed red: a change point (compare/changes.py).", ""]
+    lines = ["# Latency over runs, per key", "", "Dashed red: a change point (history/changes.py).", ""]
     for key, runs in timed_runs(history).items(None if every_key else changed):
         at = change_points(runs.latency_ms.to_numpy(), penalty)
         png = plot_trend(runs, at, f"{key[2]} {key[1]} [{key[3]}] on {key[0]}", out_dir / f"{trend_file(key)}.png")

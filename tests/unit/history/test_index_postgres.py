@@ -13,9 +13,9 @@ import uuid
 import pytest
 
 from harness.cli.main import main
-from harness.compare.index import open_index
-from harness.compare.history import load_history, summarize
-from tests.unit.compare.test_index import assert_same, csv_answers, index_answers, run_machines, write_history
+from harness.history.index import open_index
+from harness.history.stored import load_history, summarize
+from tests.unit.history.test_index import assert_same, csv_answers, index_answers, run_machines, write_history
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'psycopg[binary]')")
 

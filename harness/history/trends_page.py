@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.compare.changes import TimedRuns, timed_runs
-from harness.compare.noise import NoiseModel, noise_path
+from harness.history.changes import TimedRuns, timed_runs
+from harness.history.noise import NoiseModel, noise_path
 from harness.measure.stats import PENALTY, SIGMA_FLOOR, change_points, robust_sd
 from harness.store.schema import FASTER, KEY, SLOWER
 

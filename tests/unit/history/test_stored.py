@@ -10,7 +10,7 @@ from harness.cli.main import main
 from harness.store import environment as harness_env
 from harness.store.environment import environment
 from harness.store.host import snapshot_clocks
-from harness.compare.history import load_history, summarize
+from harness.history.stored import load_history, summarize
 from tests.fixtures.regress_fixtures import key, lognormal, write_run
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.compare.changes import detect_changes
-from harness.compare.history import history_text, load_history, summarize, summary_text
-from harness.compare.index import CHANGE_COLUMNS, CODE_COLUMNS, INDEX_DIR, open_index
-from harness.compare.noise import build_noise_model
+from harness.history.changes import detect_changes
+from harness.history.stored import history_text, load_history, summarize, summary_text
+from harness.history.index import CHANGE_COLUMNS, CODE_COLUMNS, INDEX_DIR, open_index
+from harness.history.noise import build_noise_model
 from harness.store.schema import KEY
 from tests.fixtures.regress_fixtures import key, lognormal, write_run
 

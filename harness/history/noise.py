@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.compare.index import CODE_COLUMNS
+from harness.history.index import CODE_COLUMNS
 from harness.measure.stats import MAD_SCALE, KeyNoise
 from harness.store.load import load_samples
 from harness.store.schema import KEY
@@ -31,7 +31,7 @@ def _key_text(key: tuple) -> str:
 
 def run_round_medians(run_dirs) -> pd.DataFrame:
     """Per-round medians (case, backend, phase, round, latency_ms, run_dir) of each run's samples.csv."""
-    from harness.compare.index import round_median_rows
+    from harness.history.index import round_median_rows
     frames = [round_median_rows(load_samples(run_dir)).assign(run_dir=run_dir) for run_dir in run_dirs]
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*KEY, "round", "latency_ms",
