@@ -89,8 +89,8 @@ def honest(seed: int, budget: float, work: Path, backends: str = HONEST) -> dict
 def fit(seed: int, budget: float, work: Path, backends: str = "naive") -> dict:
     """One fuzz run's seconds beyond the cost model's reference and baseline, per backend call (and, for a backend
     that compiles per shape, per compile at the call cost in use): planning/cost.py's fitted CPU call_s (with its
-    case_s) and compile_s, which fuzz's plan reads (cost.FITTED)."""
-    from harness.planning.cost import FITTED
+    case_s) and compile_s, which fuzz's plan reads (rates.FITTED)."""
+    from harness.planning.rates import FITTED
     code, out, seconds = check("--backends", backends, "--fuzz", "--seed", str(seed), "--fuzz-budget-s", str(budget),
                                results=work / f"f{seed}")
     fuzz = latest_env(work / f"f{seed}")["fuzz"]

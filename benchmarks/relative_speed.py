@@ -16,7 +16,7 @@ import torch
 
 from harness.backends.registry import get_backends
 from harness.calls.bound import BoundCall, backend_inputs
-from harness.planning.cost import baseline_rate
+from harness.planning.rates import baseline_rate
 from harness.oracle.reference import reference_flops
 from harness.cases.case import AttentionCase, make_inputs
 from harness.cases.masks import Causal

@@ -1,13 +1,8 @@
-"""What a job will cost before it runs (FLOPs, memory, every step's time at rates measured here), or why not."""
+"""What a job will cost before it runs (FLOPs, memory, every step's time at rates.py's rates), or why not."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import math
-import os
-import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -17,18 +12,17 @@ from harness.backends.registry import built_in_names
 from harness.run.runner import backward_reason, baseline_budget
 from harness.measure.timing import TimingConfig, call_plan, looks_for
 from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
-from harness.oracle.reference import block_rows, reference_attention, reference_flops, reference_budget
-from harness.cases.case import AttentionCase, make_inputs
+from harness.oracle.reference import block_rows, reference_flops, reference_budget
+from harness.cases.case import AttentionCase
+from harness.planning.rates import (FITTED, FITTED_FLOP_RATES, H200, H200_BASELINE_RATES, H200_MEMORY,
+                                    H200_REFERENCE_RATE, RATES, REPEATS, RunRates, baseline_rate, rates_here,
+                                    reference_rate)
 from harness.store.host import available_memory
 from harness.store.schema import FWD, PHASES
 
 #: a job whose whole estimate (JobCost: every step) is longer than this is refused unless the override flag is given
 LIMIT_S = 3600.0
 OVERRIDE_FLAG = "--allow-expensive"
-#: the calibration case: big enough that its GEMMs run at the rate a real case sees, small enough to cost
-#: ~0.1 s (CPU: 3 GFLOP) or ~10 ms (GPU: 0.4 TFLOP)
-CALIBRATION = {"cpu": AttentionCase(1, 8, 512, 128, "fp32"), "cuda": AttentionCase(1, 16, 4096, 128, "fp32")}
-
 
 def planned_calls(estimate_ms: float, cfg: TimingConfig, *, device_type: str, estimated: bool) -> int:
     """How many calls measure.timing.measure makes of a call that takes `estimate_ms`: its own plan (call_plan), with
@@ -65,69 +59,6 @@ class CaseCost:
     def peak_bytes(self) -> int:
         """Inputs plus the larger of reference and baseline (they run one after the other)."""
         return self.input_bytes + max(self.reference_bytes, self.baseline_bytes)
-
-
-#: the baseline's calibration GEMM on each device: (batch, n, d) of a (b, n, d) @ (b, d, n) matmul
-BASELINE_GEMM = {"cpu": (4, 256, 128), "cuda": (16, 2048, 128)}
-#: a rate is the best of this many samples after an untimed warm-up (thread pool start, kernel selection, page
-#: faults). The best, not the median: load only slows a sample down, and the median of five moved 25x between three
-#: commands on a loaded 2-core VM (issues 23, 35; docs/design/execution.md)
-REPEATS = {"baseline": 7, "reference": 3}
-#: a baseline sample repeats the GEMM until it has run this long, so a fast machine's timer resolution and
-#: scheduling jitter do not decide its rate
-MIN_SAMPLE_S = 0.02
-
-
-def _best_seconds(call, device: torch.device, repeats: int, min_sample_s: float = 0.0) -> float:
-    """Fewest seconds per `call()` over `repeats` samples (each at least `min_sample_s`) after a warm-up call."""
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    call()
-    sync()
-    samples = []
-    for _ in range(repeats):
-        calls, start, elapsed = 0, time.perf_counter(), -1.0
-        while elapsed < min_sample_s:
-            call()
-            calls += 1
-            sync()
-            elapsed = time.perf_counter() - start
-        samples.append(elapsed / calls)
-    return min(samples)
-
-
-@contextlib.contextmanager
-def _per_thread(device: torch.device):
-    """On a CPU, time on one thread and yield the thread count to scale by (1 on a GPU; docs/design/execution.md)."""
-    if device.type == "cuda":
-        yield 1
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield threads
-    finally:
-        torch.set_num_threads(threads)
-
-
-@functools.lru_cache(maxsize=None)
-def baseline_rate(device: torch.device, dtype: torch.dtype) -> float:
-    """FLOP/s of a batched GEMM in `dtype` on `device` (the baseline's operation; ~1 GFLOP/s without bf16 units)."""
-    b, n, d = BASELINE_GEMM["cuda" if device.type == "cuda" else "cpu"]
-    x = torch.randn(b, n, d, device=device).to(dtype)
-    y = torch.randn(b, d, n, device=device).to(dtype)
-    with _per_thread(device) as threads:
-        seconds = _best_seconds(lambda: torch.bmm(x, y), device, REPEATS["baseline"], MIN_SAMPLE_S)
-    return 2 * b * n * n * d / seconds * threads
-
-
-@functools.lru_cache(maxsize=None)
-def reference_rate(device: torch.device) -> float:
-    """The float64 reference's FLOP/s on `device`, on the calibration case (a call is long enough to need no loop)."""
-    case = CALIBRATION["cuda" if device.type == "cuda" else "cpu"]
-    inputs = make_inputs(case, device)
-    with _per_thread(device) as threads:
-        seconds = _best_seconds(lambda: reference_attention(case, inputs), device, REPEATS["reference"])
-    return reference_flops(case) / seconds * threads
 
 
 def _duration(seconds: float) -> str:
@@ -195,104 +126,6 @@ class MatrixCost:
         return (f"{big.case.id} needs ~{_gib(big.peak_bytes)} (inputs {_gib(big.input_bytes)}, reference "
                 f"{_gib(big.reference_bytes)}, baseline {_gib(big.baseline_bytes)}) where {self.device} has "
                 f"{_gib(self.memory)}")
-
-
-@dataclass(frozen=True)
-class RunRates:
-    """A job's unit costs on one device type, beside the FLOP rates measured at run time (docs/measurements.md,
-    "The whole job's estimate"): what a step costs besides its arithmetic."""
-
-    device_type: str
-    #: the command's start before its first step: imports, the rates measured, the backends' availability asked
-    startup_s: float
-    #: a run session's start (the suites and `check`): its workers, the environment record, the peak probes
-    session_s: float
-    #: a case's own cost besides its reference's and baseline's arithmetic: its inputs, copies to the workers,
-    #: recommend's bandwidth ceiling
-    case_s: float
-    #: a correctness call's fixed cost: the worker round trip, the inputs made again there, the answers sent back
-    call_s: float
-    #: the least one call of a backend takes, whatever its arithmetic (dispatch, a kernel launch)
-    call_floor_s: float
-    #: elements of an answer (out, dq, dk, dv) judged against the float64 reference per second
-    judged_per_s: float
-    #: a timing round's fixed cost besides its calls' arithmetic: round trip, memory probe, new content, the row
-    key_round_s: float
-    #: what a `compiles_per_shape` backend's compile of one new graph (a shape, with or without gradients) costs
-    compile_s: float
-    #: the probes stage per backend (its fixed small cases), and the graphs a compiling backend compiles there
-    probes_s: float
-    probe_graphs: int
-    #: recommend's deployment checks per backend besides the determinism check's two calls (a small-shape compile)
-    checks_s: float
-    #: the benchmark stage's own tests: the timing fidelity and the reference's long-sequence memory
-    fidelity_s: float
-    #: the load average per CPU these costs are for (None: the device's own fit, load not read)
-    load_per_cpu: float | None = None
-
-
-#: this project's 2-core VM shared with other jobs (2026-12-03, torch 2.11, load average ~9-12), fitted to a
-#: `pytest suites --benchmark --matrix smoke --rounds 1` run's stage times, a probes-stage run of naive, sdpa and flex
-#: and a small `recommend`; key_round_s between that run's 1.7 s and a quiet main job's 0.15 s (docs/measurements.md,
-#: "The whole job's estimate"): a quiet machine, or warm compile caches, take less
-CPU = RunRates("cpu", startup_s=16.0, session_s=30.0, case_s=5.0, call_s=1.3, call_floor_s=1e-4, judged_per_s=2e7,
-               key_round_s=0.8, compile_s=12.0, probes_s=27.0, probe_graphs=8, checks_s=13.0, fidelity_s=48.0)
-#: the same VM quiet (2026-12-04, torch 2.13, load average 0.4-1.9 on 2 CPUs: the run's own), from the stage clocks of
-#: the default main job (its benchmark stage 96-99 s: 984 rounds, ~35 s of it each round's pipe, judging, memory
-#: probe and inputs; correctness 12-13 s for 30 cases; probes 24 s for 5 backends), `check` and `recommend` on
-#: llama-3-8b and a smoke suite run; compile_s is a cold flex compile (fuzz's fit): a warm inductor cache skips most
-#: of it, which the estimate does not know (docs/measurements.md, "The whole job's estimate")
-CPU_QUIET = RunRates("cpu", startup_s=6.0, session_s=12.0, case_s=0.2, call_s=0.05, call_floor_s=1e-4,
-                     judged_per_s=2e7, key_round_s=0.05, compile_s=3.2, probes_s=4.0, probe_graphs=8, checks_s=2.5,
-                     fidelity_s=5.0)
-#: the load average per CPU of each CPU fit: the quiet one's (a run's own threads keep one per CPU busy) and the
-#: loaded one's (9-12 on 2 CPUs); between them each unit cost is priced log-linearly in the load, beyond them the fit
-QUIET_LOAD, LOADED_LOAD = 1.0, 5.25
-#: one H200 (2026-11-30, torch 2.11), fitted to its gpu-smoke run with 7 backends (docs/design/execution.md): a
-#: key's round 0.52 s in all, less the 42 ms of its budget share the model counts as calls; the probes and the
-#: benchmark stage's own tests in session_s and key_round_s, flex's compiles in call_s (that run did not split them);
-#: checks_s is a guess (no recommend was timed there)
-H200 = RunRates("cuda", startup_s=0.0, session_s=60.0, case_s=0.0, call_s=0.5, call_floor_s=2e-5, judged_per_s=6.6e7,
-                key_round_s=0.48, compile_s=0.0, probes_s=0.0, probe_graphs=0, checks_s=10.0, fidelity_s=0.0)
-#: each device type's unit costs (a device type not named takes the GPU's)
-RATES = {"cpu": CPU, "cuda": H200}
-#: each device type's unit costs as fitted quiet, load not read: what a plan that must be the same on every machine
-#: prices by (fuzz: a seed plans the same cases anywhere; the wall budget, not the plan, decides how many run)
-FITTED = {"cpu": CPU_QUIET, "cuda": H200}
-
-
-def load_per_cpu() -> float:
-    """This machine's load average over the last minute per CPU this process may use."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return os.getloadavg()[0] / cpus
-
-
-def cpu_rates(load: float) -> RunRates:
-    """The CPU unit costs at `load` (average per CPU): the quiet fit up to QUIET_LOAD, the loaded fit from
-    LOADED_LOAD, and between them each cost geometrically between the two (a shared machine's fixed costs - process
-    round trips, scheduling, compiles - grow with its contention; the FLOP rates are measured per run)."""
-    if not math.isfinite(load) or load < 0:
-        raise ValueError(f"load per CPU {load!r}: must be a finite number >= 0")
-    t = min(1.0, max(0.0, math.log(max(load, QUIET_LOAD) / QUIET_LOAD) / math.log(LOADED_LOAD / QUIET_LOAD)))
-    costs = {f.name: getattr(CPU_QUIET, f.name) ** (1 - t) * getattr(CPU, f.name) ** t for f in fields(RunRates)
-             if f.type == "float"}
-    return replace(CPU_QUIET, **costs, load_per_cpu=load)
-
-
-def rates_here(device: torch.device, load: float | None = None) -> RunRates:
-    """The unit costs of a job on `device` now: on a CPU priced at `load` (default: this machine's now)."""
-    if device.type != "cpu":
-        return RATES.get(device.type, H200)
-    return cpu_rates(load_per_cpu() if load is None else load)
-
-
-#: the H200's measured FLOP rates and memory, for estimates made without the GPU at hand (run_estimate)
-H200_REFERENCE_RATE, H200_MEMORY = 22.4e12, 141 * 10 ** 9
-H200_BASELINE_RATES = {torch.bfloat16: 693e12, torch.float16: 664e12, torch.float32: 50e12}
-#: FLOP rates fixed per device type (float64 reference; the baseline's GEMM per dtype), for FITTED's plans: this
-#: project's 2-core VM at load 0.75, the H200's
-FITTED_FLOP_RATES = {"cpu": (6.1e10, {torch.float32: 1.9e11, torch.bfloat16: 4.2e11, torch.float16: 6.7e9}),
-                     "cuda": (H200_REFERENCE_RATE, H200_BASELINE_RATES)}
 
 
 @dataclass(frozen=True)

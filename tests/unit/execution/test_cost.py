@@ -7,8 +7,8 @@ import torch
 
 from harness.backends.naive import Naive
 from harness.backends.registry import get_backends
-from harness.planning.cost import (H200, LIMIT_S, OVERRIDE_FLAG, CaseCost, Job, RunRates, check_cost, job_cost,
-                                    matrix_cost, planned_calls, reference_rate)
+from harness.planning.cost import LIMIT_S, OVERRIDE_FLAG, CaseCost, Job, check_cost, job_cost, matrix_cost, planned_calls
+from harness.planning.rates import H200, RunRates, reference_rate
 from harness.measure.timing import TimingConfig
 from harness.oracle.reference import reference_flops
 from harness.cases.case import AttentionCase
@@ -72,7 +72,9 @@ def test_the_reference_rate_is_measured_here():
 def test_a_rate_skips_the_first_call_and_takes_the_best_of_samples_of_a_minimum_length():
     import time
 
-    from harness.planning.cost import ASSUMED, _best_seconds
+    from harness.planning.cost import ASSUMED
+
+    from harness.planning.rates import _best_seconds
 
     calls = []
 
@@ -91,13 +93,14 @@ def test_a_cpu_rate_is_one_threads_times_the_threads_and_leaves_the_thread_count
     """Under load a multi-threaded GEMM stalls at its barriers (2 threads read 1 GFLOP/s bf16 where 1 thread read
     40-60, issue 35): the rate is measured on one thread and scaled; the run's thread count is restored."""
     import harness.planning.cost as cost
+    import harness.planning.rates as rates
 
     seen = []
-    monkeypatch.setattr(cost, "_best_seconds", lambda call, device, repeats, min_sample_s=0.0:
+    monkeypatch.setattr(rates, "_best_seconds", lambda call, device, repeats, min_sample_s=0.0:
                         seen.append(torch.get_num_threads()) or 1.0)
     threads = torch.get_num_threads()
-    b, n, d = cost.BASELINE_GEMM["cpu"]
-    assert cost.baseline_rate.__wrapped__(CPU, torch.float32) == 2 * b * n * n * d * threads
+    b, n, d = rates.BASELINE_GEMM["cpu"]
+    assert rates.baseline_rate.__wrapped__(CPU, torch.float32) == 2 * b * n * n * d * threads
     assert seen == [1] and torch.get_num_threads() == threads
 
 
@@ -225,22 +228,22 @@ def test_recommends_progress_weights_are_the_estimates_steps_so_its_first_line_a
 
 
 def test_cpu_unit_costs_are_the_quiet_fit_when_quiet_the_loaded_fit_when_loaded_and_between_in_between():
-    from harness.planning import cost
+    from harness.planning import cost, rates
 
-    quiet, loaded = cost.cpu_rates(0.3), cost.cpu_rates(8.0)  # below the quiet fit's load, past the loaded one's
-    assert quiet == replace(cost.CPU_QUIET, load_per_cpu=0.3) and loaded == replace(cost.CPU, load_per_cpu=8.0)
-    assert cost.cpu_rates(cost.LOADED_LOAD).key_round_s == pytest.approx(cost.CPU.key_round_s)
-    middle = cost.cpu_rates((cost.QUIET_LOAD * cost.LOADED_LOAD) ** 0.5)  # halfway in log load: the geometric mean
-    assert middle.call_s == pytest.approx((cost.CPU_QUIET.call_s * cost.CPU.call_s) ** 0.5)
-    assert middle.probe_graphs == cost.CPU.probe_graphs and middle.device_type == "cpu"
-    seconds = [cost.cpu_rates(load).key_round_s for load in (0.0, 1.0, 1.5, 2.5, 4.0, 5.25, 20.0)]
+    quiet, loaded = rates.cpu_rates(0.3), rates.cpu_rates(8.0)  # below the quiet fit's load, past the loaded one's
+    assert quiet == replace(rates.CPU_QUIET, load_per_cpu=0.3) and loaded == replace(rates.CPU, load_per_cpu=8.0)
+    assert rates.cpu_rates(rates.LOADED_LOAD).key_round_s == pytest.approx(rates.CPU.key_round_s)
+    middle = rates.cpu_rates((rates.QUIET_LOAD * rates.LOADED_LOAD) ** 0.5)  # halfway in log load: the geometric mean
+    assert middle.call_s == pytest.approx((rates.CPU_QUIET.call_s * rates.CPU.call_s) ** 0.5)
+    assert middle.probe_graphs == rates.CPU.probe_graphs and middle.device_type == "cpu"
+    seconds = [rates.cpu_rates(load).key_round_s for load in (0.0, 1.0, 1.5, 2.5, 4.0, 5.25, 20.0)]
     assert seconds == sorted(seconds) and seconds[0] < seconds[-1]
     with pytest.raises(ValueError, match="load per CPU nan"):
-        cost.cpu_rates(float("nan"))
+        rates.cpu_rates(float("nan"))
 
 
 def test_the_estimate_prices_its_fixed_costs_at_the_load_it_read_and_says_so(monkeypatch):
-    from harness.planning import cost
+    from harness.planning import cost, rates
 
     monkeypatch.setattr(cost, "reference_rate", lambda device: 40e9)
     monkeypatch.setattr(cost, "baseline_rate", lambda device, dtype: 80e9)
@@ -249,7 +252,7 @@ def test_the_estimate_prices_its_fixed_costs_at_the_load_it_read_and_says_so(mon
     loaded = check_cost([case], CPU, job, allow=False, load=10.0)
     assert quiet.rates.load_per_cpu == 0.5 and "fixed costs at a load average of 0.5 per CPU" in quiet.summary()
     assert loaded.seconds > 2.5 * quiet.seconds  # a small job is its fixed costs
-    monkeypatch.setattr(cost.os, "getloadavg", lambda: (3.0, 2.0, 1.0))  # the last minute's, per usable CPU
-    monkeypatch.setattr(cost.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert cost.load_per_cpu() == 1.5
-    assert check_cost([case], CPU, job, allow=False).rates == cost.cpu_rates(1.5)
+    monkeypatch.setattr(rates.os, "getloadavg", lambda: (3.0, 2.0, 1.0))  # the last minute's, per usable CPU
+    monkeypatch.setattr(rates.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert rates.load_per_cpu() == 1.5
+    assert check_cost([case], CPU, job, allow=False).rates == rates.cpu_rates(1.5)

@@ -18,7 +18,7 @@ def test_the_fuzz_matrix_draws_the_seeds_cases_for_the_backends():
 
 
 def test_a_seeds_plan_is_the_seeds_alone_not_the_machines_measured_rates(monkeypatch):
-    """The plan is sized by fixed unit costs and rates (cost.FITTED, FITTED_FLOP_RATES): no rate is measured, so a
+    """The plan is sized by fixed unit costs and rates (rates.FITTED, FITTED_FLOP_RATES): no rate is measured, so a
     seed plans the same cases on any machine of a device type and at any load (rates measured at the start once
     planned 12 then 13 cases)."""
     from harness.planning import cost
