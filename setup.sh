@@ -10,7 +10,7 @@
 #    a ~3 MiB wheel installed below and loaded by the harness itself (harness/backends/xformers.py). One torch
 #    version on both kinds of machine keeps their results comparable.
 #  - the optional backends' libraries: what each backend declares (its `install`, harness/backends/<module>.py),
-#    for the machine seen here (a GPU or not, the torch's CUDA), as harness/cli/setup_steps.py lists it: xformers and
+#    for the machine seen here (a GPU or not, the torch's CUDA), as harness/cli/node/setup_steps.py lists it: xformers and
 #    FlashInfer without dependencies (they can never replace your torch), flash-attn-4 on a machine with a GPU only;
 #    FlashAttention-2 and -3 build from source (docs/gpu.md). Whether each can run with the torch you have is said
 #    plainly at the end (python -m harness backends). Offline: what the wheelhouse carried (--limit-mib).
@@ -49,7 +49,7 @@ if [ -n "$OFFLINE" ]; then
   # every wheel without dependencies: pip then never re-resolves the node's torch (whose own requirements, e.g.
   # setuptools, a fresh venv may shadow); what the harness still lacks is listed right after
   python -m pip install -q --no-index --no-deps "$OFFLINE"/*.whl
-  python -c "from harness.cli.wheelhouse import report_unmet; raise SystemExit(report_unmet())"
+  python -c "from harness.cli.node.wheelhouse import report_unmet; raise SystemExit(report_unmet())"
 else
   python -m pip install -q --upgrade pip >/dev/null
   if ! python -c "import torch" 2>/dev/null; then
@@ -61,7 +61,7 @@ else
   # each backend's library as the registry declares it for this machine; with dependencies, the torch held where it
   # is by a constraint (--no-deps ones ignore it); one that fails to install reports itself unavailable below
   HOLD=$(mktemp); python -c "import torch; print(f'torch=={torch.__version__}')" >"$HOLD"
-  STEPS=$(python -m harness.cli.setup_steps $(has_gpu && echo --gpu))
+  STEPS=$(python -m harness.cli.node.setup_steps $(has_gpu && echo --gpu))
   while IFS=$'\t' read -r name what rest; do
     if [ "$what" = install ]; then
       read -r -a ARGS <<<"$rest"   # no globbing: 'flash-attn-4[cu13]==...' stays as it is

@@ -16,8 +16,8 @@ from harness.compare.runs import run_testbed
 from harness.run.benchmark import measure_phase
 from harness.isolation.executor import Executor
 from harness.run.runner import execute, prepare_case
-from harness.measure.bandwidth import copy_bandwidth_samples
-from harness.measure.roofline import PEAK_SAMPLES
+from harness.measure.limits.bandwidth import copy_bandwidth_samples
+from harness.measure.limits.roofline import PEAK_SAMPLES
 from harness.measure.timing import TimingConfig
 from harness.cases.case import AttentionCase
 from harness.store.host import testbed_id

@@ -13,8 +13,8 @@ CUDA = "{cuda}"
 @dataclass(frozen=True)
 class Install:
     """The library a backend calls, as pip installs it: pyproject.toml's extra (tests/unit/backends/test_install.py
-    checks it), setup.sh (harness/cli/setup_steps.py), the wheelhouse and `python -m harness backends --install` read
-    it. A backend without one (naive, sdpa, flex) calls torch alone."""
+    checks it), setup.sh (harness/cli/node/setup_steps.py), the wheelhouse and `python -m harness backends
+    --install` read it. A backend without one (naive, sdpa, flex) calls torch alone."""
 
     #: the extra's requirement: the distribution with the one version it is tested with ('xformers==0.0.35')
     requirement: str

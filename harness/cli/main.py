@@ -12,7 +12,7 @@ from harness.cli.early import refusal
 #: each defines `add_subcommand(subparsers)`: adds its parser, sets `func` (parsed args -> exit code)
 COMMAND_MODULES: list[str] = ["harness.cli.check", "harness.cli.backends", "harness.cli.history",
                               "harness.cli.compare", "harness.cli.run", "harness.cli.report", "harness.cli.recommend",
-                              "harness.cli.selftest", "harness.cli.wheelhouse"]
+                              "harness.cli.node.selftest", "harness.cli.node.wheelhouse"]
 
 
 class Parser(argparse.ArgumentParser):

@@ -12,11 +12,11 @@ from harness.calls.outcome import BackendResult
 from harness.run.audit import audited_time, received
 from harness.run.rounds import Round
 from harness.calls.timed import TimingCall
-from harness.measure.bandwidth import roofline_columns
-from harness.measure.flops import attention_flops
+from harness.measure.limits.bandwidth import roofline_columns
+from harness.measure.limits.flops import attention_flops
 from harness.measure.measurement import Measurement
-from harness.measure.peaks import beyond_physical_limit
-from harness.measure.roofline import one_thread
+from harness.measure.limits.peaks import beyond_physical_limit
+from harness.measure.limits.roofline import one_thread
 from harness.measure.stages import stage
 from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase

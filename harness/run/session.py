@@ -23,7 +23,7 @@ from harness.run.repro import RerunFlags, probe_repro_command, repro_command
 from harness.run.rounds import RoundSchedule
 from harness.run.runner import correctness_call, execute, prepare_case
 from harness.isolation.supervisor import timeouts
-from harness.measure.peaks import RunPeaks
+from harness.measure.limits.peaks import RunPeaks
 from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
 from harness.cases.case import AttentionCase

@@ -73,7 +73,7 @@ def loaded(contention: object) -> bool:
 
 def figures_comparable(timing_status: object, suspicious: object) -> bool:
     """Whether a row's figures may enter a comparison between backends - a speedup, a winner, a ranking, a
-    recommendation: usable, and not beyond the measured peak (`suspicious`, measure/bandwidth.py). A figure the
+    recommendation: usable, and not beyond the measured peak (`suspicious`, measure/limits/bandwidth.py). A figure the
     machine cannot reach is no speedup: it is shown, flagged, and compared once a quiet re-measurement clears it."""
     return figures_usable(timing_status) and suspicious is not True and suspicious != "True"
 

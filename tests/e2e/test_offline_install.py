@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.wheelhouse import manifest
+from harness.cli.node.wheelhouse import manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e

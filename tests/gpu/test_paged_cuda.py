@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from harness import check
-from harness.measure.bandwidth import copy_bandwidth_samples
-from harness.measure.roofline import PEAK_SAMPLES
+from harness.measure.limits.bandwidth import copy_bandwidth_samples
+from harness.measure.limits.roofline import PEAK_SAMPLES
 from harness.cases.case import paged_case
 
 pytestmark = pytest.mark.cuda

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from harness.backends import registry
-from harness.cli.selftest import _rows_summary
+from harness.cli.node.selftest import _rows_summary
 from harness.history.stored import load_run as history_run
 from harness.report.data import load_run
 from harness.report.document import environment_table

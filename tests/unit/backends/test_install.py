@@ -11,7 +11,7 @@ from harness.backends.catalogue import ALL_EXTRA, extras, installs, libraries, p
 from harness.backends.declaration import declaration_problems
 from harness.backends.install import Install
 from harness.backends.registry import all_backends, built_in_names
-from harness.cli.setup_steps import steps
+from harness.cli.node.setup_steps import steps
 from harness.extras import EXTRAS
 from harness.probes import edge_cases, empty
 
@@ -51,11 +51,11 @@ def test_readme_pyproject_and_help_name_exactly_the_registrys_libraries(capsys):
 
 def test_setup_sh_installs_what_the_registry_says_and_pins_nothing_itself():
     setup = (ROOT / "setup.sh").read_text()
-    assert "python -m harness.cli.setup_steps" in setup
+    assert "python -m harness.cli.node.setup_steps" in setup
     for install in installs().values():  # no requirement, no version of one: each is its backend's
         version = re.search(r"==(\S+)", install.requirement)
         assert install.requirement not in setup and (version is None or version.group(1) not in setup)
-    wheelhouse = (ROOT / "harness" / "cli" / "wheelhouse.py").read_text()
+    wheelhouse = (ROOT / "harness" / "cli" / "node" / "wheelhouse.py").read_text()
     assert not [i.requirement for i in installs().values() if "==" in i.requirement and i.requirement in wheelhouse]
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from harness.cli import selftest
-from harness.cli.selftest_plan import STEP_KEYS, Step, choose, fit, steps, timeout_for
+from harness.cli.node import selftest
+from harness.cli.node.selftest_plan import STEP_KEYS, Step, choose, fit, steps, timeout_for
 
 
 def _steps(*estimates):

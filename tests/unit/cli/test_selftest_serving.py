@@ -1,11 +1,11 @@
-"""The GPU acceptance run's plan (harness/cli/selftest_plan.py) judges the serving step and the FP8 caches on the next
+"""The GPU acceptance run's plan (harness/cli/node/selftest_plan.py) judges the serving step and the FP8 caches on the next
 GPU: its correctness and benchmark steps run gpu-smoke, which holds them, with every backend that loads there
 (FlashAttention-4 included when installed)."""
 
 from pathlib import Path
 
 from harness.backends.registry import built_in_names
-from harness.cli.selftest_plan import steps
+from harness.cli.node.selftest_plan import steps
 from harness.cases.matrices import build_matrix
 
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from harness.backends.catalogue import installs
-from harness.cli import wheelhouse
+from harness.cli.node import wheelhouse
 
 #: the backends whose libraries have no wheel (FlashAttention-2 and -3): always left out, each with its reason
 SOURCE_BUILDS = {name for name, install in installs().items() if install.builds_from_source}

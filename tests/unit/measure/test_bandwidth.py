@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from harness import AttentionCase
-from harness.measure.bandwidth import bound, bytes_moved, copy_bandwidth_samples, roofline_columns, visible_keys
-from harness.measure.flops import attention_flops
+from harness.measure.limits.bandwidth import bound, bytes_moved, copy_bandwidth_samples, roofline_columns, visible_keys
+from harness.measure.limits.flops import attention_flops
 from harness.measure.timing import TimingConfig
 from harness.cases.masks import CacheCausal, Causal, CausalBottomRight, KeyPadding, SlidingWindow
 

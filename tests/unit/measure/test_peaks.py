@@ -1,4 +1,4 @@
-"""harness.measure.peaks: the robust physical peak (several samples, the best of them, at a run's start and end)
+"""harness.measure.limits.peaks: the robust physical peak (several samples, the best of them, at a run's start and end)
 and the rule that rejects a figure beyond it. Decision logic on synthetic figures and seeded noise only: no real
 timing is asserted on."""
 
@@ -16,13 +16,13 @@ from harness.run.benchmark import measure_phase
 from harness.calls.device import resolve_device
 from harness.run.runner import execute, prepare_case
 from harness.calls.timed import TimingResult
-from harness.measure import peaks as peaks_module
-from harness.measure import roofline
-from harness.measure.bandwidth import COPY_BYTES, bytes_moved
-from harness.measure.flops import attention_flops
+from harness.measure.limits import peaks as peaks_module
+from harness.measure.limits import roofline
+from harness.measure.limits.bandwidth import COPY_BYTES, bytes_moved
+from harness.measure.limits.flops import attention_flops
 from harness.measure.measurement import Measurement
-from harness.measure.peaks import BEYOND, PHYSICAL_MARGIN, RunPeaks, limit_tflops
-from harness.measure.peaks import beyond_physical_limit as _beyond
+from harness.measure.limits.peaks import BEYOND, PHYSICAL_MARGIN, RunPeaks, limit_tflops
+from harness.measure.limits.peaks import beyond_physical_limit as _beyond
 from harness.measure.timing import TimingConfig
 from harness.cases.case import dtype_name
 from harness.cases.masks import Causal

@@ -1,8 +1,8 @@
-"""harness.measure.roofline: the matmul peaks a row's pct_of_peak is measured against."""
+"""harness.measure.limits.roofline: the matmul peaks a row's pct_of_peak is measured against."""
 
 import torch
 
-from harness.measure import roofline
+from harness.measure.limits import roofline
 
 
 def test_the_fp32_peak_is_the_faster_of_ieee_and_tf32_and_both_are_kept(monkeypatch):

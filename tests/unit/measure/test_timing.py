@@ -9,10 +9,10 @@ import torch
 
 from harness import AttentionCase
 from harness.calls.device import resolve_device
-from harness.measure.flops import attention_flops
+from harness.measure.limits.flops import attention_flops
 from harness.measure.measurement import Measurement
 from harness.measure.memory import peak_memory
-from harness.measure.roofline import matmul_peak_tflops
+from harness.measure.limits.roofline import matmul_peak_tflops
 from harness.measure.timing import TimingConfig, measure
 from harness.cases.masks import Causal, CausalBottomRight, KeyPadding
 

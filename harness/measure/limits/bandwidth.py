@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.measure.roofline import one_thread
+from harness.measure.limits.roofline import one_thread
 from harness.measure.timing import TimingConfig, measure
 from harness.cases.case import AttentionCase, dtype_name
 from harness.cases.masks import MaskSpec

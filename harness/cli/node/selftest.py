@@ -1,7 +1,7 @@
 """`python -m harness selftest --gpu`: the GPU acceptance run - every GPU path once, within a time budget, one
 summary table.
 
-Steps (each a subprocess, so one that crashes or hangs does not end the others; harness/cli/selftest_plan.py), most
+Steps (each a subprocess, so one that crashes or hangs does not end the others; harness/cli/node/selftest_plan.py), most
 informative first: which backends loaded; the real-CUDA tests (tests/gpu); correctness on the gpu-smoke matrix for
 every available backend; one benchmark round; timing fidelity against triton's do_bench; the benchmark with
 --cuda-graph on a subset; correctness on cuda:1 when a second GPU exists; the multi-GPU launcher (`run --gpus all`)
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from harness.backends.registry import built_in_names
 from harness.cli.options import positive_float
-from harness.cli.selftest_plan import STEP_KEYS, SUBSET, Step, choose, fit, steps, timeout_for
+from harness.cli.node.selftest_plan import STEP_KEYS, SUBSET, Step, choose, fit, steps, timeout_for
 from harness.measure.stages import time_lines
 from harness.store.environment import REPO_ROOT
 from harness.store.schema import BASELINE, ERROR, UNAVAILABLE

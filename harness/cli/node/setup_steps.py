@@ -1,4 +1,4 @@
-"""What setup.sh installs for the optional backends, read from their declarations: `python -m harness.cli.setup_steps
+"""What setup.sh installs for the optional backends, read from their declarations: `python -m harness.cli.node.setup_steps
 [--gpu]` prints one line a backend, `NAME<TAB>install<TAB>pip arguments` or `NAME<TAB>skip<TAB>why`."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def steps(gpu: bool, torch_cuda: str | None) -> list[tuple[str, str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.cli.setup_steps", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m harness.cli.node.setup_steps", description=__doc__)
     parser.add_argument("--gpu", action="store_true", help="the machine has a GPU (setup.sh asks nvidia-smi)")
     args = parser.parse_args(argv)
     import torch

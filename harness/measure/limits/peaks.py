@@ -6,9 +6,9 @@ from typing import Iterable
 
 import torch
 
-from harness.measure.bandwidth import (copy_bandwidth_per_thread_samples, copy_bandwidth_samples,
+from harness.measure.limits.bandwidth import (copy_bandwidth_per_thread_samples, copy_bandwidth_samples,
                                        streams_from_memory)
-from harness.measure.roofline import PEAK_SAMPLES, PER_THREAD, best_peaks, peak_samples
+from harness.measure.limits.roofline import PEAK_SAMPLES, PER_THREAD, best_peaks, peak_samples
 from harness.measure.stages import stage
 from harness.cases.case import dtype_name
 from harness.store.schema import REJECTED, Row
