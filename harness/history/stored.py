@@ -75,6 +75,10 @@ def summarize(history: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["run_id", "started", "host", "testbed_id", "device_name", "torch", "git_sha",
                                      "kernels", "rows", "cases", "backends", PASS, FAIL, TIMED, "loaded", "refused",
                                      "complete"])
+    # a run listed for its notes alone (no row yet: another machine still writing it, or every row refused) has none
+    # of the rows' columns
+    history = history.reindex(columns=[*history.columns, *(c for c in ("status", "case_id", "backend")
+                                                          if c not in history)])
     timed = history["latency_ms"].notna() if "latency_ms" in history else pd.Series(False, index=history.index)
     busy = (timed & history["contention"].map(loaded)) if "contention" in history else timed & False
     g = history.assign(_pass=history.status.eq(PASS), _fail=history.status.isin(BAD), _timed=timed, _loaded=busy,

@@ -160,3 +160,18 @@ def test_concurrent_ingests_from_several_processes_lose_no_run_and_tear_no_file(
     assert not list(store.rglob("*.tmp"))
     assert ix.summary().equals(summarize(load_history(root)))
     assert len(ix.rows(KEY)) == 16 * len(KEYS) and len(ix.rounds()) == 16 * len(KEYS)
+
+
+def test_a_run_folder_still_being_written_is_listed_by_its_notes_not_a_crash(tmp_path):
+    """A run another machine is writing (its results.csv's header there, no row yet) was read as a frame of notes alone,
+    which summarize could not group (no status column): one ingest of the fleet test died on it under load."""
+    from harness.history.index import read_run
+
+    run = write_run(tmp_path / "results" / "run01", {k: {} for k in KEYS}, testbed="tb-a")
+    header = (run / "results.csv").read_text().splitlines()[0]
+    (run / "results.csv").write_text(header + "\n")  # its header written, no row yet
+    env = json.loads((run / "env.json").read_text())
+    (run / "env.json").write_text(json.dumps({**env, "state": "running"}))
+    entry = read_run(run)
+    assert entry.manifest["status"] == "ok" and entry.manifest["summary"]["rows"] == 0
+    assert summarize(load_history(tmp_path / "results")).rows.tolist() == [0]
