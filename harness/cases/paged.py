@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from harness.cases.masks import CacheCausal
-
 if TYPE_CHECKING:
     from harness.cases.case import AttentionCase, Inputs
 

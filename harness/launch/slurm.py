@@ -10,6 +10,7 @@ from typing import Sequence
 from harness.store.environment import new_run_id
 from harness.launch.local import LaunchResult, check_pytest_args, shard_command
 from harness.launch.merge import merge_shards, shard_root, write_exit_status
+from harness.extras import missing
 
 
 def run_shard_job(cmd: list[str], cwd: str, root: str) -> int:
@@ -33,8 +34,7 @@ def submit(pytest_args: Sequence[str], shards: int, *, results_dir: str | Path =
     try:
         import submitit
     except ImportError:
-        raise ValueError("--slurm needs submitit: pip install 'attention-harness[slurm]' (or: pip install submitit)") \
-            from None
+        raise missing("submitit", "--slurm") from None
     parameters = {"timeout_min": timeout_min, "nodes": 1, "tasks_per_node": 1, "cpus_per_task": cpus_per_task,
                   # the local executor would hand out GPUs this machine may not have; Slurm allocates them
                   "gpus_per_node": 0 if cluster in ("local", "debug") else gpus_per_task,

@@ -122,7 +122,7 @@ class RunSession:
         self.save_env()
 
     def measure_peaks(self, dtypes) -> None:
-        """The device's dense-matmul TFLOP/s per dtype and copy bandwidth (measure.peaks), sampled again at finish."""
+        """The device's dense-matmul TFLOP/s per dtype and copy bandwidth (measure.limits.peaks), sampled again at finish."""
         self.run_peaks = RunPeaks(self.device, dtypes)
         self.peaks, self.bw_peak = self.run_peaks.judged, self.run_peaks.gbps
         self.env.update(matmul_peak_tflops=self.run_peaks.tflops, copy_bandwidth_gbps=self.bw_peak,

@@ -55,3 +55,14 @@ def test_a_report_without_pyarrow_says_why_it_has_no_history_section(tmp_path, m
     monkeypatch.setattr(index_store, "pa", None)
     blocks = history_section(run, {"testbed_id": "tb-cpu-a"}, tmp_path / "out")
     assert len(blocks) == 1 and "attention-harness[history]" in blocks[0].text, blocks
+
+
+def test_slurm_without_submitit_names_its_extra_in_one_line(tmp_path, monkeypatch):
+    import sys
+
+    from harness.launch.slurm import submit
+
+    monkeypatch.setitem(sys.modules, "submitit", None)  # an import of it fails as when it is not installed
+    with pytest.raises(MissingExtra) as err:
+        submit(["--matrix", "smoke"], 2, results_dir=tmp_path, cluster="local")
+    assert "\n" not in str(err.value) and "attention-harness[slurm]" in str(err.value), err.value
