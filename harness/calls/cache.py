@@ -52,9 +52,8 @@ class LRU:
 
 
 def answer_bytes(prepared) -> int:
-    """A prepared case's reference and the timed answers it keeps (PreparedCase.judged_timed), in bytes."""
-    reference = sum(t.numel() * t.element_size() for t in prepared.reference.tensors() if t is not None)
-    return reference + prepared.memo_bytes()
+    """A prepared case's reference, in bytes."""
+    return sum(t.numel() * t.element_size() for t in prepared.reference.tensors() if t is not None)
 
 
 def cached(cache: LRU | None, key: Hashable, make: Callable[[], T]) -> T:

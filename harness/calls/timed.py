@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import secrets
 from dataclasses import dataclass, field
 
 import torch
@@ -11,7 +12,7 @@ from harness.backends.base import Backend
 from harness.calls.cache import CallCaches
 from harness.calls.bound import BoundCall, backend_inputs, modifier_leaves
 from harness.calls.call import Call, call_inputs, device_scope, leaf_grads
-from harness.calls.integrity import INPUT_NAMES, CallContent, RoundGuard
+from harness.calls.integrity import INPUT_NAMES, RoundGuard
 from harness.calls.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
 from harness.measure.measurement import Measurement
@@ -27,7 +28,9 @@ from harness.store.schema import BWD, FWD, FWD_BWD, GRADS, OOM
 @dataclass(frozen=True)
 class TimingCall:
     """Time `phase` of the call's case; estimate_ms, known_memory (bytes, method) from earlier rounds (None: measure
-    now); checked: every call on fresh content, checked where it runs and its answers judged (integrity.RoundGuard)."""
+    now); checked: every call on fresh content, checked where it runs and its answers judged (integrity.RoundGuard);
+    seed: the round's contents' (content.Contents), drawn by `secrets` where the request is made - the run's
+    process, which makes a judged call's content again from it."""
 
     call: Call
     phase: str
@@ -36,6 +39,7 @@ class TimingCall:
     known_memory: tuple[int, str] | None = None
     cpu_mem_budget: int | None = None
     checked: bool = True
+    seed: int = field(default_factory=lambda: secrets.randbits(63))
 
 
 @dataclass
@@ -86,8 +90,7 @@ class Phase:
         # stay), the forward alone reads no dO
         self.renewed = ("dO",) if phase == BWD else ("q", "k", "v") if phase == FWD else tuple(INPUT_NAMES)
         # the buffers are the canonical inputs laid out (a transpose) unless FP8 changes them: a call's content is
-        # multiplied straight into them, one op a buffer, and a paged cache's K or V times its factors is scattered
-        # into its pages in place (cases.paged.to_paged(into=): the slots no sequence owns keep what they were made
+        # copied straight into them, one op a buffer, and a paged cache's K or V is scattered into its pages in place (cases.paged.to_paged(into=): the slots no sequence owns keep what they were made
         # with, which the snapshot holds them to; making the cache anew and copying it in was ~60 % of a decode key's
         # round); FP8's inputs are made and copied in
         self.direct = phase == BWD or (case.fp8_kv is None and not case.fp8_q)
@@ -119,18 +122,17 @@ class Phase:
             return out
         return self._built.backward(self.d_out, retain_graph=True)
 
-    def fresh(self, content: CallContent, base: Inputs) -> None:
+    def fresh(self, new: Inputs) -> None:
         if not self.direct:
             with torch.no_grad():
-                for name, source in self.sources(content.inputs(base)).items():
+                for name, source in self.sources(new).items():
                     self.buffers[name].copy_(source)
             return
-        factors = content.factors(self.case.heads // self.case.kv_heads)  # as the inputs' dtype and device
         for name, target in self.written.items():
             if name in self.paged:
-                to_paged(getattr(base, name) * factors[name], self.pages, into=target)
+                to_paged(getattr(new, name), self.pages, into=target)
             else:
-                torch.mul(getattr(base, INPUT_NAMES[name]), factors[name], out=target)
+                target.copy_(getattr(new, INPUT_NAMES[name]))
 
     def sources(self, new: Inputs) -> dict[str, torch.Tensor]:
         if self.phase == BWD:
@@ -176,9 +178,9 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
     with device_scope(device):
         try:
             with stage("inputs"):
-                inputs = call_inputs(timing.call, device, None if caches is None else caches.drawn)
-                guard = RoundGuard(case, phase, inputs) if timing.checked else None
-                inputs = inputs if guard is None else guard.inputs  # the round's own content
+                guard = RoundGuard(case, phase, timing.seed, device) if timing.checked else None
+                inputs = (guard.inputs if guard is not None  # the round's own content
+                          else call_inputs(timing.call, device, None if caches is None else caches.drawn))
 
             def built() -> Phase:
                 timed = Phase(backend, case, inputs, device, phase)

@@ -191,23 +191,42 @@ class Inputs(NamedTuple):
         return Inputs(*(None if t is None else fn(t) for t in self))
 
 
+def input_shapes(case: AttentionCase) -> list[tuple[int, ...]]:
+    """The canonical shapes of q, k, v and d_out, in that order."""
+    b, h, hkv, sq, sk = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k
+    return [(b, h, sq, case.head_dim), (b, hkv, sk, case.head_dim), (b, hkv, sk, case.head_dim_v),
+            (b, h, sq, case.head_dim_v)]
+
+
+def shaped(case: AttentionCase, drawn: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Standard normal draws of q, k, v and d_out (float32, canonical; None: not drawn) given the case's ranges: an
+    FP8 case's heads of different magnitudes, a softcap case's scores of SOFTCAP_SCORE_STD caps."""
+    drawn = list(drawn)
+
+    def scaled(i: int, factor: torch.Tensor | float) -> None:
+        if drawn[i] is not None:
+            drawn[i] = drawn[i] * (factor.to(drawn[i].device) if isinstance(factor, torch.Tensor) else factor)
+
+    if case.fp8_kv is not None:  # heads of different ranges, k's unlike v's (harness.cases.fp8.magnitudes)
+        k_mag, v_mag = fp8.magnitudes(case.kv_heads)
+        scaled(1, k_mag.view(1, -1, 1, 1))
+        scaled(2, v_mag.view(1, -1, 1, 1))
+    if case.fp8_q:  # q's kv-head groups of different ranges too (harness.cases.fp8.query_magnitudes)
+        scaled(0, fp8.per_query_head(fp8.query_magnitudes(case.kv_heads), case.heads).view(1, -1, 1, 1))
+    if case.softcap is not None:  # std(scale q.k) = scale sqrt(d) for N(0,1) q, k: make it SOFTCAP_SCORE_STD caps
+        scaled(0, mods.SOFTCAP_SCORE_STD * case.softcap / (case.scale * math.sqrt(case.head_dim)))
+    return drawn
+
+
 def make_inputs(case: AttentionCase, device: str | torch.device = "cpu", seed: int = 0) -> Inputs:
     """Deterministic torch.randn inputs from `seed`, drawn in float32 on CPU (the same values on every device and
     dtype), then cast and moved; the modifiers' tensors are drawn after q, k, v, d_out, only when present."""
     gen = torch.Generator().manual_seed(seed)
-    b, h, hkv, sq, sk = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k
-    shapes = [(b, h, sq, case.head_dim), (b, hkv, sk, case.head_dim), (b, hkv, sk, case.head_dim_v),
-              (b, h, sq, case.head_dim_v)]                                  # q, k, v, d_out
-    drawn = [torch.randn(s, generator=gen, dtype=torch.float32) for s in shapes]
-    if case.fp8_kv is not None:  # heads of different ranges, k's unlike v's (harness.cases.fp8.magnitudes)
-        k_mag, v_mag = fp8.magnitudes(case.kv_heads)
-        drawn[1], drawn[2] = drawn[1] * k_mag.view(1, -1, 1, 1), drawn[2] * v_mag.view(1, -1, 1, 1)
-    if case.fp8_q:  # q's kv-head groups of different ranges too (harness.cases.fp8.query_magnitudes)
-        drawn[0] = drawn[0] * fp8.per_query_head(fp8.query_magnitudes(case.kv_heads), case.heads).view(1, -1, 1, 1)
-    if case.softcap is not None:  # std(scale q.k) = scale sqrt(d) for N(0,1) q, k: make it SOFTCAP_SCORE_STD caps
-        drawn[0] = drawn[0] * (mods.SOFTCAP_SCORE_STD * case.softcap / (case.scale * math.sqrt(case.head_dim)))
+    drawn = shaped(case, [torch.randn(s, generator=gen, dtype=torch.float32) for s in input_shapes(case)])
+    h, sk = case.heads, case.seq_k
     sinks = torch.randn(h, generator=gen) * mods.SINK_STD + (math.log(sk) + 0.5) if case.sinks else None
-    bias = None if case.bias is None else torch.randn((1 if case.bias == "head" else b, h, sq, sk), generator=gen)
+    bias = None if case.bias is None else torch.randn((1 if case.bias == "head" else case.batch, h, case.seq_q, sk),
+                                                      generator=gen)
     return Inputs(*drawn, sinks, bias).map(lambda t: t.to(device=device, dtype=case.dtype))
 
 

@@ -104,7 +104,7 @@ class ExecutorTimer:
     def time(self, case, backend: str, phase: str, estimate_ms: float) -> Timed | Rejected | str:
         """One round of one key: its samples (ms), Rejected (a check failed: no figure), or why timing failed."""
         from harness.backends.registry import get_backends
-        from harness.run.benchmark import judge_timed
+        from harness.run.judge import judge_timed
         from harness.calls.call import Call
         from harness.run.audit import audited_time
         from harness.run.runner import prepare_case
@@ -115,14 +115,14 @@ class ExecutorTimer:
         except ValueError as exc:
             return str(exc)
         # the memory was measured in the run; known_memory skips the probe (an extra call per round)
-        answer, clock = audited_time(self.executor, impl, TimingCall(
-            Call(case, self.seed), phase, self.config, estimate_ms=estimate_ms, known_memory=(0, "not measured")),
-            self.device)
+        timing = TimingCall(Call(case, self.seed), phase, self.config, estimate_ms=estimate_ms,
+                            known_memory=(0, "not measured"))
+        answer, clock = audited_time(self.executor, impl, timing, self.device)
         if answer.measurement is None:
             return answer.failure.reason
         if case.id not in self.prepared:  # the answer every round of every key of the case is judged against
             self.prepared[case.id] = prepare_case(case, self.device, self.seed)
-        problem = clock or judge_timed(impl, self.prepared[case.id], phase, answer.observed) or answer.integrity
+        problem = clock or judge_timed(impl.name, self.prepared[case.id], phase, answer.observed, timing.seed) or answer.integrity
         if problem:
             return Rejected(f"timed at median {answer.measurement.median:.4g} ms, but {problem}")
         return Timed(tuple(answer.measurement.samples_ms), answer.others_share)

@@ -182,7 +182,7 @@ class IsolatedExecutor(InterruptNoted):
         return self._noted(answer if status == "ok" else CallResult(failure=answer), backend)
 
     def time(self, backend: Backend, timing: TimingCall, device: torch.device) -> TimingResult:
-        # every timed answer comes back and is judged here (benchmark.judge_timed): nothing is compared where it ran
+        # every timed answer comes back and is judged here (run/judge.py): nothing is compared where it ran
         timing, machine = replace(timing, call=timing.call.to_cpu()), []
         status, answer = self._ask(backend, device, "time", timing, self.timeout_for(timing.call.case.id),
                                    f"timing {backend.name} {timing.phase} on {timing.call.case.id}", machine)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 
+from harness.cases import fp8
 from harness.cases.case import AttentionCase, Inputs
+from harness.cases.paged import reference_inputs as paged_reference_inputs
 from harness.cases.modifiers import alibi_bias, alibi_slopes
 
 #: bytes of score-sized float64 buffers a block may hold (two: the probabilities and their gradient) on the CPU
@@ -62,6 +65,18 @@ class Reference(NamedTuple):
 QUANTITIES = Reference._fields[:-1]
 
 
+def attended(case: AttentionCase, inputs: Inputs) -> Inputs:
+    """What the oracle attends for a call on `inputs`: what an FP8 cache holds (K and V, and Q for an FP8 Q/K/V
+    case, quantized and dequantized exactly, float64), a paged case's pages gathered back through its block table."""
+    if case.fp8_kv is not None:
+        inputs = inputs._replace(**dict(zip("kv", fp8.dequantized_kv(case, inputs.k, inputs.v, torch.float64))))
+        if case.fp8_q:
+            inputs = inputs._replace(q=fp8.dequantized_q(case, inputs.q, torch.float64))
+    if case.page_size is not None:
+        inputs = paged_reference_inputs(case, inputs)
+    return inputs
+
+
 def reference_flops(case: AttentionCase, grads: bool = True) -> int:
     """The GEMM work the reference does, dense whatever the mask: QK^T and PV forward; dP, dQ, dK, dV backward."""
     per_dim = 2 * case.batch * case.heads * case.seq_q * case.seq_k
@@ -69,26 +84,37 @@ def reference_flops(case: AttentionCase, grads: bool = True) -> int:
 
 
 def block_rows(case: AttentionCase, budget_bytes: int | None = None, device: str | torch.device = "cpu",
-               grads: bool = True) -> int:
-    """Query rows per block: as many as the budget allows for the score-sized buffers, capped on the CPU."""
+               grads: bool = True, query_heads: int | None = None) -> int:
+    """Query rows per block: as many as the budget allows for the score-sized buffers, capped on the CPU;
+    query_heads: the (batch x heads) rows of scores a block's query row makes (default: the case's)."""
     budget_bytes = reference_budget(device) if budget_bytes is None else budget_bytes
-    per_row = (2 if grads else 1) * case.batch * case.heads * case.seq_k * 8       # float64 buffers of a query row
+    query_heads = case.batch * case.heads if query_heads is None else query_heads
+    per_row = (2 if grads else 1) * query_heads * case.seq_k * 8                   # float64 buffers of a query row
     rows = max(1, min(case.seq_q, int(budget_bytes // per_row)))
     return min(rows, CPU_MAX_BLOCK) if torch.device(device).type == "cpu" else rows
 
 
 def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = True, block: int | None = None,
-                        device: str | torch.device | None = None, budget_bytes: int | None = None) -> Reference:
+                        device: str | torch.device | None = None, budget_bytes: int | None = None,
+                        only: tuple[int, int] | None = None) -> Reference:
     """Exact attention of `inputs` for `case` in float64 on `device` (default: the inputs' own), the result left
     there; gradients use inputs.d_out as upstream. A query row that sees no key gives output 0 and gradient 0. Blocks
-    of `block` query rows (default: as many as `budget_bytes` allows, default reference_budget(device))."""
+    of `block` query rows (default: as many as `budget_bytes` allows, default reference_budget(device)). only=(batch,
+    kv head): that one slice (its query heads' out and dq, its dk and dv; dsinks and dbias of it alone, not summed
+    over the others), at 1 / (batch x kv heads) of the work."""
     device = torch.device(device) if device is not None else inputs.q.device
-    block = block or block_rows(case, budget_bytes, device, grads)
-    if block < 1:
-        raise ValueError(f"block={block}: must be >= 1")
     b, h, hkv, sq, sk, d, dv_dim = (case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim,
                                     case.head_dim_v)
-    g, bh = h // hkv, b * hkv
+    g = h // hkv
+    slopes = alibi_slopes(h) if case.alibi else None
+    key_mask = functools.partial(case.key_mask, device)
+    if only is not None:
+        inputs, slopes, key_mask = _one_slice(case, inputs, slopes, key_mask, only)
+        b, h, hkv = 1, g, 1
+    block = block or block_rows(case, budget_bytes, device, grads, query_heads=b * h)
+    if block < 1:
+        raise ValueError(f"block={block}: must be >= 1")
+    bh = b * hkv
     cast = dict(dtype=torch.float64, device=device)
     # Query head h uses kv head h // g: view queries as (B * Hkv, g, Sq, D) and let each GEMM take the g heads of
     # a group as extra rows against their one K/V. Viewed as (B, Hkv, g, n, Sk), a block's scores are per query head
@@ -100,7 +126,7 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
     # this orientation than with a transposed view of the (Sk, D) tensors (benchmarks/reference_throughput.py).
     k_t, v_t = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()   # (BHkv, D, Sk), (BHkv, Dv, Sk)
     d_out = inputs.d_out.to(**cast).reshape(bh, g, sq, dv_dim) if grads else None
-    slopes = alibi_slopes(h).to(**cast) if case.alibi else None
+    slopes = slopes.to(**cast) if slopes is not None else None
     sinks = inputs.sinks.to(**cast).view(1, hkv, g, 1, 1) if case.sinks else None
     bias = inputs.bias.to(**cast) if case.bias is not None else None        # (B|1, H, Sq, Sk)
     nb = 0 if bias is None else bias.shape[0]
@@ -133,7 +159,7 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
             per_head.add_(alibi_bias(slopes, sq, sk, (start, stop), torch.float64).view(hkv, g, n, sk))
         if bias is not None:
             per_head.add_(bias[:, :, start:stop].reshape(nb, hkv, g, n, sk))
-        mask = case.key_mask(device, rows=(start, stop))                     # (B|1, 1, n, Sk)
+        mask = key_mask(rows=(start, stop))                                  # (B|1, 1, n, Sk)
         if mask is not None:
             view, hidden = probs.view(b, hkv, g, n, sk), ~mask.reshape(mask.shape[0], 1, 1, n, sk)
             view.masked_fill_(hidden, float("-inf"))
@@ -191,3 +217,23 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
     terms = (("dq", case.scale * float(dq_terms / d) ** 0.5), ("dk", case.scale * float(dk_terms.max() / d) ** 0.5)
              ) if grads and sq and sk and device.type != "meta" else ()
     return Reference(out.reshape(b, h, sq, dv_dim), *grad_views, dsinks, dbias, terms)
+
+
+def _one_slice(case: AttentionCase, inputs: Inputs, slopes, key_mask, only: tuple[int, int]):
+    """The inputs, alibi slopes and key mask of one (batch, kv head) slice, with its query heads."""
+    batch, kv_head = only
+    if not (0 <= batch < case.batch and 0 <= kv_head < case.kv_heads):
+        raise ValueError(f"only={only}: allowed batch 0..{case.batch - 1}, kv head 0..{case.kv_heads - 1}")
+    g = case.heads // case.kv_heads
+    bs, heads, kvs = slice(batch, batch + 1), slice(kv_head * g, (kv_head + 1) * g), slice(kv_head, kv_head + 1)
+    bias = inputs.bias
+    if bias is not None:
+        bias = bias[bs if bias.shape[0] > 1 else slice(0, 1), heads]
+    sliced = Inputs(inputs.q[bs, heads], inputs.k[bs, kvs], inputs.v[bs, kvs], inputs.d_out[bs, heads],
+                    None if inputs.sinks is None else inputs.sinks[heads], bias)
+
+    def mask_of(rows):
+        mask = key_mask(rows=rows)
+        return mask if mask is None or mask.shape[0] == 1 else mask[bs]
+
+    return sliced, None if slopes is None else slopes[heads], mask_of

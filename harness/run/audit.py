@@ -1,11 +1,9 @@
-"""A timed round's integrity in the run's process (docs/integrity.md): the clock audit of the round, and each judged
-answer checked as received against what its timed region read; the worker's side is calls/integrity.py."""
+"""A timed round's clock audit in the run's process (docs/integrity.md); its answers are judged in judge.py, and the
+worker's side is calls/integrity.py."""
 
 from __future__ import annotations
 
 import torch
-
-from harness.calls.integrity import Observed, checksum
 
 #: the clock audit (clock_disagreement): a round is rejected when the run's own clock saw it last longer than the timing
 #: process's clocks account for by over CLOCK_SHARE of the round plus CLOCK_SLACK_MS - what a request's trip through the
@@ -48,25 +46,6 @@ def clock_behind(started_ns: int, asked_ns: int) -> str:
         return ""
     return (f"the backend process's clock is behind the run's: the round started {(asked_ns - started_ns) / 1e6:.4g} "
             f"ms before the run asked for it")
-
-
-def received(observed: list, group: int) -> tuple[list[dict[str, torch.Tensor]], str]:
-    """In the run's process: (each judged call's answers with their contents divided out - the verified inputs'
-    answers - , '' or why they cannot be judged). Each answer's checksum is recomputed on the bytes that came back and
-    must be the one taken inside its timed region: an answer that changed after its clock stopped (filled late, by a
-    thread or a hook on the harness's own reading) is no figure."""
-    undone = []
-    for i, o in enumerate(observed):
-        if not isinstance(o, Observed):
-            return [], f"a timed call's answers came back as {type(o).__name__}, not as observed answers"
-        for quantity, answer in o.answers.items():
-            got, read = int(checksum(answer)), o.sums.get(quantity)
-            if read is None or got != int(read):
-                which = "the last timed call" if i == len(observed) - 1 else "a timed call"
-                return [], (f"[{which}] its {quantity} changed after the call's clock stopped (checksum {read} read "
-                            f"inside the timed call, {got} received): work left for after the clock")
-        undone.append({q: o.round.undo(q, a, group, o.content) for q, a in o.answers.items()})
-    return undone, ""
 
 
 def audited_time(executor, backend, timing, device: torch.device):

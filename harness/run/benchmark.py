@@ -9,7 +9,8 @@ from harness.backends.base import Backend
 from harness.calls.call import Call
 from harness.isolation.executor import Executor, make_executor
 from harness.calls.outcome import BackendResult
-from harness.run.audit import audited_time, received
+from harness.run.audit import audited_time
+from harness.run.judge import judge_timed
 from harness.run.rounds import Round
 from harness.calls.timed import TimingCall
 from harness.measure.limits.bandwidth import roofline_columns
@@ -22,7 +23,7 @@ from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
 from harness.cases.case import dtype_name
 from harness.store.rows import make_row
-from harness.store.schema import BWD, FWD, FWD_BWD, NOT_TIMED, PASS, REJECTED, TIMED, VERDICT_PHASES, Row
+from harness.store.schema import FWD_BWD, NOT_TIMED, PASS, REJECTED, TIMED, VERDICT_PHASES, Row
 
 
 @dataclass
@@ -81,7 +82,7 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     # one thread on a CPU: the workers' OpenMP threads still spin after a call, and the default run's timed judging
     # took 5.6 s on two threads, 1.1 s on one (2-core VM, 984 rounds)
     with stage("judging"), one_thread() if device.type == "cpu" else contextlib.nullcontext():
-        problem = clock or judge_timed(backend, prepared, phase, answer.observed) or answer.integrity
+        problem = clock or judge_timed(backend.name, prepared, phase, answer.observed, timing.seed) or answer.integrity
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
         where = f"round {timing_round.index + 1} of {timing_round.count}: " if timing_round.count > 1 else ""
         return PerfResult(row(REJECTED, f"{where}timed at median {m.median:.4g} ms, but {problem}"), None)
@@ -101,26 +102,3 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
                  peak_mem_bytes=mem_bytes, mem_method=mem_method, flops=flops,
                  compile_ms=answer.compile_ms, **roof)
     return PerfResult(result, m, pooled)
-
-
-def judge_timed(backend: Backend, prepared: PreparedCase, phase: str, observed: list) -> str:
-    """'' when every timed call's answer that came back (integrity.Observed) was what its timed region read (its
-    checksum), and, its content divided out here (the verified inputs' answer), is within the tolerance of the float64
-    reference (never bitwise); else the first failure, naming the call and the quantity. An answer bit for bit the
-    last one judged of its backend and quantity has that one's verdict (PreparedCase.judged_timed: the memo is here,
-    where no backend's code ever ran)."""
-    if not observed:
-        return "nothing the timed calls returned came back to be judged"
-    case = prepared.case
-    observed, problem = received(observed, case.heads // case.kv_heads)
-    if problem:
-        return problem
-    for quantity in (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else []):
-        for i, o in enumerate(observed, 1):
-            which = f"[{phase}, {'the last' if i == len(observed) else 'a'} timed call, on content no earlier call saw]"
-            if o.get(quantity) is None:
-                return f"{which} returned no {quantity}"
-            check = prepared.judged_timed(quantity, o[quantity], backend.name)
-            if not check.passed:
-                return f"{which} {check.describe()}"
-    return ""

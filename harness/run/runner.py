@@ -14,11 +14,11 @@ from harness.calls.outcome import BackendResult, Failure, free
 from harness.measure.stages import stage
 from harness.oracle.baseline import baseline
 from harness.oracle.prepared import PreparedCase
-from harness.oracle.reference import reference_attention
+from harness.oracle.reference import attended, reference_attention
 from harness.oracle.verdict import Check
 from harness.cases.case import AttentionCase, Inputs, make_inputs
 from harness.cases import fp8
-from harness.cases.paged import FORWARD_ONLY, reference_inputs as paged_reference_inputs
+from harness.cases.paged import FORWARD_ONLY
 from harness.store.rows import make_row
 from harness.store.host import available_memory
 from harness.store.schema import BASELINE, BWD, FAIL, FWD, JUDGED, PASS, UNSUPPORTED, VERDICT_PHASES, Row
@@ -51,14 +51,8 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, in
     with stage("inputs"):
         inputs = make_inputs(case, device, seed) if seeded else inputs
     clean = inputs if reference_inputs is None else reference_inputs
-    unquantized = None
-    if case.fp8_kv is not None:  # the oracle attends what the FP8 cache holds: K and V dequantized, exactly
-        unquantized, clean = clean, clean._replace(**dict(zip("kv", fp8.dequantized_kv(case, clean.k, clean.v,
-                                                                                        torch.float64))))
-        if case.fp8_q:  # and q as quantized, for an FP8 Q/K/V case
-            clean = clean._replace(q=fp8.dequantized_q(case, clean.q, torch.float64))
-    if case.page_size is not None:  # the oracle attends the pages gathered back through the block table
-        clean = paged_reference_inputs(case, clean)
+    unquantized = clean if case.fp8_kv is not None else None
+    clean = attended(case, clean)
     # FP64 where the inputs are (a GPU: seconds where the CPU takes hours), kept on the CPU where outputs are judged
     with stage("reference"):
         reference = reference_attention(case, clean).to("cpu")

@@ -1,6 +1,6 @@
 """Timed calls are judged: a planted kernel that passes correctness and cheats only when timed loses its figure
 (timing_status rejected, the reason says which check), and honest controls keep theirs on every phase
-(harness.calls.timed, benchmark.judge_timed, integrity; kernels: tests/fixtures/gamed_kernels.py)."""
+(harness.calls.timed, run/judge.py, integrity, content; kernels: tests/fixtures/gamed_kernels.py)."""
 
 import pytest
 
@@ -57,7 +57,7 @@ def test_a_kernel_that_cheats_when_timed_loses_its_figure(kernel, phase, words):
     *((memo, phase) for memo in (gamed.FingerprintMemo, gamed.FingerprintLRU) for phase in ("fwd", "bwd", "fwd+bwd")),
 ])
 def test_a_cache_right_on_every_input_never_hits_a_timed_call(kernel, phase):
-    """Every timed call's content is new (integrity.CallContent): a cache keyed on the inputs' content, or on ~32
+    """Every timed call's content is new (content.Contents): a cache keyed on the inputs' content, or on ~32
     values of each, misses on every call, so its figure is its real work (gamed.WORK_S a call, at least)."""
     row = _timed(kernel(), phase, MANY_SLICES, rounds=2).row
     assert row.timing_status == TIMED and row.latency_ms >= 1000 * gamed.WORK_S, (row.timing_reason, row.latency_ms)
@@ -129,76 +129,86 @@ def test_every_timed_answer_comes_back_to_be_judged_in_process_and_from_a_worker
 
 
 @pytest.mark.parametrize("case", [
-    AttentionCase(1, 2, 9, 16, "bf16", seq_k=12, fp8_kv="tensor"),
-    AttentionCase(1, 6, 9, 16, "bf16", kv_heads=3, seq_k=12, fp8_kv="head", fp8_q=True),
+    AttentionCase(2, 4, 8, 16, "fp32", kv_heads=2, mask=Causal()),
+    AttentionCase(1, 6, 9, 16, "bf16", kv_heads=3, seq_k=12, fp8_kv="head", fp8_q=True),  # heads of their own ranges
+    AttentionCase(1, 2, 8, 16, "fp32", softcap=30.0, sinks=True),
 ])
-def test_an_fp8_case_s_call_content_is_exact_after_quantization(case):
-    """An FP8 KV cache (and q) is quantized with scales fixed by the case (cases/fp8.py): v x 2 may saturate e4m3, so a
-    call's content scales v by signs alone; q and k take signs per column. A sign commutes with e4m3 quantization
-    bit for bit (its grid and saturation are symmetric): what the backend gets (backend_inputs, as timing gives it)
-    is the quantized inputs times the content's factors, so the answer follows exactly."""
+@pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
+def test_each_call_s_content_is_a_fresh_draw_the_run_makes_again_from_its_seed(case, phase):
+    """content.Contents: call 0 is make_inputs(case, seed), the round's own; each call i >= 1 renews what its phase
+    reads (fwd: q, k, v; bwd: dO alone, on its graph; fwd+bwd: all four), and no renewed input of a call is a
+    per-slice transform of another call's - not a sign or scale (|q| differs), not the same values. A second Contents
+    from the same seed (the run's, judging) makes the same bits; the inputs keep the case's ranges (make_inputs')."""
     import torch
 
-    from harness.backends.naive import Naive
-    from harness.calls.bound import backend_inputs
-    from harness.calls.integrity import CallContent
+    from harness.calls.content import RENEWED, Contents
 
-    inputs = make_inputs(case)
-    inputs = inputs._replace(q=inputs.q * 40, v=inputs.v * 300)  # past e4m3's range: saturation must stay symmetric
-    base = [t.float() for t in backend_inputs(Naive(), case, inputs, requires_grad=False)[:3]]
-    assert backend_inputs(Naive(), case, inputs, requires_grad=False)[2].dtype == torch.float8_e4m3fn
-    generator = torch.Generator().manual_seed(2)
-    for _ in range(4):
-        content = CallContent.draws(case, generator, 1)[0]
-        assert set(content.v.flatten().tolist()) <= {-1.0, 1.0}
-        got = backend_inputs(Naive(), case, content.inputs(inputs), requires_grad=False)[:3]
-        expected = content.inputs(inputs._replace(q=base[0] if case.fp8_q else inputs.q.float(), k=base[1],
-                                                  v=base[2]))[:3]
-        for name, mine, theirs in zip("qkv", got, expected):
-            if name != "q" or case.fp8_q:
-                assert torch.equal(mine.float(), theirs), name
+    contents, again = Contents(case, phase, 11), Contents(case, phase, 11)
+    assert all(torch.equal(a, b) for a, b in zip(contents.round, make_inputs(case, "cpu", 11)) if a is not None)
+    renewed = set(RENEWED.get(phase, ("q", "k", "v", "d_out")))
+    calls = [contents.call(i) for i in range(1, 6)]
+    for i, call in enumerate(calls, 1):
+        assert all(torch.equal(a, b) for a, b in zip(call, again.call(i)) if a is not None)
+        for name in ("q", "k", "v", "d_out"):
+            mine, round_own = getattr(call, name), getattr(contents.round, name)
+            assert torch.equal(mine, round_own) != (name in renewed), name
+            assert mine.dtype == case.dtype and mine.shape == round_own.shape
+    for name in renewed:
+        magnitudes = [getattr(c, name).float().abs() for c in calls]
+        assert all(not torch.equal(x, y) for i, x in enumerate(magnitudes) for y in magnitudes[i + 1:]), name
+        drawn = torch.stack([getattr(c, name).float() for c in calls])  # the ranges per head, as make_inputs' are
+        ratio = drawn.std(dim=(0, 1, 3, 4)) / getattr(make_inputs(case, "cpu", 5), name).float().std(dim=(0, 2, 3))
+        assert ((ratio > 0.6) & (ratio < 1.6)).all(), (name, ratio)
 
 
-def test_a_backward_alone_s_graph_is_built_on_the_round_s_own_content():
-    """RoundGuard: the round draws content of its own, which the phase is built on (the backward alone's graph: q, k
-    and v unlike the verified inputs'), and its calls' content on top; every answer is undone to the verified one."""
+def test_a_round_s_guard_builds_its_phase_on_the_round_s_own_inputs():
+    """RoundGuard(case, phase, seed): the phase (the backward alone's graph: its q, k and v) is built on the round's
+    own inputs, make_inputs(case, seed) - not the verified ones (the run's seed) - and each call's content follows."""
+    import torch
+
     from harness.calls.integrity import RoundGuard
 
-    inputs = make_inputs(CASE, "cpu", 3)
-    guard = RoundGuard(CASE, "bwd", inputs)
-    # q and k: a sign per column of each slice, all +1 once in 2^64; v's one factor per slice is 1 on both slices once
-    # in 16 (the test failed so on a run of 2026-12-04): it is checked against the round's own factor instead
-    assert not guard.inputs.q.equal(inputs.q) and not guard.inputs.k.equal(inputs.k)
-    assert guard.inputs.v.equal(inputs.v * guard.round.v.to(inputs.v))
+    guard = RoundGuard(CASE, "bwd", 12345, CPU)
+    assert all(torch.equal(a, b) for a, b in zip(guard.inputs, make_inputs(CASE, "cpu", 12345)) if a is not None)
+    assert not torch.equal(guard.inputs.q, make_inputs(CASE, "cpu", 3).q)
 
 
-@pytest.mark.parametrize("case, phase", [
-    (AttentionCase(2, 4, 8, 16, "fp32", kv_heads=2, mask=Causal()), "fwd+bwd"),  # GQA: a q head takes its kv head's
-    (AttentionCase(2, 4, 8, 16, "fp32", kv_heads=2, mask=Causal()), "bwd"),
-    (AttentionCase(1, 2, 8, 16, "fp32", sinks=True), "fwd+bwd"),  # dsinks sums over the batch: uniform v, dO
-])
-def test_a_call_s_content_gives_exactly_the_round_s_answer_once_undone(case, phase):
-    """CallContent: the float64 reference of a call's content, divided by its factors, is the round's answer (to
-    1e-12: exact but for float64's own rounding); contents differ call to call; the backward alone keeps q, k, v."""
+def test_a_slice_s_reference_is_the_whole_reference_s_slice_and_the_judge_fails_any_other_content_s_answer():
+    """run/judge.py judges a call on a (batch, kv head) slice drawn after its answer arrived, against the float64
+    reference of that slice of the call's own content (reference_attention(only=), bit for bit the whole reference's
+    slice: GQA, a mask). A right answer passes on every slice; an earlier call's answer, or the round's own, re-scaled
+    per slice as the contents of 770af44 allowed, fails on every slice it is drawn on, naming it."""
     import torch
 
-    from harness.calls.integrity import CallContent
-    from harness.store.schema import BWD
+    from harness.calls.content import Contents
+    from harness.calls.integrity import Observed, checksum
+    from harness.oracle.reference import attended
+    from harness.run import judge
 
-    inputs = make_inputs(case, "cpu", 5)
-    ref = reference_attention(case, inputs)
-    generator = torch.Generator().manual_seed(1)
-    uniform = inputs.sinks is not None
-    contents = CallContent.draws(case, generator, 3, backward_alone=phase == BWD, uniform=uniform)
-    assert len({tuple(torch.cat([t.flatten() for t in (c.qk, c.v, c.d_out) if t is not None]).tolist())
-                for c in contents}) == 3
-    for content in contents:
-        theirs = reference_attention(case, content.inputs(inputs))
-        for quantity in ("out", *case.grads):
-            undone = content.undo(quantity, theirs.get(quantity), case.heads // case.kv_heads)
-            assert (undone - ref.get(quantity)).abs().max() <= 1e-12, quantity
-        if phase == BWD:
-            assert all(torch.equal(a, b) for a, b in zip(content.inputs(inputs)[:3], inputs[:3]))
+    case = AttentionCase(2, 4, 8, 16, "fp32", kv_heads=2, mask=Causal())
+    prepared = prepare_case(case, CPU, 3)
+    contents = Contents(case, "fwd+bwd", 99)
+    refs = {i: reference_attention(case, attended(case, contents.call(i))) for i in (1, 2)}
+    for b in range(case.batch):
+        for kv in range(case.kv_heads):
+            part = reference_attention(case, contents.call(1), only=(b, kv))
+            for quantity in ("out", *case.grads):
+                assert torch.equal(part.get(quantity), judge.part(quantity, refs[1].get(quantity), (b, kv), 2))
+
+    def observed(answers: dict, index: int) -> Observed:
+        answers = {q: t.to(torch.float32) for q, t in answers.items()}
+        return Observed(answers, {q: int(checksum(t)) for q, t in answers.items()}, index)
+
+    right = {q: refs[2].get(q) for q in ("out", *case.grads)}
+    stale = {q: refs[1].get(q) * -2.0 for q in ("out", *case.grads)}  # call 1's, re-scaled
+    for _ in range(8):
+        assert judge.judge_timed("naive", prepared, "fwd+bwd", [observed(right, 2)], 99) == ""
+        problem = judge.judge_timed("naive", prepared, "fwd+bwd", [observed(stale, 2)], 99)
+        assert problem.startswith("[fwd+bwd, the last timed call, on content no earlier call saw] out err")
+        assert "(batch " in problem and ", kv head " in problem, problem
+    assert "returned no dq" in judge.judge_timed("naive", prepared, "fwd+bwd", [observed({"out": right["out"]}, 2)],
+                                                 99)
+    assert "not as observed answers" in judge.judge_timed("naive", prepared, "fwd", [observed(right, 0)], 99)
 
 
 def test_every_timed_call_runs_on_content_no_earlier_call_saw():
@@ -245,7 +255,7 @@ def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples
     monkeypatch.setattr(integrity.secrets, "randbelow", random.Random(0).randrange)
     kept, escaped = [0] * n, 0
     for _ in range(rounds):
-        guard = integrity.RoundGuard(CASE, "fwd", make_inputs(CASE, "cpu", 3))
+        guard = integrity.RoundGuard(CASE, "fwd", 3, CPU)
         copied = []
         guard.timed = SimpleNamespace(answers=lambda value: copied.append(value) or {"out": value})
         for i in range(n):
@@ -274,143 +284,43 @@ def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples
 ])
 @pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
 def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout, case, phase):
-    """timed.Phase.fresh(content, base): what the buffers hold afterwards is bit for bit what `sources`
-    makes of the content's inputs - the one op a buffer multiplied into a transposed view included; the backward
-    alone's q, k and v keep the round's, the forward alone's dO (it reads none) too."""
+    """timed.Phase.fresh(inputs): what the buffers hold afterwards is bit for bit what `sources` makes of the call's
+    inputs - the one copy a buffer into a transposed view, a paged cache's pages, FP8's quantized inputs; the
+    backward alone's q, k and v keep the round's, the forward alone's dO (it reads none) too."""
     import torch
 
     from harness.backends.naive import Naive
-    from harness.calls.integrity import CallContent
+    from harness.calls.content import Contents
     from harness.calls.timed import Phase
 
     backend = type("Laid", (Naive,), {"layout": layout})()
-    base = make_inputs(case, "cpu", 4)
-    timed = Phase(backend, case, base, CPU, phase)
+    contents = Contents(case, phase, 4)
+    timed = Phase(backend, case, contents.round, CPU, phase)
     kept = {name: t.detach().clone() for name, t in timed.buffers.items()}
-    generator = torch.Generator().manual_seed(3)
-    for _ in range(3):
-        content = CallContent.draws(case, generator, 1, backward_alone=phase == "bwd")[0]
-        timed.fresh(content, base)
-        expected = timed.sources(content.inputs(base))
+    for index in range(1, 4):
+        timed.fresh(contents.call(index))
+        expected = timed.sources(contents.call(index))
         assert set(expected) == {"bwd": {"dO"}, "fwd": {"q", "k", "v"}, "fwd+bwd": {"q", "k", "v", "dO"}}[phase]
         for name, t in timed.buffers.items():
             want = expected.get(name, kept[name])
             assert t.dtype == want.dtype and torch.equal(t.detach().view(torch.uint8), want.view(torch.uint8)), name
 
 
-def as_returned(answers: list[dict]) -> list:
-    """Answers as a round sends them (integrity.Observed): with their checksums, on contents that change nothing."""
-    import torch
-
-    from harness.calls.integrity import CallContent, Observed, checksum
-
-    b, h, d = CASE.batch, CASE.kv_heads, CASE.head_dim
-    same = CallContent(torch.ones(b, h, 1, d), torch.ones(b, h, 1, 1), torch.ones(b, h, 1, 1))
-    return [Observed(a, {q: int(checksum(t)) for q, t in a.items()}, same, same) for a in answers]
-
-
-def test_judge_timed_reuses_a_verdict_only_for_an_answer_bit_for_bit_the_last_one_judged(monkeypatch):
-    """PreparedCase.judged_timed, judge_timed's memo: five answers alike are compared with the reference once a
-    quantity, and a later round's alike ones not at all; an answer one ulp off (a bitwise-jittery kernel) is compared
-    on its own and passes; one wrong answer among alike ones fails, named - the memo never lends a verdict to other
-    bits, nor one backend's to another's."""
-    import torch
-
-    from harness.backends.naive import Naive
-    from harness.backends.sdpa import Sdpa
-    from harness.run.benchmark import judge_timed
-    from harness.oracle.prepared import PreparedCase
-
-    prepared = prepare_case(CASE, CPU, 3)
-    ref = prepared.reference
-    right = {q: ref.get(q).to(torch.float32) for q in ("out", *CASE.grads)}
-    compared = []
-    judged = PreparedCase.judged
-    monkeypatch.setattr(PreparedCase, "judged", lambda self, q, a, b: compared.append(q) or judged(self, q, a, b))
-
-    def answers(changed: dict[int, dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-        return as_returned([{q: changed.get(i, {}).get(q, t.clone()) for q, t in right.items()} for i in range(5)])
-
-    assert judge_timed(Naive(), prepared, "fwd+bwd", answers({})) == ""
-    assert sorted(compared) == sorted(["out", *CASE.grads])
-    compared.clear()
-    assert judge_timed(Naive(), prepared, "fwd+bwd", answers({})) == "" and compared == []  # the key's next round
-    assert judge_timed(Sdpa(), prepared, "fwd", answers({})) == "" and compared == ["out"]  # another backend's own
-    compared.clear()
-    jitter = {2: {"dq": torch.nextafter(right["dq"], torch.full_like(right["dq"], torch.inf))}}
-    assert judge_timed(Naive(), prepared, "fwd+bwd", answers(jitter)) == ""
-    assert compared == ["dq", "dq"]  # the jittered answer, then the first bits again after it
-    wrong = {3: {"dk": right["dk"] + 1.0}}
-    problem = judge_timed(Naive(), prepared, "bwd", answers(wrong))
-    assert problem.startswith("[bwd, a timed call, on content no earlier call saw] dk err"), problem
-    assert prepared.memo_bytes() == sum(t.numel() * 4 for t in right.values()) + right["out"].numel() * 4
-
-
-def test_judge_timed_s_memo_keeps_its_own_copy_of_what_it_judged(monkeypatch):
-    """Whoever handed the judge an answer may write into it once it is judged (a reply's tensors are copied out of the
-    backend's arena, wire.Channel, but the memo does not lean on that): an answer rewritten after its verdict, to the
-    bits of a wrong answer that follows, does not lend it that verdict - the memo compares with its own copy, made
-    before judging."""
-    import torch
-
-    from harness.backends.naive import Naive
-    from harness.run.benchmark import judge_timed
-    from harness.oracle.prepared import PreparedCase
-
-    prepared = prepare_case(CASE, CPU, 3)
-    shared = prepared.reference.get("out").to(torch.float32)
-    wrong = shared + 1.0
-    judged = PreparedCase.judged
-
-    def then_rewritten(self, quantity, answer, name):
-        check = judged(self, quantity, answer, name)
-        shared.copy_(wrong)  # the backend's process writes into the reply's memory once it is judged
-        return check
-
-    monkeypatch.setattr(PreparedCase, "judged", then_rewritten)
-    problem = judge_timed(Naive(), prepared, "fwd", as_returned([{"out": shared}, {"out": wrong.clone()}]))
-    assert problem.startswith("[fwd, the last timed call, on content no earlier call saw] out err"), problem
-
-
-def test_judge_timed_s_memo_is_bounded_and_counted_against_the_run_s_cache(monkeypatch):
-    """PreparedCase.judged_timed keeps no answer over TIMED_MEMO_BYTES, and what it keeps is weighed with the
-    reference by the run's cache of prepared cases (cache.answer_bytes)."""
-    import torch
-
-    import harness.oracle.prepared as prepared_module
-    from harness.calls.cache import answer_bytes
-
-    prepared = prepare_case(CASE, CPU, 3)
-    out = prepared.reference.get("out").to(torch.float32)
-    before = answer_bytes(prepared)
-    monkeypatch.setattr(prepared_module, "TIMED_MEMO_BYTES", out.numel() * 4 - 1)
-    assert prepared.judged_timed("out", out, "naive").passed and prepared.memo_bytes() == 0
-    monkeypatch.setattr(prepared_module, "TIMED_MEMO_BYTES", out.numel() * 4)
-    assert prepared.judged_timed("out", out, "naive").passed
-    assert prepared.memo_bytes() == out.numel() * 4 and answer_bytes(prepared) == before + out.numel() * 4
-
-
-def test_undo_makes_every_zero_plus_zero_so_alike_answers_are_bit_for_bit_alike():
-    """CallContent.undo: a zero's sign follows the signs of the terms summed to it, which a content flips; undone,
-    every zero is +0, so two calls' answers that agree as values agree as bits (the judge's memo reads bits)."""
-    import torch
-
-    from harness.calls.integrity import CallContent
-    from harness.oracle.verdict import identical
-
-    case = AttentionCase(2, 2, 4, 8, "fp32")
-    first, second = CallContent.draws(case, torch.Generator().manual_seed(2), 2)
-    answer = torch.randn(2, 2, 4, 8)
-    answer[:, :, 1] = 0.0
-    theirs = [answer * content.factor("dk", 1) for content in (first, second)]
-    theirs[1][:, :, 1] = -0.0  # the same values, another zero sign
-    undone = [content.undo("dk", t, 1) for content, t in zip((first, second), theirs)]
-    assert not torch.signbit(undone[1][:, :, 1]).any() and identical(*undone)
+@pytest.mark.parametrize("kernel, phase", [(gamed.RescaledMemo, "fwd"), (gamed.LinearInDO, "bwd")])
+def test_issue_62_s_rescaling_plugins_get_no_false_figure(kernel, phase):
+    """Issue 62's first and fifth plugins, exact against the sign and power-of-two contents of 770af44 (1.44x fwd;
+    5.48x bwd there): on fresh draws a memo keyed on |q| never hits, so it is timed at its real work, and gradients
+    re-scaled by the factor read off a new dO are wrong, so the round is rejected."""
+    row = _timed(kernel(), phase, MANY_SLICES).row
+    if kernel is gamed.RescaledMemo:
+        assert row.timing_status == TIMED and row.latency_ms >= 1000 * gamed.WORK_S, (row.timing_reason, row.latency_ms)
+    else:
+        assert row.timing_status == REJECTED and "err" in row.timing_reason and row.latency_ms is None, row.timing_reason
 
 
 def test_an_answer_filled_when_the_harness_reads_it_costs_its_time_or_its_figure():
     """Issue 62 item 2: every timed call's answer is read in full inside its own timed region (its checksum,
-    integrity.RoundGuard.in_call), and the run judges only bytes with that checksum (integrity.received). A kernel
+    integrity.RoundGuard.in_call), and the run judges only bytes with that checksum (run/judge.py `received`). A kernel
     returning uninitialised memory that a profile hook fills when the harness's answer-reading frame starts - after
     the clock, as on 770af44 - is rejected; one that fills when the timed read starts has its work timed."""
     row = _timed(gamed.FilledOnRead(), "fwd").row

@@ -83,26 +83,27 @@ def test_a_disarming_plugin_runs_only_in_its_own_processes_and_gets_no_timed_fig
 def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tmp_path):
     """A worker's reply missing its answers (as though told equal where it ran) is not believed: they must come back,
     and the run's judge calls a missing one a missing answer."""
-    from harness.run.benchmark import judge_timed
+    from harness.run.judge import judge_timed
     from harness.run.runner import prepare_case
     from harness.calls.timed import TimingResult
 
     session = RunSession(CPU, tmp_path / "run", timing=FAST, executor=make_executor(CPU, isolate=True))
     executor = session.executor
-    from harness.calls.integrity import CallContent, Observed
-    nothing = CallContent(None, None, torch.ones(1))
-    forged = TimingResult(observed=[Observed({}, {}, nothing, nothing)])  # no answer: "elided"
+    from harness.calls.integrity import Observed
+    forged = TimingResult(observed=[Observed({}, {}, 1)])  # no answer: "elided"
     try:
         naive = get_backends(["naive"])[0]
         executor._ask = lambda *args, **kwargs: ("ok", forged)  # what a rewritten worker could send
         executor.workers["naive"] = SimpleNamespace(asked_ns=0, asked_ms=1.0)  # the run's clock around that ask
         from harness.calls.timed import TimingCall
         from harness.calls.call import Call
-        answer = executor.time(naive, TimingCall(Call(CASE, 0), "fwd", FAST), CPU)
+        timing = TimingCall(Call(CASE, 0), "fwd", FAST)
+        answer = executor.time(naive, timing, CPU)
     finally:
         executor.workers.pop("naive", None)  # the stand-in above is no process to stop
         session.finish()
-    assert judge_timed(naive, prepare_case(CASE, CPU, 0), "fwd", answer.observed).endswith("returned no out")
+    assert judge_timed(naive.name, prepare_case(CASE, CPU, 0), "fwd", answer.observed, timing.seed).endswith(
+        "returned no out")
 
 
 @pytest.mark.parametrize("payload, words", [

@@ -263,7 +263,6 @@ def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_on_fresh_d_out(fake):
     (setup ran before the capture); the phase has no setup, its call is the call's replay, and a call's content
     goes into the static dO alone (the forward's graph keeps its q, k, v) - no eager forward."""
     from harness.backends.naive import Naive
-    from harness.calls.integrity import CallContent
     from harness.calls.timed import Phase, graph_phase
     from harness.cases.case import AttentionCase, make_inputs
 
@@ -277,9 +276,9 @@ def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_on_fresh_d_out(fake):
     assert builds == [False, True] and timed.setup is None and timed.build is None
     assert eager.buffers["q"].grad is not None  # written by the captured backward, not reset since
     fake.log.clear()
-    ones = torch.ones(1, 2, 1, 1)
-    timed.fresh(CallContent(-torch.ones(1, 2, 1, 8), ones, 2 * ones), inputs)  # q's factor too: dO alone is written
-    assert set(timed.sources(inputs)) == {"dO"} and torch.equal(eager.buffers["dO"], inputs.d_out * 2)
+    new = make_inputs(case, "cpu", 2)
+    timed.fresh(new)  # a new q too: dO alone is written
+    assert set(timed.sources(inputs)) == {"dO"} and torch.equal(eager.buffers["dO"], new.d_out)
     assert torch.equal(eager.buffers["q"], inputs.q) and fake.log == [] and builds == [False, True]
     assert timed.fn() is None and fake.log[-1] == ("replay",)
     assert set(timed.answers(None)) == {"dq", "dk", "dv"}  # no output: the gradients alone

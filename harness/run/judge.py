@@ -1,0 +1,79 @@
+"""The run's judging of a timed round's answers: each as its timed region read it, against the float64 reference of
+its own content (made again here from the run's seed), on a slice drawn only after the answer arrived."""
+
+from __future__ import annotations
+
+import secrets
+
+import torch
+
+from harness.calls.content import Contents
+from harness.calls.integrity import Observed, checksum
+from harness.oracle.prepared import PreparedCase
+from harness.oracle.reference import attended, reference_attention
+from harness.cases.case import AttentionCase
+from harness.store.schema import BWD, FWD
+
+
+def received(observed: list) -> str:
+    """'' when each judged call's answers are, bit for bit, what its timed region read: each answer's checksum is
+    recomputed on the bytes that came back and must be the one taken inside the region; an answer that changed after
+    its clock stopped (filled late, by a thread or a hook on the harness's own reading) is no figure."""
+    for i, o in enumerate(observed):
+        if not isinstance(o, Observed) or type(o.index) is not int or o.index < 1:
+            return f"a timed call's answers came back as {type(o).__name__}, not as observed answers of a call"
+        for quantity, answer in o.answers.items():
+            got, read = int(checksum(answer)), o.sums.get(quantity)
+            if read is None or got != int(read):
+                which = "the last timed call" if i == len(observed) - 1 else "a timed call"
+                return (f"[{which}] its {quantity} changed after the call's clock stopped (checksum {read} read "
+                        f"inside the timed call, {got} received): work left for after the clock")
+    return ""
+
+
+def judged_slice(case: AttentionCase, phase: str) -> tuple[int, int] | None:
+    """The (batch, kv head) slice a judged call is checked on, drawn by `secrets` now, after its answer arrived;
+    None: the whole call (the gradients of sinks or a bias sum over every slice)."""
+    if phase != FWD and (case.sinks or case.bias is not None):
+        return None
+    return secrets.randbelow(case.batch), secrets.randbelow(case.kv_heads)
+
+
+def part(quantity: str, answer: torch.Tensor, only: tuple[int, int] | None, group: int) -> torch.Tensor:
+    """The slice `only` of a canonical answer: its query heads for out and dq, its kv head for dk and dv."""
+    if only is None:
+        return answer
+    batch, kv_head = only
+    heads = slice(kv_head * group, (kv_head + 1) * group) if quantity in ("out", "dq") else slice(kv_head, kv_head + 1)
+    return answer[batch:batch + 1, heads]
+
+
+def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed: list, seed: int) -> str:
+    """'' when every timed call's answer that came back (integrity.Observed) was what its timed region read and is
+    within the tolerance of the float64 reference of that call's own content (content.Contents from `seed`, the
+    round's, drawn by this process) on a (batch, kv head) slice drawn after it arrived (never bitwise); else the
+    first failure, naming the call, the quantity and the slice. A kernel wrong on a share f of a call's slices
+    escapes one judged call with odds 1 - f; an answer of other content (a cache, a re-scaled earlier answer) is
+    wrong on every slice."""
+    if not observed:
+        return "nothing the timed calls returned came back to be judged"
+    if problem := received(observed):
+        return problem
+    case = prepared.case
+    group, contents = case.heads // case.kv_heads, Contents(case, phase, seed, prepared.device)
+    quantities = (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else [])
+    for i, o in enumerate(observed, 1):
+        which = f"[{phase}, {'the last' if i == len(observed) else 'a'} timed call, on content no earlier call saw]"
+        missing = [quantity for quantity in quantities if o.answers.get(quantity) is None]
+        if missing:
+            return f"{which} returned no {missing[0]}"
+        only = judged_slice(case, phase)
+        reference = reference_attention(case, attended(case, contents.call(o.index)), grads=phase != FWD,
+                                        only=only).to("cpu")
+        for quantity in quantities:
+            check = prepared.judged(quantity, part(quantity, o.answers[quantity], only, group), backend_name,
+                                    reference=reference)
+            if not check.passed:
+                where = "" if only is None else f" (batch {only[0]}, kv head {only[1]})"
+                return f"{which} {check.describe()}{where}"
+    return ""
