@@ -26,6 +26,13 @@ class Watched(Protocol):
     sources: Callable[[Inputs], dict[str, torch.Tensor]] | None
     answers: Callable[[object], dict[str, torch.Tensor]] | None
 
+class Ticking(Protocol):
+    """The worker's end of the run's bracket of each call (isolation/brackets.py Ticker)."""
+
+    def open(self) -> None: ...
+    def close(self, start_ns: int, end_ns: int) -> None: ...
+
+
 #: besides its last call, a round judges JUDGED_DRAWS (k) of its other samples, drawn as each returns (selection
 #: sampling, Knuth's algorithm S: a sample with r others to come, itself included, is kept with odds (k - kept) / r):
 #: every k of them equally likely, only those k copied. A kernel wrong on m of n escapes with odds C(n - m, k) / C(n, k)
@@ -63,11 +70,14 @@ class RoundGuard(Guard):
     """A timed round's integrity where its calls run: the one entry every clock path (timing.measure: CPU clock, CUDA
     events, CUDA graph replays) calls, in named steps - before_call before every estimate call and sample (warm-up calls
     repeat the content before them: timing.WARMUP_RENEWS), in_call inside every call's timed region, after_call after
-    each sample but the last, after_last_call after the last - then finish."""
+    each sample but the last, after_last_call after the last - then finish; open and close bracket every estimate
+    call and sample by the run's clock where a ticker is given (a worker)."""
 
-    def __init__(self, case, phase: str, seed: int, device: torch.device):
+    def __init__(self, case, phase: str, seed: int, verified: Inputs, ticker: Ticking | None = None):
         # the seed is the run's (TimingCall.seed): the run makes any call's content again to judge it
-        self.contents = Contents(case, phase, seed, device)
+        self.contents = Contents(case, phase, seed, verified)
+        #: the run's clock around each estimate call and sample (isolation/brackets.py Ticker); None: in-process
+        self.ticker = ticker
         #: the round's own content, which the phase is built on (the backward alone's graph: q, k and v)
         self.inputs = self.contents.round
         self.index = 0  # the call whose content the buffers hold (0: the round's own)
@@ -85,6 +95,17 @@ class RoundGuard(Guard):
         """Content no earlier call had, written into the buffers outside the timed region (Contents)."""
         self.index += 1
         self.timed.fresh(self.contents.call(self.index))
+
+    def open(self) -> None:
+        """Before the call's clock starts: the run reads its own clock as it lets the call start."""
+        if self.ticker is not None:
+            self.ticker.open()
+
+    def close(self, start_ns: int, end_ns: int) -> None:
+        """After the call's clock stopped: the worker's reading of the call goes to the run, whose clock reads the
+        report's arrival (run/audit.py `bracket_audit` holds the two together)."""
+        if self.ticker is not None:
+            self.ticker.close(start_ns, end_ns)
 
     def in_call(self, value: object) -> None:
         """Inside the call's timed region, on every call: each answer read in full (its checksum), so deferred work,

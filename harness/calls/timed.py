@@ -12,6 +12,7 @@ from harness.backends.base import Backend
 from harness.calls.cache import CallCaches
 from harness.calls.bound import BoundCall, backend_inputs, modifier_leaves
 from harness.calls.call import Call, call_inputs, device_scope, leaf_grads
+from harness.calls.content import renewed
 from harness.calls.integrity import INPUT_NAMES, RoundGuard
 from harness.calls.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
@@ -65,6 +66,12 @@ class TimingResult:
     #: the share of the machine's CPU time that processes other than the worker and the run took during the round
     #: (0-1, read by the run's process: neighbours.EqualMachine; None: not read)
     others_share: float | None = None
+    #: the run's bracket of each estimate call and sample (isolation/brackets.Bracket), and the threads the worker was
+    #: given: set by the run's process; None: not bracketed (in-process, CUDA)
+    brackets: list | None = None
+    bracket_threads: int | None = None
+    #: the seed the round's contents were made from, as the run asked (audit.audited_time): what it is judged on
+    seed: int | None = None
 
     @property
     def interrupted(self) -> bool:
@@ -88,11 +95,12 @@ class Phase:
         self._built = None
         # the buffers a call's content goes into: the backward alone reads a new dO on the graph it has (its q, k, v
         # stay), the forward alone reads no dO
-        self.renewed = ("dO",) if phase == BWD else ("q", "k", "v") if phase == FWD else tuple(INPUT_NAMES)
+        self.renewed = tuple(name for name, field in INPUT_NAMES.items() if field in renewed(phase))
         # the buffers are the canonical inputs laid out (a transpose) unless FP8 changes them: a call's content is
-        # copied straight into them, one op a buffer, and a paged cache's K or V is scattered into its pages in place (cases.paged.to_paged(into=): the slots no sequence owns keep what they were made
-        # with, which the snapshot holds them to; making the cache anew and copying it in was ~60 % of a decode key's
-        # round); FP8's inputs are made and copied in
+        # copied straight into them, one op a buffer, and a paged cache's K or V is scattered into its pages in place
+        # (cases.paged.to_paged(into=): the slots no sequence owns keep what they were made with, which the snapshot
+        # holds them to; making the cache anew and copying it in was ~60 % of a decode key's round); FP8's inputs
+        # are made and copied in
         self.direct = phase == BWD or (case.fp8_kv is None and not case.fp8_q)
         self.pages = paged_layout(case, device) if self.direct and case.page_size is not None else None
         self.paged = tuple(name for name in ("k", "v") if self.pages is not None and name in self.renewed)
@@ -169,18 +177,20 @@ def graph_phase(timed: Phase, device: torch.device) -> tuple[Replayed, Captured]
 
 
 def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
-               caches: CallCaches | None = None) -> TimingResult:
+               caches: CallCaches | None = None, ticker=None) -> TimingResult:
     """Measure one round; every failure comes back as a Failure. Checked, every call runs on content no earlier call
-    saw and what the calls did is checked where they ran (integrity.RoundGuard); their answers come back (observed)."""
+    saw and what the calls did is checked where they ran (integrity.RoundGuard); their answers come back (observed);
+    ticker: the run's bracket of each call (a worker's; CPU only: on CUDA the events' audit stands)."""
     start = clocks.CLOCKS.now_ns()
     result = TimingResult(started_ns=start)
     case, phase = timing.call.case, timing.phase
     with device_scope(device):
         try:
             with stage("inputs"):
-                guard = RoundGuard(case, phase, timing.seed, device) if timing.checked else None
-                inputs = (guard.inputs if guard is not None  # the round's own content
-                          else call_inputs(timing.call, device, None if caches is None else caches.drawn))
+                inputs = call_inputs(timing.call, device, None if caches is None else caches.drawn)
+                guard = RoundGuard(case, phase, timing.seed, inputs, ticker if device.type == "cpu" else None
+                                   ) if timing.checked else None
+                inputs = inputs if guard is None else guard.inputs  # the round's own content
 
             def built() -> Phase:
                 timed = Phase(backend, case, inputs, device, phase)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import multiprocessing.connection
 import pickle
 import signal
+import struct
 from typing import Any, Callable
 
+from harness.isolation.brackets import Brackets
 from harness.isolation.neighbours import own_group
 from harness.isolation.wire import Channel, worker_context
 from harness.measure.timing import CLOCKS
@@ -28,15 +30,22 @@ class Gone(Exception):
 
 
 class Child:
-    """The run's end of one child process started from the workers' forkserver: `target(conn, *args)` runs there."""
+    """The run's end of one child process started from the workers' forkserver: `target(conn, *args)` runs there;
+    bracketed: `target(conn, clock_conn, *args)`, clock_conn the worker's end of the pipe its timed calls are
+    bracketed on (brackets.py), answered here while a request is out (`ask`)."""
 
-    def __init__(self, target: Callable[..., None], args: tuple, name: str):
+    def __init__(self, target: Callable[..., None], args: tuple, name: str, bracketed: bool = False):
         ctx = worker_context()
         self.conn, end = ctx.Pipe(duplex=True)
         self.channel = Channel(self.conn, from_backend=True)
-        self.process = ctx.Process(target=target, args=(end, *args), name=name, daemon=True)
+        clock_conn, clock_end = ctx.Pipe(duplex=True) if bracketed else (None, None)
+        ends = (end,) if clock_end is None else (end, clock_end)
+        self.process = ctx.Process(target=target, args=(*ends, *args), name=name, daemon=True)
         self.process.start()
-        end.close()
+        for e in ends:
+            e.close()
+        #: the run's end of the brackets pipe (None: not bracketed)
+        self.brackets = None if clock_conn is None else Brackets(clock_conn, self.process.pid)
         #: the run's clock when the last reply arrived, before it was read (reading it is the run's own work)
         self.arrived_ns: int | None = None
 
@@ -66,6 +75,28 @@ class Child:
         self.process.join(timeout=5)
         raise Gone(ENDED, self.process.exitcode)
 
+    def ask(self, message: Any, timeout: float) -> Any:
+        """Send `message` and return the reply (Gone as `receive`; OSError or ValueError when the child is gone
+        before it), each timed call's bracket answered on the way (`brackets.taken`, cleared first); `timeout`
+        bounds the whole exchange."""
+        deadline = CLOCKS.now_ns() + int(timeout * 1e9)
+        self.send(message)
+        if self.brackets is None:
+            return self.receive(timeout)
+        self.brackets.taken = []
+        while True:
+            left = max(0.0, (deadline - CLOCKS.now_ns()) / 1e9)
+            ready = multiprocessing.connection.wait([self.conn, self.brackets.conn, self.process.sentinel], left)
+            if self.brackets.conn not in ready or self.conn in ready:
+                return self.receive(left)  # the reply, the child gone, or the time-out
+            try:
+                self.brackets.serve()
+            except (EOFError, OSError):
+                return self.receive(left)
+            except struct.error:
+                self.kill()
+                raise Gone(REFUSED, text="the worker sent a bracket report of the wrong size") from None
+
     def stop(self) -> None:
         """Ask it to stop (it finishes what it is doing), then kill what is left."""
         try:
@@ -80,6 +111,8 @@ class Child:
             self.process.kill()
         self.process.join(timeout=10)
         self.conn.close()
+        if self.brackets is not None:
+            self.brackets.conn.close()
 
 
 def child_channel(conn) -> Channel:

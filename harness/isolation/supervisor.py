@@ -58,7 +58,7 @@ class Worker:
         if spec.modules is None:
             spec = replace(spec, modules=modules_for(name))
         self.name, self.spec = name, spec
-        self.child = Child(worker_main, (spec, name), f"harness-worker-{name}")
+        self.child = Child(worker_main, (spec, name), f"harness-worker-{name}", bracketed=True)
         self.process = self.child.process
         self.start_failure: Failure | None = None
         self.asked_ns: int | None = None
@@ -75,9 +75,10 @@ class Worker:
     def stop(self) -> None:
         self.child.stop()
 
-    def _receive(self, timeout: float, doing: str) -> tuple[str, Any]:
+    def _receive(self, timeout: float, doing: str, request: Any = None) -> tuple[str, Any]:
+        """The reply to `request` (None: the next message), its timed calls' brackets answered on the way."""
         try:
-            return self.child.receive(timeout)
+            return self.child.receive(timeout) if request is None else self.child.ask(request, timeout)
         except Gone as gone:
             if gone.why == REFUSED:
                 return "failed", Failure(ERROR, f"{gone.text}; the worker was killed and is restarted for the next "
@@ -102,11 +103,10 @@ class Worker:
     def _exchange(self, kind: str, payload: Any, timeout: float, doing: str, beside: bool) -> tuple[str, Any]:
         with stage("worker pipe") if not beside else nullcontext():
             try:
-                self.child.send((kind, payload))
+                reply = self._receive(timeout, doing, (kind, payload))
             except (OSError, ValueError):  # died before this request
                 self.process.join(timeout=5)
                 return "failed", Failure(ERROR, f"{_death(self.process)} before {doing}")
-            reply = self._receive(timeout, doing)
             if len(reply) == 3 and not beside:  # a worker's reply; one made up here has no times
                 STAGE_CLOCK.merge(reply[2])
         return reply[0], reply[1]
@@ -190,6 +190,8 @@ class IsolatedExecutor(InterruptNoted):
             return TimingResult(failure=Failure(answer.status, f"during timing: {answer.reason}", answer.interrupted))
         worker = self.workers[backend.name]  # the run's clock around the request, not the worker's
         answer.asked_ns, answer.wall_ms = worker.asked_ns, worker.asked_ms
+        if device.type == "cpu":  # the run's own bracket of each call (on CUDA the events' audit stands)
+            answer.brackets, answer.bracket_threads = list(worker.child.brackets.taken), self._spec.threads
         if machine:  # what the run's process saw of the machine while the worker was timed
             equal = machine[0]
             answer.others_share = equal.others_share

@@ -11,6 +11,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.calls.device import indexed
+from harness.isolation.brackets import Ticker
 from harness.isolation.child import child_channel, serve
 from harness.calls.outcome import Failure
 from harness.isolation.wire import WorkerSpec
@@ -52,7 +53,7 @@ def _cuda_broken(device: torch.device) -> bool:
         return True
 
 
-def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
+def worker_main(conn, clock_conn, spec: WorkerSpec, backend_name: str) -> None:
     channel = child_channel(conn)
     _redirect_output(spec.log_dir, backend_name)
     _progress_lock_of_its_own()
@@ -78,11 +79,12 @@ def worker_main(conn, spec: WorkerSpec, backend_name: str) -> None:
         channel.send(("failed", Failure.of(exc)))
         return
     channel.send(("ready", None))
+    ticker = Ticker(clock_conn)  # the run brackets each timed call on this pipe (brackets.py)
     caches = CallCaches()  # the worker's own: a call and the timing rounds of its case share the seeded inputs,
                            # and timing finds the correctness call's answers there
     serving = {"available": lambda _: backend.unavailable_reason(device),
                "call": lambda call: run_call(backend, call, device, caches),
-               "time": lambda timing: run_timing(backend, timing, device, caches),
+               "time": lambda timing: run_timing(backend, timing, device, caches, ticker),
                "run": lambda task: task[0](backend, device, *task[1])}
     broken = []
 

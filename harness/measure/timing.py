@@ -137,6 +137,8 @@ class Guard:
     each sample's answer checked as it returns, the last one always)."""
 
     def before_call(self) -> None: ...
+    def open(self) -> None: ...
+    def close(self, start_ns: int, end_ns: int) -> None: ...
     def in_call(self, value: object) -> None: ...
     def after_call(self, value: object, left: int) -> None: ...
     def after_last_call(self, value: object) -> None: ...
@@ -170,10 +172,15 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, warm: boo
         if renew:
             guard.before_call()
         setup()
+        if renew:  # an estimate call or a sample: bracketed by the run's own clock (isolation/brackets.py)
+            guard.open()
         start = now_ns()
         value = fn()
         guard.in_call(value)  # the answer read in full before the clock stops: work left for later is timed
-        return (now_ns() - start) / 1e6, value
+        end = now_ns()
+        if renew:
+            guard.close(start, end)
+        return (end - start) / 1e6, value
 
     looks = []
     if estimate is None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.oracle.reference import Reference
-from harness.oracle.verdict import NAIVE_BOUND, Check, judge
+from harness.oracle.verdict import CONTENT_SPREAD, NAIVE_BOUND, Check, judge
 from harness.cases.case import AttentionCase, Inputs
 from harness.store.schema import BASELINE
 
@@ -51,11 +51,12 @@ class PreparedCase:
         """`actual` (canonical layout, the whole quantity) of `backend_name` against this case's reference under the
         rule: its naive error, and for dq and dk the size of the terms they cancel (Reference.terms_of);
         `reference`: another content's (a timed call's, run/judge.py), its slice's if `actual` is one, judged under
-        this case's naive error (the same distribution of inputs)."""
+        this case's naive error (the same distribution of inputs) counted CONTENT_SPREAD times."""
         ref = self.reference if reference is None else reference
         largest = self.largest(quantity) if reference is None else _largest(reference.get(quantity))
         return judge(quantity, actual, ref.get(quantity), self.case.dtype, self.naive_error(quantity, backend_name),
-                     terms=ref.terms_of(quantity), ref_largest=largest)
+                     terms=ref.terms_of(quantity), ref_largest=largest,
+                     spread=1.0 if reference is None else CONTENT_SPREAD)
 
     def note_for(self, backend_name: str) -> str:
         """What every verdict of `backend_name` on this case must mention about its baseline ('' when usable)."""

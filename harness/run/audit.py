@@ -3,6 +3,10 @@ worker's side is calls/integrity.py."""
 
 from __future__ import annotations
 
+import secrets
+import statistics
+from dataclasses import replace
+
 import torch
 
 #: the clock audit (clock_disagreement): a round is rejected when the run's own clock saw it last longer than the timing
@@ -14,6 +18,20 @@ import torch
 CLOCK_SHARE = 0.5
 CLOCK_SLACK_MS = 100.0
 CLOCK_TRIES = 3
+#: the bracket audit (bracket_audit): each CPU call's CPU time by the kernel's count, over the run's bracket of it and
+#: shared over the worker's threads, may exceed the worker's own reading of the call, at the median over a round's
+#: samples, by CPU_SLACK_MS + CPU_SHARE x the median sample: the worker's own steps inside the bracket (a wake-up, a
+#: report) and its thread pool spinning on after a call (benchmarks/bracket_gaps.py); with more than one thread,
+#: STALE_MS more: a thread still running when the run reads the clock has its time folded in only at the next scheduler
+#: tick (4 ms at this VM's CONFIG_HZ=250), where a worker of one thread is idle, waiting for the run, at both readings
+CPU_SLACK_MS = 0.1
+CPU_SHARE = 0.25
+STALE_MS = 4.0
+#: and a call that waits rather than computes (a sleep, work in another process) has little CPU time to bound it: its
+#: bracket by the run's wall clock may exceed the worker's reading, at the median, by WALL_SLACK_MS + WALL_SHARE x the
+#: median bracket - what a loaded scheduler's wake-ups add (up to 4.7 ms a call at a load of 5 on 2 CPUs)
+WALL_SLACK_MS = 5.0
+WALL_SHARE = 0.5
 #: the same on CUDA between the events' span over the repetitions and the host clock around them, in one process after
 #: synchronisation: only the first launch and the last synchronisation are the host's alone
 EVENT_SLACK_MS = 5.0
@@ -37,6 +55,44 @@ def clock_disagreement(claimed_ms: float, accounted_ms: float, wall_ms: float,
             f"{slack_ms:g} ms)")
 
 
+def bracket_audit(brackets: list, samples_ms, threads: int) -> str:
+    """'' unless the worker's reading of its timed calls disagrees with the run's bracket of each (isolation/
+    brackets.py): a call read outside its bracket (one monotonic clock: never, honestly), samples that are not the
+    bracketed calls' readings, or, at the median over the samples, CPU time over the bracket / `threads` (the worker's
+    own: it cannot run more than that many threads at once for one second of its call) above the reading by over
+    CPU_SLACK_MS (+ STALE_MS with more than one thread) + CPU_SHARE x the median sample, or the run's wall bracket
+    above the reading by over WALL_SLACK_MS + WALL_SHARE x the bracket. A clock that reads a sample short claims less
+    time than the call kept its threads busy: whatever the machine's load, since CPU time counts only while the
+    worker runs."""
+    for b in brackets:
+        if not b.opened_ns <= b.start_ns <= b.end_ns <= b.closed_ns:
+            start, end, closed = ((t - b.opened_ns) / 1e6 for t in (b.start_ns, b.end_ns, b.closed_ns))
+            return (f"the backend process's clock read a call outside the run's bracket of it ({start:.4g} ms after "
+                    f"it opened to {end:.4g} ms; the bracket closed at {closed:.4g} ms)")
+    samples = list(samples_ms)
+    timed = brackets[len(brackets) - len(samples):] if len(brackets) >= len(samples) else []
+    if [(b.end_ns - b.start_ns) / 1e6 for b in timed] != samples:
+        return (f"the backend process returned {len(samples)} samples that are not its readings of the "
+                f"{len(brackets)} calls the run bracketed")
+    if not samples:
+        return ""
+    gap = statistics.median((b.closed_ns - b.opened_ns) - (b.end_ns - b.start_ns) for b in timed) / 1e6
+    seen = statistics.median(b.closed_ns - b.opened_ns for b in timed) / 1e6
+    if gap > WALL_SLACK_MS + WALL_SHARE * seen:
+        return (f"the backend process's clock reads {statistics.median(samples):.4g} ms of a call the run's clock "
+                f"saw take {seen:.4g} ms (medians over {len(samples)} samples; limit {WALL_SLACK_MS:g} ms + "
+                f"{WALL_SHARE:g} x the run's)")
+    busy = statistics.median(b.cpu_ns / threads for b in timed) / 1e6
+    over = statistics.median(b.cpu_ns / threads - (b.end_ns - b.start_ns) for b in timed) / 1e6
+    median = statistics.median(samples)
+    stale = STALE_MS if threads > 1 else 0.0
+    if over <= CPU_SLACK_MS + stale + CPU_SHARE * median:
+        return ""
+    return (f"the backend process's clock reads {median:.4g} ms of a call that kept its {threads} thread(s) busy "
+            f"{busy:.4g} ms (medians over {len(samples)} samples, CPU time by the kernel's count; limit "
+            f"{CPU_SLACK_MS + stale:g} ms + {CPU_SHARE:g} x the reading)")
+
+
 def clock_behind(started_ns: int, asked_ns: int) -> str:
     """'' unless the timing process's clock read `started_ns` as the round started, before the run's read `asked_ns`
     as it sent the request (one system-wide monotonic clock: never, honestly). A clock slowed at any point since the
@@ -49,14 +105,18 @@ def clock_behind(started_ns: int, asked_ns: int) -> str:
 
 
 def audited_time(executor, backend, timing, device: torch.device):
-    """(a round timed where the backend runs, its clock audit: '' when the clocks agree, or the round failed)."""
+    """(a round timed where the backend runs, its clock audit: '' when the clocks agree, or the round failed); the
+    answer's `seed` is the one its round's contents were made from (each retry draws its own: a round timed again
+    on contents the kernel has seen would be a memo's to answer)."""
     answer = executor.time(backend, timing, device)
     for _ in range(CLOCK_TRIES - 1):
         if answer.failure is not None or not clock_audit(answer):
             break
         # a reply held up by a loaded scheduler is not a slowed clock, which disagrees on every round; the figure kept
         # is always an agreeing round's, so a clock slowed on some rounds only gains nothing
+        timing = replace(timing, seed=secrets.randbits(63))
         answer = executor.time(backend, timing, device)
+    answer.seed = timing.seed
     return answer, "" if answer.failure is not None else clock_audit(answer)
 
 
@@ -67,6 +127,8 @@ def clock_audit(answer) -> str:
     claimed = sum(answer.measurement.samples_ms)
     events = answer.measurement.event_vs_host
     return ((answer.asked_ns is not None and clock_behind(answer.started_ns, answer.asked_ns))
+            or (answer.brackets is not None and bracket_audit(answer.brackets, answer.measurement.samples_ms,
+                                                              answer.bracket_threads or 1))
             or (answer.wall_ms is not None and clock_disagreement(claimed, answer.accounted_ms, answer.wall_ms))
             or (events is not None and clock_disagreement(
                 claimed, *events, "the device's events disagree with the host clock after synchronisation",

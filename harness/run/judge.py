@@ -60,7 +60,7 @@ def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed:
     if problem := received(observed):
         return problem
     case = prepared.case
-    group, contents = case.heads // case.kv_heads, Contents(case, phase, seed, prepared.device)
+    group, contents = case.heads // case.kv_heads, Contents(case, phase, seed, prepared.inputs)
     quantities = (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else [])
     for i, o in enumerate(observed, 1):
         which = f"[{phase}, {'the last' if i == len(observed) else 'a'} timed call, on content no earlier call saw]"

@@ -135,25 +135,28 @@ def test_every_timed_answer_comes_back_to_be_judged_in_process_and_from_a_worker
 ])
 @pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
 def test_each_call_s_content_is_a_fresh_draw_the_run_makes_again_from_its_seed(case, phase):
-    """content.Contents: call 0 is make_inputs(case, seed), the round's own; each call i >= 1 renews what its phase
+    """content.Contents: call 0 is the round's own (q, k, v and dO drawn, the verified sinks and bias); each call i >= 1
+    renews what its phase
     reads (fwd: q, k, v; bwd: dO alone, on its graph; fwd+bwd: all four), and no renewed input of a call is a
     per-slice transform of another call's - not a sign or scale (|q| differs), not the same values. A second Contents
     from the same seed (the run's, judging) makes the same bits; the inputs keep the case's ranges (make_inputs')."""
     import torch
 
-    from harness.calls.content import RENEWED, Contents
+    from harness.calls.content import Contents, renewed
 
-    contents, again = Contents(case, phase, 11), Contents(case, phase, 11)
-    assert all(torch.equal(a, b) for a, b in zip(contents.round, make_inputs(case, "cpu", 11)) if a is not None)
-    renewed = set(RENEWED.get(phase, ("q", "k", "v", "d_out")))
+    verified = make_inputs(case, "cpu", 3)
+    contents, again = Contents(case, phase, 11, verified), Contents(case, phase, 11, verified)
+    assert all(not torch.equal(a, b) for a, b in zip(contents.round[:4], verified[:4]))  # the round's own
+    assert all(torch.equal(a, b) for a, b in zip(contents.round[4:], verified[4:]) if a is not None)  # sinks, bias
+    fresh = set(renewed(phase))
     calls = [contents.call(i) for i in range(1, 6)]
     for i, call in enumerate(calls, 1):
         assert all(torch.equal(a, b) for a, b in zip(call, again.call(i)) if a is not None)
         for name in ("q", "k", "v", "d_out"):
             mine, round_own = getattr(call, name), getattr(contents.round, name)
-            assert torch.equal(mine, round_own) != (name in renewed), name
+            assert torch.equal(mine, round_own) != (name in fresh), name
             assert mine.dtype == case.dtype and mine.shape == round_own.shape
-    for name in renewed:
+    for name in fresh:
         magnitudes = [getattr(c, name).float().abs() for c in calls]
         assert all(not torch.equal(x, y) for i, x in enumerate(magnitudes) for y in magnitudes[i + 1:]), name
         drawn = torch.stack([getattr(c, name).float() for c in calls])  # the ranges per head, as make_inputs' are
@@ -162,15 +165,18 @@ def test_each_call_s_content_is_a_fresh_draw_the_run_makes_again_from_its_seed(c
 
 
 def test_a_round_s_guard_builds_its_phase_on_the_round_s_own_inputs():
-    """RoundGuard(case, phase, seed): the phase (the backward alone's graph: its q, k and v) is built on the round's
-    own inputs, make_inputs(case, seed) - not the verified ones (the run's seed) - and each call's content follows."""
+    """RoundGuard(case, phase, seed, verified): the phase (the backward alone's graph: its q, k and v) is built on the
+    round's own inputs, Contents(seed).round - not the verified ones - and each call's content follows."""
     import torch
 
+    from harness.calls.content import Contents
     from harness.calls.integrity import RoundGuard
 
-    guard = RoundGuard(CASE, "bwd", 12345, CPU)
-    assert all(torch.equal(a, b) for a, b in zip(guard.inputs, make_inputs(CASE, "cpu", 12345)) if a is not None)
-    assert not torch.equal(guard.inputs.q, make_inputs(CASE, "cpu", 3).q)
+    verified = make_inputs(CASE, "cpu", 3)
+    guard = RoundGuard(CASE, "bwd", 12345, verified)
+    assert all(torch.equal(a, b) for a, b in zip(guard.inputs, Contents(CASE, "bwd", 12345, verified).round)
+               if a is not None)
+    assert not torch.equal(guard.inputs.q, verified.q)
 
 
 def test_a_slice_s_reference_is_the_whole_reference_s_slice_and_the_judge_fails_any_other_content_s_answer():
@@ -187,7 +193,7 @@ def test_a_slice_s_reference_is_the_whole_reference_s_slice_and_the_judge_fails_
 
     case = AttentionCase(2, 4, 8, 16, "fp32", kv_heads=2, mask=Causal())
     prepared = prepare_case(case, CPU, 3)
-    contents = Contents(case, "fwd+bwd", 99)
+    contents = Contents(case, "fwd+bwd", 99, prepared.inputs)
     refs = {i: reference_attention(case, attended(case, contents.call(i))) for i in (1, 2)}
     for b in range(case.batch):
         for kv in range(case.kv_heads):
@@ -255,7 +261,7 @@ def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples
     monkeypatch.setattr(integrity.secrets, "randbelow", random.Random(0).randrange)
     kept, escaped = [0] * n, 0
     for _ in range(rounds):
-        guard = integrity.RoundGuard(CASE, "fwd", 3, CPU)
+        guard = integrity.RoundGuard(CASE, "fwd", 3, make_inputs(CASE, "cpu", 3))
         copied = []
         guard.timed = SimpleNamespace(answers=lambda value: copied.append(value) or {"out": value})
         for i in range(n):
@@ -294,7 +300,7 @@ def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout
     from harness.calls.timed import Phase
 
     backend = type("Laid", (Naive,), {"layout": layout})()
-    contents = Contents(case, phase, 4)
+    contents = Contents(case, phase, 4, make_inputs(case, "cpu", 4))
     timed = Phase(backend, case, contents.round, CPU, phase)
     kept = {name: t.detach().clone() for name, t in timed.buffers.items()}
     for index in range(1, 4):
@@ -313,7 +319,8 @@ def test_issue_62_s_rescaling_plugins_get_no_false_figure(kernel, phase):
     re-scaled by the factor read off a new dO are wrong, so the round is rejected."""
     row = _timed(kernel(), phase, MANY_SLICES).row
     if kernel is gamed.RescaledMemo:
-        assert row.timing_status == TIMED and row.latency_ms >= 1000 * gamed.WORK_S, (row.timing_reason, row.latency_ms)
+        assert row.timing_status == TIMED and row.latency_ms >= 1000 * gamed.WORK_S, (row.timing_reason,
+                                                                                     row.latency_ms)
     else:
         assert row.timing_status == REJECTED and "err" in row.timing_reason and row.latency_ms is None, row.timing_reason
 

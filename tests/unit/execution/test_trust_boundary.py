@@ -94,7 +94,8 @@ def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tm
     try:
         naive = get_backends(["naive"])[0]
         executor._ask = lambda *args, **kwargs: ("ok", forged)  # what a rewritten worker could send
-        executor.workers["naive"] = SimpleNamespace(asked_ns=0, asked_ms=1.0)  # the run's clock around that ask
+        executor.workers["naive"] = SimpleNamespace(asked_ns=0, asked_ms=1.0,  # the run's clock around that ask
+                                                    child=SimpleNamespace(brackets=SimpleNamespace(taken=[])))
         from harness.calls.timed import TimingCall
         from harness.calls.call import Call
         timing = TimingCall(Call(CASE, 0), "fwd", FAST)

@@ -1,0 +1,103 @@
+"""The run's own clocks around each timed call (issue 62 item 3; isolation/brackets.py, audit.bracket_audit): decided
+on seeded noise, and on a real worker."""
+
+import random
+
+import pytest
+
+from harness import AttentionCase
+from harness.calls.call import Call
+from harness.calls.device import resolve_device
+from harness.calls.timed import TimingCall
+from harness.isolation.brackets import Bracket
+from harness.isolation.supervisor import IsolatedExecutor
+from harness.measure.timing import TimingConfig
+from harness.run.audit import CPU_SHARE, CPU_SLACK_MS, STALE_MS, bracket_audit
+
+CPU = resolve_device("cpu")
+CASE = AttentionCase(1, 2, 16, 32, "fp32")
+FAST = TimingConfig(warmup_ms=2, budget_ms=10, min_reps=5, max_reps=20)
+
+
+def _round(rng: random.Random, threads: int, share: float = 1.0):
+    """(brackets, samples_ms, threads, the call's real ns) of a synthetic round: calls of one size (10 us .. 100 ms),
+    each read by the worker's clock as `share` of it (1: honest); the worker's CPU over the bracket: the call's (its
+    threads busy 60-100 % of it) plus its own steps (10-60 us), and, with several threads, a running thread's time
+    folded in up to a tick late at either reading (STALE_MS); the run's bracket around it, delayed 0-5 ms by a
+    loaded scheduler (which no CPU clock counts)."""
+    call_ns = int(10 ** rng.uniform(4, 8))
+    brackets, t = [], 0
+    for _ in range(rng.randint(5, 167)):
+        real = int(call_ns * rng.uniform(0.9, 1.3))
+        opened = t
+        start = opened + int(rng.expovariate(1 / 50e3) + (rng.random() < 0.2) * rng.uniform(0, 5e6))
+        end = start + int(real * share)
+        closed = start + real + int(rng.expovariate(1 / 50e3) + (rng.random() < 0.2) * rng.uniform(0, 5e6))
+        cpu = real * threads * rng.uniform(0.6, 1.0) + rng.uniform(10e3, 60e3)
+        if threads > 1:
+            cpu += rng.uniform(-1, 1) * STALE_MS * 1e6 * rng.random()
+        brackets.append(Bracket(opened, closed, start, end, int(max(0, cpu))))
+        t = closed + 1000
+    return brackets, [(b.end_ns - b.start_ns) / 1e6 for b in brackets], threads, call_ns
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_honest_rounds_under_seeded_noise_are_never_rejected(threads):
+    rng = random.Random(62 + threads)
+    assert not [r for r in (_round(rng, threads) for _ in range(20_000)) if bracket_audit(*r[:3])]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_clock_that_reads_each_sample_short_is_rejected_once_the_call_outweighs_the_limit(threads):
+    """Issue 62's fourth plugin's clock: each sample read as a quarter of its call, the work done. Rejected on every
+    round whose hidden CPU passes the limit - one thread: calls of over ~0.2 ms; two: over ~8 ms, the tick a running
+    thread's time may be late by - whatever the scheduler's delays."""
+    rng = random.Random(4 + threads)
+    rounds = [_round(rng, threads, share=0.25) for _ in range(5_000)]
+    stale = STALE_MS if threads > 1 else 0.0
+    long_enough = [r for r in rounds if (0.6 * 0.9 - 0.25 * 1.3 * (1 + CPU_SHARE)) * r[3] / 1e6
+                   > CPU_SLACK_MS + stale]
+    assert len(long_enough) > 500 and all(bracket_audit(*r[:3]) for r in long_enough)
+    assert all(bracket_audit(*r[:3]).startswith("the backend process's clock reads ") for r in long_enough)
+
+
+def test_a_call_that_sleeps_its_time_away_is_bounded_by_the_run_s_wall_clock():
+    """A call that waits (no CPU time to bound it) read as a quarter: rejected once the hidden 3/4 passes the wall
+    limit (WALL_SLACK_MS + WALL_SHARE x the bracket): every round of calls over ~20 ms."""
+    from harness.run.audit import WALL_SHARE, WALL_SLACK_MS
+
+    rng = random.Random(9)
+    rounds = [_round(rng, 1, share=0.25) for _ in range(5_000)]
+    asleep = [([b.__class__(b.opened_ns, b.closed_ns, b.start_ns, b.end_ns, 0) for b in r[0]], *r[1:]) for r in rounds]
+    # gap ~ 3/4 of the call, limit ~ WALL_SLACK_MS + WALL_SHARE x the call: with WALL_SHARE 1/2, calls past 4 x slack
+    long_enough = [r for r in asleep if (0.75 - WALL_SHARE) * 0.9 * r[3] / 1e6 > 1.2 * WALL_SLACK_MS]
+    assert len(long_enough) > 200 and all("the run's clock saw take" in bracket_audit(*r[:3]) for r in long_enough)
+
+
+def test_a_call_read_outside_its_bracket_or_samples_that_are_not_its_readings_are_named():
+    inside = Bracket(0, 10_000_000, 1_000, 9_000_000, 9_000_000)
+    assert bracket_audit([inside], [8.999], 1) == ""
+    assert "outside the run's bracket" in bracket_audit([Bracket(5_000, 10_000_000, 1_000, 9_000_000, 0)], [8.999], 1)
+    assert "outside the run's bracket" in bracket_audit([Bracket(0, 8_000_000, 1_000, 9_000_000, 0)], [8.999], 1)
+    assert "not its readings" in bracket_audit([inside], [2.0], 1)
+    assert "not its readings" in bracket_audit([inside], [8.999, 8.999], 1)  # more samples than bracketed calls
+
+
+@pytest.mark.parametrize("phase", ["fwd", "fwd+bwd"])
+def test_a_worker_s_estimate_calls_and_samples_are_bracketed_by_the_run_s_clocks(phase):
+    """A real round in a worker of one thread: every estimate call and sample has its bracket (warm-up calls none),
+    each reading of the worker's clock inside it, the samples the last brackets' readings, the worker's CPU over each
+    bracket no more than the bracket; the audit passes."""
+    from harness.backends.registry import get_backends
+
+    executor = IsolatedExecutor(CPU, threads=1)
+    try:
+        answer = executor.time(get_backends(["naive"])[0], TimingCall(Call(CASE, 3), phase, FAST), CPU)
+    finally:
+        executor.close()
+    samples = answer.measurement.samples_ms
+    assert answer.failure is None and len(answer.brackets) >= len(samples) >= 5 and answer.bracket_threads == 1
+    assert all(b.opened_ns <= b.start_ns <= b.end_ns <= b.closed_ns for b in answer.brackets)
+    assert all(0 < b.cpu_ns <= b.closed_ns - b.opened_ns for b in answer.brackets)
+    assert [(b.end_ns - b.start_ns) / 1e6 for b in answer.brackets[-len(samples):]] == list(samples)
+    assert bracket_audit(answer.brackets, samples, 1) == ""
