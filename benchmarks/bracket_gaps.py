@@ -41,13 +41,13 @@ def main() -> None:
                 for phase in ("fwd", "fwd+bwd"):
                     for _ in range(args.rounds):
                         answer = executor.time(backend, TimingCall(Call(case, 7), phase, config), cpu)
-                        if answer.failure is not None or not answer.brackets:
+                        if answer.failure is not None or answer.witness is None:
                             continue
-                        samples = answer.measurement.samples_ms
-                        timed = answer.brackets[-len(samples):]
+                        samples, brackets = answer.measurement.samples_ms, list(answer.witness.brackets)
+                        timed = brackets[-len(samples):]
                         over = statistics.median(b.cpu_ns / args.threads - (b.end_ns - b.start_ns) for b in timed)
                         gap = statistics.median((b.closed_ns - b.opened_ns) - (b.end_ns - b.start_ns) for b in timed)
-                        problem = bracket_audit(answer.brackets, samples, args.threads)
+                        problem = bracket_audit(brackets, samples, args.threads)
                         rows.append((statistics.median(samples), over / 1e6, gap / 1e6, bool(problem)))
                         print(f"{backend.name:6} {phase:7} {case.id[:48]:48} sample {rows[-1][0]:8.4f} cpu over "
                               f"{rows[-1][1]:8.4f} wall gap {rows[-1][2]:7.4f}{'  REJECTED' if problem else ''}",

@@ -22,10 +22,12 @@ import time
 import torch
 
 from harness.backends.registry import get_backends
-from harness.run.benchmark import judge_timed, phase_verdict
+from harness.run.benchmark import phase_verdict
+from harness.run.judge import judge_timed
 from harness.calls.call import Call
 from harness.run.runner import execute, prepare_case
 from harness.isolation.in_process import InProcessExecutor
+from harness.isolation.supervisor import IsolatedExecutor
 from harness.calls.timed import TimingCall
 from harness.measure.timing import TimingConfig
 from harness.cases.matrices import build_matrix
@@ -47,7 +49,8 @@ def key_timing(executor, backend, prepared, phase, rounds: int, estimate_ms: flo
         if result.failure is not None:
             raise RuntimeError(result.failure.reason)
         if checked:
-            problem = judge_timed(backend, prepared, phase, result.observed) or result.integrity
+            problem = (judge_timed(backend.name, prepared, phase, result.observed, timing.seed, result.witness)
+                       or result.integrity)
             assert not problem, problem
         wall += time.perf_counter() - start_wall
         cpu += time.process_time() - start_cpu
@@ -62,10 +65,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="rounds a key, as --rounds of a suite run")
+    parser.add_argument("--isolate", action="store_true",
+                        help="in workers, as the main job times (the run's brackets of each call included)")
     parser.add_argument("--control", action="store_true",
                         help="both sides plain (an A/A run): the spread the method itself gives a key's figure")
     args = parser.parse_args()
-    device, executor = torch.device("cpu"), InProcessExecutor()
+    device = torch.device("cpu")
+    executor = IsolatedExecutor(device) if args.isolate else InProcessExecutor()
     totals = {False: 0.0, True: 0.0}
     print(f"{'key':72s} {'plain s':>8s} {'checked':>8s} {'+% wall':>7s} {'+% cpu':>7s} {'lat plain':>10s} "
           f"{'lat chk':>9s}")

@@ -35,41 +35,45 @@ def offsets_of(numel: int) -> int:
 
 class Contents:
     """A timed round's contents, all made from its `seed` (drawn by `secrets` in the run's process, which makes them
-    again to judge a call: what the worker says it ran on is never believed) on `base`, the verified inputs, whose
-    sinks and bias they keep. Each input of call i (0: the round's own, which the phase is built on - the backward
-    alone's graph; i >= 1: a timed call's, for the inputs its phase renews; the rest stay the round's) is the scaled
-    sum of two windows of the round's two standard normal pools of that input, at offsets hashed from (seed, i,
-    input), given the case's ranges (case.shaped) and cast. No content is a transform of another: two windows' sum
-    shares no element with another pair's (each window moves by its own offset), so no earlier answer, re-scaled or
-    re-ordered, is a call's."""
+    again to judge a call: what the worker says it ran on is never believed), on `device`, with the verified inputs'
+    sinks and bias. Each input of call i (0: the round's own, which the phase is built on - the backward alone's
+    graph; i >= 1: a timed call's, for the inputs its phase renews; the rest stay the round's) is the scaled sum of
+    two windows of the round's two standard normal pools of that input, at offsets hashed from (seed, i, the call's
+    nonce, input), given the case's ranges (case.shaped) and cast. No content is a transform of another: two windows'
+    sum shares no element with another pair's (each window moves by its own offset), so no earlier answer, re-scaled
+    or re-ordered, is a call's."""
 
-    def __init__(self, case: AttentionCase, phase: str, seed: int, base: Inputs):
-        self.case, self.seed, self.base, self.renewed = case, seed, base, renewed(phase)
+    def __init__(self, case: AttentionCase, phase: str, seed: int, device: torch.device | str,
+                 sinks: torch.Tensor | None = None, bias: torch.Tensor | None = None):
+        self.case, self.seed, self.renewed = case, seed, renewed(phase)
         self.shapes = dict(zip(ALL_FOUR, input_shapes(case)))
         generator = torch.Generator().manual_seed(seed)
         self.pools = {name: [torch.randn(_numel(shape) + offsets_of(_numel(shape)), generator=generator).to(
-            base.q.device) for _ in range(2)] for name, shape in self.shapes.items()}
+            device) for _ in range(2)] for name, shape in self.shapes.items()}
+        self.base = Inputs(None, None, None, None, sinks, bias)
         self.round = self._made(0, ALL_FOUR)
 
-    def offsets(self, index: int, name: str) -> tuple[int, int]:
-        """Where call `index` reads input `name`'s two pools: a hash of (seed, index, input), so either process finds
-        it without replaying the round."""
-        digest = hashlib.blake2b(f"{self.seed}/{index}/{name}".encode(), digest_size=16).digest()
+    def offsets(self, index: int, name: str, nonce: int | None = None) -> tuple[int, int]:
+        """Where call `index` reads input `name`'s two pools: a hash of (seed, index, the call's nonce, input), so
+        either process finds it without replaying the round; the nonce comes from the run as the call before it is
+        timed (isolation/brackets.py; None in a process of its own)."""
+        digest = hashlib.blake2b(f"{self.seed}/{index}/{nonce}/{name}".encode(), digest_size=16).digest()
         span = offsets_of(_numel(self.shapes[name]))
         return int.from_bytes(digest[:8], "little") % span, int.from_bytes(digest[8:], "little") % span
 
-    def call(self, index: int) -> Inputs:
-        """The inputs of the round's call `index` (0: the round's own), canonical, on the base's device, as the
-        case's dtype."""
-        return self.round if index == 0 else self._made(index, self.renewed)
+    def call(self, index: int, nonce: int | None = None) -> Inputs:
+        """The inputs of the round's call `index` (0: the round's own) with its nonce, canonical, on the round's
+        device, as the case's dtype."""
+        return self.round if index == 0 else self._made(index, self.renewed, nonce)
 
-    def _made(self, index: int, names: tuple[str, ...]) -> Inputs:
-        windows = [self._window(name, index) if name in names else None for name in ALL_FOUR]
+    def _made(self, index: int, names: tuple[str, ...], nonce: int | None = None) -> Inputs:
+        windows = [self._window(name, self.offsets(index, name, nonce)) if name in names else None
+                   for name in ALL_FOUR]
         made = {name: t.to(self.case.dtype) for name, t in zip(ALL_FOUR, shaped(self.case, windows)) if t is not None}
         return (self.base if index == 0 else self.round)._replace(**made)
 
-    def _window(self, name: str, index: int) -> torch.Tensor:
-        (a, b), (first, second) = self.pools[name], self.offsets(index, name)
+    def _window(self, name: str, offsets: tuple[int, int]) -> torch.Tensor:
+        (a, b), (first, second) = self.pools[name], offsets
         n = _numel(self.shapes[name])
         return torch.add(a[first:first + n], b[second:second + n]).mul_(SQRT_HALF).view(self.shapes[name])
 

@@ -29,8 +29,10 @@ class Watched(Protocol):
 class Ticking(Protocol):
     """The worker's end of the run's bracket of each call (isolation/brackets.py Ticker)."""
 
+    def begin(self) -> None: ...
+    def nonce(self) -> int: ...
     def open(self) -> None: ...
-    def close(self, start_ns: int, end_ns: int) -> None: ...
+    def close(self, start_ns: int, end_ns: int, sums: dict[str, int]) -> int: ...
 
 
 #: besides its last call, a round judges JUDGED_DRAWS (k) of its other samples, drawn as each returns (selection
@@ -75,14 +77,21 @@ class RoundGuard(Guard):
 
     def __init__(self, case, phase: str, seed: int, verified: Inputs, ticker: Ticking | None = None):
         # the seed is the run's (TimingCall.seed): the run makes any call's content again to judge it
-        self.contents = Contents(case, phase, seed, verified)
+        self.contents = Contents(case, phase, seed, verified.q.device, verified.sinks, verified.bias)
         #: the run's clock around each estimate call and sample (isolation/brackets.py Ticker); None: in-process
         self.ticker = ticker
+        if ticker is not None:
+            ticker.begin()
         #: the round's own content, which the phase is built on (the backward alone's graph: q, k and v)
         self.inputs = self.contents.round
         self.index = 0  # the call whose content the buffers hold (0: the round's own)
+        self.nonce: int | None = None  # its nonce, the run's (None: no ticker)
         #: the samples' answers drawn so far (after_call), as they returned; the last call's after them
         self.drawn: list[Observed] = []
+        #: with a ticker the run draws the calls to be judged as each is reported: their answers by the run's slot
+        self.slots: dict[int, Observed] = {}
+        self._value: object = None  # in_call: the call's value, until close
+        self._kept = False  # close: the last call's answers were kept in a slot (after_call poisons its output)
         self.sums: dict[str, torch.Tensor] = {}  # in_call: the last call's answers' checksums
         self.aliased = ""  # after_last_call: '' unless the last call's output is not its own
         self.not_plain = ""  # '' unless a call's output or a drawn answer was a torch.Tensor subclass
@@ -94,7 +103,8 @@ class RoundGuard(Guard):
     def before_call(self) -> None:
         """Content no earlier call had, written into the buffers outside the timed region (Contents)."""
         self.index += 1
-        self.timed.fresh(self.contents.call(self.index))
+        self.nonce = None if self.ticker is None else self.ticker.nonce()
+        self.timed.fresh(self.contents.call(self.index, self.nonce))
 
     def open(self) -> None:
         """Before the call's clock starts: the run reads its own clock as it lets the call start."""
@@ -102,22 +112,33 @@ class RoundGuard(Guard):
             self.ticker.open()
 
     def close(self, start_ns: int, end_ns: int) -> None:
-        """After the call's clock stopped: the worker's reading of the call goes to the run, whose clock reads the
-        report's arrival (run/audit.py `bracket_audit` holds the two together)."""
-        if self.ticker is not None:
-            self.ticker.close(start_ns, end_ns)
+        """After the call's clock stopped: the worker's reading of the call and its answers' checksums go to the run,
+        whose clocks read the report's arrival (run/audit.py `bracket_audit`); the run then says whether to keep
+        the answers to be judged - its own draw, made once their checksums are with it."""
+        if self.ticker is None:
+            return
+        slot = self.ticker.close(start_ns, end_ns, {q: int(s) for q, s in self.sums.items()})
+        self._kept = slot >= 0
+        if self._kept:
+            self.slots[slot] = self._observed(self._value, poisoned=False)
+        self._value = None
 
     def in_call(self, value: object) -> None:
         """Inside the call's timed region, on every call: each answer read in full (its checksum), so deferred work,
         a lazy fill or a hook that fills memory when it is read costs its time inside the sample; a judged answer's
         copy must still have this checksum when the run receives it (`received`)."""
         self.sums = {quantity: checksum(answer) for quantity, answer in self.timed.answers(value).items()}
+        self._value = value
 
     def after_call(self, value: object, left: int) -> None:
-        """Kept to be judged or not, drawn only now (JUDGED_DRAWS; `left`: the samples after it): no kernel knows.
-        Every call's output must be exactly torch.Tensor (contract.not_plain)."""
+        """Kept to be judged or not, drawn only now (JUDGED_DRAWS; `left`: the samples after it): no kernel knows;
+        with a ticker the run drew as the call was reported (close). Every call's output must be exactly
+        torch.Tensor (contract.not_plain)."""
         self._plain(value, "a timed call")
-        if secrets.randbelow(left) < JUDGED_DRAWS - len(self.drawn):
+        if self.ticker is not None:
+            if self._kept and isinstance(value, torch.Tensor):
+                poison(value)
+        elif secrets.randbelow(left) < JUDGED_DRAWS - len(self.drawn):
             self.drawn.append(self._observed(value))
 
     def after_last_call(self, value: object) -> None:
@@ -131,14 +152,13 @@ class RoundGuard(Guard):
         if value is not None and type(value) is not torch.Tensor and not self.not_plain:
             self.not_plain = f"{what} {not_plain(value)}"
 
-    def _observed(self, value: object) -> Observed:
-        # copied as the call returned (the run divides the contents out), then the output poisoned: an `empty` of the
-        # next call cannot find it
+    def _observed(self, value: object, poisoned: bool = True) -> Observed:
+        # copied as the call returned, then the output poisoned: an `empty` of the next call cannot find it
         answers = self.timed.answers(value)
         for quantity, answer in answers.items():
             self._plain(answer, f"a timed call's {quantity}")
         copies = {q: torch.empty_like(a, memory_format=torch.contiguous_format).copy_(a) for q, a in answers.items()}
-        if isinstance(value, torch.Tensor):
+        if poisoned and isinstance(value, torch.Tensor):
             poison(value)
         return Observed(copies, dict(self.sums), self.index)
 
@@ -148,8 +168,9 @@ class RoundGuard(Guard):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         # what the last call was given, made anew here: the buffers must still hold it
-        given = None if self.index == 0 else self.timed.sources(self.contents.call(self.index))
+        given = None if self.index == 0 else self.timed.sources(self.contents.call(self.index, self.nonce))
         problems = filter(None, (self.not_plain, self.aliased, self.snapshot.written(given)))
+        kept = [self.slots[slot] for slot in sorted(self.slots)] + self.drawn
         observed = [Observed({q: a.cpu() for q, a in o.answers.items()}, {q: int(s) for q, s in o.sums.items()},
-                             o.index) for o in self.drawn]
+                             o.index) for o in kept]
         return observed, "; ".join(problems)

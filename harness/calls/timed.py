@@ -66,10 +66,9 @@ class TimingResult:
     #: the share of the machine's CPU time that processes other than the worker and the run took during the round
     #: (0-1, read by the run's process: neighbours.EqualMachine; None: not read)
     others_share: float | None = None
-    #: the run's bracket of each estimate call and sample (isolation/brackets.Bracket), and the threads the worker was
-    #: given: set by the run's process; None: not bracketed (in-process, CUDA)
-    brackets: list | None = None
-    bracket_threads: int | None = None
+    #: what the run's process saw of the round's calls (isolation/brackets.Witnessed: each one's bracket, nonce and
+    #: committed checksums, the calls it drew to be judged): set by the run; None: not bracketed (in-process, CUDA)
+    witness: object | None = None
     #: the seed the round's contents were made from, as the run asked (audit.audited_time): what it is judged on
     seed: int | None = None
 

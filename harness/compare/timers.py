@@ -122,8 +122,8 @@ class ExecutorTimer:
             return answer.failure.reason
         if case.id not in self.prepared:  # the answer every round of every key of the case is judged against
             self.prepared[case.id] = prepare_case(case, self.device, self.seed)
-        problem = (clock or judge_timed(impl.name, self.prepared[case.id], phase, answer.observed, answer.seed)
-                   or answer.integrity)
+        problem = (clock or judge_timed(impl.name, self.prepared[case.id], phase, answer.observed, answer.seed,
+                                        answer.witness) or answer.integrity)
         if problem:
             return Rejected(f"timed at median {answer.measurement.median:.4g} ms, but {problem}")
         return Timed(tuple(answer.measurement.samples_ms), answer.others_share)

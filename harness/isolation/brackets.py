@@ -1,18 +1,28 @@
 """Each timed call bracketed by the run's own clocks (docs/integrity.md, issue 62 item 3): the worker asks before its
 clock starts and reports after it stops, on a pipe of its own, and waits for the run's word each time; the run reads
 its wall clock and the worker process's CPU clock (the kernel's count, in ns, which no process can rewrite) as it
-lets the call start and as the report arrives."""
+lets the call start and as the report arrives. The report carries the checksums of the call's answers, read inside
+its timed region; the run's word after it says whether to keep the call's answers to be judged (the run's own draw,
+made only then) and carries the next call's nonce, drawn by `secrets` only then: no call's content is known before
+the call before it has been timed, and no answer can be changed once the run knows it will be judged."""
 
 from __future__ import annotations
 
+import os
+import secrets
 import struct
 import time
 from dataclasses import dataclass
 
 from harness.measure.timing import CLOCKS
 
-_TICK, _GO, _ACK = b"t", b"g", b"a"
-_TOCK = struct.Struct("<qq")  # the worker's clock at the call's start and end (ns)
+_TICK, _GO, _ACK, _NONCE = b"t", b"g", b"a", b"n"
+#: the checksums a report carries, by quantity, in this order (which are there: a bit each)
+SUMMED = ("out", "dq", "dk", "dv", "dsinks", "dbias")
+#: the worker's report: its clock at the call's start and end (ns), which answers it read, their checksums
+_TOCK = struct.Struct("<qqB6q")
+#: the run's word after a call: ack, the slot to keep its answers in (-1: not kept), the next call's nonce
+_WORD = struct.Struct("<cbQ")
 
 
 @dataclass(frozen=True)
@@ -26,23 +36,60 @@ class Bracket:
     start_ns: int
     end_ns: int
     cpu_ns: int
+    #: the checksums of the call's answers, by quantity, as its report carried them (read inside its timed region)
+    sums: tuple = ()
 
+
+@dataclass(frozen=True)
+class Witnessed:
+    """What the run's process saw of a timed round in a worker: each renewed call's bracket and the nonce it gave it
+    (in order: call i's are the i-th), the calls it drew to be judged (their indices: a uniform draw of `keep` among
+    all, the reservoir's), and the threads the worker was given."""
+
+    brackets: tuple
+    nonces: tuple
+    kept: tuple
+    threads: int
 
 class Ticker:
     """The worker's end: `open` before a call's clock starts, `close` after it stops; each waits for the run."""
 
     def __init__(self, conn):
         self.conn = conn
+        self._nonce: int | None = None  # the next call's, as the run's last word gave it
+
+    def begin(self) -> None:
+        """A new round: the nonce the last round's last word gave is not this round's (the run gives a round's
+        nonces anew, in order, from its first call's)."""
+        self._nonce = None
+
+    def nonce(self) -> int:
+        """The next call's nonce (its content's offsets hash it): the run's, given with its word after the last
+        call, or asked for now (a round's first)."""
+        if self._nonce is None:
+            self.conn.send_bytes(_NONCE)
+            self._nonce = _WORD.unpack(self.conn.recv_bytes())[2]
+        nonce, self._nonce = self._nonce, None
+        return nonce
 
     def open(self) -> None:
         self.conn.send_bytes(_TICK)
         if self.conn.recv_bytes() != _GO:
             raise RuntimeError("the run answered a call's bracket out of turn")
 
-    def close(self, start_ns: int, end_ns: int) -> None:
-        self.conn.send_bytes(_TOCK.pack(start_ns, end_ns))
-        if self.conn.recv_bytes() != _ACK:  # the process waits, idle, while the run reads its CPU clock
+    def close(self, start_ns: int, end_ns: int, sums: dict[str, int]) -> int:
+        """Report the call (its clock's readings, its answers' checksums); the slot the run says to keep its
+        answers in, -1 for none."""
+        present = sum(1 << i for i, quantity in enumerate(SUMMED) if quantity in sums)
+        self.conn.send_bytes(_TOCK.pack(start_ns, end_ns, present, *(sums.get(q, 0) for q in SUMMED)))
+        word, slot, self._nonce = _WORD.unpack(self.conn.recv_bytes())  # idle while the run reads its CPU clock
+        if word != _ACK:
             raise RuntimeError("the run answered a call's bracket out of turn")
+        return slot
+
+
+#: how many times the run looks for the worker to be waiting before it reads the CPU clock anyway (a few us each)
+SETTLE_LOOKS = 1000
 
 
 def cpu_clock(pid: int) -> int:
@@ -52,22 +99,69 @@ def cpu_clock(pid: int) -> int:
 
 
 class Brackets:
-    """The run's end, for one worker: answers each bracket message and keeps the brackets of the current request."""
+    """The run's end, for one worker: answers each bracket message and keeps the brackets and the nonces it gave out
+    for the current request."""
 
-    def __init__(self, conn, pid: int):
-        self.conn, self.clock = conn, cpu_clock(pid)
-        self.taken: list[Bracket] = []
+    def __init__(self, conn, pid: int, keep: int):
+        self.conn, self.clock, self.keep = conn, cpu_clock(pid), keep
+        self.stat = f"/proc/{pid}/stat"
+        self.clear()
         self._opened = self._cpu = 0
 
+    def clear(self) -> None:
+        #: the current request's brackets; the nonces given out, in order (the k-th is the k-th renewed call's);
+        #: the calls drawn to be judged, by slot (a reservoir of `keep`: each of the t calls so far kept alike)
+        self.taken, self.nonces, self.kept = [], [], []
+
+    def witnessed(self, threads: int) -> Witnessed:
+        return Witnessed(tuple(self.taken), tuple(self.nonces), tuple(self.kept), threads)
+
+    def _settle(self) -> None:
+        """Wait until the worker waits for the run's word: a running thread's CPU time is folded into the process's
+        clock only when it stops running (or at a scheduler tick, up to 4 ms late here), a waiting one's is exact."""
+        for _ in range(SETTLE_LOOKS):
+            try:
+                with open(self.stat, "rb") as stat:
+                    state = stat.read().rpartition(b")")[2][1:2]
+            except OSError:
+                return
+            if state in (b"S", b"D"):
+                return
+            os.sched_yield()
+
+    def _slot(self, call: int) -> int:
+        """The run's draw, made as call `call` (1-based) is reported: Algorithm R keeps each of the calls so far
+        with odds keep / call."""
+        if len(self.kept) < self.keep:
+            self.kept.append(call)
+            return len(self.kept) - 1
+        slot = secrets.randbelow(call)
+        if slot >= self.keep:
+            return -1
+        self.kept[slot] = call
+        return slot
+
+    def _nonce(self) -> int:
+        self.nonces.append(secrets.randbits(63))
+        return self.nonces[-1]
+
     def serve(self) -> None:
-        """One message from the worker: a call about to start (read both clocks, let it start) or a call's report
-        (read both clocks, keep its bracket, let the worker go on)."""
+        """One message from the worker: a round's first nonce asked for, a call about to start (read both clocks,
+        let it start) or a call's report (read both clocks, keep its bracket, let the worker go on with the next
+        call's nonce)."""
         message = self.conn.recv_bytes()
+        if message == _NONCE:
+            self.conn.send_bytes(_WORD.pack(_NONCE, -1, self._nonce()))
+            return
         if message == _TICK:
+            self._settle()
             self._cpu, self._opened = time.clock_gettime_ns(self.clock), CLOCKS.now_ns()
             self.conn.send_bytes(_GO)
             return
-        closed, cpu = CLOCKS.now_ns(), time.clock_gettime_ns(self.clock)
-        start, end = _TOCK.unpack(message)
-        self.taken.append(Bracket(self._opened, closed, start, end, cpu - self._cpu))
-        self.conn.send_bytes(_ACK)
+        closed = CLOCKS.now_ns()
+        self._settle()
+        cpu = time.clock_gettime_ns(self.clock)
+        start, end, present, *sums = _TOCK.unpack(message)
+        summed = tuple((q, s) for i, (q, s) in enumerate(zip(SUMMED, sums)) if present >> i & 1)
+        self.taken.append(Bracket(self._opened, closed, start, end, cpu - self._cpu, summed))
+        self.conn.send_bytes(_WORD.pack(_ACK, self._slot(len(self.taken)), self._nonce()))

@@ -31,10 +31,11 @@ class Gone(Exception):
 
 class Child:
     """The run's end of one child process started from the workers' forkserver: `target(conn, *args)` runs there;
-    bracketed: `target(conn, clock_conn, *args)`, clock_conn the worker's end of the pipe its timed calls are
-    bracketed on (brackets.py), answered here while a request is out (`ask`)."""
+    bracketed (the answers a round keeps to be judged, > 0): `target(conn, clock_conn, *args)`, clock_conn the
+    worker's end of the pipe its timed calls are bracketed on (brackets.py), answered here while a request is out
+    (`ask`)."""
 
-    def __init__(self, target: Callable[..., None], args: tuple, name: str, bracketed: bool = False):
+    def __init__(self, target: Callable[..., None], args: tuple, name: str, bracketed: int = 0):
         ctx = worker_context()
         self.conn, end = ctx.Pipe(duplex=True)
         self.channel = Channel(self.conn, from_backend=True)
@@ -45,7 +46,7 @@ class Child:
         for e in ends:
             e.close()
         #: the run's end of the brackets pipe (None: not bracketed)
-        self.brackets = None if clock_conn is None else Brackets(clock_conn, self.process.pid)
+        self.brackets = None if clock_conn is None else Brackets(clock_conn, self.process.pid, bracketed)
         #: the run's clock when the last reply arrived, before it was read (reading it is the run's own work)
         self.arrived_ns: int | None = None
 
@@ -77,13 +78,13 @@ class Child:
 
     def ask(self, message: Any, timeout: float) -> Any:
         """Send `message` and return the reply (Gone as `receive`; OSError or ValueError when the child is gone
-        before it), each timed call's bracket answered on the way (`brackets.taken`, cleared first); `timeout`
+        before it), each timed call's bracket answered on the way (`brackets.taken`, `nonces`: cleared first); `timeout`
         bounds the whole exchange."""
         deadline = CLOCKS.now_ns() + int(timeout * 1e9)
         self.send(message)
         if self.brackets is None:
             return self.receive(timeout)
-        self.brackets.taken = []
+        self.brackets.clear()
         while True:
             left = max(0.0, (deadline - CLOCKS.now_ns()) / 1e9)
             ready = multiprocessing.connection.wait([self.conn, self.brackets.conn, self.process.sentinel], left)

@@ -19,6 +19,7 @@ from harness.calls.device import indexed
 from harness.isolation.neighbours import EqualMachine, Placement
 from harness.calls.outcome import CallFailed, Failure, InterruptNoted
 from harness.isolation.plugin_host import host_pids
+from harness.calls.integrity import JUDGED_DRAWS
 from harness.calls.timed import TimingCall, TimingResult
 from harness.isolation.wire import WorkerSpec
 from harness.isolation.worker import worker_main
@@ -58,7 +59,7 @@ class Worker:
         if spec.modules is None:
             spec = replace(spec, modules=modules_for(name))
         self.name, self.spec = name, spec
-        self.child = Child(worker_main, (spec, name), f"harness-worker-{name}", bracketed=True)
+        self.child = Child(worker_main, (spec, name), f"harness-worker-{name}", bracketed=JUDGED_DRAWS)
         self.process = self.child.process
         self.start_failure: Failure | None = None
         self.asked_ns: int | None = None
@@ -191,7 +192,7 @@ class IsolatedExecutor(InterruptNoted):
         worker = self.workers[backend.name]  # the run's clock around the request, not the worker's
         answer.asked_ns, answer.wall_ms = worker.asked_ns, worker.asked_ms
         if device.type == "cpu":  # the run's own bracket of each call (on CUDA the events' audit stands)
-            answer.brackets, answer.bracket_threads = list(worker.child.brackets.taken), self._spec.threads
+            answer.witness = worker.child.brackets.witnessed(self._spec.threads)
         if machine:  # what the run's process saw of the machine while the worker was timed
             equal = machine[0]
             answer.others_share = equal.others_share

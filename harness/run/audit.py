@@ -127,8 +127,8 @@ def clock_audit(answer) -> str:
     claimed = sum(answer.measurement.samples_ms)
     events = answer.measurement.event_vs_host
     return ((answer.asked_ns is not None and clock_behind(answer.started_ns, answer.asked_ns))
-            or (answer.brackets is not None and bracket_audit(answer.brackets, answer.measurement.samples_ms,
-                                                              answer.bracket_threads or 1))
+            or (answer.witness is not None and bracket_audit(list(answer.witness.brackets),
+                                                             answer.measurement.samples_ms, answer.witness.threads))
             or (answer.wall_ms is not None and clock_disagreement(claimed, answer.accounted_ms, answer.wall_ms))
             or (events is not None and clock_disagreement(
                 claimed, *events, "the device's events disagree with the host clock after synchronisation",

@@ -82,7 +82,8 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
     # one thread on a CPU: the workers' OpenMP threads still spin after a call, and the default run's timed judging
     # took 5.6 s on two threads, 1.1 s on one (2-core VM, 984 rounds)
     with stage("judging"), one_thread() if device.type == "cpu" else contextlib.nullcontext():
-        problem = clock or judge_timed(backend.name, prepared, phase, answer.observed, answer.seed) or answer.integrity
+        problem = (clock or judge_timed(backend.name, prepared, phase, answer.observed, answer.seed, answer.witness)
+                   or answer.integrity)
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
         where = f"round {timing_round.index + 1} of {timing_round.count}: " if timing_round.count > 1 else ""
         return PerfResult(row(REJECTED, f"{where}timed at median {m.median:.4g} ms, but {problem}"), None)

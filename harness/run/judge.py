@@ -11,19 +11,29 @@ from harness.calls.content import Contents
 from harness.calls.integrity import Observed, checksum
 from harness.oracle.prepared import PreparedCase
 from harness.oracle.reference import attended, reference_attention
-from harness.cases.case import AttentionCase
+from harness.cases.case import AttentionCase, make_inputs
 from harness.store.schema import BWD, FWD
 
 
-def received(observed: list) -> str:
+def received(observed: list, witness=None) -> str:
     """'' when each judged call's answers are, bit for bit, what its timed region read: each answer's checksum is
-    recomputed on the bytes that came back and must be the one taken inside the region; an answer that changed after
-    its clock stopped (filled late, by a thread or a hook on the harness's own reading) is no figure."""
+    recomputed on the bytes that came back and must be the one taken inside the region - as the call's report
+    carried it to the run (`witness`, isolation/brackets.Witnessed), or as the worker sent it back (None: no
+    brackets); with brackets, the calls that came back must be the ones the run drew and the last it bracketed. An
+    answer that changed after its clock stopped (filled late, by a thread or a hook on the harness's own reading) is
+    no figure."""
     for i, o in enumerate(observed):
         if not isinstance(o, Observed) or type(o.index) is not int or o.index < 1:
             return f"a timed call's answers came back as {type(o).__name__}, not as observed answers of a call"
+    if witness is not None:
+        drawn, last = [o.index for o in observed[:-1]], observed[-1].index if observed else None
+        if drawn != list(witness.kept) or last != len(witness.brackets):
+            return (f"the timed calls that came back to be judged ({drawn}, last {last}) are not the ones the run "
+                    f"drew ({list(witness.kept)}, last {len(witness.brackets)})")
+    for i, o in enumerate(observed):
+        sums = o.sums if witness is None else dict(witness.brackets[o.index - 1].sums)
         for quantity, answer in o.answers.items():
-            got, read = int(checksum(answer)), o.sums.get(quantity)
+            got, read = int(checksum(answer)), sums.get(quantity)
             if read is None or got != int(read):
                 which = "the last timed call" if i == len(observed) - 1 else "a timed call"
                 return (f"[{which}] its {quantity} changed after the call's clock stopped (checksum {read} read "
@@ -48,7 +58,17 @@ def part(quantity: str, answer: torch.Tensor, only: tuple[int, int] | None, grou
     return answer[batch:batch + 1, heads]
 
 
-def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed: list, seed: int) -> str:
+def modifiers(prepared: PreparedCase) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The verified inputs' sinks and bias, which every call's content keeps: drawn again from the run's seed when
+    the run no longer holds its inputs (the worker draws them from the same seed)."""
+    inputs = prepared.inputs
+    if inputs is None and (prepared.case.sinks or prepared.case.bias is not None):
+        inputs = make_inputs(prepared.case, prepared.device, prepared.seed)
+    return (None, None) if inputs is None else (inputs.sinks, inputs.bias)
+
+
+def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed: list, seed: int,
+                witness=None) -> str:
     """'' when every timed call's answer that came back (integrity.Observed) was what its timed region read and is
     within the tolerance of the float64 reference of that call's own content (content.Contents from `seed`, the
     round's, drawn by this process) on a (batch, kv head) slice drawn after it arrived (never bitwise); else the
@@ -57,10 +77,10 @@ def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed:
     wrong on every slice."""
     if not observed:
         return "nothing the timed calls returned came back to be judged"
-    if problem := received(observed):
+    if problem := received(observed, witness):
         return problem
     case = prepared.case
-    group, contents = case.heads // case.kv_heads, Contents(case, phase, seed, prepared.inputs)
+    group, contents = case.heads // case.kv_heads, Contents(case, phase, seed, prepared.device, *modifiers(prepared))
     quantities = (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else [])
     for i, o in enumerate(observed, 1):
         which = f"[{phase}, {'the last' if i == len(observed) else 'a'} timed call, on content no earlier call saw]"
@@ -68,8 +88,8 @@ def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed:
         if missing:
             return f"{which} returned no {missing[0]}"
         only = judged_slice(case, phase)
-        reference = reference_attention(case, attended(case, contents.call(o.index)), grads=phase != FWD,
-                                        only=only).to("cpu")
+        content = contents.call(o.index, None if witness is None else witness.nonces[o.index - 1])
+        reference = reference_attention(case, attended(case, content), grads=phase != FWD, only=only).to("cpu")
         for quantity in quantities:
             check = prepared.judged(quantity, part(quantity, o.answers[quantity], only, group), backend_name,
                                     reference=reference)

@@ -7,6 +7,7 @@ import pytest
 
 from harness import AttentionCase
 from harness.calls.call import Call
+from harness.calls.integrity import JUDGED_DRAWS
 from harness.calls.device import resolve_device
 from harness.calls.timed import TimingCall
 from harness.isolation.brackets import Bracket
@@ -87,17 +88,41 @@ def test_a_call_read_outside_its_bracket_or_samples_that_are_not_its_readings_ar
 def test_a_worker_s_estimate_calls_and_samples_are_bracketed_by_the_run_s_clocks(phase):
     """A real round in a worker of one thread: every estimate call and sample has its bracket (warm-up calls none),
     each reading of the worker's clock inside it, the samples the last brackets' readings, the worker's CPU over each
-    bracket no more than the bracket; the audit passes."""
+    bracket no more than the bracket; the audit passes; each call's nonce came from the run, and the run drew which
+    calls are judged."""
     from harness.backends.registry import get_backends
 
     executor = IsolatedExecutor(CPU, threads=1)
+    timing = TimingCall(Call(CASE, 3), phase, FAST)
     try:
-        answer = executor.time(get_backends(["naive"])[0], TimingCall(Call(CASE, 3), phase, FAST), CPU)
+        executor.time(get_backends(["naive"])[0], TimingCall(Call(CASE, 3), "fwd", FAST), CPU)  # a round before
+        answer = executor.time(get_backends(["naive"])[0], timing, CPU)
     finally:
         executor.close()
     samples = answer.measurement.samples_ms
-    assert answer.failure is None and len(answer.brackets) >= len(samples) >= 5 and answer.bracket_threads == 1
-    assert all(b.opened_ns <= b.start_ns <= b.end_ns <= b.closed_ns for b in answer.brackets)
-    assert all(0 < b.cpu_ns <= b.closed_ns - b.opened_ns for b in answer.brackets)
-    assert [(b.end_ns - b.start_ns) / 1e6 for b in answer.brackets[-len(samples):]] == list(samples)
-    assert bracket_audit(answer.brackets, samples, 1) == ""
+    seen = answer.witness
+    brackets = list(seen.brackets)
+    assert answer.failure is None and len(brackets) >= len(samples) >= 5 and seen.threads == 1
+    assert all(b.opened_ns <= b.start_ns <= b.end_ns <= b.closed_ns for b in brackets)
+    # one thread: no more CPU than wall time over the bracket (its CPU reading is taken a few us after its wall
+    # reading closes it, once the worker waits: 1 ms of room)
+    assert all(0 < b.cpu_ns <= b.closed_ns - b.opened_ns + 1_000_000 for b in brackets)
+    assert [(b.end_ns - b.start_ns) / 1e6 for b in brackets[-len(samples):]] == list(samples)
+    assert bracket_audit(brackets, samples, 1) == ""
+    # the run drew the calls to be judged as each was reported (its reservoir), and the answers that came back are
+    # those and the last, each with the checksums its report carried
+    assert [o.index for o in answer.observed] == [*seen.kept, len(brackets)] and len(seen.kept) == JUDGED_DRAWS
+    # each renewed call's content hashed the nonce the run gave it as the call before it closed: judged with them it
+    # passes; with the nonces one call off, no judged answer is its content's
+    from dataclasses import replace
+
+    from harness.run.judge import judge_timed
+    from harness.run.runner import prepare_case
+
+    prepared = prepare_case(CASE, CPU, 3)
+    assert len(seen.nonces) == len(brackets) + 1 and len(set(seen.nonces)) == len(seen.nonces)
+    assert judge_timed("naive", prepared, phase, answer.observed, timing.seed, seen) == ""
+    shifted = replace(seen, nonces=(*seen.nonces[1:], 0))
+    assert " err " in judge_timed("naive", prepared, phase, answer.observed, timing.seed, shifted)
+    other = replace(seen, kept=tuple(reversed(seen.kept)))  # answers the run did not draw where it drew them
+    assert "not the ones the run drew" in judge_timed("naive", prepared, phase, answer.observed, timing.seed, other)

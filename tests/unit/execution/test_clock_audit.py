@@ -155,7 +155,7 @@ def test_a_disagreeing_round_is_timed_again_and_only_an_agreeing_round_s_figure_
         def time(self, backend, timing, device):
             asked.append(timing.seed)
             measurement = SimpleNamespace(samples_ms=(5.0,), event_vs_host=None)
-            return SimpleNamespace(failure=None, measurement=measurement, accounted_ms=10.0, brackets=None,
+            return SimpleNamespace(failure=None, measurement=measurement, accounted_ms=10.0, witness=None,
                                    wall_ms=walls[len(asked) - 1], started_ns=1, asked_ns=0, index=len(asked))
 
     timing = TimingCall(Call(CASE, 3), "fwd", FAST)

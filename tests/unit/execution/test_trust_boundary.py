@@ -95,7 +95,8 @@ def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tm
         naive = get_backends(["naive"])[0]
         executor._ask = lambda *args, **kwargs: ("ok", forged)  # what a rewritten worker could send
         executor.workers["naive"] = SimpleNamespace(asked_ns=0, asked_ms=1.0,  # the run's clock around that ask
-                                                    child=SimpleNamespace(brackets=SimpleNamespace(taken=[])))
+                                                    child=SimpleNamespace(brackets=SimpleNamespace(
+                                                        witnessed=lambda threads: None)))
         from harness.calls.timed import TimingCall
         from harness.calls.call import Call
         timing = TimingCall(Call(CASE, 0), "fwd", FAST)
@@ -103,8 +104,8 @@ def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tm
     finally:
         executor.workers.pop("naive", None)  # the stand-in above is no process to stop
         session.finish()
-    assert judge_timed(naive.name, prepare_case(CASE, CPU, 0), "fwd", answer.observed, timing.seed).endswith(
-        "returned no out")
+    assert judge_timed(naive.name, prepare_case(CASE, CPU, 0), "fwd", answer.observed, timing.seed,
+                       answer.witness).endswith("returned no out")
 
 
 @pytest.mark.parametrize("payload, words", [
