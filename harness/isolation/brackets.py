@@ -104,7 +104,10 @@ class Brackets:
 
     def __init__(self, conn, pid: int, keep: int):
         self.conn, self.clock, self.keep = conn, cpu_clock(pid), keep
-        self.stat = f"/proc/{pid}/stat"
+        try:  # kept open: a pread is a few us, an open and read of /proc ~15
+            self._stat: int | None = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        except OSError:
+            self._stat = None
         self.clear()
         self._opened = self._cpu = 0
 
@@ -119,15 +122,20 @@ class Brackets:
     def _settle(self) -> None:
         """Wait until the worker waits for the run's word: a running thread's CPU time is folded into the process's
         clock only when it stops running (or at a scheduler tick, up to 4 ms late here), a waiting one's is exact."""
-        for _ in range(SETTLE_LOOKS):
+        for _ in range(SETTLE_LOOKS if self._stat is not None else 0):
             try:
-                with open(self.stat, "rb") as stat:
-                    state = stat.read().rpartition(b")")[2][1:2]
+                state = os.pread(self._stat, 512, 0).rpartition(b")")[2][1:2]
             except OSError:
                 return
             if state in (b"S", b"D"):
                 return
             os.sched_yield()
+
+    def close(self) -> None:
+        self.conn.close()
+        if self._stat is not None:
+            os.close(self._stat)
+            self._stat = None
 
     def _slot(self, call: int) -> int:
         """The run's draw, made as call `call` (1-based) is reported: Algorithm R keeps each of the calls so far

@@ -113,7 +113,7 @@ class Child:
         self.process.join(timeout=10)
         self.conn.close()
         if self.brackets is not None:
-            self.brackets.conn.close()
+            self.brackets.close()
 
 
 def child_channel(conn) -> Channel:

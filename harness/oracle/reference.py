@@ -101,7 +101,8 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
     there; gradients use inputs.d_out as upstream. A query row that sees no key gives output 0 and gradient 0. Blocks
     of `block` query rows (default: as many as `budget_bytes` allows, default reference_budget(device)). only=(batch,
     kv head): that one slice (its query heads' out and dq, its dk and dv; dsinks and dbias of it alone, not summed
-    over the others), at 1 / (batch x kv heads) of the work."""
+    over the others), at 1 / (batch x kv heads) of the work; (None, kv head): that kv head's group over every batch
+    (its heads' dsinks and dbias exact, summed over the batch as the whole reference sums them)."""
     device = torch.device(device) if device is not None else inputs.q.device
     b, h, hkv, sq, sk, d, dv_dim = (case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k, case.head_dim,
                                     case.head_dim_v)
@@ -110,7 +111,7 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
     key_mask = functools.partial(case.key_mask, device)
     if only is not None:
         inputs, slopes, key_mask = _one_slice(case, inputs, slopes, key_mask, only)
-        b, h, hkv = 1, g, 1
+        b, h, hkv = (b if only[0] is None else 1), g, 1
     block = block or block_rows(case, budget_bytes, device, grads, query_heads=b * h)
     if block < 1:
         raise ValueError(f"block={block}: must be >= 1")
@@ -219,13 +220,15 @@ def reference_attention(case: AttentionCase, inputs: Inputs, *, grads: bool = Tr
     return Reference(out.reshape(b, h, sq, dv_dim), *grad_views, dsinks, dbias, terms)
 
 
-def _one_slice(case: AttentionCase, inputs: Inputs, slopes, key_mask, only: tuple[int, int]):
-    """The inputs, alibi slopes and key mask of one (batch, kv head) slice, with its query heads."""
+def _one_slice(case: AttentionCase, inputs: Inputs, slopes, key_mask, only: tuple[int | None, int]):
+    """The inputs, alibi slopes and key mask of one (batch, kv head) slice, with its query heads (batch None: every
+    batch)."""
     batch, kv_head = only
-    if not (0 <= batch < case.batch and 0 <= kv_head < case.kv_heads):
-        raise ValueError(f"only={only}: allowed batch 0..{case.batch - 1}, kv head 0..{case.kv_heads - 1}")
+    if not ((batch is None or 0 <= batch < case.batch) and 0 <= kv_head < case.kv_heads):
+        raise ValueError(f"only={only}: allowed batch 0..{case.batch - 1} or None, kv head 0..{case.kv_heads - 1}")
     g = case.heads // case.kv_heads
-    bs, heads, kvs = slice(batch, batch + 1), slice(kv_head * g, (kv_head + 1) * g), slice(kv_head, kv_head + 1)
+    bs = slice(None) if batch is None else slice(batch, batch + 1)
+    heads, kvs = slice(kv_head * g, (kv_head + 1) * g), slice(kv_head, kv_head + 1)
     bias = inputs.bias
     if bias is not None:
         bias = bias[bs if bias.shape[0] > 1 else slice(0, 1), heads]

@@ -41,21 +41,24 @@ def received(observed: list, witness=None) -> str:
     return ""
 
 
-def judged_slice(case: AttentionCase, phase: str) -> tuple[int, int] | None:
+def judged_slice(case: AttentionCase, phase: str) -> tuple[int | None, int]:
     """The (batch, kv head) slice a judged call is checked on, drawn by `secrets` now, after its answer arrived;
-    None: the whole call (the gradients of sinks or a bias sum over every slice)."""
-    if phase != FWD and (case.sinks or case.bias is not None):
-        return None
-    return secrets.randbelow(case.batch), secrets.randbelow(case.kv_heads)
+    batch None: every batch (the gradients of sinks or a bias sum over the batch)."""
+    every = phase != FWD and (case.sinks or case.bias is not None)
+    return None if every else secrets.randbelow(case.batch), secrets.randbelow(case.kv_heads)
 
 
-def part(quantity: str, answer: torch.Tensor, only: tuple[int, int] | None, group: int) -> torch.Tensor:
-    """The slice `only` of a canonical answer: its query heads for out and dq, its kv head for dk and dv."""
-    if only is None:
-        return answer
+def part(quantity: str, answer: torch.Tensor, only: tuple[int | None, int], group: int) -> torch.Tensor:
+    """The slice `only` of a canonical answer: its query heads for out, dq, dsinks and dbias, its kv head for dk and
+    dv; every batch when its batch is None (dbias shared by the batch: its one)."""
     batch, kv_head = only
-    heads = slice(kv_head * group, (kv_head + 1) * group) if quantity in ("out", "dq") else slice(kv_head, kv_head + 1)
-    return answer[batch:batch + 1, heads]
+    heads = slice(kv_head * group, (kv_head + 1) * group) if quantity not in ("dk", "dv") else slice(kv_head,
+                                                                                                    kv_head + 1)
+    if quantity == "dsinks":
+        return answer[heads]
+    batches = slice(None) if batch is None or (quantity == "dbias" and answer.shape[0] == 1) else slice(batch,
+                                                                                                       batch + 1)
+    return answer[batches, heads]
 
 
 def modifiers(prepared: PreparedCase) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -94,6 +97,6 @@ def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed:
             check = prepared.judged(quantity, part(quantity, o.answers[quantity], only, group), backend_name,
                                     reference=reference)
             if not check.passed:
-                where = "" if only is None else f" (batch {only[0]}, kv head {only[1]})"
-                return f"{which} {check.describe()}{where}"
+                batch = "every batch" if only[0] is None else f"batch {only[0]}"
+                return f"{which} {check.describe()} ({batch}, kv head {only[1]})"
     return ""
