@@ -35,12 +35,13 @@ class Ticking(Protocol):
     def close(self, start_ns: int, end_ns: int, sums: dict[str, int]) -> int: ...
 
 
-#: besides its last call, a round judges JUDGED_DRAWS (k) of its other samples, drawn as each returns (selection
-#: sampling, Knuth's algorithm S: a sample with r others to come, itself included, is kept with odds (k - kept) / r):
-#: every k of them equally likely, only those k copied. A kernel wrong on m of n escapes with odds C(n - m, k) / C(n, k)
-#: <= (1 - m/n)^k: wrong on half, 1/16 a round, 1/4096 a key (three rounds). A plugin reading the worker's memory sees
-#: when k are kept as it sees which were (docs/integrity.md: out of reach)
-JUDGED_DRAWS = 4
+#: besides its last call, a round judges JUDGED_DRAWS (k) of its other calls: in a worker on a CPU the run draws them
+#: (isolation/brackets.py: a reservoir over the calls it bracketed), elsewhere the worker, as each sample returns
+#: (selection sampling, Knuth's algorithm S: a sample with r others to come, itself included, is kept with odds
+#: (k - kept) / r): every k of them equally likely, only those k copied. A kernel wrong on m of n escapes with odds
+#: C(n - m, k) / C(n, k) <= (1 - m/n)^k: wrong on half, 1/4 a round, 1/64 a key (three rounds). Each judged call costs
+#: a float64 reference of its own content's slice in the run (2 of them, not 4: the main job's judging 17.6 -> ~9 s)
+JUDGED_DRAWS = 2
 #: a phase's buffers by the Inputs field each holds
 INPUT_NAMES = {"q": "q", "k": "k", "v": "v", "dO": "d_out"}
 

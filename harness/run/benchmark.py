@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 from harness.backends.base import Backend
@@ -17,7 +16,6 @@ from harness.measure.limits.bandwidth import roofline_columns
 from harness.measure.limits.flops import attention_flops
 from harness.measure.measurement import Measurement
 from harness.measure.limits.peaks import beyond_physical_limit
-from harness.measure.limits.roofline import one_thread
 from harness.measure.stages import stage
 from harness.measure.timing import TimingConfig
 from harness.oracle.prepared import PreparedCase
@@ -79,9 +77,7 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,
                               mem_method=answer.mem_method), None)
     m, mem_bytes, mem_method = answer.measurement, answer.peak_mem_bytes, answer.mem_method
-    # one thread on a CPU: the workers' OpenMP threads still spin after a call, and the default run's timed judging
-    # took 5.6 s on two threads, 1.1 s on one (2-core VM, 984 rounds)
-    with stage("judging"), one_thread() if device.type == "cpu" else contextlib.nullcontext():
+    with stage("judging"):  # judge.py decides its threads: the float64 reference of a large slice takes them all
         problem = (clock or judge_timed(backend.name, prepared, phase, answer.observed, answer.seed, answer.witness)
                    or answer.integrity)
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run

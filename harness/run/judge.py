@@ -3,6 +3,7 @@ its own content (made again here from the run's seed), on a slice drawn only aft
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 
 import torch
@@ -10,7 +11,8 @@ import torch
 from harness.calls.content import Contents
 from harness.calls.integrity import Observed, checksum
 from harness.oracle.prepared import PreparedCase
-from harness.oracle.reference import attended, reference_attention
+from harness.measure.limits.roofline import one_thread
+from harness.oracle.reference import attended, reference_attention, reference_flops
 from harness.cases.case import AttentionCase, make_inputs
 from harness.store.schema import BWD, FWD
 
@@ -61,6 +63,17 @@ def part(quantity: str, answer: torch.Tensor, only: tuple[int | None, int], grou
     return answer[batches, heads]
 
 
+#: a slice's float64 reference of at least this many FLOPs takes every CPU thread; smaller ones (and the comparisons)
+#: one: the workers' OpenMP threads still spin after a call, and the default run's timed judging - then comparisons
+#: alone - took 5.6 s on two threads, 1.1 s on one (2-core VM, 984 rounds)
+THREADED_FLOPS = 2e7
+
+
+def threads_for(flops: float, device: torch.device):
+    """One thread on a CPU for work under THREADED_FLOPS, the process's own otherwise (and on a GPU)."""
+    return one_thread() if torch.device(device).type == "cpu" and flops < THREADED_FLOPS else contextlib.nullcontext()
+
+
 def modifiers(prepared: PreparedCase) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The verified inputs' sinks and bias, which every call's content keeps: drawn again from the run's seed when
     the run no longer holds its inputs (the worker draws them from the same seed)."""
@@ -92,11 +105,14 @@ def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed:
             return f"{which} returned no {missing[0]}"
         only = judged_slice(case, phase)
         content = contents.call(o.index, None if witness is None else witness.nonces[o.index - 1])
-        reference = reference_attention(case, attended(case, content), grads=phase != FWD, only=only).to("cpu")
-        for quantity in quantities:
-            check = prepared.judged(quantity, part(quantity, o.answers[quantity], only, group), backend_name,
-                                    reference=reference)
-            if not check.passed:
-                batch = "every batch" if only[0] is None else f"batch {only[0]}"
-                return f"{which} {check.describe()} ({batch}, kv head {only[1]})"
+        slices = case.kv_heads * (1 if only[0] is None else case.batch)
+        with threads_for(reference_flops(case, phase != FWD) / slices, prepared.device):
+            reference = reference_attention(case, attended(case, content), grads=phase != FWD, only=only).to("cpu")
+        with threads_for(0.0, prepared.device):
+            checks = [prepared.judged(quantity, part(quantity, o.answers[quantity], only, group), backend_name,
+                                      reference=reference) for quantity in quantities]
+        failed = next((check for check in checks if not check.passed), None)
+        if failed is not None:
+            batch = "every batch" if only[0] is None else f"batch {only[0]}"
+            return f"{which} {failed.describe()} ({batch}, kv head {only[1]})"
     return ""

@@ -251,7 +251,7 @@ def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples
     """integrity.RoundGuard.after_call keeps JUDGED_DRAWS of a round's samples but the last, drawn as each returns
     (selection sampling: every sample kept with odds k/n, exactly k copied), and after_last_call the last: over 3,000
     seeded rounds of 12 samples each sample is kept ~k/12 of the time, and a kernel wrong on 6 of them escapes with
-    the odds C(6, k) / C(12, k) the docs state (k = 4: 3.0 %). A real round sends k + 1 answers however many samples
+    the odds C(6, k) / C(12, k) the docs state (k = 2: 22.7 %). A real round sends k + 1 answers however many samples
     it had."""
     import math
     import random
