@@ -40,7 +40,8 @@ class Ticking(Protocol):
 #: (selection sampling, Knuth's algorithm S: a sample with r others to come, itself included, is kept with odds
 #: (k - kept) / r): every k of them equally likely, only those k copied. A kernel wrong on m of n escapes with odds
 #: C(n - m, k) / C(n, k) <= (1 - m/n)^k: wrong on half, 1/4 a round, 1/64 a key (three rounds). Each judged call costs
-#: a float64 reference of its own content's slice in the run (2 of them, not 4: the main job's judging 17.6 -> ~9 s)
+#: a float64 reference of its own content's slice in the run: 2, not 4 (the main job's judging stage 20.7 s with 4 in
+#: one run, 15.5-16.9 s with 2, 2026-12-07)
 JUDGED_DRAWS = 2
 #: a phase's buffers by the Inputs field each holds
 INPUT_NAMES = {"q": "q", "k": "k", "v": "v", "dO": "d_out"}

@@ -8,7 +8,7 @@ import torch
 
 from harness.oracle.reference import Reference
 from harness.oracle.verdict import CONTENT_SPREAD, NAIVE_BOUND, Check, judge
-from harness.cases.case import AttentionCase, Inputs
+from harness.cases.case import AttentionCase, Inputs, make_inputs
 from harness.store.schema import BASELINE
 
 
@@ -30,12 +30,24 @@ class PreparedCase:
     quant_err: float | None = None
     #: max |reference| by quantity, read once: every backend's answers are judged against the same reference
     _largest: dict[str, float] = field(default_factory=dict, repr=False)
+    #: the verified inputs' sinks and bias, kept once read (modifiers)
+    _modifiers: tuple | None = field(default=None, repr=False)
 
     def largest(self, quantity: str) -> float:
         """max |reference of `quantity`| (0 when it has no entries)."""
         if quantity not in self._largest:
             self._largest[quantity] = _largest(self.reference.get(quantity))
         return self._largest[quantity]
+
+    def modifiers(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The verified inputs' sinks and bias (every timed call's content keeps them): drawn again from the seed,
+        once, when this copy no longer holds its inputs (a worker draws them from the same seed)."""
+        if self._modifiers is None:
+            inputs = self.inputs
+            if inputs is None and (self.case.sinks or self.case.bias is not None):
+                inputs = make_inputs(self.case, self.device, self.seed)
+            self._modifiers = (None, None) if inputs is None else (inputs.sinks, inputs.bias)
+        return self._modifiers
 
     def naive_error(self, quantity: str, backend_name: str) -> float | None:
         """The baseline error a backend's tolerance is built from: None for naive itself, the naive bound at this

@@ -13,7 +13,7 @@ from harness.calls.integrity import Observed, checksum
 from harness.oracle.prepared import PreparedCase
 from harness.measure.limits.roofline import one_thread
 from harness.oracle.reference import attended, reference_attention, reference_flops
-from harness.cases.case import AttentionCase, make_inputs
+from harness.cases.case import AttentionCase
 from harness.store.schema import BWD, FWD
 
 
@@ -74,15 +74,6 @@ def threads_for(flops: float, device: torch.device):
     return one_thread() if torch.device(device).type == "cpu" and flops < THREADED_FLOPS else contextlib.nullcontext()
 
 
-def modifiers(prepared: PreparedCase) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The verified inputs' sinks and bias, which every call's content keeps: drawn again from the run's seed when
-    the run no longer holds its inputs (the worker draws them from the same seed)."""
-    inputs = prepared.inputs
-    if inputs is None and (prepared.case.sinks or prepared.case.bias is not None):
-        inputs = make_inputs(prepared.case, prepared.device, prepared.seed)
-    return (None, None) if inputs is None else (inputs.sinks, inputs.bias)
-
-
 def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed: list, seed: int,
                 witness=None) -> str:
     """'' when every timed call's answer that came back (integrity.Observed) was what its timed region read and is
@@ -96,7 +87,7 @@ def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed:
     if problem := received(observed, witness):
         return problem
     case = prepared.case
-    group, contents = case.heads // case.kv_heads, Contents(case, phase, seed, prepared.device, *modifiers(prepared))
+    group, contents = case.heads // case.kv_heads, Contents(case, phase, seed, prepared.device, *prepared.modifiers())
     quantities = (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else [])
     for i, o in enumerate(observed, 1):
         which = f"[{phase}, {'the last' if i == len(observed) else 'a'} timed call, on content no earlier call saw]"
