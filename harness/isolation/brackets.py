@@ -16,13 +16,27 @@ from dataclasses import dataclass
 
 from harness.measure.timing import CLOCKS
 
-_TICK, _GO, _ACK, _NONCE = b"t", b"g", b"a", b"n"
+_TICK, _TOCK, _NONCE, _GO, _ACK = b"t", b"r", b"n", b"g", b"a"
 #: the checksums a report carries, by quantity, in this order (which are there: a bit each)
 SUMMED = ("out", "dq", "dk", "dv", "dsinks", "dbias")
-#: the worker's report: its clock at the call's start and end (ns), which answers it read, their checksums
-_TOCK = struct.Struct("<qqB6q")
-#: the run's word after a call: ack, the slot to keep its answers in (-1: not kept), the next call's nonce
+#: the worker's message, every kind one size (raw reads of a fixed length on the socket, no framing: ~10 us a
+#: message less than a Connection's): its kind; for a report, its clock at the call's start and end (ns), which
+#: answers it read, their checksums
+_ASK = struct.Struct("<cqqB6q")
+#: the run's word: go (a call may start), or ack after a report: the slot to keep its answers in (-1: not kept),
+#: the next call's nonce
 _WORD = struct.Struct("<cbQ")
+
+
+def _read(fd: int, size: int) -> bytes:
+    """`size` bytes from the socket `fd` (EOFError when it closed first)."""
+    data = os.read(fd, size)
+    while len(data) < size:
+        more = os.read(fd, size - len(data))
+        if not more:
+            raise EOFError("the other end of a bracket pipe closed")
+        data += more
+    return data
 
 
 @dataclass(frozen=True)
@@ -55,7 +69,7 @@ class Ticker:
     """The worker's end: `open` before a call's clock starts, `close` after it stops; each waits for the run."""
 
     def __init__(self, conn):
-        self.conn = conn
+        self.conn, self.fd = conn, conn.fileno()
         self._nonce: int | None = None  # the next call's, as the run's last word gave it
 
     def begin(self) -> None:
@@ -63,26 +77,28 @@ class Ticker:
         nonces anew, in order, from its first call's)."""
         self._nonce = None
 
+    def _ask(self, kind: bytes, *report) -> tuple:
+        os.write(self.fd, _ASK.pack(kind, *(report or (0, 0, 0, 0, 0, 0, 0, 0, 0))))
+        return _WORD.unpack(_read(self.fd, _WORD.size))
+
     def nonce(self) -> int:
         """The next call's nonce (its content's offsets hash it): the run's, given with its word after the last
         call, or asked for now (a round's first)."""
         if self._nonce is None:
-            self.conn.send_bytes(_NONCE)
-            self._nonce = _WORD.unpack(self.conn.recv_bytes())[2]
+            self._nonce = self._ask(_NONCE)[2]
         nonce, self._nonce = self._nonce, None
         return nonce
 
     def open(self) -> None:
-        self.conn.send_bytes(_TICK)
-        if self.conn.recv_bytes() != _GO:
+        if self._ask(_TICK)[0] != _GO:
             raise RuntimeError("the run answered a call's bracket out of turn")
 
     def close(self, start_ns: int, end_ns: int, sums: dict[str, int]) -> int:
         """Report the call (its clock's readings, its answers' checksums); the slot the run says to keep its
         answers in, -1 for none."""
         present = sum(1 << i for i, quantity in enumerate(SUMMED) if quantity in sums)
-        self.conn.send_bytes(_TOCK.pack(start_ns, end_ns, present, *(sums.get(q, 0) for q in SUMMED)))
-        word, slot, self._nonce = _WORD.unpack(self.conn.recv_bytes())  # idle while the run reads its CPU clock
+        # idle while the run reads its CPU clock
+        word, slot, self._nonce = self._ask(_TOCK, start_ns, end_ns, present, *(sums.get(q, 0) for q in SUMMED))
         if word != _ACK:
             raise RuntimeError("the run answered a call's bracket out of turn")
         return slot
@@ -103,7 +119,7 @@ class Brackets:
     for the current request."""
 
     def __init__(self, conn, pid: int, keep: int):
-        self.conn, self.clock, self.keep = conn, cpu_clock(pid), keep
+        self.conn, self.fd, self.clock, self.keep = conn, conn.fileno(), cpu_clock(pid), keep
         try:  # kept open: a pread is a few us, an open and read of /proc ~15
             self._stat: int | None = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
         except OSError:
@@ -157,19 +173,19 @@ class Brackets:
         """One message from the worker: a round's first nonce asked for, a call about to start (read both clocks,
         let it start) or a call's report (read both clocks, keep its bracket, let the worker go on with the next
         call's nonce)."""
-        message = self.conn.recv_bytes()
-        if message == _NONCE:
-            self.conn.send_bytes(_WORD.pack(_NONCE, -1, self._nonce()))
-            return
-        if message == _TICK:
+        kind, start, end, present, *sums = _ASK.unpack(_read(self.fd, _ASK.size))
+        if kind == _NONCE:
+            os.write(self.fd, _WORD.pack(_NONCE, -1, self._nonce()))
+        elif kind == _TICK:
             self._settle()
             self._cpu, self._opened = time.clock_gettime_ns(self.clock), CLOCKS.now_ns()
-            self.conn.send_bytes(_GO)
-            return
-        closed = CLOCKS.now_ns()
-        self._settle()
-        cpu = time.clock_gettime_ns(self.clock)
-        start, end, present, *sums = _TOCK.unpack(message)
-        summed = tuple((q, s) for i, (q, s) in enumerate(zip(SUMMED, sums)) if present >> i & 1)
-        self.taken.append(Bracket(self._opened, closed, start, end, cpu - self._cpu, summed))
-        self.conn.send_bytes(_WORD.pack(_ACK, self._slot(len(self.taken)), self._nonce()))
+            os.write(self.fd, _WORD.pack(_GO, -1, 0))
+        elif kind == _TOCK:
+            closed = CLOCKS.now_ns()
+            self._settle()
+            cpu = time.clock_gettime_ns(self.clock)
+            summed = tuple((q, s) for i, (q, s) in enumerate(zip(SUMMED, sums)) if present >> i & 1)
+            self.taken.append(Bracket(self._opened, closed, start, end, cpu - self._cpu, summed))
+            os.write(self.fd, _WORD.pack(_ACK, self._slot(len(self.taken)), self._nonce()))
+        else:
+            raise ValueError(f"the worker sent a bracket message of kind {kind!r}, not a nonce, tick or report")
