@@ -18,6 +18,10 @@ ANSWER_BYTES = 2 * 2 ** 30
 PROBE_RUNS = 8
 #: inputs a process drew from a seed, shared by a case's correctness call and timing rounds; one case at a time
 DRAWN_INPUTS = 1
+#: the timed contents' standard normal pools a process keeps (calls.content.Contents), by weight: a pool depends on
+#: its input's name and size alone, so each is drawn once a process, not once a round (the main job's rounds drew
+#: ~2.4 s of pools in the run's process, as much again in the workers); the CPU main job's all fit
+POOL_BYTES = 256 * 2 ** 20
 
 
 class LRU:
@@ -51,6 +55,10 @@ class LRU:
         self._items.clear()
 
 
+def tensor_bytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
 def answer_bytes(prepared) -> int:
     """A prepared case's reference, in bytes."""
     return sum(t.numel() * t.element_size() for t in prepared.reference.tensors() if t is not None)
@@ -66,6 +74,7 @@ class CallCaches:
     """What a process running backend calls keeps: the inputs it drew last (a case's call and timing rounds)."""
 
     drawn: LRU = field(default_factory=lambda: LRU(DRAWN_INPUTS))
+    pools: LRU = field(default_factory=lambda: LRU(1 << 10, tensor_bytes, POOL_BYTES))
 
 
 @dataclass
@@ -75,7 +84,9 @@ class RunCaches:
     prepared: LRU = field(default_factory=lambda: LRU(PREPARED_CASES))
     answers: LRU = field(default_factory=lambda: LRU(1 << 20, answer_bytes, ANSWER_BYTES))
     probe_runs: LRU = field(default_factory=lambda: LRU(PROBE_RUNS))
+    #: the timed contents' pools the run makes again to judge a timed call (run/judge.py)
+    pools: LRU = field(default_factory=lambda: LRU(1 << 10, tensor_bytes, POOL_BYTES))
 
     def clear(self) -> None:
-        for cache in (self.prepared, self.answers, self.probe_runs):
+        for cache in (self.prepared, self.answers, self.probe_runs, self.pools):
             cache.clear()

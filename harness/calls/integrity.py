@@ -9,6 +9,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from harness.calls.cache import LRU
 from harness.calls.call import poison
 from harness.calls.content import Contents
 from harness.calls.contract import Snapshot, aliased, not_plain
@@ -77,9 +78,10 @@ class RoundGuard(Guard):
     each sample but the last, after_last_call after the last - then finish; open and close bracket every estimate
     call and sample by the run's clock where a ticker is given (a worker)."""
 
-    def __init__(self, case, phase: str, seed: int, verified: Inputs, ticker: Ticking | None = None):
+    def __init__(self, case, phase: str, seed: int, verified: Inputs, ticker: Ticking | None = None,
+                 pools: LRU | None = None):
         # the seed is the run's (TimingCall.seed): the run makes any call's content again to judge it
-        self.contents = Contents(case, phase, seed, verified.q.device, verified.sinks, verified.bias)
+        self.contents = Contents(case, phase, seed, verified.q.device, verified.sinks, verified.bias, pools)
         #: the run's clock around each estimate call and sample (isolation/brackets.py Ticker); None: in-process
         self.ticker = ticker
         if ticker is not None:

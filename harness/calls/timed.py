@@ -187,8 +187,8 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
         try:
             with stage("inputs"):
                 inputs = call_inputs(timing.call, device, None if caches is None else caches.drawn)
-                guard = RoundGuard(case, phase, timing.seed, inputs, ticker if device.type == "cpu" else None
-                                   ) if timing.checked else None
+                guard = RoundGuard(case, phase, timing.seed, inputs, ticker if device.type == "cpu" else None,
+                                   None if caches is None else caches.pools) if timing.checked else None
                 inputs = inputs if guard is None else guard.inputs  # the round's own content
 
             def built() -> Phase:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from harness.calls.cache import RunCaches
 from harness.store.environment import REPO_ROOT, git_state, library_versions
 from harness.store.kernels import timed_module
 from harness.store.schema import REJECTED
@@ -94,6 +95,7 @@ class ExecutorTimer:
         self.seed, self.threads = int(env.get("seed") or 0), env.get("threads")
         self.log_dir, self.fresh, self.executor = str(log_dir), fresh_workers, None
         self.prepared: dict[str, object] = {}
+        self.pools = RunCaches().pools  # the timed contents' pools this process makes again to judge
 
     def start_round(self) -> None:
         from harness.isolation.executor import make_executor
@@ -123,7 +125,7 @@ class ExecutorTimer:
         if case.id not in self.prepared:  # the answer every round of every key of the case is judged against
             self.prepared[case.id] = prepare_case(case, self.device, self.seed)
         problem = (clock or judge_timed(impl.name, self.prepared[case.id], phase, answer.observed, answer.seed,
-                                        answer.witness) or answer.integrity)
+                                        answer.witness, self.pools) or answer.integrity)
         if problem:
             return Rejected(f"timed at median {answer.measurement.median:.4g} ms, but {problem}")
         return Timed(tuple(answer.measurement.samples_ms), answer.others_share)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.backends.base import Backend
+from harness.calls.cache import LRU
 from harness.calls.call import Call
 from harness.isolation.executor import Executor, make_executor
 from harness.calls.outcome import BackendResult
@@ -45,9 +46,10 @@ def phase_verdict(verdict: BackendResult, phase: str) -> tuple[str, str]:
 def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict: BackendResult, *,
                   config: TimingConfig, peaks: dict[str, float], run_id: str = "",
                   cpu_mem_budget: int | None = None, timing_round: Round = Round(), executor: Executor | None = None,
-                  bw_peak: float | None = None) -> PerfResult:
+                  bw_peak: float | None = None, pools: LRU | None = None) -> PerfResult:
     """Time one round of a verified phase and build its row, final as built: every outcome goes through `row`.
-    bw_peak: the copy bandwidth (GB/s) a memory-bound row is judged against. Only a fwd+bwd row carries a correctness
+    bw_peak: the copy bandwidth (GB/s) a memory-bound row is judged against; pools: the run's timed-content pools
+    (RunCaches.pools), kept between rounds. Only a fwd+bwd row carries a correctness
     status (fwd and bwd rows fold into their verdict rows)."""
     executor = executor if executor is not None else make_executor()
     case, device = prepared.case, prepared.device
@@ -78,8 +80,8 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
                               mem_method=answer.mem_method), None)
     m, mem_bytes, mem_method = answer.measurement, answer.peak_mem_bytes, answer.mem_method
     with stage("judging"):  # judge.py decides its threads: the float64 reference of a large slice takes them all
-        problem = (clock or judge_timed(backend.name, prepared, phase, answer.observed, answer.seed, answer.witness)
-                   or answer.integrity)
+        problem = (clock or judge_timed(backend.name, prepared, phase, answer.observed, answer.seed, answer.witness,
+                                        pools) or answer.integrity)
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
         where = f"round {timing_round.index + 1} of {timing_round.count}: " if timing_round.count > 1 else ""
         return PerfResult(row(REJECTED, f"{where}timed at median {m.median:.4g} ms, but {problem}"), None)

@@ -8,6 +8,7 @@ import secrets
 
 import torch
 
+from harness.calls.cache import LRU
 from harness.calls.content import Contents
 from harness.calls.integrity import Observed, checksum
 from harness.oracle.prepared import PreparedCase
@@ -75,19 +76,23 @@ def threads_for(flops: float, device: torch.device):
 
 
 def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed: list, seed: int,
-                witness=None) -> str:
+                witness=None, pools: LRU | None = None) -> str:
     """'' when every timed call's answer that came back (integrity.Observed) was what its timed region read and is
     within the tolerance of the float64 reference of that call's own content (content.Contents from `seed`, the
-    round's, drawn by this process) on a (batch, kv head) slice drawn after it arrived (never bitwise); else the
+    round's, drawn by this process; its pools kept in `pools` where given) on a (batch, kv head) slice drawn after it arrived (never bitwise); else the
     first failure, naming the call, the quantity and the slice. A kernel wrong on a share f of a call's slices
     escapes one judged call with odds 1 - f; an answer of other content (a cache, a re-scaled earlier answer) is
     wrong on every slice."""
     if not observed:
         return "nothing the timed calls returned came back to be judged"
-    if problem := received(observed, witness):
-        return problem
     case = prepared.case
-    group, contents = case.heads // case.kv_heads, Contents(case, phase, seed, prepared.device, *prepared.modifiers())
+    # the answers' sums and the contents' draws on one thread: on two (beside a worker's spinning OpenMP threads)
+    # the sums alone took 7.4 s of the main job, 0.2 s on one
+    with threads_for(0.0, prepared.device):
+        if problem := received(observed, witness):
+            return problem
+        contents = Contents(case, phase, seed, prepared.device, *prepared.modifiers(), pools=pools)
+    group = case.heads // case.kv_heads
     quantities = (["out"] if phase != BWD else []) + (list(case.grads) if phase != FWD else [])
     for i, o in enumerate(observed, 1):
         which = f"[{phase}, {'the last' if i == len(observed) else 'a'} timed call, on content no earlier call saw]"

@@ -234,7 +234,7 @@ class RunSession:
         result = measure_phase(backend, prepared, phase, verdict,
                                config=self.schedule.timing_of(round_index), peaks=self.peaks, run_id=self.run_id,
                                cpu_mem_budget=self.cpu_mem_budget, timing_round=timing_round,
-                               executor=self.executor, bw_peak=self.bw_peak)
+                               executor=self.executor, bw_peak=self.bw_peak, pools=self.cache.pools)
         self.recorder.write([result.row])
         if result.measurement is not None:
             self.recorder.write_samples(key, result.measurement.samples_ms, round_index)
