@@ -126,3 +126,33 @@ def test_a_worker_s_estimate_calls_and_samples_are_bracketed_by_the_run_s_clocks
     assert " err " in judge_timed("naive", prepared, phase, answer.observed, timing.seed, shifted)
     other = replace(seen, kept=tuple(reversed(seen.kept)))  # answers the run did not draw where it drew them
     assert "not the ones the run drew" in judge_timed("naive", prepared, phase, answer.observed, timing.seed, other)
+
+
+def test_the_run_answers_each_bracket_message_and_refuses_what_no_worker_sends():
+    """The exchange itself, both ends in this process on a socket pair: a round's first nonce, a call's tick and
+    report (fixed-size raw messages) give a bracket with the report's readings and checksums and the nonce the run
+    drew; a message of another kind is refused (Child.ask then kills the worker: Gone, REFUSED)."""
+    import multiprocessing
+    import os
+    import threading
+
+    from harness.isolation.brackets import _ASK, Brackets, Ticker
+
+    run_end, worker_end = multiprocessing.Pipe(duplex=True)
+    brackets, ticker = Brackets(run_end, os.getpid(), keep=1), Ticker(worker_end)
+    server = threading.Thread(target=lambda: [brackets.serve() for _ in range(3)])
+    server.start()
+    ticker.begin()
+    nonce = ticker.nonce()
+    ticker.open()
+    slot = ticker.close(10, 20, {"out": 5, "dv": -3})
+    server.join()
+    (bracket,) = brackets.taken
+    assert (bracket.start_ns, bracket.end_ns, bracket.sums) == (10, 20, (("out", 5), ("dv", -3)))
+    assert brackets.nonces[0] == nonce and slot == 0 and brackets.kept == [1]
+    assert ticker.nonce() == brackets.nonces[1]  # the next call's, given with the report's word
+    os.write(worker_end.fileno(), _ASK.pack(b"x", 0, 0, 0, 0, 0, 0, 0, 0, 0))
+    with pytest.raises(ValueError, match="kind b'x'"):
+        brackets.serve()
+    brackets.close()
+    worker_end.close()

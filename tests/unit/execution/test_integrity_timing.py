@@ -164,6 +164,47 @@ def test_each_call_s_content_is_a_fresh_draw_the_run_makes_again_from_its_seed(c
         assert ((ratio > 0.6) & (ratio < 1.6)).all(), (name, ratio)
 
 
+def test_a_process_draws_each_pool_once_and_kept_pools_make_the_same_contents():
+    """The pools depend on an input's name and size alone (content.draw_pool): a process keeps them (CallCaches in a
+    worker, RunCaches in the run) and draws each once, and contents made on kept pools are bit for bit those made on
+    pools drawn afresh; what differs between rounds is the seed, and with it every renewed input."""
+    import torch
+
+    from harness.calls.cache import RunCaches
+    from harness.calls.content import Contents
+
+    case, pools = AttentionCase(2, 4, 16, 32, "bf16", kv_heads=2), RunCaches().pools
+    kept = [Contents(case, "fwd+bwd", seed, "cpu", pools=pools) for seed in (1, 2, 1)]
+    assert len(pools) == 4  # q, k, v and dO of one size each: drawn once for the three rounds
+    afresh = Contents(case, "fwd+bwd", 1, "cpu")
+    for i in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(kept[0].call(i, 7)[:4], afresh.call(i, 7)[:4]))
+        assert all(torch.equal(a, b) for a, b in zip(kept[2].call(i, 7)[:4], kept[0].call(i, 7)[:4]))
+        assert not any(torch.equal(a, b) for a, b in zip(kept[1].call(i, 7)[:4], kept[0].call(i, 7)[:4]))
+    Contents(AttentionCase(1, 2, 16, 32, "fp32"), "fwd", 1, "cpu", pools=pools)
+    assert len(pools) == 8
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float8_e4m3fn", "float64"])
+def test_an_answer_s_checksum_reads_every_element_in_any_layout(dtype):
+    """checksum: the wrapping sum of an answer's bits (32 bits; 64 for 8-byte elements), the same on any view of the
+    same elements (a transposed answer, its contiguous copy), changed by any one element's change of one bit."""
+    import torch
+
+    from harness.calls.integrity import checksum
+
+    answer = torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype))
+    laid_out = answer.transpose(1, 2).contiguous().transpose(1, 2)  # the same elements, in another layout
+    assert not laid_out.is_contiguous() and checksum(laid_out) == checksum(answer)
+    assert checksum(answer).dtype == (torch.int64 if answer.element_size() == 8 else torch.int32)
+    for flat in (0, 77, answer.numel() - 1):
+        changed = answer.clone()
+        bits = changed.view(-1).view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[
+            answer.element_size()])
+        bits[flat] ^= 1
+        assert checksum(changed) != checksum(answer), flat
+
+
 def test_a_round_s_guard_builds_its_phase_on_the_round_s_own_inputs():
     """RoundGuard(case, phase, seed, verified): the phase (the backward alone's graph: its q, k and v) is built on the
     round's own inputs, Contents(seed).round - not the verified ones - and each call's content follows."""
