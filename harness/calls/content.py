@@ -66,15 +66,17 @@ class Contents:
         digest = hashlib.blake2b(f"{self.seed}/{index}/{nonce}/{name}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") % offsets_of(_numel(self.shapes[name]))
 
-    def call(self, index: int, nonce: int | None = None) -> Inputs:
+    def call(self, index: int, nonce: int | None = None, cast: bool = True) -> Inputs:
         """The inputs of the round's call `index` (0: the round's own) with its nonce, canonical, on the round's
-        device, as the case's dtype."""
-        return self.round if index == 0 else self._made(index, self.renewed, nonce)
+        device, as the case's dtype - or, cast=False, the renewed ones still float32 (Phase.fresh casts them as it
+        copies them into the buffers: one copy of each, not two)."""
+        return self.round if index == 0 else self._made(index, self.renewed, nonce, cast)
 
-    def _made(self, index: int, names: tuple[str, ...], nonce: int | None = None) -> Inputs:
+    def _made(self, index: int, names: tuple[str, ...], nonce: int | None = None, cast: bool = True) -> Inputs:
         windows = [self._window(name, self.offset(index, name, nonce)) if name in names else None
                    for name in ALL_FOUR]
-        made = {name: t.to(self.case.dtype) for name, t in zip(ALL_FOUR, shaped(self.case, windows)) if t is not None}
+        made = {name: t.to(self.case.dtype) if cast else t
+                for name, t in zip(ALL_FOUR, shaped(self.case, windows)) if t is not None}
         return (self.base if index == 0 else self.round)._replace(**made)
 
     def _window(self, name: str, offset: int) -> torch.Tensor:

@@ -33,7 +33,7 @@ class Ticking(Protocol):
 
     def begin(self) -> None: ...
     def nonce(self) -> int: ...
-    def open(self) -> None: ...
+    def open(self, adjacent: bool = False) -> None: ...
     def close(self, start_ns: int, end_ns: int, sums: dict[str, int]) -> int: ...
 
 
@@ -96,6 +96,8 @@ class RoundGuard(Guard):
         self.slots: dict[int, Observed] = {}
         self._value: object = None  # in_call: the call's value, until close
         self._kept = False  # close: the last call's answers were kept in a slot (after_call poisons its output)
+        #: no call ran outside a bracket since the run last read its clocks (the round's first nonce, a report)
+        self._adjacent, self._open = True, False
         self.sums: dict[str, torch.Tensor] = {}  # in_call: the last call's answers' checksums
         self.aliased = ""  # after_last_call: '' unless the last call's output is not its own
         self.not_plain = ""  # '' unless a call's output or a drawn answer was a torch.Tensor subclass
@@ -108,19 +110,26 @@ class RoundGuard(Guard):
         """Content no earlier call had, written into the buffers outside the timed region (Contents)."""
         self.index += 1
         self.nonce = None if self.ticker is None else self.ticker.nonce()
-        self.timed.fresh(self.contents.call(self.index, self.nonce))
+        self.timed.fresh(self.contents.call(self.index, self.nonce, cast=False))
 
     def open(self) -> None:
-        """Before the call's clock starts: the run reads its own clock as it lets the call start."""
+        """Before the call's clock starts: the run reads its own clock as it lets the call start - on one thread.
+        On several, whose CPU time the worker's clock folds in up to a tick late anyway (run/audit.py STALE_MS), a
+        call right after a bracketed one is not asked for: its bracket opens at the run's reading of the last
+        report, holding this call's content and setup (one round trip a call, not two: the main job's calls cost
+        343 us each outside their readings, was 414)."""
         if self.ticker is not None:
-            self.ticker.open()
+            self.ticker.open(adjacent=self._adjacent and torch.get_num_threads() > 1)
+        self._open = True
 
     def close(self, start_ns: int, end_ns: int) -> None:
         """After the call's clock stopped: the worker's reading of the call and its answers' checksums go to the run,
         whose clocks read the report's arrival (run/audit.py `bracket_audit`); the run then says whether to keep
         the answers to be judged - its own draw, made once their checksums are with it."""
+        self._open = False
         if self.ticker is None:
             return
+        self._adjacent = True
         slot = self.ticker.close(start_ns, end_ns, {q: int(s) for q, s in self.sums.items()})
         self._kept = slot >= 0
         if self._kept:
@@ -133,6 +142,7 @@ class RoundGuard(Guard):
         copy must still have this checksum when the run receives it (`received`)."""
         self.sums = {quantity: checksum(answer) for quantity, answer in self.timed.answers(value).items()}
         self._value = value
+        self._adjacent = self._adjacent and self._open  # a warm-up call, outside any bracket: the next asks again
 
     def after_call(self, value: object, left: int) -> None:
         """Kept to be judged or not, drawn only now (JUDGED_DRAWS; `left`: the samples after it): no kernel knows;

@@ -130,6 +130,9 @@ class Phase:
         return self._built.backward(self.d_out, retain_graph=True)
 
     def fresh(self, new: Inputs) -> None:
+        # the renewed inputs may come float32 (Contents.call(cast=False)): a buffer's copy_ casts as .to does
+        if not self.direct or self.paged:
+            new = new._replace(**{field: getattr(new, field).to(self.case.dtype) for field in renewed(self.phase)})
         if not self.direct:
             with torch.no_grad():
                 for name, source in self.sources(new).items():

@@ -89,8 +89,12 @@ class Ticker:
         nonce, self._nonce = self._nonce, None
         return nonce
 
-    def open(self) -> None:
-        if self._ask(_TICK)[0] != _GO:
+    def open(self, adjacent: bool = False) -> None:
+        """Before a call's clock starts: the run reads its clocks and lets it start - or, `adjacent`, nothing is
+        asked and the call's bracket opens where the run's last reading was taken (the last call's report, or the
+        round's first nonce; brackets.Brackets), holding all the worker did since. A worker that skips this only
+        widens its own brackets."""
+        if not adjacent and self._ask(_TICK)[0] != _GO:
             raise RuntimeError("the run answered a call's bracket out of turn")
 
     def close(self, start_ns: int, end_ns: int, sums: dict[str, int]) -> int:
@@ -125,12 +129,15 @@ class Brackets:
         except OSError:
             self._stat = None
         self.clear()
-        self._opened = self._cpu = 0
 
     def clear(self) -> None:
         #: the current request's brackets; the nonces given out, in order (the k-th is the k-th renewed call's);
         #: the calls drawn to be judged, by slot (a reservoir of `keep`: each of the t calls so far kept alike)
         self.taken, self.nonces, self.kept = [], [], []
+        #: the run's last reading of its wall clock and the worker's CPU clock, the worker waiting: where the next
+        #: bracket opens unless a tick comes first (None: none yet this request)
+        self._opened: int | None = None
+        self._cpu: int | None = None
 
     def witnessed(self, threads: int) -> Witnessed:
         return Witnessed(tuple(self.taken), tuple(self.nonces), tuple(self.kept), threads)
@@ -170,22 +177,23 @@ class Brackets:
         return self.nonces[-1]
 
     def serve(self) -> None:
-        """One message from the worker: a round's first nonce asked for, a call about to start (read both clocks,
-        let it start) or a call's report (read both clocks, keep its bracket, let the worker go on with the next
-        call's nonce)."""
+        """One message from the worker: a round's first nonce asked for or a call about to start (read both clocks
+        once it waits, answer), or a call's report (read both clocks, keep its bracket - from the last reading to
+        this one - and let the worker go on with the next call's nonce)."""
         kind, start, end, present, *sums = _ASK.unpack(_read(self.fd, _ASK.size))
-        if kind == _NONCE:
-            os.write(self.fd, _WORD.pack(_NONCE, -1, self._nonce()))
-        elif kind == _TICK:
+        if kind in (_NONCE, _TICK):
             self._settle()
             self._cpu, self._opened = time.clock_gettime_ns(self.clock), CLOCKS.now_ns()
-            os.write(self.fd, _WORD.pack(_GO, -1, 0))
+            os.write(self.fd, _WORD.pack(_GO, -1, 0) if kind == _TICK else _WORD.pack(_NONCE, -1, self._nonce()))
         elif kind == _TOCK:
+            if self._opened is None:
+                raise ValueError("the worker reported a call before the run read its clocks for the round")
             closed = CLOCKS.now_ns()
             self._settle()
             cpu = time.clock_gettime_ns(self.clock)
             summed = tuple((q, s) for i, (q, s) in enumerate(zip(SUMMED, sums)) if present >> i & 1)
             self.taken.append(Bracket(self._opened, closed, start, end, cpu - self._cpu, summed))
+            self._opened, self._cpu = closed, cpu  # an adjacent call's bracket opens here
             os.write(self.fd, _WORD.pack(_ACK, self._slot(len(self.taken)), self._nonce()))
         else:
             raise ValueError(f"the worker sent a bracket message of kind {kind!r}, not a nonce, tick or report")

@@ -156,3 +156,24 @@ def test_the_run_answers_each_bracket_message_and_refuses_what_no_worker_sends()
         brackets.serve()
     brackets.close()
     worker_end.close()
+
+
+def test_on_several_threads_a_call_s_bracket_opens_where_the_last_closed():
+    """Two threads (their CPU time folded in up to a tick late anyway): a sample right after a bracketed call asks
+    nothing before it starts, its bracket opens at the run's reading of the last report - holding the content and
+    setup between them - and the audit still passes; the first sample after the warm-up calls, which ran outside any
+    bracket, asks again."""
+    from harness.backends.registry import get_backends
+
+    executor = IsolatedExecutor(CPU, threads=2)
+    timing = TimingCall(Call(CASE, 3), "fwd", FAST)
+    try:
+        answer = executor.time(get_backends(["naive"])[0], timing, CPU)
+    finally:
+        executor.close()
+    brackets, samples = list(answer.witness.brackets), answer.measurement.samples_ms
+    assert answer.failure is None and answer.witness.threads == 2 and len(samples) >= 5
+    assert all(b.opened_ns <= b.start_ns <= b.end_ns <= b.closed_ns for b in brackets)
+    adjacent = [later.opened_ns == earlier.closed_ns for earlier, later in zip(brackets, brackets[1:])]
+    assert sum(adjacent) >= len(samples) - 2 and not all(adjacent)  # the samples' (the first after warm-up asks)
+    assert bracket_audit(brackets[-len(samples):], samples, 2) == ""
