@@ -1,7 +1,8 @@
 """Each timed call bracketed by the run's own clocks (docs/integrity.md, issue 62 item 3): the worker asks before its
 clock starts and reports after it stops, on a pipe of its own, and waits for the run's word each time; the run reads
 its wall clock and the worker process's CPU clock (the kernel's count, in ns, which no process can rewrite) as it
-lets the call start and as the report arrives. The report carries the checksums of the call's answers, read inside
+lets the call start and as the report arrives (a call that does not ask - on several threads, right after a bracketed
+one - is bracketed from the last report). The report carries the checksums of the call's answers, read inside
 its timed region; the run's word after it says whether to keep the call's answers to be judged (the run's own draw,
 made only then) and carries the next call's nonce, drawn by `secrets` only then: no call's content is known before
 the call before it has been timed, and no answer can be changed once the run knows it will be judged."""
