@@ -131,7 +131,8 @@ def test_a_worker_s_estimate_calls_and_samples_are_bracketed_by_the_run_s_clocks
 def test_the_run_answers_each_bracket_message_and_refuses_what_no_worker_sends():
     """The exchange itself, both ends in this process on a socket pair: a round's first nonce, a call's tick and
     report (fixed-size raw messages) give a bracket with the report's readings and checksums and the nonce the run
-    drew; a message of another kind is refused (Child.ask then kills the worker: Gone, REFUSED)."""
+    drew; a message of another kind, or a report before the run read its clocks for the round, is refused (Child.ask
+    then kills the worker: Gone, REFUSED)."""
     import multiprocessing
     import os
     import threading
@@ -153,6 +154,10 @@ def test_the_run_answers_each_bracket_message_and_refuses_what_no_worker_sends()
     assert ticker.nonce() == brackets.nonces[1]  # the next call's, given with the report's word
     os.write(worker_end.fileno(), _ASK.pack(b"x", 0, 0, 0, 0, 0, 0, 0, 0, 0))
     with pytest.raises(ValueError, match="kind b'x'"):
+        brackets.serve()
+    brackets.clear()  # a new request: a report before the run read its clocks for the round has no bracket
+    os.write(worker_end.fileno(), _ASK.pack(b"r", 10, 20, 0, 0, 0, 0, 0, 0, 0))
+    with pytest.raises(ValueError, match="before the run read its clocks"):
         brackets.serve()
     brackets.close()
     worker_end.close()
