@@ -56,12 +56,18 @@ class LRU:
 
 
 def tensor_bytes(t) -> int:
+    """A tensor's elements, in bytes."""
     return t.numel() * t.element_size()
 
 
 def answer_bytes(prepared) -> int:
     """A prepared case's reference, in bytes."""
-    return sum(t.numel() * t.element_size() for t in prepared.reference.tensors() if t is not None)
+    return sum(tensor_bytes(t) for t in prepared.reference.tensors() if t is not None)
+
+
+def pool_cache() -> LRU:
+    """The timed contents' pools one process keeps (a worker's, the run's), POOL_BYTES of them."""
+    return LRU(1 << 10, tensor_bytes, POOL_BYTES)
 
 
 def cached(cache: LRU | None, key: Hashable, make: Callable[[], T]) -> T:
@@ -74,7 +80,7 @@ class CallCaches:
     """What a process running backend calls keeps: the inputs it drew last (a case's call and timing rounds)."""
 
     drawn: LRU = field(default_factory=lambda: LRU(DRAWN_INPUTS))
-    pools: LRU = field(default_factory=lambda: LRU(1 << 10, tensor_bytes, POOL_BYTES))
+    pools: LRU = field(default_factory=pool_cache)
 
 
 @dataclass
@@ -85,7 +91,7 @@ class RunCaches:
     answers: LRU = field(default_factory=lambda: LRU(1 << 20, answer_bytes, ANSWER_BYTES))
     probe_runs: LRU = field(default_factory=lambda: LRU(PROBE_RUNS))
     #: the timed contents' pools the run makes again to judge a timed call (run/judge.py)
-    pools: LRU = field(default_factory=lambda: LRU(1 << 10, tensor_bytes, POOL_BYTES))
+    pools: LRU = field(default_factory=pool_cache)
 
     def clear(self) -> None:
         for cache in (self.prepared, self.answers, self.probe_runs, self.pools):

@@ -45,12 +45,12 @@ def offsets_of(numel: int) -> int:
 class Contents:
     """A timed round's contents, all made from its `seed` (drawn by `secrets` in the run's process, which makes them
     again to judge a call: what the worker says it ran on is never believed), on `device`, with the verified inputs'
-    sinks and bias. Each input of call i (0: the round's own, which the phase is built on - the backward alone's
-    graph; i >= 1: a timed call's, for the inputs its phase renews; the rest stay the round's) is a window of that
-    input's standard normal pool (`draw_pool`, kept in `pools` where given), at an offset hashed from (seed, i, the call's nonce, input), given the
-    case's ranges (case.shaped) and cast. No content is a transform of another that a kernel could undo: a window at
-    another offset moves every element, rarely by whole rows, and q, k and v each by its own offset, so no earlier
-    answer, re-scaled or re-ordered, is a call's."""
+    sinks and bias. Each input of call i (0: the round's own, which the phase is built on - the backward alone's graph;
+    i >= 1: a timed call's, for the inputs its phase renews; the rest stay the round's) is a window of that input's
+    standard normal pool (`draw_pool`, kept in `pools` where given), at an offset hashed from (seed, i, the call's
+    nonce, input), given the case's ranges (case.shaped) and cast. No content is a transform of another that a kernel
+    could undo: a window at another offset moves every element, rarely by whole rows, and q, k and v each by its own
+    offset, so no earlier answer, re-scaled or re-ordered, is a call's."""
 
     def __init__(self, case: AttentionCase, phase: str, seed: int, device: torch.device | str,
                  sinks: torch.Tensor | None = None, bias: torch.Tensor | None = None, pools: LRU | None = None):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from harness.calls.cache import RunCaches
+from harness.calls.cache import pool_cache
 from harness.store.environment import REPO_ROOT, git_state, library_versions
 from harness.store.kernels import timed_module
 from harness.store.schema import REJECTED
@@ -95,7 +95,7 @@ class ExecutorTimer:
         self.seed, self.threads = int(env.get("seed") or 0), env.get("threads")
         self.log_dir, self.fresh, self.executor = str(log_dir), fresh_workers, None
         self.prepared: dict[str, object] = {}
-        self.pools = RunCaches().pools  # the timed contents' pools this process makes again to judge
+        self.pools = pool_cache()  # the timed contents' pools this process makes again to judge
 
     def start_round(self) -> None:
         from harness.isolation.executor import make_executor

@@ -42,9 +42,10 @@ def _read(fd: int, size: int) -> bytes:
 
 @dataclass(frozen=True)
 class Bracket:
-    """One timed call: the run's clock as it let the call start (`opened_ns`) and as the worker's report was read
-    (`closed_ns`), the worker's own clock at the call's start and end as it reported them (one system-wide monotonic
-    clock for both), and the CPU time the worker's process took in between, every thread (`cpu_ns`)."""
+    """One timed call: the run's clock as it let the call start, or at the last report when the call did not ask
+    (`opened_ns`), and as the worker's report was read (`closed_ns`), the worker's own clock at the call's start and end
+    as it reported them (one system-wide monotonic clock for both), and the CPU time the worker's process took in
+    between, every thread (`cpu_ns`)."""
 
     opened_ns: int
     closed_ns: int

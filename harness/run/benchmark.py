@@ -49,8 +49,8 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
                   bw_peak: float | None = None, pools: LRU | None = None) -> PerfResult:
     """Time one round of a verified phase and build its row, final as built: every outcome goes through `row`.
     bw_peak: the copy bandwidth (GB/s) a memory-bound row is judged against; pools: the run's timed-content pools
-    (RunCaches.pools), kept between rounds. Only a fwd+bwd row carries a correctness
-    status (fwd and bwd rows fold into their verdict rows)."""
+    (RunCaches.pools), kept between rounds. Only a fwd+bwd row carries a correctness status (fwd and bwd rows fold
+    into their verdict rows)."""
     executor = executor if executor is not None else make_executor()
     case, device = prepared.case, prepared.device
     status, reason = phase_verdict(verdict, phase)

@@ -78,11 +78,11 @@ def threads_for(flops: float, device: torch.device):
 def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed: list, seed: int,
                 witness=None, pools: LRU | None = None) -> str:
     """'' when every timed call's answer that came back (integrity.Observed) was what its timed region read and is
-    within the tolerance of the float64 reference of that call's own content (content.Contents from `seed`, the
-    round's, drawn by this process; its pools kept in `pools` where given) on a (batch, kv head) slice drawn after it arrived (never bitwise); else the
-    first failure, naming the call, the quantity and the slice. A kernel wrong on a share f of a call's slices
-    escapes one judged call with odds 1 - f; an answer of other content (a cache, a re-scaled earlier answer) is
-    wrong on every slice."""
+    within the tolerance of the float64 reference of that call's own content (content.Contents from `seed`, the round's,
+    drawn by this process; its pools kept in `pools` where given) on a (batch, kv head) slice drawn after it arrived
+    (never bitwise); else the first failure, naming the call, the quantity and the slice. A kernel wrong on a share f of
+    a call's slices escapes one judged call with odds 1 - f; an answer of other content (a cache, a re-scaled earlier
+    answer) is wrong on every slice."""
     if not observed:
         return "nothing the timed calls returned came back to be judged"
     case = prepared.case
