@@ -339,8 +339,9 @@ def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples
 @pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
 def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout, case, phase):
     """timed.Phase.fresh(inputs): what the buffers hold afterwards is bit for bit what `sources` makes of the call's
-    inputs - the one copy a buffer into a transposed view, a paged cache's pages, FP8's quantized inputs; the
-    backward alone's q, k and v keep the round's, the forward alone's dO (it reads none) too."""
+    inputs, cast to the case's dtype - from the float32 content the guard gives it: the one copy a buffer into a
+    transposed view (which casts), a paged cache's pages, FP8's quantized inputs; the backward alone's q, k and v keep
+    the round's, the forward alone's dO (it reads none) too."""
     import torch
 
     from harness.backends.naive import Naive
@@ -353,7 +354,7 @@ def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout
     timed = Phase(backend, case, contents.round, CPU, phase)
     kept = {name: t.detach().clone() for name, t in timed.buffers.items()}
     for index in range(1, 4):
-        timed.fresh(contents.call(index))
+        timed.fresh(contents.call(index, cast=False))  # as the guard writes it: float32, cast by the buffers' copy
         expected = timed.sources(contents.call(index))
         assert set(expected) == {"bwd": {"dO"}, "fwd": {"q", "k", "v"}, "fwd+bwd": {"q", "k", "v", "dO"}}[phase]
         for name, t in timed.buffers.items():
