@@ -53,7 +53,8 @@ class Call:
 
 @dataclass
 class CallResult:
-    """What a call returned, canonical layout, on the CPU: the output and gradients, or why there is none."""
+    """What a call returned, canonical layout, on the device it ran on (a CPU, or the GPU whose answers cross to the
+    run by CUDA IPC): the output and gradients, or why there is none."""
 
     out: torch.Tensor | None = None
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -83,9 +84,12 @@ def device_scope(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _host(t: torch.Tensor) -> torch.Tensor:
-    """A CPU copy taken now (`.cpu()` would alias a CPU tensor a background thread may still be writing)."""
-    return t.detach().to("cpu", copy=True)
+def _answer(t: torch.Tensor) -> torch.Tensor:
+    """A copy taken now, where the call ran (`.cpu()` would alias a CPU tensor a background thread may still be
+    writing): a GPU answer stays on the device and crosses to the run by CUDA IPC (isolation/wire.py), to be judged
+    there (oracle/placement.py); a CPU one on the CPU."""
+    t = t.detach()
+    return t.clone() if t.is_cuda else t.to("cpu", copy=True)
 
 
 def leaf_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -119,7 +123,8 @@ def _entry(backend: Backend, call: Call, device: torch.device,
 
 
 def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCaches | None = None) -> CallResult:
-    """The call's outputs (CPU, canonical layout) or its failure; never raises for anything the backend does."""
+    """The call's outputs (canonical layout, where it ran) or its failure; never raises for anything the backend
+    does."""
     drawn = None if caches is None else caches.drawn
     with device_scope(device), _seeded(call.rng_seed, device):
         result = CallResult()
@@ -140,7 +145,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCac
                     result.op = op
                     return result
                 with stage("to host"):
-                    result.inference_out = _host(backend.from_layout(inference.detach()))
+                    result.inference_out = _answer(backend.from_layout(inference.detach()))
                 poison(inference)
                 del inference
             grad_mode = contextlib.nullcontext() if call.backward else torch.no_grad()
@@ -155,7 +160,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCac
         if result.failure is not None:
             return result
         with stage("to host"):
-            result.out = _host(backend.from_layout(out.detach()))
+            result.out = _answer(backend.from_layout(out.detach()))
         if not call.backward:
             return result
         try:
@@ -174,7 +179,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCac
                 problems.append(problem)
             else:
                 with stage("to host"):  # sinks and bias are canonical in every layout
-                    result.grads[name] = _host(backend.from_layout(grad) if name in GRADS else grad)
+                    result.grads[name] = _answer(backend.from_layout(grad) if name in GRADS else grad)
         if problems:
             result.backward_failure = Failure(FAIL, "; ".join(problems))
         return result

@@ -177,14 +177,14 @@ class RoundGuard(Guard):
         return Observed(copies, dict(self.sums), self.index)
 
     def finish(self, device: torch.device) -> tuple[list[Observed], str]:
-        """(the observed calls' answers as they returned, on the CPU, with their in-region checksums and indices:
-        run/judge.py checks and judges them in the run's process; the integrity problems, '' when none)."""
+        """(the observed calls' answers as they returned, where they ran - a GPU's cross to the run by CUDA IPC - with
+        their in-region checksums and indices: run/judge.py checks and judges them in the run's process; the
+        integrity problems, '' when none)."""
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         # what the last call was given, made anew here: the buffers must still hold it
         given = None if self.index == 0 else self.timed.sources(self.contents.call(self.index, self.nonce))
         problems = filter(None, (self.not_plain, self.aliased, self.snapshot.written(given)))
         kept = [self.slots[slot] for slot in sorted(self.slots)] + self.drawn
-        observed = [Observed({q: a.cpu() for q, a in o.answers.items()}, {q: int(s) for q, s in o.sums.items()},
-                             o.index) for o in kept]
+        observed = [Observed(dict(o.answers), {q: int(s) for q, s in o.sums.items()}, o.index) for o in kept]
         return observed, "; ".join(problems)

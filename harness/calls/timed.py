@@ -18,7 +18,7 @@ from harness.calls.outcome import Failure, free
 from harness.measure.cuda_graph import Captured
 from harness.measure.measurement import Measurement
 from harness.measure.memory import peak_memory
-from harness.measure.stages import stage
+from harness.measure.stages import STAGE_CLOCK, TIMED_CALLS, stage
 from harness.measure import timing as clocks  # clocks.CLOCKS, read where used: one binding for every reading
 from harness.measure.timing import TimingConfig, measure
 from harness.cases.case import Inputs
@@ -227,6 +227,10 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
                                              estimate_ms=timing.estimate_ms, build=None if warm else timed.build,
                                              warm=warm, guard=guard, graph=captured)
                 measure_ns = clocks.CLOCKS.now_ns() - measure_start
+                # the samples' own time apart: "timing" keeps what the round's loop spent around them (estimate and
+                # warm-up calls, each call's content, flushes, synchronisations)
+                samples = result.measurement.samples_ms
+                STAGE_CLOCK.merge({TIMED_CALLS: (sum(samples) / 1e3, len(samples))})
             result.compile_ms = backend.compile_time_ms()
             if guard is not None:
                 with stage("integrity"):

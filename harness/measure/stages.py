@@ -69,8 +69,30 @@ def stage(name: str):
     return STAGE_CLOCK.stage(name)
 
 
+#: the stage a timing round's samples are charged to (their own time, apart from the loop around them)
+TIMED_CALLS = "timed calls"
+#: what a run counts (RunRecorder.count): a (case, backend) judged by the correctness stage, a key's timing round
+CHECKED, TIMED = "checked", "timed rounds"
+
+
+def unit_costs(spent: dict) -> str:
+    """'' or what a unit of each suite stage's work cost: a timed key's round against its budget (the wall / budget
+    issue 63 targets), a (case, backend) of the correctness stage."""
+    tests, counts, parts = spent.get("tests_s", {}), spent.get("counts", {}), []
+    rounds, budget_ms = counts.get(TIMED), spent.get("round_budget_ms")
+    if rounds and tests.get("benchmark"):
+        per = tests["benchmark"] / rounds
+        over = f", {per * 1e3 / budget_ms:.1f}x its budget of {budget_ms:g} ms" if budget_ms else ""
+        parts.append(f"a key's round {per:.2f} s{over} ({rounds} rounds)")
+    if counts.get(CHECKED) and tests.get("correctness"):
+        parts.append(f"a case and backend checked {tests['correctness'] / counts[CHECKED]:.2f} s "
+                     f"({counts[CHECKED]})")
+    return "  per unit: " + "; ".join(parts) if parts else ""
+
+
 def time_lines(spent: dict, top: int = 8) -> list[str]:
-    """A run's time_spent (as in env.json) in two lines: wall time by suite stage, then harness stages."""
+    """A run's time_spent (as in env.json) in two lines: wall time by suite stage, then harness stages (and a third,
+    when it counted its work: unit_costs)."""
     wall = spent["wall_s"]
     tests = ", ".join(f"{name} {s:.0f} s" for name, s in spent.get("tests_s", {}).items())
     by_time = sorted(spent.get("stages", {}).items(), key=lambda kv: -kv[1]["s"])
@@ -79,4 +101,5 @@ def time_lines(spent: dict, top: int = 8) -> list[str]:
         parts.append(f"{len(by_time) - top} more {sum(v['s'] for _, v in by_time[top:]):.1f} s")
     covered = sum(v["s"] for _, v in by_time)
     parts.append(f"outside these {max(wall - covered, 0.0):.1f} s")
-    return [f"time: {wall:.0f} s" + (f" ({tests})" if tests else ""), "  by stage: " + ", ".join(parts)]
+    lines = [f"time: {wall:.0f} s" + (f" ({tests})" if tests else ""), "  by stage: " + ", ".join(parts)]
+    return lines + ([units] if (units := unit_costs(spent)) else [])

@@ -64,18 +64,20 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_BITS[t.element_size()]) if t.element_size() in _BITS and t.is_floating_point() else t
 
 
-#: elements compared at a time: one chunk's float64 temporaries (2 MiB each) stay in cache, so a comparison reads
-#: memory once (a gpu-smoke output: 0.06-0.10 s against 1.3-1.4 s whole-tensor; docs/measurements.md)
+#: elements compared at a time on a CPU: one chunk's float64 temporaries (2 MiB each) stay in cache, so a comparison
+#: reads memory once (a gpu-smoke output: 0.06-0.10 s against 1.3-1.4 s whole-tensor; docs/measurements.md)
 CHUNK = 1 << 18
+#: on a GPU: large enough that each chunk's kernels fill the device, small enough that the float64 scratch (128 MiB)
+#: fits beside any case the reference fits
+DEVICE_CHUNK = 1 << 24
 
 
 def compare(actual: torch.Tensor, ref: torch.Tensor, factor: float = 1.0,
             ref_largest: float | None = None) -> tuple[float, bool, float]:
     """(max |actual - factor * ref| over finite entries, whether actual has NaN/inf where ref is finite,
-    max |factor * ref|), in one chunked pass. factor: a signed power of two, so factor * ref is exact and
-    never made. ref_largest: max |ref| when known (a reference judged against many answers), not read again. Only a
-    chunk whose difference is not finite pays for finiteness masks (bad entries zeroed, NaN propagated, as the
-    whole-tensor formula)."""
+    max |factor * ref|), in one chunked pass where the reference lives (the answer is brought to it: on a GPU run
+    the verdict is computed on the device, oracle.placement). factor: a signed power of two, so factor * ref is exact
+    and never made. ref_largest: max |ref| when known (a reference judged against many answers), not read again."""
     if math.frexp(factor)[0] not in (0.5, -0.5):
         raise ValueError(f"compare factor {factor!r} is not a signed power of two (exact scaling is)")
     actual = actual.detach()
@@ -83,17 +85,35 @@ def compare(actual: torch.Tensor, ref: torch.Tensor, factor: float = 1.0,
         raise ValueError(f"output shape {tuple(actual.shape)} != reference shape {tuple(ref.shape)}")
     if actual.numel() == 0:
         return 0.0, False, float("nan")
-    actual, ref = actual.to("cpu"), ref.detach().to("cpu")
+    ref = ref.detach()
+    actual = actual.to(ref.device, non_blocking=ref.device.type == "cuda")
+    chunks = _host_chunks if ref.device.type == "cpu" else _device_chunks
+    worst, nonfinite, largest = chunks(actual, ref, factor, ref_largest is None)
+    # one read of the figures at the end: on a GPU, the only synchronisation of a comparison
+    ref_largest = float(largest) if ref_largest is None else ref_largest
+    return float(worst), bool(nonfinite), abs(factor) * ref_largest
+
+
+def _pairs(actual: torch.Tensor, ref: torch.Tensor, chunk: int):
     n = actual.numel()
-    if n <= CHUNK:  # one chunk, in its own shape: a transposed layout's gradient is not copied to be flattened
-        pairs = [(actual, ref)]
-    else:
-        flat_actual, flat_ref = actual.reshape(-1), ref.reshape(-1)
-        pairs = ((flat_actual[s:s + CHUNK], flat_ref[s:s + CHUNK]) for s in range(0, n, CHUNK))
+    if n <= chunk:  # one chunk, in its own shape: a transposed layout's gradient is not copied to be flattened
+        return [(actual, ref)]
+    flat_actual, flat_ref = actual.reshape(-1), ref.reshape(-1)
+    return ((flat_actual[s:s + chunk], flat_ref[s:s + chunk]) for s in range(0, n, chunk))
+
+
+def _largest_of(r: torch.Tensor) -> torch.Tensor:
+    low, high = torch.aminmax(r)
+    return torch.maximum(-low, high)
+
+
+def _host_chunks(actual: torch.Tensor, ref: torch.Tensor, factor: float, want_largest: bool):
+    """compare's figures on a CPU, as 0-d tensors: only a chunk whose difference is not finite pays for finiteness
+    masks (bad entries zeroed, NaN propagated, as the whole-tensor formula)."""
     # one float64 scratch, worked on in place: a fresh temporary per step cost more than the arithmetic (page faults)
-    scratch = torch.empty(min(CHUNK, n), dtype=torch.float64)
+    scratch = torch.empty(min(CHUNK, actual.numel()), dtype=torch.float64)
     worst, largest, nonfinite = [], [], False
-    for a, r in pairs:
+    for a, r in _pairs(actual, ref, CHUNK):
         diff = scratch[:a.numel()].view(a.shape).copy_(a).sub_(r, alpha=factor).abs_()
         chunk_max = diff.max()
         if not torch.isfinite(chunk_max):
@@ -101,11 +121,25 @@ def compare(actual: torch.Tensor, ref: torch.Tensor, factor: float = 1.0,
             nonfinite = nonfinite or bool(bad.any())
             chunk_max = diff.masked_fill_(bad, 0.0).max()
         worst.append(chunk_max)
-        if ref_largest is None:
-            low, high = torch.aminmax(r)
-            largest.append(torch.maximum(-low, high))
-    ref_largest = float(torch.stack(largest).max()) if ref_largest is None else ref_largest
-    return float(torch.stack(worst).max()), nonfinite, abs(factor) * ref_largest
+        if want_largest:
+            largest.append(_largest_of(r))
+    return torch.stack(worst).max(), nonfinite, torch.stack(largest).max() if want_largest else None
+
+
+def _device_chunks(actual: torch.Tensor, ref: torch.Tensor, factor: float, want_largest: bool):
+    """compare's figures where no chunk may wait for the host (a GPU): every chunk masks its bad entries (cheap
+    there), and nothing is read until the end - the same figures as _host_chunks on any device."""
+    scratch = torch.empty(min(DEVICE_CHUNK, actual.numel()), dtype=torch.float64, device=ref.device)
+    worst, largest, nonfinite = [], [], []
+    for a, r in _pairs(actual, ref, DEVICE_CHUNK):
+        diff = scratch[:a.numel()].view(a.shape).copy_(a).sub_(r, alpha=factor).abs_()
+        bad = ~torch.isfinite(a) & torch.isfinite(r)
+        nonfinite.append(bad.any())
+        worst.append(diff.masked_fill_(bad, 0.0).max())
+        if want_largest:
+            largest.append(_largest_of(r))
+    return (torch.stack(worst).max(), torch.stack(nonfinite).any(),
+            torch.stack(largest).max() if want_largest else None)
 
 
 #: a timed call's answer is judged on content of its own, not the inputs naive's error was measured on: the naive term

@@ -103,7 +103,8 @@ def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed:
         content = contents.call(o.index, None if witness is None else witness.nonces[o.index - 1])
         slices = case.kv_heads * (1 if only[0] is None else case.batch)
         with threads_for(reference_flops(case, phase != FWD) / slices, prepared.device):
-            reference = reference_attention(case, attended(case, content), grads=phase != FWD, only=only).to("cpu")
+            reference = reference_attention(case, attended(case, content), grads=phase != FWD, only=only)
+            reference = reference.to(prepared.reference.out.device)  # judged where the case's own is (placement.py)
         with threads_for(0.0, prepared.device):
             checks = [prepared.judged(quantity, part(quantity, o.answers[quantity], only, group), backend_name,
                                       reference=reference) for quantity in quantities]

@@ -25,6 +25,8 @@ class RunRecorder:
         self._started = time.monotonic()
         #: seconds spent in each suite stage's tests (correctness, probes, benchmark), from pytest's reports
         self.test_seconds: dict[str, float] = {}
+        #: what the stages did, counted (measure.stages.COUNTED): a stage's seconds per unit of work
+        self.counts: dict[str, int] = {}
         self.env: dict = dict(env or {})
         if self.run_dir is not None:
             stages.STAGE_CLOCK.reset()  # a run's time_spent starts with it; a folder-less check leaves the clock alone
@@ -47,11 +49,18 @@ class RunRecorder:
     def add_test_seconds(self, stage_name: str, seconds: float) -> None:
         self.test_seconds[stage_name] = self.test_seconds.get(stage_name, 0.0) + seconds
 
+    def count(self, what: str) -> None:
+        """One more unit of `what` (measure.stages.COUNTED) done."""
+        self.counts[what] = self.counts.get(what, 0) + 1
+
     def time_spent(self) -> dict:
         """Where the run's wall time went so far: per suite stage, and per harness stage (measure.stages)."""
+        budget = self.env.get("round_timing") or {}
         return {"wall_s": round(time.monotonic() - self._started, 3),
                 "tests_s": {k: round(v, 3) for k, v in self.test_seconds.items()},
-                "stages": {name: {"s": round(s, 3), "n": n} for name, (s, n) in stages.STAGE_CLOCK.snapshot().items()}}
+                "stages": {name: {"s": round(s, 3), "n": n} for name, (s, n) in stages.STAGE_CLOCK.snapshot().items()},
+                "counts": dict(self.counts),
+                "round_budget_ms": budget.get("warmup_ms", 0.0) + budget.get("budget_ms", 0.0) if budget else None}
 
     def enter_stage(self, name: str) -> None:
         """Record in env.json that the run is now in stage `name`."""

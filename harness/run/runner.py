@@ -13,6 +13,7 @@ from harness.isolation.executor import Executor, make_executor
 from harness.calls.outcome import BackendResult, Failure, free
 from harness.measure.stages import stage
 from harness.oracle.baseline import baseline
+from harness.oracle.placement import judging_device, reference_bytes
 from harness.oracle.prepared import PreparedCase
 from harness.oracle.reference import attended, reference_attention
 from harness.oracle.verdict import Check
@@ -53,13 +54,15 @@ def prepare_case(case: AttentionCase, device: torch.device, seed: int = 0, *, in
     clean = inputs if reference_inputs is None else reference_inputs
     unquantized = clean if case.fp8_kv is not None else None
     clean = attended(case, clean)
-    # FP64 where the inputs are (a GPU: seconds where the CPU takes hours), kept on the CPU where outputs are judged
+    # FP64 where the inputs are (a GPU: seconds where the CPU takes hours), kept where the verdicts are computed:
+    # on a GPU run the device when it fits (oracle/placement.py), so no answer is judged on the host
     with stage("reference"):
-        reference = reference_attention(case, clean).to("cpu")
+        reference = reference_attention(case, clean)
+        reference = reference.to(judging_device(device, reference_bytes(reference.tensors())))
     prepared = PreparedCase(case, device, inputs, reference, None, seed=seed if seeded else None)
     if unquantized is not None:  # the second figure: what the quantization itself costs the output
         with stage("reference"):
-            plain = reference_attention(case, unquantized, grads=False).out.to("cpu")
+            plain = reference_attention(case, unquantized, grads=False).out.to(reference.out.device)
         prepared.quant_err = float((reference.out - plain).abs().max())
         clean = clean.map(lambda t: t.to(case.dtype))                      # the baseline computes in the case's dtype
     try:

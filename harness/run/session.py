@@ -24,7 +24,9 @@ from harness.run.rounds import RoundSchedule
 from harness.run.runner import correctness_call, execute, prepare_case
 from harness.isolation.supervisor import timeouts
 from harness.measure.limits.peaks import RunPeaks
+from harness.measure.stages import CHECKED, TIMED
 from harness.measure.timing import TimingConfig
+from harness.oracle import placement
 from harness.oracle.prepared import PreparedCase
 from harness.cases.case import AttentionCase
 from harness.cases.matrices import FUZZ
@@ -71,6 +73,7 @@ class RunSession:
             # what `compare --remeasure` needs to time this run's keys again the same way (round_timing: the first
             # round's share of the timing budget)
             env.update(run_id=run_id, rounds=rounds, device=str(device), seed=seed, integrity=self.executor.integrity,
+                       judging=placement.RULE,
                        round_timing=vars(self.schedule.timing_of(0)))
             self.recorder = RunRecorder(run_id, Path(results_root) / run_id, env)
         # what the suites read of the run
@@ -194,6 +197,7 @@ class RunSession:
             result = replace(result, rows=[replace(r, repro=command) if r.status in FAILING else r
                                            for r in result.rows])
         self.recorder.write(result.rows)
+        self.recorder.count(CHECKED)
         self.verdicts[(case.id, backend.name)] = result.released()
         return result
 
@@ -236,6 +240,7 @@ class RunSession:
                                cpu_mem_budget=self.cpu_mem_budget, timing_round=timing_round,
                                executor=self.executor, bw_peak=self.bw_peak, pools=self.cache.pools)
         self.recorder.write([result.row])
+        self.recorder.count(TIMED)
         if result.measurement is not None:
             self.recorder.write_samples(key, result.measurement.samples_ms, round_index)
         self.schedule.record(result.row, result.pooled)

@@ -145,6 +145,7 @@ def test_a_message_s_tensor_outside_its_arena_is_refused(layout):
     pickler = _Pickler(buffer, pickle.HIGHEST_PROTOCOL)
     pickler.dump({"out": torch.zeros(64 * 1024)})  # large: named by its index in the arena
     sender, receiver = multiprocessing.Pipe()
-    sender.send_bytes(bytes(ForkingPickler.dumps((buffer.getvalue(), torch.zeros(64, dtype=torch.uint8), layout))))
+    sender.send_bytes(bytes(ForkingPickler.dumps((buffer.getvalue(), torch.zeros(64, dtype=torch.uint8), layout,
+                                                             ()))))
     with pytest.raises(pickle.UnpicklingError, match="does not lie within its arena"):
         Channel(receiver, from_backend=True).recv()

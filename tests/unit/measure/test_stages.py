@@ -114,3 +114,27 @@ def test_a_session_records_where_its_time_went(tmp_path):
     assert spent["tests_s"] == {"correctness": 1.5} and spent["wall_s"] > 0
     assert {"reference", "forward", "judging"} <= set(spent["stages"])
     assert sum(v["s"] for v in spent["stages"].values()) <= spent["wall_s"]
+    assert spent["counts"] == {"checked": 1} and spent["round_budget_ms"] == 125.0
+    assert stages.time_lines(spent)[-1] == "  per unit: a case and backend checked 1.50 s (1)"
+
+
+def test_a_key_s_round_is_stated_against_its_budget():
+    """What issue 63 targets on a GPU: a timed key's wall against its budget, a case and backend's correctness."""
+    spent = {"wall_s": 100.0, "tests_s": {"correctness": 12.0, "benchmark": 75.0}, "stages": {},
+             "counts": {"checked": 40, "timed rounds": 300}, "round_budget_ms": 125.0}
+    assert stages.unit_costs(spent) == ("  per unit: a key's round 0.25 s, 2.0x its budget of 125 ms (300 rounds); "
+                                        "a case and backend checked 0.30 s (40)")
+    assert stages.unit_costs({"wall_s": 1.0, "tests_s": {"benchmark": 1.0}, "stages": {}}) == ""  # an older env.json
+
+
+def test_a_round_s_samples_are_charged_apart_from_its_loop():
+    from harness.calls.call import Call
+    from harness.calls.timed import TimingCall, run_timing
+    from harness.measure.timing import TimingConfig
+    stages.STAGE_CLOCK.reset()
+    case = AttentionCase(1, 2, 16, 8, "fp32")
+    result = run_timing(Naive(), TimingCall(Call(case), "fwd", TimingConfig(warmup_ms=1, budget_ms=5)), CPU)
+    spent = stages.STAGE_CLOCK.snapshot()
+    assert spent[stages.TIMED_CALLS] == (pytest.approx(sum(result.measurement.samples_ms) / 1e3),
+                                         len(result.measurement.samples_ms))
+    assert "timing" in spent
