@@ -208,9 +208,11 @@ class JobCost:
         guess = (f" A guess for {', '.join(self.guessed)}: a plugin that declares no relative_speed for "
                  f"{self.matrix.device.type} is assumed at the baseline's rate (one 4x slower makes this 4x short; "
                  "declare relative_speed on its class to price it)" if self.guessed else "")
+        extrapolated = (f" An extrapolation: {self.rates.extrapolated} (scripts/refit_rates.py refits them from a "
+                        "run's stage clocks)." if self.rates.extrapolated else "")
         return (f"estimated ~{_duration(self.seconds)} ({self.seconds:.0f} s) in all ({self.breakdown()}{at}); "
                 f"{self.matrix.summary()}. "
-                f"{ASSUMED}.{guess}")
+                f"{ASSUMED}.{guess}{extrapolated}")
 
     def refusal(self) -> str | None:
         """Why this job should not run here (over LIMIT_S in all, or a case does not fit), or None."""
@@ -325,14 +327,15 @@ H200_ROUNDS = 3
 
 
 def run_estimate(cases: list[AttentionCase], backends: tuple[str, ...] = H200_BACKENDS,
-                 rounds: int = H200_ROUNDS) -> float:
-    """Seconds a whole `pytest suites --benchmark` run of `cases` takes on an H200, at its measured rates."""
+                 rounds: int = H200_ROUNDS, rates: RunRates | None = None) -> float:
+    """Seconds a whole `pytest suites --benchmark` run of `cases` takes on an H200, at its measured FLOP rates and
+    `rates` (default: the GPU's unit costs)."""
     from harness.backends.registry import get_backends
     budget = 8 * 2 ** 30  # the reference's and baseline's buffers: what a 141 GB device gives them, at most
     matrix = matrix_cost(cases, torch.device("cuda"), rate=H200_REFERENCE_RATE, baseline_rates=H200_BASELINE_RATES,
                          memory=H200_MEMORY, reference_budget_bytes=budget, baseline_budget_bytes=budget)
     job = Job(tuple(get_backends(list(backends))), PHASES, rounds, probes=True)
-    return job_cost(matrix, job, H200).seconds
+    return job_cost(matrix, job, H200 if rates is None else rates).seconds
 
 
 def matrix_cost(cases: list[AttentionCase], device: torch.device, *, rate: float | None = None,

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
 import time
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 import torch
 
@@ -114,31 +116,30 @@ class RunRates:
     fidelity_s: float
     #: the load average per CPU these costs are for (None: the device's own fit, load not read)
     load_per_cpu: float | None = None
+    #: where these costs were fitted (the runs, their date, what they covered)
+    fitted: str = ""
+    #: '' when every cost was measured; else what is extrapolated, which an estimate at these costs says
+    extrapolated: str = ""
 
 
-#: this project's 2-core VM shared with other jobs (2026-12-03, torch 2.11, load average ~9-12), fitted to a
-#: `pytest suites --benchmark --matrix smoke --rounds 1` run's stage times, a probes-stage run of naive, sdpa and flex
-#: and a small `recommend`; key_round_s between that run's 1.7 s and a quiet main job's 0.15 s (docs/measurements.md,
-#: "The whole job's estimate"): a quiet machine, or warm compile caches, take less
-CPU = RunRates("cpu", startup_s=16.0, session_s=30.0, case_s=5.0, call_s=1.3, call_floor_s=1e-4, judged_per_s=2e7,
-               key_round_s=0.8, compile_s=12.0, probes_s=27.0, probe_graphs=8, checks_s=13.0, fidelity_s=48.0)
-#: the same VM quiet (2026-12-04, torch 2.13, load average 0.4-1.9 on 2 CPUs: the run's own), from the stage clocks of
-#: the default main job (its benchmark stage 96-99 s: 984 rounds, ~35 s of it each round's pipe, judging, memory
-#: probe and inputs; correctness 12-13 s for 30 cases; probes 24 s for 5 backends), `check` and `recommend` on
-#: llama-3-8b and a smoke suite run; compile_s is a cold flex compile (fuzz's fit): a warm inductor cache skips most
-#: of it, which the estimate does not know (docs/measurements.md, "The whole job's estimate")
-CPU_QUIET = RunRates("cpu", startup_s=6.0, session_s=12.0, case_s=0.2, call_s=0.05, call_floor_s=1e-4,
-                     judged_per_s=2e7, key_round_s=0.05, compile_s=3.2, probes_s=4.0, probe_graphs=8, checks_s=2.5,
-                     fidelity_s=5.0)
+#: where each device type's unit costs are kept: written by scripts/refit_rates.py from runs' stage clocks, never
+#: copied by hand ("fitted": from what; "extrapolated": what no run measured yet)
+UNIT_COSTS = Path(__file__).with_name("unit_costs.json")
+
+
+def load_unit_costs(path: Path = UNIT_COSTS) -> dict[str, RunRates]:
+    """Each entry of the unit costs file as RunRates, by its name ('cpu', 'cpu-loaded', 'cuda')."""
+    data = json.loads(Path(path).read_text())
+    return {name: RunRates(**entry) for name, entry in data.items() if not name.startswith("_")}
+
+
+_FITS = load_unit_costs()
+#: this project's 2-core VM quiet, the same VM shared with other jobs (load 9-12 on 2 CPUs), one GPU (its "fitted"
+#: and "extrapolated" say which and how)
+CPU_QUIET, CPU, H200 = _FITS["cpu"], _FITS["cpu-loaded"], _FITS["cuda"]
 #: the load average per CPU of each CPU fit: the quiet one's (a run's own threads keep one per CPU busy) and the
 #: loaded one's (9-12 on 2 CPUs); between them each unit cost is priced log-linearly in the load, beyond them the fit
 QUIET_LOAD, LOADED_LOAD = 1.0, 5.25
-#: one H200 (2026-11-30, torch 2.11), fitted to its gpu-smoke run with 7 backends (docs/design/execution.md): a
-#: key's round 0.52 s in all, less the 42 ms of its budget share the model counts as calls; the probes and the
-#: benchmark stage's own tests in session_s and key_round_s, flex's compiles in call_s (that run did not split them);
-#: checks_s is a guess (no recommend was timed there)
-H200 = RunRates("cuda", startup_s=0.0, session_s=60.0, case_s=0.0, call_s=0.5, call_floor_s=2e-5, judged_per_s=6.6e7,
-                key_round_s=0.48, compile_s=0.0, probes_s=0.0, probe_graphs=0, checks_s=10.0, fidelity_s=0.0)
 #: each device type's unit costs (a device type not named takes the GPU's)
 RATES = {"cpu": CPU, "cuda": H200}
 #: each device type's unit costs as fitted quiet, load not read: what a plan that must be the same on every machine
@@ -161,7 +162,7 @@ def cpu_rates(load: float) -> RunRates:
     t = min(1.0, max(0.0, math.log(max(load, QUIET_LOAD) / QUIET_LOAD) / math.log(LOADED_LOAD / QUIET_LOAD)))
     costs = {f.name: getattr(CPU_QUIET, f.name) ** (1 - t) * getattr(CPU, f.name) ** t for f in fields(RunRates)
              if f.type == "float"}
-    return replace(CPU_QUIET, **costs, load_per_cpu=load)
+    return replace(CPU_QUIET if t < 0.5 else CPU, **costs, load_per_cpu=load)  # "fitted": the nearer fit's
 
 
 def rates_here(device: torch.device, load: float | None = None) -> RunRates:

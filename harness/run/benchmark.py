@@ -79,7 +79,7 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
         return PerfResult(row(answer.failure.status, answer.failure.reason, peak_mem_bytes=answer.peak_mem_bytes,
                               mem_method=answer.mem_method), None)
     m, mem_bytes, mem_method = answer.measurement, answer.peak_mem_bytes, answer.mem_method
-    with stage("judging"):  # judge.py decides its threads: the float64 reference of a large slice takes them all
+    with stage("judging timed answers"):  # judge.py decides its threads: the float64 reference of a large slice takes them all
         problem = (clock or judge_timed(backend.name, prepared, phase, answer.observed, answer.seed, answer.witness,
                                         pools) or answer.integrity)
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
