@@ -31,6 +31,8 @@ PAIRS_CSV = "pairs.csv"
 SUSPECT = (SLOWER, UNDECIDED)
 #: verdicts that end a key's re-measurement (undecided and not-timed go on)
 DECIDED = (SLOWER, FASTER, UNCHANGED)
+#: the share of the budget the first round may take (_rounds)
+FIRST_ROUND_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -232,9 +234,13 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
     while pending and rounds_done < max_rounds and clock() - start < config.budget_s:
         for t in sides.values():
             t.start_round()
+        # nothing is decided on one round (a key needs min_rounds pairs, a backend two rounds that agree): the first
+        # may take half the budget, so that a machine slower than the budget was sized for still gives a second
+        # round - of the keys the first reached, which order() puts first
+        ends = start + config.budget_s * (FIRST_ROUND_SHARE if rounds_done == 0 else 1.0)
         try:
             for i in order(keys, list(pending), alpha, config.min_rounds, margin, groups, shuffle):
-                if clock() - start >= config.budget_s:
+                if clock() >= ends:
                     break
                 k = keys[i]
                 # ABBA: neither side is always the first of a key's pairs, nor of a round's

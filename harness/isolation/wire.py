@@ -130,6 +130,14 @@ class _Handles:
         with torch.cuda.device(shared.device) if shared.is_cuda else contextlib.nullcontext():
             return shared.clone()
 
+    def empty(self, dtype: object, shape: object, device: object) -> torch.Tensor:
+        """An empty CUDA tensor the sender named (no allocation to open), made here once its fields are checked."""
+        if not (isinstance(dtype, torch.dtype) and isinstance(shape, tuple) and all(_int(n) for n in shape)
+                and 0 in shape and _int(device) and device < self.device_count()):
+            raise pickle.UnpicklingError(f"the backend's process sent an empty CUDA tensor of dtype {dtype!r}, shape "
+                                         f"{shape!r} on device {device!r}, which is none this process has: refused")
+        return torch.empty(shape, dtype=dtype, device=torch.device("cuda", device))
+
     def release(self) -> None:
         """Wait for the copies, then let the sender's allocations go (torch's counter, as the opened tensors die)."""
         for device in {t.device for t in self.opened if t.is_cuda}:
@@ -150,6 +158,8 @@ class _Pickler(ForkingPickler):
         if _plain_cpu(obj) and obj.nbytes > INLINE_BYTES:
             self.large.append(obj)
             return len(self.large) - 1
+        if _plain_cuda(obj) and obj.numel() == 0:  # no allocation to name: made anew by the reader
+            return ("empty", obj.dtype, tuple(obj.shape), obj.device.index)
         if _plain_cuda(obj):  # by IPC handle, never through the host (_Handles)
             self.cuda.append(obj)
             return ("cuda", len(self.cuda) - 1)
@@ -172,6 +182,8 @@ class _Arena:
     def persistent_load(self, pid: Any) -> torch.Tensor:
         if isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "cuda":
             return self.handles.load(pid[1])
+        if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "empty":
+            return self.handles.empty(*pid[1:])
         try:
             dtype, shape, start = self.layout[pid]
             size = torch.Size(shape).numel() * dtype.itemsize

@@ -23,27 +23,28 @@ BENCHMARK_S = 360.0
 
 
 class Clocked(FakeTimer):
-    """A fake timer whose every timing advances the study's clock by 1 s."""
+    """A fake timer whose every timing advances the study's clock by `step` s (1 s: the base run's pace)."""
 
-    def __init__(self, now: list, *args, **kwargs):
+    def __init__(self, now: list, *args, step: float = 1.0, **kwargs):
         super().__init__(*args, **kwargs)
-        self.now = now
+        self.now, self.step = now, step
 
     def time(self, *args):
-        self.now[0] += 1.0
+        self.now[0] += self.step
         return super().time(*args)
 
 
 def gate(tmp_path, seed: int, factor: float, machine: Machine, load: float | None,
-         config: RemeasureConfig = RemeasureConfig()):
-    """One pair of runs and its `compare --remeasure` (default budget) on `machine`; the comparison and the log."""
+         config: RemeasureConfig = RemeasureConfig(), step: float = 1.0):
+    """One pair of runs and its `compare --remeasure` (default budget) on `machine`, each timing `step` s; the
+    comparison and the log."""
     noise = LOADED_RUN if load else QUIET
     base = backends_run(tmp_path / f"base{seed}", seed, noise, load=load, benchmark_s=BENCHMARK_S)
     new = backends_run(tmp_path / f"new{seed}", 1000 + seed, noise, load=load, change={"tiled": factor})
     cmp = compare_runs(base, new)
     now, lines = [0.0], []
-    new_timer = Clocked(now, {(c, "tiled"): factor for c in synthetic_cases()}, QUIET, seed + 1, machine)
-    base_timer = Clocked(now, {}, QUIET, seed + 2, machine)
+    new_timer = Clocked(now, {(c, "tiled"): factor for c in synthetic_cases()}, QUIET, seed + 1, machine, step=step)
+    base_timer = Clocked(now, {}, QUIET, seed + 2, machine, step=step)
     remeasure(cmp, config, timer=new_timer, base_timer=base_timer, cases=synthetic_cases(),
               log=lines.append, clock=lambda: now[0], load=lambda: (load or 0.5, 2))
     return cmp, lines, now[0]
@@ -73,6 +74,19 @@ def test_under_load_a_2x_backend_fails_and_unchanged_code_never_does(tmp_path):
     assert len(pairs) > 100 and set(pairs.first) == {"base", "new"} and (pairs.load_average == 6.0).all()
     assert pairs.base_contention.between(0.75, 1.0).all() and not pairs.counted.all()
     assert pairs[~pairs.counted].why_not.str.startswith("saturated").all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_machine_slower_than_the_budget_was_sized_for_still_gets_a_second_round(tmp_path, seed):
+    """Issue 65's first miss: the machine got busier after the budget was sized, and its first round took the whole
+    budget - nothing is decided on one round. The first round stops at half the budget; a second follows."""
+    machine = LoadedMachine(seed, burst_p=0.3, shares=(0.75, 1.0))
+    cmp, lines, spent = gate(tmp_path, seed, 2.0, machine, 6.0, step=4.0)  # a pair 8 s: a round of 120 keys 960 s
+    assert spent <= 1.5 * BENCHMARK_S + 8 and "2 round(s)" in lines[-1], lines[-1]
+    assert cmp.exit_code() == EXIT_REGRESSION and "tiled slower as a whole" in summary(cmp)
+    same, lines, _ = gate(tmp_path / "aa", seed, 1.0, LoadedMachine(100 + seed, burst_p=0.3, shares=(0.75, 1.0)),
+                          6.0, step=4.0)
+    assert same.exit_code() != EXIT_REGRESSION
 
 
 @pytest.mark.parametrize("seed", range(3))

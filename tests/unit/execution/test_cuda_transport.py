@@ -140,3 +140,17 @@ def test_a_cpu_tensor_in_shared_memory_still_crosses():
     sender, receiver = multiprocessing.Pipe()
     Channel(sender, from_backend=False).send({"out": torch.arange(10_000.0)})
     assert torch.equal(Channel(receiver, from_backend=True).recv()["out"], torch.arange(10_000.0))
+
+
+@pytest.mark.parametrize("fields", [(torch.float32, (0, 8), 0), (torch.float32, (4, 8), 0), ("f", (0,), 0),
+                                    (torch.float32, (0,), 1), (torch.float32, [0], 0), (torch.float32, (0,), -1)])
+def test_an_empty_cuda_tensor_is_named_not_opened_and_checked(fields):
+    """An empty answer has no allocation to name (the empty-tensor probe's): the reader makes one, once its dtype,
+    a shape with no element and a device it has are checked; anything else is refused in one line."""
+    handles = _Handles((), FakeOpener(), device_count=lambda: 1)
+    if fields == (torch.float32, (0, 8), 0) and not torch.cuda.is_available():
+        with pytest.raises((RuntimeError, AssertionError)):  # well-formed: only torch without CUDA stops it
+            handles.empty(*fields)
+        return
+    with pytest.raises(pickle.UnpicklingError, match="none this process has: refused$"):
+        handles.empty(*fields)

@@ -65,3 +65,30 @@ def test_a_case_is_judged_where_its_reference_is_kept(device):
     wrong = answer.clone()
     wrong[0, 0, 5, 0] += 1.0
     assert not prepared.judged("out", wrong, "sdpa").passed
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("phase", ["fwd", "bwd"])
+def test_a_timed_round_s_answers_are_judged_where_the_reference_is(device, phase):
+    """A round timed in this process on `device`: its observed answers stay there (RoundGuard.finish) and are judged
+    against slices of references made there; an answer off by 1 (its checksum forged to match) fails."""
+    from harness.backends.naive import Naive
+    from harness.calls.call import Call
+    from harness.calls.integrity import Observed, checksum
+    from harness.calls.timed import TimingCall, run_timing
+    from harness.measure.timing import TimingConfig
+    from harness.run.judge import judge_timed
+
+    device = torch.device(device)
+    case = AttentionCase(2, 4, 64, 32, "fp32", mask=Causal())
+    prepared = prepare_case(case, device)
+    timing = TimingCall(Call(case), phase, TimingConfig(warmup_ms=1, budget_ms=5, min_reps=4, max_reps=8))
+    result = run_timing(Naive(), timing, device)
+    assert result.failure is None and result.observed
+    assert all(a.device.type == device.type for o in result.observed for a in o.answers.values())
+    assert judge_timed("naive", prepared, phase, result.observed, timing.seed) == ""
+    last = result.observed[-1]
+    quantity = next(iter(last.answers))
+    wrong = dict(last.answers, **{quantity: last.answers[quantity] + 1.0})
+    forged = Observed(wrong, {q: int(checksum(a)) for q, a in wrong.items()}, last.index)
+    assert " err " in judge_timed("naive", prepared, phase, [*result.observed[:-1], forged], timing.seed)
