@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from harness.cases.case_id import parse_case_id
-from harness.measure.stages import CHECKED, TIMED
+from harness.measure.stages import COUNT_CHECKED, COUNT_TIMED
 from harness.planning.rates import UNIT_COSTS
 from harness.store.load import load_results
 from harness.store.run_dir import read_env
@@ -69,13 +69,13 @@ def measured(run_dirs: list[Path]) -> tuple[dict[str, float], list[str]]:
     for run in run_dirs:
         spent = read_env(run)["time_spent"]
         counts, tests, stages = spent["counts"], spent.get("tests_s") or {}, spent.get("stages") or {}
-        if counts.get(TIMED) and tests.get("benchmark"):
+        if counts.get(COUNT_TIMED) and tests.get("benchmark"):
             sums["bench_s"] += tests["benchmark"]
-            sums["rounds"] += counts[TIMED]
-            sums["budget_s"] += counts[TIMED] * (spent.get("round_budget_ms") or 0.0) / 1e3
-        if counts.get(CHECKED) and tests.get("correctness"):
+            sums["rounds"] += counts[COUNT_TIMED]
+            sums["budget_s"] += counts[COUNT_TIMED] * (spent.get("round_budget_ms") or 0.0) / 1e3
+        if counts.get(COUNT_CHECKED) and tests.get("correctness"):
             sums["check_s"] += tests["correctness"] - sum(stages.get(s, {}).get("s", 0.0) for s in ARITHMETIC)
-            sums["checked"] += counts[CHECKED]
+            sums["checked"] += counts[COUNT_CHECKED]
             sums["judging_s"] += stages.get("judging", {}).get("s", 0.0)
             sums["elements"] += judged_elements(load_results(Path(run) / "results.csv"))
     costs, sources = {}, []

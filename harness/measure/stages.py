@@ -72,21 +72,21 @@ def stage(name: str):
 #: the stage a timing round's samples are charged to (their own time, apart from the loop around them)
 TIMED_CALLS = "timed calls"
 #: what a run counts (RunRecorder.count): a (case, backend) judged by the correctness stage, a key's timing round
-CHECKED, TIMED = "checked", "timed rounds"
+COUNT_CHECKED, COUNT_TIMED = "checked", "timed rounds"
 
 
 def unit_costs(spent: dict) -> str:
     """'' or what a unit of each suite stage's work cost: a timed key's round against its budget (the wall / budget
     issue 63 targets), a (case, backend) of the correctness stage."""
     tests, counts, parts = spent.get("tests_s", {}), spent.get("counts", {}), []
-    rounds, budget_ms = counts.get(TIMED), spent.get("round_budget_ms")
+    rounds, budget_ms = counts.get(COUNT_TIMED), spent.get("round_budget_ms")
     if rounds and tests.get("benchmark"):
         per = tests["benchmark"] / rounds
         over = f", {per * 1e3 / budget_ms:.1f}x its budget of {budget_ms:g} ms" if budget_ms else ""
         parts.append(f"a key's round {per:.2f} s{over} ({rounds} rounds)")
-    if counts.get(CHECKED) and tests.get("correctness"):
-        parts.append(f"a case and backend checked {tests['correctness'] / counts[CHECKED]:.2f} s "
-                     f"({counts[CHECKED]})")
+    if counts.get(COUNT_CHECKED) and tests.get("correctness"):
+        parts.append(f"a case and backend checked {tests['correctness'] / counts[COUNT_CHECKED]:.2f} s "
+                     f"({counts[COUNT_CHECKED]})")
     return "  per unit: " + "; ".join(parts) if parts else ""
 
 

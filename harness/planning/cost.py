@@ -382,3 +382,24 @@ def fitted_case_cost(case: AttentionCase, backends: tuple[Backend, ...], device:
     job = job_cost(matrix, Job(backends, session=False), FITTED.get(device.type, H200))
     return FittedCost(matrix.case_seconds(matrix.costs[0]), sum(s.seconds for s in job.steps if s.stage != "start"),
                       matrix.largest.peak_bytes <= matrix.memory)
+
+
+def backend_seconds(cases: list[AttentionCase], backends: tuple[Backend, ...], device_type: str,
+                    timed: bool) -> dict[str, float]:
+    """Seconds a suites run of `cases` (one timing round when `timed`) spends on each backend - its correctness calls
+    and compiles, and its timing - at the device type's FITTED unit costs and FLOP rates, nothing measured: what
+    selftest's plan prices a step at (the cases' references and baselines are the step's own fixed cost)."""
+    reference, baselines = FITTED_FLOP_RATES.get(device_type, FITTED_FLOP_RATES["cuda"])
+    device = torch.device(device_type)
+    budget = 8 * 2 ** 30 if device_type == "cuda" else None
+    dtypes = {c.dtype for c in cases}
+    matrix = matrix_cost(cases, device, rate=reference,
+                         baseline_rates={t: baselines.get(t) or baselines[torch.float32] for t in dtypes},
+                         memory=H200_MEMORY if device_type == "cuda" else None, reference_budget_bytes=budget,
+                         baseline_budget_bytes=budget)
+    job = job_cost(matrix, Job(backends, PHASES if timed else (), 1, session=False), FITTED.get(device_type, H200))
+    spent = {b.name: 0.0 for b in backends}
+    for step in job.steps:
+        if step.stage in ("correctness", "compile", "timing") and len(step.key) > 1:
+            spent[step.key[1]] += step.seconds
+    return spent

@@ -24,7 +24,7 @@ from harness.run.rounds import RoundSchedule
 from harness.run.runner import correctness_call, execute, prepare_case
 from harness.isolation.supervisor import timeouts
 from harness.measure.limits.peaks import RunPeaks
-from harness.measure.stages import CHECKED, TIMED
+from harness.measure.stages import COUNT_CHECKED, COUNT_TIMED
 from harness.measure.timing import TimingConfig
 from harness.oracle import placement
 from harness.oracle.prepared import PreparedCase
@@ -33,7 +33,7 @@ from harness.cases.matrices import FUZZ
 from harness.store.environment import REPO_ROOT, environment, foreign_checkout, new_run_id
 from harness.store.host import snapshot_clocks
 from harness.store.kernels import keep_sources
-from harness.store.schema import FAILING, Row, TimingKey
+from harness.store.schema import FAILING, NOT_TIMED, Row, TimingKey
 
 
 def run_seed(seed: int | None) -> int:
@@ -197,7 +197,7 @@ class RunSession:
             result = replace(result, rows=[replace(r, repro=command) if r.status in FAILING else r
                                            for r in result.rows])
         self.recorder.write(result.rows)
-        self.recorder.count(CHECKED)
+        self.recorder.count(COUNT_CHECKED)
         self.verdicts[(case.id, backend.name)] = result.released()
         return result
 
@@ -240,7 +240,8 @@ class RunSession:
                                cpu_mem_budget=self.cpu_mem_budget, timing_round=timing_round,
                                executor=self.executor, bw_peak=self.bw_peak, pools=self.cache.pools)
         self.recorder.write([result.row])
-        self.recorder.count(TIMED)
+        if result.row.timing_status != NOT_TIMED:  # a round the worker was asked for (a key refused ahead costs none)
+            self.recorder.count(COUNT_TIMED)
         if result.measurement is not None:
             self.recorder.write_samples(key, result.measurement.samples_ms, round_index)
         self.schedule.record(result.row, result.pooled)

@@ -7,16 +7,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from harness.backends.registry import all_backends, get_backends
+from harness.cases.matrices import build_matrix
+from harness.planning.cost import backend_seconds
 from harness.store.schema import BASELINE
 
-#: seconds a step is expected to take: (fixed, per backend it runs) on a GPU, then on the CPU stand-in: GPU ones as
+#: seconds a step is expected to take: (fixed, per backend it runs) on a GPU, then on the CPU stand-in. GPU ones as
 #: measured on an H200 on 2026-12-04 (9 backends: backends 11 s; tests/gpu ~210 s, a first paged FlashInfer case's JIT
-#: 66 s of it; gpu-smoke's 24 cases ~2.2 s a (case, backend) to judge after ~70 s of compiles, ~3 s a timed
-#: (case, phase, backend); fidelity 29 s), the last three still scaled from 2026-11-30; CPU ones dry-run times on the
-#: 2-core VM (docs/design/cli.md)
-ESTIMATES = {"backends": ((15, 0), (15, 0)), "tests-gpu": ((210, 0), (5, 0)), "correctness": ((70, 55), (10, 6)),
-             "benchmark": ((30, 215), (10, 6)), "fidelity": ((30, 0), (15, 0)), "cuda-graph": ((20, 10), (0, 0)),
-             "cuda1": ((30, 15), (0, 0)), "launch": ((40, 10), (20, 8))}
+#: 66 s of it; gpu-smoke's ~70 s of compiles; fidelity 29 s), the last three still scaled from 2026-11-30; CPU ones
+#: dry-run times on the 2-core VM (docs/design/cli.md). A suites step's per-backend part (None) is the whole-job
+#: model's, at the device type's fitted unit costs (planning/cost.backend_seconds): one cost model for all
+ESTIMATES = {"backends": ((15, 0), (15, 0)), "tests-gpu": ((210, 0), (5, 0)), "correctness": ((70, None), (10, None)),
+             "benchmark": ((30, None), (10, None)), "fidelity": ((30, 0), (15, 0)), "cuda-graph": ((20, None), (0, 0)),
+             "cuda1": ((30, None), (0, 0)), "launch": ((40, 10), (20, 8))}
 #: the steps' keys for --steps, in the order they run: most informative first
 STEP_KEYS = tuple(ESTIMATES)
 #: a step may run to this many times its estimate while the later steps' estimates still fit
@@ -70,29 +73,40 @@ def steps(dry_run: bool, work: Path, gpus: int, backends: list[str]) -> list[Ste
     chosen, few = ["--backends", ",".join(backends)], ["--backends", ",".join(subset)]
     no_gpu = "dry run: needs a CUDA device" if dry_run else ""
 
-    def step(key: str, name: str, args: list[str], n: int = 0, rows: str = "", **kwargs) -> Step:
-        """A step of `n` backends; with `rows`, a pytest run whose rows (under work/<rows>) summarize it."""
+    cases = build_matrix(matrix)
+
+    def priced(names: list[str], timed: bool) -> list[float]:
+        """Each backend's seconds of a suites step (its calls, compiles and, `timed`, its round) by the cost model."""
+        known = tuple(get_backends([n for n in names if n in all_backends()]))
+        spent = backend_seconds(cases, known, device, timed) if known else {}
+        return [spent.get(n, max(spent.values(), default=0.0)) for n in names]
+
+    def step(key: str, name: str, args: list[str], n: int | list[str] = 0, rows: str = "", timed: bool = False,
+             **kwargs) -> Step:
+        """A step of `n` backends (names: priced each by the cost model); with `rows`, a pytest run whose rows (under
+        work/<rows>) summarize it."""
         fixed, each = ESTIMATES[key][1 if dry_run else 0]
+        shares = priced(n, timed) if each is None else [each] * (n if isinstance(n, int) else len(n))
         if rows:
             args = [*args, "--results-dir", str(work / rows)]
-            kwargs.update(ok_codes=PYTEST_RESULTS, results=work / rows, least_s=fixed + each * min(n, 1))
-        return Step(key, name, [sys.executable, *args], fixed + each * n, **kwargs)
+            kwargs.update(ok_codes=PYTEST_RESULTS, results=work / rows, least_s=fixed + max(shares[:1], default=0))
+        return Step(key, name, [sys.executable, *args], fixed + sum(shares), **kwargs)
 
     return [
         step("backends", "backends", ["-m", "harness", "backends", "--device", device], summarize=_backends_summary),
         # the check of every backend on gpu-smoke is the correctness step: not run twice
         step("tests-gpu", "tests/gpu", ["-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider", "-rs", "-k",
                                         "not every_installed_backend"], ok_codes=(0, 5) if dry_run else (0,)),
-        step("correctness", f"correctness {matrix}", [*suites, "suites", *chosen], len(backends), "correct"),
+        step("correctness", f"correctness {matrix}", [*suites, "suites", *chosen], backends, "correct"),
         # timing needs a passed verdict in its own session: this step judges its cases again before timing them
         step("benchmark", f"benchmark {matrix} (1 round)",
-             [*suites, "suites/benchmark/test_performance.py", "--benchmark", *chosen], len(backends), "bench"),
+             [*suites, "suites/benchmark/test_performance.py", "--benchmark", *chosen], backends, "bench", timed=True),
         step("fidelity", "fidelity vs " + ("a wall clock" if dry_run else "triton do_bench"),
              [*suites, "suites/benchmark/test_timing_fidelity.py", "--benchmark"], 0, "fidelity"),
         step("cuda-graph", "--cuda-graph", [*suites, "suites/benchmark/test_performance.py", "--benchmark",
-                                            "--cuda-graph", *few], len(subset), "graph", skip=no_gpu),
+                                            "--cuda-graph", *few], subset, "graph", timed=True, skip=no_gpu),
         step("cuda1", "cuda:1", [*[a if a != "cuda" else "cuda:1" for a in suites], "suites/correctness", *few],
-             len(subset), "cuda1", skip=no_gpu or ("" if gpus >= 2 else f"{gpus} CUDA device(s): cuda:1 needs two")),
+             subset, "cuda1", skip=no_gpu or ("" if gpus >= 2 else f"{gpus} CUDA device(s): cuda:1 needs two")),
         # the launcher's own --results-dir comes before the suites' options
         step("launch", "run --gpus all" if not dry_run else "run --cpu-shards 2",
              ["-m", "harness", "run", *(["--cpu-shards", "2"] if dry_run else ["--gpus", "all"]), "--results-dir",
