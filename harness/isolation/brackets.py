@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import struct
+import threading
 import time
 from dataclasses import dataclass
 
@@ -54,6 +55,9 @@ class Bracket:
     cpu_ns: int
     #: the checksums of the call's answers, by quantity, as its report carried them (read inside its timed region)
     sums: tuple = ()
+    #: ns the worker's main thread and the run's thread spent runnable but not running (waiting for a CPU: the
+    #: scheduler's run_delay, /proc/<tid>/schedstat) between the two readings: the machine's, never the call's
+    waited_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,16 +124,50 @@ def cpu_clock(pid: int) -> int:
     return ((~pid) << 3) | 2
 
 
+class Waits:
+    """The scheduler's run_delay (ns a thread spent runnable but waiting for a CPU: /proc/<tid>/schedstat's second
+    field) of the worker's main thread, which reads the clock and reports, plus the reading thread's own; 0 where
+    Linux keeps no such count. A thread that sleeps, or waits on another process, accrues none: what a call's
+    wall bracket may be excused by is the machine's contention alone."""
+
+    def __init__(self, pid: int):
+        self._fds = {"worker": _open(f"/proc/{pid}/schedstat")}  # the thread-group leader: the worker's main thread
+
+    def __call__(self) -> int:
+        me = f"run {threading.get_native_id()}"  # the thread that reads: the one serving the brackets
+        if me not in self._fds:
+            self._fds[me] = _open("/proc/thread-self/schedstat")
+        total = 0
+        for name in ("worker", me):
+            fd = self._fds[name]
+            try:
+                total += int(os.pread(fd, 128, 0).split()[1]) if fd is not None else 0
+            except (OSError, IndexError, ValueError):
+                pass
+        return total
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            if fd is not None:
+                os.close(fd)
+        self._fds.clear()
+
+
+def _open(path: str) -> int | None:
+    try:  # kept open: a pread is a few us, an open and read of /proc ~15
+        return os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+
+
 class Brackets:
     """The run's end, for one worker: answers each bracket message and keeps the brackets and the nonces it gave out
     for the current request."""
 
     def __init__(self, conn, pid: int, keep: int):
         self.conn, self.fd, self.clock, self.keep = conn, conn.fileno(), cpu_clock(pid), keep
-        try:  # kept open: a pread is a few us, an open and read of /proc ~15
-            self._stat: int | None = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-        except OSError:
-            self._stat = None
+        self._stat = _open(f"/proc/{pid}/stat")
+        self.waits = Waits(pid)
         self.clear()
 
     def clear(self) -> None:
@@ -140,6 +178,7 @@ class Brackets:
         #: bracket opens unless a tick comes first (None: none yet this request)
         self._opened: int | None = None
         self._cpu: int | None = None
+        self._waited: int = 0
 
     def witnessed(self, threads: int) -> Witnessed:
         return Witnessed(tuple(self.taken), tuple(self.nonces), tuple(self.kept), threads)
@@ -158,6 +197,7 @@ class Brackets:
 
     def close(self) -> None:
         self.conn.close()
+        self.waits.close()
         if self._stat is not None:
             os.close(self._stat)
             self._stat = None
@@ -185,17 +225,18 @@ class Brackets:
         kind, start, end, present, *sums = _ASK.unpack(_read(self.fd, _ASK.size))
         if kind in (_NONCE, _TICK):
             self._settle()
-            self._cpu, self._opened = time.clock_gettime_ns(self.clock), CLOCKS.now_ns()
+            self._cpu, self._waited, self._opened = time.clock_gettime_ns(self.clock), self.waits(), CLOCKS.now_ns()
             os.write(self.fd, _WORD.pack(_GO, -1, 0) if kind == _TICK else _WORD.pack(_NONCE, -1, self._nonce()))
         elif kind == _TOCK:
             if self._opened is None:
                 raise ValueError("the worker reported a call before the run read its clocks for the round")
-            closed = CLOCKS.now_ns()
+            closed, waited = CLOCKS.now_ns(), self.waits()
             self._settle()
             cpu = time.clock_gettime_ns(self.clock)
             summed = tuple((q, s) for i, (q, s) in enumerate(zip(SUMMED, sums)) if present >> i & 1)
-            self.taken.append(Bracket(self._opened, closed, start, end, cpu - self._cpu, summed))
-            self._opened, self._cpu = closed, cpu  # an adjacent call's bracket opens here
+            self.taken.append(Bracket(self._opened, closed, start, end, cpu - self._cpu, summed,
+                                      waited - self._waited))
+            self._opened, self._cpu, self._waited = closed, cpu, waited  # an adjacent call's bracket opens here
             os.write(self.fd, _WORD.pack(_ACK, self._slot(len(self.taken)), self._nonce()))
         else:
             raise ValueError(f"the worker sent a bracket message of kind {kind!r}, not a nonce, tick or report")
