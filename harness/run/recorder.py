@@ -25,7 +25,7 @@ class RunRecorder:
         self._started = time.monotonic()
         #: seconds spent in each suite stage's tests (correctness, probes, benchmark), from pytest's reports
         self.test_seconds: dict[str, float] = {}
-        #: what the stages did, counted (measure.stages.COUNTED): a stage's seconds per unit of work
+        #: what the stages did, counted (measure.stages.COUNT_CHECKED, COUNT_TIMED): a stage's seconds per unit of work
         self.counts: dict[str, int] = {}
         self.env: dict = dict(env or {})
         if self.run_dir is not None:
@@ -50,7 +50,7 @@ class RunRecorder:
         self.test_seconds[stage_name] = self.test_seconds.get(stage_name, 0.0) + seconds
 
     def count(self, what: str) -> None:
-        """One more unit of `what` (measure.stages.COUNTED) done."""
+        """One more unit of `what` (measure.stages.COUNT_CHECKED or COUNT_TIMED) done."""
         self.counts[what] = self.counts.get(what, 0) + 1
 
     def time_spent(self) -> dict:
