@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from harness.calls.integrity import JUDGED_DRAWS, checksum
+from harness.calls.round import JUDGED_DRAWS, checksum
 from harness.cases.matrices import build_matrix
 from harness.isolation.wire import Channel
 from harness.oracle.verdict import compare

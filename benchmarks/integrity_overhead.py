@@ -1,6 +1,6 @@
 """What the timing integrity checks cost (docs/integrity.md): a key timed as the main job times it (--rounds rounds,
 each its share of the default budget; the first estimates the latency and measures peak memory, the later ones are
-given both), plain (the verified inputs, nothing observed) and checked (integrity.RoundGuard: fresh content on every
+given both), plain (the verified inputs, nothing observed) and checked (round.TimedRound: fresh content on every
 call, input snapshots, the last call and each other drawn copied, and judging against the reference), interleaved so
 the machine's load falls on both alike.
 

@@ -24,7 +24,7 @@ import torch
 
 from harness.backends.registry import get_backends
 from harness.calls.call import Call, call_inputs
-from harness.calls.timed import Phase
+from harness.calls.round import TimedRound
 from harness.measure.memory import cpu_peak
 from harness.cases.case import AttentionCase
 
@@ -35,15 +35,13 @@ def timed_key(backend: str, case: AttentionCase, phase: str, seed: int = 0):
     """One call of the key, timed as the harness times it (setup outside the clock), in ms; once(profiled=True)
     runs it under the memory profiler, as a CPU round's first call is."""
     (impl,) = get_backends([backend])
-    phase_fn = Phase(impl, case, call_inputs(Call(case, seed), CPU, None), CPU, phase)
-    if phase_fn.build is not None:
-        phase_fn.build()
+    timed = TimedRound(impl, case, phase, CPU, call_inputs(Call(case, seed), CPU, None))
+    timed.build()
 
     def once(profiled: bool = False) -> float:
-        if phase_fn.setup is not None:
-            phase_fn.setup()
+        timed.setup()
         start = time.perf_counter_ns()
-        cpu_peak(phase_fn.fn) if profiled else phase_fn.fn()
+        cpu_peak(timed.call) if profiled else timed.call()
         return (time.perf_counter_ns() - start) / 1e6
     return once
 

@@ -13,7 +13,7 @@ import torch
 
 from harness.backends.base import Backend, MaskForm, Unsupported
 from harness.calls.bound import BoundCall, backend_inputs
-from harness.calls.timed import Phase, graph_phase
+from harness.calls.round import TimedRound
 from harness.calls.outcome import exception_text
 from harness.cases.case import AttentionCase, Inputs, make_inputs
 from harness.cases.masks import MASK_NAMES, parse_mask
@@ -108,9 +108,8 @@ def cuda_graph_check(backend: Backend, case: AttentionCase, device: torch.device
     if device.type != "cuda":
         return f"n/a ({device.type})"
     # the harness's own --cuda-graph capture, so "capturable" means that works
-    phase = Phase(backend, case, inputs, device, FWD_BWD if training else FWD)
     try:
-        graph_phase(phase, device)[0].fn()
+        TimedRound(backend, case, FWD_BWD if training else FWD, device, inputs).capture(device).call()
         torch.cuda.synchronize(device)
         return "yes"
     except Exception as exc:

@@ -68,7 +68,7 @@ class Contents:
 
     def call(self, index: int, nonce: int | None = None, cast: bool = True) -> Inputs:
         """The inputs of the round's call `index` (0: the round's own) with its nonce, canonical, on the round's
-        device, as the case's dtype - or, cast=False, the renewed ones still float32 (Phase.fresh casts them as it
+        device, as the case's dtype - or, cast=False, the renewed ones still float32 (TimedRound.fresh casts them as it
         copies them into the buffers: one copy of each, not two)."""
         return self.round if index == 0 else self._made(index, self.renewed, nonce, cast)
 

@@ -14,8 +14,8 @@ import numpy as np
 from harness.compare.budget import next_step, sized_budget
 from harness.compare.groups import Groups
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
-from harness.compare.timers import (CheckoutTimer, ExecutorTimer, KeyTimer, Rejected, code_mismatch, current_code,
-                                    run_cases)
+from harness.compare.timers import (CheckoutTimer, ExecutorTimer, KeyTimer, Rejected, Unaudited, code_mismatch,
+                                    current_code, run_cases)
 from harness.measure.paired import BUSY_LOAD_PER_CPU, pairs_needed, paired_verdict
 from harness.measure.pooled import GroupVerdict, pair_excluded, pair_log_ratios, scope
 from harness.measure.stats import FAMILY_ALPHA, gate_verdict
@@ -258,6 +258,10 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
                     rows.loc[i, "note"] = "re-measure failed: " + "; ".join(failed)
                 if rejected or failed:
                     del pending[i], keys[i]
+                    continue
+                unaudited = [f"{side}: {g.reason}" for side, g in got.items() if isinstance(g, Unaudited)]
+                if unaudited:  # the load's, not the kernel's: the pair does not count, the key goes on
+                    k.excluded.append("; ".join(unaudited))
                     continue
                 for side, timed in got.items():
                     writers[side].write(run_ids[side], k.case.id, k.backend, k.phase, timed.samples, rounds_done)

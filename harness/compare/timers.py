@@ -31,6 +31,14 @@ class Rejected:
     reason: str
 
 
+@dataclass(frozen=True)
+class Unaudited:
+    """A re-measured round the machine's load left unauditable (run/audit.py Audit.loaded): no figure, no verdict;
+    the pair does not count, as a saturated one does not."""
+
+    reason: str
+
+
 class KeyTimer(Protocol):
     """Times keys of one run with one checkout's code, one round at a time."""
 
@@ -103,8 +111,9 @@ class ExecutorTimer:
         if self.executor is None:
             self.executor = make_executor(self.device, isolate=True, threads=self.threads, log_dir=self.log_dir)
 
-    def time(self, case, backend: str, phase: str, estimate_ms: float) -> Timed | Rejected | str:
-        """One round of one key: its samples (ms), Rejected (a check failed: no figure), or why timing failed."""
+    def time(self, case, backend: str, phase: str, estimate_ms: float) -> Timed | Rejected | Unaudited | str:
+        """One round of one key: its samples (ms), Rejected (a check failed: no figure), Unaudited (the load left
+        its clock unauditable: no figure), or why timing failed."""
         from harness.backends.registry import get_backends
         from harness.run.judge import judge_timed
         from harness.calls.call import Call
@@ -124,10 +133,14 @@ class ExecutorTimer:
             return answer.failure.reason
         if case.id not in self.prepared:  # the answer every round of every key of the case is judged against
             self.prepared[case.id] = prepare_case(case, self.device, self.seed)
-        problem = (clock or judge_timed(impl.name, self.prepared[case.id], phase, answer.observed, answer.seed,
-                                        answer.witness, self.pools) or answer.integrity)
+        # a round the machine's load left unauditable is still judged (benchmark.py's rule); then it has no samples
+        problem = ((not clock.loaded and clock.problem)
+                   or judge_timed(impl.name, self.prepared[case.id], phase, answer.observed, answer.seed,
+                                  answer.witness, self.pools) or answer.integrity)
         if problem:
             return Rejected(f"timed at median {answer.measurement.median:.4g} ms, but {problem}")
+        if clock.loaded:
+            return Unaudited(clock.problem)
         return Timed(tuple(answer.measurement.samples_ms), answer.others_share)
 
     def end_round(self) -> None:
@@ -190,12 +203,13 @@ class CheckoutTimer:
     def start_round(self) -> None:
         self._ask({"op": "start_round"})
 
-    def time(self, case, backend: str, phase: str, estimate_ms: float) -> Timed | Rejected | str:
+    def time(self, case, backend: str, phase: str, estimate_ms: float) -> Timed | Rejected | Unaudited | str:
         answer = self._ask({"op": "time", "case": case.id, "backend": backend, "phase": phase,
                             "estimate_ms": estimate_ms})
         # an older checkout's server sends no contention: its pairs are counted as before
         return (Timed(tuple(answer["samples"]), answer.get("contention")) if "samples" in answer else
-                Rejected(answer[REJECTED]) if REJECTED in answer else str(answer.get("failure")))
+                Rejected(answer[REJECTED]) if REJECTED in answer else
+                Unaudited(answer["unaudited"]) if "unaudited" in answer else str(answer.get("failure")))
 
     def end_round(self) -> None:
         self._ask({"op": "end_round"})

@@ -11,9 +11,9 @@ from pathlib import Path
 
 def serve(run_dir: Path, log_dir: Path, fresh_workers: bool, requests, answer) -> None:
     """Answer {"ready": true, "note"} or {"refused": why}, then per request line: {"op": "start_round"},
-    {"op": "time", "case", "backend", "phase", "estimate_ms"} -> {"samples": [...], "contention"}, {"rejected": why} or
-    {"failure": why}, {"op": "end_round"}, {"op": "close"}."""
-    from harness.compare.timers import ExecutorTimer, Rejected, code_mismatch, current_code, run_cases
+    {"op": "time", "case", "backend", "phase", "estimate_ms"} -> {"samples": [...], "contention"}, {"rejected": why},
+    {"unaudited": why} or {"failure": why}, {"op": "end_round"}, {"op": "close"}."""
+    from harness.compare.timers import ExecutorTimer, Rejected, Unaudited, code_mismatch, current_code, run_cases
     from harness.store.schema import REJECTED
     from harness.store.run_dir import read_env
 
@@ -46,7 +46,8 @@ def serve(run_dir: Path, log_dir: Path, fresh_workers: bool, requests, answer) -
                 got = (f"case {request['case']!r} is not in {run_dir}'s matrix" if case is None else
                        timer.time(case, request["backend"], request["phase"], float(request["estimate_ms"])))
                 answer({"failure": got} if isinstance(got, str) else {REJECTED: got.reason}
-                       if isinstance(got, Rejected) else {"samples": list(got.samples), "contention": got.contention})
+                       if isinstance(got, Rejected) else {"unaudited": got.reason} if isinstance(got, Unaudited)
+                       else {"samples": list(got.samples), "contention": got.contention})
             else:
                 answer({"failure": f"unknown op {op!r}: expected start_round, time, end_round or close"})
     finally:

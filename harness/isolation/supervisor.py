@@ -19,7 +19,7 @@ from harness.calls.device import indexed
 from harness.isolation.neighbours import EqualMachine, Placement
 from harness.calls.outcome import CallFailed, Failure, InterruptNoted
 from harness.isolation.plugin_host import host_pids
-from harness.calls.integrity import JUDGED_DRAWS
+from harness.calls.round import JUDGED_DRAWS
 from harness.calls.timed import TimingCall, TimingResult
 from harness.isolation.wire import WorkerSpec
 from harness.isolation.worker import worker_main

@@ -5,15 +5,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
+from harness.measure.cuda_graph import Captured
 from harness.measure.measurement import Measurement
 from harness.measure.stats import MIN_SAMPLES
-
-if TYPE_CHECKING:
-    from harness.measure.cuda_graph import Captured
 
 #: bytes written before each GPU repetition: larger than any current GPU's L2 (H100/H200 have 50-60 MB)
 L2_FLUSH_BYTES = 256 * 2 ** 20
@@ -131,10 +129,27 @@ def call_plan(estimate_ms: float, cfg: TimingConfig, *, device_type: str, looks:
 WARMUP_RENEWS = False
 
 
-class Guard:
-    """A round's integrity steps around the calls measure makes; here none (execution.integrity.RoundGuard: fresh
-    content before every estimate call and sample, every answer read in full inside the call's own timed region,
-    each sample's answer checked as it returns, the last one always)."""
+def _nothing() -> None:
+    pass
+
+
+class Timed:
+    """What measure() times, as steps around each call: `build` once first (a backward's forward), `setup` before
+    every call (untimed), `call` (returns its value), and a round's integrity steps around the calls - none here
+    (calls/round.py TimedRound: fresh content before every estimate call and sample, every answer read in full inside
+    the call's own timed region, each sample's answer checked as it returns, the last one always). `capture` puts the
+    call in a CUDA graph: from then on a call is a replay, and nothing is built or set up between replays (a reset of
+    .grad would drop the graph's gradients)."""
+
+    def __init__(self, call: Callable[[], object], setup: Callable[[], None] | None = None,
+                 build: Callable[[], None] | None = None):
+        self.call, self.setup, self.build = call, setup or _nothing, build or _nothing
+        self.captured: Captured | None = None
+
+    def capture(self, device: torch.device) -> Timed:
+        self.captured = Captured(self.call, self.setup, device, None if self.build is _nothing else self.build)
+        self.call, self.setup, self.build = self.captured.replay, _nothing, _nothing
+        return self
 
     def before_call(self) -> None: ...
     def open(self) -> None: ...
@@ -144,42 +159,40 @@ class Guard:
     def after_last_call(self, value: object) -> None: ...
 
 
-def measure(fn: Callable[[], object], *, device: torch.device, setup: Callable[[], None] | None = None,
-            config: TimingConfig = TimingConfig(), estimate_ms: float | None = None,
-            build: Callable[[], None] | None = None, warm: bool = False, guard: Guard | None = None,
-            graph: Captured | None = None) -> Measurement:
-    """Time `fn()` repeatedly, `setup()` before each repetition, untimed. estimate_ms: known latency (no estimate
-    calls); build: what fn needs made first (a backward's forward); warm: fn ran once already (the CPU memory probe),
-    so no first call is kept apart for compiling; guard: the round's integrity steps around every call, estimate and
-    warm-up calls included; graph: fn captured (cuda_graph.Captured): its replays are timed."""
-    setup, guard, start = setup or (lambda: None), guard or Guard(), CLOCKS.now_ns()
+def measure(timed: Timed | Callable[[], object], *, device: torch.device, config: TimingConfig = TimingConfig(),
+            estimate_ms: float | None = None, warm: bool = False) -> Measurement:
+    """Time `timed.call()` (or a plain function's) repeatedly by call_plan: built first, set up before each call,
+    with its steps around every call, estimate and warm-up calls included. estimate_ms: known latency (no estimate
+    calls); warm: the call ran once already (the CPU memory probe), so nothing is built and no first call is kept
+    apart for compiling; a captured call (Timed.capture) is timed as replays."""
+    timed, start = timed if isinstance(timed, Timed) else Timed(timed), CLOCKS.now_ns()
     if device.type == "cuda":
-        if config.cuda_graph and graph is None:
-            raise ValueError("measure(config.cuda_graph=True) needs graph= (timed.graph_phase captures it)")
-        m = _measure_cuda(fn, setup, device, config, estimate_ms, build, warm, guard, graph)
+        if config.cuda_graph and timed.captured is None:
+            raise ValueError("measure(config.cuda_graph=True) needs a captured call (Timed.capture)")
+        m = _measure_cuda(timed, device, config, estimate_ms, warm)
     else:
-        if build is not None:
-            build()
-        m = _measure_cpu(fn, setup, config, estimate_ms, warm, guard)
+        if not warm:
+            timed.build()
+        m = _measure_cpu(timed, config, estimate_ms, warm)
     return replace(m, untimed_ms=(CLOCKS.now_ns() - start) / 1e6 - sum(m.samples_ms))
 
 
-def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, warm: bool, guard: Guard) -> Measurement:
+def _measure_cpu(timed: Timed, cfg: TimingConfig, estimate: float | None, warm: bool) -> Measurement:
     # perf_counter_ns: monotonic and the finest clock Python has; CPU work is synchronous, so no fence is needed.
-    now_ns = CLOCKS.now_ns
+    now_ns, fn, setup = CLOCKS.now_ns, timed.call, timed.setup
 
     def call(renew: bool = True) -> tuple[float, object]:
         if renew:
-            guard.before_call()
+            timed.before_call()
         setup()
         if renew:  # an estimate call or a sample: bracketed by the run's own clock (isolation/brackets.py)
-            guard.open()
+            timed.open()
         start = now_ns()
         value = fn()
-        guard.in_call(value)  # the answer read in full before the clock stops: work left for later is timed
+        timed.in_call(value)  # the answer read in full before the clock stops: work left for later is timed
         end = now_ns()
         if renew:
-            guard.close(start, end)
+            timed.close(start, end)
         return (end - start) / 1e6, value
 
     looks = []
@@ -194,33 +207,30 @@ def _measure_cpu(fn, setup, cfg: TimingConfig, estimate: float | None, warm: boo
     for _ in range(plan.warmup):  # untimed and unjudged: on the content before them (WARMUP_RENEWS)
         call(renew=WARMUP_RENEWS)
     # with no warm-up call after it, the last estimate call ran as the next will: it is the first sample (never the
-    # last: the guard sees the last sample's answer)
+    # last: the round sees the last sample's answer)
     samples, reps = (looks[-1:] if plan.look_is_sample else []), plan.reps
     for i in range(len(samples), reps):
         elapsed, value = call()
         # checked before anything else runs: a thread still filling the answer is caught
-        guard.after_call(value, reps - 1 - i) if i < reps - 1 else guard.after_last_call(value)
+        timed.after_call(value, reps - 1 - i) if i < reps - 1 else timed.after_last_call(value)
         samples.append(elapsed)
     return Measurement(tuple(samples), "cpu-clock", torch.get_num_threads())
 
 
-def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, build, warm: bool, guard: Guard,
-                  graph) -> Measurement:
+def _measure_cuda(timed: Timed, device, cfg: TimingConfig, estimate: float | None, warm: bool) -> Measurement:
     clocks = CLOCKS  # the event API as bound at import (Clocks)
     with torch.cuda.device(device):  # events record on the current device's stream: make it the run's device
-        stream, target, mode = torch.cuda.current_stream(device), fn, "cuda-events"
-        if graph is not None:
-            # setup ran before the capture; between replays a reset of .grad would drop the graph's gradients
-            target, mode, setup = graph.replay, "cuda-graph", (lambda: None)
-        elif build is not None:
-            build()
+        stream, target, setup = torch.cuda.current_stream(device), timed.call, timed.setup
+        mode = "cuda-events" if timed.captured is None else "cuda-graph"
+        if not warm:
+            timed.build()  # nothing once captured: the graph holds its build
 
         def call(renew: bool = True) -> object:
             if renew:
-                guard.before_call()  # the call's own content, written before the events
+                timed.before_call()  # the call's own content, written before the events
             setup()                  # host work (gradient reset) and the flush stay outside the events
             value = target()
-            guard.in_call(value)
+            timed.in_call(value)
             return value
 
         clocks.synchronize(device)
@@ -246,15 +256,15 @@ def _measure_cuda(fn, setup, device, cfg: TimingConfig, estimate: float | None, 
         clocks.synchronize(device)
         host_start = clocks.now_ns()  # the host clock around the repetitions: the events' span must agree with it
         for i in range(reps):
-            guard.before_call()
+            timed.before_call()
             setup()
             flush.zero_()      # clear L2 so every repetition reads its inputs from HBM, like a real model step
             clocks.record(starts[i], stream)  # events bracket the call's kernels on this device's current stream
             value = target()
-            guard.in_call(value)  # the answer read in full on this stream, inside the events
+            timed.in_call(value)  # the answer read in full on this stream, inside the events
             clocks.record(ends[i], stream)
             # a copy enqueued behind the call, after its end event
-            guard.after_call(value, reps - 1 - i) if i < reps - 1 else guard.after_last_call(value)
+            timed.after_call(value, reps - 1 - i) if i < reps - 1 else timed.after_last_call(value)
         clocks.synchronize(device)
         host_ms = (clocks.now_ns() - host_start) / 1e6
     samples = tuple(clocks.elapsed_ms(s, e) for s, e in zip(starts, ends))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 #: (a pattern of the reason the checks give, what a kernel that fails so has done); first match wins. The patterns
-#: are the checks' own words (calls/call.py, calls/integrity.py, oracle/verdict.py, torch's autograd error),
+#: are the checks' own words (calls/call.py, calls/round.py, oracle/verdict.py, torch's autograd error),
 #: each tested on a planted kernel's real reason (tests/unit/oracle/test_signatures.py).
 SIGNATURES: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(p), words) for p, words in (
     (r"clock disagrees", "its process's clock was slowed or rewritten: its timings were not the calls' time"),

@@ -80,8 +80,12 @@ def measure_phase(backend: Backend, prepared: PreparedCase, phase: str, verdict:
                               mem_method=answer.mem_method), None)
     m, mem_bytes, mem_method = answer.measurement, answer.peak_mem_bytes, answer.mem_method
     with stage("judging timed answers"):  # judge.py decides its threads: the float64 reference of a large slice takes them all
-        problem = (clock or judge_timed(backend.name, prepared, phase, answer.observed, answer.seed, answer.witness,
-                                        pools) or answer.integrity)
+        # a round the machine's load left unauditable is still judged: a wrong answer is never the load's
+        problem = ((not clock.loaded and clock.problem)
+                   or judge_timed(backend.name, prepared, phase, answer.observed, answer.seed, answer.witness, pools)
+                   or answer.integrity)
+    if not problem and clock.loaded:  # no figure, and no verdict on the kernel
+        return PerfResult(row(NOT_TIMED, f"not timed: {clock.problem}"), None)
     if problem:  # never a number: the figure is in the reason alone, and the key's later rounds are not run
         where = f"round {timing_round.index + 1} of {timing_round.count}: " if timing_round.count > 1 else ""
         return PerfResult(row(REJECTED, f"{where}timed at median {m.median:.4g} ms, but {problem}"), None)

@@ -10,7 +10,7 @@ import torch
 
 from harness.calls.cache import LRU
 from harness.calls.content import Contents
-from harness.calls.integrity import Observed, checksum
+from harness.calls.round import Observed, checksum
 from harness.oracle.prepared import PreparedCase
 from harness.measure.limits.roofline import one_thread
 from harness.oracle.reference import attended, reference_attention, reference_flops
@@ -77,7 +77,7 @@ def threads_for(flops: float, device: torch.device):
 
 def judge_timed(backend_name: str, prepared: PreparedCase, phase: str, observed: list, seed: int,
                 witness=None, pools: LRU | None = None) -> str:
-    """'' when every timed call's answer that came back (integrity.Observed) was what its timed region read and is
+    """'' when every timed call's answer that came back (round.Observed) was what its timed region read and is
     within the tolerance of the float64 reference of that call's own content (content.Contents from `seed`, the round's,
     drawn by this process; its pools kept in `pools` where given) on a (batch, kv head) slice drawn after it arrived
     (never bitwise); else the first failure, naming the call, the quantity and the slice. A kernel wrong on a share f of

@@ -13,7 +13,7 @@ from harness import AttentionCase, check
 from harness.backends.base import Unsupported
 from harness.backends.registry import get_backends
 from harness.calls.bound import BoundCall, backend_inputs
-from harness.calls.timed import Phase, graph_phase
+from harness.calls.round import TimedRound
 from harness.measure.memory import peak_memory
 from harness.measure.timing import TimingConfig, measure
 from harness.cases.case import make_inputs
@@ -82,10 +82,10 @@ def test_cuda_graph_captures_forward_and_backward(phase):
     case = AttentionCase(2, 8, 512, 64, "bf16", mask=Causal())
     backend = get_backends(["sdpa"])[0]
     inputs = make_inputs(case, device)
-    graphed, captured = graph_phase(Phase(backend, case, inputs, device, phase), device)
-    graphed.fn()
+    graphed = TimedRound(backend, case, phase, device, inputs).capture(device)
+    graphed.call()
     torch.cuda.synchronize(device)
-    m = measure(graphed.fn, device=device, graph=captured,
+    m = measure(graphed, device=device,
                 config=TimingConfig(warmup_ms=5, budget_ms=20, min_reps=5, max_reps=50, cuda_graph=True))
     assert m.median > 0 and m.mode == "cuda-graph"
 
@@ -99,8 +99,8 @@ def test_memory_naive_grows_quadratically_fused_linearly():
             pytest.skip(f"{name}: {backend.unavailable_reason(device)}")
         for seq in (2048, 4096):
             case = AttentionCase(1, 16, seq, 128, "bf16", mask=Causal())
-            p = Phase(backend, case, make_inputs(case, device), device, "fwd")
-            peaks[name, seq] = peak_memory(p.fn, device=device, setup=p.setup)[0]
+            p = TimedRound(backend, case, "fwd", device, make_inputs(case, device))
+            peaks[name, seq] = peak_memory(p.call, device=device, setup=p.setup)[0]
     assert peaks["naive", 4096] / peaks["naive", 2048] > 3.0
     assert peaks["sdpa-flash", 4096] / peaks["sdpa-flash", 2048] < 2.6
 

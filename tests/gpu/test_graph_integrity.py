@@ -1,4 +1,4 @@
-"""--cuda-graph timing on a real device: every sample a replay on content of its own (integrity.RoundGuard), the
+"""--cuda-graph timing on a real device: every sample a replay on content of its own (round.TimedRound), the
 last one always judged (outputs and gradients read from the graph's own memory after a synchronisation); and the
 clock audit's events against the host clock.
 

@@ -94,16 +94,16 @@ def test_the_documented_plugin_example_runs_and_is_judged():
 
 
 def test_timed_training_step_computes_the_modifier_gradients_too(monkeypatch):
-    from harness.calls import timed
+    from harness.calls import round as timed_round
     from harness.cases.case import make_inputs
 
     made = []
-    real = timed.modifier_leaves
-    monkeypatch.setattr(timed, "modifier_leaves", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    real = timed_round.modifier_leaves
+    monkeypatch.setattr(timed_round, "modifier_leaves", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     case = AttentionCase(1, 2, 16, 8, "fp32", sinks=True, bias="full")
-    phase = timed.Phase(Naive(), case, make_inputs(case), torch.device("cpu"), "fwd+bwd")
+    phase = timed_round.TimedRound(Naive(), case, "fwd+bwd", torch.device("cpu"), make_inputs(case))
     phase.setup()
-    phase.fn()
+    phase.call()
     assert set(made[0]) == {"sinks", "bias"}
     assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in made[0].values())
     phase.setup()  # reset clears them for the next repetition

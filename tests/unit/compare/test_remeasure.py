@@ -276,7 +276,7 @@ def test_a_remeasured_round_that_fails_a_check_is_no_figure_and_fails_the_gate(t
     fresh = (tmp_path / "new" / "remeasure" / "samples.csv").read_text()
     assert "sdpa" in fresh and "gamed-cached-no-grad" not in fresh  # a rejected round leaves no samples
     assert cmp.exit_code(fail_on_undecided=False) == EXIT_REGRESSION
-    assert honest.rounds_new >= 2  # each round draws its own content where it runs (integrity.RoundGuard)
+    assert honest.rounds_new >= 2  # each round draws its own content where it runs (round.TimedRound)
 
 
 def test_a_rejected_base_side_is_no_figure_either(tmp_path):
@@ -300,23 +300,49 @@ def test_a_rejected_base_side_is_no_figure_either(tmp_path):
     assert cmp.exit_code() == EXIT_REGRESSION
 
 
-def test_the_timing_server_answers_a_rejected_round(tmp_path, monkeypatch):
-    """The base side's server passes a rejected round on as such (not as samples, not as a failure)."""
+def test_a_round_the_load_left_unauditable_does_not_count_and_the_key_goes_on(tmp_path):
+    """Issue 65 item 3: a side's round the machine's load left unauditable (timers.Unaudited: a thread pool's spin
+    beside other load, run/audit.py) is no figure and no verdict: the pair is not counted, the key is re-measured on,
+    and it is decided on its counted pairs - never rejected."""
+    from harness.compare.timers import Unaudited
+
+    cmp = _suspect_runs(tmp_path, 0, 1.0)
+    spun = []
+
+    class SpinsAtFirst(FakeTimer):
+        def time(self, case, *args):
+            if case.id == key(3)[0] and len(spun) < 3:
+                spun.append(1)
+                return Unaudited("not auditable at this load")
+            return super().time(case, *args)
+
+    machine = Machine(0, **DRIFTING)
+    remeasure(cmp, RemeasureConfig(budget_s=600), load=None, timer=SpinsAtFirst({}, QUIET, 1, machine),
+              base_timer=FakeTimer({}, QUIET, 2, machine), cases=synthetic_cases(), log=lambda *_: None)
+    rows = cmp.rows[cmp.rows.remeasured.astype(bool)]
+    assert len(spun) == 3 and set(rows.verdict) == {"unchanged"} and cmp.exit_code() == EXIT_OK
+    assert "rejected" not in set(cmp.rows.verdict)
+
+
+@pytest.mark.parametrize("kind, answer", [("Rejected", {"rejected": "why"}), ("Unaudited", {"unaudited": "why"})])
+def test_the_timing_server_answers_a_rejected_or_unauditable_round(tmp_path, monkeypatch, kind, answer):
+    """The base side's server passes a rejected round, or one its load left unauditable, on as such (not as samples,
+    not as a failure)."""
     from harness.compare import timers, timing_server
     from harness.cases.matrices import build_matrix
 
-    class Cheats:
+    class Got:
         def __init__(self, *args, **kwargs):
             pass
 
         def time(self, *args):
-            return timers.Rejected("out err 1 > tol 0.1")
+            return getattr(timers, kind)("why")
 
         def close(self):
             pass
 
-    monkeypatch.setattr(timers, "ExecutorTimer", Cheats)
+    monkeypatch.setattr(timers, "ExecutorTimer", Got)
     answers = []
     request = {"op": "time", "case": build_matrix("smoke")[0].id, "backend": "b", "phase": "fwd", "estimate_ms": 1}
     timing_server.serve(_real_run(tmp_path), tmp_path, False, [json.dumps(request)], answers.append)
-    assert answers[-1] == {"rejected": "out err 1 > tol 0.1"}
+    assert answers[-1] == answer

@@ -237,17 +237,17 @@ def test_a_round_outside_its_count_is_refused():
 
 def test_the_first_timed_call_is_the_cpu_memory_probe(monkeypatch):
     """On the CPU round 1 measures peak memory on its first call (kept apart from the samples), not a call of its
-    own: one Phase, measure told the first call was made (and not given the build again), and the row still has the
-    profiler's peak."""
+    own: one round built, measure told the first call was made (so it builds nothing again), and the row still has
+    the profiler's peak."""
     import harness.calls.timed as timed
 
     phases, told = [], []
-    monkeypatch.setattr(timed, "Phase", lambda *a, _real=timed.Phase: phases.append(1) or _real(*a))
+    monkeypatch.setattr(timed, "TimedRound", lambda *a, _real=timed.TimedRound: phases.append(1) or _real(*a))
     monkeypatch.setattr(timed, "measure", lambda *a, _real=timed.measure, **kw: told.append(kw) or _real(*a, **kw))
     res = _perf("naive", AttentionCase(1, 2, 256, 32, "bf16"), "bwd")
     assert res.row.mem_method == "cpu-profiler-peak" and res.row.peak_mem_bytes >= 2 * 256 * 256 * 2  # the scores
-    assert phases == [1]  # one Phase: its first call was the probe
-    assert [(kw["warm"], kw["build"]) for kw in told] == [(True, None)]
+    assert phases == [1]  # one round: its first call was the probe
+    assert [kw["warm"] for kw in told] == [True]
 
 
 def test_the_fwd_phase_is_timed_without_autograd():

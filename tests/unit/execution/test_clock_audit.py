@@ -160,5 +160,5 @@ def test_a_disagreeing_round_is_timed_again_and_only_an_agreeing_round_s_figure_
 
     timing = TimingCall(Call(CASE, 3), "fwd", FAST)
     answer, clock = audited_time(Executor(), None, timing, CPU)
-    assert len(asked) == kept and answer.index == kept and bool(clock) == rejected
+    assert len(asked) == kept and answer.index == kept and bool(clock.problem) == rejected and not clock.loaded
     assert len(set(asked)) == kept and asked[0] == timing.seed and answer.seed == asked[-1]  # a retry: new contents

@@ -14,7 +14,8 @@ from harness.measure.timing import TimingConfig
 from harness.oracle.reference import reference_attention
 from harness.cases.case import make_inputs
 from harness.cases.masks import CacheCausal, Causal
-from harness.store.schema import REJECTED, TIMED
+from harness.store.schema import NOT_TIMED, REJECTED, TIMED
+from harness.backends.naive import Naive
 from tests.fixtures import gamed_kernels as gamed
 
 CPU = resolve_device("cpu")
@@ -50,6 +51,22 @@ def test_a_kernel_that_cheats_when_timed_loses_its_figure(kernel, phase, words):
     row = result.row
     assert row.timing_status == REJECTED and words in row.timing_reason, row.timing_reason
     assert row.latency_ms is None and result.measurement is None and result.pooled is None  # never a number
+
+
+@pytest.mark.parametrize("kernel, phase, status", [
+    (Naive, "fwd+bwd", NOT_TIMED), (gamed.CachedNoGrad, "fwd", REJECTED), (gamed.GradsFirstThenZeros, "bwd", REJECTED),
+])
+def test_a_round_the_load_left_unauditable_has_no_figure_and_is_still_judged(monkeypatch, kernel, phase, status):
+    """run/audit.py Audit.loaded (a pool's spin beside other load): the round gives no figure and no verdict - not
+    timed, with the reason - but its answers are judged all the same, and a wrong one is rejected."""
+    from harness.run import audit, benchmark
+
+    real = audit.audited_time
+    monkeypatch.setattr(benchmark, "audited_time", lambda *a: (real(*a)[0], audit.Audit("spun: not auditable at "
+                                                                                        "this load", loaded=True)))
+    row = _timed(kernel(), phase).row
+    assert row.timing_status == status and row.latency_ms is None, row.timing_reason
+    assert ("not auditable at this load" in row.timing_reason) == (status == NOT_TIMED)
 
 
 @pytest.mark.parametrize("kernel, phase", [
@@ -191,7 +208,7 @@ def test_an_answer_s_checksum_reads_every_element_in_any_layout(dtype):
     same elements (a transposed answer, its contiguous copy), changed by any one element's change of one bit."""
     import torch
 
-    from harness.calls.integrity import checksum
+    from harness.calls.round import checksum
 
     answer = torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype))
     laid_out = answer.transpose(1, 2).contiguous().transpose(1, 2)  # the same elements, in another layout
@@ -205,19 +222,24 @@ def test_an_answer_s_checksum_reads_every_element_in_any_layout(dtype):
         assert checksum(changed) != checksum(answer), flat
 
 
-def test_a_round_s_guard_builds_its_phase_on_the_round_s_own_inputs():
-    """RoundGuard(case, phase, seed, verified): the phase (the backward alone's graph: its q, k and v) is built on the
-    round's own inputs, Contents(seed).round - not the verified ones - and each call's content follows."""
+def test_a_checked_round_is_built_on_the_round_s_own_inputs(monkeypatch):
+    """run_timing builds a checked round (the backward alone's graph: its q, k and v) on the round's own inputs,
+    Contents(seed).round - not the verified ones - and each call's content follows."""
     import torch
 
+    from harness.backends.naive import Naive
+    from harness.calls import timed
+    from harness.calls.call import Call
     from harness.calls.content import Contents
-    from harness.calls.integrity import RoundGuard
 
+    built = []
+    monkeypatch.setattr(timed, "TimedRound", lambda *a, _real=timed.TimedRound: built.append(a) or _real(*a))
     verified = make_inputs(CASE, "cpu", 3)
-    guard = RoundGuard(CASE, "bwd", 12345, verified)
-    assert all(torch.equal(a, b) for a, b in zip(guard.inputs, Contents(CASE, "bwd", 12345, "cpu").round)
-               if a is not None)
-    assert not torch.equal(guard.inputs.q, verified.q)
+    timed.run_timing(Naive(), timed.TimingCall(Call(CASE, 3), "bwd", FAST, seed=12345), CPU)
+    (backend, case, phase, device, inputs, contents, ticker), = built
+    assert all(torch.equal(a, b) for a, b in zip(inputs, Contents(CASE, "bwd", 12345, "cpu").round)
+               if a is not None) and contents.seed == 12345
+    assert not torch.equal(inputs.q, verified.q)
 
 
 def test_a_slice_s_reference_is_the_whole_reference_s_slice_and_the_judge_fails_any_other_content_s_answer():
@@ -228,7 +250,7 @@ def test_a_slice_s_reference_is_the_whole_reference_s_slice_and_the_judge_fails_
     import torch
 
     from harness.calls.content import Contents
-    from harness.calls.integrity import Observed, checksum
+    from harness.calls.round import Observed, checksum
     from harness.oracle.reference import attended
     from harness.run import judge
 
@@ -289,29 +311,29 @@ def test_every_timed_call_runs_on_content_no_earlier_call_saw():
 
 
 def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples(monkeypatch):
-    """integrity.RoundGuard.after_call keeps JUDGED_DRAWS of a round's samples but the last, drawn as each returns
+    """round.TimedRound.after_call keeps JUDGED_DRAWS of a round's samples but the last, drawn as each returns
     (selection sampling: every sample kept with odds k/n, exactly k copied), and after_last_call the last: over 3,000
     seeded rounds of 12 samples each sample is kept ~k/12 of the time, and a kernel wrong on 6 of them escapes with
     the odds C(6, k) / C(12, k) the docs state (k = 2: 22.7 %). A real round sends k + 1 answers however many samples
     it had."""
     import math
     import random
-    from types import SimpleNamespace
-
     import torch
 
     from harness.backends.naive import Naive
-    from harness.calls import integrity
+    from harness.calls import round as timed_round
     from harness.calls.call import Call
+    from harness.calls.content import Contents
     from harness.calls.timed import TimingCall
 
-    k, n, rounds = integrity.JUDGED_DRAWS, 12, 3000
-    monkeypatch.setattr(integrity.secrets, "randbelow", random.Random(0).randrange)
+    k, n, rounds = timed_round.JUDGED_DRAWS, 12, 3000
+    monkeypatch.setattr(timed_round.secrets, "randbelow", random.Random(0).randrange)
+    contents = Contents(CASE, "fwd", 3, "cpu")
     kept, escaped = [0] * n, 0
     for _ in range(rounds):
-        guard = integrity.RoundGuard(CASE, "fwd", 3, make_inputs(CASE, "cpu", 3))
+        guard = timed_round.TimedRound(Naive(), CASE, "fwd", CPU, contents.round, contents)
         copied = []
-        guard.timed = SimpleNamespace(answers=lambda value: copied.append(value) or {"out": value})
+        guard.answers = lambda value: copied.append(value) or {"out": value}
         for i in range(n):
             guard.after_call(torch.tensor(i), n - i)
         drawn = [int(o.answers["out"]) for o in guard.drawn]
@@ -338,7 +360,7 @@ def test_each_round_judges_its_last_call_and_a_uniform_draw_of_its_other_samples
 ])
 @pytest.mark.parametrize("phase", ["fwd", "bwd", "fwd+bwd"])
 def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout, case, phase):
-    """timed.Phase.fresh(inputs): what the buffers hold afterwards is bit for bit what `sources` makes of the call's
+    """round.TimedRound.fresh(inputs): what the buffers hold afterwards is bit for bit what `sources` makes of the call's
     inputs, cast to the case's dtype - from the float32 content the guard gives it: the one copy a buffer into a
     transposed view (which casts), a paged cache's pages, FP8's quantized inputs; the backward alone's q, k and v keep
     the round's, the forward alone's dO (it reads none) too."""
@@ -346,12 +368,12 @@ def test_a_call_s_content_written_into_the_buffers_is_its_inputs_laid_out(layout
 
     from harness.backends.naive import Naive
     from harness.calls.content import Contents
-    from harness.calls.timed import Phase
+    from harness.calls.round import TimedRound
 
     backend = type("Laid", (Naive,), {"layout": layout})()
     verified = make_inputs(case, "cpu", 4)
     contents = Contents(case, phase, 4, "cpu", verified.sinks, verified.bias)
-    timed = Phase(backend, case, contents.round, CPU, phase)
+    timed = TimedRound(backend, case, phase, CPU, contents.round, contents)
     kept = {name: t.detach().clone() for name, t in timed.buffers.items()}
     for index in range(1, 4):
         timed.fresh(contents.call(index, cast=False))  # as the guard writes it: float32, cast by the buffers' copy
@@ -378,7 +400,7 @@ def test_issue_62_s_rescaling_plugins_get_no_false_figure(kernel, phase):
 
 def test_an_answer_filled_when_the_harness_reads_it_costs_its_time_or_its_figure():
     """Issue 62 item 2: every timed call's answer is read in full inside its own timed region (its checksum,
-    integrity.RoundGuard.in_call), and the run judges only bytes with that checksum (run/judge.py `received`). A kernel
+    round.TimedRound.in_call), and the run judges only bytes with that checksum (run/judge.py `received`). A kernel
     returning uninitialised memory that a profile hook fills when the harness's answer-reading frame starts - after
     the clock, as on 770af44 - is rejected; one that fills when the timed read starts has its work timed."""
     row = _timed(gamed.FilledOnRead(), "fwd").row

@@ -89,7 +89,7 @@ def test_an_isolated_run_believes_no_worker_claim_of_an_answer_elided(plugin, tm
 
     session = RunSession(CPU, tmp_path / "run", timing=FAST, executor=make_executor(CPU, isolate=True))
     executor = session.executor
-    from harness.calls.integrity import Observed
+    from harness.calls.round import Observed
     forged = TimingResult(observed=[Observed({}, {}, 1)])  # no answer: "elided"
     try:
         naive = get_backends(["naive"])[0]

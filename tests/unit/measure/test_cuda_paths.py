@@ -192,8 +192,8 @@ def test_timing_with_a_graph_replays_and_never_times_the_build(fake):
     order = []
     config = TimingConfig(warmup_ms=0, budget_ms=2, min_reps=2, max_reps=2, cuda_graph=True)
     fn, build = lambda: order.append("fn"), lambda: order.append("build")
-    graph = cuda_graph.Captured(fn, None, torch.device("cuda", 0), build)
-    m = timing.measure(fn, device=torch.device("cuda", 0), config=config, graph=graph)
+    timed = timing.Timed(fn, build=build).capture(torch.device("cuda", 0))
+    m = timing.measure(timed, device=torch.device("cuda", 0), config=config)
     # built once for the warm-up and once captured (its own graph), both before any event
     assert order[0] == "build" and order.count("build") == 2 and m.mode == "cuda-graph"
     replays = [i for i, entry in enumerate(fake.log) if entry == ("replay",)]
@@ -202,7 +202,7 @@ def test_timing_with_a_graph_replays_and_never_times_the_build(fake):
 
 
 def test_a_graph_s_every_replay_reads_fresh_content_and_its_static_output_is_judged(fake):
-    """The round's guard (integrity.RoundGuard's steps) around a graph's replays: a call's content is written into
+    """The round's guard (round.TimedRound's steps) around a graph's replays: a call's content is written into
     the static inputs before every replay's events, and what each sample's step gets is the graph's static output,
     after its end event, the last one's by after_last_call. (An eager call after the replays would be judged instead
     of a replay, and judge nothing the samples did.)"""
@@ -215,7 +215,7 @@ def test_a_graph_s_every_replay_reads_fresh_content_and_its_static_output_is_jud
         fake.launch(lambda: out.copy_(x + 1))
         return out
 
-    class Guard:
+    class Round(timing.Timed):
         def before_call(self):
             fake.log.append(("content",))
             x.add_(1.0)
@@ -231,8 +231,8 @@ def test_a_graph_s_every_replay_reads_fresh_content_and_its_static_output_is_jud
             self.after_call(value, 0)
 
     config = TimingConfig(warmup_ms=0, budget_ms=3, min_reps=3, max_reps=3, cuda_graph=True)
-    graph = cuda_graph.Captured(fn, None, torch.device("cuda", 0))
-    m = timing.measure(fn, device=torch.device("cuda", 0), config=config, guard=Guard(), graph=graph)
+    timed = Round(fn).capture(torch.device("cuda", 0))
+    m = timing.measure(timed, device=torch.device("cuda", 0), config=config)
     assert m.mode == "cuda-graph" and m.n == 3 and len(calls) == 4  # 3 warm-up calls, 1 captured: no eager call after
     assert all(v is made["out"] for v, _ in seen) and len(seen) == 3  # the static output, every sample
     last = x[0].item()  # what the last content left: the last replay read it
@@ -252,35 +252,36 @@ def test_a_captured_backward_keeps_the_gradients_it_writes(fake):
     config = TimingConfig(warmup_ms=0, budget_ms=3, min_reps=3, max_reps=3, cuda_graph=True)
     fn, setup = (lambda: fake.launch(lambda: None)), (lambda: setups.append(sum(e[0] in ("capture", "replay")
                                                                                 for e in fake.log)))
-    timing.measure(fn, device=torch.device("cuda", 0), config=config, setup=setup,
-                   graph=cuda_graph.Captured(fn, setup, torch.device("cuda", 0)))
+    timing.measure(timing.Timed(fn, setup).capture(torch.device("cuda", 0)), device=torch.device("cuda", 0),
+                   config=config)
     assert setups == [0, 0, 0, 0]  # 3 warm-up calls and the capture, before it; none once the graph exists
 
 
 def test_a_backward_timed_as_a_graph_is_a_phase_of_replays_on_fresh_d_out(fake):
-    """calls.timed.graph_phase on a real (CPU) backward with the fake graph: the forward is made for the warm-up
+    """round.TimedRound.capture on a real (CPU) backward with the fake graph: the forward is made for the warm-up
     and made again inside a graph of its own; the gradients the captured backward wrote are the leaves' .grad
-    (setup ran before the capture); the phase has no setup, its call is the call's replay, and a call's content
-    goes into the static dO alone (the forward's graph keeps its q, k, v) - no eager forward."""
+    (setup ran before the capture); the round sets nothing up and builds nothing since, its call is the call's
+    replay, and a call's content goes into the static dO alone (the forward's graph keeps its q, k, v) - no eager
+    forward."""
     from harness.backends.naive import Naive
-    from harness.calls.timed import Phase, graph_phase
+    from harness.calls.round import TimedRound
     from harness.cases.case import AttentionCase, make_inputs
 
     case = AttentionCase(1, 2, 8, 8, "fp32")
     inputs = make_inputs(case, "cpu", 1)
-    eager = Phase(Naive(), case, inputs, torch.device("cpu"), "bwd")
+    timed = TimedRound(Naive(), case, "bwd", torch.device("cpu"), inputs)
     builds = []
-    build = eager.build
-    eager.build = lambda: (builds.append(fake.capturing is not None), build())
-    timed, captured = graph_phase(eager, torch.device("cuda", 0))
-    assert builds == [False, True] and timed.setup is None and timed.build is None
-    assert eager.buffers["q"].grad is not None  # written by the captured backward, not reset since
+    build = timed.build
+    timed.build = lambda: (builds.append(fake.capturing is not None), build())
+    timed.capture(torch.device("cuda", 0))
+    assert builds == [False, True] and timed.setup is timing._nothing and timed.build is timing._nothing
+    assert timed.buffers["q"].grad is not None  # written by the captured backward, not reset since
     fake.log.clear()
     new = make_inputs(case, "cpu", 2)
     timed.fresh(new)  # a new q too: dO alone is written
-    assert set(timed.sources(inputs)) == {"dO"} and torch.equal(eager.buffers["dO"], new.d_out)
-    assert torch.equal(eager.buffers["q"], inputs.q) and fake.log == [] and builds == [False, True]
-    assert timed.fn() is None and fake.log[-1] == ("replay",)
+    assert set(timed.sources(inputs)) == {"dO"} and torch.equal(timed.buffers["dO"], new.d_out)
+    assert torch.equal(timed.buffers["q"], inputs.q) and fake.log == [] and builds == [False, True]
+    assert timed.call() is None and fake.log[-1] == ("replay",)
     assert set(timed.answers(None)) == {"dq", "dk", "dv"}  # no output: the gradients alone
 
 

@@ -13,7 +13,7 @@ from harness.measure.limits.flops import attention_flops
 from harness.measure.measurement import Measurement
 from harness.measure.memory import peak_memory
 from harness.measure.limits.roofline import matmul_peak_tflops
-from harness.measure.timing import TimingConfig, measure
+from harness.measure.timing import Timed, TimingConfig, measure
 from harness.cases.masks import Causal, CausalBottomRight, KeyPadding
 
 CPU = resolve_device("cpu")
@@ -28,7 +28,7 @@ def test_measurement_statistics():
 
 
 def test_setup_runs_outside_the_timed_region():
-    m = measure(lambda: None, device=CPU, setup=lambda: time.sleep(0.005), config=FAST)
+    m = measure(Timed(lambda: None, setup=lambda: time.sleep(0.005)), device=CPU, config=FAST)
     assert m.median < 1.0 and m.n >= FAST.min_reps and len(m.samples_ms) == m.n
 
 
@@ -107,7 +107,7 @@ def test_the_estimate_call_is_the_first_sample_only_when_no_warm_up_follows_it(m
 
 
 def test_a_graph_is_captured_by_the_caller():
-    with pytest.raises(ValueError, match=r"cuda_graph=True\) needs graph="):  # never eager calls under a graph's name
+    with pytest.raises(ValueError, match=r"cuda_graph=True\) needs a captured call"):  # never eager calls under a graph's name
         measure(lambda: None, device=torch.device("cuda"), config=TimingConfig(cuda_graph=True))
 
 

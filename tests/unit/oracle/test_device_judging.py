@@ -70,11 +70,11 @@ def test_a_case_is_judged_where_its_reference_is_kept(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("phase", ["fwd", "bwd"])
 def test_a_timed_round_s_answers_are_judged_where_the_reference_is(device, phase):
-    """A round timed in this process on `device`: its observed answers stay there (RoundGuard.finish) and are judged
+    """A round timed in this process on `device`: its observed answers stay there (TimedRound.finish) and are judged
     against slices of references made there; an answer off by 1 (its checksum forged to match) fails."""
     from harness.backends.naive import Naive
     from harness.calls.call import Call
-    from harness.calls.integrity import Observed, checksum
+    from harness.calls.round import Observed, checksum
     from harness.calls.timed import TimingCall, run_timing
     from harness.measure.timing import TimingConfig
     from harness.run.judge import judge_timed
