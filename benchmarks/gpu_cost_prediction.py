@@ -26,8 +26,9 @@ from harness.cases.matrices import build_matrix
 from harness.isolation.wire import Channel
 from harness.oracle.verdict import compare
 from harness.backends.registry import get_backends
-from harness.planning.cost import H200_BACKENDS, PHASES, Job, job_cost, matrix_cost
-from harness.planning.rates import H200 as NOW, H200_BASELINE_RATES, H200_MEMORY, H200_REFERENCE_RATE
+from harness.planning.cost import PHASES, Job, job_cost
+from harness.planning.fitted import H200_BACKENDS, fitted_matrix
+from harness.planning.rates import H200 as NOW
 from harness.store.schema import BWD, FWD
 
 #: bytes compare() moves per element on a device (bf16 answer): the float64 copy (10), sub (24), abs (16), the
@@ -118,10 +119,7 @@ def main() -> None:
           f"{round_removed:.3f} s of host transfer and checks (not in the fit's key_round_s {host_fit.key_round_s} s, whose "
           "answers were checked in the worker then: kept)")
     backends = tuple(get_backends(list(H200_BACKENDS)))
-    budget = 8 * 2 ** 30
-    matrix = matrix_cost(build_matrix("gpu-smoke"), torch.device("cuda"), rate=H200_REFERENCE_RATE,
-                         baseline_rates=H200_BASELINE_RATES, memory=H200_MEMORY, reference_budget_bytes=budget,
-                         baseline_budget_bytes=budget)
+    matrix = fitted_matrix(build_matrix("gpu-smoke"), torch.device("cuda"), as_h200=True)
     for name, unit in (("the H200 fit", host_fit), ("after (extrapolated)", after)):
         cost = job_cost(matrix, Job(backends, PHASES, 1, probes=True), unit)
         by = {stage: sum(s.seconds for s in cost.steps if s.stage == stage) for stage in ("correctness", "timing")}

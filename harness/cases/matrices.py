@@ -184,7 +184,7 @@ def _gpu_smoke() -> list[AttentionCase]:
 
 
 def _gpu() -> list[AttentionCase]:
-    # the GPU main job within 15 minutes of one H200 (cost.run_estimate, 7 backends, 3 rounds: `selftest --dry-run`),
+    # the GPU main job within 15 minutes of one H200 (fitted.run_estimate, 7 backends, 3 rounds: `selftest --dry-run`),
     # each question once; FP8 as a Q/K/V paged decode, which every FP8 kernel takes (FA3 only that way)
     return (_tokens(["bf16"], [1024, 4096, 16384], ["causal"], [MHA_128])
             + _tokens(["bf16"], [4096], ["docs-causal"], [MHA_128])
@@ -201,7 +201,7 @@ def _gpu() -> list[AttentionCase]:
 
 
 def _gpu_wide() -> list[AttentionCase]:
-    """What `gpu` held until issue 33 (~1 h 40 min on an H200 by cost.run_estimate; ~1 h 50 min before issue 48)."""
+    """What `gpu` held until issue 33 (~1 h 40 min on an H200 by fitted.run_estimate; ~1 h 50 min before issue 48)."""
     return (_tokens(["bf16"], [512, 1024, 2048, 4096, 8192, 16384], ["none", "causal"], [MHA_64, MHA_128])
             + _tokens(["fp16"], [1024, 4096, 16384], ["none", "causal"], [MHA_128])
             + _tokens(["bf16"], [1024, 4096, 16384], ["causal"], [MHA_256])

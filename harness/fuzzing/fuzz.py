@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from harness.backends.base import Backend
-from harness.planning.cost import fitted_case_cost
+from harness.planning.fitted import fitted_case_cost
 from harness.run.session import RunSession
 from harness.fuzzing.shrink import (BOUND_S, TRIALS, Shrunk, Signature, Trials, failed_checks, inside,
                                       needs_one, reproduces, shrink)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 
@@ -14,9 +13,7 @@ from harness.measure.timing import TimingConfig, call_plan, looks_for
 from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
 from harness.oracle.reference import block_rows, reference_flops, reference_budget
 from harness.cases.case import AttentionCase
-from harness.planning.rates import (FITTED, FITTED_FLOP_RATES, H200, H200_BASELINE_RATES, H200_MEMORY,
-                                    H200_REFERENCE_RATE, RATES, REPEATS, RunRates, baseline_rate, rates_here,
-                                    reference_rate)
+from harness.planning.rates import (H200, RATES, REPEATS, RunRates, baseline_rate, rates_here, reference_rate)
 from harness.store.host import available_memory
 from harness.store.schema import FWD, PHASES
 
@@ -321,23 +318,6 @@ def job_cost(matrix: MatrixCost, job: Job, rates: RunRates | None = None) -> Job
     return JobCost(matrix, rates, tuple(steps), guessed)
 
 
-#: the backends of the H200 run the GPU estimate assumes, and --rounds' default
-H200_BACKENDS = ("naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex")
-H200_ROUNDS = 3
-
-
-def run_estimate(cases: list[AttentionCase], backends: tuple[str, ...] = H200_BACKENDS,
-                 rounds: int = H200_ROUNDS, rates: RunRates | None = None) -> float:
-    """Seconds a whole `pytest suites --benchmark` run of `cases` takes on an H200, at its measured FLOP rates and
-    `rates` (default: the GPU's unit costs)."""
-    from harness.backends.registry import get_backends
-    budget = 8 * 2 ** 30  # the reference's and baseline's buffers: what a 141 GB device gives them, at most
-    matrix = matrix_cost(cases, torch.device("cuda"), rate=H200_REFERENCE_RATE, baseline_rates=H200_BASELINE_RATES,
-                         memory=H200_MEMORY, reference_budget_bytes=budget, baseline_budget_bytes=budget)
-    job = Job(tuple(get_backends(list(backends))), PHASES, rounds, probes=True)
-    return job_cost(matrix, job, H200 if rates is None else rates).seconds
-
-
 def matrix_cost(cases: list[AttentionCase], device: torch.device, *, rate: float | None = None,
                 baseline_rates: dict[torch.dtype, float] | None = None, memory: int | None = None,
                 reference_budget_bytes: int | None = None, baseline_budget_bytes: int | None = None) -> MatrixCost:
@@ -362,44 +342,3 @@ def check_cost(cases: list[AttentionCase], device: torch.device, job: Job, *, al
     if not allow and (why := cost.refusal()):
         raise ValueError(why)
     return cost
-
-
-class FittedCost(NamedTuple):
-    """A case's seconds at the FITTED unit costs: its float64 reference and baseline alone, and the whole case; and
-    whether its reference and baseline fit the device's memory."""
-
-    reference_s: float
-    seconds: float
-    fits: bool
-
-
-def fitted_case_cost(case: AttentionCase, backends: tuple[Backend, ...], device: torch.device) -> FittedCost:
-    """`case` with each backend's correctness calls and compiles, priced at the device type's FITTED unit costs and
-    FLOP rates (a dtype with no fixed rate: measured): a plan a seed makes the same on every machine (fuzz)."""
-    reference, baselines = FITTED_FLOP_RATES.get(device.type, FITTED_FLOP_RATES["cuda"])
-    baselines = {case.dtype: baselines.get(case.dtype) or baseline_rate(device, case.dtype)}
-    matrix = matrix_cost([case], device, rate=reference, baseline_rates=baselines)
-    job = job_cost(matrix, Job(backends, session=False), FITTED.get(device.type, H200))
-    return FittedCost(matrix.case_seconds(matrix.costs[0]), sum(s.seconds for s in job.steps if s.stage != "start"),
-                      matrix.largest.peak_bytes <= matrix.memory)
-
-
-def backend_seconds(cases: list[AttentionCase], backends: tuple[Backend, ...], device_type: str,
-                    timed: bool) -> dict[str, float]:
-    """Seconds a suites run of `cases` (one timing round when `timed`) spends on each backend - its correctness calls
-    and compiles, and its timing - at the device type's FITTED unit costs and FLOP rates, nothing measured: what
-    selftest's plan prices a step at (the cases' references and baselines are the step's own fixed cost)."""
-    reference, baselines = FITTED_FLOP_RATES.get(device_type, FITTED_FLOP_RATES["cuda"])
-    device = torch.device(device_type)
-    budget = 8 * 2 ** 30 if device_type == "cuda" else None
-    dtypes = {c.dtype for c in cases}
-    matrix = matrix_cost(cases, device, rate=reference,
-                         baseline_rates={t: baselines.get(t) or baselines[torch.float32] for t in dtypes},
-                         memory=H200_MEMORY if device_type == "cuda" else None, reference_budget_bytes=budget,
-                         baseline_budget_bytes=budget)
-    job = job_cost(matrix, Job(backends, PHASES if timed else (), 1, session=False), FITTED.get(device_type, H200))
-    spent = {b.name: 0.0 for b in backends}
-    for step in job.steps:
-        if step.stage in ("correctness", "compile", "timing") and len(step.key) > 1:
-            spent[step.key[1]] += step.seconds
-    return spent

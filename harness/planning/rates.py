@@ -172,7 +172,7 @@ def rates_here(device: torch.device, load: float | None = None) -> RunRates:
     return cpu_rates(load_per_cpu() if load is None else load)
 
 
-#: the H200's measured FLOP rates and memory, for estimates made without the GPU at hand (run_estimate)
+#: the H200's measured FLOP rates and memory, for estimates made without the GPU at hand (fitted.run_estimate)
 H200_REFERENCE_RATE, H200_MEMORY = 22.4e12, 141 * 10 ** 9
 H200_BASELINE_RATES = {torch.bfloat16: 693e12, torch.float16: 664e12, torch.float32: 50e12}
 #: FLOP rates fixed per device type (float64 reference; the baseline's GEMM per dtype), for FITTED's plans: this

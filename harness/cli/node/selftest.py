@@ -146,12 +146,12 @@ def _available(names: str, device: str) -> list[str]:
 
 def gpu_matrix_estimate() -> str:
     """One line: what the GPU main job (`gpu`) would take on an H200, by the cost model at its measured rates."""
-    from harness.planning.cost import H200, H200_BACKENDS, H200_ROUNDS, run_estimate
+    from harness.planning.fitted import H200, H200_BACKENDS, H200_ROUNDS, run_estimate
     from harness.cases.matrices import build_matrix
     cases = build_matrix("gpu")
     extrapolated = "; its unit costs partly extrapolated: docs/gpu.md" if H200.extrapolated else ""
     return (f"the gpu matrix on an H200 (its measured rates, {len(H200_BACKENDS)} backends, {H200_ROUNDS} rounds): "
-            f"{len(cases)} cases, ~{run_estimate(cases) / 60:.1f} min (harness.planning.cost.run_estimate"
+            f"{len(cases)} cases, ~{run_estimate(cases) / 60:.1f} min (harness.planning.fitted.run_estimate"
             f"{extrapolated})")
 
 

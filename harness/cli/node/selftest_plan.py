@@ -9,14 +9,14 @@ from typing import Callable
 
 from harness.backends.registry import all_backends, get_backends
 from harness.cases.matrices import build_matrix
-from harness.planning.cost import backend_seconds
+from harness.planning.fitted import backend_seconds
 from harness.store.schema import BASELINE
 
 #: seconds a step is expected to take: (fixed, per backend it runs) on a GPU, then on the CPU stand-in. GPU ones as
 #: measured on an H200 on 2026-12-04 (9 backends: backends 11 s; tests/gpu ~210 s, a first paged FlashInfer case's JIT
 #: 66 s of it; gpu-smoke's ~70 s of compiles; fidelity 29 s), the last three still scaled from 2026-11-30; CPU ones
 #: dry-run times on the 2-core VM (docs/design/cli.md). A suites step's per-backend part (None) is the whole-job
-#: model's, at the device type's fitted unit costs (planning/cost.backend_seconds): one cost model for all
+#: model's, at the device type's fitted unit costs (planning/fitted.backend_seconds): one cost model for all
 ESTIMATES = {"backends": ((15, 0), (15, 0)), "tests-gpu": ((210, 0), (5, 0)), "correctness": ((70, None), (10, None)),
              "benchmark": ((30, None), (10, None)), "fidelity": ((30, 0), (15, 0)), "cuda-graph": ((20, None), (0, 0)),
              "cuda1": ((30, None), (0, 0)), "launch": ((40, 10), (20, 8))}

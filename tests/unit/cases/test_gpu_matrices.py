@@ -142,7 +142,7 @@ def test_the_gpu_main_job_fits_15_minutes_of_an_h200_and_gpu_full_keeps_the_rest
     """issue 33: the cost model's estimate of `gpu` at the H200's measured rates (7 backends, 3 rounds) is at most
     15 minutes; every case `gpu` held before is in gpu-full (307 cases, as before, and the 13 serving steps and FP8
     KV-cache cases of issue 36, and its 3 FP8 Q/K/V cases)."""
-    from harness.planning.cost import run_estimate
+    from harness.planning.fitted import run_estimate
 
     gpu, full = build_matrix("gpu"), build_matrix("gpu-full")
     assert run_estimate(gpu) <= 15 * 60 < run_estimate(full)

@@ -42,7 +42,7 @@ def test_every_step_is_planned_most_informative_first_and_the_dry_run_fits_120_s
     # a suites step is priced per backend by the whole-job model at the GPU's unit costs (one cost model for all)
     from harness.backends.registry import get_backends
     from harness.cases.matrices import build_matrix
-    from harness.planning.cost import backend_seconds
+    from harness.planning.fitted import backend_seconds
     names = ["naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "xformers"]
     priced = backend_seconds(build_matrix("gpu-smoke"), tuple(get_backends(names)), "cuda", timed=False)
     correctness = next(s for s in gpu if s.key == "correctness")

@@ -108,7 +108,7 @@ def test_the_run_estimate_reproduces_the_h200_run_it_was_fitted_to():
     """The H200's gpu-smoke run (docs/measurements.md, 7 backends): correctness of its first 11 cases ended at
     ~247 s, and a benchmark round took ~120 s; the estimate of those cases with 3 rounds (~607 s seen) is within
     15 % above it (the slow dense backends' calls are counted by their declared relative speed)."""
-    from harness.planning.cost import run_estimate
+    from harness.planning.fitted import run_estimate
     from harness.cases.matrices import build_matrix
 
     # gpu-smoke's cases then: those without paged KV or a model's modifiers, added since
