@@ -22,6 +22,7 @@ from dataclasses import replace
 import torch
 
 from harness.calls.round import JUDGED_DRAWS, checksum
+from harness.cases.case import answer_elements
 from harness.cases.matrices import build_matrix
 from harness.isolation.wire import Channel
 from harness.oracle.verdict import compare
@@ -29,7 +30,7 @@ from harness.backends.registry import get_backends
 from harness.planning.cost import PHASES, Job, job_cost
 from harness.planning.fitted import H200_BACKENDS, fitted_matrix
 from harness.planning.rates import H200 as NOW
-from harness.store.schema import BWD, FWD
+from harness.store.schema import BWD, FWD, FWD_BWD
 
 #: bytes compare() moves per element on a device (bf16 answer): the float64 copy (10), sub (24), abs (16), the
 #: finiteness masks (15), masked_fill (17), max and aminmax (16)
@@ -65,14 +66,6 @@ def measured_rates(n: int = 1 << 24) -> dict[str, float]:
     return rates
 
 
-def quantities(case, phase: str) -> int:
-    """Answer elements a call of `phase` returns: out (fwd), dq, dk, dv (bwd), both (fwd+bwd)."""
-    q = case.batch * case.heads * case.seq_q
-    out = q * case.head_dim_v
-    grads = q * case.head_dim + case.batch * case.kv_heads * case.seq_k * (case.head_dim + case.head_dim_v)
-    return {FWD: out, BWD: grads}.get(phase, out + grads)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", type=int, default=9, help="backends checked and timed per case")
@@ -89,7 +82,7 @@ def main() -> None:
     per_call, per_round, per_case = [], [], []
     for case in cases:
         itemsize = case.dtype.itemsize
-        both = quantities(case, "both") + quantities(case, FWD)  # the no-grad call's out judged too
+        both = answer_elements(case, FWD_BWD) + answer_elements(case, FWD)  # the no-grad call's out judged too
         moved = both * itemsize
         # a correctness call: the answers' host copy, the arena, judged on the host (the H200 fit's host rate)
         transfer = moved / d2h + moved / rates["arena crossing (B/s)"]
@@ -97,9 +90,9 @@ def main() -> None:
         device_call = 4 * IPC_OPEN_S + both / device_rate
         per_call.append((host_call, device_call, transfer))
         # the case's float64 reference brought to the host once (8 bytes an element, out and the gradients)
-        per_case.append(quantities(case, "both") * 8 / d2h)
+        per_case.append(answer_elements(case, FWD_BWD) * 8 / d2h)
         for phase in (FWD, BWD):
-            answers = (JUDGED_DRAWS + 1) * quantities(case, phase)
+            answers = (JUDGED_DRAWS + 1) * answer_elements(case, phase)
             slices = answers / (case.batch * case.kv_heads)
             host_round = (answers * itemsize * (1 / d2h + 1 / rates["arena crossing (B/s)"])
                           + answers / rates["host checksum (el/s)"] + slices / host_fit.judged_per_s)

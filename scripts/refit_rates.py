@@ -22,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from harness.cases.case import AttentionCase, answer_elements
 from harness.cases.case_id import parse_case_id
 from harness.measure.stages import COUNT_CHECKED, COUNT_TIMED
 from harness.planning.rates import UNIT_COSTS
@@ -40,14 +41,19 @@ def judged_elements(results) -> int:
     judged = {(r.case_id, r.backend, r.phase) for r in rows.itertuples() if ":" not in r.case_id}
     total = 0
     for case_id, backend, phase in judged:
-        f = parse_case_id(case_id)[0]  # the shapes alone (a mask known by its digest needs no rebuilding)
-        kv_heads, seq_k, dv = f["kv_heads"] or f["heads"], f["seq_k"] or f["seq_q"], f["head_dim_v"] or f["head_dim"]
-        q = f["batch"] * f["heads"] * f["seq_q"]
-        if phase == FWD:
-            total += q * dv * (2 if (case_id, backend, BWD) in judged else 1)
+        case = shapes_of(case_id)
+        if phase == FWD:  # the no-grad call's out, and the training call's too where it had one
+            total += answer_elements(case, FWD) * (2 if (case_id, backend, BWD) in judged else 1)
         else:
-            total += q * f["head_dim"] + f["batch"] * kv_heads * seq_k * (f["head_dim"] + dv)
+            total += answer_elements(case, BWD)
     return total
+
+
+def shapes_of(case_id: str) -> AttentionCase:
+    """The case's shapes alone (a mask known by its digest needs no rebuilding to count its answers)."""
+    f = parse_case_id(case_id)[0]
+    return AttentionCase(f["batch"], f["heads"], f["seq_q"], f["head_dim"], "fp32", kv_heads=f["kv_heads"],
+                         seq_k=f["seq_k"], head_dim_v=f["head_dim_v"])
 
 
 def device_type(run_dirs: list[Path]) -> str:

@@ -6,6 +6,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, TypeVar
 
+from harness.oracle.placement import reference_bytes
+
 T = TypeVar("T")
 
 #: prepared cases (inputs, float64 reference, naive errors): every stage walks its cases case-major, so the current
@@ -61,8 +63,8 @@ def tensor_bytes(t) -> int:
 
 
 def answer_bytes(prepared) -> int:
-    """A prepared case's reference, in bytes."""
-    return sum(tensor_bytes(t) for t in prepared.reference.tensors() if t is not None)
+    """A prepared case's reference, in bytes (as placement weighs it)."""
+    return reference_bytes(prepared.reference.tensors())
 
 
 def pool_cache() -> LRU:

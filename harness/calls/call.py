@@ -144,7 +144,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCac
                 if result.failure is not None:
                     result.op = op
                     return result
-                with stage("to host"):
+                with stage("answers copied"):
                     result.inference_out = _answer(backend.from_layout(inference.detach()))
                 poison(inference)
                 del inference
@@ -159,7 +159,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCac
         result.failure = owned(path, out, q, v, given, snapshot, call.case.dtype)
         if result.failure is not None:
             return result
-        with stage("to host"):
+        with stage("answers copied"):
             result.out = _answer(backend.from_layout(out.detach()))
         if not call.backward:
             return result
@@ -178,7 +178,7 @@ def run_call(backend: Backend, call: Call, device: torch.device, caches: CallCac
             if problem := grad_violation(name, grad, leaf):
                 problems.append(problem)
             else:
-                with stage("to host"):  # sinks and bias are canonical in every layout
+                with stage("answers copied"):  # sinks and bias are canonical in every layout
                     result.grads[name] = _answer(backend.from_layout(grad) if name in GRADS else grad)
         if problems:
             result.backward_failure = Failure(FAIL, "; ".join(problems))

@@ -13,7 +13,7 @@ from harness.cases import fp8, modifiers as mods
 from harness.cases.case_id import parse_case_id
 from harness.cases.masks import CacheCausal, MaskSpec
 from harness.cases.masks.cache_causal import ID_LENGTHS, cache_lengths
-from harness.store.schema import GRADS
+from harness.store.schema import BWD, FWD, GRADS
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
                                   "fp64": torch.float64}
@@ -196,6 +196,13 @@ def input_shapes(case: AttentionCase) -> list[tuple[int, ...]]:
     b, h, hkv, sq, sk = case.batch, case.heads, case.kv_heads, case.seq_q, case.seq_k
     return [(b, h, sq, case.head_dim), (b, hkv, sk, case.head_dim), (b, hkv, sk, case.head_dim_v),
             (b, h, sq, case.head_dim_v)]
+
+
+def answer_elements(case: AttentionCase, phase: str) -> int:
+    """Elements of the answers a call of `phase` returns: out (fwd: d_out's shape), dq, dk, dv (bwd: q's, k's and
+    v's shapes), all four (fwd+bwd)."""
+    q, k, v, out = (math.prod(shape) for shape in input_shapes(case))
+    return {FWD: out, BWD: q + k + v}.get(phase, out + q + k + v)
 
 
 def shaped(case: AttentionCase, drawn: list[torch.Tensor | None]) -> list[torch.Tensor | None]:

@@ -12,10 +12,10 @@ from harness.run.runner import backward_reason, baseline_budget
 from harness.measure.timing import TimingConfig, call_plan, looks_for
 from harness.oracle.baseline import SCORE_TENSORS, dense_bytes
 from harness.oracle.reference import block_rows, reference_flops, reference_budget
-from harness.cases.case import AttentionCase
+from harness.cases.case import AttentionCase, answer_elements
 from harness.planning.rates import (H200, RATES, REPEATS, RunRates, baseline_rate, rates_here, reference_rate)
 from harness.store.host import available_memory
-from harness.store.schema import FWD, PHASES
+from harness.store.schema import FWD, FWD_BWD, PHASES
 
 #: a job whose whole estimate (JobCost: every step) is longer than this is refused unless the override flag is given
 LIMIT_S = 3600.0
@@ -163,13 +163,6 @@ STAGE_WORDS = {"reference": "reference and baseline", "correctness": "correctnes
                "timing": "timing rounds", "checks": "deployment checks"}
 
 
-def _elements(case: AttentionCase, grads: bool) -> int:
-    """Elements of the answers judged: out (q's shape, v's head dim), with grads dq, dk, dv."""
-    q = case.batch * case.heads * case.seq_q
-    kv = case.batch * case.kv_heads * case.seq_k
-    return q * case.head_dim_v + (q * case.head_dim + kv * (case.head_dim + case.head_dim_v) if grads else 0)
-
-
 @dataclass(frozen=True)
 class JobCost:
     """A whole job's estimate on one device: its steps at the matrix's measured rates and the device's unit costs."""
@@ -246,7 +239,7 @@ def correctness_steps(matrix: MatrixCost, rates: RunRates, backend: Backend, cas
     grads = not backward_reason(backend, case, matrix.device)
     seconds = (rates.call_s + _call_seconds(matrix, rates, backend, case, False)
                + (_call_seconds(matrix, rates, backend, case, True) if grads else 0.0)
-               + (_elements(case, False) + _elements(case, grads)) / rates.judged_per_s)
+               + (answer_elements(case, FWD) + answer_elements(case, FWD_BWD if grads else FWD)) / rates.judged_per_s)
     key = (case.id, backend.name)
     steps = [Step("correctness", f"{case.id}: {backend.name}'s correctness calls", seconds, key)]
     if backend.compiles_per_shape:

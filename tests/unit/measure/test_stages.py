@@ -39,12 +39,12 @@ def test_nested_stages_are_charged_exclusive_time(fake_time):
         fake_time.now += 1.0
         with clock.stage("forward"):
             fake_time.now += 5.0
-        with clock.stage("to host"):
+        with clock.stage("answers copied"):
             fake_time.now += 2.0
             with clock.stage("forward"):  # nested twice: still exclusive
                 fake_time.now += 0.5
         fake_time.now += 0.25
-    assert clock.snapshot() == {"call": (1.25, 1), "forward": (5.5, 2), "to host": (2.0, 1)}
+    assert clock.snapshot() == {"call": (1.25, 1), "forward": (5.5, 2), "answers copied": (2.0, 1)}
     assert sum(s for s, _ in clock.snapshot().values()) == fake_time.now  # a partition of the 8.75 s
 
 
@@ -80,7 +80,7 @@ def test_an_exception_still_charges_the_stage(fake_time):
 def test_time_lines_name_the_largest_stages_and_the_rest():
     spent = {"wall_s": 100.0, "tests_s": {"correctness": 60.0, "benchmark": 35.0},
              "stages": {"forward": {"s": 40.0, "n": 22}, "judging": {"s": 10.0, "n": 88},
-                        "reference": {"s": 20.0, "n": 11}, "to host": {"s": 1.0, "n": 44}}}
+                        "reference": {"s": 20.0, "n": 11}, "answers copied": {"s": 1.0, "n": 44}}}
     first, second = time_lines(spent, top=2)
     assert first == "time: 100 s (correctness 60 s, benchmark 35 s)"
     assert second == ("  by stage: forward 40.0 s (22), reference 20.0 s (11), 2 more 11.0 s, "
@@ -98,10 +98,10 @@ def test_a_worker_call_brings_its_stages_back(tmp_path):
     spent = stages.STAGE_CLOCK.snapshot()
     # here: the reference, the worker's start and pipe, judging; there: the call's own stages
     for name in ("reference", "naive baseline", "worker start", "worker pipe", "judging", "inputs", "prepare",
-                 "forward", "backward", "to host", "worker: call", "worker: available"):
+                 "forward", "backward", "answers copied", "worker: call", "worker: available"):
         assert name in spent, f"{name} missing from {sorted(spent)}"
     # two forwards (the no-grad call inference makes, then the training call); out twice, dq, dk, dv
-    assert spent["forward"][1] == 2 and spent["backward"][1] == 1 and spent["to host"][1] == 5
+    assert spent["forward"][1] == 2 and spent["backward"][1] == 1 and spent["answers copied"][1] == 5
 
 
 def test_a_session_records_where_its_time_went(tmp_path):
