@@ -130,7 +130,7 @@ def test_markdown_escapes_what_it_takes_from_data(tmp_path):
     """Backend names and reasons come from plugins and exceptions: no raw HTML may reach report.md."""
     import pandas as pd
 
-    from harness.report.document import Para, Table, to_markdown
+    from harness.report.render import Para, Table, to_markdown
 
     md = to_markdown([Para("backend <b>evil</b> and a [link](#failures)"),
                       Table(pd.DataFrame({"reason": ["<script>alert(1)</script> | pipe"]}))], tmp_path)
@@ -162,7 +162,8 @@ def test_report_splits_by_modifier(tmp_path):
         "attn_mask float (alibi) + sink as an appended zero key/value"
     groups = set(run.verdicts.apply(case_group, axis=1))
     assert {"fp32 · causal · cap", "fp32 · none · sink-alibi", "fp32 · none"} <= groups
-    from harness.report.document import Heading, report_blocks
+    from harness.report.document import report_blocks
+    from harness.report.render import Heading
     headings = [b.text for b in report_blocks(run, {}, None) if isinstance(b, Heading)]
     assert "Modifiers" in headings
 

@@ -11,7 +11,7 @@ from harness.cases.case import AttentionCase
 from harness.cases.matrices import build_matrix
 from harness.cases.presets import quick_cases
 from harness.store.schema import BWD, FAIL, FWD, FWD_BWD, PASS, PHASES, REJECTED, UNAVAILABLE, Row, figures_comparable
-from harness.suite import plugin
+from harness.suite import plugin, summary
 
 ROOT = Path(__file__).resolve().parents[3]
 CASES = [AttentionCase(1, 2, 8, 8, "fp32"), AttentionCase(1, 2, 16, 8, "fp32")]
@@ -123,7 +123,7 @@ def test_the_summary_counts_cases_by_status_and_gives_the_median_speedup_over_na
                                _perf("c1", "naive", BWD, 3.0), _perf("c1", "sdpa", BWD, 1.5)]}
     perf |= {r.key: r for r in [_perf("c2", "sdpa", BWD, None, timing_status=REJECTED,
                                       timing_reason="[bwd, the last call, on new inputs] dq err 0.5 > tol 0.001")]}
-    header, naive, sdpa, flash, legend, why, cheat = plugin.summary_lines(SimpleNamespace(verdicts=verdicts,
+    header, naive, sdpa, flash, legend, why, cheat = summary.summary_lines(SimpleNamespace(verdicts=verdicts,
                                                                                         perf_rows=perf))
     columns = header.split()
     assert columns[:9] == ["backend", "pass", "fail", "unsupported", "unavailable", "error", "oom", "rejected",
@@ -137,7 +137,7 @@ def test_the_summary_counts_cases_by_status_and_gives_the_median_speedup_over_na
     assert cheat == ("looks like a known cheat: sdpa: answers from an earlier call: right when judged, wrong on the "
                      "timed calls' new inputs (1 row(s), e.g. c2 [bwd])")
     assert header.endswith(f"speedup vs naive {FWD_BWD}") and "speedup vs naive:" in legend
-    untimed = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows={}))
+    untimed = summary.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows={}))
     assert "speedup" not in untimed[0] and len(untimed[1].split()) == 7
 
 
@@ -148,7 +148,7 @@ def test_a_figure_beyond_the_measured_peak_counts_in_no_speedup():
     perf = {r.key: r for r in [_perf("c1", "naive", FWD, 4.0), _perf("c1", "sdpa", FWD, 1.0, suspicious=True),
                                _perf("c2", "naive", FWD, 6.0, suspicious=True), _perf("c2", "sdpa", FWD, 1.0),
                                _perf("c3", "naive", FWD, 3.0), _perf("c3", "sdpa", FWD, 1.5)]}
-    sdpa = plugin.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows=perf))[2]
+    sdpa = summary.summary_lines(SimpleNamespace(verdicts=verdicts, perf_rows=perf))[2]
     assert sdpa.split()[-3:] == ["2.00", "-", "-"]  # c3 alone
     assert figures_comparable("timed", False) and not figures_comparable("timed", True)
     assert not figures_comparable(REJECTED, False) and figures_comparable("timed", None)
@@ -157,14 +157,14 @@ def test_a_figure_beyond_the_measured_peak_counts_in_no_speedup():
 def test_the_summary_says_when_keys_were_timed_beside_other_load():
     rows = [_perf("c1", "naive", FWD, 1.0, contention=0.1), _perf("c2", "naive", FWD, 1.0, contention=0.7),
             _perf("c3", "naive", FWD, 1.0)]
-    assert plugin.loaded_lines(rows) == [
+    assert summary.loaded_lines(rows) == [
         "loaded: 1 of 2 timed key(s) ran while other processes took over 50% of the CPUs (at most 70%; results.csv's "
         "contention column has each key's): their figures carry that load - time them again on a quiet machine "
         "before trusting a speedup"]
-    assert plugin.loaded_lines(rows[:1]) == []
+    assert summary.loaded_lines(rows[:1]) == []
     # keys timed on several threads: the remedy measured for them too (issue 67 item 3)
     threaded = [_perf("c2", "naive", FWD, 1.0, contention=0.7, threads=2)]
-    assert plugin.loaded_lines(threaded)[0].endswith(f"; or run with --threads 1 ({plugin.THREADS_REMEDY})")
+    assert summary.loaded_lines(threaded)[0].endswith(f"; or run with --threads 1 ({summary.THREADS_REMEDY})")
 
 
 def test_the_progress_weights_are_the_estimates_steps_per_test():
