@@ -69,7 +69,8 @@ def main() -> None:
                                 break
                             claimed = sum(result.measurement.samples_ms)
                             unseen = result.wall_ms - result.accounted_ms
-                            problem = clock_audit(result)
+                            audit = clock_audit(result)
+                            problem = "" if audit.loaded else audit.problem  # unauditable: no figure, not rejected
                             total += 1
                             excess.append(unseen)
                             ratios.append(result.wall_ms / result.accounted_ms)
@@ -77,7 +78,7 @@ def main() -> None:
                                 rejected.append(problem)
                             print(f"{case.id[:48]:48s} {backend.name:6s} {phase:7s} r{index + 1} claimed "
                                   f"{claimed:8.3f} accounted {result.accounted_ms:8.3f} run's clock {result.wall_ms:8.3f} "
-                                  f"unseen {unseen:7.3f} {'REJECTED' if problem else ''}", flush=True)
+                                  f"unseen {unseen:7.3f} {'REJECTED' if problem else 'UNAUDITABLE' if audit.loaded else ''}", flush=True)
                             estimate = estimate or result.measurement.median
                             memory = memory or (result.peak_mem_bytes, result.mem_method)
     finally:

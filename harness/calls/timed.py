@@ -85,13 +85,14 @@ def run_timing(backend: Backend, timing: TimingCall, device: torch.device,
         try:
             with stage("inputs"):
                 inputs = call_inputs(timing.call, device, None if caches is None else caches.drawn)
-                contents = Contents(case, phase, timing.seed, device, inputs.sinks, inputs.bias,
+                contents = Contents(case, phase, timing.seed, inputs.q.device, inputs.sinks, inputs.bias,
                                     None if caches is None else caches.pools) if timing.checked else None
                 inputs = inputs if contents is None else contents.round  # the round's own content
 
             def built() -> TimedRound:
+                # the run brackets a checked round's calls on a CPU (on CUDA the events' audit stands)
                 return TimedRound(backend, case, phase, device, inputs, contents,
-                                  ticker if device.type == "cpu" else None)
+                                  ticker if device.type == "cpu" and contents is not None else None)
 
             # On the CPU a first round's memory probe is its first call: the round built once, and measure told the
             # call is warm; elsewhere the probe is an unchecked round of its own, freed before timing, so a backward

@@ -15,12 +15,11 @@ from harness.compare.budget import next_step, sized_budget
 from harness.compare.groups import Groups
 from harness.compare.runs import Comparison, mark_regressions, samples_by_key
 from harness.compare.timers import (CheckoutTimer, ExecutorTimer, KeyTimer, Rejected, Unaudited, code_mismatch,
-                                    current_code, run_cases)
+                                    current_code, kernels_differ, run_cases, sources_note)
 from harness.measure.paired import BUSY_LOAD_PER_CPU, pairs_needed, paired_verdict
 from harness.measure.pooled import GroupVerdict, pair_excluded, pair_log_ratios, scope
 from harness.measure.stats import FAMILY_ALPHA, gate_verdict
 from harness.store.environment import REPO_ROOT
-from harness.store.kernels import describe
 from harness.store.run_dir import read_env
 from harness.store.schema import FASTER, REJECTED, SLOWER, UNCHANGED, UNDECIDED
 from harness.store.writer import PairsWriter, SamplesWriter
@@ -81,23 +80,6 @@ def base_timer_for(comparison: Comparison, config: RemeasureConfig, base_checkou
                 "the base code: this checkout (the base run's)")
     return None, (f"the base code is not here ({why}): only the new side is timed again, against the base run's "
                   "stored rounds; pass --base-checkout DIR (a checkout of the base commit) to time both in pairs")
-
-
-def kernels_differ(base_env: dict, new_env: dict) -> bool:
-    """Whether the two runs timed different kernel sources (a plugin changed between them)."""
-    digests = [[r.get("sha256") for r in env.get("backend_sources") or []] for env in (base_env, new_env)]
-    return digests[0] != digests[1]
-
-
-def sources_note(base_env: dict, new_env: dict) -> str:
-    """Which kernel source each side of a re-measurement ran ('' for a run of built-ins only)."""
-    base, new = (env.get("backend_sources") or [] for env in (base_env, new_env))
-    if not base and not new:
-        return ""
-    if not kernels_differ(base_env, new_env):
-        return "kernel source unchanged: " + ", ".join(describe(r) for r in new)
-    return (f"kernel sources: base {', '.join(describe(r) for r in base) or 'none'}, new "
-            f"{', '.join(describe(r) for r in new) or 'none'}")
 
 
 def _check_new_side(env: dict, run_dir: Path) -> str:
@@ -261,7 +243,7 @@ def _rounds(comparison: Comparison, config: RemeasureConfig, pending: dict, time
                     continue
                 unaudited = [f"{side}: {g.reason}" for side, g in got.items() if isinstance(g, Unaudited)]
                 if unaudited:  # the load's, not the kernel's: the pair does not count, the key goes on
-                    k.excluded.append("; ".join(unaudited))
+                    k.excluded.append("unauditable: " + "; ".join(unaudited))
                     continue
                 for side, timed in got.items():
                     writers[side].write(run_ids[side], k.case.id, k.backend, k.phase, timed.samples, rounds_done)

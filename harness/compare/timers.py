@@ -1,4 +1,5 @@
-"""The timers of a re-measurement: this checkout's code in workers, or another checkout's through its server."""
+"""The timers of a re-measurement: this checkout's code in workers, or another checkout's through its server; which
+code and kernel sources each side runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Protocol
 
 from harness.calls.cache import pool_cache
 from harness.store.environment import REPO_ROOT, git_state, library_versions
-from harness.store.kernels import timed_module
+from harness.store.kernels import describe, timed_module
 from harness.store.schema import REJECTED
 
 
@@ -222,3 +223,20 @@ class CheckoutTimer:
                 self.proc.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
+
+
+def kernels_differ(base_env: dict, new_env: dict) -> bool:
+    """Whether the two runs timed different kernel sources (a plugin changed between them)."""
+    digests = [[r.get("sha256") for r in env.get("backend_sources") or []] for env in (base_env, new_env)]
+    return digests[0] != digests[1]
+
+
+def sources_note(base_env: dict, new_env: dict) -> str:
+    """Which kernel source each side of a re-measurement ran ('' for a run of built-ins only)."""
+    base, new = (env.get("backend_sources") or [] for env in (base_env, new_env))
+    if not base and not new:
+        return ""
+    if not kernels_differ(base_env, new_env):
+        return "kernel source unchanged: " + ", ".join(describe(r) for r in new)
+    return (f"kernel sources: base {', '.join(describe(r) for r in base) or 'none'}, new "
+            f"{', '.join(describe(r) for r in new) or 'none'}")

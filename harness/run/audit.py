@@ -157,13 +157,13 @@ def clock_audit(answer) -> Audit:
     claimed = sum(answer.measurement.samples_ms)
     events = answer.measurement.event_vs_host
     behind = answer.asked_ns is not None and clock_behind(answer.started_ns, answer.asked_ns)
-    brackets = (answer.witness is not None and not behind
-                and bracket_problem(list(answer.witness.brackets), answer.measurement.samples_ms,
-                                    answer.witness.threads))
-    if brackets and brackets.problem:
+    brackets = (Audit() if answer.witness is None or behind else
+                bracket_problem(list(answer.witness.brackets), answer.measurement.samples_ms, answer.witness.threads))
+    if brackets.problem and not brackets.loaded:
         return brackets
-    return Audit(behind
-                 or (answer.wall_ms is not None and clock_disagreement(claimed, answer.accounted_ms, answer.wall_ms))
-                 or (events is not None and clock_disagreement(
-                     claimed, *events, "the device's events disagree with the host clock after synchronisation",
-                     EVENT_SLACK_MS)) or "")
+    other = (behind or (answer.wall_ms is not None and clock_disagreement(claimed, answer.accounted_ms, answer.wall_ms))
+             or (events is not None and clock_disagreement(
+                 claimed, *events, "the device's events disagree with the host clock after synchronisation",
+                 EVENT_SLACK_MS)))
+    # unauditable only where every other check passed: the load explains nothing else
+    return Audit(other) if other else brackets

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.compare.remeasure import RemeasureConfig, kernels_differ, remeasure, sources_note
+from harness.compare.remeasure import RemeasureConfig, remeasure
+from harness.compare.timers import kernels_differ, sources_note
 from harness.compare.runs import EXIT_REGRESSION, compare_runs
 from harness.compare.timers import current_code
 from harness.cases.case import AttentionCase

@@ -162,3 +162,35 @@ def test_a_disagreeing_round_is_timed_again_and_only_an_agreeing_round_s_figure_
     answer, clock = audited_time(Executor(), None, timing, CPU)
     assert len(asked) == kept and answer.index == kept and bool(clock.problem) == rejected and not clock.loaded
     assert len(set(asked)) == kept and asked[0] == timing.seed and answer.seed == asked[-1]  # a retry: new contents
+
+
+def test_a_round_unauditable_by_its_brackets_is_still_rejected_by_any_other_check(monkeypatch):
+    """audit.clock_audit: the bracket rule's `loaded` (a pool's spin beside other load) explains the brackets alone -
+    a round whose clock also disagrees with the run's around it is rejected, not left unauditable."""
+    from types import SimpleNamespace
+
+    from harness.run import audit
+
+    loaded = audit.Audit("spun: not auditable at this load", loaded=True)
+    monkeypatch.setattr(audit, "bracket_problem", lambda *a: loaded)
+    measurement = SimpleNamespace(samples_ms=(5.0,), event_vs_host=None)
+    answer = SimpleNamespace(measurement=measurement, accounted_ms=10.0, witness=SimpleNamespace(brackets=(), threads=2),
+                             started_ns=1, asked_ns=0)
+    assert audit.clock_audit(SimpleNamespace(**vars(answer), wall_ms=20.0)) == loaded
+    disagrees = audit.clock_audit(SimpleNamespace(**vars(answer), wall_ms=500.0))
+    assert disagrees.problem.startswith("the backend process's clock disagrees") and not disagrees.loaded
+
+
+def test_an_unchecked_round_is_not_bracketed():
+    """TimingCall(checked=False) (integrity_overhead's baseline): no content, no checks - and no bracket, so a
+    worker's ticker is never touched (its first word would be a report the run never asked for)."""
+    from harness.backends.naive import Naive
+    from harness.calls.call import Call
+    from harness.calls.timed import TimingCall, run_timing
+
+    class Ticker:
+        def __getattr__(self, name):
+            raise AssertionError(f"an unchecked round used the ticker's {name}")
+
+    result = run_timing(Naive(), TimingCall(Call(CASE, 3), "fwd", FAST, checked=False), CPU, ticker=Ticker())
+    assert result.failure is None and result.observed == [] and result.measurement.n >= FAST.min_reps
