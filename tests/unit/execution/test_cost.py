@@ -69,22 +69,21 @@ def test_the_reference_rate_is_measured_here():
     assert 1e8 < rate < 1e13  # a measured float64 rate of this machine (FLOP/s), not a constant
 
 
-def test_a_rate_skips_the_first_call_and_takes_the_best_of_samples_of_a_minimum_length():
-    import time
-
+def test_a_rate_skips_the_first_call_and_takes_the_best_of_samples_of_a_minimum_length(monkeypatch):
+    """On a virtual clock (the machine's load moves no call): each call advances it by what it takes."""
+    import harness.planning.rates as rates
     from harness.planning.cost import ASSUMED
 
-    from harness.planning.rates import _best_seconds
-
-    calls = []
+    calls, now = [], [0.0]
+    monkeypatch.setattr(rates.time, "perf_counter", lambda: now[0])
 
     def call():  # the first call pays a one-off cost (thread pool, kernel selection): 0.2 s against ~1 ms; the
         calls.append(1)  # first sample is slowed by other load (50 ms), which the best of the samples ignores
-        time.sleep(0.2 if len(calls) == 1 else 0.05 if len(calls) == 3 else 0.001)
+        now[0] += 0.2 if len(calls) == 1 else 0.05 if len(calls) == 3 else 0.001
 
-    seconds = _best_seconds(call, CPU, repeats=3, min_sample_s=0.005)
-    assert seconds < 0.01  # neither the warm-up's 0.2 s nor the slowed sample (~25 ms a call) is in the rate
-    assert len(calls) >= 1 + 2 + 2 * 2  # each sample looped the call until it lasted 5 ms
+    seconds = rates._best_seconds(call, CPU, repeats=3, min_sample_s=0.005)
+    assert seconds == pytest.approx(0.001)  # neither the warm-up's 0.2 s nor the slowed sample (~25 ms a call)
+    assert len(calls) == 1 + 2 + 2 * 5  # the slowed sample lasted 5 ms in 2 calls; each other looped 5 of 1 ms
     assert "best of" in ASSUMED and ASSUMED in job_cost(matrix_cost([AttentionCase(1, 2, 8, 8, "fp32")], CPU,
                                                                     **RATES), Job(())).summary()
 
