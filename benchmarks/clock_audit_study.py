@@ -14,7 +14,10 @@ Each round is audited once here (a suite run times a disagreeing round once more
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -37,6 +40,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cases", type=int, default=None, help="the matrix's first N cases only")
+    parser.add_argument("--dump", default=None, help="a JSON file for each round's brackets, samples and audit")
     parser.add_argument("--backend-module", default=None,
                         help="a plugin module to load (tests/fixtures/clock_plugins.py plants clocks slowed 5x)")
     args = parser.parse_args()
@@ -46,7 +50,7 @@ def main() -> None:
 
         load_backend_module(args.backend_module)  # the workers load what this process loaded
     executor = IsolatedExecutor(device, threads=torch.get_num_threads())
-    excess, ratios, rejected, total = [], [], [], 0
+    excess, ratios, rejected, total, dumped = [], [], [], 0, []
     try:
         for case in build_matrix(args.matrix)[:args.cases]:
             prepared = prepare_case(case, device, 12345)
@@ -76,6 +80,13 @@ def main() -> None:
                             ratios.append(result.wall_ms / result.accounted_ms)
                             if problem:
                                 rejected.append(problem)
+                            if audit.problem:
+                                print(f"    {audit.problem}")
+                            if args.dump and result.witness is not None:
+                                dumped.append({"threads": result.witness.threads,
+                                               "samples": list(result.measurement.samples_ms),
+                                               "brackets": [dataclasses.astuple(b) for b in result.witness.brackets],
+                                               "problem": audit.problem, "loaded": audit.loaded})
                             print(f"{case.id[:48]:48s} {backend.name:6s} {phase:7s} r{index + 1} claimed "
                                   f"{claimed:8.3f} accounted {result.accounted_ms:8.3f} run's clock {result.wall_ms:8.3f} "
                                   f"unseen {unseen:7.3f} {'REJECTED' if problem else 'UNAUDITABLE' if audit.loaded else ''}", flush=True)
@@ -83,6 +94,8 @@ def main() -> None:
                             memory = memory or (result.peak_mem_bytes, result.mem_method)
     finally:
         executor.close()
+        if args.dump:
+            Path(args.dump).write_text(json.dumps(dumped))
     q = statistics.quantiles(excess, n=100) if len(excess) > 2 else excess
     print(f"rounds {total}, rejected {len(rejected)}; unseen ms (the run's clock - the round's accounted time): median "
           f"{statistics.median(excess):.3f}, p90 {q[89]:.3f}, p99 {q[98]:.3f}, max {max(excess):.3f}; run's / accounted "

@@ -144,7 +144,8 @@ class TimedRound(Timed):
         On several, whose CPU time the worker's clock folds in up to a tick late anyway (run/audit.py STALE_MS), a
         call right after a bracketed one is not asked for: its bracket opens at the run's reading of the last
         report, holding this call's content and setup (one round trip a call, not two: the main job's calls cost
-        343 us each outside their readings, was 414)."""
+        343 us each outside their readings, was 414) - unless the run has asked for every call (a worker kept
+        waiting for a CPU: isolation/brackets.py)."""
         if self.ticker is not None:
             self.ticker.open(adjacent=self._adjacent and torch.get_num_threads() > 1)
         self._open = True

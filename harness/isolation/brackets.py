@@ -18,15 +18,15 @@ from dataclasses import dataclass
 
 from harness.measure.timing import CLOCKS
 
-_TICK, _TOCK, _NONCE, _GO, _ACK = b"t", b"r", b"n", b"g", b"a"
+_TICK, _TOCK, _NONCE, _GO, _ACK, _ACK_TICK = b"t", b"r", b"n", b"g", b"a", b"k"
 #: the checksums a report carries, by quantity, in this order (which are there: a bit each)
 SUMMED = ("out", "dq", "dk", "dv", "dsinks", "dbias")
 #: the worker's message, every kind one size (raw reads of a fixed length on the socket, no framing: ~10 us a
 #: message less than a Connection's): its kind; for a report, its clock at the call's start and end (ns), which
 #: answers it read, their checksums
 _ASK = struct.Struct("<cqqB6q")
-#: the run's word: go (a call may start), or ack after a report: the slot to keep its answers in (-1: not kept),
-#: the next call's nonce
+#: the run's word: go (a call may start), or ack after a report - _ACK_TICK: and ask before the next call even right
+#: after this one - with the slot to keep its answers in (-1: not kept), the next call's nonce
 _WORD = struct.Struct("<cbQ")
 
 
@@ -55,9 +55,17 @@ class Bracket:
     cpu_ns: int
     #: the checksums of the call's answers, by quantity, as its report carried them (read inside its timed region)
     sums: tuple = ()
-    #: ns the worker's main thread and the run's thread spent runnable but not running (waiting for a CPU: the
-    #: scheduler's run_delay, /proc/<tid>/schedstat) between the two readings: the machine's, never the call's
-    waited_ns: int = 0
+    #: the scheduler's counts between the two readings (Waits, /proc/<tid>/schedstat): ns the worker's main thread,
+    #: which reads the clock and reports, spent runnable but not running (waiting for a CPU: run_delay), and running;
+    #: ns the run's thread waited for a CPU - the machine's, never the call's
+    worker_waited_ns: int = 0
+    worker_ran_ns: int = 0
+    run_waited_ns: int = 0
+
+    @property
+    def waited_ns(self) -> int:
+        """ns the worker's main thread and the run's waited for a CPU between the two readings."""
+        return self.worker_waited_ns + self.run_waited_ns
 
 
 @dataclass(frozen=True)
@@ -77,11 +85,13 @@ class Ticker:
     def __init__(self, conn):
         self.conn, self.fd = conn, conn.fileno()
         self._nonce: int | None = None  # the next call's, as the run's last word gave it
+        self._tick = False  # the run's last word asked the next call to ask, even right after this one
 
     def begin(self) -> None:
         """A new round: the nonce the last round's last word gave is not this round's (the run gives a round's
         nonces anew, in order, from its first call's)."""
         self._nonce = None
+        self._tick = False
 
     def _ask(self, kind: bytes, *report) -> tuple:
         os.write(self.fd, _ASK.pack(kind, *(report or (0, 0, 0, 0, 0, 0, 0, 0, 0))))
@@ -98,9 +108,9 @@ class Ticker:
     def open(self, adjacent: bool = False) -> None:
         """Before a call's clock starts: the run reads its clocks and lets it start - or, `adjacent`, nothing is
         asked and the call's bracket opens where the run's last reading was taken (the last call's report, or the
-        round's first nonce; brackets.Brackets), holding all the worker did since. A worker that skips this only
-        widens its own brackets."""
-        if not adjacent and self._ask(_TICK)[0] != _GO:
+        round's first nonce; brackets.Brackets), holding all the worker did since, unless the run's last word said
+        to ask. A worker that skips this only widens its own brackets."""
+        if (not adjacent or self._tick) and self._ask(_TICK)[0] != _GO:
             raise RuntimeError("the run answered a call's bracket out of turn")
 
     def close(self, start_ns: int, end_ns: int, sums: dict[str, int]) -> int:
@@ -109,11 +119,14 @@ class Ticker:
         present = sum(1 << i for i, quantity in enumerate(SUMMED) if quantity in sums)
         # idle while the run reads its CPU clock
         word, slot, self._nonce = self._ask(_TOCK, start_ns, end_ns, present, *(sums.get(q, 0) for q in SUMMED))
-        if word != _ACK:
+        if word not in (_ACK, _ACK_TICK):
             raise RuntimeError("the run answered a call's bracket out of turn")
+        self._tick = word == _ACK_TICK
         return slot
 
 
+#: a worker that waited longer for a CPU in a bracket is asked before every later call (Brackets.serve)
+TICK_AFTER_WAIT_NS = 1_000_000
 #: how many times the run looks for the worker to be waiting before it reads the CPU clock anyway (a few us each)
 SETTLE_LOOKS = 1000
 
@@ -125,26 +138,34 @@ def cpu_clock(pid: int) -> int:
 
 
 class Waits:
-    """The scheduler's run_delay (ns a thread spent runnable but waiting for a CPU: /proc/<tid>/schedstat's second
-    field) of the worker's main thread, which reads the clock and reports, plus the reading thread's own; 0 where
-    Linux keeps no such count. A thread that sleeps, or waits on another process, accrues none: what a call's
-    wall bracket may be excused by is the machine's contention alone."""
+    """The scheduler's counts (/proc/<tid>/schedstat: ns running, ns runnable but waiting for a CPU - run_delay) of
+    the worker's main thread, which reads the clock and reports, and of the thread that reads them; zeros where Linux
+    keeps no such count. A thread that sleeps, or waits on another process, accrues no wait: what a call's wall
+    bracket may be excused by is the machine's contention alone - the worker's own wait only outside its call, which
+    the run's wake-up, sampling the same scheduler at the same moment, bounds (run/audit.py)."""
 
     def __init__(self, pid: int):
         self._fds = {"worker": _open(f"/proc/{pid}/schedstat")}  # the thread-group leader: the worker's main thread
 
-    def __call__(self) -> int:
+    def _fields(self, name: str) -> tuple[int, int]:
+        fd = self._fds[name]
+        try:
+            ran, waited = os.pread(fd, 128, 0).split()[:2] if fd is not None else (0, 0)
+            return int(ran), int(waited)
+        except (OSError, ValueError):
+            return 0, 0
+
+    def worker(self) -> tuple[int, int]:
+        """(the worker's main thread's ns running, ns waiting for a CPU): its running time is exact once it waits for
+        the run (Brackets._settle), a running thread's is folded in up to a tick late."""
+        return self._fields("worker")
+
+    def run(self) -> int:
+        """The reading thread's ns waiting for a CPU."""
         me = f"run {threading.get_native_id()}"  # the thread that reads: the one serving the brackets
         if me not in self._fds:
             self._fds[me] = _open("/proc/thread-self/schedstat")
-        total = 0
-        for name in ("worker", me):
-            fd = self._fds[name]
-            try:
-                total += int(os.pread(fd, 128, 0).split()[1]) if fd is not None else 0
-            except (OSError, IndexError, ValueError):
-                pass
-        return total
+        return self._fields(me)[1]
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -168,6 +189,7 @@ class Brackets:
         self.conn, self.fd, self.clock, self.keep = conn, conn.fileno(), cpu_clock(pid), keep
         self._stat = _open(f"/proc/{pid}/stat")
         self.waits = Waits(pid)
+        self.ticking = False  # every call asks before it starts, from the first time the worker waited (serve)
         self.clear()
 
     def clear(self) -> None:
@@ -178,7 +200,11 @@ class Brackets:
         #: bracket opens unless a tick comes first (None: none yet this request)
         self._opened: int | None = None
         self._cpu: int | None = None
-        self._waited: int = 0
+        #: the scheduler's counts at that reading: the worker's main thread's ns running and waiting, and the run's
+        #: wait once its word was written (a worker woken on its CPU may hold it, runnable, through the whole call:
+        #: that wait delays no reading)
+        self._worker: tuple[int, int] = (0, 0)
+        self._run_waited: int = 0
 
     def witnessed(self, threads: int) -> Witnessed:
         return Witnessed(tuple(self.taken), tuple(self.nonces), tuple(self.kept), threads)
@@ -225,18 +251,28 @@ class Brackets:
         kind, start, end, present, *sums = _ASK.unpack(_read(self.fd, _ASK.size))
         if kind in (_NONCE, _TICK):
             self._settle()
-            self._cpu, self._waited, self._opened = time.clock_gettime_ns(self.clock), self.waits(), CLOCKS.now_ns()
+            self._cpu, self._worker = time.clock_gettime_ns(self.clock), self.waits.worker()
+            self._opened = CLOCKS.now_ns()
             os.write(self.fd, _WORD.pack(_GO, -1, 0) if kind == _TICK else _WORD.pack(_NONCE, -1, self._nonce()))
         elif kind == _TOCK:
             if self._opened is None:
                 raise ValueError("the worker reported a call before the run read its clocks for the round")
-            closed, waited = CLOCKS.now_ns(), self.waits()
+            closed, run_waited, worker_waited = CLOCKS.now_ns(), self.waits.run(), self.waits.worker()[1]
             self._settle()
-            cpu = time.clock_gettime_ns(self.clock)
+            cpu, worker = time.clock_gettime_ns(self.clock), self.waits.worker()
             summed = tuple((q, s) for i, (q, s) in enumerate(zip(SUMMED, sums)) if present >> i & 1)
             self.taken.append(Bracket(self._opened, closed, start, end, cpu - self._cpu, summed,
-                                      waited - self._waited))
-            self._opened, self._cpu, self._waited = closed, cpu, waited  # an adjacent call's bracket opens here
-            os.write(self.fd, _WORD.pack(_ACK, self._slot(len(self.taken)), self._nonce()))
+                                      worker_waited - self._worker[1], worker[0] - self._worker[0],
+                                      run_waited - self._run_waited))
+            # an adjacent call's bracket opens here
+            self._opened, self._cpu, self._worker = closed, cpu, (worker[0], worker_waited)
+            # once the worker was kept waiting for a CPU every later call asks: the content and setup between two
+            # calls then lie outside their brackets, which bounds its wait by one wake-up (run/audit.py) - at load 11
+            # and 22 on 2 CPUs brackets held 60-400 ms of them, waiting, after brackets that had waited for nothing
+            # (2026-12-07)
+            self.ticking = self.ticking or self.taken[-1].worker_waited_ns > TICK_AFTER_WAIT_NS
+            os.write(self.fd, _WORD.pack(_ACK_TICK if self.ticking else _ACK, self._slot(len(self.taken)),
+                                         self._nonce()))
         else:
             raise ValueError(f"the worker sent a bracket message of kind {kind!r}, not a nonce, tick or report")
+        self._run_waited = self.waits.run()

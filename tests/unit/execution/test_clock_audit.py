@@ -15,7 +15,7 @@ from harness.run.rounds import Round
 from harness.run.runner import execute, prepare_case
 from harness.isolation.supervisor import IsolatedExecutor
 from harness.measure.timing import TimingConfig
-from harness.store.schema import PHASES, REJECTED, TIMED
+from harness.store.schema import NOT_TIMED, PHASES, REJECTED, TIMED
 from tests.fixtures import gamed_kernels as gamed
 
 CPU = resolve_device("cpu")
@@ -94,13 +94,16 @@ def test_clocks_slowed_at_import_leave_the_figures_as_the_calls_took():
                                             ("clock_plugin.py", gamed.QuarterEnd)])
 def test_a_plugin_that_slows_the_harness_s_own_clock_gets_no_figure(module, kernel):
     """QuarterEnd reads only each sample's end early (a quarter of the call), so its round's totals add up: the run's
-    clocks around each call (isolation/brackets.py, audit.bracket_audit) see the rest. Its backward alone (sdpa's,
-    never armed) games nothing and is timed."""
+    clocks around each call (isolation/brackets.py, audit.bracket_audit) see the rest - rejected; on a machine so
+    loaded that its CPU time is about its reading, its main thread waiting for a CPU the rest, it is at least not
+    auditable (no figure: before 2026-12-07 it passed at load 11). Its backward alone (sdpa's, never armed) games
+    nothing and is timed."""
     for row in _timed_in_worker(module, kernel(), ""):
         if kernel is gamed.QuarterEnd and row.phase == "bwd":
             assert row.timing_status == TIMED, row.timing_reason
             continue
-        assert row.timing_status == REJECTED and row.latency_ms is None, (row.phase, row.timing_reason)
+        loaded = kernel is gamed.QuarterEnd and row.timing_status == NOT_TIMED and "at this load" in row.timing_reason
+        assert (row.timing_status == REJECTED or loaded) and row.latency_ms is None, (row.phase, row.timing_reason)
         assert "the backend process's clock" in row.timing_reason
 
 
