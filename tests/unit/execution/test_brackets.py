@@ -230,9 +230,9 @@ def test_on_several_threads_a_call_s_bracket_opens_where_the_last_closed():
 
 def _waiting(rounds, counted: bool, inside: bool = True, most_ms: float = 100.0):
     """The rounds with each bracket's scheduler delays as a loaded machine makes them - the worker's wake-up before
-    its call and the run's after it, 5 .. `most_ms` ms each - in its wall bracket, counted as the scheduler's run_delay or not;
-    and, `inside`, the worker's main thread kept waiting most of the time it did not run in the call (in the call's
-    reading, honestly, as all the call's time is)."""
+    its call and the run's after it, 5 .. `most_ms` ms each - in its wall bracket, counted as the scheduler's
+    run_delay or not; and, `inside`, the worker's main thread kept waiting most of the time it did not run in the
+    call (in the call's reading, honestly, as all the call's time is)."""
     rng, out = random.Random(7), []
     for brackets, samples, threads, call_ns in rounds:
         moved = []
