@@ -125,8 +125,10 @@ class Ticker:
         return slot
 
 
-#: a worker that waited longer for a CPU in a bracket is asked before every later call (Brackets.serve)
-TICK_AFTER_WAIT_NS = 1_000_000
+#: a worker that waited longer for a CPU in a bracket is asked before every later call (Brackets.serve): a scheduler
+#: tick here (CONFIG_HZ=250), past the waits of a machine busy with the run alone - the main job's pairs were 1.026x
+#: over their totals with ticks from 1 ms (load 2-3.5 on 2 CPUs, 2026-12-07), one more round trip a call
+TICK_AFTER_WAIT_NS = 4_000_000
 #: how many times the run looks for the worker to be waiting before it reads the CPU clock anyway (a few us each)
 SETTLE_LOOKS = 1000
 
