@@ -322,11 +322,13 @@ def test_a_sleeping_call_gains_nothing_from_the_scheduler_s_wait():
     assert len(long_enough) > 200 and all("waiting for a CPU" in bracket_audit(*r[:3]) for r in long_enough)
 
 
-def _spinning(rounds, spin_ms: float):
+def _spinning(rounds, spin_ms: float, main: bool = False):
     """The rounds with the worker's other threads spinning on after each call, as libgomp's pool does by default:
-    `spin_ms` of CPU a thread, outside the call's reading, inside its bracket."""
-    return [([replace(b, cpu_ns=b.cpu_ns + int((threads - 1) * spin_ms * 1e6)) for b in brackets], samples, threads,
-             call_ns)
+    `spin_ms` of CPU a thread, outside the call's reading, inside its bracket; `main`: its main thread too (at a
+    barrier of the setup between calls, for a pool thread kept waiting)."""
+    return [([replace(b, cpu_ns=b.cpu_ns + int((threads - 1 + main) * spin_ms * 1e6),
+                      worker_ran_ns=b.worker_ran_ns + int(main * spin_ms * 1e6)) for b in brackets],
+             samples, threads, call_ns)
             for brackets, samples, threads, call_ns in rounds]
 
 
@@ -349,6 +351,13 @@ def test_a_thread_pool_spinning_beside_other_load_leaves_a_round_unauditable_nev
     assert not any(a.loaded for a in short) and sum(bool(a.problem) for a in short) > 0.8 * len(short)
     alone = _spinning(_waiting([_round(rng, 1) for _ in range(1_000)], counted=True), spin_ms=10.0)
     assert not any("could spin" in bracket_problem(*r[:3]).problem for r in alone)
+    # the main thread spinning too (an honest round at load 22: calls read at 1.8 ms, 22-30 ms running between them)
+    both = [bracket_problem(*r[:3]) for r in _spinning(_waiting([_round(rng, 2) for _ in range(3_000)],
+                                                                counted=True), spin_ms=20.0, main=True)]
+    assert all(a.loaded for a in both if a.problem) and sum(a.loaded for a in both) > 300
+    quiet = [bracket_problem(*r[:3]) for r in _spinning([_round(rng, 2) for _ in range(3_000)], 20.0, main=True)
+             if r[3] < 40e6]  # with no wait to explain it, 20 ms is over the limit of calls up to ~60 ms: rejected
+    assert sum(bool(a.problem) and not a.loaded for a in quiet) > 0.95 * len(quiet)
 
 
 def test_a_clock_reading_short_beside_other_load_gets_no_figure():
