@@ -132,9 +132,9 @@ def _cpu_over(timed: list, samples: list, threads: int) -> tuple[float, float]:
 
 
 def _disagreement(timed: list, samples: list, threads: int, excused) -> tuple[str, str, float]:
-    """(the rule, its reason, by how many ms it exceeds its limit; '', '' and 0 when none) where the brackets `timed` disagree with their readings `samples`
-    (bracket_problem's rules), the run's wait and excused(bracket) ns of the worker's main thread's counted as the
-    machine's, the rest of the worker's as its call's."""
+    """(the rule, its reason, by how many ms it exceeds its limit; '', '' and 0 when none) where the brackets `timed`
+    disagree with their readings `samples` (bracket_problem's rules), the run's wait and excused(bracket) ns of the
+    worker's main thread's counted as the machine's, the rest of the worker's as its call's."""
     median = statistics.median(samples)
     rest = [b.run_waited_ns + excused(b) for b in timed]
     # the worker's wake-up is the run's to bound, bracket by bracket: the median over n samples of the difference of
