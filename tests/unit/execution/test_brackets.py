@@ -206,6 +206,41 @@ def test_a_worker_kept_waiting_for_a_cpu_is_asked_to_bracket_its_next_call_from_
     worker_end.close()
 
 
+def test_the_run_s_wait_is_counted_from_after_its_word_is_written(monkeypatch):
+    """A worker woken by the run's word on the run's CPU may hold it, runnable, through the whole call (seen on a quiet
+    2-CPU machine: the run's 'wait' equalled the call's CPU time): that wait delays no reading, so a bracket counts
+    the run's wait from after its word is written, never from before it. Here the run's count rises by 1 ms with each
+    word it writes, and none between: no bracket holds any of it."""
+    import multiprocessing
+    import os
+    import threading
+
+    from harness.isolation import brackets as module
+    from harness.isolation.brackets import Brackets, Ticker
+
+    run_end, worker_end = multiprocessing.Pipe(duplex=True)
+    brackets, ticker = Brackets(run_end, os.getpid(), keep=1), Ticker(worker_end)
+    written, real_write = [0], os.write
+
+    def write(fd, data):
+        written[0] += fd == brackets.fd
+        return real_write(fd, data)
+
+    monkeypatch.setattr(module.os, "write", write)
+    brackets.waits.run = lambda: written[0] * 1_000_000
+    server = threading.Thread(target=lambda: [brackets.serve() for _ in range(5)])
+    server.start()
+    ticker.begin()
+    for start in (10, 30):
+        ticker.nonce()
+        ticker.open()
+        ticker.close(start, start + 10, {})
+    server.join()
+    assert len(brackets.taken) == 2 and [b.run_waited_ns for b in brackets.taken] == [0, 0]
+    brackets.close()
+    worker_end.close()
+
+
 def test_on_several_threads_a_call_s_bracket_opens_where_the_last_closed(monkeypatch):
     """Two threads (their CPU time folded in up to a tick late anyway): a sample right after a bracketed call asks
     nothing before it starts, its bracket opens at the run's reading of the last report - holding the content and
